@@ -1,0 +1,13 @@
+//! Surge's vocabulary, shared by every other crate: sizes and rates as users write them
+//! ([`units`]), how a file's bytes map onto an instance's fragments ([`layout`]), and the
+//! identifiers of instances, namespaces and inodes ([`ids`]).
+//!
+//! Nothing here does I/O; it is the part of Surge that can be unit-tested exhaustively.
+
+pub mod ids;
+pub mod layout;
+pub mod units;
+
+pub use ids::{FileId, Ino, InstanceId, NamespaceId};
+pub use layout::{Layout, Piece};
+pub use units::{format_bytes, parse_rate, parse_size, ParseUnitError};
