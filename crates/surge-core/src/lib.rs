@@ -6,6 +6,7 @@
 
 pub mod ids;
 pub mod layout;
+pub mod peaks;
 pub mod units;
 
 pub use ids::{FileId, Ino, InstanceId, NamespaceId};
