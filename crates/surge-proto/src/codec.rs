@@ -1,0 +1,285 @@
+//! Reading and writing whole frames, blocking (the server's per-connection threads) and async
+//! (the client's tokio connections).
+
+use crate::frame::{FrameError, Header, HEADER_LEN, RESPONSE_BIT};
+use crate::msg::{ErrorCode, ErrorReply, Request, Response};
+use serde::{de::DeserializeOwned, Serialize};
+use std::io::{self, IoSlice, Read, Write};
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+#[derive(Debug, Error)]
+pub enum CodecError {
+    #[error("connection closed")]
+    Closed,
+    #[error("connection closed in the middle of a frame ({0})")]
+    Truncated(&'static str),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("undecodable message: {0}")]
+    Decode(#[from] postcard::Error),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+impl CodecError {
+    /// The error code a peer should be sent for this failure, if the connection can still carry
+    /// a reply.
+    pub fn reply_code(&self) -> ErrorCode {
+        match self {
+            CodecError::Frame(FrameError::Version { .. }) => ErrorCode::Version,
+            CodecError::Frame(FrameError::PayloadTooLarge(_)) => ErrorCode::TooLarge,
+            CodecError::Frame(FrameError::MetaTooLarge(_)) => ErrorCode::TooLarge,
+            _ => ErrorCode::Malformed,
+        }
+    }
+}
+
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    // Serializing our own message types into a Vec cannot fail (no maps with non-string keys,
+    // no custom serializers); an empty message would be refused by the peer's decoder anyway.
+    postcard::to_stdvec(msg).unwrap_or_default()
+}
+
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    Ok(postcard::from_bytes(bytes)?)
+}
+
+/// Header + encoded message in one buffer, so a frame without payload is one write.
+pub fn frame_prefix(opcode: u16, request_id: u64, meta: &[u8], payload_len: usize) -> Vec<u8> {
+    let h = Header::request(opcode, request_id, meta.len() as u32, payload_len as u32);
+    let mut buf = Vec::with_capacity(HEADER_LEN + meta.len());
+    buf.extend_from_slice(&h.encode());
+    buf.extend_from_slice(meta);
+    buf
+}
+
+/// Writes a response frame (blocking).
+pub fn write_response<W: Write>(
+    w: &mut W,
+    opcode: u16,
+    request_id: u64,
+    resp: &Response,
+    payload: &[u8],
+) -> io::Result<()> {
+    let meta = encode(resp);
+    let prefix = frame_prefix(opcode | RESPONSE_BIT, request_id, &meta, payload.len());
+    write_all_vectored(w, &prefix, payload)
+}
+
+fn write_all_vectored<W: Write>(w: &mut W, a: &[u8], b: &[u8]) -> io::Result<()> {
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() || !b.is_empty() {
+        let n = if a.is_empty() {
+            w.write(b)?
+        } else {
+            w.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
+    }
+    w.flush()
+}
+
+/// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean EOF before the first byte.
+fn read_exact_or_eof<R: Read>(r: &mut R, buf: &mut [u8], what: &'static str) -> Result<bool, CodecError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(CodecError::Truncated(what)),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
+}
+
+/// A received request frame (blocking side).
+pub struct RequestFrame {
+    pub header: Header,
+    pub request: Request,
+}
+
+/// Reads one request frame; its payload goes into `payload` (resized, reused across calls so
+/// large writes do not allocate). `Ok(None)` on a clean close. A header that fails validation is
+/// returned as `Err((Some(request_id), error))` so the caller can reply before closing.
+pub fn read_request<R: Read>(
+    r: &mut R,
+    payload: &mut Vec<u8>,
+) -> Result<Option<RequestFrame>, (Option<u64>, CodecError)> {
+    let mut hb = [0u8; HEADER_LEN];
+    match read_exact_or_eof(r, &mut hb, "header") {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
+        Err(e) => return Err((None, e)),
+    }
+    let header = Header::decode(&hb).map_err(|(id, e)| (Some(id), CodecError::Frame(e)))?;
+    let id = Some(header.request_id);
+    let mut meta = vec![0u8; header.meta_len as usize];
+    if !read_exact_or_eof(r, &mut meta, "message").map_err(|e| (id, e))? && !meta.is_empty() {
+        return Err((id, CodecError::Truncated("message")));
+    }
+    payload.resize(header.payload_len as usize, 0);
+    if !read_exact_or_eof(r, payload, "payload").map_err(|e| (id, e))? && !payload.is_empty() {
+        return Err((id, CodecError::Truncated("payload")));
+    }
+    let request = decode::<Request>(&meta).map_err(|e| (id, e))?;
+    Ok(Some(RequestFrame { header, request }))
+}
+
+/// Sends an error reply for a frame that could not be handled.
+pub fn write_error<W: Write>(
+    w: &mut W,
+    opcode: u16,
+    request_id: u64,
+    code: ErrorCode,
+    message: String,
+) -> io::Result<()> {
+    write_response(
+        w,
+        opcode,
+        request_id,
+        &Response::Error(ErrorReply::new(code, message)),
+        &[],
+    )
+}
+
+/// A received response frame (async side).
+pub struct ResponseFrame {
+    pub header: Header,
+    pub response: Response,
+    pub payload: Vec<u8>,
+}
+
+/// Reads one response frame from an async stream. `Err(Closed)` on a clean close.
+pub async fn read_response<R: AsyncRead + Unpin>(r: &mut R) -> Result<ResponseFrame, CodecError> {
+    let mut hb = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        let n = r.read(&mut hb[got..]).await?;
+        if n == 0 {
+            return Err(if got == 0 {
+                CodecError::Closed
+            } else {
+                CodecError::Truncated("header")
+            });
+        }
+        got += n;
+    }
+    let header = Header::decode(&hb).map_err(|(_, e)| CodecError::Frame(e))?;
+    let mut meta = vec![0u8; header.meta_len as usize];
+    r.read_exact(&mut meta)
+        .await
+        .map_err(|_| CodecError::Truncated("message"))?;
+    let mut payload = vec![0u8; header.payload_len as usize];
+    r.read_exact(&mut payload)
+        .await
+        .map_err(|_| CodecError::Truncated("payload"))?;
+    let response = decode::<Response>(&meta)?;
+    Ok(ResponseFrame {
+        header,
+        response,
+        payload,
+    })
+}
+
+/// Writes one request frame to an async stream.
+pub async fn write_request<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    request_id: u64,
+    req: &Request,
+    payload: &[u8],
+) -> io::Result<()> {
+    let meta = encode(req);
+    let prefix = frame_prefix(req.opcode(), request_id, &meta, payload.len());
+    if payload.is_empty() {
+        w.write_all(&prefix).await?;
+    } else {
+        w.write_all(&prefix).await?;
+        w.write_all(payload).await?;
+    }
+    w.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::MAGIC;
+    use surge_core::{FileId, InstanceId, NamespaceId};
+
+    fn write_req() -> Request {
+        Request::Write {
+            instance: InstanceId(3),
+            fragment: 1,
+            file: FileId {
+                ns: NamespaceId(0),
+                ino: 42,
+            },
+            offset: 8 << 20,
+        }
+    }
+
+    #[test]
+    fn request_round_trip_with_payload() {
+        let req = write_req();
+        let meta = encode(&req);
+        let mut wire = frame_prefix(req.opcode(), 77, &meta, 5);
+        wire.extend_from_slice(b"hello");
+        let mut payload = Vec::new();
+        let f = read_request(&mut &wire[..], &mut payload)
+            .ok()
+            .flatten()
+            .expect("frame");
+        assert_eq!(f.request, req);
+        assert_eq!(f.header.request_id, 77);
+        assert_eq!(payload, b"hello");
+    }
+
+    #[test]
+    fn truncated_and_garbage_frames_are_errors_not_panics() {
+        let req = write_req();
+        let meta = encode(&req);
+        let mut wire = frame_prefix(req.opcode(), 1, &meta, 5);
+        wire.extend_from_slice(b"hel");
+        let mut p = Vec::new();
+        assert!(matches!(
+            read_request(&mut &wire[..], &mut p),
+            Err((Some(1), CodecError::Truncated("payload")))
+        ));
+        // A valid header whose message is garbage.
+        let mut wire = frame_prefix(16, 2, &[0xff; 9], 0);
+        assert!(matches!(
+            read_request(&mut &wire[..], &mut p),
+            Err((Some(2), CodecError::Decode(_)))
+        ));
+        wire.truncate(10);
+        assert!(matches!(
+            read_request(&mut &wire[..], &mut p),
+            Err((None, CodecError::Truncated("header")))
+        ));
+        let mut junk = vec![0u8; 64];
+        junk[..4].copy_from_slice(b"GET ");
+        assert!(matches!(
+            read_request(&mut &junk[..], &mut p),
+            Err((_, CodecError::Frame(FrameError::BadMagic(_))))
+        ));
+        assert_ne!(&junk[..4], &MAGIC);
+    }
+
+    #[tokio::test]
+    async fn response_round_trip_async() {
+        let mut wire = Vec::new();
+        write_response(&mut wire, 17, 9, &Response::Data, b"abc").unwrap();
+        let f = read_response(&mut &wire[..]).await.unwrap();
+        assert_eq!(f.response, Response::Data);
+        assert_eq!(f.payload, b"abc");
+        assert!(f.header.is_response());
+        assert_eq!(f.header.request_id, 9);
+    }
+}

@@ -1,0 +1,491 @@
+//! The messages carried in a frame's meta section, encoded with `postcard`. Bulk bytes (the data
+//! of a write request, the data of a read reply) travel in the frame's payload instead.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use surge_core::{FileId, Ino, InstanceId, NamespaceId};
+
+/// Seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nsec: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Timestamp {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp {
+            secs: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        }
+    }
+
+    pub fn to_system_time(self) -> std::time::SystemTime {
+        let d = std::time::Duration::new(self.secs.unsigned_abs(), self.nsec);
+        if self.secs >= 0 {
+            std::time::UNIX_EPOCH + d
+        } else {
+            std::time::UNIX_EPOCH - d
+        }
+    }
+
+    pub fn from_system_time(t: std::time::SystemTime) -> Timestamp {
+        match t.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => Timestamp {
+                secs: d.as_secs() as i64,
+                nsec: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                // Before the epoch: floor to whole seconds below, keep nanoseconds positive.
+                let (secs, nsec) = if d.subsec_nanos() == 0 {
+                    (-(d.as_secs() as i64), 0)
+                } else {
+                    (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+                };
+                Timestamp { secs, nsec }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+/// The attributes of an inode as the metadata service keeps them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits (mode & 0o7777).
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+}
+
+/// A time to set: the metadata server's clock, or a given time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeSet {
+    Now,
+    At(Timestamp),
+}
+
+/// Which attributes a `SetAttr` changes. `size` only changes the recorded size: the client
+/// truncates the objects on the fragments first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub perm: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+}
+
+/// What a `Create` makes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NewNode {
+    File,
+    Dir,
+    Symlink { target: Vec<u8> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Opaque position to continue after this entry.
+    pub cursor: u64,
+    /// Present when the listing was asked with `plus` (readdirplus).
+    pub attr: Option<Attr>,
+}
+
+/// How a client reaches a server: its stable id and addresses (`host:port`, `unix:/path`),
+/// tried in order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ServerRef {
+    pub id: String,
+    pub addrs: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FragmentRef {
+    pub index: u32,
+    pub server: ServerRef,
+    pub capacity: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceRef {
+    pub ns: NamespaceId,
+    pub server: ServerRef,
+}
+
+/// Everything a client needs to use an instance. Kept by every server that hosts a piece of the
+/// instance, so a mount needs only one server address and the instance id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceDescriptor {
+    pub instance: InstanceId,
+    /// A human name (the persistent instance name, or `job-<id>`).
+    pub name: String,
+    /// `striped` or `private` (DataWarp's access modes).
+    pub access_mode: String,
+    pub capacity: u64,
+    pub stripe_size: u64,
+    pub fragments: Vec<FragmentRef>,
+    pub namespaces: Vec<NamespaceRef>,
+}
+
+impl InstanceDescriptor {
+    pub fn namespace(&self, ns: NamespaceId) -> Option<&NamespaceRef> {
+        self.namespaces.iter().find(|n| n.ns == ns)
+    }
+}
+
+/// One fragment hosted by a server, as `ServerStatus` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FragmentStatus {
+    pub instance: InstanceId,
+    pub index: u32,
+    pub capacity: u64,
+    pub used: u64,
+    pub device: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    pub id: String,
+    pub version: String,
+    pub capacity: u64,
+    /// Capacity promised to fragments.
+    pub reserved: u64,
+    /// Bytes stored in fragments.
+    pub used: u64,
+    pub devices: Vec<String>,
+    pub fragments: Vec<FragmentStatus>,
+    /// (instance, namespace) pairs this server is the metadata server of.
+    pub namespaces: Vec<(InstanceId, NamespaceId)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    // --- server administration (driven by `surge instance` or the manager) ---
+    /// Cheap liveness check; answered with `Status`.
+    Status,
+    CreateFragment {
+        instance: InstanceId,
+        fragment: u32,
+        capacity: u64,
+        descriptor: InstanceDescriptor,
+    },
+    DestroyFragment {
+        instance: InstanceId,
+        fragment: u32,
+    },
+    CreateNamespace {
+        instance: InstanceId,
+        ns: NamespaceId,
+        descriptor: InstanceDescriptor,
+        /// Owner and permission bits of the namespace's root directory (the job's user).
+        root_uid: u32,
+        root_gid: u32,
+        root_perm: u16,
+    },
+    DestroyNamespace {
+        instance: InstanceId,
+        ns: NamespaceId,
+    },
+    Describe {
+        instance: InstanceId,
+    },
+
+    // --- data, on one fragment ---
+    /// Payload: the bytes to write at `offset` in the file's object.
+    Write {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+        offset: u64,
+    },
+    /// Reply payload: up to `len` bytes; shorter when the object ends (the rest is a hole).
+    Read {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+        offset: u64,
+        len: u32,
+    },
+    TruncateObject {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+        len: u64,
+    },
+    RemoveObject {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+    },
+    SyncObject {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+    },
+    FragmentUsage {
+        instance: InstanceId,
+        fragment: u32,
+    },
+
+    // --- metadata, on a namespace's metadata server ---
+    Lookup {
+        instance: InstanceId,
+        ns: NamespaceId,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+    },
+    SetAttr {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        set: SetAttr,
+    },
+    Create {
+        instance: InstanceId,
+        ns: NamespaceId,
+        parent: Ino,
+        name: Vec<u8>,
+        node: NewNode,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    },
+    Link {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+    },
+    Unlink {
+        instance: InstanceId,
+        ns: NamespaceId,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        instance: InstanceId,
+        ns: NamespaceId,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rename {
+        instance: InstanceId,
+        ns: NamespaceId,
+        parent: Ino,
+        name: Vec<u8>,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+        /// `RENAME_NOREPLACE` (1) is honoured; `RENAME_EXCHANGE` is refused.
+        flags: u32,
+    },
+    Readlink {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+    },
+    ReadDir {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        /// 0 to start; otherwise the `cursor` of the last entry received.
+        after: u64,
+        max: u32,
+        plus: bool,
+    },
+    /// After writes: size = max(size, `size`), mtime and ctime set.
+    CommitWrite {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        size: u64,
+        mtime: TimeSet,
+    },
+    /// Forget an unlinked inode whose objects the client has removed.
+    Purge {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+    },
+    NamespaceStats {
+        instance: InstanceId,
+        ns: NamespaceId,
+    },
+}
+
+/// What an unlink (or a rename over an existing name) did to the inode it removed a name of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unlinked {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// The last name is gone: the client removes the objects (now or at last close) and purges.
+    pub orphaned: bool,
+    /// Size at the time, to know which fragments hold data.
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    Ok,
+    Error(ErrorReply),
+    Status(ServerStatus),
+    Descriptor(InstanceDescriptor),
+    Written { len: u64 },
+    /// The payload holds the bytes.
+    Data,
+    Usage { capacity: u64, used: u64 },
+    Attr(Attr),
+    Unlinked(Unlinked),
+    Renamed { replaced: Option<Unlinked> },
+    Target(Vec<u8>),
+    Dir { entries: Vec<DirEntry>, done: bool },
+    NamespaceStats { inodes: u64 },
+}
+
+/// A typed error, mapped to an errno at the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorCode {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    NoSpace,
+    Invalid,
+    NameTooLong,
+    Permission,
+    Io,
+    UnknownInstance,
+    UnknownFragment,
+    UnknownNamespace,
+    Malformed,
+    Version,
+    TooLarge,
+    Busy,
+    Stale,
+    Unsupported,
+    Loop,
+}
+
+impl ErrorCode {
+    pub fn errno(self) -> i32 {
+        match self {
+            ErrorCode::NotFound => libc::ENOENT,
+            ErrorCode::Exists => libc::EEXIST,
+            ErrorCode::NotDir => libc::ENOTDIR,
+            ErrorCode::IsDir => libc::EISDIR,
+            ErrorCode::NotEmpty => libc::ENOTEMPTY,
+            ErrorCode::NoSpace => libc::ENOSPC,
+            ErrorCode::Invalid => libc::EINVAL,
+            ErrorCode::NameTooLong => libc::ENAMETOOLONG,
+            ErrorCode::Permission => libc::EPERM,
+            ErrorCode::Io => libc::EIO,
+            ErrorCode::UnknownInstance | ErrorCode::UnknownNamespace => libc::ESTALE,
+            ErrorCode::UnknownFragment => libc::ESTALE,
+            ErrorCode::Malformed | ErrorCode::Version => libc::EPROTO,
+            ErrorCode::TooLarge => libc::EFBIG,
+            ErrorCode::Busy => libc::EBUSY,
+            ErrorCode::Stale => libc::ESTALE,
+            ErrorCode::Unsupported => libc::EOPNOTSUPP,
+            ErrorCode::Loop => libc::ELOOP,
+        }
+    }
+
+    /// The code for an I/O error from the server's own file system.
+    pub fn from_io(e: &std::io::Error) -> ErrorCode {
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorCode::NoSpace,
+            Some(libc::ENOENT) => ErrorCode::NotFound,
+            Some(libc::EFBIG) => ErrorCode::TooLarge,
+            _ => ErrorCode::Io,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ErrorReply {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ErrorReply {
+        ErrorReply {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ErrorReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ErrorReply {}
+
+impl Request {
+    /// A small number naming the operation, carried in the frame header for logs and metrics.
+    pub fn opcode(&self) -> u16 {
+        match self {
+            Request::Status => 1,
+            Request::CreateFragment { .. } => 2,
+            Request::DestroyFragment { .. } => 3,
+            Request::CreateNamespace { .. } => 4,
+            Request::DestroyNamespace { .. } => 5,
+            Request::Describe { .. } => 6,
+            Request::Write { .. } => 16,
+            Request::Read { .. } => 17,
+            Request::TruncateObject { .. } => 18,
+            Request::RemoveObject { .. } => 19,
+            Request::SyncObject { .. } => 20,
+            Request::FragmentUsage { .. } => 21,
+            Request::Lookup { .. } => 32,
+            Request::GetAttr { .. } => 33,
+            Request::SetAttr { .. } => 34,
+            Request::Create { .. } => 35,
+            Request::Link { .. } => 36,
+            Request::Unlink { .. } => 37,
+            Request::Rmdir { .. } => 38,
+            Request::Rename { .. } => 39,
+            Request::Readlink { .. } => 40,
+            Request::ReadDir { .. } => 41,
+            Request::CommitWrite { .. } => 42,
+            Request::Purge { .. } => 43,
+            Request::NamespaceStats { .. } => 44,
+        }
+    }
+
+    /// True for requests answered by a namespace's metadata service.
+    pub fn is_metadata(&self) -> bool {
+        (32..64).contains(&self.opcode())
+    }
+}
