@@ -86,7 +86,11 @@ fn write_all_vectored<W: Write>(w: &mut W, a: &[u8], b: &[u8]) -> io::Result<()>
 }
 
 /// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean EOF before the first byte.
-fn read_exact_or_eof<R: Read>(r: &mut R, buf: &mut [u8], what: &'static str) -> Result<bool, CodecError> {
+fn read_exact_or_eof<R: Read>(
+    r: &mut R,
+    buf: &mut [u8],
+    what: &'static str,
+) -> Result<bool, CodecError> {
     let mut got = 0;
     while got < buf.len() {
         match r.read(&mut buf[got..]) {

@@ -118,7 +118,10 @@ mod tests {
     fn bad_magic_version_and_lengths_are_refused() {
         let mut b = Header::request(1, 9, 0, 0).encode();
         b[0] = b'X';
-        assert!(matches!(Header::decode(&b), Err((9, FrameError::BadMagic(_)))));
+        assert!(matches!(
+            Header::decode(&b),
+            Err((9, FrameError::BadMagic(_)))
+        ));
 
         let mut h = Header::request(1, 9, 0, 0);
         h.version = 99;

@@ -357,16 +357,28 @@ pub enum Response {
     Error(ErrorReply),
     Status(ServerStatus),
     Descriptor(InstanceDescriptor),
-    Written { len: u64 },
+    Written {
+        len: u64,
+    },
     /// The payload holds the bytes.
     Data,
-    Usage { capacity: u64, used: u64 },
+    Usage {
+        capacity: u64,
+        used: u64,
+    },
     Attr(Attr),
     Unlinked(Unlinked),
-    Renamed { replaced: Option<Unlinked> },
+    Renamed {
+        replaced: Option<Unlinked>,
+    },
     Target(Vec<u8>),
-    Dir { entries: Vec<DirEntry>, done: bool },
-    NamespaceStats { inodes: u64 },
+    Dir {
+        entries: Vec<DirEntry>,
+        done: bool,
+    },
+    NamespaceStats {
+        inodes: u64,
+    },
 }
 
 /// A typed error, mapped to an errno at the client.

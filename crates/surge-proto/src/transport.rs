@@ -25,7 +25,9 @@ impl std::str::FromStr for Addr {
         }
         let hp = s.strip_prefix("tcp://").unwrap_or(s);
         match hp.rsplit_once(':') {
-            Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => Ok(Addr::Tcp(hp.to_string())),
+            Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => {
+                Ok(Addr::Tcp(hp.to_string()))
+            }
             _ => Err(format!(
                 "'{s}' is not a server address (expected host:port or unix:/path)"
             )),
@@ -44,7 +46,8 @@ impl std::fmt::Display for Addr {
 
 pub type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 pub type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
-pub type ConnectFuture<'a> = Pin<Box<dyn Future<Output = io::Result<(BoxRead, BoxWrite)>> + Send + 'a>>;
+pub type ConnectFuture<'a> =
+    Pin<Box<dyn Future<Output = io::Result<(BoxRead, BoxWrite)>> + Send + 'a>>;
 
 /// Opens byte streams to servers.
 pub trait Transport: Send + Sync + 'static {
@@ -82,7 +85,10 @@ mod tests {
 
     #[test]
     fn parses_addresses() {
-        assert_eq!("127.0.0.1:7001".parse(), Ok(Addr::Tcp("127.0.0.1:7001".into())));
+        assert_eq!(
+            "127.0.0.1:7001".parse(),
+            Ok(Addr::Tcp("127.0.0.1:7001".into()))
+        );
         assert_eq!("tcp://bb1:7001".parse(), Ok(Addr::Tcp("bb1:7001".into())));
         assert_eq!(
             "unix:/run/surge/s.sock".parse(),

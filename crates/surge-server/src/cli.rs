@@ -1,0 +1,159 @@
+//! `surge server` flags and the process's main loop.
+
+use crate::conn;
+use crate::registry::{write_json_atomic, Registry};
+use anyhow::Context;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use tracing::info;
+
+/// Run a burst-buffer server: store fragments of instances on fast-tier directories and serve
+/// their data and metadata.
+///
+/// Example (three servers on one machine, fast tier in /dev/shm):
+///
+///   surge server --device /dev/shm/bb1 --capacity 4GiB --listen 127.0.0.1:7001 &
+///   surge server --device /dev/shm/bb2 --capacity 4GiB --listen 127.0.0.1:7002 &
+///   surge server --device /dev/shm/bb3 --capacity 4GiB --listen 127.0.0.1:7003 &
+///   surge instance create --servers 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 --capacity 6GiB
+///
+/// A server restarted on the same devices recovers every fragment and namespace on them.
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct ServerArgs {
+    /// A fast-tier directory to store fragments in (created if missing). Repeat for several
+    /// devices; fragments go to the least reserved one.
+    #[arg(long = "device", value_name = "DIR", required = true)]
+    pub devices: Vec<PathBuf>,
+
+    /// Capacity this server offers to fragments, e.g. 200GiB. Default: the free space of the
+    /// devices at start-up.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub capacity: Option<u64>,
+
+    /// TCP address to listen on (port 0 picks a free port; see --ready-file).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7070")]
+    pub listen: String,
+
+    /// Also listen on this Unix socket; local clients use it instead of TCP.
+    #[arg(long, value_name = "PATH")]
+    pub unix: Option<PathBuf>,
+
+    /// Stable server id (default: kept in the first device, generated on first start).
+    #[arg(long)]
+    pub id: Option<String>,
+
+    /// Once listening, write {"id", "addrs", "pid"} as JSON to this file (for scripts and tests
+    /// that start servers on port 0).
+    #[arg(long, value_name = "FILE")]
+    pub ready_file: Option<PathBuf>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    surge_core::parse_size(s).map_err(|e| e.to_string())
+}
+
+#[derive(Serialize)]
+struct Ready {
+    id: String,
+    addrs: Vec<String>,
+    pid: u32,
+}
+
+fn free_space(dirs: &[PathBuf]) -> anyhow::Result<u64> {
+    let mut total = 0u64;
+    for d in dirs {
+        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes())?;
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("statvfs {}", d.display()));
+        }
+        total += st.f_bavail * st.f_frsize;
+    }
+    Ok(total)
+}
+
+/// Blocks SIGINT and SIGTERM in every thread (call before spawning any), so the main thread can
+/// wait for them with `sigwait` and shut down in order.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let sigs = block_signals();
+    let capacity = match args.capacity {
+        Some(c) => c,
+        None => free_space(&args.devices)?,
+    };
+    let reg = Arc::new(Registry::open(
+        args.devices.clone(),
+        capacity,
+        args.id.clone(),
+    )?);
+
+    let tcp = std::net::TcpListener::bind(&args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let mut addrs = vec![tcp.local_addr()?.to_string()];
+    {
+        let reg = reg.clone();
+        std::thread::Builder::new()
+            .name("accept-tcp".into())
+            .spawn(move || conn::accept_tcp(reg, tcp))?;
+    }
+    if let Some(path) = &args.unix {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        // A socket left by a killed server would make bind fail.
+        let _ = std::fs::remove_file(path);
+        let ul = std::os::unix::net::UnixListener::bind(path)
+            .with_context(|| format!("cannot listen on {}", path.display()))?;
+        addrs.insert(0, format!("unix:{}", path.display()));
+        let reg = reg.clone();
+        std::thread::Builder::new()
+            .name("accept-unix".into())
+            .spawn(move || conn::accept_unix(reg, ul))?;
+    }
+    info!(
+        "surge server {} listening on {} ({} capacity, devices {:?})",
+        reg.id,
+        addrs.join(", "),
+        surge_core::format_bytes(capacity),
+        args.devices
+    );
+    if let Some(f) = &args.ready_file {
+        write_json_atomic(
+            f,
+            &Ready {
+                id: reg.id.clone(),
+                addrs: addrs.clone(),
+                pid: std::process::id(),
+            },
+        )
+        .with_context(|| format!("cannot write {}", f.display()))?;
+    }
+
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `sigs` was initialised by block_signals; `sig` is a valid out-parameter.
+    unsafe { libc::sigwait(&sigs, &mut sig) };
+    info!("signal {sig}: shutting down");
+    reg.shutdown();
+    if let Some(path) = &args.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(ExitCode::SUCCESS)
+}

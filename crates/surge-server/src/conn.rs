@@ -1,0 +1,223 @@
+//! Connections: one thread per client connection, reading request frames in order and answering
+//! each with one response frame.
+//!
+//! Blocking threads rather than an async runtime: a connection's requests are short file or
+//! metadata operations, a thread wakes directly on its socket, and the request and reply buffers
+//! are reused for the life of the connection (no allocation per 1 MiB write). Clients get
+//! parallelism by opening several connections. A malformed frame is answered with an error when
+//! its request id is known and the connection is closed; it never takes the server down.
+
+use crate::registry::Registry;
+use std::io::{BufReader, Read, Write};
+use std::sync::Arc;
+use surge_proto::codec::{self, CodecError};
+use surge_proto::{ErrorCode, ErrorReply, Request, Response};
+use tracing::{debug, info, warn};
+
+/// Answers one request. Read data is placed in `out` and sent as the payload.
+pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -> Response {
+    out.clear();
+    let r: Result<Response, ErrorReply> = (|| {
+        Ok(match req {
+            Request::Status => Response::Status(reg.status()),
+            Request::CreateFragment {
+                instance,
+                fragment,
+                capacity,
+                descriptor,
+            } => {
+                reg.create_fragment(instance, fragment, capacity, descriptor)?;
+                Response::Ok
+            }
+            Request::DestroyFragment { instance, fragment } => {
+                reg.destroy_fragment(instance, fragment)?;
+                Response::Ok
+            }
+            Request::CreateNamespace {
+                instance,
+                ns,
+                descriptor,
+                root_uid,
+                root_gid,
+                root_perm,
+            } => {
+                reg.create_namespace(instance, ns, descriptor, (root_uid, root_gid, root_perm))?;
+                Response::Ok
+            }
+            Request::DestroyNamespace { instance, ns } => {
+                reg.destroy_namespace(instance, ns)?;
+                Response::Ok
+            }
+            Request::Describe { instance } => Response::Descriptor(reg.describe(instance)?),
+            Request::Write {
+                instance,
+                fragment,
+                file,
+                offset,
+            } => Response::Written {
+                len: reg
+                    .fragment(instance, fragment)?
+                    .write(file, offset, payload)?,
+            },
+            Request::Read {
+                instance,
+                fragment,
+                file,
+                offset,
+                len,
+            } => {
+                reg.fragment(instance, fragment)?
+                    .read(file, offset, len, out)?;
+                Response::Data
+            }
+            Request::TruncateObject {
+                instance,
+                fragment,
+                file,
+                len,
+            } => {
+                reg.fragment(instance, fragment)?.truncate(file, len)?;
+                Response::Ok
+            }
+            Request::RemoveObject {
+                instance,
+                fragment,
+                file,
+            } => {
+                reg.fragment(instance, fragment)?.remove(file)?;
+                Response::Ok
+            }
+            Request::SyncObject {
+                instance,
+                fragment,
+                file,
+            } => {
+                reg.fragment(instance, fragment)?.sync(file)?;
+                Response::Ok
+            }
+            Request::FragmentUsage { instance, fragment } => {
+                let f = reg.fragment(instance, fragment)?;
+                Response::Usage {
+                    capacity: f.capacity,
+                    used: f.used(),
+                }
+            }
+            meta => {
+                let (instance, ns) = match &meta {
+                    Request::Lookup { instance, ns, .. }
+                    | Request::GetAttr { instance, ns, .. }
+                    | Request::SetAttr { instance, ns, .. }
+                    | Request::Create { instance, ns, .. }
+                    | Request::Link { instance, ns, .. }
+                    | Request::Unlink { instance, ns, .. }
+                    | Request::Rmdir { instance, ns, .. }
+                    | Request::Rename { instance, ns, .. }
+                    | Request::Readlink { instance, ns, .. }
+                    | Request::ReadDir { instance, ns, .. }
+                    | Request::CommitWrite { instance, ns, .. }
+                    | Request::Purge { instance, ns, .. }
+                    | Request::NamespaceStats { instance, ns } => (*instance, *ns),
+                    other => {
+                        return Err(ErrorReply::new(
+                            ErrorCode::Invalid,
+                            format!("unhandled opcode {}", other.opcode()),
+                        ))
+                    }
+                };
+                reg.namespace(instance, ns)?.call(meta)
+            }
+        })
+    })();
+    r.unwrap_or_else(Response::Error)
+}
+
+/// Serves one connection until the peer closes it or sends something unparseable.
+pub fn serve<S: Read + Write>(reg: Arc<Registry>, stream: S, mut writer: impl Write, peer: String) {
+    debug!("connection from {peer}");
+    let mut reader = BufReader::with_capacity(64 * 1024, stream);
+    let mut payload = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        match codec::read_request(&mut reader, &mut payload) {
+            Ok(None) => break,
+            Ok(Some(frame)) => {
+                let op = frame.header.opcode;
+                let id = frame.header.request_id;
+                let resp = handle(&reg, frame.request, &payload, &mut out);
+                if let Response::Error(e) = &resp {
+                    debug!("{peer}: request {id} (op {op}) failed: {e}");
+                }
+                if let Err(e) = codec::write_response(&mut writer, op, id, &resp, &out) {
+                    debug!("{peer}: cannot reply: {e}");
+                    break;
+                }
+                // Do not keep a huge read buffer alive for an idle connection.
+                if out.capacity() > 16 << 20 {
+                    out = Vec::new();
+                }
+                if payload.capacity() > 16 << 20 {
+                    payload = Vec::new();
+                }
+            }
+            Err((id, e)) => {
+                match &e {
+                    CodecError::Io(ioe) if ioe.kind() == std::io::ErrorKind::ConnectionReset => {
+                        debug!("{peer}: connection reset")
+                    }
+                    _ => warn!("{peer}: closing connection: {e}"),
+                }
+                if let Some(id) = id {
+                    let _ = codec::write_error(&mut writer, 0, id, e.reply_code(), e.to_string());
+                }
+                break;
+            }
+        }
+    }
+    debug!("connection from {peer} closed");
+}
+
+/// Accepts TCP connections forever, one thread each.
+pub fn accept_tcp(reg: Arc<Registry>, listener: std::net::TcpListener) {
+    for conn in listener.incoming() {
+        match conn {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                let Ok(w) = s.try_clone() else { continue };
+                let reg = reg.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("conn-{peer}"))
+                    .spawn(move || serve(reg, s, w, peer));
+                if let Err(e) = spawned {
+                    warn!("cannot start a connection thread: {e}");
+                }
+            }
+            Err(e) => {
+                warn!("accept failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Accepts Unix-socket connections forever, one thread each.
+pub fn accept_unix(reg: Arc<Registry>, listener: std::os::unix::net::UnixListener) {
+    for conn in listener.incoming() {
+        match conn {
+            Ok(s) => {
+                let Ok(w) = s.try_clone() else { continue };
+                let reg = reg.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("conn-unix".into())
+                    .spawn(move || serve(reg, s, w, "unix".into()));
+                if let Err(e) = spawned {
+                    warn!("cannot start a connection thread: {e}");
+                }
+            }
+            Err(e) => {
+                info!("unix accept failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+}

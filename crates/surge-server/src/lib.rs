@@ -1,0 +1,16 @@
+//! `surge server`: a burst-buffer node. It owns fast-tier directories ("devices") and a capacity,
+//! hosts fragments of instances ([`store`]: chunk reads and writes on object files) and the
+//! metadata service of the namespaces it is metadata server for ([`mds`], [`meta`]: an embedded
+//! SQLite store), and speaks the `surge-proto` protocol over TCP and Unix sockets ([`conn`]).
+//!
+//! Everything it hosts is recorded on its devices ([`registry`]) and recovered on restart, so an
+//! instance's data and namespace survive `kill -9` followed by a restart on the same directories.
+
+pub mod cli;
+pub mod conn;
+pub mod mds;
+pub mod meta;
+pub mod registry;
+pub mod store;
+
+pub use registry::Registry;

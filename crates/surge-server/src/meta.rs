@@ -1,0 +1,947 @@
+//! The metadata store of one namespace: inodes and directory entries in an embedded SQLite
+//! database in the namespace's directory on the fast tier.
+//!
+//! WAL journal with `synchronous=NORMAL`: a committed transaction is in the WAL file before the
+//! reply leaves, so it survives `kill -9` of the server (the page cache keeps it); power loss
+//! may lose the last transactions, as for any fast tier. Inode numbers are never reused
+//! (AUTOINCREMENT), so a kernel's cached inode can never alias a new file.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use std::path::Path;
+use surge_core::Ino;
+use surge_proto::{
+    Attr, DirEntry, ErrorCode, ErrorReply, FileKind, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
+};
+
+pub const ROOT_INO: Ino = 1;
+const NAME_MAX: usize = 255;
+const S_ISGID: u16 = 0o2000;
+const RENAME_NOREPLACE: u32 = 1;
+const RENAME_EXCHANGE: u32 = 2;
+
+pub type MetaResult<T> = Result<T, ErrorReply>;
+
+fn err(code: ErrorCode, msg: impl Into<String>) -> ErrorReply {
+    ErrorReply::new(code, msg)
+}
+
+fn db_err(e: rusqlite::Error) -> ErrorReply {
+    err(ErrorCode::Io, format!("metadata store: {e}"))
+}
+
+fn kind_code(k: FileKind) -> i64 {
+    match k {
+        FileKind::File => 1,
+        FileKind::Dir => 2,
+        FileKind::Symlink => 3,
+    }
+}
+
+fn kind_from(code: i64) -> FileKind {
+    match code {
+        2 => FileKind::Dir,
+        3 => FileKind::Symlink,
+        _ => FileKind::File,
+    }
+}
+
+const ATTR_COLS: &str =
+    "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, ctime_s, ctime_ns";
+
+fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
+    let ts = |i: usize| -> rusqlite::Result<Timestamp> {
+        Ok(Timestamp {
+            secs: r.get(base + i)?,
+            nsec: r.get::<_, i64>(base + i + 1)? as u32,
+        })
+    };
+    Ok(Attr {
+        ino: r.get::<_, i64>(base)? as u64,
+        kind: kind_from(r.get(base + 1)?),
+        perm: r.get::<_, i64>(base + 2)? as u16,
+        nlink: r.get::<_, i64>(base + 3)? as u32,
+        uid: r.get::<_, i64>(base + 4)? as u32,
+        gid: r.get::<_, i64>(base + 5)? as u32,
+        size: r.get::<_, i64>(base + 6)? as u64,
+        atime: ts(7)?,
+        mtime: ts(9)?,
+        ctime: ts(11)?,
+    })
+}
+
+fn check_name(name: &[u8]) -> MetaResult<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        return Err(err(
+            ErrorCode::Invalid,
+            format!("invalid file name {:?}", String::from_utf8_lossy(name)),
+        ));
+    }
+    if name.len() > NAME_MAX {
+        return Err(err(
+            ErrorCode::NameTooLong,
+            format!("name of {} bytes exceeds {NAME_MAX}", name.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Opens (creating if needed) the store at `path`.
+pub fn open(
+    path: &Path,
+    root_uid: u32,
+    root_gid: u32,
+    root_perm: u16,
+) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS inodes(
+            ino INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind INTEGER NOT NULL, perm INTEGER NOT NULL, nlink INTEGER NOT NULL,
+            uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
+            atime_s INTEGER NOT NULL, atime_ns INTEGER NOT NULL,
+            mtime_s INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+            ctime_s INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+            parent INTEGER NOT NULL,
+            target BLOB);
+         CREATE TABLE IF NOT EXISTS dentries(
+            id INTEGER PRIMARY KEY,
+            parent INTEGER NOT NULL, name BLOB NOT NULL,
+            ino INTEGER NOT NULL, kind INTEGER NOT NULL,
+            UNIQUE(parent, name));
+         CREATE INDEX IF NOT EXISTS dentries_by_parent ON dentries(parent, id);",
+    )?;
+    let now = Timestamp::now();
+    conn.execute(
+        "INSERT OR IGNORE INTO inodes(ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
+            mtime_s, mtime_ns, ctime_s, ctime_ns, parent)
+         VALUES (?1, 2, ?2, 2, ?3, ?4, 0, ?5, ?6, ?5, ?6, ?5, ?6, ?1)",
+        params![
+            ROOT_INO as i64,
+            i64::from(root_perm),
+            i64::from(root_uid),
+            i64::from(root_gid),
+            now.secs,
+            i64::from(now.nsec)
+        ],
+    )?;
+    Ok(conn)
+}
+
+/// Metadata operations, each run inside the caller's transaction or savepoint.
+pub struct Ops<'a> {
+    pub tx: &'a Connection,
+}
+
+impl Ops<'_> {
+    pub fn getattr(&self, ino: Ino) -> MetaResult<Attr> {
+        self.find(ino)?
+            .ok_or_else(|| err(ErrorCode::NotFound, format!("inode {ino} does not exist")))
+    }
+
+    fn find(&self, ino: Ino) -> MetaResult<Option<Attr>> {
+        let mut st = self
+            .tx
+            .prepare_cached(&format!("SELECT {ATTR_COLS} FROM inodes WHERE ino = ?1"))
+            .map_err(db_err)?;
+        st.query_row([ino as i64], |r| attr_from_row(r, 0))
+            .optional()
+            .map_err(db_err)
+    }
+
+    fn dir(&self, ino: Ino) -> MetaResult<Attr> {
+        let a = self.getattr(ino)?;
+        if a.kind != FileKind::Dir {
+            return Err(err(
+                ErrorCode::NotDir,
+                format!("inode {ino} is not a directory"),
+            ));
+        }
+        Ok(a)
+    }
+
+    fn dentry(&self, parent: Ino, name: &[u8]) -> MetaResult<Option<(Ino, FileKind)>> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT ino, kind FROM dentries WHERE parent = ?1 AND name = ?2")
+            .map_err(db_err)?;
+        st.query_row(params![parent as i64, name], |r| {
+            Ok((r.get::<_, i64>(0)? as u64, kind_from(r.get(1)?)))
+        })
+        .optional()
+        .map_err(db_err)
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> MetaResult<Attr> {
+        let mut st = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {} FROM dentries d JOIN inodes i ON i.ino = d.ino
+                 WHERE d.parent = ?1 AND d.name = ?2",
+                ATTR_COLS
+                    .split(", ")
+                    .map(|c| format!("i.{c}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .map_err(db_err)?;
+        match st
+            .query_row(params![parent as i64, name], |r| attr_from_row(r, 0))
+            .optional()
+            .map_err(db_err)?
+        {
+            Some(a) => Ok(a),
+            None => {
+                self.dir(parent)?;
+                Err(err(
+                    ErrorCode::NotFound,
+                    format!("{} not found", String::from_utf8_lossy(name)),
+                ))
+            }
+        }
+    }
+
+    fn touch_dir(&self, ino: Ino, nlink_delta: i64, now: Timestamp) -> MetaResult<()> {
+        self.tx
+            .prepare_cached(
+                "UPDATE inodes SET nlink = nlink + ?2, mtime_s = ?3, mtime_ns = ?4,
+                 ctime_s = ?3, ctime_ns = ?4 WHERE ino = ?1",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    ino as i64,
+                    nlink_delta,
+                    now.secs,
+                    i64::from(now.nsec)
+                ])
+            })
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    fn insert_dentry(&self, parent: Ino, name: &[u8], ino: Ino, kind: FileKind) -> MetaResult<()> {
+        self.tx
+            .prepare_cached("INSERT INTO dentries(parent, name, ino, kind) VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut st| {
+                st.execute(params![parent as i64, name, ino as i64, kind_code(kind)])
+            })
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> MetaResult<Attr> {
+        check_name(name)?;
+        let p = self.dir(parent)?;
+        if self.dentry(parent, name)?.is_some() {
+            return Err(err(
+                ErrorCode::Exists,
+                format!("{} exists", String::from_utf8_lossy(name)),
+            ));
+        }
+        let (kind, target, nlink) = match node {
+            NewNode::File => (FileKind::File, None, 1),
+            NewNode::Dir => (FileKind::Dir, None, 2),
+            NewNode::Symlink { target } => {
+                if target.is_empty() || target.len() > 4096 {
+                    return Err(err(
+                        ErrorCode::Invalid,
+                        "symlink target must be 1..4096 bytes",
+                    ));
+                }
+                (FileKind::Symlink, Some(target.as_slice()), 1)
+            }
+        };
+        // BSD/SysV setgid directories: new entries take the directory's group, subdirectories
+        // inherit the bit.
+        let (gid, perm) = if p.perm & S_ISGID != 0 {
+            let perm = if kind == FileKind::Dir {
+                perm | S_ISGID
+            } else {
+                perm
+            };
+            (p.gid, perm)
+        } else {
+            (gid, perm)
+        };
+        let perm = if kind == FileKind::Symlink {
+            0o777
+        } else {
+            perm & 0o7777
+        };
+        let size = target.map_or(0, |t| t.len() as u64);
+        let now = Timestamp::now();
+        let ino = self
+            .tx
+            .prepare_cached(
+                "INSERT INTO inodes(kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
+                    mtime_s, mtime_ns, ctime_s, ctime_ns, parent, target)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7, ?8, ?7, ?8, ?9, ?10)",
+            )
+            .and_then(|mut st| {
+                st.insert(params![
+                    kind_code(kind),
+                    i64::from(perm),
+                    nlink,
+                    i64::from(uid),
+                    i64::from(gid),
+                    size as i64,
+                    now.secs,
+                    i64::from(now.nsec),
+                    if kind == FileKind::Dir {
+                        parent as i64
+                    } else {
+                        0
+                    },
+                    target
+                ])
+            })
+            .map_err(db_err)? as u64;
+        self.insert_dentry(parent, name, ino, kind)?;
+        self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 }, now)?;
+        Ok(Attr {
+            ino,
+            kind,
+            perm,
+            nlink: nlink as u32,
+            uid,
+            gid,
+            size,
+            atime: now,
+            mtime: now,
+            ctime: now,
+        })
+    }
+
+    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> MetaResult<Attr> {
+        check_name(new_name)?;
+        let a = self.getattr(ino)?;
+        if a.kind == FileKind::Dir {
+            return Err(err(
+                ErrorCode::Permission,
+                "hard links to directories are not allowed",
+            ));
+        }
+        if a.nlink == 0 {
+            return Err(err(
+                ErrorCode::NotFound,
+                format!("inode {ino} was unlinked"),
+            ));
+        }
+        self.dir(new_parent)?;
+        if self.dentry(new_parent, new_name)?.is_some() {
+            return Err(err(
+                ErrorCode::Exists,
+                format!("{} exists", String::from_utf8_lossy(new_name)),
+            ));
+        }
+        self.insert_dentry(new_parent, new_name, ino, a.kind)?;
+        let now = Timestamp::now();
+        self.tx
+            .execute(
+                "UPDATE inodes SET nlink = nlink + 1, ctime_s = ?2, ctime_ns = ?3 WHERE ino = ?1",
+                params![ino as i64, now.secs, i64::from(now.nsec)],
+            )
+            .map_err(db_err)?;
+        self.touch_dir(new_parent, 0, now)?;
+        self.getattr(ino)
+    }
+
+    fn remove_dentry(&self, parent: Ino, name: &[u8]) -> MetaResult<()> {
+        self.tx
+            .prepare_cached("DELETE FROM dentries WHERE parent = ?1 AND name = ?2")
+            .and_then(|mut st| st.execute(params![parent as i64, name]))
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Drops one link of a non-directory inode; returns what became of it.
+    fn drop_link(&self, ino: Ino, now: Timestamp) -> MetaResult<Unlinked> {
+        self.tx
+            .prepare_cached(
+                "UPDATE inodes SET nlink = nlink - 1, ctime_s = ?2, ctime_ns = ?3 WHERE ino = ?1",
+            )
+            .and_then(|mut st| st.execute(params![ino as i64, now.secs, i64::from(now.nsec)]))
+            .map_err(db_err)?;
+        let a = self.getattr(ino)?;
+        Ok(Unlinked {
+            ino,
+            kind: a.kind,
+            orphaned: a.nlink == 0,
+            size: a.size,
+        })
+    }
+
+    fn has_children(&self, dir: Ino) -> MetaResult<bool> {
+        self.tx
+            .prepare_cached("SELECT 1 FROM dentries WHERE parent = ?1 LIMIT 1")
+            .and_then(|mut st| st.exists([dir as i64]))
+            .map_err(db_err)
+    }
+
+    fn delete_inode(&self, ino: Ino) -> MetaResult<()> {
+        self.tx
+            .prepare_cached("DELETE FROM inodes WHERE ino = ?1")
+            .and_then(|mut st| st.execute([ino as i64]))
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> MetaResult<Unlinked> {
+        self.dir(parent)?;
+        let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
+            err(
+                ErrorCode::NotFound,
+                format!("{} not found", String::from_utf8_lossy(name)),
+            )
+        })?;
+        if kind == FileKind::Dir {
+            return Err(err(
+                ErrorCode::IsDir,
+                format!("{} is a directory", String::from_utf8_lossy(name)),
+            ));
+        }
+        let now = Timestamp::now();
+        self.remove_dentry(parent, name)?;
+        self.touch_dir(parent, 0, now)?;
+        self.drop_link(ino, now)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> MetaResult<()> {
+        self.dir(parent)?;
+        let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
+            err(
+                ErrorCode::NotFound,
+                format!("{} not found", String::from_utf8_lossy(name)),
+            )
+        })?;
+        if kind != FileKind::Dir {
+            return Err(err(
+                ErrorCode::NotDir,
+                format!("{} is not a directory", String::from_utf8_lossy(name)),
+            ));
+        }
+        if self.has_children(ino)? {
+            return Err(err(
+                ErrorCode::NotEmpty,
+                format!("{} is not empty", String::from_utf8_lossy(name)),
+            ));
+        }
+        self.remove_dentry(parent, name)?;
+        self.delete_inode(ino)?;
+        self.touch_dir(parent, -1, Timestamp::now())
+    }
+
+    fn parent_of_dir(&self, ino: Ino) -> MetaResult<Ino> {
+        self.tx
+            .prepare_cached("SELECT parent FROM inodes WHERE ino = ?1")
+            .and_then(|mut st| st.query_row([ino as i64], |r| r.get::<_, i64>(0)))
+            .map(|p| p as u64)
+            .map_err(db_err)
+    }
+
+    /// True if `dir` is `ancestor` or lies below it.
+    fn is_within(&self, mut dir: Ino, ancestor: Ino) -> MetaResult<bool> {
+        for _ in 0..100_000 {
+            if dir == ancestor {
+                return Ok(true);
+            }
+            if dir == ROOT_INO {
+                return Ok(false);
+            }
+            dir = self.parent_of_dir(dir)?;
+        }
+        Err(err(ErrorCode::Loop, "directory tree too deep or cyclic"))
+    }
+
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> MetaResult<Option<Unlinked>> {
+        if flags & RENAME_EXCHANGE != 0 {
+            return Err(err(ErrorCode::Invalid, "RENAME_EXCHANGE is not supported"));
+        }
+        if flags & !RENAME_NOREPLACE != 0 {
+            return Err(err(
+                ErrorCode::Invalid,
+                format!("unknown rename flags {flags:#x}"),
+            ));
+        }
+        check_name(new_name)?;
+        self.dir(parent)?;
+        self.dir(new_parent)?;
+        let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
+            err(
+                ErrorCode::NotFound,
+                format!("{} not found", String::from_utf8_lossy(name)),
+            )
+        })?;
+        if kind == FileKind::Dir && new_parent != parent && self.is_within(new_parent, ino)? {
+            return Err(err(
+                ErrorCode::Invalid,
+                "cannot move a directory into itself or below itself",
+            ));
+        }
+        let now = Timestamp::now();
+        let mut replaced = None;
+        if let Some((dst, dst_kind)) = self.dentry(new_parent, new_name)? {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(err(
+                    ErrorCode::Exists,
+                    format!("{} exists", String::from_utf8_lossy(new_name)),
+                ));
+            }
+            if dst == ino {
+                // Two names of one inode: POSIX says do nothing.
+                return Ok(None);
+            }
+            match (kind == FileKind::Dir, dst_kind == FileKind::Dir) {
+                (true, false) => {
+                    return Err(err(
+                        ErrorCode::NotDir,
+                        format!("{} is not a directory", String::from_utf8_lossy(new_name)),
+                    ))
+                }
+                (false, true) => {
+                    return Err(err(
+                        ErrorCode::IsDir,
+                        format!("{} is a directory", String::from_utf8_lossy(new_name)),
+                    ))
+                }
+                (true, true) => {
+                    if self.has_children(dst)? {
+                        return Err(err(
+                            ErrorCode::NotEmpty,
+                            format!("{} is not empty", String::from_utf8_lossy(new_name)),
+                        ));
+                    }
+                    self.remove_dentry(new_parent, new_name)?;
+                    self.delete_inode(dst)?;
+                    self.touch_dir(new_parent, -1, now)?;
+                }
+                (false, false) => {
+                    self.remove_dentry(new_parent, new_name)?;
+                    replaced = Some(self.drop_link(dst, now)?);
+                }
+            }
+        }
+        self.tx
+            .prepare_cached(
+                "UPDATE dentries SET parent = ?3, name = ?4 WHERE parent = ?1 AND name = ?2",
+            )
+            .and_then(|mut st| {
+                st.execute(params![parent as i64, name, new_parent as i64, new_name])
+            })
+            .map_err(db_err)?;
+        let moved_dir = kind == FileKind::Dir && new_parent != parent;
+        self.tx
+            .prepare_cached(
+                "UPDATE inodes SET ctime_s = ?2, ctime_ns = ?3,
+                    parent = CASE WHEN kind = 2 THEN ?4 ELSE parent END WHERE ino = ?1",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    ino as i64,
+                    now.secs,
+                    i64::from(now.nsec),
+                    new_parent as i64
+                ])
+            })
+            .map_err(db_err)?;
+        self.touch_dir(parent, if moved_dir { -1 } else { 0 }, now)?;
+        if new_parent != parent {
+            self.touch_dir(new_parent, if moved_dir { 1 } else { 0 }, now)?;
+        }
+        Ok(replaced)
+    }
+
+    pub fn readlink(&self, ino: Ino) -> MetaResult<Vec<u8>> {
+        let t: Option<Option<Vec<u8>>> = self
+            .tx
+            .prepare_cached("SELECT target FROM inodes WHERE ino = ?1")
+            .and_then(|mut st| st.query_row([ino as i64], |r| r.get(0)).optional())
+            .map_err(db_err)?;
+        match t {
+            None => Err(err(
+                ErrorCode::NotFound,
+                format!("inode {ino} does not exist"),
+            )),
+            Some(None) => Err(err(
+                ErrorCode::Invalid,
+                format!("inode {ino} is not a symlink"),
+            )),
+            Some(Some(t)) => Ok(t),
+        }
+    }
+
+    pub fn readdir(
+        &self,
+        ino: Ino,
+        after: u64,
+        max: u32,
+        plus: bool,
+    ) -> MetaResult<(Vec<DirEntry>, bool)> {
+        self.dir(ino)?;
+        let max = max.clamp(1, 4096);
+        let sql = if plus {
+            format!(
+                "SELECT d.id, d.name, d.ino, d.kind, {} FROM dentries d JOIN inodes i ON i.ino = d.ino
+                 WHERE d.parent = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3",
+                ATTR_COLS
+                    .split(", ")
+                    .map(|c| format!("i.{c}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            "SELECT id, name, ino, kind FROM dentries WHERE parent = ?1 AND id > ?2
+             ORDER BY id LIMIT ?3"
+                .to_string()
+        };
+        let mut st = self.tx.prepare_cached(&sql).map_err(db_err)?;
+        let rows = st
+            .query_map(params![ino as i64, after as i64, i64::from(max)], |r| {
+                Ok(DirEntry {
+                    cursor: r.get::<_, i64>(0)? as u64,
+                    name: r.get(1)?,
+                    ino: r.get::<_, i64>(2)? as u64,
+                    kind: kind_from(r.get(3)?),
+                    attr: if plus {
+                        Some(attr_from_row(r, 4)?)
+                    } else {
+                        None
+                    },
+                })
+            })
+            .map_err(db_err)?;
+        let entries = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db_err)?;
+        let done = entries.len() < max as usize;
+        Ok((entries, done))
+    }
+
+    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> MetaResult<Attr> {
+        let mut a = self.getattr(ino)?;
+        let now = Timestamp::now();
+        let resolve = |t: TimeSet| match t {
+            TimeSet::Now => now,
+            TimeSet::At(ts) => ts,
+        };
+        if let Some(p) = set.perm {
+            a.perm = p & 0o7777;
+        }
+        if let Some(u) = set.uid {
+            a.uid = u;
+        }
+        if let Some(g) = set.gid {
+            a.gid = g;
+        }
+        if let Some(s) = set.size {
+            if a.kind == FileKind::Dir {
+                return Err(err(ErrorCode::IsDir, "cannot truncate a directory"));
+            }
+            if a.size != s && set.mtime.is_none() {
+                a.mtime = now;
+            }
+            a.size = s;
+        }
+        if let Some(t) = set.atime {
+            a.atime = resolve(t);
+        }
+        if let Some(t) = set.mtime {
+            a.mtime = resolve(t);
+        }
+        a.ctime = now;
+        self.tx
+            .prepare_cached(
+                "UPDATE inodes SET perm = ?2, uid = ?3, gid = ?4, size = ?5, atime_s = ?6,
+                 atime_ns = ?7, mtime_s = ?8, mtime_ns = ?9, ctime_s = ?10, ctime_ns = ?11
+                 WHERE ino = ?1",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    ino as i64,
+                    i64::from(a.perm),
+                    i64::from(a.uid),
+                    i64::from(a.gid),
+                    a.size as i64,
+                    a.atime.secs,
+                    i64::from(a.atime.nsec),
+                    a.mtime.secs,
+                    i64::from(a.mtime.nsec),
+                    a.ctime.secs,
+                    i64::from(a.ctime.nsec)
+                ])
+            })
+            .map_err(db_err)?;
+        Ok(a)
+    }
+
+    pub fn commit_write(&self, ino: Ino, size: u64, mtime: TimeSet) -> MetaResult<Attr> {
+        let now = Timestamp::now();
+        let m = match mtime {
+            TimeSet::Now => now,
+            TimeSet::At(t) => t,
+        };
+        let n = self
+            .tx
+            .prepare_cached(
+                "UPDATE inodes SET size = MAX(size, ?2), mtime_s = ?3, mtime_ns = ?4,
+                 ctime_s = ?5, ctime_ns = ?6 WHERE ino = ?1 AND kind = 1",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    ino as i64,
+                    size as i64,
+                    m.secs,
+                    i64::from(m.nsec),
+                    now.secs,
+                    i64::from(now.nsec)
+                ])
+            })
+            .map_err(db_err)?;
+        if n == 0 {
+            let a = self.getattr(ino)?;
+            return Err(err(
+                ErrorCode::Invalid,
+                format!("inode {ino} is a {:?}, not a file", a.kind),
+            ));
+        }
+        self.getattr(ino)
+    }
+
+    pub fn purge(&self, ino: Ino) -> MetaResult<()> {
+        match self.find(ino)? {
+            Some(a) if a.nlink == 0 => self.delete_inode(ino),
+            Some(_) => Err(err(ErrorCode::Busy, format!("inode {ino} still has names"))),
+            None => Ok(()),
+        }
+    }
+
+    pub fn inode_count(&self) -> MetaResult<u64> {
+        self.tx
+            .prepare_cached("SELECT COUNT(*) FROM inodes WHERE nlink > 0")
+            .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+            .map(|n| n as u64)
+            .map_err(db_err)
+    }
+
+    /// Inodes whose last name is gone but whose objects were never removed (a client died
+    /// before its last close). Reported at start-up.
+    pub fn orphans(&self) -> MetaResult<Vec<(Ino, u64)>> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT ino, size FROM inodes WHERE nlink = 0")
+            .map_err(db_err)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(db_err)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Connection) {
+        let t = tempfile::tempdir().unwrap();
+        let c = open(&t.path().join("m.db"), 1000, 1000, 0o755).unwrap();
+        (t, c)
+    }
+
+    fn code<T: std::fmt::Debug>(r: MetaResult<T>) -> ErrorCode {
+        r.unwrap_err().code
+    }
+
+    #[test]
+    fn create_lookup_and_errors() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        let f = ops
+            .create(d.ino, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        assert_eq!(ops.lookup(d.ino, b"f").unwrap(), f);
+        assert_eq!(
+            ops.getattr(ROOT_INO).unwrap().nlink,
+            3,
+            "root gains a link per subdir"
+        );
+        assert_eq!(
+            code(ops.create(d.ino, b"f", &NewNode::File, 0o644, 1, 1)),
+            ErrorCode::Exists
+        );
+        assert_eq!(
+            code(ops.create(f.ino, b"x", &NewNode::File, 0o644, 1, 1)),
+            ErrorCode::NotDir
+        );
+        assert_eq!(code(ops.lookup(d.ino, b"nope")), ErrorCode::NotFound);
+        assert_eq!(
+            code(ops.create(d.ino, &[b'a'; 256], &NewNode::File, 0o644, 1, 1)),
+            ErrorCode::NameTooLong
+        );
+        assert_eq!(code(ops.rmdir(ROOT_INO, b"d")), ErrorCode::NotEmpty);
+        assert_eq!(code(ops.unlink(ROOT_INO, b"d")), ErrorCode::IsDir);
+        assert_eq!(code(ops.rmdir(d.ino, b"f")), ErrorCode::NotDir);
+    }
+
+    #[test]
+    fn unlink_orphans_then_purge() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        ops.link(f.ino, ROOT_INO, b"g").unwrap();
+        assert!(!ops.unlink(ROOT_INO, b"f").unwrap().orphaned);
+        let u = ops.unlink(ROOT_INO, b"g").unwrap();
+        assert!(u.orphaned);
+        assert_eq!(
+            ops.getattr(f.ino).unwrap().nlink,
+            0,
+            "kept for open handles"
+        );
+        assert_eq!(ops.orphans().unwrap(), vec![(f.ino, 0)]);
+        ops.purge(f.ino).unwrap();
+        assert_eq!(code(ops.getattr(f.ino)), ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn rename_rules() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let a = ops
+            .create(ROOT_INO, b"a", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        let b = ops.create(a.ino, b"b", &NewNode::Dir, 0o755, 1, 1).unwrap();
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        let g = ops
+            .create(ROOT_INO, b"g", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        assert_eq!(
+            code(ops.rename(ROOT_INO, b"a", b.ino, b"x", 0)),
+            ErrorCode::Invalid,
+            "into itself"
+        );
+        assert_eq!(
+            code(ops.rename(ROOT_INO, b"f", ROOT_INO, b"g", 1)),
+            ErrorCode::Exists,
+            "NOREPLACE"
+        );
+        assert_eq!(
+            code(ops.rename(ROOT_INO, b"f", ROOT_INO, b"a", 0)),
+            ErrorCode::IsDir
+        );
+        assert_eq!(
+            code(ops.rename(ROOT_INO, b"a", ROOT_INO, b"f", 0)),
+            ErrorCode::NotDir
+        );
+        let replaced = ops
+            .rename(ROOT_INO, b"f", ROOT_INO, b"g", 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(replaced.ino, g.ino);
+        assert!(replaced.orphaned);
+        assert_eq!(ops.lookup(ROOT_INO, b"g").unwrap().ino, f.ino);
+        // Moving a directory moves its link count to the new parent.
+        ops.rename(a.ino, b"b", ROOT_INO, b"b2", 0).unwrap();
+        assert_eq!(ops.getattr(a.ino).unwrap().nlink, 2);
+        assert_eq!(ops.getattr(ROOT_INO).unwrap().nlink, 4);
+        ops.rename(ROOT_INO, b"b2", a.ino, b"b3", 0).unwrap();
+        assert_eq!(
+            code(ops.rename(ROOT_INO, b"a", b.ino, b"x", 0)),
+            ErrorCode::Invalid,
+            "parent pointer followed the move"
+        );
+    }
+
+    #[test]
+    fn readdir_pages_in_creation_order() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        for i in 0..10 {
+            ops.create(
+                ROOT_INO,
+                format!("f{i}").as_bytes(),
+                &NewNode::File,
+                0o644,
+                1,
+                1,
+            )
+            .unwrap();
+        }
+        let (p1, done1) = ops.readdir(ROOT_INO, 0, 4, false).unwrap();
+        assert!(!done1);
+        let (p2, _) = ops.readdir(ROOT_INO, p1[3].cursor, 4, true).unwrap();
+        let (p3, done3) = ops.readdir(ROOT_INO, p2[3].cursor, 4, false).unwrap();
+        assert!(done3);
+        let names: Vec<_> = p1
+            .iter()
+            .chain(&p2)
+            .chain(&p3)
+            .map(|e| e.name.clone())
+            .collect();
+        assert_eq!(names.len(), 10);
+        assert_eq!(names[9], b"f9");
+        assert!(p2[0].attr.is_some());
+    }
+
+    #[test]
+    fn commit_write_only_grows_and_setattr_truncates() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        assert_eq!(
+            ops.commit_write(f.ino, 100, TimeSet::Now).unwrap().size,
+            100
+        );
+        assert_eq!(ops.commit_write(f.ino, 50, TimeSet::Now).unwrap().size, 100);
+        let set = SetAttr {
+            size: Some(10),
+            ..Default::default()
+        };
+        assert_eq!(ops.setattr(f.ino, &set).unwrap().size, 10);
+        assert_eq!(
+            code(ops.commit_write(ROOT_INO, 1, TimeSet::Now)),
+            ErrorCode::Invalid
+        );
+    }
+
+    #[test]
+    fn setgid_directory_passes_group_down() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o2775, 1, 50)
+            .unwrap();
+        let f = ops
+            .create(d.ino, b"f", &NewNode::File, 0o644, 1, 7)
+            .unwrap();
+        let s = ops.create(d.ino, b"s", &NewNode::Dir, 0o755, 1, 7).unwrap();
+        assert_eq!((f.gid, s.gid), (50, 50));
+        assert_ne!(s.perm & S_ISGID, 0);
+    }
+}

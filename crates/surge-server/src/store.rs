@@ -1,0 +1,321 @@
+//! The chunk store of one fragment: a directory on a fast-tier device holding one object file per
+//! file of the instance (all of that file's stripes on this fragment, at packed offsets; see
+//! `surge_core::layout`).
+//!
+//! Capacity is enforced here. `used` counts the blocks the device really allocated (st_blocks),
+//! so sparse files cost only what they store. A write that could grow the fragment past its
+//! capacity is refused with `NoSpace` before a byte is written, so nothing already stored is
+//! harmed; overwrites of allocated bytes are always allowed.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use surge_core::{FileId, InstanceId};
+use surge_proto::{ErrorCode, ErrorReply};
+
+/// Open objects kept per fragment; beyond this, idle ones are closed.
+const MAX_OPEN_OBJECTS: usize = 4096;
+/// Device allocation unit assumed when bounding a write's growth.
+const BLOCK: u64 = 4096;
+
+struct Object {
+    file: File,
+    /// (apparent size, allocated bytes) as of the last change made through this server.
+    state: Mutex<(u64, u64)>,
+}
+
+pub struct Fragment {
+    pub instance: InstanceId,
+    pub index: u32,
+    pub dir: PathBuf,
+    pub capacity: u64,
+    pub device: PathBuf,
+    used: AtomicU64,
+    objects: Mutex<HashMap<FileId, Arc<Object>>>,
+}
+
+fn io_err(what: &str, path: &Path, e: io::Error) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::from_io(&e),
+        format!("{what} {}: {e}", path.display()),
+    )
+}
+
+fn allocated(md: &std::fs::Metadata) -> u64 {
+    md.blocks() * 512
+}
+
+impl Fragment {
+    /// Opens a fragment directory, measuring what its objects already use.
+    pub fn open(
+        instance: InstanceId,
+        index: u32,
+        dir: PathBuf,
+        device: PathBuf,
+        capacity: u64,
+    ) -> io::Result<Fragment> {
+        std::fs::create_dir_all(&dir)?;
+        let mut used = 0;
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            if Self::parse_object_name(&e.file_name().to_string_lossy()).is_some() {
+                used += allocated(&e.metadata()?);
+            }
+        }
+        Ok(Fragment {
+            instance,
+            index,
+            dir,
+            capacity,
+            device,
+            used: AtomicU64::new(used),
+            objects: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn parse_object_name(name: &str) -> Option<(u32, u64)> {
+        let (ns, ino) = name.split_once('-')?;
+        Some((ns.parse().ok()?, ino.parse().ok()?))
+    }
+
+    fn object_path(&self, file: FileId) -> PathBuf {
+        self.dir.join(format!("{}-{}", file.ns.0, file.ino))
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// The object of `file`, opened (and created when `create`) on first use.
+    fn object(&self, file: FileId, create: bool) -> Result<Option<Arc<Object>>, ErrorReply> {
+        if let Some(o) = self.objects.lock().get(&file) {
+            return Ok(Some(o.clone()));
+        }
+        let path = self.object_path(file);
+        let f = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+            Err(e) => return Err(io_err("cannot open object", &path, e)),
+        };
+        let md = f
+            .metadata()
+            .map_err(|e| io_err("cannot stat object", &path, e))?;
+        let obj = Arc::new(Object {
+            file: f,
+            state: Mutex::new((md.len(), allocated(&md))),
+        });
+        let mut objects = self.objects.lock();
+        if objects.len() >= MAX_OPEN_OBJECTS {
+            // Close idle objects (those no request holds); in-flight requests keep theirs.
+            objects.retain(|_, o| Arc::strong_count(o) > 1);
+        }
+        Ok(Some(objects.entry(file).or_insert(obj).clone()))
+    }
+
+    /// Re-reads the object's size and allocation after a change and updates `used`.
+    fn account(&self, obj: &Object, st: &mut (u64, u64), path: &Path) -> Result<(), ErrorReply> {
+        let md = obj
+            .file
+            .metadata()
+            .map_err(|e| io_err("cannot stat object", path, e))?;
+        let new_alloc = allocated(&md);
+        if new_alloc >= st.1 {
+            self.used.fetch_add(new_alloc - st.1, Ordering::Relaxed);
+        } else {
+            self.used.fetch_sub(st.1 - new_alloc, Ordering::Relaxed);
+        }
+        *st = (md.len(), new_alloc);
+        Ok(())
+    }
+
+    pub fn write(&self, file: FileId, offset: u64, data: &[u8]) -> Result<u64, ErrorReply> {
+        let len = data.len() as u64;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| ErrorReply::new(ErrorCode::TooLarge, "write past the largest offset"))?;
+        let Some(obj) = self.object(file, true)? else {
+            return Err(ErrorReply::new(ErrorCode::Io, "object vanished"));
+        };
+        let path = self.object_path(file);
+        let mut st = obj.state.lock();
+        // Bytes this write may newly allocate: none when it only overwrites a fully allocated
+        // region, else at most its length rounded out to whole blocks.
+        let (size, alloc) = *st;
+        let growth = if end <= size && alloc >= size {
+            0
+        } else {
+            len.div_ceil(BLOCK) * BLOCK + BLOCK
+        };
+        if growth > 0 {
+            let before = self.used.fetch_add(growth, Ordering::Relaxed);
+            if before + growth > self.capacity {
+                self.used.fetch_sub(growth, Ordering::Relaxed);
+                return Err(ErrorReply::new(
+                    ErrorCode::NoSpace,
+                    format!(
+                        "fragment {} of instance {} is full ({} of {} bytes used)",
+                        self.index, self.instance, before, self.capacity
+                    ),
+                ));
+            }
+        }
+        let res = obj.file.write_all_at(data, offset);
+        if growth > 0 {
+            self.used.fetch_sub(growth, Ordering::Relaxed);
+        }
+        let acct = self.account(&obj, &mut st, &path);
+        res.map_err(|e| io_err("cannot write object", &path, e))?;
+        acct?;
+        Ok(len)
+    }
+
+    /// Reads up to `len` bytes at `offset` into `out` (cleared first). Shorter when the object
+    /// ends there; a missing object reads as empty (a file never written on this fragment).
+    pub fn read(
+        &self,
+        file: FileId,
+        offset: u64,
+        len: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ErrorReply> {
+        out.clear();
+        let Some(obj) = self.object(file, false)? else {
+            return Ok(());
+        };
+        out.resize(len as usize, 0);
+        let mut got = 0;
+        while got < out.len() {
+            match obj.file.read_at(&mut out[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err("cannot read object", &self.object_path(file), e)),
+            }
+        }
+        out.truncate(got);
+        Ok(())
+    }
+
+    pub fn truncate(&self, file: FileId, len: u64) -> Result<(), ErrorReply> {
+        let path = self.object_path(file);
+        let Some(obj) = self.object(file, len > 0)? else {
+            return Ok(());
+        };
+        let mut st = obj.state.lock();
+        obj.file
+            .set_len(len)
+            .map_err(|e| io_err("cannot truncate object", &path, e))?;
+        self.account(&obj, &mut st, &path)
+    }
+
+    pub fn remove(&self, file: FileId) -> Result<(), ErrorReply> {
+        let path = self.object_path(file);
+        let cached = self.objects.lock().remove(&file);
+        let alloc = match &cached {
+            Some(o) => o.state.lock().1,
+            None => match std::fs::metadata(&path) {
+                Ok(md) => allocated(&md),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(io_err("cannot stat object", &path, e)),
+            },
+        };
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                self.used
+                    .fetch_sub(alloc.min(self.used()), Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("cannot remove object", &path, e)),
+        }
+    }
+
+    pub fn sync(&self, file: FileId) -> Result<(), ErrorReply> {
+        match self.object(file, false)? {
+            Some(obj) => obj
+                .file
+                .sync_data()
+                .map_err(|e| io_err("cannot sync object", &self.object_path(file), e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Closes every object and deletes the fragment's directory.
+    pub fn destroy(&self) -> io::Result<()> {
+        self.objects.lock().clear();
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use surge_core::NamespaceId;
+
+    fn fid(ino: u64) -> FileId {
+        FileId {
+            ns: NamespaceId(0),
+            ino,
+        }
+    }
+
+    fn frag(dir: &Path, capacity: u64) -> Fragment {
+        Fragment::open(InstanceId(1), 0, dir.join("f"), dir.to_path_buf(), capacity).unwrap()
+    }
+
+    #[test]
+    fn write_read_and_holes() {
+        let t = tempfile::tempdir().unwrap();
+        let f = frag(t.path(), 1 << 20);
+        f.write(fid(2), 10, b"abc").unwrap();
+        let mut out = Vec::new();
+        f.read(fid(2), 8, 10, &mut out).unwrap();
+        assert_eq!(out, b"\0\0abc");
+        f.read(fid(3), 0, 10, &mut out).unwrap();
+        assert!(out.is_empty(), "missing object reads as empty");
+    }
+
+    #[test]
+    fn refuses_growth_past_capacity_but_allows_overwrite() {
+        let t = tempfile::tempdir().unwrap();
+        let f = frag(t.path(), 64 * 1024);
+        let block = vec![7u8; 32 * 1024];
+        f.write(fid(2), 0, &block).unwrap();
+        let e = f.write(fid(2), 32 * 1024, &block).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NoSpace);
+        // What was written is intact and can be overwritten.
+        f.write(fid(2), 0, &[9u8; 1024]).unwrap();
+        let mut out = Vec::new();
+        f.read(fid(2), 0, 32 * 1024, &mut out).unwrap();
+        assert_eq!(&out[..1024], &[9u8; 1024][..]);
+        assert_eq!(&out[1024..], &block[1024..]);
+    }
+
+    #[test]
+    fn usage_follows_truncate_and_remove_and_survives_reopen() {
+        let t = tempfile::tempdir().unwrap();
+        let f = frag(t.path(), 1 << 30);
+        f.write(fid(2), 0, &vec![1u8; 1 << 20]).unwrap();
+        assert!(f.used() >= 1 << 20);
+        f.truncate(fid(2), 4096).unwrap();
+        assert!(f.used() < 1 << 20);
+        let again = frag(t.path(), 1 << 30);
+        assert_eq!(again.used(), f.used());
+        f.remove(fid(2)).unwrap();
+        assert_eq!(f.used(), 0);
+    }
+}
