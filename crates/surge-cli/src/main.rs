@@ -25,6 +25,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a burst-buffer server (fragments and metadata on fast-tier directories).
+    Server(surge_server::cli::ServerArgs),
+    /// Create, show or destroy instances on running servers by hand.
+    Instance(surge_client::cli::InstanceArgs),
+    /// Mount an instance's namespace as a POSIX directory (FUSE).
+    Mount(surge_client::cli::MountArgs),
     /// IOR/mdtest-style benchmarks of any path: bandwidth, IOPS, metadata rates.
     Bench(surge_bench::cli::BenchArgs),
     /// Record the I/O of a command and say whether it is bandwidth-, IOPS- or metadata-bound.
@@ -38,7 +44,7 @@ enum Command {
 fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
-        0 => "warn,surge=info",
+        0 => "info",
         1 => "debug",
         _ => "trace",
     };
@@ -53,6 +59,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let result = match cli.command {
+        Command::Server(a) => surge_server::cli::run(a),
+        Command::Instance(a) => surge_client::cli::run_instance(a),
+        Command::Mount(a) => surge_client::cli::run_mount(a),
         Command::Bench(a) => surge_bench::cli::run(a),
         Command::Profile(a) => surge_profile::cli::run_profile(a),
         Command::Advise(a) => surge_profile::cli::run_advise(a),

@@ -267,7 +267,7 @@ mod tests {
             read_request(&mut &wire[..], &mut p),
             Err((None, CodecError::Truncated("header")))
         ));
-        let mut junk = vec![0u8; 64];
+        let mut junk = [0u8; 64];
         junk[..4].copy_from_slice(b"GET ");
         assert!(matches!(
             read_request(&mut &junk[..], &mut p),

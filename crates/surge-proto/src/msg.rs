@@ -168,6 +168,8 @@ pub struct FragmentStatus {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerStatus {
     pub id: String,
+    /// Where the server listens (`host:port`, `unix:/path`).
+    pub addrs: Vec<String>,
     pub version: String,
     pub capacity: u64,
     /// Capacity promised to fragments.
@@ -499,5 +501,36 @@ impl Request {
     /// True for requests answered by a namespace's metadata service.
     pub fn is_metadata(&self) -> bool {
         (32..64).contains(&self.opcode())
+    }
+
+    /// The operation's name, for logs and error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Status => "Status",
+            Request::CreateFragment { .. } => "CreateFragment",
+            Request::DestroyFragment { .. } => "DestroyFragment",
+            Request::CreateNamespace { .. } => "CreateNamespace",
+            Request::DestroyNamespace { .. } => "DestroyNamespace",
+            Request::Describe { .. } => "Describe",
+            Request::Write { .. } => "Write",
+            Request::Read { .. } => "Read",
+            Request::TruncateObject { .. } => "TruncateObject",
+            Request::RemoveObject { .. } => "RemoveObject",
+            Request::SyncObject { .. } => "SyncObject",
+            Request::FragmentUsage { .. } => "FragmentUsage",
+            Request::Lookup { .. } => "Lookup",
+            Request::GetAttr { .. } => "GetAttr",
+            Request::SetAttr { .. } => "SetAttr",
+            Request::Create { .. } => "Create",
+            Request::Link { .. } => "Link",
+            Request::Unlink { .. } => "Unlink",
+            Request::Rmdir { .. } => "Rmdir",
+            Request::Rename { .. } => "Rename",
+            Request::Readlink { .. } => "Readlink",
+            Request::ReadDir { .. } => "ReadDir",
+            Request::CommitWrite { .. } => "CommitWrite",
+            Request::Purge { .. } => "Purge",
+            Request::NamespaceStats { .. } => "NamespaceStats",
+        }
     }
 }

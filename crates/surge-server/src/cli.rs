@@ -128,6 +128,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             .name("accept-unix".into())
             .spawn(move || conn::accept_unix(reg, ul))?;
     }
+    *reg.addrs.write() = addrs.clone();
     info!(
         "surge server {} listening on {} ({} capacity, devices {:?})",
         reg.id,

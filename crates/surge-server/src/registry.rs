@@ -50,6 +50,8 @@ pub struct Registry {
     pub id: String,
     pub capacity: u64,
     pub devices: Vec<PathBuf>,
+    /// Listening addresses, set once the listeners are bound.
+    pub addrs: RwLock<Vec<String>>,
     fragments: RwLock<HashMap<(InstanceId, u32), Arc<Fragment>>>,
     namespaces: RwLock<HashMap<(InstanceId, NamespaceId), Arc<Namespace>>>,
     descriptors: RwLock<HashMap<InstanceId, InstanceDescriptor>>,
@@ -113,6 +115,7 @@ impl Registry {
             id,
             capacity,
             devices,
+            addrs: RwLock::new(Vec::new()),
             fragments: RwLock::new(HashMap::new()),
             namespaces: RwLock::new(HashMap::new()),
             descriptors: RwLock::new(HashMap::new()),
@@ -438,6 +441,7 @@ impl Registry {
         namespaces.sort();
         ServerStatus {
             id: self.id.clone(),
+            addrs: self.addrs.read().clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             capacity: self.capacity,
             reserved: fragments.iter().map(|f| f.capacity).sum(),

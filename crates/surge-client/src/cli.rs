@@ -1,0 +1,340 @@
+//! `surge mount` and `surge instance`: bring an instance up by hand over running servers and
+//! mount it. (The manager does the same through the same functions.)
+
+use crate::admin::{self, InstancePlan};
+use crate::fuse::CacheTimes;
+use crate::instance::InstanceClient;
+use crate::mount::{self, MountOptions};
+use anyhow::Context;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use surge_core::{format_bytes, InstanceId, NamespaceId};
+use surge_proto::InstanceDescriptor;
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    surge_core::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let t = s.trim_end_matches('s');
+    t.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("'{s}' is not a duration in seconds (e.g. 1s, 0.5)"))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Where an instance's descriptor comes from.
+#[derive(clap::Args, Debug, Clone)]
+pub struct InstanceSource {
+    /// Any server holding a piece of the instance (host:port or unix:/path).
+    #[arg(long, value_name = "ADDR", required_unless_present = "descriptor")]
+    pub server: Option<String>,
+
+    /// The instance id (with --server).
+    #[arg(long, value_name = "ID", required_unless_present = "descriptor")]
+    pub instance: Option<u64>,
+
+    /// Read the instance descriptor from this JSON file instead (as printed by
+    /// `surge instance create --json`).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["server", "instance"])]
+    pub descriptor: Option<PathBuf>,
+}
+
+impl InstanceSource {
+    pub async fn load(&self) -> anyhow::Result<InstanceDescriptor> {
+        if let Some(f) = &self.descriptor {
+            let text = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?;
+            return serde_json::from_slice(&text)
+                .with_context(|| format!("{} is not an instance descriptor", f.display()));
+        }
+        match (&self.server, self.instance) {
+            (Some(s), Some(i)) => Ok(admin::describe(s, InstanceId(i))
+                .await
+                .with_context(|| format!("cannot describe instance {i} from {s}"))?),
+            _ => anyhow::bail!("give --server and --instance, or --descriptor"),
+        }
+    }
+}
+
+/// Mount an instance's namespace as a POSIX directory (FUSE).
+///
+/// Runs in the foreground until the directory is unmounted (`umount DIR` or
+/// `fusermount3 -u DIR`) or the process gets SIGINT/SIGTERM, which unmounts it.
+///
+/// Example:
+///   surge mount --server 127.0.0.1:7001 --instance 42 /mnt/bb
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct MountArgs {
+    #[command(flatten)]
+    pub source: InstanceSource,
+
+    /// Namespace to mount: 0 for a striped instance; the compute node's index for a private one.
+    #[arg(long, default_value_t = 0)]
+    pub ns: u32,
+
+    /// Directory to mount on (must exist).
+    pub mountpoint: PathBuf,
+
+    /// How long the kernel may cache attributes (seconds). 0 asks the metadata server on every
+    /// stat; longer is faster but another node's changes show later.
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_secs)]
+    pub attr_ttl: Duration,
+
+    /// How long the kernel may cache names (seconds).
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_secs)]
+    pub entry_ttl: Duration,
+
+    /// Threads reading requests from the kernel.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+
+    /// Once mounted, write {"mountpoint", "pid"} as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub ready_file: Option<PathBuf>,
+}
+
+pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
+    let sigs = block_signals();
+    let rt = runtime()?;
+    let desc = rt.block_on(args.source.load())?;
+    let client = InstanceClient::new(desc, NamespaceId(args.ns))?;
+    // Fail early with a clear message if the metadata server is not reachable.
+    rt.block_on(client.getattr(1))
+        .with_context(|| format!("cannot reach the metadata server of namespace {}", args.ns))?;
+    let opts = MountOptions {
+        ttl: CacheTimes {
+            entry: args.entry_ttl,
+            attr: args.attr_ttl,
+        },
+        threads: args.threads,
+        ..MountOptions::default()
+    };
+    let mut mounted = mount::mount(client, rt.handle().clone(), &args.mountpoint, &opts)?;
+    if let Some(f) = &args.ready_file {
+        let text = serde_json::json!({
+            "mountpoint": args.mountpoint.display().to_string(),
+            "pid": std::process::id(),
+        });
+        std::fs::write(f, text.to_string())
+            .with_context(|| format!("cannot write {}", f.display()))?;
+    }
+    // Wait for a signal or for someone else to unmount.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sig = 0;
+        // SAFETY: `sigs` holds the blocked set; `sig` is a valid out-parameter.
+        unsafe { libc::sigwait(&sigs, &mut sig) };
+        let _ = tx.send(sig);
+    });
+    loop {
+        if let Ok(sig) = rx.recv_timeout(Duration::from_millis(200)) {
+            tracing::info!("signal {sig}: unmounting {}", args.mountpoint.display());
+            mounted.unmount()?;
+            break;
+        }
+        if mounted.is_finished() {
+            mounted.join()?;
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Blocks SIGINT/SIGTERM in all threads so one thread can wait for them.
+pub fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Create, show or destroy instances on running servers by hand.
+#[derive(clap::Args, Debug)]
+pub struct InstanceArgs {
+    #[command(subcommand)]
+    pub command: InstanceCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum InstanceCommand {
+    /// Create an instance: one fragment per server (capacity split evenly), metadata on the
+    /// first server (private mode: namespace i on server i mod n).
+    ///
+    /// Example:
+    ///   surge instance create --servers 127.0.0.1:7001,127.0.0.1:7002 --capacity 2GiB
+    #[command(verbatim_doc_comment)]
+    Create {
+        /// Servers to place fragments on, comma-separated (host:port or unix:/path).
+        #[arg(long, value_delimiter = ',', required = true)]
+        servers: Vec<String>,
+        /// Total capacity, e.g. 10GiB (split evenly over the servers, rounded up).
+        #[arg(long, value_parser = parse_size)]
+        capacity: u64,
+        /// Stripe size.
+        #[arg(long, value_parser = parse_size, default_value = "8MiB")]
+        stripe_size: u64,
+        /// `striped` (one namespace shared by all nodes) or `private` (one per node).
+        #[arg(long, default_value = "striped", value_parser = ["striped", "private"])]
+        access_mode: String,
+        /// Compute nodes, i.e. namespaces in private mode.
+        #[arg(long, default_value_t = 1)]
+        nodes: u32,
+        /// Instance id (default: random).
+        #[arg(long)]
+        id: Option<u64>,
+        /// A name for the instance.
+        #[arg(long)]
+        name: Option<String>,
+        /// Owner of the root directory as UID:GID (default: the caller).
+        #[arg(long, value_name = "UID:GID")]
+        owner: Option<String>,
+        /// Print the descriptor as JSON (usable with `surge mount --descriptor`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an instance's descriptor.
+    Show {
+        #[command(flatten)]
+        source: InstanceSource,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Destroy an instance and everything in it.
+    Destroy {
+        #[command(flatten)]
+        source: InstanceSource,
+    },
+}
+
+fn random_id() -> u64 {
+    let mut b = [0u8; 6];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    b.iter().fold(0u64, |a, x| (a << 8) | u64::from(*x)).max(1)
+}
+
+fn print_descriptor(d: &InstanceDescriptor) {
+    println!(
+        "instance {} ({}): {} {}, stripe {}, {} fragments",
+        d.instance,
+        d.name,
+        format_bytes(d.capacity),
+        d.access_mode,
+        format_bytes(d.stripe_size),
+        d.fragments.len()
+    );
+    for f in &d.fragments {
+        println!(
+            "  fragment {:>3}  {:>10}  on {} ({})",
+            f.index,
+            format_bytes(f.capacity),
+            f.server.id,
+            f.server.addrs.join(", ")
+        );
+    }
+    for n in &d.namespaces {
+        println!("  namespace {:>2}  metadata on {}", n.ns.0, n.server.id);
+    }
+}
+
+fn parse_owner(s: &str) -> anyhow::Result<(u32, u32)> {
+    let (u, g) = s
+        .split_once(':')
+        .with_context(|| format!("--owner '{s}': expected UID:GID"))?;
+    Ok((
+        u.parse()
+            .with_context(|| format!("--owner '{s}': bad uid"))?,
+        g.parse()
+            .with_context(|| format!("--owner '{s}': bad gid"))?,
+    ))
+}
+
+pub fn run_instance(args: InstanceArgs) -> anyhow::Result<ExitCode> {
+    let rt = runtime()?;
+    rt.block_on(async move {
+        match args.command {
+            InstanceCommand::Create {
+                servers,
+                capacity,
+                stripe_size,
+                access_mode,
+                nodes,
+                id,
+                name,
+                owner,
+                json,
+            } => {
+                anyhow::ensure!(capacity > 0, "--capacity must be positive");
+                anyhow::ensure!(stripe_size >= 4096, "--stripe-size must be at least 4KiB");
+                anyhow::ensure!(nodes >= 1, "--nodes must be at least 1");
+                let mut refs = Vec::new();
+                for s in &servers {
+                    refs.push(
+                        admin::server_ref(s)
+                            .await
+                            .with_context(|| format!("server {s}"))?,
+                    );
+                }
+                let per = capacity.div_ceil(refs.len() as u64);
+                let namespaces = if access_mode == "private" { nodes } else { 1 };
+                let (uid, gid) = match owner {
+                    Some(o) => parse_owner(&o)?,
+                    // SAFETY: getuid/getgid have no preconditions.
+                    None => unsafe { (libc::getuid(), libc::getgid()) },
+                };
+                let instance = InstanceId(id.unwrap_or_else(random_id));
+                let plan = InstancePlan {
+                    instance,
+                    name: name.unwrap_or_else(|| format!("instance-{instance}")),
+                    access_mode,
+                    stripe_size,
+                    fragments: refs.iter().map(|r| (r.clone(), per)).collect(),
+                    namespaces: (0..namespaces)
+                        .map(|i| refs[i as usize % refs.len()].clone())
+                        .collect(),
+                    root_uid: uid,
+                    root_gid: gid,
+                    root_perm: 0o755,
+                };
+                let desc = admin::create_instance(&plan).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&desc)?);
+                } else {
+                    print_descriptor(&desc);
+                }
+            }
+            InstanceCommand::Show { source, json } => {
+                let desc = source.load().await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&desc)?);
+                } else {
+                    print_descriptor(&desc);
+                }
+            }
+            InstanceCommand::Destroy { source } => {
+                let desc = source.load().await?;
+                admin::destroy_instance(&desc).await?;
+                println!("destroyed instance {}", desc.instance);
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,201 @@
+//! Connections to servers. A [`Connection`] multiplexes pipelined requests over one stream
+//! (replies are matched by request id); a [`ServerPool`] keeps a few connections per server,
+//! because a server works through one connection's requests in order, and reconnects when one
+//! breaks (a restarted server).
+
+use crate::error::ClientError;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use surge_proto::codec;
+use surge_proto::transport::{Addr, BoxWrite, Transport};
+use surge_proto::{Request, Response, ServerRef, SocketTransport};
+use tokio::sync::oneshot;
+use tracing::debug;
+
+type Reply = Result<(Response, Vec<u8>), ClientError>;
+
+pub struct Connection {
+    server: String,
+    writer: tokio::sync::Mutex<BoxWrite>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    next_id: AtomicU64,
+    dead: AtomicBool,
+}
+
+impl Connection {
+    pub async fn open(
+        transport: &dyn Transport,
+        addr: &Addr,
+        server: &str,
+    ) -> Result<Arc<Connection>, ClientError> {
+        let (mut reader, writer) = transport.connect(addr).await.map_err(|e| {
+            ClientError::transport(server, format!("cannot connect to {addr}: {e}"))
+        })?;
+        let conn = Arc::new(Connection {
+            server: server.to_string(),
+            writer: tokio::sync::Mutex::new(writer),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            dead: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&conn);
+        tokio::spawn(async move {
+            loop {
+                let frame = codec::read_response(&mut reader).await;
+                let Some(conn) = weak.upgrade() else { break };
+                match frame {
+                    Ok(f) => {
+                        let tx = conn.pending.lock().remove(&f.header.request_id);
+                        match tx {
+                            Some(tx) => {
+                                let _ = tx.send(Ok((f.response, f.payload)));
+                            }
+                            None => debug!(
+                                "{}: reply to unknown request {}",
+                                conn.server, f.header.request_id
+                            ),
+                        }
+                    }
+                    Err(e) => {
+                        conn.fail_all(format!("connection lost: {e}"));
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(conn)
+    }
+
+    fn fail_all(&self, why: String) {
+        self.dead.store(true, Ordering::Release);
+        let pending: Vec<_> = self.pending.lock().drain().collect();
+        for (_, tx) in pending {
+            let _ = tx.send(Err(ClientError::transport(&self.server, why.clone())));
+        }
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Sends one request and waits for its reply. `payload` is sent as bulk bytes.
+    pub async fn call(&self, req: &Request, payload: &[u8]) -> Reply {
+        if self.is_dead() {
+            return Err(ClientError::transport(
+                &self.server,
+                "connection closed".into(),
+            ));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().insert(id, tx);
+        let written = {
+            let mut w = self.writer.lock().await;
+            codec::write_request(&mut *w, id, req, payload).await
+        };
+        if let Err(e) = written {
+            self.pending.lock().remove(&id);
+            self.fail_all(format!("send failed: {e}"));
+            return Err(ClientError::transport(
+                &self.server,
+                format!("send failed: {e}"),
+            ));
+        }
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::transport(
+                &self.server,
+                "connection closed".into(),
+            )),
+        }
+    }
+}
+
+/// A few connections to one server, used round-robin.
+pub struct ServerPool {
+    pub server: ServerRef,
+    addrs: Vec<Addr>,
+    transport: Arc<dyn Transport>,
+    slots: Vec<tokio::sync::Mutex<Option<Arc<Connection>>>>,
+    next: AtomicUsize,
+}
+
+impl ServerPool {
+    pub fn new(server: ServerRef, connections: usize) -> Result<ServerPool, ClientError> {
+        Self::with_transport(server, connections, Arc::new(SocketTransport))
+    }
+
+    pub fn with_transport(
+        server: ServerRef,
+        connections: usize,
+        transport: Arc<dyn Transport>,
+    ) -> Result<ServerPool, ClientError> {
+        let addrs = usable_addrs(&server)?;
+        Ok(ServerPool {
+            server,
+            addrs,
+            transport,
+            slots: (0..connections.max(1))
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    async fn connection(&self) -> Result<Arc<Connection>, ClientError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[i].lock().await;
+        if let Some(c) = slot.as_ref() {
+            if !c.is_dead() {
+                return Ok(c.clone());
+            }
+        }
+        let mut last = None;
+        for addr in &self.addrs {
+            match Connection::open(&*self.transport, addr, &self.server.id).await {
+                Ok(c) => {
+                    *slot = Some(c.clone());
+                    return Ok(c);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::transport(&self.server.id, "no address".into())))
+    }
+
+    /// Sends a request on one of the pool's connections.
+    pub async fn call(&self, req: &Request, payload: &[u8]) -> Reply {
+        let conn = self.connection().await?;
+        let r = conn.call(req, payload).await?;
+        match r {
+            (Response::Error(e), _) => Err(ClientError::Remote {
+                server: self.server.id.clone(),
+                error: e,
+            }),
+            ok => Ok(ok),
+        }
+    }
+}
+
+/// The addresses of a server this host can use: Unix sockets only when the socket exists here.
+fn usable_addrs(server: &ServerRef) -> Result<Vec<Addr>, ClientError> {
+    let mut out = Vec::new();
+    for a in &server.addrs {
+        let addr: Addr = a
+            .parse()
+            .map_err(|e: String| ClientError::transport(&server.id, e))?;
+        match &addr {
+            Addr::Unix(p) if !p.exists() => {}
+            _ => out.push(addr),
+        }
+    }
+    if out.is_empty() {
+        return Err(ClientError::transport(
+            &server.id,
+            format!("no usable address among {:?}", server.addrs),
+        ));
+    }
+    Ok(out)
+}

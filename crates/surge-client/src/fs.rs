@@ -1,0 +1,527 @@
+//! The file-system core of a Surge mount: POSIX semantics over [`InstanceClient`], with no FUSE
+//! types (the adapter in [`crate::fuse`] only translates). It can be driven, and tested, without
+//! a kernel mount.
+//!
+//! Consistency (docs/SEMANTICS.md): close-to-open across compute nodes, POSIX within one.
+//! - Data goes to the servers on every `write` (no client write cache), so another node that
+//!   opens the file after our `close` reads it all.
+//! - The size and mtime of a file being written live here (shared by every handle of the inode on
+//!   this node) and are committed to the metadata server on `flush` (each `close`), `fsync` and
+//!   the last `release`.
+//! - `open` fetches fresh attributes; when they changed since this node last saw the file the
+//!   adapter drops the kernel's cached attributes and pages.
+//! - A file unlinked while open here keeps its data until its last close on this node.
+
+use crate::error::ClientError;
+use crate::instance::{InstanceClient, Usage};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use surge_core::Ino;
+use surge_proto::{Attr, FileKind, NewNode, SetAttr, TimeSet, Timestamp, Unlinked};
+use tracing::{debug, warn};
+
+/// An error for the application: an errno and, for the log, why.
+#[derive(Debug, Clone)]
+pub struct FsError {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl FsError {
+    pub fn new(errno: i32, message: impl Into<String>) -> FsError {
+        FsError {
+            errno,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ClientError> for FsError {
+    fn from(e: ClientError) -> FsError {
+        FsError {
+            errno: e.errno(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for FsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (errno {})", self.message, self.errno)
+    }
+}
+
+impl std::error::Error for FsError {}
+
+pub type FsResult<T> = Result<T, FsError>;
+
+/// What `open` decided.
+#[derive(Debug, Clone, Copy)]
+pub struct Opened {
+    pub fh: u64,
+    /// The file is unchanged since this node last saw it: the kernel may keep its pages.
+    pub keep_cache: bool,
+    /// The file changed: the kernel's cached attributes must be dropped.
+    pub invalidate_attr: bool,
+}
+
+/// One directory entry for the kernel: `offset` is where to continue after it.
+#[derive(Debug, Clone)]
+pub struct DirItem {
+    pub ino: Ino,
+    pub offset: u64,
+    pub kind: FileKind,
+    pub name: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Inode {
+    /// Kernel references (lookup counts), released by `forget`.
+    lookups: u64,
+    /// Open handles on this node.
+    opens: u32,
+    /// (mtime, size) as last seen from the metadata server, to detect change at `open`.
+    seen: Option<(Timestamp, u64)>,
+    /// This node's view of the size while the file is open (writes and truncates included).
+    size: u64,
+    /// Time of the last local write not yet committed.
+    dirty_mtime: Option<Timestamp>,
+    /// Fragments written since the last fsync (bit i = fragment i).
+    touched: u64,
+    /// The last name went away while open here: remove the data at the last release.
+    unlinked: bool,
+}
+
+struct Handle {
+    ino: Ino,
+}
+
+/// Directory listing pages fetched from the metadata server per `readdir` call.
+const READDIR_PAGE: u32 = 256;
+
+pub struct Fs {
+    client: Arc<InstanceClient>,
+    inodes: Mutex<HashMap<Ino, Inode>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+}
+
+impl Fs {
+    pub fn new(client: Arc<InstanceClient>) -> Fs {
+        Fs {
+            client,
+            inodes: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    pub fn client(&self) -> &Arc<InstanceClient> {
+        &self.client
+    }
+
+    /// Overlays this node's view (size, mtime of writes not yet committed) on attributes from
+    /// the metadata server and records what was seen.
+    fn observe(&self, mut a: Attr, lookup: bool) -> Attr {
+        let mut inodes = self.inodes.lock();
+        let ino = inodes.entry(a.ino).or_default();
+        if lookup {
+            ino.lookups += 1;
+        }
+        if ino.opens > 0 {
+            ino.seen = Some((a.mtime, a.size));
+            a.size = ino.size;
+            if let Some(m) = ino.dirty_mtime {
+                a.mtime = m;
+            }
+        } else {
+            ino.seen = Some((a.mtime, a.size));
+        }
+        a
+    }
+
+    fn handle_ino(&self, fh: u64) -> FsResult<Ino> {
+        self.handles
+            .lock()
+            .get(&fh)
+            .map(|h| h.ino)
+            .ok_or_else(|| FsError::new(libc::EBADF, format!("unknown file handle {fh}")))
+    }
+
+    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        let a = self.client.lookup(parent, name).await?;
+        Ok(self.observe(a, true))
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        let mut inodes = self.inodes.lock();
+        if let Some(i) = inodes.get_mut(&ino) {
+            i.lookups = i.lookups.saturating_sub(n);
+            if i.lookups == 0 && i.opens == 0 {
+                inodes.remove(&ino);
+            }
+        }
+    }
+
+    pub async fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        let a = self.client.getattr(ino).await?;
+        Ok(self.observe(a, false))
+    }
+
+    pub async fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        let mut set = set;
+        let open_size = {
+            let inodes = self.inodes.lock();
+            inodes.get(&ino).filter(|i| i.opens > 0).map(|i| i.size)
+        };
+        let old_size = match (set.size, open_size) {
+            (None, _) => 0,
+            (Some(_), Some(s)) => {
+                // Commit pending writes first, so the recorded size is not raised again by a
+                // later commit of bytes the truncate removed.
+                self.commit(ino).await?;
+                s
+            }
+            (Some(_), None) => self.client.getattr(ino).await?.size,
+        };
+        if set.size.is_some() && set.mtime.is_none() {
+            set.mtime = Some(TimeSet::Now);
+        }
+        let a = self.client.setattr(ino, set.clone(), old_size).await?;
+        if let Some(new) = set.size {
+            if let Some(i) = self.inodes.lock().get_mut(&ino) {
+                i.size = new;
+            }
+        }
+        Ok(self.observe(a, false))
+    }
+
+    fn new_handle(&self, ino: Ino) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, Handle { ino });
+        fh
+    }
+
+    pub async fn open(&self, ino: Ino) -> FsResult<Opened> {
+        let a = self.client.getattr(ino).await?;
+        if a.kind == FileKind::Dir {
+            return Err(FsError::new(libc::EISDIR, "is a directory"));
+        }
+        let fh = self.new_handle(ino);
+        let mut inodes = self.inodes.lock();
+        let i = inodes.entry(ino).or_default();
+        let now = (a.mtime, a.size);
+        let changed = i.seen.is_some_and(|s| s != now);
+        let keep_cache = i.seen == Some(now);
+        if i.opens == 0 {
+            i.size = a.size;
+            i.dirty_mtime = None;
+            i.touched = 0;
+        } else {
+            i.size = i.size.max(a.size);
+        }
+        i.seen = Some(now);
+        i.opens += 1;
+        Ok(Opened {
+            fh,
+            keep_cache,
+            invalidate_attr: changed,
+        })
+    }
+
+    pub async fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<(Attr, u64)> {
+        let a = self
+            .client
+            .create(parent, name, NewNode::File, perm, uid, gid)
+            .await?;
+        let fh = self.new_handle(a.ino);
+        {
+            let mut inodes = self.inodes.lock();
+            let i = inodes.entry(a.ino).or_default();
+            i.lookups += 1;
+            i.opens += 1;
+            i.size = 0;
+            i.seen = Some((a.mtime, a.size));
+        }
+        Ok((a, fh))
+    }
+
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let ino = self.handle_ino(fh)?;
+        let file_size = self.inodes.lock().get(&ino).map_or(0, |i| i.size);
+        if offset >= file_size {
+            return Ok(Vec::new());
+        }
+        let len = u64::from(size).min(file_size - offset);
+        Ok(self.client.read(ino, offset, len).await?)
+    }
+
+    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let ino = self.handle_ino(fh)?;
+        if offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > i64::MAX as u64)
+        {
+            return Err(FsError::new(
+                libc::EFBIG,
+                "write past the largest file offset",
+            ));
+        }
+        let n = self.client.write(ino, offset, data).await?;
+        let mask = self.client.fragments_touched(ino, offset, n);
+        if let Some(i) = self.inodes.lock().get_mut(&ino) {
+            i.size = i.size.max(offset + n);
+            i.dirty_mtime = Some(Timestamp::now());
+            i.touched |= mask;
+        }
+        Ok(n as u32)
+    }
+
+    /// Sends this node's size and mtime of `ino` to the metadata server if writes are pending.
+    async fn commit(&self, ino: Ino) -> FsResult<()> {
+        let pending = {
+            let mut inodes = self.inodes.lock();
+            inodes
+                .get_mut(&ino)
+                .and_then(|i| i.dirty_mtime.take().map(|m| (i.size, m)))
+        };
+        if let Some((size, mtime)) = pending {
+            match self
+                .client
+                .commit_write(ino, size, TimeSet::At(mtime))
+                .await
+            {
+                Ok(a) => {
+                    if let Some(i) = self.inodes.lock().get_mut(&ino) {
+                        i.seen = Some((a.mtime, a.size));
+                    }
+                }
+                Err(e) => {
+                    // Keep it pending so a later flush or release retries.
+                    if let Some(i) = self.inodes.lock().get_mut(&ino) {
+                        i.dirty_mtime.get_or_insert(mtime);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `close(2)` of a descriptor: make what was written visible to other nodes.
+    pub async fn flush(&self, fh: u64) -> FsResult<()> {
+        let ino = self.handle_ino(fh)?;
+        self.commit(ino).await
+    }
+
+    pub async fn fsync(&self, fh: u64) -> FsResult<()> {
+        let ino = self.handle_ino(fh)?;
+        let touched = {
+            let mut inodes = self.inodes.lock();
+            inodes
+                .get_mut(&ino)
+                .map_or(0, |i| std::mem::take(&mut i.touched))
+        };
+        if touched != 0 {
+            if let Err(e) = self.client.sync_objects(ino, touched).await {
+                if let Some(i) = self.inodes.lock().get_mut(&ino) {
+                    i.touched |= touched;
+                }
+                return Err(e.into());
+            }
+        }
+        self.commit(ino).await
+    }
+
+    /// Last close of a handle.
+    pub async fn release(&self, fh: u64) -> FsResult<()> {
+        let ino = self.handle_ino(fh)?;
+        let commit = self.commit(ino).await;
+        self.handles.lock().remove(&fh);
+        let purge = {
+            let mut inodes = self.inodes.lock();
+            let mut purge = None;
+            if let Some(i) = inodes.get_mut(&ino) {
+                i.opens = i.opens.saturating_sub(1);
+                if i.opens == 0 {
+                    if i.unlinked {
+                        purge = Some(i.size);
+                        i.unlinked = false;
+                    }
+                    if i.lookups == 0 {
+                        inodes.remove(&ino);
+                    }
+                }
+            }
+            purge
+        };
+        if let Some(size) = purge {
+            self.purge(ino, size).await;
+        }
+        commit
+    }
+
+    async fn purge(&self, ino: Ino, size: u64) {
+        if let Err(e) = self.client.purge(ino, size).await {
+            warn!("could not remove the data of unlinked inode {ino}: {e}");
+        }
+    }
+
+    /// After the last name of an inode went away: remove its data now, or at its last close on
+    /// this node if it is open here.
+    async fn orphaned(&self, u: Unlinked) {
+        if !u.orphaned {
+            return;
+        }
+        let size = {
+            let mut inodes = self.inodes.lock();
+            match inodes.get_mut(&u.ino) {
+                Some(i) if i.opens > 0 => {
+                    i.unlinked = true;
+                    return;
+                }
+                Some(i) => i.size.max(u.size),
+                None => u.size,
+            }
+        };
+        self.purge(u.ino, size).await;
+    }
+
+    pub async fn mkdir(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
+        let a = self
+            .client
+            .create(parent, name, NewNode::Dir, perm, uid, gid)
+            .await?;
+        Ok(self.observe(a, true))
+    }
+
+    pub async fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
+        let a = self
+            .client
+            .create(
+                parent,
+                name,
+                NewNode::Symlink {
+                    target: target.to_vec(),
+                },
+                0o777,
+                uid,
+                gid,
+            )
+            .await?;
+        Ok(self.observe(a, true))
+    }
+
+    pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
+        let a = self.client.link(ino, new_parent, new_name).await?;
+        Ok(self.observe(a, true))
+    }
+
+    pub async fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        Ok(self.client.readlink(ino).await?)
+    }
+
+    pub async fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        let u = self.client.unlink(parent, name).await?;
+        self.orphaned(u).await;
+        Ok(())
+    }
+
+    pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        Ok(self.client.rmdir(parent, name).await?)
+    }
+
+    pub async fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        let replaced = self
+            .client
+            .rename(parent, name, new_parent, new_name, flags)
+            .await?;
+        if let Some(u) = replaced {
+            self.orphaned(u).await;
+        }
+        Ok(())
+    }
+
+    /// Entries of directory `ino` from kernel offset `offset`: 0 starts with `.`, 1 is after
+    /// `.`, 2 after `..`, and an entry's offset is its metadata cursor + 2.
+    pub async fn readdir(&self, ino: Ino, offset: u64) -> FsResult<Vec<DirItem>> {
+        let mut out = Vec::new();
+        if offset == 0 {
+            out.push(DirItem {
+                ino,
+                offset: 1,
+                kind: FileKind::Dir,
+                name: b".".to_vec(),
+            });
+        }
+        if offset <= 1 {
+            out.push(DirItem {
+                ino: 1,
+                offset: 2,
+                kind: FileKind::Dir,
+                name: b"..".to_vec(),
+            });
+        }
+        let after = offset.saturating_sub(2);
+        let (entries, _) = self.client.readdir(ino, after, READDIR_PAGE, false).await?;
+        out.extend(entries.into_iter().map(|e| DirItem {
+            ino: e.ino,
+            offset: e.cursor + 2,
+            kind: e.kind,
+            name: e.name,
+        }));
+        Ok(out)
+    }
+
+    pub async fn statfs(&self) -> FsResult<Usage> {
+        Ok(self.client.usage().await?)
+    }
+
+    /// Called when the file system is unmounted: commit what is pending.
+    pub async fn shutdown(&self) {
+        let pending: Vec<Ino> = self
+            .inodes
+            .lock()
+            .iter()
+            .filter(|(_, i)| i.dirty_mtime.is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        for ino in pending {
+            if let Err(e) = self.commit(ino).await {
+                warn!("unmount: could not commit inode {ino}: {e}");
+            }
+        }
+        debug!("file system core shut down");
+    }
+}

@@ -1,0 +1,511 @@
+//! The FUSE adapter: translates `fuser` callbacks into calls on the core ([`crate::fs::Fs`]).
+//! Each request is handed to the tokio runtime as a task that replies when done, so the FUSE
+//! threads never block on the network and many requests are in flight at once.
+
+use crate::fs::{Fs, FsError};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    WriteFlags,
+};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+use surge_proto::{Attr, FileKind, SetAttr, TimeSet, Timestamp};
+use tokio::runtime::Handle;
+use tracing::debug;
+
+/// Largest write the kernel sends in one request (the kernel's own cap).
+pub const MAX_WRITE: u32 = 1 << 20;
+/// Block size reported to applications: stdio and most copy tools size their buffers from it,
+/// and larger requests mean fewer round trips through the kernel and the network.
+const BLKSIZE: u32 = 1 << 20;
+
+/// How long the kernel may cache names and attributes.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheTimes {
+    pub entry: Duration,
+    pub attr: Duration,
+}
+
+impl Default for CacheTimes {
+    fn default() -> Self {
+        CacheTimes {
+            entry: Duration::from_secs(1),
+            attr: Duration::from_secs(1),
+        }
+    }
+}
+
+pub struct FuseAdapter {
+    fs: Arc<Fs>,
+    rt: Handle,
+    ttl: CacheTimes,
+    notifier: Arc<OnceLock<Notifier>>,
+}
+
+impl FuseAdapter {
+    pub fn new(
+        fs: Arc<Fs>,
+        rt: Handle,
+        ttl: CacheTimes,
+        notifier: Arc<OnceLock<Notifier>>,
+    ) -> Self {
+        FuseAdapter {
+            fs,
+            rt,
+            ttl,
+            notifier,
+        }
+    }
+}
+
+fn kind(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+    }
+}
+
+pub fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: a.atime.to_system_time(),
+        mtime: a.mtime.to_system_time(),
+        ctime: a.ctime.to_system_time(),
+        crtime: a.ctime.to_system_time(),
+        kind: kind(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        flags: 0,
+        blksize: BLKSIZE,
+    }
+}
+
+fn errno(e: &FsError) -> Errno {
+    if e.errno != libc::ENOENT {
+        debug!("{e}");
+    }
+    Errno::from_i32(e.errno)
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(st) => TimeSet::At(Timestamp::from_system_time(st)),
+    }
+}
+
+fn name_bytes(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        let _ = config.set_max_background(64);
+        // Optional capabilities: take each the kernel offers.
+        for cap in [
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_ASYNC_DIO,
+        ] {
+            let _ = config.add_capabilities(cap);
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let fs = self.fs.clone();
+        self.rt.block_on(async move { fs.shutdown().await });
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
+        self.rt.spawn(async move {
+            match fs.lookup(parent.0, &name).await {
+                Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match fs.getattr(ino.0).await {
+                Ok(a) => reply.attr(&ttl.attr, &file_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            perm: mode.map(|m| (m & 0o7777) as u16),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+        };
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match fs.setattr(ino.0, set).await {
+                Ok(a) => reply.attr(&ttl.attr, &file_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.readlink(ino.0).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
+        let (uid, gid) = (req.uid(), req.gid());
+        let perm = (mode & !umask & 0o7777) as u16;
+        self.rt.spawn(async move {
+            match fs.mkdir(parent.0, &name, perm, uid, gid).await {
+                Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (fs, name) = (self.fs.clone(), name_bytes(name));
+        self.rt.spawn(async move {
+            match fs.unlink(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (fs, name) = (self.fs.clone(), name_bytes(name));
+        self.rt.spawn(async move {
+            match fs.rmdir(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(link_name));
+        let target = target.as_os_str().as_bytes().to_vec();
+        let (uid, gid) = (req.uid(), req.gid());
+        self.rt.spawn(async move {
+            match fs.symlink(parent.0, &name, &target, uid, gid).await {
+                Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (fs, name, newname) = (self.fs.clone(), name_bytes(name), name_bytes(newname));
+        self.rt.spawn(async move {
+            match fs
+                .rename(parent.0, &name, newparent.0, &newname, flags.bits())
+                .await
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let (fs, ttl, newname) = (self.fs.clone(), self.ttl, name_bytes(newname));
+        self.rt.spawn(async move {
+            match fs.link(ino.0, newparent.0, &newname).await {
+                Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let (fs, notifier) = (self.fs.clone(), self.notifier.clone());
+        self.rt.spawn(async move {
+            match fs.open(ino.0).await {
+                Ok(o) => {
+                    if o.invalidate_attr {
+                        // Another node changed the file: drop the kernel's cached size and
+                        // times (pages are dropped because KEEP_CACHE is not set).
+                        if let Some(n) = notifier.get() {
+                            let _ = n.inval_inode(ino, -1, 0);
+                        }
+                    }
+                    let flags = if o.keep_cache {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(FileHandle(o.fh), flags)
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.read(fh.0, offset, size).await {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let (fs, data) = (self.fs.clone(), data.to_vec());
+        self.rt.spawn(async move {
+            match fs.write(fh.0, offset, &data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.flush(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.release(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.fsync(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.readdir(ino.0, offset).await {
+                Ok(items) => {
+                    for it in items {
+                        if reply.add(
+                            INodeNo(it.ino),
+                            it.offset,
+                            kind(it.kind),
+                            OsStr::from_bytes(&it.name),
+                        ) {
+                            break;
+                        }
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Every metadata change is committed before it is acknowledged.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.statfs().await {
+                Ok(u) => {
+                    let bsize = 4096u64;
+                    let blocks = u.capacity / bsize;
+                    let free = u.capacity.saturating_sub(u.used) / bsize;
+                    // Inodes are not limited; report a large pool so tools don't refuse.
+                    let files = u.inodes + (1 << 30);
+                    reply.statfs(
+                        blocks,
+                        free,
+                        free,
+                        files,
+                        files - u.inodes,
+                        bsize as u32,
+                        255,
+                        bsize as u32,
+                    )
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
+        let (uid, gid) = (req.uid(), req.gid());
+        let perm = (mode & !umask & 0o7777) as u16;
+        self.rt.spawn(async move {
+            match fs.create(parent.0, &name, perm, uid, gid).await {
+                Ok((a, fh)) => reply.created(
+                    &ttl.entry,
+                    &file_attr(&a),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                ),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+}

@@ -1,0 +1,482 @@
+//! The native API of one namespace of an instance: metadata calls to its metadata server and
+//! striped reads and writes to its fragments. The FUSE core ([`crate::fs`]) and the staging
+//! engine both stand on this; it has no notion of open files or of the kernel.
+
+use crate::conn::ServerPool;
+use crate::error::{ClientError, Result};
+use futures::future::join_all;
+use std::collections::HashMap;
+use std::sync::Arc;
+use surge_core::{FileId, Ino, InstanceId, Layout, NamespaceId, Piece};
+use surge_proto::{
+    Attr, DirEntry, InstanceDescriptor, NewNode, Request, Response, ServerRef, SetAttr, TimeSet,
+    Unlinked,
+};
+
+/// Largest piece sent in one request (a one-fragment instance merges a whole write into one
+/// piece; the protocol caps payloads).
+const MAX_PIECE: u64 = 8 << 20;
+/// Connections kept per server.
+const CONNECTIONS_PER_SERVER: usize = 4;
+
+/// Capacity and use of an instance, and its inode count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub capacity: u64,
+    pub used: u64,
+    pub inodes: u64,
+}
+
+pub struct InstanceClient {
+    pub desc: InstanceDescriptor,
+    pub ns: NamespaceId,
+    mds: Arc<ServerPool>,
+    /// Indexed by the fragment's position in the layout (0..fragments).
+    frags: Vec<Arc<ServerPool>>,
+}
+
+macro_rules! expect {
+    ($self:ident, $pool:expr, $req:expr, $pat:pat => $out:expr) => {{
+        let req = $req;
+        let (resp, _) = $pool.call(&req, &[]).await?;
+        match resp {
+            $pat => Ok($out),
+            other => Err($self.unexpected(&$pool.server, &req, other)),
+        }
+    }};
+}
+
+impl InstanceClient {
+    /// Connects to namespace `ns` of an instance described by `desc`.
+    pub fn new(desc: InstanceDescriptor, ns: NamespaceId) -> Result<InstanceClient> {
+        let mut pools: HashMap<String, Arc<ServerPool>> = HashMap::new();
+        let mut pool_for = |s: &ServerRef| -> Result<Arc<ServerPool>> {
+            if let Some(p) = pools.get(&s.id) {
+                return Ok(p.clone());
+            }
+            let p = Arc::new(ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?);
+            pools.insert(s.id.clone(), p.clone());
+            Ok(p)
+        };
+        let nsref = desc.namespace(ns).ok_or_else(|| {
+            ClientError::local(
+                libc::ENOENT,
+                format!("instance {} has no namespace {}", desc.instance, ns.0),
+            )
+        })?;
+        let mds = pool_for(&nsref.server)?;
+        let mut fragments = desc.fragments.clone();
+        fragments.sort_by_key(|f| f.index);
+        if fragments.is_empty()
+            || fragments
+                .iter()
+                .enumerate()
+                .any(|(i, f)| f.index as usize != i)
+        {
+            return Err(ClientError::local(
+                libc::EINVAL,
+                format!(
+                    "instance {}: fragments are not numbered 0..n",
+                    desc.instance
+                ),
+            ));
+        }
+        let frags = fragments
+            .iter()
+            .map(|f| pool_for(&f.server))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(InstanceClient {
+            desc,
+            ns,
+            mds,
+            frags,
+        })
+    }
+
+    /// Asks any server holding a piece of `instance` for its descriptor and connects.
+    pub async fn connect(
+        server: &str,
+        instance: InstanceId,
+        ns: NamespaceId,
+    ) -> Result<InstanceClient> {
+        let desc = crate::admin::describe(server, instance).await?;
+        Self::new(desc, ns)
+    }
+
+    pub fn instance(&self) -> InstanceId {
+        self.desc.instance
+    }
+
+    pub fn fragments(&self) -> u32 {
+        self.frags.len() as u32
+    }
+
+    pub fn file_id(&self, ino: Ino) -> FileId {
+        FileId { ns: self.ns, ino }
+    }
+
+    pub fn layout(&self, ino: Ino) -> Layout {
+        Layout::for_file(self.file_id(ino), self.desc.stripe_size, self.fragments())
+    }
+
+    fn unexpected(&self, server: &ServerRef, req: &Request, resp: Response) -> ClientError {
+        ClientError::Protocol {
+            server: server.id.clone(),
+            request: req.name(),
+            reply: format!("{resp:?}"),
+        }
+    }
+
+    // --- metadata ---
+
+    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let req = Request::Lookup {
+            instance: self.instance(),
+            ns: self.ns,
+            parent,
+            name: name.to_vec(),
+        };
+        expect!(self, self.mds, req, Response::Attr(a) => a)
+    }
+
+    pub async fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let req = Request::GetAttr {
+            instance: self.instance(),
+            ns: self.ns,
+            ino,
+        };
+        expect!(self, self.mds, req, Response::Attr(a) => a)
+    }
+
+    /// Changes attributes. A size change truncates the objects on the fragments first
+    /// (`old_size` tells which fragments can hold bytes past the new end).
+    pub async fn setattr(&self, ino: Ino, set: SetAttr, old_size: u64) -> Result<Attr> {
+        if let Some(size) = set.size {
+            if size < old_size {
+                self.truncate_objects(ino, old_size, size).await?;
+            }
+        }
+        let req = Request::SetAttr {
+            instance: self.instance(),
+            ns: self.ns,
+            ino,
+            set,
+        };
+        expect!(self, self.mds, req, Response::Attr(a) => a)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: NewNode,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        let req = Request::Create {
+            instance: self.instance(),
+            ns: self.ns,
+            parent,
+            name: name.to_vec(),
+            node,
+            perm,
+            uid,
+            gid,
+        };
+        expect!(self, self.mds, req, Response::Attr(a) => a)
+    }
+
+    pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
+        let req = Request::Link {
+            instance: self.instance(),
+            ns: self.ns,
+            ino,
+            new_parent,
+            new_name: new_name.to_vec(),
+        };
+        expect!(self, self.mds, req, Response::Attr(a) => a)
+    }
+
+    pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<Unlinked> {
+        let req = Request::Unlink {
+            instance: self.instance(),
+            ns: self.ns,
+            parent,
+            name: name.to_vec(),
+        };
+        expect!(self, self.mds, req, Response::Unlinked(u) => u)
+    }
+
+    pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let req = Request::Rmdir {
+            instance: self.instance(),
+            ns: self.ns,
+            parent,
+            name: name.to_vec(),
+        };
+        expect!(self, self.mds, req, Response::Ok => ())
+    }
+
+    pub async fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<Option<Unlinked>> {
+        let req = Request::Rename {
+            instance: self.instance(),
+            ns: self.ns,
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            flags,
+        };
+        expect!(self, self.mds, req, Response::Renamed { replaced } => replaced)
+    }
+
+    pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let req = Request::Readlink {
+            instance: self.instance(),
+            ns: self.ns,
+            ino,
+        };
+        expect!(self, self.mds, req, Response::Target(t) => t)
+    }
+
+    /// One page of a directory listing after `after` (0 to start); `true` when it is the last.
+    pub async fn readdir(
+        &self,
+        ino: Ino,
+        after: u64,
+        max: u32,
+        plus: bool,
+    ) -> Result<(Vec<DirEntry>, bool)> {
+        let req = Request::ReadDir {
+            instance: self.instance(),
+            ns: self.ns,
+            ino,
+            after,
+            max,
+            plus,
+        };
+        expect!(self, self.mds, req, Response::Dir { entries, done } => (entries, done))
+    }
+
+    /// Records written data: size = max(size, `size`), mtime.
+    pub async fn commit_write(&self, ino: Ino, size: u64, mtime: TimeSet) -> Result<Attr> {
+        let req = Request::CommitWrite {
+            instance: self.instance(),
+            ns: self.ns,
+            ino,
+            size,
+            mtime,
+        };
+        expect!(self, self.mds, req, Response::Attr(a) => a)
+    }
+
+    /// Removes an unlinked file's objects and forgets its inode.
+    pub async fn purge(&self, ino: Ino, size: u64) -> Result<()> {
+        self.remove_objects(ino, size).await?;
+        let req = Request::Purge {
+            instance: self.instance(),
+            ns: self.ns,
+            ino,
+        };
+        expect!(self, self.mds, req, Response::Ok => ())
+    }
+
+    /// Capacity, use (summed over fragments) and inode count.
+    pub async fn usage(&self) -> Result<Usage> {
+        let calls = self.frags.iter().enumerate().map(|(i, pool)| async move {
+            let req = Request::FragmentUsage {
+                instance: self.instance(),
+                fragment: i as u32,
+            };
+            expect!(self, pool, req, Response::Usage { capacity, used } => (capacity, used))
+        });
+        let mut u = Usage {
+            capacity: 0,
+            used: 0,
+            inodes: 0,
+        };
+        for r in join_all(calls).await {
+            let (c, used) = r?;
+            u.capacity += c;
+            u.used += used;
+        }
+        let req = Request::NamespaceStats {
+            instance: self.instance(),
+            ns: self.ns,
+        };
+        u.inodes = expect!(self, self.mds, req, Response::NamespaceStats { inodes } => inodes)?;
+        Ok(u)
+    }
+
+    // --- data ---
+
+    fn split(pieces: Vec<Piece>) -> Vec<Piece> {
+        let mut out = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let mut done = 0;
+            while done < p.len {
+                let len = (p.len - done).min(MAX_PIECE);
+                out.push(Piece {
+                    fragment: p.fragment,
+                    object_offset: p.object_offset + done,
+                    buf_offset: p.buf_offset + done,
+                    len,
+                });
+                done += len;
+            }
+        }
+        out
+    }
+
+    /// Writes `data` at `offset` of file `ino`, all stripes in parallel. Returns the bytes
+    /// written from `offset` on: short when a later stripe failed (e.g. its fragment is full),
+    /// an error when the first one did.
+    pub async fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u64> {
+        let file = self.file_id(ino);
+        let pieces = Self::split(self.layout(ino).pieces(offset, data.len() as u64));
+        let calls = pieces.iter().map(|p| async move {
+            let req = Request::Write {
+                instance: self.instance(),
+                fragment: p.fragment,
+                file,
+                offset: p.object_offset,
+            };
+            let pool = &self.frags[p.fragment as usize];
+            let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            let (resp, _) = pool.call(&req, bytes).await?;
+            match resp {
+                Response::Written { len } => Ok(len),
+                other => Err(self.unexpected(&pool.server, &req, other)),
+            }
+        });
+        let results = join_all(calls).await;
+        let mut done = 0;
+        for (p, r) in pieces.iter().zip(results) {
+            match r {
+                Ok(n) if n == p.len => done += n,
+                Ok(n) => {
+                    done += n;
+                    break;
+                }
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(done)
+    }
+
+    /// Reads `len` bytes at `offset` of file `ino` into a new buffer; holes and bytes past the
+    /// end of an object read as zeros. The caller bounds the range by the file size.
+    pub async fn read(&self, ino: Ino, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len as usize];
+        self.read_into(ino, offset, &mut buf).await?;
+        Ok(buf)
+    }
+
+    /// Like [`read`](Self::read) into a caller's buffer (which must be zeroed or be fully
+    /// overwritten: short object reads leave their tail untouched).
+    pub async fn read_into(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let file = self.file_id(ino);
+        let pieces = Self::split(self.layout(ino).pieces(offset, buf.len() as u64));
+        let calls = pieces.iter().map(|p| async move {
+            let req = Request::Read {
+                instance: self.instance(),
+                fragment: p.fragment,
+                file,
+                offset: p.object_offset,
+                len: p.len as u32,
+            };
+            let pool = &self.frags[p.fragment as usize];
+            let (resp, payload) = pool.call(&req, &[]).await?;
+            match resp {
+                Response::Data => Ok(payload),
+                other => Err(self.unexpected(&pool.server, &req, other)),
+            }
+        });
+        let results = join_all(calls).await;
+        for (p, r) in pieces.iter().zip(results) {
+            let data = r?;
+            let start = p.buf_offset as usize;
+            let n = data.len().min(p.len as usize);
+            buf[start..start + n].copy_from_slice(&data[..n]);
+            buf[start + n..start + p.len as usize].fill(0);
+        }
+        Ok(())
+    }
+
+    /// Cuts the objects of a file shrinking from `old_size` to `new_size`.
+    pub async fn truncate_objects(&self, ino: Ino, old_size: u64, new_size: u64) -> Result<()> {
+        let layout = self.layout(ino);
+        let file = self.file_id(ino);
+        let calls = (0..self.fragments())
+            .filter(|&f| layout.object_len(f, old_size) > layout.object_len(f, new_size))
+            .map(|f| async move {
+                let req = Request::TruncateObject {
+                    instance: self.instance(),
+                    fragment: f,
+                    file,
+                    len: layout.object_len(f, new_size),
+                };
+                expect!(self, self.frags[f as usize], req, Response::Ok => ())
+            });
+        join_all(calls).await.into_iter().collect()
+    }
+
+    /// Removes the objects of a file of `size` bytes.
+    pub async fn remove_objects(&self, ino: Ino, size: u64) -> Result<()> {
+        let layout = self.layout(ino);
+        let file = self.file_id(ino);
+        let calls = (0..self.fragments())
+            .filter(|&f| layout.object_len(f, size) > 0)
+            .map(|f| async move {
+                let req = Request::RemoveObject {
+                    instance: self.instance(),
+                    fragment: f,
+                    file,
+                };
+                expect!(self, self.frags[f as usize], req, Response::Ok => ())
+            });
+        join_all(calls).await.into_iter().collect()
+    }
+
+    /// Flushes the objects on the given fragments (bit i = fragment i) to stable storage.
+    pub async fn sync_objects(&self, ino: Ino, fragments: u64) -> Result<()> {
+        let file = self.file_id(ino);
+        let calls = (0..self.fragments().min(64))
+            .filter(|f| fragments & (1u64 << f) != 0)
+            .map(|f| async move {
+                let req = Request::SyncObject {
+                    instance: self.instance(),
+                    fragment: f,
+                    file,
+                };
+                expect!(self, self.frags[f as usize], req, Response::Ok => ())
+            });
+        join_all(calls).await.into_iter().collect()
+    }
+
+    /// Bit mask of the fragments a write at `offset` of `len` bytes touches.
+    pub fn fragments_touched(&self, ino: Ino, offset: u64, len: u64) -> u64 {
+        if self.fragments() > 64 {
+            return u64::MAX;
+        }
+        let layout = self.layout(ino);
+        let stripes = len.div_ceil(layout.stripe_size) + 1;
+        if stripes >= u64::from(self.fragments()) {
+            return u64::MAX;
+        }
+        layout
+            .pieces(offset, len)
+            .iter()
+            .fold(0, |m, p| m | (1u64 << p.fragment))
+    }
+}

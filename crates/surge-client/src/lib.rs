@@ -1,0 +1,20 @@
+//! Surge's client side.
+//!
+//! - [`instance`]: the native API of an instance namespace (metadata calls, striped reads and
+//!   writes), used by the FUSE mount and by staging, and by applications that bypass FUSE.
+//! - [`fs`]: the file-system core (POSIX semantics, open files, close-to-open) with no FUSE types.
+//! - [`fuse`]: the thin `fuser` adapter over the core; [`mount`]: mounting it.
+//! - [`admin`]: creating and destroying instances on servers.
+//! - [`conn`]: pipelined connections and per-server pools.
+
+pub mod admin;
+pub mod cli;
+pub mod conn;
+pub mod error;
+pub mod fs;
+pub mod fuse;
+pub mod instance;
+pub mod mount;
+
+pub use error::ClientError;
+pub use instance::InstanceClient;

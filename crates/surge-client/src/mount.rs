@@ -1,0 +1,126 @@
+//! Mounting an instance namespace with FUSE and keeping it mounted until it is unmounted
+//! (`umount`, `fusermount3 -u`) or the process is told to stop.
+
+use crate::fs::Fs;
+use crate::fuse::{CacheTimes, FuseAdapter};
+use crate::instance::InstanceClient;
+use anyhow::Context;
+use fuser::{MountOption, Session, SessionACL};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use tracing::info;
+
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub ttl: CacheTimes,
+    /// Threads reading requests from the kernel (each with its own cloned /dev/fuse fd).
+    pub threads: usize,
+    /// Let users other than the mounter use the mount (needs root or `user_allow_other`).
+    pub allow_other: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            ttl: CacheTimes::default(),
+            threads: 2,
+            allow_other: is_root(),
+        }
+    }
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A mounted file system; dropping it does not unmount (call [`Mounted::unmount`]).
+pub struct Mounted {
+    pub mountpoint: PathBuf,
+    unmounter: fuser::SessionUnmounter,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Mounted {
+    /// Unmounts and waits for the session to end.
+    pub fn unmount(mut self) -> anyhow::Result<()> {
+        self.unmounter
+            .unmount()
+            .with_context(|| format!("cannot unmount {}", self.mountpoint.display()))?;
+        self.join()
+    }
+
+    /// Waits until the file system is unmounted by someone else.
+    pub fn join(&mut self) -> anyhow::Result<()> {
+        if let Some(t) = self.thread.take() {
+            match t.join() {
+                Ok(r) => r.with_context(|| {
+                    format!("FUSE session of {} failed", self.mountpoint.display())
+                })?,
+                Err(_) => anyhow::bail!(
+                    "FUSE session thread of {} panicked",
+                    self.mountpoint.display()
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+}
+
+/// Mounts `client`'s namespace at `mountpoint`. The FUSE handshake has completed when this
+/// returns, so the mount is usable at once.
+pub fn mount(
+    client: InstanceClient,
+    rt: tokio::runtime::Handle,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> anyhow::Result<Mounted> {
+    let md = std::fs::metadata(mountpoint)
+        .with_context(|| format!("mount point {} does not exist", mountpoint.display()))?;
+    anyhow::ensure!(
+        md.is_dir(),
+        "mount point {} is not a directory",
+        mountpoint.display()
+    );
+    let desc = &client.desc;
+    let fsname = format!("surge:{}/{}", desc.instance, client.ns.0);
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(fsname),
+        MountOption::Subtype("surge".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = true;
+
+    let fs = Arc::new(Fs::new(Arc::new(client)));
+    let notifier = Arc::new(OnceLock::new());
+    let adapter = FuseAdapter::new(fs, rt, opts.ttl, notifier.clone());
+    let mut session = Session::new(adapter, mountpoint, &config).with_context(|| {
+        format!(
+            "cannot mount on {} (is /dev/fuse available?)",
+            mountpoint.display()
+        )
+    })?;
+    let _ = notifier.set(session.notifier());
+    let unmounter = session.unmount_callable();
+    let thread = std::thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || session.run())?;
+    info!("mounted on {}", mountpoint.display());
+    Ok(Mounted {
+        mountpoint: mountpoint.to_path_buf(),
+        unmounter,
+        thread: Some(thread),
+    })
+}
