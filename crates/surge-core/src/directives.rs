@@ -782,6 +782,9 @@ struct TokenError {
     /// The key, when it could be read, so that "missing key" is not reported on top.
     key: Option<String>,
     message: String,
+    /// The error swallowed the rest of the line (an open quote, a comment): keys that would
+    /// have followed are not "missing".
+    rest_of_line: bool,
 }
 
 /// Splits one line of a directive into words at whitespace. A value may be quoted as a whole
@@ -798,9 +801,22 @@ fn tokenize(line: usize, s: &str) -> Vec<Result<Token, TokenError>> {
             continue;
         }
         let start = i;
+        if chars[i].1 == '#' {
+            out.push(Err(TokenError {
+                line,
+                raw: s[byte_at(start)..].trim_end().to_string(),
+                key: None,
+                message: "a directive cannot end with a comment: put the comment on a line of \
+                          its own"
+                    .to_string(),
+                rest_of_line: true,
+            }));
+            break;
+        }
         let mut eq: Option<usize> = None;
         let mut quoted = false;
         let mut problem: Option<String> = None;
+        let mut rest_of_line = false;
         let mut j = i;
         while j < chars.len() && !chars[j].1.is_whitespace() {
             let c = chars[j].1;
@@ -814,6 +830,7 @@ fn tokenize(line: usize, s: &str) -> Vec<Result<Token, TokenError>> {
                                 "the quote {c} is not closed (a quoted value must end on the \
                                  same line)"
                             ));
+                            rest_of_line = true;
                             j = chars.len();
                         }
                         Some(close) => {
@@ -884,6 +901,7 @@ fn tokenize(line: usize, s: &str) -> Vec<Result<Token, TokenError>> {
                 raw,
                 key,
                 message,
+                rest_of_line,
             }),
         });
     }
@@ -989,6 +1007,8 @@ struct Ctx<'r> {
     args: Vec<Token>,
     /// Keys whose token could not be split: they are not "missing".
     failed_keys: Vec<String>,
+    /// A token error swallowed the rest of a line: no key is reported missing.
+    incomplete: bool,
 }
 
 /// A path on an instance used by a stage directive, checked against the attached instances
@@ -1052,6 +1072,7 @@ impl<'a> Parser<'a> {
         let mut words = Vec::new();
         let mut failed_keys = Vec::new();
         let mut first_failed = false;
+        let mut incomplete = false;
         for segment in &raw.segments {
             for token in tokenize(segment.line, &segment.text) {
                 match token {
@@ -1062,6 +1083,7 @@ impl<'a> Parser<'a> {
                         }
                         self.sink.error(e.line, e.raw, e.message);
                         failed_keys.push(e.key.unwrap_or_default());
+                        incomplete |= e.rest_of_line;
                     }
                 }
             }
@@ -1101,6 +1123,7 @@ impl<'a> Parser<'a> {
             text,
             args: words,
             failed_keys,
+            incomplete,
         };
         match (raw.prefix, name.value.as_str()) {
             (Prefix::Dw, "jobdw") => self.jobdw(&ctx),
@@ -1156,19 +1179,15 @@ impl<'a> Parser<'a> {
     /// missing ones.
     fn args(&mut self, ctx: &Ctx, spec: &Spec) -> HashMap<&'static str, Token> {
         let mut found: HashMap<&'static str, Token> = HashMap::new();
+        // Keys written without a value: already reported, so not "missing" as well.
+        let mut mentioned: Vec<&'static str> = Vec::new();
         for token in &ctx.args {
             match &token.key {
                 None => {
                     if let Some(flag) = spec.flags.iter().copied().find(|f| *f == token.value) {
                         self.insert_once(&mut found, flag, token);
-                    } else if token.value.starts_with('#') {
-                        self.sink.error(
-                            token.line,
-                            &token.raw,
-                            "a directive cannot end with a comment: put the comment on a line \
-                             of its own",
-                        );
                     } else if let Some(key) = spec.keys().find(|k| *k == token.value) {
+                        mentioned.push(key);
                         self.sink.error(
                             token.line,
                             &token.raw,
@@ -1219,11 +1238,15 @@ impl<'a> Parser<'a> {
                 }
             }
         }
-        if !ctx.raw.broken {
+        if !ctx.raw.broken && !ctx.incomplete {
             let missing: Vec<String> = spec
                 .required
                 .iter()
-                .filter(|k| !found.contains_key(*k) && !ctx.failed_keys.iter().any(|f| f == *k))
+                .filter(|k| {
+                    !found.contains_key(*k)
+                        && !mentioned.contains(k)
+                        && !ctx.failed_keys.iter().any(|f| f == *k)
+                })
                 .map(|k| format!("{k}="))
                 .collect();
             if !missing.is_empty() {
@@ -1701,7 +1724,8 @@ fn dw_variable(name: &str) -> Result<DwVariable, String> {
         ))
     } else {
         Err(format!(
-            "${name} is not expanded in directives (only {EXPECTED} are); write the full path"
+            "${name} is not expanded in directives (only $DW_JOB_STRIPED, $DW_JOB_PRIVATE and \
+             $DW_PERSISTENT_STRIPED_<name> are); write the full path"
         ))
     }
 }
