@@ -886,10 +886,10 @@ fn tokenize(line: usize, s: &str) -> Vec<Result<Token, TokenError>> {
         };
         if problem.is_none() {
             if token.key.as_deref() == Some("") {
-                problem = Some("`=` with no key before it".to_string());
+                problem = Some("`=` with no key before it: expected key=value".to_string());
             } else if token.key.is_some() && token.value.is_empty() {
                 problem = Some(format!(
-                    "`{}=` has an empty value",
+                    "`{}=` has an empty value: write the value right after `=`",
                     token.key.as_deref().unwrap_or_default()
                 ));
             }
@@ -1540,8 +1540,8 @@ impl<'a> Parser<'a> {
             }
         }
 
-        repeated(&mut self.sink, &self.created, "created");
-        repeated(&mut self.sink, &self.destroyed, "destroyed");
+        repeated(&mut self.sink, &self.created, "created", "create");
+        repeated(&mut self.sink, &self.destroyed, "destroyed", "destroy");
         for (name, line) in &self.destroyed {
             if let Some((_, created)) = self.created.iter().find(|(n, _)| n == name) {
                 self.sink.error(
@@ -1568,13 +1568,16 @@ impl<'a> Parser<'a> {
 }
 
 /// Reports a name that appears more than once in `list`.
-fn repeated(sink: &mut Sink, list: &[(String, usize)], verb: &str) {
+fn repeated(sink: &mut Sink, list: &[(String, usize)], verb: &str, verb_once: &str) {
     for (i, (name, line)) in list.iter().enumerate() {
         if let Some((_, first)) = list[..i].iter().find(|(n, _)| n == name) {
             sink.error(
                 *line,
                 format!("name={name}"),
-                format!("persistent instance `{name}` is {verb} twice (first on line {first})"),
+                format!(
+                    "persistent instance `{name}` is {verb} twice (first on line {first}); \
+                     {verb_once} it once"
+                ),
             );
         }
     }
@@ -1658,7 +1661,9 @@ enum PathSide {
 /// would silently copy nothing.
 fn classify_path(path: &str) -> Result<PathSide, String> {
     if let Some(c) = path.chars().find(|c| c.is_control()) {
-        return Err(format!("the path contains the control character {c:?}"));
+        return Err(format!(
+            "the path contains the control character {c:?}; expected a plain path"
+        ));
     }
     let Some(after) = path.strip_prefix('$') else {
         if path.contains('$') {

@@ -441,6 +441,26 @@ fn an_empty_value_is_an_error() {
 }
 
 #[test]
+fn an_equals_sign_without_a_key_is_an_error() {
+    let e = the_error(
+        "#DW jobdw type=scratch access_mode=striped capacity=1TiB =nvme\n",
+        1,
+        "=nvme",
+    );
+    assert_says(&e, &["no key before it", "expected key=value"]);
+}
+
+#[test]
+fn a_lone_dollar_is_an_error() {
+    let e = the_error(
+        &with_jobdw("#DW stage_in type=file source=/pfs/a destination=$/a\n"),
+        3,
+        "destination=$/a",
+    );
+    assert_says(&e, &["followed by a variable name"]);
+}
+
+#[test]
 fn a_trailing_comment_is_an_error() {
     let e = the_error(
         "#DW jobdw type=scratch access_mode=striped capacity=1TiB # for the run\n",
