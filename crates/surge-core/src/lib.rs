@@ -1,9 +1,11 @@
 //! Surge's vocabulary, shared by every other crate: sizes and rates as users write them
-//! ([`units`]), how a file's bytes map onto an instance's fragments ([`layout`]), and the
-//! identifiers of instances, namespaces and inodes ([`ids`]).
+//! ([`units`]), how a file's bytes map onto an instance's fragments ([`layout`]), the
+//! identifiers of instances, namespaces and inodes ([`ids`]), and the `#DW`/`#BB` directives of
+//! job scripts ([`directives`]).
 //!
 //! Nothing here does I/O; it is the part of Surge that can be unit-tested exhaustively.
 
+pub mod directives;
 pub mod ids;
 pub mod layout;
 pub mod peaks;
