@@ -54,6 +54,7 @@ fn exercise(cluster_servers: usize, stripe: &str, ops: usize, max_file: u64) {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(false)
             .open(&path)
             .expect("open")
     };
@@ -153,6 +154,7 @@ fn sparse_files_read_zeros_in_holes_and_allocate_only_written_stripes() {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(false)
         .open(&p)
         .unwrap();
     // 1 GiB apparent size, 8 KiB of data at each end.

@@ -215,6 +215,14 @@ pub enum InstanceCommand {
         #[arg(long)]
         json: bool,
     },
+    /// List the fragments and namespaces each server holds, with capacity and use.
+    List {
+        /// Server addresses (host:port or unix:/path).
+        #[arg(required = true)]
+        servers: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Destroy an instance and everything in it.
     Destroy {
         #[command(flatten)]
@@ -327,6 +335,43 @@ pub fn run_instance(args: InstanceArgs) -> anyhow::Result<ExitCode> {
                     println!("{}", serde_json::to_string_pretty(&desc)?);
                 } else {
                     print_descriptor(&desc);
+                }
+            }
+            InstanceCommand::List { servers, json } => {
+                let mut all = Vec::new();
+                for s in &servers {
+                    all.push(
+                        admin::status(s)
+                            .await
+                            .with_context(|| format!("server {s}"))?,
+                    );
+                }
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&all)?);
+                } else {
+                    for st in &all {
+                        println!(
+                            "server {} ({}): {} of {} reserved, {} used",
+                            st.id,
+                            st.addrs.join(", "),
+                            format_bytes(st.reserved),
+                            format_bytes(st.capacity),
+                            format_bytes(st.used)
+                        );
+                        for f in &st.fragments {
+                            println!(
+                                "  instance {:>12} fragment {:>3}  {:>10} used of {:>10}  {}",
+                                f.instance,
+                                f.index,
+                                format_bytes(f.used),
+                                format_bytes(f.capacity),
+                                f.device
+                            );
+                        }
+                        for (i, n) in &st.namespaces {
+                            println!("  instance {i:>12} namespace {:>2}  (metadata server)", n.0);
+                        }
+                    }
                 }
             }
             InstanceCommand::Destroy { source } => {

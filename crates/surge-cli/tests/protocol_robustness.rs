@@ -1,0 +1,243 @@
+//! A malformed or truncated frame, an unknown instance, an oversized frame or a stalled peer gets
+//! an error reply or a closed connection, never a crash or a hang of the server.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+use surge_core::{FileId, InstanceId, NamespaceId};
+use surge_proto::codec::{encode, frame_prefix};
+use surge_proto::frame::{Header, HEADER_LEN, MAX_PAYLOAD};
+use surge_proto::{ErrorCode, Request, Response};
+
+fn connect(addr: &str) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Reads one response frame; None if the server closed the connection.
+fn read_response(s: &mut TcpStream) -> Option<(Header, Response)> {
+    let mut hb = [0u8; HEADER_LEN];
+    if s.read_exact(&mut hb).is_err() {
+        return None;
+    }
+    let h = Header::decode(&hb).expect("server sent a valid header");
+    let mut meta = vec![0u8; h.meta_len as usize];
+    s.read_exact(&mut meta).unwrap();
+    let mut payload = vec![0u8; h.payload_len as usize];
+    s.read_exact(&mut payload).unwrap();
+    Some((
+        h,
+        surge_proto::codec::decode(&meta).expect("decodable response"),
+    ))
+}
+
+fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0))
+}
+
+fn error_code(r: Option<(Header, Response)>) -> ErrorCode {
+    match r {
+        Some((_, Response::Error(e))) => e.code,
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+fn alive(addr: &str) {
+    let mut s = connect(addr);
+    let meta = encode(&Request::Status);
+    s.write_all(&frame_prefix(Request::Status.opcode(), 1, &meta, 0))
+        .unwrap();
+    match read_response(&mut s) {
+        Some((_, Response::Status(_))) => {}
+        other => panic!("server did not answer Status: {other:?}"),
+    }
+}
+
+#[test]
+fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
+    let mut c = Cluster::start(1, "1GiB");
+    let addr = c.servers[0].addr.clone();
+
+    // Not our protocol at all.
+    let mut s = connect(&addr);
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n0123456789abcdef0123")
+        .unwrap();
+    assert!(read_response(&mut s).is_none() || closed(&mut s));
+    alive(&addr);
+
+    // A header of another protocol version: typed error, then close.
+    let mut s = connect(&addr);
+    let mut h = Header::request(1, 5, 0, 0);
+    h.version = 99;
+    s.write_all(&h.encode()).unwrap();
+    let r = read_response(&mut s);
+    assert_eq!(r.as_ref().map(|r| r.0.request_id), Some(5));
+    assert_eq!(error_code(r), ErrorCode::Version);
+    assert!(closed(&mut s));
+
+    // A payload larger than the limit: refused before reading it.
+    let mut s = connect(&addr);
+    s.write_all(&Header::request(16, 6, 0, MAX_PAYLOAD + 1).encode())
+        .unwrap();
+    assert_eq!(error_code(read_response(&mut s)), ErrorCode::TooLarge);
+
+    // A valid header whose message is garbage.
+    let mut s = connect(&addr);
+    s.write_all(&frame_prefix(16, 7, &[0xff; 40], 0)).unwrap();
+    assert_eq!(error_code(read_response(&mut s)), ErrorCode::Malformed);
+
+    // A frame cut off in the middle, then the peer goes away.
+    let mut s = connect(&addr);
+    let req = Request::Write {
+        instance: InstanceId(1),
+        fragment: 0,
+        file: FileId {
+            ns: NamespaceId(0),
+            ino: 2,
+        },
+        offset: 0,
+    };
+    let meta = encode(&req);
+    let wire = frame_prefix(req.opcode(), 8, &meta, 1 << 20);
+    s.write_all(&wire).unwrap();
+    s.write_all(&[1u8; 1000]).unwrap();
+    drop(s);
+
+    // A peer that stalls in the middle of a frame does not block anyone else.
+    let mut stalled = connect(&addr);
+    stalled.write_all(&wire[..10]).unwrap();
+    alive(&addr);
+
+    // Requests for instances, fragments and namespaces the server does not hold: typed errors
+    // on a connection that stays usable.
+    let mut s = connect(&addr);
+    let meta = encode(&req);
+    let mut w = frame_prefix(req.opcode(), 9, &meta, 3);
+    w.extend_from_slice(b"abc");
+    s.write_all(&w).unwrap();
+    assert_eq!(
+        error_code(read_response(&mut s)),
+        ErrorCode::UnknownInstance
+    );
+    let look = Request::Lookup {
+        instance: InstanceId(1),
+        ns: NamespaceId(0),
+        parent: 1,
+        name: b"x".to_vec(),
+    };
+    s.write_all(&frame_prefix(look.opcode(), 10, &encode(&look), 0))
+        .unwrap();
+    assert_eq!(
+        error_code(read_response(&mut s)),
+        ErrorCode::UnknownInstance
+    );
+    let id = c.create_instance("64MiB", "1MiB", &[]);
+    let frag = Request::FragmentUsage {
+        instance: InstanceId(id),
+        fragment: 3,
+    };
+    s.write_all(&frame_prefix(frag.opcode(), 11, &encode(&frag), 0))
+        .unwrap();
+    assert_eq!(
+        error_code(read_response(&mut s)),
+        ErrorCode::UnknownFragment
+    );
+    let ns = Request::GetAttr {
+        instance: InstanceId(id),
+        ns: NamespaceId(4),
+        ino: 1,
+    };
+    s.write_all(&frame_prefix(ns.opcode(), 12, &encode(&ns), 0))
+        .unwrap();
+    assert_eq!(
+        error_code(read_response(&mut s)),
+        ErrorCode::UnknownNamespace
+    );
+    // A metadata request with a bad name gets a typed error too.
+    let bad = Request::Create {
+        instance: InstanceId(id),
+        ns: NamespaceId(0),
+        parent: 1,
+        name: b"a/b".to_vec(),
+        node: surge_proto::NewNode::File,
+        perm: 0o644,
+        uid: 0,
+        gid: 0,
+    };
+    s.write_all(&frame_prefix(bad.opcode(), 13, &encode(&bad), 0))
+        .unwrap();
+    assert_eq!(error_code(read_response(&mut s)), ErrorCode::Invalid);
+    let st = Request::Status;
+    s.write_all(&frame_prefix(st.opcode(), 14, &encode(&st), 0))
+        .unwrap();
+    assert!(matches!(
+        read_response(&mut s),
+        Some((_, Response::Status(_)))
+    ));
+
+    drop(stalled);
+    assert!(
+        c.servers[0].is_running(),
+        "server crashed:\n{}",
+        c.server_logs()
+    );
+    let logs = c.server_logs();
+    assert!(
+        logs.contains("closing connection"),
+        "malformed frames are logged:\n{logs}"
+    );
+}
+
+#[test]
+fn fuzzed_frames_never_crash_the_server() {
+    let mut c = Cluster::start(1, "1GiB");
+    let addr = c.servers[0].addr.clone();
+    let id = c.create_instance("64MiB", "1MiB", &[]);
+    let mut rng = Rng(seed());
+    let valid = [
+        Request::Status,
+        Request::GetAttr {
+            instance: InstanceId(id),
+            ns: NamespaceId(0),
+            ino: 1,
+        },
+        Request::Read {
+            instance: InstanceId(id),
+            fragment: 0,
+            file: FileId {
+                ns: NamespaceId(0),
+                ino: 2,
+            },
+            offset: 0,
+            len: 10,
+        },
+    ];
+    for round in 0..300 {
+        let mut s = connect(&addr);
+        let req = &valid[round % valid.len()];
+        let meta = encode(req);
+        let mut wire = frame_prefix(req.opcode(), round as u64, &meta, 0);
+        // Flip a few bytes anywhere in the frame (header included), or cut it short.
+        for _ in 0..1 + rng.below(3) {
+            let i = rng.below(wire.len() as u64) as usize;
+            wire[i] ^= 1 << rng.below(8);
+        }
+        if rng.below(4) == 0 {
+            wire.truncate(rng.below(wire.len() as u64) as usize);
+        }
+        let _ = s.write_all(&wire);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    }
+    alive(&addr);
+    assert!(
+        c.servers[0].is_running(),
+        "server crashed:\n{}",
+        c.server_logs()
+    );
+}
