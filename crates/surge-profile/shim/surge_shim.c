@@ -86,6 +86,8 @@ static char cwd[PATH_MAX];
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static TLS int in_shim;
 static TLS int thread_registered;
+/* Threads alive now; the header keeps the peak (Daley's "compute threads"). */
+static uint32_t live_threads = 1;
 
 /* ---------------------------------------------------------------- real functions */
 
@@ -227,6 +229,12 @@ static inline void add(struct surge_rec *r, int c, uint64_t v) {
 
 static inline void store_max(uint64_t *p, uint64_t v) {
     uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
+static inline void store_max32(uint32_t *p, uint32_t v) {
+    uint32_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         ;
 }
@@ -575,7 +583,7 @@ static int open_record_file(void) {
     h->start_real_ns = real_ns();
     h->last_mono_ns = h->start_mono_ns;
     h->bin_width_ns = SURGE_FIRST_BIN_NS;
-    h->threads_created = 1;
+    h->threads_peak = 1;
     h->io_threads = 0;
     ssize_t n = syscall(SYS_readlinkat, AT_FDCWD, "/proc/self/exe", h->exe, sizeof h->exe - 1);
     h->exe[n > 0 ? n : 0] = 0;
@@ -628,7 +636,8 @@ static void atfork_child(void) {
         recs = NULL;
         return;
     }
-    __atomic_store_n(&hdr->threads_created, 1, __ATOMIC_RELAXED);
+    /* Only the forking thread lives on in the child. */
+    live_threads = 1;
     thread_registered = 0;
     for (int fd = 0; fd < fd_cap; fd++) {
         if (fds[fd].rec == 0)
@@ -1637,10 +1646,41 @@ EXPORT int fflush(FILE *f) {
 
 /* ---------------------------------------------------------------- threads and exec */
 
+struct trampoline_arg {
+    void *(*fn)(void *);
+    void *arg;
+};
+
+static void thread_gone(void *unused) {
+    (void)unused;
+    __atomic_fetch_sub(&live_threads, 1, __ATOMIC_RELAXED);
+}
+
+static void *trampoline(void *p) {
+    struct trampoline_arg t = *(struct trampoline_arg *)p;
+    free(p);
+    void *r;
+    /* The cleanup handler also runs on pthread_exit and cancellation. */
+    pthread_cleanup_push(thread_gone, NULL);
+    r = t.fn(t.arg);
+    pthread_cleanup_pop(1);
+    return r;
+}
+
 EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg) {
-    int r = get_pthread_create()(t, a, fn, arg);
-    if (r == 0 && hdr)
-        __atomic_fetch_add(&hdr->threads_created, 1, __ATOMIC_RELAXED);
+    struct trampoline_arg *ta = hdr ? malloc(sizeof *ta) : NULL;
+    if (!ta)
+        return get_pthread_create()(t, a, fn, arg);
+    ta->fn = fn;
+    ta->arg = arg;
+    uint32_t now = __atomic_add_fetch(&live_threads, 1, __ATOMIC_RELAXED);
+    int r = get_pthread_create()(t, a, trampoline, ta);
+    if (r != 0) {
+        __atomic_fetch_sub(&live_threads, 1, __ATOMIC_RELAXED);
+        free(ta);
+    } else if (hdr) {
+        store_max32(&hdr->threads_peak, now);
+    }
     return r;
 }
 

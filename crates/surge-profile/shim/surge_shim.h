@@ -135,7 +135,7 @@ struct surge_header {
     uint32_t n_records;    /* records in use, including record 0 */
     uint64_t arena_used;
     uint64_t peak_rss_kib; /* VmHWM at exit or exec */
-    uint32_t threads_created; /* 1 + pthread_create calls */
+    uint32_t threads_peak;    /* most threads alive at once (counted through pthread_create) */
     uint32_t io_threads;      /* distinct threads that made a recorded call */
     uint64_t bin_width_ns;
     uint64_t dropped_paths; /* calls attributed to record 0 because the table was full */

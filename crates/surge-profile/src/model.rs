@@ -327,8 +327,7 @@ pub struct Process {
     pub end_s: f64,
     #[serde(default)]
     pub ending: Ending,
-    /// Threads the process had (1 + pthread_create calls), when known.
-    #[serde(default)]
+    /// Most threads the process had alive at once (counted through pthread_create), when known.
     pub threads: u32,
     /// Distinct threads that made I/O calls.
     #[serde(default)]

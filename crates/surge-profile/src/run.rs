@@ -17,6 +17,8 @@ pub struct RunRequest {
     pub data_paths: Vec<String>,
     /// Keep the per-process record files here (created if missing) instead of a temp dir.
     pub records_dir: Option<PathBuf>,
+    /// Send the command's stdout to surge's stderr (so `--json` on stdout stays parseable).
+    pub stdout_to_stderr: bool,
 }
 
 pub(crate) fn mono_ns() -> u64 {
@@ -141,10 +143,19 @@ pub fn profile_command(req: &RunRequest) -> anyhow::Result<Profile> {
     let started_at = now_rfc3339();
     let guard = SignalGuard::install();
     let t0 = mono_ns();
-    let mut child = Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .env("LD_PRELOAD", &preload)
-        .env("SURGE_PROFILE_DIR", &dir)
+        .env("SURGE_PROFILE_DIR", &dir);
+    if req.stdout_to_stderr {
+        use std::os::fd::AsFd;
+        let err = std::io::stderr()
+            .as_fd()
+            .try_clone_to_owned()
+            .context("cannot duplicate stderr for the command's output")?;
+        cmd.stdout(std::process::Stdio::from(err));
+    }
+    let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot run '{program}'"))?;
     let status = child
@@ -160,7 +171,10 @@ pub fn profile_command(req: &RunRequest) -> anyhow::Result<Profile> {
         file: None,
         exit_code: status.code(),
         signal: status.signal(),
-        detail: format!("libsurge_shim (LD_PRELOAD), records in {}", dir.display()),
+        detail: match &req.records_dir {
+            Some(_) => format!("libsurge_shim (LD_PRELOAD), records kept in {}", dir.display()),
+            None => "libsurge_shim (LD_PRELOAD)".into(),
+        },
     };
     let mut profile = Profile::new(&req.stage, source);
     profile.host = hostname();
