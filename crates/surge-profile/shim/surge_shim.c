@@ -63,7 +63,7 @@ _Static_assert(offsetof(struct surge_rec, c) == 24, "record layout");
 #define ARENA_OFF (BINS_OFF + (uint64_t)SURGE_NBINS * SURGE_BIN_FIELDS * 8u)
 #define MAP_BYTES (ARENA_OFF + (uint64_t)SURGE_PATH_ARENA)
 #define HASH_SLOTS (SURGE_MAX_RECORDS * 2u)
-#define SMALL_IO_BYTES (100u * 1024u) /* Darshan's 100K bucket edge: below it, IOPS matter */
+#define SMALL_IO_BYTES (100u * 1024u) /* Darshan's 100K bucket edge: up to it, IOPS matter */
 
 /* One entry per open fd: which record it belongs to and where its offset is. */
 struct fd_slot {
@@ -275,12 +275,13 @@ static uint32_t kind_of(mode_t m) {
     }
 }
 
+/* Darshan's size buckets, upper edges inclusive: 0-100 holds 0..=100, 100K-1M holds 1 MiB. */
 static unsigned bucket_of(uint64_t n) {
     static const uint64_t edges[] = {100,         1024,         10240,         102400,
                                      1048576,     4194304,      10485760,      104857600,
                                      1073741824};
     unsigned i = 0;
-    while (i < 9 && n >= edges[i])
+    while (i < 9 && n > edges[i])
         i++;
     return i;
 }
@@ -502,7 +503,7 @@ static void data(struct surge_rec *r, int is_write, ssize_t n, uint64_t end, uin
     add(r, is_write ? C_WRITES : C_READS, 1);
     add(r, is_write ? C_BYTES_WRITTEN : C_BYTES_READ, bytes);
     add(r, is_write ? C_WRITE_TIME : C_READ_TIME, t1 - t0);
-    add(r, bytes < SMALL_IO_BYTES ? C_SMALL_TIME : C_LARGE_TIME, t1 - t0);
+    add(r, bytes <= SMALL_IO_BYTES ? C_SMALL_TIME : C_LARGE_TIME, t1 - t0);
     add(r, (is_write ? C_H_W0 : C_H_R0) + (int)bucket_of(bytes), 1);
     if (bytes > 0)
         store_max(&r->c[is_write ? C_MAX_BYTE_WRITTEN : C_MAX_BYTE_READ], end);
@@ -1468,7 +1469,7 @@ static void stdio_data(FILE *f, int is_write, size_t bytes, uint64_t t0, uint64_
     add(r, is_write ? C_STDIO_KERNEL_WRITES : C_STDIO_KERNEL_READS, kernel);
     /* The transfer size the storage sees is the kernel call's, not the library call's. */
     uint64_t ksize = bytes >= blk ? bytes : blk;
-    add(r, ksize < SMALL_IO_BYTES ? C_SMALL_TIME : C_LARGE_TIME, t1 - t0);
+    add(r, ksize <= SMALL_IO_BYTES ? C_SMALL_TIME : C_LARGE_TIME, t1 - t0);
     if (kernel)
         add(r, (is_write ? C_H_W0 : C_H_R0) + (int)bucket_of(ksize), kernel);
     if (s) {

@@ -69,7 +69,7 @@ enum surge_kind {
     X(WRITE_TIME, "write_time_ns")                                                                 \
     X(META_TIME, "meta_time_ns")                                                                   \
     X(SYNC_TIME, "sync_time_ns")                                                                   \
-    X(SMALL_TIME, "small_data_time_ns")                                                            \
+    X(SMALL_TIME, "small_data_time_ns") /* transfers of at most 100 KiB, and syncs */                                                            \
     X(LARGE_TIME, "large_data_time_ns")                                                            \
     X(FIRST_TS, "first_ns")                                                                        \
     X(LAST_TS, "last_ns")                                                                          \

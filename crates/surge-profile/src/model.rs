@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 /// The schema tag written in every profile; bumped on incompatible changes.
 pub const PROFILE_SCHEMA: &str = "surge.profile/1";
 
-/// Darshan's transfer-size buckets (bytes, lower edges; the last is open-ended).
+/// Darshan's transfer-size buckets: bucket i holds sizes above `HIST_EDGES[i-1]` up to and
+/// including `HIST_EDGES[i]` (bucket 0 holds 0..=100; the last is open-ended).
 pub const HIST_EDGES: [u64; 10] = [
-    0,
     100,
     1024,
     10 * 1024,
@@ -21,6 +21,7 @@ pub const HIST_EDGES: [u64; 10] = [
     10 * 1024 * 1024,
     100 * 1024 * 1024,
     1024 * 1024 * 1024,
+    u64::MAX,
 ];
 
 /// Human labels of [`HIST_EDGES`], as Darshan names them.
@@ -29,8 +30,8 @@ pub const HIST_LABELS: [&str; 10] = [
     "1G+",
 ];
 
-/// Transfers below this size are "small" (IOPS-bound), at or above it "large" (bandwidth-bound):
-/// the edge of Darshan's 100K bucket, between IOR's 4 KiB IOPS and 8 MiB bandwidth tests.
+/// Transfers up to this size are "small" (IOPS-bound), above it "large" (bandwidth-bound):
+/// the edge of Darshan's 10K-100K bucket, between IOR's 4 KiB IOPS and 8 MiB bandwidth tests.
 pub const SMALL_IO_BYTES: u64 = 100 * 1024;
 
 /// Where a profile came from.
@@ -135,7 +136,7 @@ pub struct Counters {
     pub write_time_ns: u64,
     pub meta_time_ns: u64,
     pub sync_time_ns: u64,
-    /// Time in data calls of less than [`SMALL_IO_BYTES`] (and syncs).
+    /// Time in data calls of at most [`SMALL_IO_BYTES`] (and syncs).
     pub small_data_time_ns: u64,
     pub large_data_time_ns: u64,
     pub first_ns: u64,
@@ -281,7 +282,12 @@ impl FileStats {
             }
             _ => {}
         }
-        if self.path.starts_with('<')
+        // Names the shim and Darshan give to non-files; other "<...>" paths are storage
+        // (the shim's "<other files>", the "<workdir>" placeholders of sanitised logs).
+        const PSEUDO: [&str; 7] = [
+            "<STDIN>", "<STDOUT>", "<STDERR>", "<stdin>", "<stdout>", "<stderr>", "<fd ",
+        ];
+        if PSEUDO.iter().any(|p| self.path.starts_with(p))
             || self.path.starts_with("pipe:")
             || self.path.starts_with("socket:")
             || self.path.starts_with("anon_inode:")

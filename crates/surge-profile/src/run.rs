@@ -172,7 +172,10 @@ pub fn profile_command(req: &RunRequest) -> anyhow::Result<Profile> {
         exit_code: status.code(),
         signal: status.signal(),
         detail: match &req.records_dir {
-            Some(_) => format!("libsurge_shim (LD_PRELOAD), records kept in {}", dir.display()),
+            Some(_) => format!(
+                "libsurge_shim (LD_PRELOAD), records kept in {}",
+                dir.display()
+            ),
             None => "libsurge_shim (LD_PRELOAD)".into(),
         },
     };

@@ -39,7 +39,7 @@ pub struct Table2 {
     pub io_time_pct: f64,
     pub data_time_s: f64,
     pub meta_time_s: f64,
-    /// Of the data time, seconds in transfers below 100 KiB and syncs (IOPS-class).
+    /// Of the data time, seconds in transfers of at most 100 KiB and syncs (IOPS-class).
     pub small_data_time_s: f64,
     pub large_data_time_s: f64,
     pub sync_time_s: f64,
@@ -271,7 +271,7 @@ pub fn verdict(t2: &Table2) -> Verdict {
                 t2.small_data_time_s,
                 t2.small_data_time_s + t2.large_data_time_s,
             )
-    } else if t2.mean_transfer_kib * 1024.0 < SMALL_IO_BYTES as f64 {
+    } else if t2.mean_transfer_kib * 1024.0 <= SMALL_IO_BYTES as f64 {
         100.0
     } else {
         0.0
@@ -322,14 +322,14 @@ pub fn verdict(t2: &Table2) -> Verdict {
             if split_known {
                 format!(
                     "data time dominates ({:.3} s vs {:.3} s metadata) and {:.0}% of it is in transfers \
-                     below 100 KiB and syncs ({:.3} s, {} syncs); mean transfer {:.1} KiB",
+                     of at most 100 KiB and syncs ({:.3} s, {} syncs); mean transfer {:.1} KiB",
                     t2.data_time_s, t2.meta_time_s, small_share, t2.small_data_time_s, t2.syncs,
                     t2.mean_transfer_kib
                 )
             } else {
                 format!(
                     "data time dominates ({:.3} s vs {:.3} s metadata) and the mean transfer is {:.1} KiB, \
-                     below 100 KiB",
+                     at most 100 KiB",
                     t2.data_time_s, t2.meta_time_s, t2.mean_transfer_kib
                 )
             },
@@ -340,7 +340,7 @@ pub fn verdict(t2: &Table2) -> Verdict {
             if split_known {
                 format!(
                     "data time dominates ({:.3} s vs {:.3} s metadata) and {:.0}% of it is in transfers of \
-                     100 KiB or more; {:.1} MiB at {:.0} MiB/s, mean transfer {:.1} KiB",
+                     over 100 KiB; {:.1} MiB at {:.0} MiB/s, mean transfer {:.1} KiB",
                     t2.data_time_s, t2.meta_time_s, 100.0 - small_share, t2.io_mib,
                     t2.bandwidth_mib_s, t2.mean_transfer_kib
                 )

@@ -314,8 +314,8 @@ fn touch(c: &mut Counters, t0: u64, t1: u64) {
 fn hist_bucket(n: u64) -> usize {
     crate::model::HIST_EDGES
         .iter()
-        .rposition(|&e| n >= e)
-        .unwrap_or(0)
+        .position(|&e| n <= e)
+        .unwrap_or(9)
 }
 
 /// Parses an strace log.
@@ -499,12 +499,15 @@ fn parse_line(st: &mut State, raw: &str) {
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return;
     }
-    // The return value is after the last top-level ") = ".
-    let Some(eq) = full.rfind(") = ") else {
+    // The return value follows the last ")", padding spaces and "= " (strace aligns it).
+    let Some((args_end, ret_start)) = full.rmatch_indices("= ").find_map(|(pos, _)| {
+        let pre = full[..pos].trim_end();
+        (pre.ends_with(')') && pre.len() > open_paren).then(|| (pre.len() - 1, pos + 2))
+    }) else {
         return;
     };
-    let args_text = &full[open_paren + 1..eq];
-    let ret_text = full[eq + 4..].trim();
+    let args_text = &full[open_paren + 1..args_end];
+    let ret_text = full[ret_start..].trim();
     let dur = ret_text
         .rfind('<')
         .and_then(|i| ret_text[i + 1..].strip_suffix('>'))
@@ -658,7 +661,7 @@ fn parse_line(st: &mut State, raw: &str) {
                     c.first_read_ns = t0.max(1);
                 }
             }
-            if bytes < SMALL_IO_BYTES {
+            if bytes <= SMALL_IO_BYTES {
                 c.small_data_time_ns += dns;
             } else {
                 c.large_data_time_ns += dns;
