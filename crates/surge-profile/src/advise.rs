@@ -260,10 +260,11 @@ pub fn advise(p: &Profile, peaks: &Peaks, req: &AdviseRequest) -> Advice {
     } else {
         "capacity"
     };
-    let md_per_server = match req.coupling {
-        Coupling::Tight => pk.pipelines_to_saturate_metadata,
-        Coupling::Loose => pk.pipelines_to_saturate_metadata_sustained,
-    };
+    // Whether one striped metadata service saturates is judged on the sustained estimate (the
+    // optimistic one): if even pipelines that never overlap exceed it, it surely saturates. The
+    // tight estimate rates metadata by the speed of the profiled storage, which on a fast local
+    // disk exceeds any BB peak and would call every stage metadata-limited.
+    let md_per_server = pk.pipelines_to_saturate_metadata_sustained;
     let verdict = summary.verdict.bound;
     let (access_mode, access_reason) = if verdict == Bound::MetadataBound {
         (
@@ -307,12 +308,20 @@ pub fn advise(p: &Profile, peaks: &Peaks, req: &AdviseRequest) -> Advice {
                 .into(),
         );
     }
+    let sustained_bw = t2.io_mib * 1024.0 * 1024.0 / t2.wall_time_s.max(1e-9);
+    let sustained_md = t2.metadata_ops as f64 / t2.wall_time_s.max(1e-9);
+    // A metadata target at the metadata rate of the profiled disk only makes sense for a
+    // metadata-bound stage; the others' few metadata calls need no more than their average rate.
     let (bw_each, md_each) = match req.coupling {
-        Coupling::Tight => (t2.bandwidth_mib_s * 1024.0 * 1024.0, t2.metadata_rate_ops_s),
-        Coupling::Loose => (
-            t2.io_mib * 1024.0 * 1024.0 / t2.wall_time_s.max(1e-9),
-            t2.metadata_ops as f64 / t2.wall_time_s.max(1e-9),
+        Coupling::Tight => (
+            t2.bandwidth_mib_s * 1024.0 * 1024.0,
+            if verdict == Bound::MetadataBound {
+                t2.metadata_rate_ops_s
+            } else {
+                sustained_md
+            },
         ),
+        Coupling::Loose => (sustained_bw, sustained_md),
     };
     let target_bw = bw_each * n as f64;
     let target_md = md_each * n as f64;

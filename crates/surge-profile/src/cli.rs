@@ -73,8 +73,9 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "DIR")]
     pub records: Option<PathBuf>,
 
-    /// Run the stage N times and keep the run with the least I/O time (the least disturbed by
-    /// other load; Daley repeated every run three times). Only for stages that can run again.
+    /// Run the stage N times and keep the run with the median I/O time (robust to runs
+    /// disturbed by other load; Daley repeated every run three times). Only for stages that
+    /// can run again.
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeat: u32,
 
@@ -239,17 +240,18 @@ pub fn run_profile(args: ProfileArgs) -> anyhow::Result<ExitCode> {
                 (t.data_time_ns() + t.meta_time_ns) as f64 / 1e9
             };
             let times: Vec<String> = runs.iter().map(|p| format!("{:.3}", io_time(p))).collect();
-            let best = runs
-                .iter()
-                .enumerate()
-                .min_by(|a, b| io_time(a.1).total_cmp(&io_time(b.1)))
-                .map_or(0, |(i, _)| i);
-            let mut p = runs.swap_remove(best);
+            // The median run: robust to a run disturbed by other load in either direction,
+            // and, unlike the fastest run, not biased towards runs where the largest kind of
+            // I/O happened to be quick.
+            let mut order: Vec<usize> = (0..runs.len()).collect();
+            order.sort_by(|&a, &b| io_time(&runs[a]).total_cmp(&io_time(&runs[b])));
+            let median = order[(order.len() - 1) / 2];
+            let mut p = runs.swap_remove(median);
             if args.repeat > 1 {
                 p.caveats.push(format!(
-                    "best of {} runs by I/O time (run {}); I/O seconds per run: {}",
+                    "median of {} runs by I/O time (run {}); I/O seconds per run: {}",
                     args.repeat,
-                    best + 1,
+                    median + 1,
                     times.join(", ")
                 ));
             }

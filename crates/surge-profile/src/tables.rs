@@ -368,6 +368,25 @@ pub fn verdict(t2: &Table2) -> Verdict {
             t2.syncs
         ));
     }
+    if let Some(p) = &t2.peaks {
+        let over: Vec<String> = [
+            ("bandwidth", p.pct_peak_bandwidth),
+            ("IOPS", p.pct_peak_iops),
+            ("metadata", p.pct_peak_metadata),
+        ]
+        .iter()
+        .filter(|(_, pct)| *pct > 100.0)
+        .map(|(name, pct)| format!("{name} {pct:.0}%"))
+        .collect();
+        if !over.is_empty() {
+            notes.push(format!(
+                "the profiled storage was faster than the calibrated peaks ({}): the profile was \
+                 not taken on the target storage, so the tightly-coupled pipeline estimates are \
+                 pessimistic; the sustained ones hold",
+                over.join(", ")
+            ));
+        }
+    }
     if let Some(l) = &limiter_at_scale {
         if l.bound != bound {
             notes.push(format!(

@@ -32,7 +32,8 @@ fn looks_like_darshan_log(bytes: &[u8]) -> bool {
 fn detect(path: &Path, head: &[u8]) -> Format {
     let text = String::from_utf8_lossy(head);
     let t = text.trim_start();
-    if t.starts_with('{') && text.contains(PROFILE_SCHEMA) {
+    // JSON: a saved profile (its schema tag is checked when it is read).
+    if t.starts_with('{') {
         return Format::Profile;
     }
     if text.contains("# darshan log version") || text.contains("#<module>\t<rank>") {
