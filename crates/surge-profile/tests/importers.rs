@@ -34,9 +34,11 @@ fn counters<'a>(p: &'a Profile, suffix: &str) -> &'a Counters {
         .counters
 }
 
-/// pydarshan_output.txt's columns for the four data files: opens, reads, writes, fsyncs,
-/// seeks, bytes read, bytes written.
-const PYTHON_EXPECTED: [(&str, u64, u64, u64, u64, u64, u64, u64); 4] = [
+/// A file and its opens, reads, writes, fsyncs, seeks, bytes read, bytes written.
+type Expected = (&'static str, u64, u64, u64, u64, u64, u64, u64);
+
+/// pydarshan_output.txt's columns for the four data files.
+const PYTHON_EXPECTED: [Expected; 4] = [
     ("data/file0.bin", 3, 41, 8, 1, 8, 8_421_376, 8_388_608),
     ("data/file1.bin", 2, 65, 16, 1, 0, 16_777_216, 16_777_216),
     ("data/file2.bin", 2, 97, 24, 1, 0, 25_165_824, 25_165_824),

@@ -115,7 +115,7 @@ fn histogram_svg(s: &Summary) -> String {
         o,
         r#"<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="transfer sizes">"#
     );
-    for i in 0..10 {
+    for (i, label) in HIST_LABELS.iter().enumerate() {
         let x = PAD_L + i as f64 * gw;
         for (k, (v, color)) in [(s.hist_read[i], "#3b75af"), (s.hist_write[i], "#ef8636")]
             .iter()
@@ -133,7 +133,7 @@ fn histogram_svg(s: &Summary) -> String {
                 x + 4.0 + k as f64 * (gw - 8.0) / 2.0,
                 10.0 + ph - h,
                 (gw - 8.0) / 2.0,
-                HIST_LABELS[i],
+                label,
                 if k == 0 { "reads" } else { "writes" }
             );
         }
@@ -142,7 +142,7 @@ fn histogram_svg(s: &Summary) -> String {
             r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="middle">{}</text>"#,
             x + gw / 2.0,
             10.0 + ph + 13.0,
-            HIST_LABELS[i]
+            label
         );
     }
     let _ = write!(
