@@ -505,9 +505,11 @@ static void data(struct surge_rec *r, int is_write, ssize_t n, uint64_t end, uin
     add(r, is_write ? C_WRITE_TIME : C_READ_TIME, t1 - t0);
     add(r, bytes <= SMALL_IO_BYTES ? C_SMALL_TIME : C_LARGE_TIME, t1 - t0);
     add(r, (is_write ? C_H_W0 : C_H_R0) + (int)bucket_of(bytes), 1);
-    if (bytes > 0)
+    /* First read/write: the first that moved data (SQLite probes a new, empty file first). */
+    if (bytes > 0) {
         store_max(&r->c[is_write ? C_MAX_BYTE_WRITTEN : C_MAX_BYTE_READ], end);
-    store_min_set(&r->c[is_write ? C_FIRST_WRITE_TS : C_FIRST_READ_TS], t0);
+        store_min_set(&r->c[is_write ? C_FIRST_WRITE_TS : C_FIRST_READ_TS], t0);
+    }
     touch(r, t0, t1);
     timeline(t0, is_write ? 1 : 0, bytes);
     timeline(t0, 2, 1);
@@ -1477,7 +1479,8 @@ static void stdio_data(FILE *f, int is_write, size_t bytes, uint64_t t0, uint64_
         if (bytes > 0)
             store_max(&r->c[is_write ? C_MAX_BYTE_WRITTEN : C_MAX_BYTE_READ], s->offset);
     }
-    store_min_set(&r->c[is_write ? C_FIRST_WRITE_TS : C_FIRST_READ_TS], t0);
+    if (bytes > 0)
+        store_min_set(&r->c[is_write ? C_FIRST_WRITE_TS : C_FIRST_READ_TS], t0);
     touch(r, t0, t1);
     timeline(t0, is_write ? 1 : 0, bytes);
     timeline(t0, 2, 1);

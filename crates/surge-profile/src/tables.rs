@@ -77,6 +77,12 @@ pub struct PeakUse {
     /// Daley observed, §4.2.2), so the demand of one pipeline is averaged over its wall time.
     pub pipelines_to_saturate_data_sustained: u64,
     pub pipelines_to_saturate_metadata_sustained: u64,
+    /// One pipeline's average demand (over its wall time) as % of each peak. Unlike the rates
+    /// above, these do not depend on how fast each kind of call was on the profiled storage,
+    /// so they rank the resources fairly when the profile was not taken on the target.
+    pub pct_sustained_bandwidth: f64,
+    pub pct_sustained_iops: f64,
+    pub pct_sustained_metadata: f64,
 }
 
 /// Table 3: data movement.
@@ -238,6 +244,9 @@ pub fn table2_from_totals(t: &Totals, peaks: Option<&Peaks>) -> Table2 {
             pipelines_to_saturate_metadata: pipelines(pct_md),
             pipelines_to_saturate_data_sustained: pipelines(sus_bw.max(sus_iops)),
             pipelines_to_saturate_metadata_sustained: pipelines(sus_md),
+            pct_sustained_bandwidth: sus_bw,
+            pct_sustained_iops: sus_iops,
+            pct_sustained_metadata: sus_md,
         });
     }
     out
@@ -277,13 +286,15 @@ pub fn verdict(t2: &Table2) -> Verdict {
         0.0
     };
     let md_share = 100.0 * ratio(t2.meta_time_s, io);
+    // Daley §5.1: the resource a pipeline uses the largest share of saturates first. The
+    // shares are ranked on average demand (see PeakUse); the count is Daley's estimate.
     let limiter_at_scale = t2.peaks.as_ref().map(|p| {
-        let data_bound = if p.pct_peak_iops > p.pct_peak_bandwidth {
+        let data_bound = if p.pct_sustained_iops > p.pct_sustained_bandwidth {
             Bound::IopsBound
         } else {
             Bound::BandwidthBound
         };
-        if p.pct_peak_metadata > p.pct_peak_bandwidth.max(p.pct_peak_iops) {
+        if p.pct_sustained_metadata > p.pct_sustained_bandwidth.max(p.pct_sustained_iops) {
             LimiterAtScale {
                 bound: Bound::MetadataBound,
                 pipelines: p.pipelines_to_saturate_metadata,

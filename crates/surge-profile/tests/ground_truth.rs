@@ -395,6 +395,10 @@ fn python_workload_counts_match_darshans_and_see_the_stats_darshan_misses() {
         );
         // Darshan's POSIX_STATS is 0 here (its blind spot on glibc >= 2.33); the script's
         // os.stat and Python's fstat at open are real metadata calls.
-        assert!(c.stats > opens, "{name}: stats {} (an fstat per open, plus os.stat)", c.stats);
+        assert!(
+            c.stats > opens,
+            "{name}: stats {} (an fstat per open, plus os.stat)",
+            c.stats
+        );
     }
 }

@@ -646,7 +646,7 @@ fn parse_line(st: &mut State, raw: &str) {
                 if bytes > 0 {
                     c.max_byte_written = c.max_byte_written.max(end);
                 }
-                if c.first_write_ns == 0 {
+                if c.first_write_ns == 0 && bytes > 0 {
                     c.first_write_ns = t0.max(1);
                 }
             } else {
@@ -657,7 +657,7 @@ fn parse_line(st: &mut State, raw: &str) {
                 if bytes > 0 {
                     c.max_byte_read = c.max_byte_read.max(end);
                 }
-                if c.first_read_ns == 0 {
+                if c.first_read_ns == 0 && bytes > 0 {
                     c.first_read_ns = t0.max(1);
                 }
             }
