@@ -294,6 +294,24 @@ fn camp_like_stage_is_metadata_bound_and_relaxed_pragmas_cut_metadata_ops() {
         .unwrap()
         .contains("access_mode=private"));
     assert!(a["software_environment"].as_array().unwrap().len() > 50);
+    // Inputs: the geometa directory (read, never written). Outputs: the database, which the
+    // stage wrote and kept; not the journal, created and deleted by every transaction.
+    let paths = |k: &str| -> Vec<String> {
+        a[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["path"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let root = w.path().canonicalize().unwrap();
+    assert_eq!(
+        paths("stage_in"),
+        vec![root.join("geometa").display().to_string()]
+    );
+    assert_eq!(
+        paths("stage_out"),
+        vec![root.join("camp.db").display().to_string()]
+    );
 }
 
 #[test]

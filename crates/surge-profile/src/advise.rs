@@ -215,7 +215,8 @@ pub fn advise(p: &Profile, peaks: &Peaks, req: &AdviseRequest) -> Advice {
                 .push((f.path.clone(), size));
         }
         let written = c.bytes_written_total() > 0;
-        if written && c.unlinks == 0 {
+        let kept = f.exists_after.unwrap_or(c.unlinks == 0);
+        if written && kept {
             outputs
                 .entry(parent(&f.path))
                 .or_default()
@@ -542,6 +543,7 @@ mod tests {
     fn file(path: &str, c: Counters, procs: u32) -> FileStats {
         FileStats {
             path: path.into(),
+            exists_after: None,
             kind: FileKind::Regular,
             processes: procs,
             counters: c,

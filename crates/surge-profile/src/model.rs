@@ -146,7 +146,7 @@ pub struct Counters {
     /// One past the highest byte read / written.
     pub max_byte_read: u64,
     pub max_byte_written: u64,
-    /// Largest size a stat or open reported.
+    /// Largest size a stat or open reported, or the file had once the stage ended.
     pub size_seen: u64,
     /// Reads per size bucket ([`HIST_EDGES`]).
     pub hist_read: [u64; 10],
@@ -269,6 +269,10 @@ pub struct FileStats {
     /// How many processes touched it (ExPBB's "shared access" when > 1).
     #[serde(default)]
     pub processes: u32,
+    /// Whether the path existed once the stage ended (shim profiles only): tells outputs that
+    /// were kept from temporaries that were deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exists_after: Option<bool>,
     pub counters: Counters,
 }
 

@@ -359,6 +359,7 @@ pub fn merge_into(profile: &mut Profile, records: &[ProcessRecord], t0_mono_ns: 
                     by_path.insert(path.clone(), profile.files.len());
                     profile.files.push(FileStats {
                         path: path.clone(),
+                        exists_after: None,
                         kind: *kind,
                         processes: 1,
                         counters: c,

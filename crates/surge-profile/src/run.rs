@@ -195,6 +195,22 @@ pub fn profile_command(req: &RunRequest) -> anyhow::Result<Profile> {
     }
     profile.caveats.extend(problems);
     records::merge_into(&mut profile, &recs, t0);
+    // What the stage left behind: kept outputs vs deleted temporaries, and final sizes.
+    for f in profile
+        .files
+        .iter_mut()
+        .filter(|f| f.is_storage() && f.path.starts_with('/'))
+    {
+        match std::fs::symlink_metadata(&f.path) {
+            Ok(m) => {
+                f.exists_after = Some(true);
+                if m.is_file() {
+                    f.counters.size_seen = f.counters.size_seen.max(m.len());
+                }
+            }
+            Err(_) => f.exists_after = Some(false),
+        }
+    }
     if let Some(sig) = status.signal() {
         profile.caveats.push(format!(
             "the command was killed by signal {sig}; the profile holds everything it did until then"

@@ -346,6 +346,7 @@ pub fn parse_text(
         };
         let e = files.entry(r.path.clone()).or_insert_with(|| FileStats {
             path: r.path.clone(),
+            exists_after: None,
             kind,
             processes: 0,
             counters: Counters::default(),

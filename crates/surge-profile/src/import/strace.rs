@@ -363,6 +363,7 @@ pub fn parse(text: &str, stage: &str, file: &str) -> Result<Profile, StraceError
         c.first_write_ns = shift(c.first_write_ns);
         let e = merged.entry(path.clone()).or_insert_with(|| FileStats {
             path: path.clone(),
+            exists_after: None,
             kind,
             processes: 0,
             counters: Counters::default(),
