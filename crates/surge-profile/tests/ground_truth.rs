@@ -169,6 +169,29 @@ fn counters_match_the_programs_known_io_across_threads_and_children() {
     );
 }
 
+#[test]
+fn concurrent_threads_lose_no_counts() {
+    let Some(gt) = ground_truth_program() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().canonicalize().unwrap();
+    let p = profile(&[gt.to_str().unwrap(), "threads", d.to_str().unwrap()]);
+    assert_eq!(p.source.exit_code, Some(0));
+    assert_eq!((p.processes[0].threads, p.processes[0].io_threads), (9, 9));
+    for k in 0..8 {
+        let c = &file(&p, &d.join(format!("own{k}"))).counters;
+        assert_eq!(
+            (c.opens, c.writes, c.bytes_written, c.closes),
+            (1, 500, 50_000, 1),
+            "own{k}"
+        );
+    }
+    let s = &file(&p, &d.join("shared")).counters;
+    assert_eq!((s.writes, s.bytes_written, s.stats), (1600, 16_000, 2400));
+    assert_eq!(s.hist_write[0], 1600);
+}
+
 /// strace -c counts of one syscall family.
 fn strace_counts(path: &Path) -> HashMap<String, u64> {
     let text = std::fs::read_to_string(path).unwrap();

@@ -66,7 +66,8 @@ pub fn load(path: &Path, format: Format, stage: &str) -> anyhow::Result<Profile>
             }
             Ok(p)
         }
-        Format::Strace => {
+        // (Auto was resolved by detect(), which never answers Auto.)
+        Format::Strace | Format::Auto => {
             let text = String::from_utf8_lossy(&bytes);
             Ok(strace::parse(&text, stage, &file)?)
         }
@@ -80,6 +81,5 @@ pub fn load(path: &Path, format: Format, stage: &str) -> anyhow::Result<Profile>
             )?)
         }
         Format::Darshan => darshan::load_binary(path, stage),
-        Format::Auto => unreachable!("resolved above"),
     }
 }

@@ -3,6 +3,9 @@
  *
  *   ground_truth io DIR N     the calls listed below, N data files
  *   ground_truth crash DIR    opens and writes 5 files, then dies of SIGSEGV
+ *   ground_truth threads DIR  8 threads at once: each opens DIR/own<k> and writes it 500 times
+ *                             (100 B), writes 200 x 10 B to the shared DIR/shared fd, and
+ *                             stats DIR/shared 300 times
  *
  * "io" makes exactly (expected counts are spelled out in the test):
  *   main thread, for each i < N: DIR/f<i>: open(O_CREAT), 3 x write(4096), fsync, close,
@@ -116,6 +119,46 @@ static int io(int n) {
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 5;
 }
 
+static int shared_fd;
+static pthread_barrier_t all_started;
+
+static void *hammer(void *arg) {
+    /* All 8 threads are alive at once before any does I/O: the peak thread count is exact. */
+    pthread_barrier_wait(&all_started);
+    char p[4096], name[32], buf[100];
+    memset(buf, 'h', sizeof buf);
+    snprintf(name, sizeof name, "own%ld", (long)arg);
+    path(p, name);
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    for (int i = 0; i < 500; i++)
+        if (write(fd, buf, sizeof buf) != (ssize_t)sizeof buf)
+            exit(3);
+    close(fd);
+    path(p, "shared");
+    struct stat st;
+    for (int i = 0; i < 200; i++)
+        if (write(shared_fd, buf, 10) != 10)
+            exit(3);
+    for (int i = 0; i < 300; i++)
+        stat(p, &st);
+    return NULL;
+}
+
+static int threads(void) {
+    char p[4096];
+    path(p, "shared");
+    shared_fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+    pthread_t th[8];
+    pthread_barrier_init(&all_started, NULL, 8);
+    for (long k = 0; k < 8; k++)
+        if (pthread_create(&th[k], NULL, hammer, (void *)k) != 0)
+            return 2;
+    for (int k = 0; k < 8; k++)
+        pthread_join(th[k], NULL);
+    close(shared_fd);
+    return 0;
+}
+
 static int crash(void) {
     char p[4096], name[32];
     for (int i = 0; i < 5; i++) {
@@ -135,10 +178,14 @@ int main(int argc, char **argv) {
         dir = argv[2];
         return io(atoi(argv[3]));
     }
+    if (argc >= 3 && strcmp(argv[1], "threads") == 0) {
+        dir = argv[2];
+        return threads();
+    }
     if (argc >= 3 && strcmp(argv[1], "crash") == 0) {
         dir = argv[2];
         return crash();
     }
-    fprintf(stderr, "usage: ground_truth io DIR N | ground_truth crash DIR\n");
+    fprintf(stderr, "usage: ground_truth io DIR N | crash DIR | threads DIR\n");
     return 2;
 }
