@@ -29,7 +29,7 @@ fn ground_truth_program() -> Option<PathBuf> {
                 return None;
             }
             let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/ground_truth.c");
-            let out = std::env::temp_dir().join(format!("surge-ground-truth-{}", std::process::id()));
+            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ground_truth");
             let st = Command::new("cc")
                 .args(["-O1", "-pthread", "-o"])
                 .arg(&out)
