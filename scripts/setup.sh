@@ -37,3 +37,10 @@ if ! have cargo; then
     echo "setup: cargo not found; install Rust stable (https://rustup.rs) and re-run" >&2
     exit 1
 fi
+
+# PyDarshan reads binary Darshan logs for `surge profile --from x.darshan` (Debian packages no
+# darshan-util); optional: without it, darshan-parser text output still imports.
+if have python3 && ! python3 -c 'import darshan' >/dev/null 2>&1; then
+    python3 -m pip install -q darshan==3.5.0 >/tmp/surge-pip.log 2>&1 \
+        || echo "setup: PyDarshan not installed (see /tmp/surge-pip.log); binary Darshan logs will not import" >&2
+fi
