@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use surge_core::Ino;
-use surge_proto::{Attr, FileKind, NewNode, SetAttr, TimeSet, Timestamp, Unlinked};
+use surge_proto::{Attr, FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked};
 use tracing::{debug, warn};
 
 /// An error for the application: an errno and, for the log, why.
@@ -318,6 +318,40 @@ impl Fs {
         Ok(())
     }
 
+    /// True when `flush` of `fh` has nothing to send (no writes pending), so the adapter can
+    /// answer at once without a trip through the async runtime.
+    pub fn flush_is_noop(&self, fh: u64) -> bool {
+        let Ok(ino) = self.handle_ino(fh) else {
+            return false;
+        };
+        self.inodes
+            .lock()
+            .get(&ino)
+            .is_some_and(|i| i.dirty_mtime.is_none())
+    }
+
+    /// Releases `fh` at once if that needs no network request (nothing to commit, nothing to
+    /// purge); returns false to have the caller run the full [`release`](Self::release).
+    pub fn release_fast(&self, fh: u64) -> bool {
+        let Ok(ino) = self.handle_ino(fh) else {
+            return false;
+        };
+        let mut inodes = self.inodes.lock();
+        let Some(i) = inodes.get_mut(&ino) else {
+            return false;
+        };
+        if i.dirty_mtime.is_some() || (i.unlinked && i.opens == 1) {
+            return false;
+        }
+        i.opens = i.opens.saturating_sub(1);
+        if i.opens == 0 && i.lookups == 0 {
+            inodes.remove(&ino);
+        }
+        drop(inodes);
+        self.handles.lock().remove(&fh);
+        true
+    }
+
     /// `close(2)` of a descriptor: make what was written visible to other nodes.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
         let ino = self.handle_ino(fh)?;
@@ -377,10 +411,36 @@ impl Fs {
         }
     }
 
+    /// The inodes open on this node, which the metadata server must not forget when their last
+    /// name goes (beyond a bound, keep every orphan and purge later).
+    fn keep_open(&self) -> KeepOpen {
+        let inodes = self.inodes.lock();
+        let open: Vec<Ino> = inodes
+            .iter()
+            .filter(|(_, i)| i.opens > 0)
+            .map(|(k, _)| *k)
+            .take(1025)
+            .collect();
+        if open.len() > 1024 {
+            KeepOpen::All
+        } else {
+            KeepOpen::Only(open)
+        }
+    }
+
     /// After the last name of an inode went away: remove its data now, or at its last close on
     /// this node if it is open here.
     async fn orphaned(&self, u: Unlinked) {
         if !u.orphaned {
+            return;
+        }
+        if u.purged {
+            // The metadata server forgot the inode already; only its objects remain.
+            if u.size > 0 {
+                if let Err(e) = self.client.remove_objects(u.ino, u.size).await {
+                    warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
+                }
+            }
             return;
         }
         let size = {
@@ -446,7 +506,7 @@ impl Fs {
     }
 
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        let u = self.client.unlink(parent, name).await?;
+        let u = self.client.unlink(parent, name, self.keep_open()).await?;
         self.orphaned(u).await;
         Ok(())
     }
@@ -465,7 +525,7 @@ impl Fs {
     ) -> FsResult<()> {
         let replaced = self
             .client
-            .rename(parent, name, new_parent, new_name, flags)
+            .rename(parent, name, new_parent, new_name, flags, self.keep_open())
             .await?;
         if let Some(u) = replaced {
             self.orphaned(u).await;

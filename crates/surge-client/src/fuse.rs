@@ -389,6 +389,10 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.fs.release_fast(fh.0) {
+            reply.ok();
+            return;
+        }
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.release(fh.0).await {

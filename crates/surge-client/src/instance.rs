@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use surge_core::{FileId, Ino, InstanceId, Layout, NamespaceId, Piece};
 use surge_proto::{
-    Attr, DirEntry, InstanceDescriptor, NewNode, Request, Response, ServerRef, SetAttr, TimeSet,
-    Unlinked,
+    Attr, DirEntry, InstanceDescriptor, KeepOpen, NewNode, Request, Response, ServerRef, SetAttr,
+    TimeSet, Unlinked,
 };
 
 /// Largest piece sent in one request (a one-fragment instance merges a whole write into one
@@ -199,12 +199,13 @@ impl InstanceClient {
         expect!(self, self.mds, req, Response::Attr(a) => a)
     }
 
-    pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<Unlinked> {
+    pub async fn unlink(&self, parent: Ino, name: &[u8], keep: KeepOpen) -> Result<Unlinked> {
         let req = Request::Unlink {
             instance: self.instance(),
             ns: self.ns,
             parent,
             name: name.to_vec(),
+            keep,
         };
         expect!(self, self.mds, req, Response::Unlinked(u) => u)
     }
@@ -226,6 +227,7 @@ impl InstanceClient {
         new_parent: Ino,
         new_name: &[u8],
         flags: u32,
+        keep: KeepOpen,
     ) -> Result<Option<Unlinked>> {
         let req = Request::Rename {
             instance: self.instance(),
@@ -235,6 +237,7 @@ impl InstanceClient {
             new_parent,
             new_name: new_name.to_vec(),
             flags,
+            keep,
         };
         expect!(self, self.mds, req, Response::Renamed { replaced } => replaced)
     }

@@ -291,6 +291,8 @@ pub enum Request {
         ns: NamespaceId,
         parent: Ino,
         name: Vec<u8>,
+        /// See [`KeepOpen`].
+        keep: KeepOpen,
     },
     Rmdir {
         instance: InstanceId,
@@ -307,6 +309,8 @@ pub enum Request {
         new_name: Vec<u8>,
         /// `RENAME_NOREPLACE` (1) is honoured; `RENAME_EXCHANGE` is refused.
         flags: u32,
+        /// For the inode a rename replaces; see [`KeepOpen`].
+        keep: KeepOpen,
     },
     Readlink {
         instance: InstanceId,
@@ -342,6 +346,17 @@ pub enum Request {
     },
 }
 
+/// What the metadata server does with an inode whose last name goes away. The inode must stay
+/// while a node has the file open (POSIX: an unlinked open file stays usable); otherwise it can
+/// be forgotten in the same transaction, saving the client a `Purge` round trip.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeepOpen {
+    /// Keep every orphaned inode; the client purges it later.
+    All,
+    /// Forget the orphaned inode at once unless it is one of these (open on the calling node).
+    Only(Vec<Ino>),
+}
+
 /// What an unlink (or a rename over an existing name) did to the inode it removed a name of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unlinked {
@@ -351,6 +366,8 @@ pub struct Unlinked {
     pub orphaned: bool,
     /// Size at the time, to know which fragments hold data.
     pub size: u64,
+    /// The inode is already forgotten (see [`KeepOpen`]): only its objects remain to remove.
+    pub purged: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,7 +10,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use surge_core::Ino;
 use surge_proto::{
-    Attr, DirEntry, ErrorCode, ErrorReply, FileKind, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
+    Attr, DirEntry, ErrorCode, ErrorReply, FileKind, KeepOpen, NewNode, SetAttr, TimeSet,
+    Timestamp, Unlinked,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -366,8 +367,9 @@ impl Ops<'_> {
         Ok(())
     }
 
-    /// Drops one link of a non-directory inode; returns what became of it.
-    fn drop_link(&self, ino: Ino, now: Timestamp) -> MetaResult<Unlinked> {
+    /// Drops one link of a non-directory inode; returns what became of it. An orphan not in
+    /// `keep` is forgotten at once.
+    fn drop_link(&self, ino: Ino, now: Timestamp, keep: &KeepOpen) -> MetaResult<Unlinked> {
         self.tx
             .prepare_cached(
                 "UPDATE inodes SET nlink = nlink - 1, ctime_s = ?2, ctime_ns = ?3 WHERE ino = ?1",
@@ -375,11 +377,21 @@ impl Ops<'_> {
             .and_then(|mut st| st.execute(params![ino as i64, now.secs, i64::from(now.nsec)]))
             .map_err(db_err)?;
         let a = self.getattr(ino)?;
+        let orphaned = a.nlink == 0;
+        let purged = orphaned
+            && match keep {
+                KeepOpen::All => false,
+                KeepOpen::Only(open) => !open.contains(&ino),
+            };
+        if purged {
+            self.delete_inode(ino)?;
+        }
         Ok(Unlinked {
             ino,
             kind: a.kind,
-            orphaned: a.nlink == 0,
+            orphaned,
             size: a.size,
+            purged,
         })
     }
 
@@ -398,7 +410,7 @@ impl Ops<'_> {
         Ok(())
     }
 
-    pub fn unlink(&self, parent: Ino, name: &[u8]) -> MetaResult<Unlinked> {
+    pub fn unlink(&self, parent: Ino, name: &[u8], keep: &KeepOpen) -> MetaResult<Unlinked> {
         self.dir(parent)?;
         let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
             err(
@@ -415,7 +427,7 @@ impl Ops<'_> {
         let now = Timestamp::now();
         self.remove_dentry(parent, name)?;
         self.touch_dir(parent, 0, now)?;
-        self.drop_link(ino, now)
+        self.drop_link(ino, now, keep)
     }
 
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> MetaResult<()> {
@@ -472,6 +484,7 @@ impl Ops<'_> {
         new_parent: Ino,
         new_name: &[u8],
         flags: u32,
+        keep: &KeepOpen,
     ) -> MetaResult<Option<Unlinked>> {
         if flags & RENAME_EXCHANGE != 0 {
             return Err(err(ErrorCode::Invalid, "RENAME_EXCHANGE is not supported"));
@@ -536,7 +549,7 @@ impl Ops<'_> {
                 }
                 (false, false) => {
                     self.remove_dentry(new_parent, new_name)?;
-                    replaced = Some(self.drop_link(dst, now)?);
+                    replaced = Some(self.drop_link(dst, now, keep)?);
                 }
             }
         }
@@ -800,7 +813,10 @@ mod tests {
             ErrorCode::NameTooLong
         );
         assert_eq!(code(ops.rmdir(ROOT_INO, b"d")), ErrorCode::NotEmpty);
-        assert_eq!(code(ops.unlink(ROOT_INO, b"d")), ErrorCode::IsDir);
+        assert_eq!(
+            code(ops.unlink(ROOT_INO, b"d", &KeepOpen::All)),
+            ErrorCode::IsDir
+        );
         assert_eq!(code(ops.rmdir(d.ino, b"f")), ErrorCode::NotDir);
     }
 
@@ -812,8 +828,8 @@ mod tests {
             .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
             .unwrap();
         ops.link(f.ino, ROOT_INO, b"g").unwrap();
-        assert!(!ops.unlink(ROOT_INO, b"f").unwrap().orphaned);
-        let u = ops.unlink(ROOT_INO, b"g").unwrap();
+        assert!(!ops.unlink(ROOT_INO, b"f", &KeepOpen::All).unwrap().orphaned);
+        let u = ops.unlink(ROOT_INO, b"g", &KeepOpen::All).unwrap();
         assert!(u.orphaned);
         assert_eq!(
             ops.getattr(f.ino).unwrap().nlink,
@@ -823,6 +839,28 @@ mod tests {
         assert_eq!(ops.orphans().unwrap(), vec![(f.ino, 0)]);
         ops.purge(f.ino).unwrap();
         assert_eq!(code(ops.getattr(f.ino)), ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn unlink_forgets_an_orphan_at_once_unless_it_is_open_on_the_caller() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        let g = ops
+            .create(ROOT_INO, b"g", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        let u = ops
+            .unlink(ROOT_INO, b"f", &KeepOpen::Only(vec![g.ino]))
+            .unwrap();
+        assert!(u.orphaned && u.purged);
+        assert_eq!(code(ops.getattr(f.ino)), ErrorCode::NotFound);
+        let u = ops
+            .unlink(ROOT_INO, b"g", &KeepOpen::Only(vec![g.ino]))
+            .unwrap();
+        assert!(u.orphaned && !u.purged, "open on the caller: kept");
+        assert_eq!(ops.getattr(g.ino).unwrap().nlink, 0);
     }
 
     #[test]
@@ -840,37 +878,39 @@ mod tests {
             .create(ROOT_INO, b"g", &NewNode::File, 0o644, 1, 1)
             .unwrap();
         assert_eq!(
-            code(ops.rename(ROOT_INO, b"a", b.ino, b"x", 0)),
+            code(ops.rename(ROOT_INO, b"a", b.ino, b"x", 0, &KeepOpen::All)),
             ErrorCode::Invalid,
             "into itself"
         );
         assert_eq!(
-            code(ops.rename(ROOT_INO, b"f", ROOT_INO, b"g", 1)),
+            code(ops.rename(ROOT_INO, b"f", ROOT_INO, b"g", 1, &KeepOpen::All)),
             ErrorCode::Exists,
             "NOREPLACE"
         );
         assert_eq!(
-            code(ops.rename(ROOT_INO, b"f", ROOT_INO, b"a", 0)),
+            code(ops.rename(ROOT_INO, b"f", ROOT_INO, b"a", 0, &KeepOpen::All)),
             ErrorCode::IsDir
         );
         assert_eq!(
-            code(ops.rename(ROOT_INO, b"a", ROOT_INO, b"f", 0)),
+            code(ops.rename(ROOT_INO, b"a", ROOT_INO, b"f", 0, &KeepOpen::All)),
             ErrorCode::NotDir
         );
         let replaced = ops
-            .rename(ROOT_INO, b"f", ROOT_INO, b"g", 0)
+            .rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, &KeepOpen::All)
             .unwrap()
             .unwrap();
         assert_eq!(replaced.ino, g.ino);
         assert!(replaced.orphaned);
         assert_eq!(ops.lookup(ROOT_INO, b"g").unwrap().ino, f.ino);
         // Moving a directory moves its link count to the new parent.
-        ops.rename(a.ino, b"b", ROOT_INO, b"b2", 0).unwrap();
+        ops.rename(a.ino, b"b", ROOT_INO, b"b2", 0, &KeepOpen::All)
+            .unwrap();
         assert_eq!(ops.getattr(a.ino).unwrap().nlink, 2);
         assert_eq!(ops.getattr(ROOT_INO).unwrap().nlink, 4);
-        ops.rename(ROOT_INO, b"b2", a.ino, b"b3", 0).unwrap();
+        ops.rename(ROOT_INO, b"b2", a.ino, b"b3", 0, &KeepOpen::All)
+            .unwrap();
         assert_eq!(
-            code(ops.rename(ROOT_INO, b"a", b.ino, b"x", 0)),
+            code(ops.rename(ROOT_INO, b"a", b.ino, b"x", 0, &KeepOpen::All)),
             ErrorCode::Invalid,
             "parent pointer followed the move"
         );
