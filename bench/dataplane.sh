@@ -102,7 +102,7 @@ fio_run() {
 }
 
 md_run() { # TARGET PROCS -> "create stat unlink"
-    "$WORK/bin/md" "${DIR[$1]}" "$FILES" "$2" | awk '{printf "%s ", $2}'
+    "$WORK/bin/md" "${DIR[$1]}" "$((FILES / $2))" "$2" | awk '{printf "%s ", $2}'
 }
 
 TESTS=("seqwrite-1:write:8M:1" "seqwrite-2:write:8M:2" "seqread-1:read:8M:1" "seqread-2:read:8M:2"

@@ -92,20 +92,40 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
-pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
-    let sigs = block_signals();
-    let capacity = match args.capacity {
-        Some(c) => c,
-        None => free_space(&args.devices)?,
-    };
-    let reg = Arc::new(Registry::open(
-        args.devices.clone(),
-        capacity,
-        args.id.clone(),
-    )?);
+/// A server running in this process (its listener threads run until the process exits).
+pub struct Running {
+    pub registry: Arc<Registry>,
+    /// Listening addresses, Unix socket first when there is one.
+    pub addrs: Vec<String>,
+}
 
-    let tcp = std::net::TcpListener::bind(&args.listen)
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+impl Running {
+    /// The TCP address (`host:port`).
+    pub fn tcp_addr(&self) -> &str {
+        self.addrs
+            .iter()
+            .find(|a| !a.starts_with("unix:"))
+            .map(String::as_str)
+            .unwrap_or_default()
+    }
+}
+
+/// Opens the devices, recovers what they hold and starts listening. Used by `surge server` and
+/// by tests and tools that need a real server inside their own process.
+pub fn start(
+    devices: Vec<PathBuf>,
+    capacity: Option<u64>,
+    listen: &str,
+    unix: Option<&std::path::Path>,
+    id: Option<String>,
+) -> anyhow::Result<Running> {
+    let capacity = match capacity {
+        Some(c) => c,
+        None => free_space(&devices)?,
+    };
+    let reg = Arc::new(Registry::open(devices.clone(), capacity, id)?);
+    let tcp = std::net::TcpListener::bind(listen)
+        .with_context(|| format!("cannot listen on {listen}"))?;
     let mut addrs = vec![tcp.local_addr()?.to_string()];
     {
         let reg = reg.clone();
@@ -113,7 +133,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             .name("accept-tcp".into())
             .spawn(move || conn::accept_tcp(reg, tcp))?;
     }
-    if let Some(path) = &args.unix {
+    if let Some(path) = unix {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("cannot create {}", parent.display()))?;
@@ -134,14 +154,29 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         reg.id,
         addrs.join(", "),
         surge_core::format_bytes(capacity),
-        args.devices
+        devices
     );
+    Ok(Running {
+        registry: reg,
+        addrs,
+    })
+}
+
+pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let sigs = block_signals();
+    let running = start(
+        args.devices.clone(),
+        args.capacity,
+        &args.listen,
+        args.unix.as_deref(),
+        args.id.clone(),
+    )?;
     if let Some(f) = &args.ready_file {
         write_json_atomic(
             f,
             &Ready {
-                id: reg.id.clone(),
-                addrs: addrs.clone(),
+                id: running.registry.id.clone(),
+                addrs: running.addrs.clone(),
                 pid: std::process::id(),
             },
         )
@@ -152,7 +187,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     // SAFETY: `sigs` was initialised by block_signals; `sig` is a valid out-parameter.
     unsafe { libc::sigwait(&sigs, &mut sig) };
     info!("signal {sig}: shutting down");
-    reg.shutdown();
+    running.registry.shutdown();
     if let Some(path) = &args.unix {
         let _ = std::fs::remove_file(path);
     }
