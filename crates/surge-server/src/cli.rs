@@ -49,6 +49,14 @@ pub struct ServerArgs {
     /// that start servers on port 0).
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
+
+    /// Register with this manager (host:port) once listening, retrying until it answers.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub manager: Option<String>,
+
+    /// Pool to register in (with --manager).
+    #[arg(long, default_value = "default", requires = "manager")]
+    pub pool: String,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -162,7 +170,9 @@ pub fn start(
     })
 }
 
-pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+/// Runs `surge server` until SIGINT/SIGTERM. `on_ready` is called once the server listens (the
+/// binary uses it to register with a manager, which this crate does not know).
+pub fn run(args: ServerArgs, on_ready: impl FnOnce(&ServerArgs, &Running)) -> anyhow::Result<ExitCode> {
     let sigs = block_signals();
     let running = start(
         args.devices.clone(),
@@ -182,6 +192,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         )
         .with_context(|| format!("cannot write {}", f.display()))?;
     }
+    on_ready(&args, &running);
 
     let mut sig: libc::c_int = 0;
     // SAFETY: `sigs` was initialised by block_signals; `sig` is a valid out-parameter.

@@ -1,0 +1,429 @@
+//! `surge manager` (the daemon) and the commands that talk to it: `surge pool`,
+//! `surge instance ls`, `surge session ls`, `surge persistent`, `surge server register`.
+//! Views in the spirit of DataWarp's `dwstat`, each with `--json` (the HTTP API's format).
+
+use crate::core::{spawn_liveness, Core};
+use crate::service::Service;
+use crate::stage::Stages;
+use crate::views;
+use anyhow::Context;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use surge_api::v1 as api;
+use surge_api::v1::manager_client::ManagerClient;
+use surge_api::v1::manager_server::ManagerServer;
+use surge_core::format_bytes;
+use tonic::transport::Channel;
+use tracing::info;
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    surge_core::parse_size(s).map_err(|e| e.to_string())
+}
+
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Run the control plane: pools, servers and their liveness, instances, sessions and stage
+/// tasks, with state in SQLite. Serves the gRPC API (for `surge` commands and servers) and a
+/// read-only JSON API (`GET /v1/pools`, `/v1/servers`, `/v1/instances`, `/v1/sessions`,
+/// `/v1/stages`).
+///
+/// Example:
+///   surge manager --state /var/lib/surge/manager.db --listen 0.0.0.0:7060 --http 0.0.0.0:7061
+///   surge server --device /nvme/bb --listen 0.0.0.0:7070 &
+///   surge server register bb01:7070 --manager mgr:7060
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct ManagerArgs {
+    /// State database (created if missing; keep it on a durable disk).
+    #[arg(long, value_name = "FILE", default_value = "surge-manager.db")]
+    pub state: PathBuf,
+    /// gRPC address (port 0 picks a free port; see --ready-file).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7060")]
+    pub listen: String,
+    /// Also serve the JSON read API here.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub http: Option<String>,
+    /// Name of the default pool (created if missing).
+    #[arg(long, default_value = "default")]
+    pub pool: String,
+    /// Granularity of the default pool when it is created (fragment size).
+    #[arg(long, value_parser = parse_size, default_value = "1GiB")]
+    pub granularity: u64,
+    /// Seconds between liveness checks of the servers.
+    #[arg(long, default_value_t = 2.0)]
+    pub liveness_interval: f64,
+    /// Once listening, write {"grpc", "http", "pid"} as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub ready_file: Option<PathBuf>,
+}
+
+pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
+    let rt = runtime()?;
+    rt.block_on(async move {
+        if let Some(parent) = args.state.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        let core = Arc::new(
+            Core::open(&args.state, &args.pool, args.granularity)
+                .with_context(|| format!("cannot open manager state {}", args.state.display()))?,
+        );
+        let stages = Arc::new(Stages::new(core.clone()));
+        let grpc = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let grpc_addr = grpc.local_addr()?;
+        let mut http_addr = None;
+        if let Some(h) = &args.http {
+            let l = tokio::net::TcpListener::bind(h)
+                .await
+                .with_context(|| format!("cannot listen on {h}"))?;
+            http_addr = Some(l.local_addr()?);
+            let router = crate::http::router(core.clone(), stages.clone());
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(l, router).await {
+                    tracing::error!("HTTP API stopped: {e}");
+                }
+            });
+        }
+        spawn_liveness(core.clone(), Duration::from_secs_f64(args.liveness_interval.max(0.1)));
+        info!(
+            "surge manager listening on {grpc_addr} (gRPC){}; state {}",
+            http_addr.map(|a| format!(" and {a} (HTTP)")).unwrap_or_default(),
+            args.state.display()
+        );
+        if let Some(f) = &args.ready_file {
+            let text = serde_json::json!({
+                "grpc": grpc_addr.to_string(),
+                "http": http_addr.map(|a| a.to_string()),
+                "pid": std::process::id(),
+            });
+            std::fs::write(f, text.to_string()).with_context(|| format!("cannot write {}", f.display()))?;
+        }
+        let svc = Service { core, stages };
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            info!("shutting down");
+        };
+        tonic::transport::Server::builder()
+            .add_service(ManagerServer::new(svc))
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+            .context("gRPC server failed")?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Where the manager is: `--manager` or `$SURGE_MANAGER`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ManagerAddr {
+    /// The manager's gRPC address (host:port).
+    #[arg(long = "manager", env = "SURGE_MANAGER", value_name = "HOST:PORT")]
+    pub manager: String,
+}
+
+pub async fn connect(addr: &str) -> anyhow::Result<ManagerClient<Channel>> {
+    let url = if addr.starts_with("http://") { addr.to_string() } else { format!("http://{addr}") };
+    let ch = tonic::transport::Endpoint::from_shared(url.clone())
+        .with_context(|| format!("'{addr}' is not a manager address"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the manager at {addr}"))?;
+    Ok(ManagerClient::new(ch))
+}
+
+/// Turns a gRPC error into the manager's own message.
+pub fn status_err(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}", s.message())
+}
+
+fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// Pools of burst-buffer servers (`dwstat pools`).
+#[derive(clap::Args, Debug)]
+pub struct PoolArgs {
+    #[command(flatten)]
+    pub addr: ManagerAddr,
+    #[command(subcommand)]
+    pub command: PoolCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum PoolCommand {
+    /// List pools with their granularity, servers and free capacity.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create a pool (or change its granularity).
+    Create {
+        name: String,
+        /// Fragment size, e.g. 200GiB.
+        #[arg(long, value_parser = parse_size)]
+        granularity: u64,
+    },
+}
+
+pub fn run_pool(args: PoolArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async move {
+        let mut c = connect(&args.addr.manager).await?;
+        match args.command {
+            PoolCommand::Ls { json } => {
+                let pools = c.list_pools(api::Empty {}).await.map_err(status_err)?.into_inner().pools;
+                if json {
+                    return print_json(&serde_json::Value::Array(pools.iter().map(views::pool_json).collect()))
+                        .map(|_| ExitCode::SUCCESS);
+                }
+                println!("{:<16} {:>12} {:>8} {:>4} {:>12} {:>12}", "pool", "granularity", "servers", "up", "capacity", "free");
+                for p in pools {
+                    println!(
+                        "{:<16} {:>12} {:>8} {:>4} {:>12} {:>12}",
+                        p.name,
+                        format_bytes(p.granularity),
+                        p.servers,
+                        p.servers_up,
+                        format_bytes(p.capacity),
+                        format_bytes(p.free)
+                    );
+                }
+            }
+            PoolCommand::Create { name, granularity } => {
+                let p = c
+                    .create_pool(api::CreatePoolRequest { name, granularity })
+                    .await
+                    .map_err(status_err)?
+                    .into_inner();
+                println!("pool {} (granularity {})", p.name, format_bytes(p.granularity));
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Sessions: jobs and the instances they use (`dwstat sessions`).
+#[derive(clap::Args, Debug)]
+pub struct SessionArgs {
+    #[command(flatten)]
+    pub addr: ManagerAddr,
+    #[command(subcommand)]
+    pub command: SessionCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SessionCommand {
+    /// List sessions.
+    Ls {
+        /// Include ended sessions.
+        #[arg(long, short)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn age(t: i64) -> String {
+    let s = (crate::state::now() - t).max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        _ => format!("{}h", s / 3600),
+    }
+}
+
+pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async move {
+        let mut c = connect(&args.addr.manager).await?;
+        let SessionCommand::Ls { all, json } = args.command;
+        let sessions: Vec<_> = c
+            .list_sessions(api::Empty {})
+            .await
+            .map_err(status_err)?
+            .into_inner()
+            .sessions
+            .into_iter()
+            .filter(|s| all || s.state == "active")
+            .collect();
+        if json {
+            print_json(&serde_json::Value::Array(sessions.iter().map(views::session_json).collect()))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        println!("{:>6} {:<24} {:<18} {:>6} {:>12} {:<}", "id", "job", "state", "age", "job inst", "persistent");
+        for s in sessions {
+            println!(
+                "{:>6} {:<24} {:<18} {:>6} {:>12} {:?}",
+                s.id,
+                s.job,
+                s.state,
+                age(s.created),
+                if s.job_instance == 0 { "-".to_string() } else { s.job_instance.to_string() },
+                s.persistent
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub async fn list_instances(manager: &str, json: bool) -> anyhow::Result<()> {
+    let mut c = connect(manager).await?;
+    let instances = c.list_instances(api::Empty {}).await.map_err(status_err)?.into_inner().instances;
+    if json {
+        return print_json(&serde_json::Value::Array(instances.iter().map(views::instance_json).collect()));
+    }
+    println!(
+        "{:>12} {:<20} {:<10} {:<8} {:>10} {:>10} {:>5} {:>5} {:<}",
+        "id", "name", "kind", "mode", "capacity", "used", "frags", "nodes", "sessions"
+    );
+    for i in instances {
+        println!(
+            "{:>12} {:<20} {:<10} {:<8} {:>10} {:>10} {:>5} {:>5} {:?}",
+            i.id,
+            i.name,
+            i.kind,
+            i.access_mode,
+            format_bytes(i.capacity),
+            format_bytes(i.used),
+            i.fragments,
+            i.nodes,
+            i.sessions
+        );
+    }
+    Ok(())
+}
+
+/// Persistent instances: created and destroyed explicitly, outlive jobs, attached with
+/// `#DW persistentdw name=X`.
+#[derive(clap::Args, Debug)]
+pub struct PersistentArgs {
+    #[command(flatten)]
+    pub addr: ManagerAddr,
+    #[command(subcommand)]
+    pub command: PersistentCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum PersistentCommand {
+    /// Create a persistent instance (like `#BB create_persistent`).
+    Create {
+        name: String,
+        #[arg(long, value_parser = parse_size)]
+        capacity: u64,
+        #[arg(long, default_value = "striped", value_parser = ["striped"])]
+        access_mode: String,
+        #[arg(long, default_value = "")]
+        pool: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List persistent instances.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Destroy a persistent instance and its data (refused while a job uses it).
+    Destroy {
+        name: String,
+        /// Do not wait for pending stage-outs.
+        #[arg(long)]
+        hurry: bool,
+    },
+}
+
+pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async move {
+        let mut c = connect(&args.addr.manager).await?;
+        match args.command {
+            PersistentCommand::Create { name, capacity, access_mode, pool, json } => {
+                // SAFETY: getuid/getgid have no preconditions.
+                let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+                let i = c
+                    .create_instance(api::CreateInstanceRequest {
+                        capacity,
+                        access_mode,
+                        pool,
+                        persistent_name: name,
+                        nodes: 1,
+                        owner_uid: uid,
+                        owner_gid: gid,
+                        stripe_size: 0,
+                    })
+                    .await
+                    .map_err(status_err)?
+                    .into_inner();
+                if json {
+                    print_json(&views::instance_json(&i))?;
+                } else {
+                    println!(
+                        "persistent instance {} (id {}): {} in {} fragments",
+                        i.name,
+                        i.id,
+                        format_bytes(i.capacity),
+                        i.fragments
+                    );
+                }
+            }
+            PersistentCommand::Ls { json } => {
+                let instances: Vec<_> = c
+                    .list_instances(api::Empty {})
+                    .await
+                    .map_err(status_err)?
+                    .into_inner()
+                    .instances
+                    .into_iter()
+                    .filter(|i| i.kind == "persistent")
+                    .collect();
+                if json {
+                    print_json(&serde_json::Value::Array(instances.iter().map(views::instance_json).collect()))?;
+                } else {
+                    println!("{:<20} {:>12} {:>10} {:>10} {:>6} {:<}", "name", "id", "capacity", "used", "age", "sessions");
+                    for i in instances {
+                        println!(
+                            "{:<20} {:>12} {:>10} {:>10} {:>6} {:?}",
+                            i.name,
+                            i.id,
+                            format_bytes(i.capacity),
+                            format_bytes(i.used),
+                            age(i.created),
+                            i.sessions
+                        );
+                    }
+                }
+            }
+            PersistentCommand::Destroy { name, hurry } => {
+                c.destroy_instance(api::DestroyInstanceRequest { id: 0, persistent_name: name.clone(), hurry })
+                    .await
+                    .map_err(status_err)?;
+                println!("destroyed persistent instance {name}");
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub async fn register_server(manager: &str, addr: &str, pool: &str) -> anyhow::Result<api::Server> {
+    let mut c = connect(manager).await?;
+    Ok(c
+        .register_server(api::RegisterServerRequest {
+            addr: addr.to_string(),
+            pool: pool.to_string(),
+        })
+        .await
+        .map_err(status_err)?
+        .into_inner())
+}

@@ -1,0 +1,558 @@
+//! The manager's logic, independent of how it is called (gRPC in [`crate::service`], HTTP reads
+//! in [`crate::http`]): servers and their liveness, pools, instance allocation and destruction,
+//! sessions. Stage tasks are in [`crate::stage`].
+
+use crate::placement::{self, Candidate};
+use crate::state::{now, InstanceRow, PoolRow, ServerRow, SessionRow, Store};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use surge_client::admin::{self, InstancePlan};
+use surge_core::layout::DEFAULT_STRIPE_SIZE;
+use surge_core::{InstanceId, NamespaceId};
+use surge_proto::{Request, ServerRef, ServerStatus};
+use thiserror::Error;
+use tracing::{info, warn};
+
+/// Missed liveness checks after which a server is marked down.
+const MISSES_DOWN: u32 = 3;
+
+#[derive(Debug, Error)]
+pub enum ManagerError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0}")]
+    NoSpace(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("state database: {0}")]
+    Db(#[from] rusqlite::Error),
+}
+
+impl From<surge_client::ClientError> for ManagerError {
+    fn from(e: surge_client::ClientError) -> Self {
+        ManagerError::Unavailable(e.to_string())
+    }
+}
+
+pub type MResult<T> = Result<T, ManagerError>;
+
+/// What to allocate.
+#[derive(Clone, Debug)]
+pub struct InstanceRequest {
+    pub capacity: u64,
+    pub access_mode: String,
+    pub pool: String,
+    pub persistent_name: Option<String>,
+    pub nodes: u32,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    pub stripe_size: u64,
+}
+
+pub struct Core {
+    pub store: Mutex<Store>,
+    pub default_pool: String,
+    /// Last status of each server (by id), from registration and liveness checks.
+    status: Mutex<HashMap<String, ServerStatus>>,
+    misses: Mutex<HashMap<String, u32>>,
+    /// Serializes placement decisions so two allocations never count the same free space.
+    alloc: tokio::sync::Mutex<()>,
+}
+
+impl Core {
+    pub fn open(state: &Path, default_pool: &str, granularity: u64) -> anyhow::Result<Core> {
+        let store = Store::open(state)?;
+        if store.pool(default_pool)?.is_none() {
+            store.upsert_pool(default_pool, granularity)?;
+        }
+        let n = store.interrupt_running_stages()?;
+        if n > 0 {
+            warn!("{n} stage tasks were interrupted by the previous manager's stop");
+        }
+        // Creations cut short by a stop: forget them; their pieces on servers are collected
+        // when the servers register.
+        for id in store.half_created()? {
+            warn!("instance {id} was being created when the manager stopped: discarding it");
+            store.delete_instance(id)?;
+        }
+        Ok(Core {
+            store: Mutex::new(store),
+            default_pool: default_pool.to_string(),
+            status: Mutex::new(HashMap::new()),
+            misses: Mutex::new(HashMap::new()),
+            alloc: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    // --- pools ---
+
+    pub fn create_pool(&self, name: &str, granularity: u64) -> MResult<PoolRow> {
+        surge_core::directives::check_pool_name(name).map_err(ManagerError::Invalid)?;
+        if granularity == 0 {
+            return Err(ManagerError::Invalid("granularity must be positive".into()));
+        }
+        Ok(self.store.lock().upsert_pool(name, granularity)?)
+    }
+
+    pub fn pools(&self) -> MResult<Vec<PoolRow>> {
+        Ok(self.store.lock().pools()?)
+    }
+
+    // --- servers ---
+
+    /// Registers (or re-registers) the server at `addr` into `pool`.
+    pub async fn register_server(&self, addr: &str, pool: &str) -> MResult<ServerRow> {
+        let pool = if pool.is_empty() { self.default_pool.as_str() } else { pool };
+        if self.store.lock().pool(pool)?.is_none() {
+            return Err(ManagerError::NotFound(format!("pool '{pool}' does not exist")));
+        }
+        let st = admin::status(addr)
+            .await
+            .map_err(|e| ManagerError::Unavailable(format!("cannot reach server at {addr}: {e}")))?;
+        let mut addrs = st.addrs.clone();
+        // Reach it first as the registrar did if it listens on a wildcard address.
+        if !addrs.iter().any(|a| a == addr) {
+            addrs.retain(|a| !a.starts_with("0.0.0.0:") && !a.starts_with("[::]:"));
+            addrs.push(addr.to_string());
+        }
+        let row = ServerRow {
+            id: st.id.clone(),
+            pool: pool.to_string(),
+            addrs,
+            capacity: st.capacity,
+            state: "up".into(),
+            last_seen: now(),
+        };
+        let changed_addrs = {
+            let store = self.store.lock();
+            let before = store.servers()?.into_iter().find(|s| s.id == row.id);
+            store.upsert_server(&row)?;
+            before.is_some_and(|b| b.addrs != row.addrs)
+        };
+        if changed_addrs {
+            self.refresh_descriptors(&row)?;
+        }
+        self.collect_garbage(&row, &st).await;
+        self.status.lock().insert(row.id.clone(), st);
+        self.misses.lock().remove(&row.id);
+        info!("server {} registered in pool {pool} ({})", row.id, row.addrs.join(", "));
+        Ok(row)
+    }
+
+    /// A server came back with other addresses: point every descriptor at them.
+    fn refresh_descriptors(&self, server: &ServerRow) -> MResult<()> {
+        let store = self.store.lock();
+        for mut inst in store.instances()? {
+            let mut touched = false;
+            let fix = |r: &mut ServerRef, touched: &mut bool| {
+                if r.id == server.id && r.addrs != server.addrs {
+                    r.addrs = server.addrs.clone();
+                    *touched = true;
+                }
+            };
+            for f in &mut inst.descriptor.fragments {
+                fix(&mut f.server, &mut touched);
+            }
+            for n in &mut inst.descriptor.namespaces {
+                fix(&mut n.server, &mut touched);
+            }
+            if touched {
+                store.update_descriptor(inst.id, &inst.descriptor)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes fragments and namespaces of instances the manager does not know (left by a
+    /// killed job runner or a discarded creation).
+    async fn collect_garbage(&self, server: &ServerRow, st: &ServerStatus) {
+        let known: Vec<u64> = match self.store.lock().instance_ids() {
+            Ok(k) => k,
+            Err(_) => return,
+        };
+        let sref = ServerRef {
+            id: server.id.clone(),
+            addrs: server.addrs.clone(),
+        };
+        let Ok(pool) = surge_client::conn::ServerPool::new(sref, 1) else {
+            return;
+        };
+        for f in &st.fragments {
+            if !known.contains(&f.instance.0) {
+                warn!("server {}: removing fragment {} of unknown instance {}", server.id, f.index, f.instance);
+                let _ = pool
+                    .call(
+                        &Request::DestroyFragment {
+                            instance: f.instance,
+                            fragment: f.index,
+                        },
+                        &[],
+                    )
+                    .await;
+            }
+        }
+        for (i, ns) in &st.namespaces {
+            if !known.contains(&i.0) {
+                warn!("server {}: removing namespace {} of unknown instance {i}", server.id, ns.0);
+                let _ = pool
+                    .call(&Request::DestroyNamespace { instance: *i, ns: *ns }, &[])
+                    .await;
+            }
+        }
+    }
+
+    /// Checks every server once; called periodically.
+    pub async fn check_liveness(&self) {
+        let servers = match self.store.lock().servers() {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("liveness: {e}");
+                return;
+            }
+        };
+        for s in servers {
+            let mut status = None;
+            for a in &s.addrs {
+                if a.starts_with("unix:") && !Path::new(&a[5..]).exists() {
+                    continue;
+                }
+                if let Ok(st) = admin::status(a).await {
+                    status = Some(st);
+                    break;
+                }
+            }
+            match status {
+                Some(st) if st.id == s.id => {
+                    self.misses.lock().remove(&s.id);
+                    if s.state != "up" {
+                        info!("server {} is up again", s.id);
+                    }
+                    let _ = self.store.lock().set_server_state(&s.id, "up", Some(now()));
+                    self.status.lock().insert(s.id.clone(), st);
+                }
+                _ => {
+                    let n = {
+                        let mut m = self.misses.lock();
+                        let n = m.entry(s.id.clone()).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    if n >= MISSES_DOWN && s.state != "down" {
+                        warn!("server {} missed {n} liveness checks: marking it down", s.id);
+                        let _ = self.store.lock().set_server_state(&s.id, "down", None);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn servers(&self) -> MResult<Vec<(ServerRow, Option<ServerStatus>)>> {
+        let rows = self.store.lock().servers()?;
+        let status = self.status.lock();
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let st = status.get(&r.id).cloned();
+                (r, st)
+            })
+            .collect())
+    }
+
+    /// Capacity promised to fragments on each server, from the descriptors of all instances.
+    fn reserved_by_server(instances: &[InstanceRow]) -> (HashMap<String, u64>, HashMap<String, u32>) {
+        let mut reserved = HashMap::new();
+        let mut namespaces = HashMap::new();
+        for i in instances {
+            for f in &i.descriptor.fragments {
+                *reserved.entry(f.server.id.clone()).or_insert(0) += f.capacity;
+            }
+            for n in &i.descriptor.namespaces {
+                *namespaces.entry(n.server.id.clone()).or_insert(0) += 1;
+            }
+        }
+        (reserved, namespaces)
+    }
+
+    /// Pool listing: (pool, servers, servers up, capacity, free).
+    pub fn pool_usage(&self) -> MResult<Vec<(PoolRow, u32, u32, u64, u64)>> {
+        let store = self.store.lock();
+        let (reserved, _) = Self::reserved_by_server(&store.instances()?);
+        let servers = store.servers()?;
+        let mut out = Vec::new();
+        for p in store.pools()? {
+            let mine: Vec<&ServerRow> = servers.iter().filter(|s| s.pool == p.name).collect();
+            let up = mine.iter().filter(|s| s.state == "up").count() as u32;
+            let capacity: u64 = mine.iter().map(|s| s.capacity).sum();
+            let used: u64 = mine.iter().map(|s| reserved.get(&s.id).copied().unwrap_or(0)).sum();
+            out.push((p, mine.len() as u32, up, capacity, capacity.saturating_sub(used)));
+        }
+        Ok(out)
+    }
+
+    // --- instances ---
+
+    pub async fn create_instance(&self, req: &InstanceRequest) -> MResult<InstanceRow> {
+        let mode = req.access_mode.as_str();
+        if mode != "striped" && mode != "private" {
+            return Err(ManagerError::Invalid(format!(
+                "access_mode '{mode}' is not supported (striped or private)"
+            )));
+        }
+        if req.capacity == 0 {
+            return Err(ManagerError::Invalid("capacity must be positive".into()));
+        }
+        let nodes = req.nodes.max(1);
+        if let Some(name) = &req.persistent_name {
+            surge_core::directives::check_persistent_name(name).map_err(ManagerError::Invalid)?;
+        }
+        let stripe = if req.stripe_size == 0 { DEFAULT_STRIPE_SIZE } else { req.stripe_size };
+        let pool_name = if req.pool.is_empty() { self.default_pool.clone() } else { req.pool.clone() };
+
+        let _guard = self.alloc.lock().await;
+        let (plan_servers, placement, granularity, id) = {
+            let store = self.store.lock();
+            let pool = store
+                .pool(&pool_name)?
+                .ok_or_else(|| ManagerError::NotFound(format!("pool '{pool_name}' does not exist")))?;
+            if let Some(name) = &req.persistent_name {
+                if store.persistent_name_taken(name)? {
+                    return Err(ManagerError::Busy(format!("a persistent instance named '{name}' exists")));
+                }
+            }
+            let (reserved, namespaces) = Self::reserved_by_server(&store.instances()?);
+            let servers: Vec<ServerRow> = store
+                .servers()?
+                .into_iter()
+                .filter(|s| s.pool == pool.name && s.state == "up")
+                .collect();
+            let candidates: Vec<Candidate> = servers
+                .iter()
+                .map(|s| Candidate {
+                    id: s.id.clone(),
+                    capacity: s.capacity,
+                    reserved: reserved.get(&s.id).copied().unwrap_or(0),
+                    namespaces: namespaces.get(&s.id).copied().unwrap_or(0),
+                })
+                .collect();
+            let ns_count = if mode == "private" { nodes } else { 1 };
+            let placement = placement::place(req.capacity, pool.granularity, &candidates, ns_count).map_err(|e| match e {
+                placement::PlacementError::NoSpace { .. } => ManagerError::NoSpace(format!("pool '{}': {e}", pool.name)),
+                placement::PlacementError::NoServers => ManagerError::Unavailable(format!("pool '{}': {e}", pool.name)),
+                other => ManagerError::Invalid(other.to_string()),
+            })?;
+            let row = InstanceRow {
+                id: 0,
+                name: String::new(),
+                kind: if req.persistent_name.is_some() { "persistent" } else { "job" }.into(),
+                persistent_name: req.persistent_name.clone(),
+                access_mode: mode.into(),
+                pool: pool.name.clone(),
+                capacity: req.capacity,
+                nodes,
+                owner_uid: req.owner_uid,
+                owner_gid: req.owner_gid,
+                state: "creating".into(),
+                created: now(),
+                descriptor: surge_proto::InstanceDescriptor {
+                    instance: InstanceId(0),
+                    name: String::new(),
+                    access_mode: mode.into(),
+                    capacity: 0,
+                    stripe_size: stripe,
+                    fragments: vec![],
+                    namespaces: vec![],
+                },
+            };
+            let id = store.new_instance_id(&row)?;
+            (servers, placement, pool.granularity, id)
+        };
+        let name = req.persistent_name.clone().unwrap_or_else(|| format!("job-{id}"));
+        let sref = |i: usize| ServerRef {
+            id: plan_servers[i].id.clone(),
+            addrs: plan_servers[i].addrs.clone(),
+        };
+        let plan = InstancePlan {
+            instance: InstanceId(id),
+            name: name.clone(),
+            access_mode: mode.into(),
+            stripe_size: stripe,
+            fragments: placement.fragments.iter().map(|(i, c)| (sref(*i), *c)).collect(),
+            namespaces: placement.namespaces.iter().map(|i| sref(*i)).collect(),
+            root_uid: req.owner_uid,
+            root_gid: req.owner_gid,
+            root_perm: 0o755,
+        };
+        match admin::create_instance(&plan).await {
+            Ok(desc) => {
+                let store = self.store.lock();
+                store.finish_instance(id, &name, &desc)?;
+                info!(
+                    "instance {id} ({name}): {} {mode} in {} fragments of {} on {} servers",
+                    surge_core::format_bytes(req.capacity),
+                    plan.fragments.len(),
+                    surge_core::format_bytes(granularity),
+                    placement.namespaces.len().max(1)
+                );
+                Ok(store.instance(id)?.ok_or_else(|| ManagerError::NotFound(format!("instance {id} vanished")))?)
+            }
+            Err(e) => {
+                let _ = self.store.lock().delete_instance(id);
+                Err(ManagerError::Unavailable(format!("cannot create instance: {e}")))
+            }
+        }
+    }
+
+    pub fn instance(&self, id: u64, persistent_name: &str) -> MResult<InstanceRow> {
+        let store = self.store.lock();
+        let found = if id != 0 {
+            store.instance(id)?
+        } else {
+            store.persistent(persistent_name)?
+        };
+        found.ok_or_else(|| {
+            if id != 0 {
+                ManagerError::NotFound(format!("instance {id} does not exist"))
+            } else {
+                ManagerError::NotFound(format!("no persistent instance named '{persistent_name}'"))
+            }
+        })
+    }
+
+    pub fn instances(&self) -> MResult<Vec<InstanceRow>> {
+        Ok(self.store.lock().instances()?)
+    }
+
+    pub fn sessions_using(&self, id: u64) -> MResult<Vec<u64>> {
+        Ok(self.store.lock().sessions_using(id)?)
+    }
+
+    /// Bytes stored in an instance (sum over its fragments), from the servers' last status.
+    pub fn instance_used(&self, inst: &InstanceRow) -> u64 {
+        let status = self.status.lock();
+        inst.descriptor
+            .fragments
+            .iter()
+            .filter_map(|f| {
+                status.get(&f.server.id).and_then(|st| {
+                    st.fragments
+                        .iter()
+                        .find(|x| x.instance == inst.descriptor.instance && x.index == f.index)
+                        .map(|x| x.used)
+                })
+            })
+            .sum()
+    }
+
+    /// Destroys an instance. A persistent instance used by an active session is refused.
+    pub async fn destroy_instance(&self, id: u64, persistent_name: &str, except_session: Option<u64>) -> MResult<()> {
+        let inst = self.instance(id, persistent_name)?;
+        let users: Vec<u64> = self
+            .sessions_using(inst.id)?
+            .into_iter()
+            .filter(|s| Some(*s) != except_session)
+            .collect();
+        if !users.is_empty() {
+            return Err(ManagerError::Busy(format!(
+                "instance {} ({}) is in use by session(s) {users:?}",
+                inst.id, inst.name
+            )));
+        }
+        admin::destroy_instance(&inst.descriptor)
+            .await
+            .map_err(|e| ManagerError::Unavailable(format!("cannot destroy instance {}: {e}", inst.id)))?;
+        self.store.lock().delete_instance(inst.id)?;
+        info!("instance {} ({}) destroyed", inst.id, inst.name);
+        Ok(())
+    }
+
+    // --- sessions ---
+
+    /// Opens a session: allocates the job instance (if asked) and attaches persistent instances
+    /// by name. All or nothing.
+    pub async fn create_session(
+        &self,
+        job: &str,
+        uid: u32,
+        gid: u32,
+        job_instance: Option<InstanceRequest>,
+        persistent: &[String],
+    ) -> MResult<SessionRow> {
+        // Check the names first so a typo allocates nothing.
+        let mut attach = Vec::new();
+        for name in persistent {
+            attach.push(self.instance(0, name)?.id);
+        }
+        let sid = self.store.lock().create_session(job, uid, gid)?;
+        if let Some(req) = job_instance {
+            match self.create_instance(&req).await {
+                Ok(inst) => self.store.lock().set_session_instance(sid, inst.id)?,
+                Err(e) => {
+                    self.store.lock().end_session(sid, "failed")?;
+                    return Err(e);
+                }
+            }
+        }
+        {
+            let store = self.store.lock();
+            for id in attach {
+                store.attach(sid, id)?;
+            }
+        }
+        self.session(sid)
+    }
+
+    pub fn session(&self, id: u64) -> MResult<SessionRow> {
+        self.store
+            .lock()
+            .session(id)?
+            .ok_or_else(|| ManagerError::NotFound(format!("session {id} does not exist")))
+    }
+
+    pub fn sessions(&self) -> MResult<Vec<SessionRow>> {
+        Ok(self.store.lock().sessions()?)
+    }
+
+    /// Ends a session; its job instance is destroyed unless `keep` (a failed stage-out keeps
+    /// the data for the user to recover).
+    pub async fn end_session(&self, id: u64, keep: bool, state: &str) -> MResult<SessionRow> {
+        let s = self.session(id)?;
+        if s.state != "active" {
+            return Ok(s);
+        }
+        let state = if state.is_empty() { "ended" } else { state };
+        if let (Some(inst), false) = (s.job_instance, keep) {
+            match self.destroy_instance(inst, "", Some(id)).await {
+                Ok(()) | Err(ManagerError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.store.lock().end_session(id, state)?;
+        self.session(id)
+    }
+}
+
+/// A namespace index for a node of a session (private: one per node; striped: all on 0).
+pub fn namespace_for(inst: &InstanceRow, node: u32) -> NamespaceId {
+    if inst.access_mode == "private" {
+        NamespaceId(node % inst.descriptor.namespaces.len().max(1) as u32)
+    } else {
+        NamespaceId(0)
+    }
+}
+
+/// Starts the periodic liveness checks.
+pub fn spawn_liveness(core: Arc<Core>, every: std::time::Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            core.check_liveness().await;
+        }
+    });
+}

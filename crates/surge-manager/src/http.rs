@@ -1,0 +1,106 @@
+//! The read-only JSON/HTTP API for scripts and dashboards: `GET /v1/pools`, `/v1/servers`,
+//! `/v1/instances`, `/v1/instances/{id}`, `/v1/sessions`, `/v1/stages`. Same JSON as `--json`.
+
+use crate::core::{Core, ManagerError};
+use crate::stage::Stages;
+use crate::views;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::get;
+use axum::Router;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+#[derive(Clone)]
+struct AppState {
+    core: Arc<Core>,
+    stages: Arc<Stages>,
+}
+
+struct HttpError(ManagerError);
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let code = match &self.0 {
+            ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
+            ManagerError::Invalid(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        (code, Json(json!({ "error": self.0.to_string() }))).into_response()
+    }
+}
+
+impl From<ManagerError> for HttpError {
+    fn from(e: ManagerError) -> Self {
+        HttpError(e)
+    }
+}
+
+type HResult = Result<Json<Value>, HttpError>;
+
+async fn pools(State(s): State<AppState>) -> HResult {
+    let v: Vec<Value> = s
+        .core
+        .pool_usage()?
+        .iter()
+        .map(|(p, n, up, c, f)| views::pool_json(&views::pool(p, *n, *up, *c, *f)))
+        .collect();
+    Ok(Json(Value::Array(v)))
+}
+
+async fn servers(State(s): State<AppState>) -> HResult {
+    let v: Vec<Value> = s
+        .core
+        .servers()?
+        .iter()
+        .map(|(r, st)| views::server_json(&views::server(r, st.as_ref())))
+        .collect();
+    Ok(Json(Value::Array(v)))
+}
+
+async fn instances(State(s): State<AppState>) -> HResult {
+    let v: Vec<Value> = s
+        .core
+        .instances()?
+        .iter()
+        .map(|i| views::instance_json(&views::instance(&s.core, i)))
+        .collect();
+    Ok(Json(Value::Array(v)))
+}
+
+async fn instance(State(s): State<AppState>, Path(id): Path<u64>) -> HResult {
+    let i = s.core.instance(id, "")?;
+    Ok(Json(views::instance_json(&views::instance(&s.core, &i))))
+}
+
+async fn sessions(State(s): State<AppState>) -> HResult {
+    let v: Vec<Value> = s
+        .core
+        .sessions()?
+        .iter()
+        .map(|x| views::session_json(&views::session(&s.core, x)))
+        .collect();
+    Ok(Json(Value::Array(v)))
+}
+
+async fn stages(State(s): State<AppState>) -> HResult {
+    let v: Vec<Value> = s
+        .stages
+        .list(0)?
+        .iter()
+        .map(|t| views::stage_json(&views::stage(t)))
+        .collect();
+    Ok(Json(Value::Array(v)))
+}
+
+pub fn router(core: Arc<Core>, stages: Arc<Stages>) -> Router {
+    Router::new()
+        .route("/v1/pools", get(pools))
+        .route("/v1/servers", get(servers))
+        .route("/v1/instances", get(instances))
+        .route("/v1/instances/{id}", get(instance))
+        .route("/v1/sessions", get(sessions))
+        .route("/v1/stages", get(stages))
+        .with_state(AppState { core, stages })
+}

@@ -1,0 +1,17 @@
+//! `surge manager`: Surge's control plane (DESIGN §2).
+//!
+//! - [`core`]: servers and liveness, pools, instance allocation ([`placement`]) and
+//!   destruction, sessions; state in SQLite ([`state`]).
+//! - [`stage`]: stage tasks, run with the `surge-stage` engine.
+//! - [`service`]: the gRPC API (`surge-api`); [`http`]: the JSON read API; [`views`]: the
+//!   JSON shape both the HTTP API and `--json` print.
+//! - [`cli`]: the daemon and the commands that talk to it.
+
+pub mod cli;
+pub mod core;
+pub mod http;
+pub mod placement;
+pub mod service;
+pub mod stage;
+pub mod state;
+pub mod views;

@@ -1,0 +1,626 @@
+//! The manager's durable state in SQLite: pools, servers, instances (with their data-plane
+//! descriptors), sessions and stage tasks. Every change is committed before the API answers,
+//! so a restarted manager carries on where it stopped.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use surge_proto::InstanceDescriptor;
+
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PoolRow {
+    pub name: String,
+    pub granularity: u64,
+    pub created: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ServerRow {
+    pub id: String,
+    pub pool: String,
+    pub addrs: Vec<String>,
+    pub capacity: u64,
+    pub state: String,
+    pub last_seen: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct InstanceRow {
+    pub id: u64,
+    pub name: String,
+    /// "job" or "persistent".
+    pub kind: String,
+    pub persistent_name: Option<String>,
+    pub access_mode: String,
+    pub pool: String,
+    pub capacity: u64,
+    pub nodes: u32,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    pub state: String,
+    pub created: i64,
+    pub descriptor: InstanceDescriptor,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SessionRow {
+    pub id: u64,
+    pub job: String,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    /// "active", "ended", "stage-out-failed".
+    pub state: String,
+    pub created: i64,
+    pub ended: i64,
+    pub job_instance: Option<u64>,
+    /// Attached persistent instances.
+    pub persistent: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StageRow {
+    pub id: u64,
+    pub session: u64,
+    pub instance: u64,
+    pub ns: u32,
+    pub direction: String,
+    pub items_json: String,
+    /// "queued", "running", "done", "failed".
+    pub state: String,
+    pub files_total: u64,
+    pub files_done: u64,
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    pub seconds: f64,
+    pub failures_json: String,
+    pub error: String,
+    pub created: i64,
+}
+
+pub struct Store {
+    db: Connection,
+}
+
+type R<T> = rusqlite::Result<T>;
+
+fn json_err(e: serde_json::Error) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(e))
+}
+
+impl Store {
+    pub fn open(path: &Path) -> R<Store> {
+        let db = Connection::open(path)?;
+        db.pragma_update(None, "journal_mode", "WAL")?;
+        db.pragma_update(None, "synchronous", "NORMAL")?;
+        db.execute_batch(
+            "CREATE TABLE IF NOT EXISTS pools(
+                name TEXT PRIMARY KEY, granularity INTEGER NOT NULL, created INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS servers(
+                id TEXT PRIMARY KEY, pool TEXT NOT NULL, addrs TEXT NOT NULL,
+                capacity INTEGER NOT NULL, state TEXT NOT NULL, last_seen INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS instances(
+                id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, kind TEXT NOT NULL,
+                persistent_name TEXT UNIQUE, access_mode TEXT NOT NULL, pool TEXT NOT NULL,
+                capacity INTEGER NOT NULL, nodes INTEGER NOT NULL, owner_uid INTEGER NOT NULL,
+                owner_gid INTEGER NOT NULL, state TEXT NOT NULL, created INTEGER NOT NULL,
+                descriptor TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS sessions(
+                id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, owner_uid INTEGER NOT NULL,
+                owner_gid INTEGER NOT NULL, state TEXT NOT NULL, created INTEGER NOT NULL,
+                ended INTEGER NOT NULL, job_instance INTEGER);
+             CREATE TABLE IF NOT EXISTS session_persistent(
+                session INTEGER NOT NULL, instance INTEGER NOT NULL, PRIMARY KEY(session, instance));
+             CREATE TABLE IF NOT EXISTS stage_tasks(
+                id INTEGER PRIMARY KEY AUTOINCREMENT, session INTEGER NOT NULL,
+                instance INTEGER NOT NULL, ns INTEGER NOT NULL, direction TEXT NOT NULL,
+                items TEXT NOT NULL, state TEXT NOT NULL, files_total INTEGER NOT NULL,
+                files_done INTEGER NOT NULL, bytes_total INTEGER NOT NULL,
+                bytes_done INTEGER NOT NULL, seconds REAL NOT NULL, failures TEXT NOT NULL,
+                error TEXT NOT NULL, created INTEGER NOT NULL);",
+        )?;
+        // Instance ids name fragments on servers, which outlive a manager whose state was
+        // deleted: start a fresh database at a random offset so ids are not reused.
+        let empty: bool = db.query_row("SELECT NOT EXISTS(SELECT 1 FROM sqlite_sequence WHERE name = 'instances')", [], |r| r.get(0)).unwrap_or(true);
+        if empty {
+            let start = random_u32() as i64;
+            db.execute(
+                "INSERT INTO sqlite_sequence(name, seq) SELECT 'instances', ?1
+                 WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'instances')",
+                [start],
+            )?;
+        }
+        Ok(Store { db })
+    }
+
+    // --- pools ---
+
+    pub fn upsert_pool(&self, name: &str, granularity: u64) -> R<PoolRow> {
+        self.db.execute(
+            "INSERT INTO pools(name, granularity, created) VALUES (?1, ?2, ?3)
+             ON CONFLICT(name) DO UPDATE SET granularity = excluded.granularity",
+            params![name, granularity as i64, now()],
+        )?;
+        self.pool(name).map(|p| p.unwrap_or(PoolRow {
+            name: name.to_string(),
+            granularity,
+            created: now(),
+        }))
+    }
+
+    pub fn pool(&self, name: &str) -> R<Option<PoolRow>> {
+        self.db
+            .query_row(
+                "SELECT name, granularity, created FROM pools WHERE name = ?1",
+                [name],
+                |r| {
+                    Ok(PoolRow {
+                        name: r.get(0)?,
+                        granularity: r.get::<_, i64>(1)? as u64,
+                        created: r.get(2)?,
+                    })
+                },
+            )
+            .optional()
+    }
+
+    pub fn pools(&self) -> R<Vec<PoolRow>> {
+        let mut st = self.db.prepare("SELECT name, granularity, created FROM pools ORDER BY name")?;
+        let rows = st.query_map([], |r| {
+            Ok(PoolRow {
+                name: r.get(0)?,
+                granularity: r.get::<_, i64>(1)? as u64,
+                created: r.get(2)?,
+            })
+        })?;
+        rows.collect()
+    }
+
+    // --- servers ---
+
+    pub fn upsert_server(&self, s: &ServerRow) -> R<()> {
+        self.db.execute(
+            "INSERT INTO servers(id, pool, addrs, capacity, state, last_seen) VALUES (?1,?2,?3,?4,?5,?6)
+             ON CONFLICT(id) DO UPDATE SET pool = excluded.pool, addrs = excluded.addrs,
+                capacity = excluded.capacity, state = excluded.state, last_seen = excluded.last_seen",
+            params![
+                s.id,
+                s.pool,
+                serde_json::to_string(&s.addrs).map_err(json_err)?,
+                s.capacity as i64,
+                s.state,
+                s.last_seen
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_server_state(&self, id: &str, state: &str, last_seen: Option<i64>) -> R<()> {
+        match last_seen {
+            Some(t) => self.db.execute(
+                "UPDATE servers SET state = ?2, last_seen = ?3 WHERE id = ?1",
+                params![id, state, t],
+            )?,
+            None => self
+                .db
+                .execute("UPDATE servers SET state = ?2 WHERE id = ?1", params![id, state])?,
+        };
+        Ok(())
+    }
+
+    pub fn servers(&self) -> R<Vec<ServerRow>> {
+        let mut st = self
+            .db
+            .prepare("SELECT id, pool, addrs, capacity, state, last_seen FROM servers ORDER BY pool, id")?;
+        let rows = st.query_map([], |r| {
+            let addrs: String = r.get(2)?;
+            Ok(ServerRow {
+                id: r.get(0)?,
+                pool: r.get(1)?,
+                addrs: serde_json::from_str(&addrs).unwrap_or_default(),
+                capacity: r.get::<_, i64>(3)? as u64,
+                state: r.get(4)?,
+                last_seen: r.get(5)?,
+            })
+        })?;
+        rows.collect()
+    }
+
+    // --- instances ---
+
+    fn instance_from_row(r: &rusqlite::Row<'_>) -> R<InstanceRow> {
+        let desc: String = r.get(12)?;
+        Ok(InstanceRow {
+            id: r.get::<_, i64>(0)? as u64,
+            name: r.get(1)?,
+            kind: r.get(2)?,
+            persistent_name: r.get(3)?,
+            access_mode: r.get(4)?,
+            pool: r.get(5)?,
+            capacity: r.get::<_, i64>(6)? as u64,
+            nodes: r.get::<_, i64>(7)? as u32,
+            owner_uid: r.get::<_, i64>(8)? as u32,
+            owner_gid: r.get::<_, i64>(9)? as u32,
+            state: r.get(10)?,
+            created: r.get(11)?,
+            descriptor: serde_json::from_str(&desc).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(12, rusqlite::types::Type::Text, Box::new(e))
+            })?,
+        })
+    }
+
+    const INSTANCE_COLS: &'static str = "id, name, kind, persistent_name, access_mode, pool, capacity, nodes, \
+         owner_uid, owner_gid, state, created, descriptor";
+
+    /// Reserves an id for a new instance (the row is completed by [`Store::finish_instance`]).
+    pub fn new_instance_id(&self, row: &InstanceRow) -> R<u64> {
+        self.db.execute(
+            "INSERT INTO instances(name, kind, persistent_name, access_mode, pool, capacity, nodes,
+                owner_uid, owner_gid, state, created, descriptor)
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,'creating',?10,'null')",
+            params![
+                row.name,
+                row.kind,
+                row.persistent_name,
+                row.access_mode,
+                row.pool,
+                row.capacity as i64,
+                i64::from(row.nodes),
+                i64::from(row.owner_uid),
+                i64::from(row.owner_gid),
+                now()
+            ],
+        )?;
+        Ok(self.db.last_insert_rowid() as u64)
+    }
+
+    pub fn finish_instance(&self, id: u64, name: &str, desc: &InstanceDescriptor) -> R<()> {
+        self.db.execute(
+            "UPDATE instances SET state = 'active', name = ?2, descriptor = ?3 WHERE id = ?1",
+            params![id as i64, name, serde_json::to_string(desc).map_err(json_err)?],
+        )?;
+        Ok(())
+    }
+
+    pub fn update_descriptor(&self, id: u64, desc: &InstanceDescriptor) -> R<()> {
+        self.db.execute(
+            "UPDATE instances SET descriptor = ?2 WHERE id = ?1",
+            params![id as i64, serde_json::to_string(desc).map_err(json_err)?],
+        )?;
+        Ok(())
+    }
+
+    pub fn delete_instance(&self, id: u64) -> R<()> {
+        self.db.execute("DELETE FROM instances WHERE id = ?1", [id as i64])?;
+        Ok(())
+    }
+
+    pub fn instance(&self, id: u64) -> R<Option<InstanceRow>> {
+        self.db
+            .query_row(
+                &format!("SELECT {} FROM instances WHERE id = ?1 AND state != 'creating'", Self::INSTANCE_COLS),
+                [id as i64],
+                Self::instance_from_row,
+            )
+            .optional()
+    }
+
+    pub fn persistent(&self, name: &str) -> R<Option<InstanceRow>> {
+        self.db
+            .query_row(
+                &format!(
+                    "SELECT {} FROM instances WHERE persistent_name = ?1 AND state != 'creating'",
+                    Self::INSTANCE_COLS
+                ),
+                [name],
+                Self::instance_from_row,
+            )
+            .optional()
+    }
+
+    pub fn persistent_name_taken(&self, name: &str) -> R<bool> {
+        self.db
+            .query_row("SELECT EXISTS(SELECT 1 FROM instances WHERE persistent_name = ?1)", [name], |r| r.get(0))
+    }
+
+    pub fn instances(&self) -> R<Vec<InstanceRow>> {
+        let mut st = self.db.prepare(&format!(
+            "SELECT {} FROM instances WHERE state != 'creating' ORDER BY id",
+            Self::INSTANCE_COLS
+        ))?;
+        let rows = st.query_map([], Self::instance_from_row)?;
+        rows.collect()
+    }
+
+    /// Ids of every instance the manager knows (including ones being created).
+    pub fn instance_ids(&self) -> R<Vec<u64>> {
+        let mut st = self.db.prepare("SELECT id FROM instances")?;
+        let rows = st.query_map([], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
+        rows.collect()
+    }
+
+    /// Instances left half-created by a manager that stopped in the middle of a creation.
+    pub fn half_created(&self) -> R<Vec<u64>> {
+        let mut st = self.db.prepare("SELECT id FROM instances WHERE state = 'creating'")?;
+        let rows = st.query_map([], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
+        rows.collect()
+    }
+
+    // --- sessions ---
+
+    pub fn create_session(&self, job: &str, uid: u32, gid: u32) -> R<u64> {
+        self.db.execute(
+            "INSERT INTO sessions(job, owner_uid, owner_gid, state, created, ended, job_instance)
+             VALUES (?1, ?2, ?3, 'active', ?4, 0, NULL)",
+            params![job, i64::from(uid), i64::from(gid), now()],
+        )?;
+        Ok(self.db.last_insert_rowid() as u64)
+    }
+
+    pub fn set_session_instance(&self, session: u64, instance: u64) -> R<()> {
+        self.db.execute(
+            "UPDATE sessions SET job_instance = ?2 WHERE id = ?1",
+            params![session as i64, instance as i64],
+        )?;
+        Ok(())
+    }
+
+    pub fn attach(&self, session: u64, instance: u64) -> R<()> {
+        self.db.execute(
+            "INSERT OR IGNORE INTO session_persistent(session, instance) VALUES (?1, ?2)",
+            params![session as i64, instance as i64],
+        )?;
+        Ok(())
+    }
+
+    pub fn end_session(&self, session: u64, state: &str) -> R<()> {
+        self.db.execute(
+            "UPDATE sessions SET state = ?2, ended = ?3 WHERE id = ?1",
+            params![session as i64, state, now()],
+        )?;
+        Ok(())
+    }
+
+    fn session_from_row(&self, r: &rusqlite::Row<'_>) -> R<SessionRow> {
+        Ok(SessionRow {
+            id: r.get::<_, i64>(0)? as u64,
+            job: r.get(1)?,
+            owner_uid: r.get::<_, i64>(2)? as u32,
+            owner_gid: r.get::<_, i64>(3)? as u32,
+            state: r.get(4)?,
+            created: r.get(5)?,
+            ended: r.get(6)?,
+            job_instance: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+            persistent: Vec::new(),
+        })
+    }
+
+    fn fill_persistent(&self, s: &mut SessionRow) -> R<()> {
+        let mut st = self
+            .db
+            .prepare_cached("SELECT instance FROM session_persistent WHERE session = ?1 ORDER BY instance")?;
+        s.persistent = st
+            .query_map([s.id as i64], |r| r.get::<_, i64>(0).map(|v| v as u64))?
+            .collect::<R<Vec<_>>>()?;
+        Ok(())
+    }
+
+    pub fn session(&self, id: u64) -> R<Option<SessionRow>> {
+        let s = self
+            .db
+            .query_row(
+                "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance
+                 FROM sessions WHERE id = ?1",
+                [id as i64],
+                |r| self.session_from_row(r),
+            )
+            .optional()?;
+        match s {
+            Some(mut s) => {
+                self.fill_persistent(&mut s)?;
+                Ok(Some(s))
+            }
+            None => Ok(None),
+        }
+    }
+
+    pub fn sessions(&self) -> R<Vec<SessionRow>> {
+        let mut st = self.db.prepare(
+            "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance
+             FROM sessions ORDER BY id",
+        )?;
+        let mut out = st
+            .query_map([], |r| self.session_from_row(r))?
+            .collect::<R<Vec<_>>>()?;
+        for s in &mut out {
+            self.fill_persistent(s)?;
+        }
+        Ok(out)
+    }
+
+    /// Active sessions using `instance` (as job instance or attached).
+    pub fn sessions_using(&self, instance: u64) -> R<Vec<u64>> {
+        let mut st = self.db.prepare(
+            "SELECT id FROM sessions WHERE state = 'active' AND (job_instance = ?1 OR id IN
+                (SELECT session FROM session_persistent WHERE instance = ?1)) ORDER BY id",
+        )?;
+        let rows = st.query_map([instance as i64], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
+        rows.collect()
+    }
+
+    // --- stage tasks ---
+
+    pub fn create_stage(&self, t: &StageRow) -> R<u64> {
+        self.db.execute(
+            "INSERT INTO stage_tasks(session, instance, ns, direction, items, state, files_total,
+                files_done, bytes_total, bytes_done, seconds, failures, error, created)
+             VALUES (?1,?2,?3,?4,?5,?6,0,0,0,0,0,'[]','',?7)",
+            params![
+                t.session as i64,
+                t.instance as i64,
+                i64::from(t.ns),
+                t.direction,
+                t.items_json,
+                t.state,
+                now()
+            ],
+        )?;
+        Ok(self.db.last_insert_rowid() as u64)
+    }
+
+    pub fn update_stage(&self, t: &StageRow) -> R<()> {
+        self.db.execute(
+            "UPDATE stage_tasks SET state = ?2, files_total = ?3, files_done = ?4, bytes_total = ?5,
+                bytes_done = ?6, seconds = ?7, failures = ?8, error = ?9 WHERE id = ?1",
+            params![
+                t.id as i64,
+                t.state,
+                t.files_total as i64,
+                t.files_done as i64,
+                t.bytes_total as i64,
+                t.bytes_done as i64,
+                t.seconds,
+                t.failures_json,
+                t.error
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn stage_from_row(r: &rusqlite::Row<'_>) -> R<StageRow> {
+        Ok(StageRow {
+            id: r.get::<_, i64>(0)? as u64,
+            session: r.get::<_, i64>(1)? as u64,
+            instance: r.get::<_, i64>(2)? as u64,
+            ns: r.get::<_, i64>(3)? as u32,
+            direction: r.get(4)?,
+            items_json: r.get(5)?,
+            state: r.get(6)?,
+            files_total: r.get::<_, i64>(7)? as u64,
+            files_done: r.get::<_, i64>(8)? as u64,
+            bytes_total: r.get::<_, i64>(9)? as u64,
+            bytes_done: r.get::<_, i64>(10)? as u64,
+            seconds: r.get(11)?,
+            failures_json: r.get(12)?,
+            error: r.get(13)?,
+            created: r.get(14)?,
+        })
+    }
+
+    const STAGE_COLS: &'static str = "id, session, instance, ns, direction, items, state, files_total, files_done, \
+         bytes_total, bytes_done, seconds, failures, error, created";
+
+    pub fn stage(&self, id: u64) -> R<Option<StageRow>> {
+        self.db
+            .query_row(
+                &format!("SELECT {} FROM stage_tasks WHERE id = ?1", Self::STAGE_COLS),
+                [id as i64],
+                Self::stage_from_row,
+            )
+            .optional()
+    }
+
+    /// Stage tasks of one session (0: all).
+    pub fn stages(&self, session: u64) -> R<Vec<StageRow>> {
+        let mut st = self.db.prepare(&format!(
+            "SELECT {} FROM stage_tasks WHERE ?1 = 0 OR session = ?1 ORDER BY id",
+            Self::STAGE_COLS
+        ))?;
+        let rows = st.query_map([session as i64], Self::stage_from_row)?;
+        rows.collect()
+    }
+
+    /// Tasks that were running when the manager stopped: they did not finish.
+    pub fn interrupt_running_stages(&self) -> R<usize> {
+        self.db.execute(
+            "UPDATE stage_tasks SET state = 'failed',
+                error = 'interrupted: the manager stopped while this task ran'
+             WHERE state IN ('queued', 'running')",
+            [],
+        )
+    }
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    // Keep ids well inside i64 and readable: at most ~2^31 plus what is allocated afterwards.
+    u32::from_le_bytes(b) >> 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(id: u64) -> InstanceDescriptor {
+        InstanceDescriptor {
+            instance: surge_core::InstanceId(id),
+            name: "x".into(),
+            access_mode: "striped".into(),
+            capacity: 1,
+            stripe_size: 1,
+            fragments: vec![],
+            namespaces: vec![],
+        }
+    }
+
+    fn row() -> InstanceRow {
+        InstanceRow {
+            id: 0,
+            name: "job".into(),
+            kind: "persistent".into(),
+            persistent_name: Some("keep".into()),
+            access_mode: "striped".into(),
+            pool: "default".into(),
+            capacity: 100,
+            nodes: 1,
+            owner_uid: 1,
+            owner_gid: 1,
+            state: "active".into(),
+            created: 0,
+            descriptor: desc(0),
+        }
+    }
+
+    #[test]
+    fn state_survives_reopening() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("m.db");
+        let (iid, sid) = {
+            let s = Store::open(&path).unwrap();
+            s.upsert_pool("default", 1 << 30).unwrap();
+            let iid = s.new_instance_id(&row()).unwrap();
+            s.finish_instance(iid, "keep", &desc(iid)).unwrap();
+            let sid = s.create_session("job.sh", 1, 1).unwrap();
+            s.attach(sid, iid).unwrap();
+            (iid, sid)
+        };
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.pools().unwrap()[0].granularity, 1 << 30);
+        assert_eq!(s.persistent("keep").unwrap().unwrap().id, iid);
+        assert_eq!(s.session(sid).unwrap().unwrap().persistent, vec![iid]);
+        assert_eq!(s.sessions_using(iid).unwrap(), vec![sid]);
+        s.end_session(sid, "ended").unwrap();
+        assert!(s.sessions_using(iid).unwrap().is_empty());
+    }
+
+    #[test]
+    fn fresh_databases_start_instance_ids_at_a_random_offset() {
+        let t = tempfile::tempdir().unwrap();
+        let a = Store::open(&t.path().join("a.db")).unwrap().new_instance_id(&row()).unwrap();
+        let mut r = row();
+        r.persistent_name = None;
+        let b = Store::open(&t.path().join("b.db")).unwrap().new_instance_id(&r).unwrap();
+        assert_ne!(a, b);
+        assert!(a > 1 || b > 1);
+    }
+}
