@@ -220,7 +220,7 @@ fn run_sim(a: RunArgs) -> anyhow::Result<ExitCode> {
     let mut cb = |p: Progress| line.update(p);
     let outcome = simulate(&system, &apps, &opts, Some(&mut cb))?;
     line.clear();
-    tracing::info!(
+    tracing::debug!(
         events = outcome.report.engine.events,
         wall_s = outcome.report.engine.wall_s,
         "simulation finished"

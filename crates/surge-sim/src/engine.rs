@@ -6,8 +6,7 @@
 //! source of randomness is [`Rng`] seeded by the user. The same inputs and seed give the same
 //! event trace, bit for bit, on any machine.
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::VecDeque;
 
 /// Simulated time in nanoseconds since the start of the run. 2^64 ns is 584 years, and integer
 /// time keeps ties exact (two flows finishing "at the same time" really tie).
@@ -21,36 +20,132 @@ pub fn secs(t: SimTime) -> f64 {
     t as f64 / NS_PER_S as f64
 }
 
-struct Entry<E> {
+/// A queue entry: all events of one bucket share `time`; `seq` orders buckets of equal time.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Entry {
     time: SimTime,
     seq: u64,
-    event: E,
+    bucket: u32,
 }
 
-impl<E> PartialEq for Entry<E> {
-    fn eq(&self, other: &Self) -> bool {
-        self.time == other.time && self.seq == other.seq
+/// A radix heap (Ahuja, Mehlhorn, Orlin and Tarjan 1990): a priority queue for keys that never
+/// go below the last key popped, which is what simulated time does. An entry sits in the
+/// bucket numbered by the highest bit in which its time differs from the last popped time;
+/// when the lowest bucket runs dry the next non-empty one is redistributed. Pushes are a
+/// `Vec::push`, and each entry moves at most 64 times, in sequential memory: several times
+/// faster than a binary heap of ~10^5 entries, whose pops miss the cache at every level.
+/// Entries equal to the last time are kept in `seq` order.
+struct RadixHeap {
+    last: SimTime,
+    /// Entries whose time equals `last`, in `seq` order.
+    zero: VecDeque<Entry>,
+    /// `bins[i]`: entries whose time first differs from `last` at bit `i`.
+    bins: Vec<Vec<Entry>>,
+    len: usize,
+}
+
+impl RadixHeap {
+    fn new() -> Self {
+        RadixHeap {
+            last: 0,
+            zero: VecDeque::new(),
+            bins: (0..64).map(|_| Vec::new()).collect(),
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, e: Entry) {
+        debug_assert!(e.time >= self.last);
+        self.len += 1;
+        if e.time == self.last {
+            // Only ever pushed with a larger seq than anything already here.
+            self.zero.push_back(e);
+        } else {
+            let bit = 63 - (e.time ^ self.last).leading_zeros() as usize;
+            self.bins[bit].push(e);
+        }
+    }
+
+    /// Makes sure the minimum is in `zero`; false when the heap is empty.
+    #[inline]
+    fn refill(&mut self) -> bool {
+        if !self.zero.is_empty() {
+            return true;
+        }
+        let Some(i) = self.bins.iter().position(|b| !b.is_empty()) else {
+            return false;
+        };
+        let mut bin = std::mem::take(&mut self.bins[i]);
+        let last = bin.iter().map(|e| e.time).min().unwrap_or(self.last);
+        self.last = last;
+        for e in bin.drain(..) {
+            if e.time == last {
+                self.zero.push_back(e);
+            } else {
+                let bit = 63 - (e.time ^ last).leading_zeros() as usize;
+                self.bins[bit].push(e);
+            }
+        }
+        // Keep the allocation for the next time this bin fills.
+        self.bins[i] = bin;
+        if self.zero.len() > 1 {
+            self.zero.make_contiguous().sort_unstable_by_key(|e| e.seq);
+        }
+        true
+    }
+
+    #[inline]
+    fn peek(&mut self) -> Option<Entry> {
+        if self.refill() {
+            self.zero.front().copied()
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<Entry> {
+        if self.refill() {
+            self.len -= 1;
+            self.zero.pop_front()
+        } else {
+            None
+        }
     }
 }
-impl<E> Eq for Entry<E> {}
-impl<E> PartialOrd for Entry<E> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
+
+/// A FIFO list of events scheduled for the same time, as a singly linked list in `nodes`.
+#[derive(Clone, Copy)]
+struct Bucket {
+    time: SimTime,
+    head: u32,
+    tail: u32,
 }
-impl<E> Ord for Entry<E> {
-    // `BinaryHeap` is a max-heap: reverse so the earliest (time, seq) is on top.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.time, other.seq).cmp(&(self.time, self.seq))
-    }
-}
+
+const NIL: u32 = u32::MAX;
+/// Slots of the direct-mapped "open bucket per time" cache.
+const OPEN_SLOTS: usize = 4096;
 
 /// The future event list. Events scheduled for the same time pop in scheduling order.
+///
+/// Events with equal times are common (a barrier releases thousands of processes, which then
+/// compute for the same duration), so events are kept in per-time FIFO buckets and the
+/// [`RadixHeap`] orders buckets, not events: thousands of sleeping processes cost one entry. A
+/// bucket accepts new events only while it is the open bucket of its time in a small
+/// direct-mapped table; once superseded, a later event of the same time starts a new bucket
+/// with a later sequence number, so the pop order stays exactly (time, scheduling order).
 pub struct EventQueue<E> {
-    heap: BinaryHeap<Entry<E>>,
+    heap: RadixHeap,
+    buckets: Vec<Bucket>,
+    free_buckets: Vec<u32>,
+    nodes: Vec<(Option<E>, u32)>,
+    free_nodes: Vec<u32>,
+    open: Vec<(SimTime, u32)>,
     next_seq: u64,
     now: SimTime,
     popped: u64,
+    len: usize,
     peak_len: usize,
 }
 
@@ -63,11 +158,36 @@ impl<E> Default for EventQueue<E> {
 impl<E> EventQueue<E> {
     pub fn new() -> Self {
         EventQueue {
-            heap: BinaryHeap::with_capacity(1 << 16),
+            heap: RadixHeap::new(),
+            buckets: Vec::new(),
+            free_buckets: Vec::new(),
+            nodes: Vec::with_capacity(1 << 16),
+            free_nodes: Vec::new(),
+            open: vec![(SimTime::MAX, NIL); OPEN_SLOTS],
             next_seq: 0,
             now: 0,
             popped: 0,
+            len: 0,
             peak_len: 0,
+        }
+    }
+
+    #[inline]
+    fn slot(time: SimTime) -> usize {
+        (mix64(time) as usize) & (OPEN_SLOTS - 1)
+    }
+
+    #[inline]
+    fn new_node(&mut self, event: E) -> u32 {
+        match self.free_nodes.pop() {
+            Some(n) => {
+                self.nodes[n as usize] = (Some(event), NIL);
+                n
+            }
+            None => {
+                self.nodes.push((Some(event), NIL));
+                (self.nodes.len() - 1) as u32
+            }
         }
     }
 
@@ -76,27 +196,71 @@ impl<E> EventQueue<E> {
     pub fn schedule(&mut self, at: SimTime, event: E) {
         debug_assert!(at >= self.now, "event scheduled in the past: {at} < {}", self.now);
         let time = at.max(self.now);
-        self.heap.push(Entry {
-            time,
-            seq: self.next_seq,
-            event,
-        });
-        self.next_seq += 1;
-        if self.heap.len() > self.peak_len {
-            self.peak_len = self.heap.len();
+        let node = self.new_node(event);
+        let slot = Self::slot(time);
+        let (open_time, open_bucket) = self.open[slot];
+        if open_time == time && open_bucket != NIL {
+            let b = &mut self.buckets[open_bucket as usize];
+            self.nodes[b.tail as usize].1 = node;
+            b.tail = node;
+        } else {
+            let bucket = Bucket {
+                time,
+                head: node,
+                tail: node,
+            };
+            let id = match self.free_buckets.pop() {
+                Some(id) => {
+                    self.buckets[id as usize] = bucket;
+                    id
+                }
+                None => {
+                    self.buckets.push(bucket);
+                    (self.buckets.len() - 1) as u32
+                }
+            };
+            self.heap.push(Entry {
+                time,
+                seq: self.next_seq,
+                bucket: id,
+            });
+            self.next_seq += 1;
+            self.open[slot] = (time, id);
+        }
+        self.len += 1;
+        if self.len > self.peak_len {
+            self.peak_len = self.len;
         }
     }
 
     /// Removes the earliest event and advances the clock to its time.
     pub fn pop(&mut self) -> Option<(SimTime, E)> {
-        let e = self.heap.pop()?;
-        self.now = e.time;
+        let top = self.heap.peek()?;
+        let b = self.buckets[top.bucket as usize];
+        let (event, next) = {
+            let n = &mut self.nodes[b.head as usize];
+            (n.0.take(), n.1)
+        };
+        self.free_nodes.push(b.head);
+        if next == NIL {
+            // The bucket is empty: retire it (and close it if it is still open).
+            self.heap.pop();
+            self.free_buckets.push(top.bucket);
+            let slot = Self::slot(b.time);
+            if self.open[slot].1 == top.bucket {
+                self.open[slot] = (SimTime::MAX, NIL);
+            }
+        } else {
+            self.buckets[top.bucket as usize].head = next;
+        }
+        self.now = top.time;
         self.popped += 1;
-        Some((e.time, e.event))
+        self.len -= 1;
+        event.map(|e| (top.time, e))
     }
 
     /// Time of the earliest pending event, without removing it.
-    pub fn peek_time(&self) -> Option<SimTime> {
+    pub fn peek_time(&mut self) -> Option<SimTime> {
         self.heap.peek().map(|e| e.time)
     }
 
@@ -112,11 +276,11 @@ impl<E> EventQueue<E> {
 
     /// Events waiting.
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.len == 0
     }
 
     /// The largest number of events that were ever waiting at once.
@@ -198,6 +362,38 @@ mod tests {
         q.schedule(11, 4);
         let rest: Vec<_> = std::iter::from_fn(|| q.pop()).map(|(_, e)| e).collect();
         assert_eq!(rest, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn order_is_exact_when_many_times_share_the_bucket_table() {
+        // More distinct times than table slots, interleaved, with repeats: buckets of one time
+        // get superseded and reopened; the pop order must still be (time, scheduling order).
+        let mut q = EventQueue::new();
+        let mut expected = Vec::new();
+        let mut r = Rng::new(3);
+        for i in 0..50_000u64 {
+            let t = r.next_u64() % 9_000;
+            q.schedule(t, i);
+            expected.push((t, i));
+        }
+        // Pop half, schedule more at and after the current time, pop the rest.
+        let mut got = Vec::new();
+        for _ in 0..25_000 {
+            got.push(q.pop().unwrap());
+        }
+        let now = q.now();
+        for i in 50_000..60_000u64 {
+            let t = now + r.next_u64() % 50;
+            q.schedule(t, i);
+            expected.push((t, i));
+        }
+        while let Some(e) = q.pop() {
+            got.push(e);
+        }
+        expected.sort();
+        assert_eq!(got, expected);
+        assert!(q.is_empty());
+        assert_eq!(q.processed(), 60_000);
     }
 
     #[test]

@@ -22,6 +22,9 @@ use crate::units::parse_duration;
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// Deepest nesting of `repeat` blocks (each process keeps its loop counters inline).
+pub const MAX_REPEAT_DEPTH: usize = 8;
+
 /// One error in a kernel file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelError {
@@ -612,6 +615,12 @@ impl Parser<'_> {
                     self.err(line, "expected 'repeat N {'");
                     return;
                 }
+                if d.open.len() >= MAX_REPEAT_DEPTH {
+                    self.err(
+                        line,
+                        format!("repeat blocks nest at most {MAX_REPEAT_DEPTH} deep"),
+                    );
+                }
                 // A bad count still opens the block, so the '}' that follows does not close
                 // the app and every later line is reported correctly.
                 let count = self.count(line, "repeat", args[0]).unwrap_or(0);
@@ -795,6 +804,21 @@ repeat 3 {
         assert!(errs("# nothing\n").contains("no application defined"));
         assert!(errs("app a {\nprocesses 1\n}\napp a {\nprocesses 1\n}").contains("k.kernel:4: application 'a' is defined twice"));
         assert!(errs("write f 1MiB").contains("k.kernel:1: expected 'app NAME {'"));
+    }
+
+    #[test]
+    fn repeat_nesting_is_bounded() {
+        let mut text = String::from("app a {\nprocesses 1\n");
+        for _ in 0..=MAX_REPEAT_DEPTH {
+            text.push_str("repeat 2 {\n");
+        }
+        text.push_str("barrier\n");
+        for _ in 0..=MAX_REPEAT_DEPTH {
+            text.push_str("}\n");
+        }
+        text.push_str("}\n");
+        let e = errs(&text);
+        assert!(e.contains(&format!("k.kernel:{}: repeat blocks nest at most", MAX_REPEAT_DEPTH + 3)), "{e}");
     }
 
     #[test]

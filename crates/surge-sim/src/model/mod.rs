@@ -25,7 +25,7 @@ pub mod stats;
 pub mod topology;
 
 use crate::engine::{mix64, secs, EventQueue, Rng, SimTime};
-use crate::kernel::{AppSpec, Op};
+use crate::kernel::{AppSpec, Op, MAX_REPEAT_DEPTH};
 use crate::report::{AppReport, EngineStats, Report, SystemSummary, Totals};
 use crate::system::{DrainPolicy, System};
 use stats::{union_length, Phase, Series};
@@ -186,7 +186,7 @@ pub fn simulate(
 enum Ev {
     /// A process resumes its program (start, end of compute, barrier release, commit done).
     Proc(u32),
-    /// A request header reaches the process's I/O node.
+    /// A process's request header reaches its I/O node.
     ReqAtIon(u32),
     /// A commit reaches the process's I/O node.
     CommitAtIon(u32),
@@ -195,7 +195,7 @@ enum Ev {
     /// A piece has finished its route (and, for storage writes, the server's acknowledgement
     /// has reached the ION).
     PieceEnd(u32),
-    /// The ION's acknowledgement of a request reaches the process.
+    /// The ION's acknowledgement of a process's request reaches the process.
     ReqDone(u32),
 }
 
@@ -216,26 +216,11 @@ struct Piece {
     app: u16,
     file: u16,
     bytes: u32,
-    /// Request id, or process id for drain pieces.
+    /// The process whose data this is.
     owner: u32,
     ion: u32,
     file_key: u64,
     offset: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Request {
-    proc: u32,
-    ion: u32,
-    cn: u32,
-    app: u16,
-    file: u16,
-    write: bool,
-    absorbed: bool,
-    file_key: u64,
-    next: u64,
-    end: u64,
-    pending: u32,
 }
 
 /// A vector with a free list: ids stay small and memory is reused.
@@ -318,23 +303,36 @@ enum Commit {
     File(u16),
 }
 
+/// One application process. Kept small and flat (no heap pointers): the hottest state of
+/// the simulation, touched by every request and every piece.
 struct Proc {
     app: u16,
+    in_op: bool,
+    commit: Commit,
+    /// The outstanding request (a process has at most one): a write or a read, and whether the
+    /// ION absorbed it into the burst buffer.
+    req_write: bool,
+    req_absorbed: bool,
+    req_file: u16,
+    depth: u8,
     rank: u32,
     cn: u32,
     ion: u32,
     pc: u32,
-    in_op: bool,
-    /// Bytes of the current write/read statement already requested.
-    issued: u64,
     /// Index of the current I/O phase (the k-th write/read statement this process runs).
     phase: u32,
-    loops: Vec<u32>,
-    /// Next region of each file: `[2f]` for writes, `[2f + 1]` for reads.
-    cursor: Vec<u64>,
+    req_pending: u32,
+    /// Counters of the open `repeat` blocks, innermost last.
+    loops: [u32; MAX_REPEAT_DEPTH],
+    /// Bytes of the current write/read statement already requested.
+    issued: u64,
+    /// Offset where the current statement's region of the file starts.
+    op_base: u64,
+    /// Next byte of the outstanding request to move, and its end.
+    req_next: u64,
+    req_end: u64,
+    /// Bytes in the burst buffer not yet drained.
     dirty: u64,
-    dirty_file: Vec<u64>,
-    commit: Commit,
     commit_start: SimTime,
 }
 
@@ -342,6 +340,12 @@ struct AppState {
     first_pid: u32,
     processes: u32,
     shared: Vec<bool>,
+    /// Next free region of each file, `[2f]` writes and `[2f + 1]` reads: every process runs
+    /// the same program, so the k-th phase starts at the same place for all of them.
+    cursor: Vec<u64>,
+    /// Dirty bytes per (process, file), kept only when the program has `commit FILE`.
+    dirty_file: Vec<u64>,
+    files: usize,
     barrier_waiting: u32,
     finished: u32,
     end: Option<SimTime>,
@@ -371,7 +375,6 @@ struct Sim {
     programs: Vec<Vec<Op>>,
     apps: Vec<AppState>,
     procs: Vec<Proc>,
-    reqs: Slab<Request>,
     pieces: Slab<Piece>,
     ions: Vec<IonState>,
     series: Series,
@@ -396,10 +399,21 @@ impl Sim {
         let mut apps = Vec::new();
         for (a, (spec, pl)) in specs.iter().zip(placements).enumerate() {
             let nfiles = spec.files.len();
+            let per_file_commit = spec
+                .ops
+                .iter()
+                .any(|o| matches!(o, Op::Commit { file: Some(_) }));
             apps.push(AppState {
                 first_pid: procs.len() as u32,
                 processes: pl.processes,
                 shared: spec.files.iter().map(|f| f.shared).collect(),
+                cursor: vec![0; 2 * nfiles],
+                dirty_file: if per_file_commit {
+                    vec![0; pl.processes as usize * nfiles]
+                } else {
+                    Vec::new()
+                },
+                files: nfiles,
                 barrier_waiting: 0,
                 finished: 0,
                 end: None,
@@ -417,18 +431,24 @@ impl Sim {
                 let cn = pl.first_node + rank / pl.per_node;
                 procs.push(Proc {
                     app: a as u16,
+                    in_op: false,
+                    commit: Commit::None,
+                    req_write: false,
+                    req_absorbed: false,
+                    req_file: 0,
+                    depth: 0,
                     rank,
                     cn,
                     ion: topo.ion_of(cn),
                     pc: 0,
-                    in_op: false,
-                    issued: 0,
                     phase: 0,
-                    loops: Vec::new(),
-                    cursor: vec![0; 2 * nfiles],
+                    req_pending: 0,
+                    loops: [0; MAX_REPEAT_DEPTH],
+                    issued: 0,
+                    op_base: 0,
+                    req_next: 0,
+                    req_end: 0,
                     dirty: 0,
-                    dirty_file: vec![0; nfiles],
-                    commit: Commit::None,
                     commit_start: 0,
                 });
             }
@@ -458,7 +478,6 @@ impl Sim {
             programs: specs.iter().map(|s| s.ops.clone()).collect(),
             apps,
             procs,
-            reqs: Slab::new(),
             pieces: Slab::new(),
             ions,
             series: Series::new(opts.sample, specs.len()),
@@ -504,11 +523,7 @@ impl Sim {
                 Ev::CommitAtIon(pid) => self.commit_at_ion(pid, now),
                 Ev::Hop(id) => self.hop(id, now),
                 Ev::PieceEnd(id) => self.piece_end(id, now),
-                Ev::ReqDone(rid) => {
-                    let pid = self.reqs.items[rid as usize].proc;
-                    self.reqs.remove(rid);
-                    self.run_proc(pid, now);
-                }
+                Ev::ReqDone(pid) => self.run_proc(pid, now),
             }
             if opts.stop_when_apps_done && self.apps_done == self.apps.len() {
                 return Stop::AppsDone;
@@ -557,51 +572,34 @@ impl Sim {
                     _ => unreachable!("in_op is only set on write/read statements"),
                 };
                 let app = &mut self.apps[a];
-                let shared = app.shared[file as usize];
-                let slot = 2 * file as usize + usize::from(!write);
                 if p.issued >= size {
                     let ph = &mut app.phases[p.phase as usize];
                     ph.end = ph.end.max(now);
                     ph.bytes += size;
                     ph.done += 1;
-                    let nprocs = u64::from(app.processes);
-                    let region = match (shared, strided) {
-                        (false, _) => size,
-                        (true, false) => size * nprocs,
-                        (true, true) => size.div_ceil(request) * request * nprocs,
-                    };
-                    p.cursor[slot] += region;
                     p.in_op = false;
                     p.pc += 1;
                     p.phase += 1;
                     continue;
                 }
+                let shared = app.shared[file as usize];
                 let j = p.issued / request;
                 let len = request.min(size - p.issued);
-                let base = p.cursor[slot];
                 let rank = u64::from(p.rank);
                 let offset = match (shared, strided) {
-                    (false, _) => base + p.issued,
-                    (true, false) => base + rank * size + p.issued,
-                    (true, true) => base + (j * u64::from(app.processes) + rank) * request,
+                    (false, _) => p.op_base + p.issued,
+                    (true, false) => p.op_base + rank * size + p.issued,
+                    (true, true) => p.op_base + (j * u64::from(app.processes) + rank) * request,
                 };
                 p.issued += len;
-                let file_key = file_key(a, file, (!shared).then_some(p.rank));
-                let rid = self.reqs.insert(Request {
-                    proc: pid,
-                    ion: p.ion,
-                    cn: p.cn,
-                    app: a as u16,
-                    file,
-                    write,
-                    absorbed: false,
-                    file_key,
-                    next: offset,
-                    end: offset + len,
-                    pending: 0,
-                });
+                p.req_write = write;
+                p.req_absorbed = false;
+                p.req_file = file;
+                p.req_next = offset;
+                p.req_end = offset + len;
+                p.req_pending = 0;
                 self.q
-                    .schedule(now + self.topo.lat_cn_ion, Ev::ReqAtIon(rid));
+                    .schedule(now + self.topo.lat_cn_ion, Ev::ReqAtIon(pid));
                 return;
             }
             match op {
@@ -615,22 +613,46 @@ impl Sim {
                     self.q.schedule(now + d, Ev::Proc(pid));
                     return;
                 }
-                Op::Write { .. } | Op::Read { .. } => {
+                Op::Write {
+                    file,
+                    size,
+                    request,
+                    strided,
+                }
+                | Op::Read {
+                    file,
+                    size,
+                    request,
+                    strided,
+                } => {
+                    let write = matches!(op, Op::Write { .. });
                     p.in_op = true;
                     p.issued = 0;
-                    let phases = &mut self.apps[a].phases;
+                    let app = &mut self.apps[a];
                     let k = p.phase as usize;
-                    if k == phases.len() {
-                        phases.push(Phase {
-                            write: matches!(op, Op::Write { .. }),
+                    if k == app.phases.len() {
+                        // The first process to reach this phase lays out its region.
+                        let slot = 2 * file as usize + usize::from(!write);
+                        let nprocs = u64::from(app.processes);
+                        let region = match (app.shared[file as usize], strided) {
+                            (false, _) => size,
+                            (true, false) => size * nprocs,
+                            (true, true) => size.div_ceil(request) * request * nprocs,
+                        };
+                        let base = app.cursor[slot];
+                        app.cursor[slot] += region;
+                        app.phases.push(Phase {
+                            write,
+                            base,
                             start: now,
                             end: now,
                             bytes: 0,
                             done: 0,
                         });
                     } else {
-                        phases[k].start = phases[k].start.min(now);
+                        app.phases[k].start = app.phases[k].start.min(now);
                     }
+                    p.op_base = app.phases[k].base;
                 }
                 Op::Barrier => {
                     p.pc += 1;
@@ -657,20 +679,17 @@ impl Sim {
                     if count == 0 {
                         p.pc = end + 1;
                     } else {
-                        p.loops.push(count);
+                        // The parser bounds nesting by MAX_REPEAT_DEPTH.
+                        p.loops[p.depth as usize] = count;
+                        p.depth += 1;
                         p.pc += 1;
                     }
                 }
                 Op::EndRepeat { start } => {
-                    let done = match p.loops.last_mut() {
-                        Some(left) => {
-                            *left -= 1;
-                            *left == 0
-                        }
-                        None => true,
-                    };
-                    if done {
-                        p.loops.pop();
+                    let top = p.depth as usize - 1;
+                    p.loops[top] -= 1;
+                    if p.loops[top] == 0 {
+                        p.depth -= 1;
                         p.pc += 1;
                     } else {
                         p.pc = start + 1;
@@ -680,16 +699,16 @@ impl Sim {
         }
     }
 
-    fn req_at_ion(&mut self, rid: u32, now: SimTime) {
-        let r = &mut self.reqs.items[rid as usize];
-        let ion = r.ion as usize;
-        if r.write {
-            let len = r.end - r.next;
-            let app = &mut self.apps[r.app as usize];
+    fn req_at_ion(&mut self, pid: u32, now: SimTime) {
+        let p = &mut self.procs[pid as usize];
+        let ion = p.ion as usize;
+        if p.req_write {
+            let len = p.req_end - p.req_next;
+            let app = &mut self.apps[p.app as usize];
             let st = &mut self.ions[ion];
             if self.bb_enabled && st.bb_used + len <= self.bb_capacity {
                 st.bb_used += len;
-                r.absorbed = true;
+                p.req_absorbed = true;
                 app.absorbed += len;
                 self.bb_total_used += len;
                 self.bb_peak = self.bb_peak.max(self.bb_total_used);
@@ -701,7 +720,7 @@ impl Sim {
                 }
             }
         }
-        self.ions[ion].admit.push_back(rid);
+        self.ions[ion].admit.push_back(pid);
         self.admit(ion, now);
     }
 
@@ -712,27 +731,30 @@ impl Sim {
         let transfer = self.topo.transfer;
         loop {
             let st = &mut self.ions[ion];
-            let Some(&rid) = st.admit.front() else {
+            let Some(&pid) = st.admit.front() else {
                 return;
             };
-            let r = &mut self.reqs.items[rid as usize];
-            let stripe_end = (r.next / stripe + 1) * stripe;
-            let len = transfer.min(stripe_end - r.next).min(r.end - r.next);
+            let p = &mut self.procs[pid as usize];
+            let stripe_end = (p.req_next / stripe + 1) * stripe;
+            let len = transfer.min(stripe_end - p.req_next).min(p.req_end - p.req_next);
             if st.credits < len as i64 && st.in_flight > 0 {
                 return;
             }
             st.credits -= len as i64;
             st.in_flight += 1;
             st.admit.pop_front();
-            let offset = r.next;
-            r.next += len;
-            r.pending += 1;
-            if r.next < r.end {
-                st.admit.push_back(rid);
+            let offset = p.req_next;
+            p.req_next += len;
+            p.req_pending += 1;
+            if p.req_next < p.req_end {
+                st.admit.push_back(pid);
             }
-            let r = *r;
-            let (kind, delay) = if r.write {
-                let kind = if r.absorbed {
+            let app = p.app;
+            let file = p.req_file;
+            let shared = self.apps[app as usize].shared[file as usize];
+            let file_key = file_key(app as usize, file, (!shared).then_some(p.rank));
+            let (kind, delay) = if p.req_write {
+                let kind = if p.req_absorbed {
                     Kind::Absorb
                 } else {
                     Kind::Direct
@@ -740,13 +762,14 @@ impl Sim {
                 // The grant travels back to the CN before the data moves.
                 (kind, self.topo.lat_cn_ion)
             } else if self.track_residency
-                && st.resident.contains_key(&(r.file_key, offset / stripe))
+                && st.resident.contains_key(&(file_key, offset / stripe))
             {
                 (Kind::ReadBb, 0)
             } else {
                 // The ION asks the file server for the data.
                 (Kind::ReadPfs, self.topo.lat_ion_fs)
             };
+            let cn = p.cn;
             self.new_piece(
                 Piece {
                     route: Route {
@@ -755,15 +778,15 @@ impl Sim {
                     },
                     hop: 0,
                     kind,
-                    app: r.app,
-                    file: r.file,
+                    app,
+                    file,
                     bytes: len as u32,
-                    owner: rid,
-                    ion: r.ion,
-                    file_key: r.file_key,
+                    owner: pid,
+                    ion: ion as u32,
+                    file_key,
                     offset,
                 },
-                r.cn,
+                cn,
                 now + delay,
             );
         }
@@ -846,7 +869,7 @@ impl Sim {
             Kind::Absorb => {
                 let st = &mut self.ions[ion];
                 st.dirty.push_back(Dirty {
-                    proc: self.reqs.items[pc.owner as usize].proc,
+                    proc: pc.owner,
                     app: pc.app,
                     file: pc.file,
                     bytes: pc.bytes,
@@ -858,9 +881,8 @@ impl Sim {
                         .entry((pc.file_key, pc.offset / self.topo.stripe))
                         .or_insert(0) += 1;
                 }
-                let p = &mut self.procs[self.reqs.items[pc.owner as usize].proc as usize];
-                p.dirty += bytes;
-                p.dirty_file[pc.file as usize] += bytes;
+                self.procs[pc.owner as usize].dirty += bytes;
+                self.add_dirty_file(&pc, bytes as i64);
             }
             Kind::ReadPfs | Kind::ReadBb => {
                 self.series.cn(now, pc.app as usize, bytes, true);
@@ -877,11 +899,11 @@ impl Sim {
         let st = &mut self.ions[ion];
         st.credits += bytes as i64;
         st.in_flight -= 1;
-        let r = &mut self.reqs.items[pc.owner as usize];
-        r.pending -= 1;
-        if r.pending == 0 && r.next == r.end {
+        let p = &mut self.procs[pc.owner as usize];
+        p.req_pending -= 1;
+        if p.req_pending == 0 && p.req_next == p.req_end {
             // Reads complete when the data is at the CN; writes when the ION's ack is.
-            let at = if r.write {
+            let at = if p.req_write {
                 now + self.topo.lat_cn_ion
             } else {
                 now
@@ -892,6 +914,17 @@ impl Sim {
             self.pump_drain(ion, now);
         }
         self.admit(ion, now);
+    }
+
+    /// Per-file dirty bytes, for `commit FILE` (only kept by programs that use it).
+    fn add_dirty_file(&mut self, pc: &Piece, delta: i64) {
+        let app = &mut self.apps[pc.app as usize];
+        if app.dirty_file.is_empty() {
+            return;
+        }
+        let local = (pc.owner - app.first_pid) as usize;
+        let slot = &mut app.dirty_file[local * app.files + pc.file as usize];
+        *slot = slot.wrapping_add_signed(delta);
     }
 
     fn drain_done(&mut self, pc: &Piece, now: SimTime) {
@@ -914,10 +947,9 @@ impl Sim {
         self.drained += bytes;
         self.last_drain = Some(now);
         let pid = pc.owner;
-        let p = &mut self.procs[pid as usize];
-        p.dirty -= bytes;
-        p.dirty_file[pc.file as usize] -= bytes;
-        if self.commit_satisfied(pid) && self.procs[pid as usize].commit != Commit::None {
+        self.procs[pid as usize].dirty -= bytes;
+        self.add_dirty_file(pc, -(bytes as i64));
+        if self.procs[pid as usize].commit != Commit::None && self.commit_satisfied(pid) {
             self.finish_commit(pid, now + self.topo.lat_cn_ion);
         }
         self.pump_drain(ion, now);
@@ -963,7 +995,11 @@ impl Sim {
         let p = &self.procs[pid as usize];
         match p.commit {
             Commit::None | Commit::All => p.dirty == 0,
-            Commit::File(f) => p.dirty_file[f as usize] == 0,
+            Commit::File(f) => {
+                let app = &self.apps[p.app as usize];
+                let local = (pid - app.first_pid) as usize;
+                app.dirty_file[local * app.files + f as usize] == 0
+            }
         }
     }
 

@@ -131,6 +131,8 @@ impl Series {
 #[derive(Clone, Copy, Debug)]
 pub struct Phase {
     pub write: bool,
+    /// Where the phase's region of the file starts.
+    pub base: u64,
     pub start: SimTime,
     pub end: SimTime,
     pub bytes: u64,

@@ -101,7 +101,8 @@ impl Resource {
     #[inline]
     pub fn service(&self, bytes: u64, read: bool) -> SimTime {
         let c = if read { self.read } else { self.write };
-        let mut t = c.overhead + (bytes as f64 * c.ns_per_byte).round() as SimTime;
+        // `+ 0.5` then truncate: round-to-nearest for non-negative values, without a libm call.
+        let mut t = c.overhead + (bytes as f64 * c.ns_per_byte + 0.5) as SimTime;
         if bytes < self.small_bytes {
             t += self.small_penalty;
         }
