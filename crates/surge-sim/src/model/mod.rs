@@ -803,14 +803,6 @@ impl Sim {
             Kind::ReadPfs => topo.route_read_pfs(cn, ion, home()),
             Kind::ReadBb => topo.route_read_bb(cn, ion),
         };
-        let writes_from_cn = matches!(pc.kind, Kind::Absorb | Kind::Direct);
-        let first_is_cn = pc.route.len > 0
-            && topo.res[(pc.route.hops[0] & !topology::READ) as usize].class == Class::CnOut;
-        if writes_from_cn && !first_is_cn {
-            // The CN link is not modelled: the data leaves the node when granted.
-            self.series
-                .cn(at, pc.app as usize, u64::from(pc.bytes), false);
-        }
         let empty = pc.route.len == 0;
         let end_delay = self.end_delay(pc.kind);
         let id = self.pieces.insert(pc);

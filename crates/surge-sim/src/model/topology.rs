@@ -12,7 +12,8 @@
 //! | file server | `FsNetIn` | `FsCpu`, `Rack`, `Lun` | `FsNetOut` |
 //!
 //! A resource with unlimited bandwidth, no fixed cost and no latency can never delay anything,
-//! so it is left out of routes (and costs no events).
+//! so it is left out of routes (and costs no events), except the CN links and the LUNs, where
+//! the time series are measured.
 
 use crate::engine::{mix64, SimTime, NS_PER_S};
 use crate::system::System;
@@ -121,9 +122,11 @@ impl Resource {
         depart
     }
 
-    /// Whether this resource can ever delay a piece.
+    /// Whether this resource is on routes: it can delay a piece, or it is where traffic is
+    /// measured (the CN links and the LUNs always are, so the time series see every byte).
     pub fn present(&self) -> bool {
-        self.write.ns_per_byte > 0.0
+        matches!(self.class, Class::CnOut | Class::CnIn | Class::Lun)
+            || self.write.ns_per_byte > 0.0
             || self.read.ns_per_byte > 0.0
             || self.write.overhead > 0
             || self.read.overhead > 0
