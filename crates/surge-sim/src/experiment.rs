@@ -198,15 +198,25 @@ pub enum Cell {
 }
 
 impl Cell {
+    /// The number in this cell, if it is one.
+    pub fn num(&self) -> Option<f64> {
+        match self {
+            Cell::Num(v, _) if v.is_finite() => Some(*v),
+            _ => None,
+        }
+    }
+
     fn render(&self) -> String {
         match self {
             Cell::Text(s) => s.clone(),
+            Cell::Num(v, _) if !v.is_finite() => "–".to_string(),
             Cell::Num(v, d) => format!("{v:.d$}"),
         }
     }
     fn json(&self) -> serde_json::Value {
         match self {
             Cell::Text(s) => json!(s),
+            Cell::Num(v, _) if !v.is_finite() => serde_json::Value::Null,
             Cell::Num(v, _) => json!(v),
         }
     }

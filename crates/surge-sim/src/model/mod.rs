@@ -286,7 +286,7 @@ struct IonState {
     /// Forwarding-buffer bytes free (may dip below zero for one oversize piece).
     credits: i64,
     in_flight: u32,
-    /// Requests waiting to move data, served round-robin one piece at a time.
+    /// Processes whose request still has data to move, in arrival order.
     admit: VecDeque<u32>,
     /// Burst-buffer bytes reserved or holding data not yet drained.
     bb_used: u64,
@@ -724,8 +724,11 @@ impl Sim {
         self.admit(ion, now);
     }
 
-    /// Moves pieces of waiting requests while the forwarding buffer has room, one piece per
-    /// request in turn (the forwarder serves its clients concurrently).
+    /// Moves pieces of waiting requests while the forwarding buffer has room, requests in
+    /// arrival order and each request's pieces in file order; several requests are in flight
+    /// at once as long as there is room. (Taking one piece of each request in turn would
+    /// march all ranks through the same stripe index together and hit a fraction of the
+    /// servers at a time, a hot spot of the model rather than of the storage.)
     fn admit(&mut self, ion: usize, now: SimTime) {
         let stripe = self.topo.stripe;
         let transfer = self.topo.transfer;
@@ -742,12 +745,11 @@ impl Sim {
             }
             st.credits -= len as i64;
             st.in_flight += 1;
-            st.admit.pop_front();
             let offset = p.req_next;
             p.req_next += len;
             p.req_pending += 1;
-            if p.req_next < p.req_end {
-                st.admit.push_back(pid);
+            if p.req_next == p.req_end {
+                st.admit.pop_front();
             }
             let app = p.app;
             let file = p.req_file;
@@ -1026,7 +1028,9 @@ impl Sim {
         wall_s: f64,
     ) -> Outcome {
         let end = self.q.now();
-        self.series.close(end.max(1));
+        // A run that finished early still covers the requested window, so plots of several
+        // runs share an axis and a quiet tail shows as zeros.
+        self.series.close(end.max(opts.until.unwrap_or(0)).max(1));
         let gib = (1u64 << 30) as f64;
         let mut apps = Vec::new();
         let mut written = 0;
