@@ -337,10 +337,15 @@ fn print_check_detail(v: &serde_json::Value) {
     }
     if let Some(apps) = v.get("apps").and_then(|a| a.as_array()) {
         for app in apps {
-            let b = |k: &str| surge_core::format_bytes(app.get(k).and_then(|x| x.as_u64()).unwrap_or(0));
+            let b = |k: &str| {
+                surge_core::format_bytes(app.get(k).and_then(|x| x.as_u64()).unwrap_or(0))
+            };
             let who = match app.get("nodes").and_then(|n| n.as_u64()) {
                 Some(n) => format!("{n} nodes"),
-                None => format!("{} processes", app.get("processes").cloned().unwrap_or_default()),
+                None => format!(
+                    "{} processes",
+                    app.get("processes").cloned().unwrap_or_default()
+                ),
             };
             println!(
                 "  app {}: {who}; per process: writes {} in {} requests, reads {} in {} requests, {} I/O phases, {} of compute, {} barriers, {} commits",
@@ -360,7 +365,10 @@ fn print_check_detail(v: &serde_json::Value) {
 
 fn run_experiment(a: ExperimentArgs) -> anyhow::Result<ExitCode> {
     if !(a.scale > 0.0 && a.scale <= 1.0) {
-        anyhow::bail!("--scale {}: expected a fraction in (0, 1], e.g. 0.0625", a.scale);
+        anyhow::bail!(
+            "--scale {}: expected a fraction in (0, 1], e.g. 0.0625",
+            a.scale
+        );
     }
     let opts = ExperimentOptions {
         scale: a.scale,
@@ -379,8 +387,8 @@ fn run_experiment(a: ExperimentArgs) -> anyhow::Result<ExitCode> {
     };
     let mut all = Vec::new();
     for n in names {
-        let result = experiment::run(n, &opts)
-            .with_context(|| format!("experiment {}", n.as_str()))?;
+        let result =
+            experiment::run(n, &opts).with_context(|| format!("experiment {}", n.as_str()))?;
         if let Some(dir) = &a.out {
             let files = result.write(&dir.join(n.as_str()))?;
             if !a.json {

@@ -194,7 +194,11 @@ impl<E> EventQueue<E> {
     /// Schedules `event` at time `at`. An event in the past is a model bug; it is run "now"
     /// rather than breaking causality (and trips a debug assertion).
     pub fn schedule(&mut self, at: SimTime, event: E) {
-        debug_assert!(at >= self.now, "event scheduled in the past: {at} < {}", self.now);
+        debug_assert!(
+            at >= self.now,
+            "event scheduled in the past: {at} < {}",
+            self.now
+        );
         let time = at.max(self.now);
         let node = self.new_node(event);
         let slot = Self::slot(time);

@@ -144,7 +144,10 @@ fn scaled(n: f64, scale: f64) -> u64 {
 /// `--set` overrides that shrink a system by `scale` (nodes, servers, racks, core network).
 fn scale_sets(base: &System, scale: f64, servers: u32, racks: u32) -> Vec<String> {
     let mut sets = vec![
-        format!("compute.nodes={}", scaled(f64::from(base.compute.nodes), scale)),
+        format!(
+            "compute.nodes={}",
+            scaled(f64::from(base.compute.nodes), scale)
+        ),
         format!("file_servers.count={}", scaled(f64::from(servers), scale)),
     ];
     let s = scaled(f64::from(servers), scale);
@@ -246,7 +249,11 @@ impl ExperimentResult {
         let _ = writeln!(
             s,
             "|{}|",
-            self.columns.iter().map(|_| "---").collect::<Vec<_>>().join("|")
+            self.columns
+                .iter()
+                .map(|_| "---")
+                .collect::<Vec<_>>()
+                .join("|")
         );
         for r in &self.rows {
             let cells: Vec<String> = r.iter().map(Cell::render).collect();
@@ -362,7 +369,10 @@ fn sim_opts(opts: &ExperimentOptions, stop_at_app_end: bool) -> SimOptions {
 }
 
 fn perceived(out: &Outcome) -> f64 {
-    out.report.apps.first().map_or(0.0, |a| a.perceived_write_gib_s)
+    out.report
+        .apps
+        .first()
+        .map_or(0.0, |a| a.perceived_write_gib_s)
 }
 
 fn fig3(opts: &ExperimentOptions) -> anyhow::Result<ExperimentResult> {
@@ -480,14 +490,22 @@ fn fig4a(opts: &ExperimentOptions) -> anyhow::Result<ExperimentResult> {
             sets.push("burst_buffer.write_bandwidth=1.5GiB/s".into());
             sets.push("burst_buffer.read_bandwidth=1.5GiB/s".into());
             let sys = system(opts, "systems/intrepid.toml", &sets)?;
-            let out = one_run(opts, &format!("{label} procs={procs}"), &sys, &apps, sim_opts(opts, false))?;
+            let out = one_run(
+                opts,
+                &format!("{label} procs={procs}"),
+                &sys,
+                &apps,
+                sim_opts(opts, false),
+            )?;
             let a = &out.report.apps[0];
             let runtime = a.runtime_s.unwrap_or(f64::NAN);
             row.push(Cell::Num(runtime, 1));
             lines[i].push((procs as f64, runtime));
-            data.push(json!({"procs": procs, "config": label, "runtime_s": runtime,
+            data.push(
+                json!({"procs": procs, "config": label, "runtime_s": runtime,
                 "write_time_s": a.write_time_s, "commit_wait_max_s": a.commit_wait_max_s,
-                "bb_overflow_bytes": a.bb_overflow_bytes, "events": out.report.engine.events}));
+                "bb_overflow_bytes": a.bb_overflow_bytes, "events": out.report.engine.events}),
+            );
         }
         rows.push(row);
     }
@@ -569,8 +587,10 @@ fn fig4b(opts: &ExperimentOptions) -> anyhow::Result<ExperimentResult> {
                 ));
             }
             lines[i].push(((req_mib * MIB) as f64 / MIB as f64, a.perceived_write_gib_s));
-            data.push(json!({"request_mib": req_mib, "bb": bb, "perceived_gib_s": a.perceived_write_gib_s,
-                "bb_overflow_bytes": a.bb_overflow_bytes, "write_bytes": a.write_bytes}));
+            data.push(
+                json!({"request_mib": req_mib, "bb": bb, "perceived_gib_s": a.perceived_write_gib_s,
+                "bb_overflow_bytes": a.bb_overflow_bytes, "write_bytes": a.write_bytes}),
+            );
         }
         rows.push(row);
     }
@@ -696,7 +716,10 @@ fn multiapp(opts: &ExperimentOptions) -> anyhow::Result<ExperimentResult> {
         let letter = &r.label[1..2];
         let ncols = 9;
         let mut cn = Chart::new(
-            &format!("Fig. 5{letter}: data rate at the compute nodes, {}", &r.label[4..]),
+            &format!(
+                "Fig. 5{letter}: data rate at the compute nodes, {}",
+                &r.label[4..]
+            ),
             "simulated time (s)",
             "GiB/s (10 s average)",
         );
@@ -708,7 +731,10 @@ fn multiapp(opts: &ExperimentOptions) -> anyhow::Result<ExperimentResult> {
         }
         charts.push((format!("fig5{letter}.svg"), cn.to_svg()));
         let mut st = Chart::new(
-            &format!("Fig. 6{letter}: data rate at the storage servers, {}", &r.label[4..]),
+            &format!(
+                "Fig. 6{letter}: data rate at the storage servers, {}",
+                &r.label[4..]
+            ),
             "simulated time (s)",
             "GiB/s (10 s average)",
         );
@@ -717,7 +743,8 @@ fn multiapp(opts: &ExperimentOptions) -> anyhow::Result<ExperimentResult> {
             rows_ts.iter().map(|row| (row[0], row[3])).collect(),
         ));
         charts.push((format!("fig6{letter}.svg"), st.to_svg()));
-        let mut csv = String::from("time_s,cn_gib_s,storage_gib_s,bb_occupancy_gib,lun_utilization");
+        let mut csv =
+            String::from("time_s,cn_gib_s,storage_gib_s,bb_occupancy_gib,lun_utilization");
         for a in &rep.apps {
             let _ = write!(csv, ",{}_cn_gib_s", a.name);
         }

@@ -284,7 +284,10 @@ impl Parser<'_> {
             let msg = if d.open.is_empty() {
                 format!("app '{}' is not closed with '}}'", d.spec.name)
             } else {
-                format!("app '{}' has a 'repeat' block that is not closed", d.spec.name)
+                format!(
+                    "app '{}' has a 'repeat' block that is not closed",
+                    d.spec.name
+                )
             };
             self.err(d.line, msg);
         }
@@ -302,7 +305,10 @@ impl Parser<'_> {
         }
         let name = toks[1];
         if !is_name(name) {
-            self.err(line, format!("'{name}' is not a parameter name (letters, digits, _)"));
+            self.err(
+                line,
+                format!("'{name}' is not a parameter name (letters, digits, _)"),
+            );
             return;
         }
         let value = self
@@ -320,7 +326,10 @@ impl Parser<'_> {
         }
         let name = toks[1];
         if !is_name(name) {
-            self.err(line, format!("'{name}' is not an application name (letters, digits, _, -)"));
+            self.err(
+                line,
+                format!("'{name}' is not an application name (letters, digits, _, -)"),
+            );
             return None;
         }
         if apps.iter().any(|a| a.name == name) {
@@ -472,7 +481,10 @@ impl Parser<'_> {
             }
             "at" => {
                 if !want(1) {
-                    self.err(line, "expected 'at NODE' (the first compute node of the partition)");
+                    self.err(
+                        line,
+                        "expected 'at NODE' (the first compute node of the partition)",
+                    );
                     return;
                 }
                 if let Some(n) = self.count(line, "at", args[0]) {
@@ -481,11 +493,17 @@ impl Parser<'_> {
             }
             "file" => {
                 if !want(2) || !matches!(args[1], "shared" | "per_process") {
-                    self.err(line, "expected 'file NAME shared' or 'file NAME per_process'");
+                    self.err(
+                        line,
+                        "expected 'file NAME shared' or 'file NAME per_process'",
+                    );
                     return;
                 }
                 if !is_name(args[0]) {
-                    self.err(line, format!("'{}' is not a file name (letters, digits, _, -)", args[0]));
+                    self.err(
+                        line,
+                        format!("'{}' is not a file name (letters, digits, _, -)", args[0]),
+                    );
                     return;
                 }
                 if d.spec.files.iter().any(|f| f.name == args[0]) {
@@ -504,7 +522,10 @@ impl Parser<'_> {
             "compute" => {
                 let ok_shape = want(1) || (want(3) && args[1] == "jitter");
                 if !ok_shape {
-                    self.err(line, "expected 'compute DURATION' or 'compute DURATION jitter PERCENT%'");
+                    self.err(
+                        line,
+                        "expected 'compute DURATION' or 'compute DURATION jitter PERCENT%'",
+                    );
                     return;
                 }
                 let Some(ns) = self.duration(line, "compute", args[0]) else {
@@ -518,7 +539,10 @@ impl Parser<'_> {
                     match v.strip_suffix('%').and_then(|p| p.parse::<f64>().ok()) {
                         Some(p) if (0.0..=1000.0).contains(&p) => jitter = p / 100.0,
                         _ => {
-                            self.err(line, format!("jitter: '{v}' is not a percentage such as 5%"));
+                            self.err(
+                                line,
+                                format!("jitter: '{v}' is not a percentage such as 5%"),
+                            );
                             return;
                         }
                     }
@@ -700,12 +724,23 @@ app ior {
         let a = &k.apps[0];
         assert_eq!(a.processes, 2048);
         assert_eq!(a.per_node, Some(4));
-        assert_eq!(a.files, vec![FileSpec { name: "out".into(), shared: true }]);
+        assert_eq!(
+            a.files,
+            vec![FileSpec {
+                name: "out".into(),
+                shared: true
+            }]
+        );
         assert_eq!(
             a.ops,
             vec![
                 Op::Repeat { count: 4, end: 2 },
-                Op::Write { file: 0, size: 4 << 20, request: 4 << 20, strided: false },
+                Op::Write {
+                    file: 0,
+                    size: 4 << 20,
+                    request: 4 << 20,
+                    strided: false
+                },
                 Op::EndRepeat { start: 0 },
                 Op::Barrier,
             ]
@@ -731,7 +766,12 @@ app ior {
         assert_eq!(k.params["procs"], "64");
         assert_eq!(
             k.apps[0].ops[0],
-            Op::Write { file: 0, size: 1 << 20, request: 256 << 10, strided: true }
+            Op::Write {
+                file: 0,
+                size: 1 << 20,
+                request: 256 << 10,
+                strided: true
+            }
         );
         assert_eq!(k.apps[0].totals().write_requests, 4);
     }
@@ -758,12 +798,20 @@ repeat 3 {
         assert_eq!(t.write_bytes, 6 << 20);
         assert_eq!(t.read_bytes, 6 << 20);
         assert_eq!(t.commits, 3);
-        assert_eq!(a.ops[1], Op::Compute { ns: 10_000_000_000, jitter: 0.05 });
+        assert_eq!(
+            a.ops[1],
+            Op::Compute {
+                ns: 10_000_000_000,
+                jitter: 0.05
+            }
+        );
     }
 
     #[test]
     fn zero_sized_phases_vanish() {
-        let k = ok("param chunk = 0\napp a {\nprocesses 1\nfile f shared\nwrite f $chunk\ncompute 1s\n}");
+        let k = ok(
+            "param chunk = 0\napp a {\nprocesses 1\nfile f shared\nwrite f $chunk\ncompute 1s\n}",
+        );
         assert_eq!(k.apps[0].ops.len(), 1);
     }
 
@@ -775,18 +823,28 @@ repeat 3 {
             "k.kernel:4: unknown statement 'wirte' (expected processes, nodes, per_node, at, file, compute, write, read, barrier, commit, repeat or '}')"
         );
         let e = errs("app a {\nprocesses 4\nfile f shared\nwrite g 4MiB\n}");
-        assert!(e.starts_with("k.kernel:4: unknown file 'g' (declared files: f)"), "{e}");
+        assert!(
+            e.starts_with("k.kernel:4: unknown file 'g' (declared files: f)"),
+            "{e}"
+        );
         let e = errs("app a {\nprocesses 4\nfile f shared\nwrite f 4XB\n}");
-        assert!(e.starts_with("k.kernel:4: write:") && e.contains("4XB"), "{e}");
+        assert!(
+            e.starts_with("k.kernel:4: write:") && e.contains("4XB"),
+            "{e}"
+        );
         let e = errs("app a {\nprocesses 4\ncompute 300\n}");
-        assert!(e.starts_with("k.kernel:3: compute:") && e.contains("no unit"), "{e}");
+        assert!(
+            e.starts_with("k.kernel:3: compute:") && e.contains("no unit"),
+            "{e}"
+        );
         let e = errs("app a {\nprocesses $n\n}");
         assert!(e.contains("k.kernel:2: unknown parameter '$n'"), "{e}");
     }
 
     #[test]
     fn several_errors_are_reported_together() {
-        let e = errs("app a {\nprocesses x\nfile f nowhere\nrepeat two {\nbarrier\n}\nbarrier 3\n}");
+        let e =
+            errs("app a {\nprocesses x\nfile f nowhere\nrepeat two {\nbarrier\n}\nbarrier 3\n}");
         let lines: Vec<&str> = e.lines().collect();
         assert_eq!(lines.len(), 4, "{e}");
         assert!(lines[0].starts_with("k.kernel:2:"));
@@ -798,11 +856,14 @@ repeat 3 {
     #[test]
     fn structure_errors() {
         assert!(errs("app a {\nprocesses 1\n").contains("k.kernel:1: app 'a' is not closed"));
-        assert!(errs("app a {\nprocesses 1\nrepeat 2 {\nbarrier\n}").contains("k.kernel:1: app 'a' is not closed"));
-        assert!(errs("app a {\nprocesses 1\nrepeat 2 {\nbarrier\n").contains("repeat' block that is not closed"));
+        assert!(errs("app a {\nprocesses 1\nrepeat 2 {\nbarrier\n}")
+            .contains("k.kernel:1: app 'a' is not closed"));
+        assert!(errs("app a {\nprocesses 1\nrepeat 2 {\nbarrier\n")
+            .contains("repeat' block that is not closed"));
         assert!(errs("app a {\nfile f shared\n}").contains("neither 'processes N' nor 'nodes N'"));
         assert!(errs("# nothing\n").contains("no application defined"));
-        assert!(errs("app a {\nprocesses 1\n}\napp a {\nprocesses 1\n}").contains("k.kernel:4: application 'a' is defined twice"));
+        assert!(errs("app a {\nprocesses 1\n}\napp a {\nprocesses 1\n}")
+            .contains("k.kernel:4: application 'a' is defined twice"));
         assert!(errs("write f 1MiB").contains("k.kernel:1: expected 'app NAME {'"));
     }
 
@@ -818,7 +879,13 @@ repeat 3 {
         }
         text.push_str("}\n");
         let e = errs(&text);
-        assert!(e.contains(&format!("k.kernel:{}: repeat blocks nest at most", MAX_REPEAT_DEPTH + 3)), "{e}");
+        assert!(
+            e.contains(&format!(
+                "k.kernel:{}: repeat blocks nest at most",
+                MAX_REPEAT_DEPTH + 3
+            )),
+            "{e}"
+        );
     }
 
     #[test]

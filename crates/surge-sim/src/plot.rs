@@ -187,7 +187,11 @@ impl Chart {
             if path.is_empty() {
                 continue;
             }
-            let dash = if l.dashed { r#" stroke-dasharray="6,4""# } else { "" };
+            let dash = if l.dashed {
+                r#" stroke-dasharray="6,4""#
+            } else {
+                ""
+            };
             let _ = write!(
                 s,
                 r#"<polyline fill="none" stroke="{color}" stroke-width="1.6"{dash} points="{}"/>"#,
@@ -251,9 +255,9 @@ fn fmt_num(v: f64) -> String {
 
 fn fmt_pow2(v: f64) -> String {
     let n = v.round() as u64;
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
-    } else if n >= 1024 && n % 1024 == 0 {
+    } else if n >= 1024 && n.is_multiple_of(1024) {
         format!("{}K", n >> 10)
     } else {
         format!("{n}")
@@ -274,14 +278,19 @@ mod tests {
     fn ticks_are_round_and_cover_the_range() {
         let (t, top) = nice_ticks(0.0, 47.3);
         assert_eq!(t.first(), Some(&0.0));
-        assert!(top >= 47.3 && top <= 60.0, "{top}");
+        assert!((47.3..=60.0).contains(&top), "{top}");
         assert!(t.len() >= 4 && t.len() <= 8, "{t:?}");
-        assert!(t.windows(2).all(|w| ((w[1] - w[0]) - 10.0).abs() < 1e-9), "{t:?}");
+        assert!(
+            t.windows(2).all(|w| ((w[1] - w[0]) - 10.0).abs() < 1e-9),
+            "{t:?}"
+        );
     }
 
     #[test]
     fn svg_has_every_series_and_label() {
-        let mut c = Chart::new("IOR <scaling>", "processes", "GiB/s").log2_x().markers();
+        let mut c = Chart::new("IOR <scaling>", "processes", "GiB/s")
+            .log2_x()
+            .markers();
         c.line(Line::new("with BB", vec![(2048.0, 5.0), (4096.0, 10.0)]));
         c.line(Line::new("no BB", vec![(2048.0, 4.0), (4096.0, 4.5)]).dashed());
         let svg = c.to_svg();

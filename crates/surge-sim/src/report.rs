@@ -141,7 +141,16 @@ impl Report {
         let _ = writeln!(
             out,
             "{:<14} {:>8} {:>13} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10} {:>10}",
-            "app", "procs", "nodes", "runtime", "written", "read", "write time", "perceived", "absorbed", "overflow"
+            "app",
+            "procs",
+            "nodes",
+            "runtime",
+            "written",
+            "read",
+            "write time",
+            "perceived",
+            "absorbed",
+            "overflow"
         );
         for a in &self.apps {
             let runtime = a
@@ -207,7 +216,10 @@ impl Report {
                 format_bytes(t.bb_peak_occupancy_bytes),
                 drained,
                 if t.bb_left_bytes > 0 {
-                    format!(", {} not drained when the run stopped", format_bytes(t.bb_left_bytes))
+                    format!(
+                        ", {} not drained when the run stopped",
+                        format_bytes(t.bb_left_bytes)
+                    )
                 } else {
                     String::new()
                 }
@@ -287,7 +299,10 @@ pub fn write_outputs(dir: &Path, report: &Report, series: &Series) -> anyhow::Re
         Ok(p.display().to_string())
     };
     let mut written = Vec::new();
-    written.push(write("summary.json", &serde_json::to_string_pretty(report)?)?);
+    written.push(write(
+        "summary.json",
+        &serde_json::to_string_pretty(report)?,
+    )?);
     let rows = series_rows(series, report.system.luns);
     let header = series_header(report);
     let mut csv = header.join(",");
@@ -314,7 +329,10 @@ pub fn write_outputs(dir: &Path, report: &Report, series: &Series) -> anyhow::Re
         "GiB/s",
     );
     for (a, app) in report.apps.iter().enumerate() {
-        cn.line(Line::new(&format!("{} (write+read)", app.name), col(SERIES_COLUMNS.len() + a)));
+        cn.line(Line::new(
+            &format!("{} (write+read)", app.name),
+            col(SERIES_COLUMNS.len() + a),
+        ));
     }
     written.push(write("cn_rate.svg", &cn.to_svg())?);
     let mut st = Chart::new(
@@ -328,7 +346,11 @@ pub fn write_outputs(dir: &Path, report: &Report, series: &Series) -> anyhow::Re
     }
     written.push(write("storage_rate.svg", &st.to_svg())?);
     if report.system.burst_buffer {
-        let mut bb = Chart::new("Burst-buffer occupancy (all I/O nodes)", "simulated time (s)", "GiB");
+        let mut bb = Chart::new(
+            "Burst-buffer occupancy (all I/O nodes)",
+            "simulated time (s)",
+            "GiB",
+        );
         bb.line(Line::new("occupancy", col(7)));
         written.push(write("bb_occupancy.svg", &bb.to_svg())?);
     }

@@ -194,7 +194,11 @@ impl System {
     }
 
     /// Parses system TOML text; `origin` names it in errors.
-    pub fn from_toml(text: &str, origin: &str, overrides: &[String]) -> Result<System, SystemError> {
+    pub fn from_toml(
+        text: &str,
+        origin: &str,
+        overrides: &[String],
+    ) -> Result<System, SystemError> {
         let parse_err = |e: toml::de::Error| SystemError::Parse {
             path: origin.to_string(),
             message: e.to_string().trim_end().to_string(),
@@ -297,16 +301,16 @@ pub fn apply_override(table: &mut toml::Table, text: &str) -> Result<(), SystemE
     let key = key.trim();
     let raw = raw.trim();
     let value = match format!("v = {raw}").parse::<toml::Table>() {
-        Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(raw.to_string())),
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or(toml::Value::String(raw.to_string())),
         Err(_) => toml::Value::String(raw.to_string()),
     };
     let parts: Vec<&str> = key.split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
         return Err(bad(format!("'{key}' is not a key such as storage.racks")));
     }
-    let (last, parents) = parts
-        .split_last()
-        .ok_or_else(|| bad("empty key".into()))?;
+    let (last, parents) = parts.split_last().ok_or_else(|| bad("empty key".into()))?;
     let mut cur = table;
     for p in parents {
         let entry = cur
@@ -381,12 +385,16 @@ small_request_penalty = "5ms"
     #[test]
     fn errors_name_the_line_and_the_value() {
         let bad = SMALL.replace("capacity = \"1GiB\"", "capacity = \"1 parsec\"");
-        let e = System::from_toml(&bad, "small.toml", &[]).unwrap_err().to_string();
+        let e = System::from_toml(&bad, "small.toml", &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("small.toml"), "{e}");
         assert!(e.contains("line 19"), "{e}");
         assert!(e.contains("1 parsec"), "{e}");
         let unknown = SMALL.replace("enabled = true", "enabled = true\nspeed = 3");
-        let e = System::from_toml(&unknown, "small.toml", &[]).unwrap_err().to_string();
+        let e = System::from_toml(&unknown, "small.toml", &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("speed"), "{e}");
     }
 

@@ -40,7 +40,9 @@ pub fn parse_duration(text: &str) -> Result<SimTime, String> {
         .find(|(u, _)| *u == unit.trim())
         .map(|(_, m)| *m)
         .ok_or_else(|| {
-            format!("'{text}' has an unknown time unit '{unit}' (expected ns, us, ms, s, min, h, d)")
+            format!(
+                "'{text}' has an unknown time unit '{unit}' (expected ns, us, ms, s, min, h, d)"
+            )
         })?;
     let ns = value * mult;
     if !ns.is_finite() || ns > 1e19 {
@@ -193,7 +195,9 @@ mod tests {
     #[test]
     fn durations_need_a_known_unit() {
         assert!(parse_duration("300").unwrap_err().contains("no unit"));
-        assert!(parse_duration("3 parsecs").unwrap_err().contains("unknown time unit"));
+        assert!(parse_duration("3 parsecs")
+            .unwrap_err()
+            .contains("unknown time unit"));
         assert!(parse_duration("s").unwrap_err().contains("number"));
     }
 
@@ -203,6 +207,9 @@ mod tests {
         assert_eq!(format_duration(15_000), "15us");
         assert_eq!(format_duration(2_500_000), "2.5ms");
         assert_eq!(format_duration(42_300_000_000), "42.3s");
-        assert_eq!(format_duration(5 * 3600 * NS_PER_S + 60 * NS_PER_S), "5h01m00s");
+        assert_eq!(
+            format_duration(5 * 3600 * NS_PER_S + 60 * NS_PER_S),
+            "5h01m00s"
+        );
     }
 }

@@ -10,7 +10,11 @@ fn run(kernel_text: &str, seed: u64) -> Report {
     let sys = System::from_toml(
         SYSTEM,
         "intrepid-32k.toml",
-        &["compute.nodes=512".into(), "file_servers.count=4".into(), "storage.racks=1".into()],
+        &[
+            "compute.nodes=512".into(),
+            "file_servers.count=4".into(),
+            "storage.racks=1".into(),
+        ],
     )
     .unwrap();
     let k = kernel::parse(kernel_text, "k", &BTreeMap::new()).unwrap();
@@ -57,7 +61,11 @@ fn same_seed_same_run() {
     let a = run(TWO_APPS, 7);
     let b = run(TWO_APPS, 7);
     assert_eq!(fingerprint(&a), fingerprint(&b));
-    assert!(a.engine.events > 100_000, "a real run: {} events", a.engine.events);
+    assert!(
+        a.engine.events > 100_000,
+        "a real run: {} events",
+        a.engine.events
+    );
 }
 
 #[test]

@@ -85,7 +85,10 @@ fn one_request_through_one_link_takes_latency_plus_size_over_bandwidth() {
     // A 16 MiB write over a 1 GiB/s, 1 ms CN link: the data takes 1 ms + 16 MiB / (1 GiB/s);
     // the protocol adds three one-way control messages over the same link (request header,
     // grant, acknowledgement), 1 ms each.
-    let sys = machine(1, &["compute.link_bandwidth=1GiB/s", "compute.link_latency=1ms"]);
+    let sys = machine(
+        1,
+        &["compute.link_bandwidth=1GiB/s", "compute.link_latency=1ms"],
+    );
     let o = run(&sys, ONE_WRITER);
     let l = 1_000_000;
     assert_eq!(runtime_ns(&o, 0), 3 * l + (l + 4 * xfer(4 * MIB, GIB)));
@@ -191,7 +194,10 @@ fn small_requests_pay_the_lun_penalty() {
         ],
     );
     let small = run(&sys, "app a {\nprocesses 1\nfile f shared\nwrite f 4KiB\n}");
-    let large = run(&sys, "app a {\nprocesses 1\nfile f shared\nwrite f 64KiB\n}");
+    let large = run(
+        &sys,
+        "app a {\nprocesses 1\nfile f shared\nwrite f 64KiB\n}",
+    );
     assert_eq!(runtime_ns(&small, 0), 5_000_000 + xfer(4096, GIB));
     assert_eq!(runtime_ns(&large, 0), xfer(65536, GIB));
 }
@@ -226,7 +232,10 @@ fn write_behind_acknowledges_at_burst_buffer_speed() {
     assert_eq!(t.bb_drained_bytes, 16 * MIB);
     assert_eq!(t.bb_left_bytes, 0);
     let drained_at = t.last_drain_s.expect("drained");
-    assert!(drained_at >= 16.0 * MIB as f64 / (100.0 * MIB as f64), "{drained_at}");
+    assert!(
+        drained_at >= 16.0 * MIB as f64 / (100.0 * MIB as f64),
+        "{drained_at}"
+    );
 }
 
 #[test]
@@ -262,7 +271,11 @@ fn a_full_burst_buffer_falls_back_to_direct_writes() {
     assert_eq!(a.bb_overflow_bytes, 8 * MIB);
     assert_eq!(a.direct_write_bytes, 8 * MIB);
     let t = &o.report.totals;
-    assert_eq!(t.pfs_written_bytes, 16 * MIB, "every byte reaches the PFS once");
+    assert_eq!(
+        t.pfs_written_bytes,
+        16 * MIB,
+        "every byte reaches the PFS once"
+    );
     assert_eq!(t.bb_peak_occupancy_bytes, 8 * MIB);
     assert_eq!(t.bb_left_bytes, 0);
 }
@@ -285,7 +298,10 @@ fn space_freed_by_the_drain_is_granted_again() {
 
 #[test]
 fn lazy_drain_waits_for_commit() {
-    let sys = bb_machine(&["burst_buffer.drain=\"lazy\"", "burst_buffer.high_watermark=0.9"]);
+    let sys = bb_machine(&[
+        "burst_buffer.drain=\"lazy\"",
+        "burst_buffer.high_watermark=0.9",
+    ]);
     // No commit: nothing is drained, and the report says what is left.
     let o = run(&sys, ONE_WRITER);
     assert_eq!(o.report.totals.bb_drained_bytes, 0);
@@ -303,7 +319,10 @@ fn lazy_drain_waits_for_commit() {
         .iter()
         .position(|b| b.storage_write_bytes > 0)
         .expect("storage traffic");
-    assert_eq!(first_storage_bin, 360, "the drain starts at the commit (bin of 10 s)");
+    assert_eq!(
+        first_storage_bin, 360,
+        "the drain starts at the commit (bin of 10 s)"
+    );
 }
 
 #[test]
@@ -311,7 +330,11 @@ fn reads_hit_the_burst_buffer_while_data_is_not_drained() {
     let k = "app a {\nprocesses 1\nfile f shared\nwrite f 8MiB\nread f 8MiB\n}";
     let o = run(&bb_machine(&[]), k);
     let a = &o.report.apps[0];
-    assert_eq!(a.read_from_bb_bytes, 8 * MIB, "the drain is slow: data still in the SSD");
+    assert_eq!(
+        a.read_from_bb_bytes,
+        8 * MIB,
+        "the drain is slow: data still in the SSD"
+    );
     assert_eq!(o.report.totals.pfs_read_bytes, 0);
     // After a commit the data is on the PFS only.
     let k = "app a {\nprocesses 1\nfile f shared\nwrite f 8MiB\ncommit\nread f 8MiB\n}";
@@ -325,7 +348,8 @@ fn barriers_align_processes_and_phases_are_measured_across_them() {
     // Two processes, one on a slow node: the barrier makes the fast one wait, and the phase
     // time is from the first process in to the last one out.
     let sys = machine(2, &["storage.lun_bandwidth=1GiB/s"]);
-    let k = "app a {\nprocesses 2\nfile f per_process\nbarrier\nwrite f 16MiB\nbarrier\ncompute 1s\n}";
+    let k =
+        "app a {\nprocesses 2\nfile f per_process\nbarrier\nwrite f 16MiB\nbarrier\ncompute 1s\n}";
     let o = run(&sys, k);
     let a = &o.report.apps[0];
     // Both write 16 MiB to one LUN: 32 MiB at 1 GiB/s, then 1 s of compute.
@@ -348,7 +372,10 @@ fn placement_errors_name_the_application() {
         .err()
         .expect("too big")
         .to_string();
-    assert!(e.contains("'big' needs 8 compute nodes") && e.contains("has 4"), "{e}");
+    assert!(
+        e.contains("'big' needs 8 compute nodes") && e.contains("has 4"),
+        "{e}"
+    );
     let k = kernel::parse(
         "app a {\nprocesses 2\nfile f shared\nwrite f 1MiB\n}\napp b {\nprocesses 1\nat 1\nfile f shared\nwrite f 1MiB\n}",
         "k",
@@ -359,7 +386,10 @@ fn placement_errors_name_the_application() {
         .err()
         .expect("overlap")
         .to_string();
-    assert!(e.contains("'b' (nodes 1-1) overlaps 'a' (nodes 0-1)"), "{e}");
+    assert!(
+        e.contains("'b' (nodes 1-1) overlaps 'a' (nodes 0-1)"),
+        "{e}"
+    );
 }
 
 #[test]

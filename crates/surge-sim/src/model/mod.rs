@@ -75,7 +75,7 @@ pub fn place(sys: &System, apps: &[AppSpec]) -> Result<Vec<Placement>, SimError>
     let npi = sys.compute.nodes_per_ion;
     let mut out: Vec<Placement> = Vec::new();
     let mut next_free: u64 = 0;
-    for (i, a) in apps.iter().enumerate() {
+    for a in apps {
         let per_node = a.per_node.unwrap_or(sys.compute.processes_per_node);
         let processes = a.resolve_processes(sys.compute.processes_per_node);
         let needed = u64::from(processes).div_ceil(u64::from(per_node));
@@ -115,7 +115,6 @@ pub fn place(sys: &System, apps: &[AppSpec]) -> Result<Vec<Placement>, SimError>
         }
         next_free = next_free.max(first + needed);
         out.push(p);
-        let _ = i;
     }
     Ok(out)
 }
@@ -739,7 +738,9 @@ impl Sim {
             };
             let p = &mut self.procs[pid as usize];
             let stripe_end = (p.req_next / stripe + 1) * stripe;
-            let len = transfer.min(stripe_end - p.req_next).min(p.req_end - p.req_next);
+            let len = transfer
+                .min(stripe_end - p.req_next)
+                .min(p.req_end - p.req_next);
             if st.credits < len as i64 && st.in_flight > 0 {
                 return;
             }
@@ -763,8 +764,7 @@ impl Sim {
                 };
                 // The grant travels back to the CN before the data moves.
                 (kind, self.topo.lat_cn_ion)
-            } else if self.track_residency
-                && st.resident.contains_key(&(file_key, offset / stripe))
+            } else if self.track_residency && st.resident.contains_key(&(file_key, offset / stripe))
             {
                 (Kind::ReadBb, 0)
             } else {
@@ -1096,11 +1096,9 @@ impl Sim {
         }
         let luns = self.topo.lun_range();
         let lun_busy: u64 = self.topo.res[luns.clone()].iter().map(|r| r.busy).sum();
-        let (pfs_written, pfs_read) = self
-            .series
-            .bins
-            .iter()
-            .fold((0, 0), |(w, r), b| (w + b.storage_write_bytes, r + b.storage_read_bytes));
+        let (pfs_written, pfs_read) = self.series.bins.iter().fold((0, 0), |(w, r), b| {
+            (w + b.storage_write_bytes, r + b.storage_read_bytes)
+        });
         let absorbed: u64 = self.apps.iter().map(|a| a.absorbed).sum();
         let events = self.q.processed();
         Outcome {

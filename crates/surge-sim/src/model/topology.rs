@@ -324,9 +324,8 @@ impl Topology {
         let server = ((start + stripe) % u64::from(self.servers)) as u32;
         let lun_in_server =
             ((stripe / u64::from(self.servers)) % u64::from(self.luns_per_server)) as u32;
-        let rack = (self.racks > 0).then(|| {
-            (u64::from(server) * u64::from(self.racks) / u64::from(self.servers)) as u32
-        });
+        let rack = (self.racks > 0)
+            .then(|| (u64::from(server) * u64::from(self.racks) / u64::from(self.servers)) as u32);
         StripeHome {
             server,
             lun: server * self.luns_per_server + lun_in_server,
@@ -468,7 +467,16 @@ mod tests {
 
     #[test]
     fn stripes_go_round_robin_from_a_hashed_start() {
-        let sys = System::from_toml(SMALL, "small", &["file_servers.count=5".into(), "storage.luns_per_server=2".into(), "storage.racks=2".into()]).unwrap();
+        let sys = System::from_toml(
+            SMALL,
+            "small",
+            &[
+                "file_servers.count=5".into(),
+                "storage.luns_per_server=2".into(),
+                "storage.racks=2".into(),
+            ],
+        )
+        .unwrap();
         let t = Topology::new(&sys, 1);
         let first = t.home(42, 0).server;
         for s in 0..10u64 {
@@ -478,7 +486,8 @@ mod tests {
             assert_eq!(h.rack, Some(h.server * 2 / 5));
         }
         // Different files start on different servers (for most keys).
-        let starts: std::collections::BTreeSet<u32> = (0..50).map(|k| t.home(k, 0).server).collect();
+        let starts: std::collections::BTreeSet<u32> =
+            (0..50).map(|k| t.home(k, 0).server).collect();
         assert!(starts.len() >= 4, "{starts:?}");
     }
 
