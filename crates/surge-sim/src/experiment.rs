@@ -416,6 +416,7 @@ fn fig3(opts: &ExperimentOptions) -> anyhow::Result<ExperimentResult> {
         "GiB/s",
     )
     .log2_x()
+    .log2_y()
     .markers();
     for (i, l) in lines.iter().enumerate() {
         let line = Line::new(names[i], l.clone());

@@ -37,6 +37,7 @@ pub struct Chart {
     y_label: String,
     lines: Vec<Line>,
     log2_x: bool,
+    log2_y: bool,
     markers: bool,
     width: f64,
     height: f64,
@@ -50,6 +51,7 @@ impl Chart {
             y_label: y_label.to_string(),
             lines: Vec::new(),
             log2_x: false,
+            log2_y: false,
             markers: false,
             width: 760.0,
             height: 420.0,
@@ -59,6 +61,12 @@ impl Chart {
     /// Powers of two on the x axis (process counts, request sizes).
     pub fn log2_x(mut self) -> Self {
         self.log2_x = true;
+        self
+    }
+
+    /// Powers of two on the y axis too: linear scaling becomes a straight line.
+    pub fn log2_y(mut self) -> Self {
+        self.log2_y = true;
         self
     }
 
@@ -80,6 +88,21 @@ impl Chart {
         }
     }
 
+    fn ty(&self, y: f64) -> f64 {
+        if self.log2_y {
+            y.max(f64::MIN_POSITIVE).log2()
+        } else {
+            y
+        }
+    }
+
+    fn usable(&self, x: f64, y: f64) -> bool {
+        x.is_finite()
+            && y.is_finite()
+            && (!self.log2_x || x > 0.0)
+            && (!self.log2_y || y > 0.0)
+    }
+
     pub fn to_svg(&self) -> String {
         let (w, h) = (self.width, self.height);
         let (left, right, top, bottom) = (70.0, 20.0, 40.0, 55.0);
@@ -87,13 +110,15 @@ impl Chart {
         let plot_w = w - left - right;
         let plot_h = h - top - bottom - legend_h;
         let pts = self.lines.iter().flat_map(|l| l.points.iter());
-        let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+        let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
+        let (mut ymin, mut y1) = (f64::INFINITY, 0.0f64);
         for &(x, y) in pts {
-            if !x.is_finite() || !y.is_finite() || (self.log2_x && x <= 0.0) {
+            if !self.usable(x, y) {
                 continue;
             }
             x0 = x0.min(self.tx(x));
             x1 = x1.max(self.tx(x));
+            ymin = ymin.min(y);
             y1 = y1.max(y);
         }
         if !x0.is_finite() {
@@ -102,9 +127,24 @@ impl Chart {
         if x1 <= x0 {
             x1 = x0 + 1.0;
         }
-        let (yticks, ymax) = nice_ticks(0.0, if y1 > 0.0 { y1 } else { 1.0 });
+        // Y axis: [0, nice top] when linear; whole powers of two around the data when log2.
+        let (ylo, yhi, yticks): (f64, f64, Vec<(f64, String)>) = if self.log2_y {
+            let lo = if ymin.is_finite() { ymin.log2().floor() } else { 0.0 };
+            let hi = if y1 > 0.0 { y1.log2().ceil() } else { lo + 1.0 };
+            let hi = if hi <= lo { lo + 1.0 } else { hi };
+            let ticks = (lo as i32..=hi as i32)
+                .map(|e| {
+                    let v = 2f64.powi(e);
+                    (v, fmt_num(v))
+                })
+                .collect();
+            (lo, hi, ticks)
+        } else {
+            let (t, top) = nice_ticks(0.0, if y1 > 0.0 { y1 } else { 1.0 });
+            (0.0, top, t.into_iter().map(|v| (v, fmt_num(v))).collect())
+        };
         let sx = |x: f64| left + (self.tx(x) - x0) / (x1 - x0) * plot_w;
-        let sy = |y: f64| top + plot_h - y / ymax * plot_h;
+        let sy = |y: f64| top + plot_h - (self.ty(y) - ylo) / (yhi - ylo) * plot_h;
         let mut s = String::new();
         let _ = write!(
             s,
@@ -118,15 +158,15 @@ impl Chart {
             esc(&self.title)
         );
         // Grid and y ticks.
-        for &t in &yticks {
-            let y = sy(t);
+        for (t, label) in &yticks {
+            let y = sy(*t);
             let _ = write!(
                 s,
                 r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
                 left + plot_w,
                 left - 6.0,
                 y + 4.0,
-                fmt_num(t)
+                esc(label)
             );
         }
         // X ticks.
@@ -181,7 +221,7 @@ impl Chart {
             let path: Vec<String> = l
                 .points
                 .iter()
-                .filter(|(x, y)| x.is_finite() && y.is_finite() && (!self.log2_x || *x > 0.0))
+                .filter(|(x, y)| self.usable(*x, *y))
                 .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
                 .collect();
             if path.is_empty() {
@@ -300,6 +340,19 @@ mod tests {
         assert!(svg.contains(">2K<") && svg.contains(">4K<"));
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert_eq!(svg.matches("<circle").count(), 4);
+    }
+
+    #[test]
+    fn log_log_axes_put_powers_of_two_on_both() {
+        let mut c = Chart::new("t", "x", "y").log2_x().log2_y();
+        c.line(Line::new("a", vec![(256.0, 0.68), (8192.0, 21.8), (0.0, 5.0)]));
+        let svg = c.to_svg();
+        for label in [">0.50<", ">1<", ">16<", ">32<", ">256<", ">8K<"] {
+            assert!(svg.contains(label), "{label} in {svg}");
+        }
+        // The point at x = 0 cannot be drawn on a log axis and is left out.
+        let pts = svg.split("points=\"").nth(1).unwrap().split('"').next().unwrap();
+        assert_eq!(pts.split(' ').count(), 2);
     }
 
     #[test]

@@ -1150,3 +1150,17 @@ impl Sim {
 fn file_key(app: usize, file: u16, rank: Option<u32>) -> u64 {
     ((app as u64) << 48) | (u64::from(file) << 40) | rank.map_or(0, |r| u64::from(r) + 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hot_state_stays_small() {
+        // Every request and piece touches a process and a piece; at 131,072 processes their
+        // size decides how much of the run misses the cache (docs/SIM.md, Performance).
+        assert!(std::mem::size_of::<Proc>() <= 128, "{}", std::mem::size_of::<Proc>());
+        assert!(std::mem::size_of::<Piece>() <= 96, "{}", std::mem::size_of::<Piece>());
+        assert_eq!(std::mem::size_of::<Ev>(), 8);
+    }
+}
