@@ -97,10 +97,7 @@ impl Chart {
     }
 
     fn usable(&self, x: f64, y: f64) -> bool {
-        x.is_finite()
-            && y.is_finite()
-            && (!self.log2_x || x > 0.0)
-            && (!self.log2_y || y > 0.0)
+        x.is_finite() && y.is_finite() && (!self.log2_x || x > 0.0) && (!self.log2_y || y > 0.0)
     }
 
     pub fn to_svg(&self) -> String {
@@ -129,7 +126,11 @@ impl Chart {
         }
         // Y axis: [0, nice top] when linear; whole powers of two around the data when log2.
         let (ylo, yhi, yticks): (f64, f64, Vec<(f64, String)>) = if self.log2_y {
-            let lo = if ymin.is_finite() { ymin.log2().floor() } else { 0.0 };
+            let lo = if ymin.is_finite() {
+                ymin.log2().floor()
+            } else {
+                0.0
+            };
             let hi = if y1 > 0.0 { y1.log2().ceil() } else { lo + 1.0 };
             let hi = if hi <= lo { lo + 1.0 } else { hi };
             let ticks = (lo as i32..=hi as i32)
@@ -345,13 +346,22 @@ mod tests {
     #[test]
     fn log_log_axes_put_powers_of_two_on_both() {
         let mut c = Chart::new("t", "x", "y").log2_x().log2_y();
-        c.line(Line::new("a", vec![(256.0, 0.68), (8192.0, 21.8), (0.0, 5.0)]));
+        c.line(Line::new(
+            "a",
+            vec![(256.0, 0.68), (8192.0, 21.8), (0.0, 5.0)],
+        ));
         let svg = c.to_svg();
         for label in [">0.50<", ">1<", ">16<", ">32<", ">256<", ">8K<"] {
             assert!(svg.contains(label), "{label} in {svg}");
         }
         // The point at x = 0 cannot be drawn on a log axis and is left out.
-        let pts = svg.split("points=\"").nth(1).unwrap().split('"').next().unwrap();
+        let pts = svg
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
         assert_eq!(pts.split(' ').count(), 2);
     }
 

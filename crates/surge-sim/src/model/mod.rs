@@ -1159,8 +1159,16 @@ mod tests {
     fn hot_state_stays_small() {
         // Every request and piece touches a process and a piece; at 131,072 processes their
         // size decides how much of the run misses the cache (docs/SIM.md, Performance).
-        assert!(std::mem::size_of::<Proc>() <= 128, "{}", std::mem::size_of::<Proc>());
-        assert!(std::mem::size_of::<Piece>() <= 96, "{}", std::mem::size_of::<Piece>());
+        assert!(
+            std::mem::size_of::<Proc>() <= 128,
+            "{}",
+            std::mem::size_of::<Proc>()
+        );
+        assert!(
+            std::mem::size_of::<Piece>() <= 96,
+            "{}",
+            std::mem::size_of::<Piece>()
+        );
         assert_eq!(std::mem::size_of::<Ev>(), 8);
     }
 }
