@@ -147,19 +147,25 @@ impl AppSpec {
         for op in &self.ops {
             let m = *mult.last().unwrap_or(&1);
             match op {
-                Op::Compute { ns, .. } => t.compute_ns = t.compute_ns.saturating_add(ns * m),
+                Op::Compute { ns, .. } => {
+                    t.compute_ns = t.compute_ns.saturating_add(ns.saturating_mul(m))
+                }
                 Op::Write { size, request, .. } => {
-                    t.write_bytes = t.write_bytes.saturating_add(size * m);
-                    t.write_requests += size.div_ceil(*request) * m;
-                    t.io_phases += m;
+                    t.write_bytes = t.write_bytes.saturating_add(size.saturating_mul(m));
+                    t.write_requests = t
+                        .write_requests
+                        .saturating_add(size.div_ceil(*request).saturating_mul(m));
+                    t.io_phases = t.io_phases.saturating_add(m);
                 }
                 Op::Read { size, request, .. } => {
-                    t.read_bytes = t.read_bytes.saturating_add(size * m);
-                    t.read_requests += size.div_ceil(*request) * m;
-                    t.io_phases += m;
+                    t.read_bytes = t.read_bytes.saturating_add(size.saturating_mul(m));
+                    t.read_requests = t
+                        .read_requests
+                        .saturating_add(size.div_ceil(*request).saturating_mul(m));
+                    t.io_phases = t.io_phases.saturating_add(m);
                 }
-                Op::Barrier => t.barriers += m,
-                Op::Commit { .. } => t.commits += m,
+                Op::Barrier => t.barriers = t.barriers.saturating_add(m),
+                Op::Commit { .. } => t.commits = t.commits.saturating_add(m),
                 Op::Repeat { count, .. } => mult.push(m.saturating_mul(u64::from(*count))),
                 Op::EndRepeat { .. } => {
                     mult.pop();

@@ -45,8 +45,9 @@ pub fn parse_duration(text: &str) -> Result<SimTime, String> {
             )
         })?;
     let ns = value * mult;
-    if !ns.is_finite() || ns > 1e19 {
-        return Err(format!("'{text}' is too long"));
+    // 2^61 ns is 73 years: far beyond any run, and sums of such durations cannot overflow.
+    if !ns.is_finite() || ns > (1u64 << 61) as f64 {
+        return Err(format!("'{text}' is too long (at most 73 years)"));
     }
     Ok(ns.round() as SimTime)
 }

@@ -393,6 +393,29 @@ fn placement_errors_name_the_application() {
 }
 
 #[test]
+fn programs_beyond_the_model_limits_are_refused_up_front() {
+    let sys = machine(4, &[]);
+    let refuse = |text: &str| {
+        let k = kernel::parse(text, "k", &BTreeMap::new()).unwrap();
+        simulate(&sys, &k.apps, &SimOptions::default(), None)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    let e = refuse("app a {\nprocesses 4\nfile f shared\nrepeat 4000 {\nwrite f 1PiB\n}\n}");
+    assert!(
+        e.contains("k:1: application 'a' writes more than 2 EiB"),
+        "{e}"
+    );
+    let e = refuse("app a {\nprocesses 1\nrepeat 100000 {\ncompute 1000d\n}\n}");
+    assert!(e.contains("more than 18 years"), "{e}");
+    let e = refuse(
+        "app a {\nprocesses 1\nfile f shared\nrepeat 2000 {\nrepeat 1000 {\nwrite f 1B\n}\n}\n}",
+    );
+    assert!(e.contains("2000000 write/read statements"), "{e}");
+}
+
+#[test]
 fn until_stops_the_clock() {
     let sys = machine(1, &[]);
     let k = "app a {\nprocesses 1\nfile f shared\ncompute 2h\nwrite f 1MiB\n}";

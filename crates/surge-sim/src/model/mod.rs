@@ -56,6 +56,12 @@ pub enum SimError {
     },
     #[error("no application to simulate")]
     NoApps,
+    #[error("{origin}: application '{app}' {what}")]
+    Limit {
+        origin: String,
+        app: String,
+        what: String,
+    },
     #[error("{count} processes in all: at most {max} are supported")]
     TooManyProcesses { count: u64, max: u64 },
 }
@@ -119,6 +125,46 @@ pub fn place(sys: &System, apps: &[AppSpec]) -> Result<Vec<Placement>, SimError>
     Ok(out)
 }
 
+/// Largest number of I/O phases (write/read statements run, loops multiplied out) per
+/// application: the simulator keeps one small record per phase.
+pub const MAX_IO_PHASES: u64 = 1_000_000;
+
+/// Refuses programs whose byte counts or durations would overflow the model's integers, or
+/// whose phase records would not fit in memory, before anything runs.
+fn check_limits(a: &AppSpec, p: &Placement) -> Result<(), SimError> {
+    let limit = |what: String| SimError::Limit {
+        origin: a.origin.clone(),
+        app: a.name.clone(),
+        what,
+    };
+    let t = a.totals();
+    let procs = u64::from(p.processes);
+    // Offsets never exceed what all processes write or read in total (strided regions round
+    // each phase up to whole requests, at most doubling it).
+    for (bytes, verb) in [(t.write_bytes, "writes"), (t.read_bytes, "reads")] {
+        match bytes.checked_mul(procs) {
+            Some(total) if total < 1 << 61 => {}
+            _ => {
+                return Err(limit(format!(
+                    "{verb} more than 2 EiB in total ({} per process x {procs} processes)",
+                    surge_core::format_bytes(bytes)
+                )))
+            }
+        }
+    }
+    // Jitter stretches compute by at most 11x (1000%); time must stay below 2^63 ns.
+    if t.compute_ns >= 1 << 59 {
+        return Err(limit("computes for more than 18 years per process".into()));
+    }
+    if t.io_phases > MAX_IO_PHASES {
+        return Err(limit(format!(
+            "runs {} write/read statements per process; at most {MAX_IO_PHASES} are supported",
+            t.io_phases
+        )));
+    }
+    Ok(())
+}
+
 /// How to run.
 #[derive(Clone, Debug)]
 pub struct SimOptions {
@@ -173,6 +219,9 @@ pub fn simulate(
             count: total,
             max: u64::from(u32::MAX / 2),
         });
+    }
+    for (a, p) in apps.iter().zip(&placements) {
+        check_limits(a, p)?;
     }
     let mut sim = Sim::new(sys, apps, &placements, opts);
     let wall = std::time::Instant::now();
@@ -705,7 +754,7 @@ impl Sim {
             let len = p.req_end - p.req_next;
             let app = &mut self.apps[p.app as usize];
             let st = &mut self.ions[ion];
-            if self.bb_enabled && st.bb_used + len <= self.bb_capacity {
+            if self.bb_enabled && st.bb_used.saturating_add(len) <= self.bb_capacity {
                 st.bb_used += len;
                 p.req_absorbed = true;
                 app.absorbed += len;

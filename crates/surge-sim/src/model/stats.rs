@@ -25,6 +25,10 @@ pub struct Bin {
     pub bb_occupancy_bytes: u64,
 }
 
+/// Most bins a series keeps; beyond this, neighbouring bins are merged and the sample doubles,
+/// so memory stays bounded however long the simulated span (1 Mi bins of 10 s are 121 days).
+pub const MAX_BINS: usize = 1 << 20;
+
 /// Time series of one run.
 #[derive(Clone, Debug)]
 pub struct Series {
@@ -50,36 +54,76 @@ impl Series {
         }
     }
 
+    /// Index of the bin holding `t`, growing (or coarsening) the series as needed.
     #[inline]
-    fn bin(&mut self, t: SimTime) -> &mut Bin {
+    fn index(&mut self, t: SimTime) -> usize {
         let b = (t / self.sample_ns) as usize;
-        if b >= self.bins.len() {
-            self.grow(b);
+        if b < self.bins.len() {
+            return b;
         }
-        &mut self.bins[b]
+        self.grow(b);
+        (t / self.sample_ns) as usize
     }
 
     #[cold]
     fn grow(&mut self, b: usize) {
+        if b >= MAX_BINS {
+            self.coarsen();
+            // `b` was computed with the old sample; callers recompute their index.
+            return self.grow(b / 2);
+        }
         self.bins.resize(b + 1, Bin::default());
         self.app_cn.resize((b + 1) * self.apps, 0);
     }
 
+    /// Merges bins pairwise and doubles the sample width.
+    fn coarsen(&mut self) {
+        let n = self.bins.len().div_ceil(2);
+        for i in 0..n {
+            let a = self.bins[2 * i];
+            let b = self.bins.get(2 * i + 1).copied().unwrap_or_default();
+            self.bins[i] = Bin {
+                cn_write_bytes: a.cn_write_bytes + b.cn_write_bytes,
+                cn_read_bytes: a.cn_read_bytes + b.cn_read_bytes,
+                storage_write_bytes: a.storage_write_bytes + b.storage_write_bytes,
+                storage_read_bytes: a.storage_read_bytes + b.storage_read_bytes,
+                bb_in_bytes: a.bb_in_bytes + b.bb_in_bytes,
+                bb_out_bytes: a.bb_out_bytes + b.bb_out_bytes,
+                lun_busy_ns: a.lun_busy_ns + b.lun_busy_ns,
+                bb_occupancy_bytes: a.bb_occupancy_bytes.max(b.bb_occupancy_bytes),
+            };
+            for app in 0..self.apps {
+                let x = self.app_cn[2 * i * self.apps + app];
+                let y = self
+                    .app_cn
+                    .get((2 * i + 1) * self.apps + app)
+                    .copied()
+                    .unwrap_or(0);
+                self.app_cn[i * self.apps + app] = x + y;
+            }
+        }
+        self.bins.truncate(n);
+        self.app_cn.truncate(n * self.apps);
+        self.sample_ns *= 2;
+        self.occupancy_bin /= 2;
+    }
+
     #[inline]
     pub fn cn(&mut self, t: SimTime, app: usize, bytes: u64, read: bool) {
-        let bin = self.bin(t);
+        let b = self.index(t);
+        let bin = &mut self.bins[b];
         if read {
             bin.cn_read_bytes += bytes;
         } else {
             bin.cn_write_bytes += bytes;
         }
-        let b = (t / self.sample_ns) as usize;
         self.app_cn[b * self.apps + app] += bytes;
     }
 
     #[inline]
     pub fn storage(&mut self, t: SimTime, bytes: u64, read: bool, busy: SimTime) {
-        let bin = self.bin(t);
+        let b = self.index(t);
+        let bin = &mut self.bins[b];
         if read {
             bin.storage_read_bytes += bytes;
         } else {
@@ -90,7 +134,8 @@ impl Series {
 
     #[inline]
     pub fn bb(&mut self, t: SimTime, bytes: u64, read: bool) {
-        let bin = self.bin(t);
+        let b = self.index(t);
+        let bin = &mut self.bins[b];
         if read {
             bin.bb_out_bytes += bytes;
         } else {
@@ -100,10 +145,7 @@ impl Series {
 
     /// Records the total burst-buffer occupancy after a change at `t`.
     pub fn occupancy(&mut self, t: SimTime, now_bytes: u64) {
-        let b = (t / self.sample_ns) as usize;
-        if b >= self.bins.len() {
-            self.grow(b);
-        }
+        let b = self.index(t);
         // Bins since the last change held the previous level throughout.
         let prev = self.occupancy_now;
         for bin in &mut self.bins[self.occupancy_bin + 1..=b.max(self.occupancy_bin)] {
@@ -117,10 +159,7 @@ impl Series {
 
     /// Extends the series to `end` (so a quiet tail shows as zeros, not as missing data).
     pub fn close(&mut self, end: SimTime) {
-        let last = (end.saturating_sub(1) / self.sample_ns) as usize;
-        if last >= self.bins.len() {
-            self.grow(last);
-        }
+        self.index(end.saturating_sub(1));
         let t = (self.bins.len() as u64 - 1) * self.sample_ns;
         let level = self.occupancy_now;
         self.occupancy(t, level);
@@ -183,6 +222,24 @@ mod tests {
         assert_eq!(s.app_cn, vec![100, 0, 0, 50, 0, 0]);
         assert_eq!(s.bins[2].storage_write_bytes, 7);
         assert_eq!(s.bins[2].lun_busy_ns, 3);
+    }
+
+    #[test]
+    fn long_spans_coarsen_instead_of_growing_without_bound() {
+        let mut s = Series::new(10, 1);
+        s.cn(5, 0, 1, false);
+        s.cn(15, 0, 2, false);
+        s.occupancy(25, 9);
+        // A byte far in the future: the series halves its resolution until it fits.
+        let far = 10 * MAX_BINS as u64 * 3;
+        s.cn(far, 0, 4, false);
+        assert!(s.bins.len() <= MAX_BINS);
+        assert_eq!(s.sample_ns, 40);
+        assert_eq!(s.bins[0].cn_write_bytes, 3, "bins 0 and 1 merged");
+        assert_eq!(s.bins[0].bb_occupancy_bytes, 9);
+        let total: u64 = s.bins.iter().map(|b| b.cn_write_bytes).sum();
+        assert_eq!(total, 7, "no byte lost");
+        assert_eq!(s.app_cn.iter().sum::<u64>(), 7);
     }
 
     #[test]

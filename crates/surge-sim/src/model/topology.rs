@@ -115,7 +115,7 @@ impl Resource {
     pub fn serve(&mut self, at: SimTime, bytes: u64, read: bool) -> SimTime {
         let svc = self.service(bytes, read);
         let start = at.max(self.free_at);
-        let depart = start + svc;
+        let depart = start.saturating_add(svc);
         self.free_at = depart;
         self.busy += svc;
         self.bytes += bytes;
