@@ -31,19 +31,22 @@ language and every option are documented in docs/SIM.md.";
 
 const EXAMPLES: &str = "\
 Examples:
-  # IOR at 8192 processes on Intrepid, with the 4 GiB burst buffer of Liu's Figure 3
-  surge sim run examples/sim/systems/intrepid.toml examples/sim/kernels/ior.kernel \\
-      --param procs=8192 --set burst_buffer.capacity=4GiB --set burst_buffer.write_bandwidth=1.5GiB/s
+  # IOR at 8192 processes on Intrepid with Figure 3's 4 GiB burst buffer
+  surge sim run examples/sim/systems/intrepid.toml \\
+      examples/sim/kernels/ior.kernel --param procs=8192 \\
+      --set burst_buffer.capacity=4GiB
 
-  # The same without burst buffer, half the file servers, summary as JSON
-  surge sim run examples/sim/systems/intrepid.toml examples/sim/kernels/ior.kernel \\
-      --param procs=8192 --set burst_buffer.enabled=false --set file_servers.count=64 --json
+  # The same without burst buffer and with half the file servers, as JSON
+  surge sim run examples/sim/systems/intrepid.toml \\
+      examples/sim/kernels/ior.kernel --param procs=8192 \\
+      --set burst_buffer.enabled=false --set file_servers.count=64 --json
 
-  # Three applications for 5 simulated hours, time series and plots in out/
-  surge sim run examples/sim/systems/intrepid-32k.toml examples/sim/kernels/{plasma,astro,turbulence1}.kernel \\
-      --until 5h --out out/
+  # Three applications for 5 simulated hours; series and plots in out/
+  cd examples/sim && surge sim run systems/intrepid-32k.toml \\
+      kernels/plasma.kernel kernels/astro.kernel \\
+      kernels/turbulence1.kernel --until 5h --out out/
 
-  # Check a kernel for errors, then reproduce Figure 3 at 1/16 scale
+  # Check a kernel, then reproduce Figure 3 at 1/16 scale
   surge sim check my.kernel
   surge sim experiment fig3 --scale 0.0625 --out fig3/";
 
@@ -144,6 +147,7 @@ pub struct ExperimentArgs {
     /// Write CSV, JSON, SVG and a Markdown table per experiment into this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Seed of the random generator, as for `run`.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Print the results as JSON.
