@@ -59,7 +59,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let result = match cli.command {
-        Command::Server(a) => surge_server::cli::run(a),
+        Command::Server(a) => surge_server::cli::run(a, |_, _| {}),
         Command::Instance(a) => surge_client::cli::run_instance(a),
         Command::Mount(a) => surge_client::cli::run_mount(a),
         Command::Bench(a) => surge_bench::cli::run(a),
