@@ -1,0 +1,227 @@
+//! The embedded default (DESIGN §2): with no manager configured, `surge run` starts a manager and
+//! N servers on this machine as separate `surge` processes (the same code, protocol and processes
+//! as a cluster; only the addresses differ), and stops them at the end.
+//!
+//! Layout under the fast-tier directory (default `/dev/shm/surge-$USER`):
+//! ```text
+//! lock                 held while a `surge run` uses this directory
+//! state/manager.db     the manager's state (persistent instances survive between runs)
+//! bb<i>/               device of server i;  bb<i>.sock its Unix socket
+//! logs/                manager.log, server-<i>.log
+//! ```
+
+use anyhow::Context;
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+pub struct EmbeddedOptions {
+    pub fast_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub servers: usize,
+    /// Capacity per server; `None`: 80% of the fast tier's free space, shared.
+    pub server_capacity: Option<u64>,
+    pub granularity: u64,
+}
+
+pub struct Embedded {
+    pub manager: String,
+    pub http: Option<String>,
+    pub fast_dir: PathBuf,
+    pub servers: usize,
+    manager_child: Option<Child>,
+    server_children: Vec<Child>,
+    _lock: File,
+}
+
+/// The user's name for default directory names.
+pub fn user_name() -> String {
+    std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| {
+        // SAFETY: getuid has no preconditions.
+        format!("uid{}", unsafe { libc::getuid() })
+    })
+}
+
+fn free_space(dir: &Path) -> anyhow::Result<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-parameter.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("statvfs {}", dir.display()));
+    }
+    Ok(st.f_bavail * st.f_frsize)
+}
+
+/// Makes a child die with us and start with a clean signal mask (we block SIGINT/SIGTERM to
+/// handle them in one thread; children must not inherit that).
+pub fn child_setup(cmd: &mut Command, die_with_parent: bool) {
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+            if die_with_parent {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            }
+            Ok(())
+        });
+    }
+}
+
+fn wait_ready(file: &Path, child: &mut Child, what: &str, log: &Path) -> anyhow::Result<serde_json::Value> {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+                return Ok(v);
+            }
+        }
+        if let Some(st) = child.try_wait()? {
+            let tail = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            anyhow::bail!(
+                "{what} exited ({st}) before it was ready; last log lines ({}):\n{}",
+                log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            anyhow::bail!("{what} was not ready after 30 s (see {})", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Embedded {
+    /// Starts the manager and the servers. Fails if another `surge run` holds the directory.
+    pub fn start(opts: &EmbeddedOptions, surge: &Path) -> anyhow::Result<Embedded> {
+        let fast = &opts.fast_dir;
+        std::fs::create_dir_all(fast).with_context(|| format!("cannot create fast-tier directory {}", fast.display()))?;
+        std::fs::create_dir_all(&opts.state_dir)
+            .with_context(|| format!("cannot create state directory {}", opts.state_dir.display()))?;
+        let logs = fast.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let lock = File::create(fast.join("lock")).with_context(|| format!("cannot create {}/lock", fast.display()))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a file we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            anyhow::bail!(
+                "another `surge run` is using {} (set SURGE_FAST_DIR to run another job at the same \
+                 time, or start a manager and set SURGE_MANAGER)",
+                fast.display()
+            );
+        }
+        let run = fast.join("run");
+        let _ = std::fs::remove_dir_all(&run);
+        std::fs::create_dir_all(&run)?;
+
+        // Manager.
+        let mlog = logs.join("manager.log");
+        let mready = run.join("manager.ready");
+        let mut cmd = Command::new(surge);
+        cmd.args(["manager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .arg("--state")
+            .arg(opts.state_dir.join("manager.db"))
+            .arg("--granularity")
+            .arg(opts.granularity.to_string())
+            .arg("--ready-file")
+            .arg(&mready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&mlog)?);
+        child_setup(&mut cmd, true);
+        let mut mchild = cmd.spawn().context("cannot start surge manager")?;
+        let ready = wait_ready(&mready, &mut mchild, "surge manager", &mlog)?;
+        let manager = ready["grpc"].as_str().unwrap_or_default().to_string();
+        let http = ready["http"].as_str().map(str::to_string);
+
+        let mut emb = Embedded {
+            manager: manager.clone(),
+            http,
+            fast_dir: fast.clone(),
+            servers: opts.servers,
+            manager_child: Some(mchild),
+            server_children: Vec::new(),
+            _lock: lock,
+        };
+
+        // Servers.
+        let capacity = match opts.server_capacity {
+            Some(c) => c,
+            None => {
+                let per = free_space(fast)? / 10 * 8 / opts.servers.max(1) as u64;
+                (per / opts.granularity * opts.granularity).max(opts.granularity)
+            }
+        };
+        for i in 0..opts.servers {
+            let log = logs.join(format!("server-{i}.log"));
+            let ready = run.join(format!("server-{i}.ready"));
+            let mut cmd = Command::new(surge);
+            cmd.arg("server")
+                .arg("--device")
+                .arg(fast.join(format!("bb{i}")))
+                .arg("--unix")
+                .arg(fast.join(format!("bb{i}.sock")))
+                .args(["--listen", "127.0.0.1:0", "--capacity", &capacity.to_string()])
+                .args(["--manager", &manager])
+                .arg("--ready-file")
+                .arg(&ready)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(File::create(&log)?);
+            child_setup(&mut cmd, true);
+            let mut child = cmd.spawn().context("cannot start surge server")?;
+            let res = wait_ready(&ready, &mut child, &format!("surge server {i}"), &log);
+            emb.server_children.push(child);
+            res?;
+        }
+        Ok(emb)
+    }
+
+    /// Stops servers then the manager (SIGTERM, then SIGKILL after a grace period).
+    pub fn stop(mut self) {
+        let grace = Duration::from_secs(10);
+        let mut all: Vec<Child> = self.server_children.drain(..).collect();
+        for c in &all {
+            // SAFETY: signalling our own children.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        reap(&mut all, grace);
+        if let Some(m) = self.manager_child.take() {
+            let mut m = vec![m];
+            // SAFETY: as above.
+            unsafe { libc::kill(m[0].id() as i32, libc::SIGTERM) };
+            reap(&mut m, grace);
+        }
+    }
+}
+
+fn reap(children: &mut [Child], grace: Duration) {
+    let start = Instant::now();
+    for c in children.iter_mut() {
+        loop {
+            match c.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if start.elapsed() > grace => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+impl Drop for Embedded {
+    fn drop(&mut self) {
+        for c in self.server_children.iter_mut().chain(self.manager_child.iter_mut()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

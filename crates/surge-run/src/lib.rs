@@ -1,0 +1,11 @@
+//! The job lifecycle without a scheduler: `surge run job.sh` ([`run`]) with the embedded default
+//! ([`embedded`]), the translation of stage directives ([`jobplan`]), `surge exec` on emulated
+//! nodes ([`exec`]) and `surge stage` from inside a job ([`stage_cli`]).
+
+pub mod embedded;
+pub mod exec;
+pub mod jobplan;
+pub mod nodes;
+pub mod progress;
+pub mod run;
+pub mod stage_cli;

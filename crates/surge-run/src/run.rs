@@ -1,0 +1,822 @@
+//! `surge run job.sh`: run a DataWarp-style batch script with the burst buffer it asks for.
+//!
+//! Phases, each timed and reported: parse the directives (any error: nothing is allocated and
+//! nothing runs), check the stage-in sources, start the embedded manager and servers (or use
+//! `$SURGE_MANAGER`), create persistent instances, open a session (allocating the job
+//! instance and attaching persistent ones), stage in, mount on every emulated node, run the
+//! script on node 0, stage out (also after a failed job), unmount, end the session (the job
+//! instance is kept if stage-out failed), destroy persistent instances, stop what was started.
+
+use crate::embedded::{child_setup, user_name, Embedded, EmbeddedOptions};
+use crate::jobplan::{self, StageGroup};
+use crate::nodes::{MountInfo, NodeInfo, NodesFile};
+use crate::progress::wait_stage;
+use anyhow::Context;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use surge_api::v1 as api;
+use surge_client::mount::{self, Mounted, MountOptions};
+use surge_client::InstanceClient;
+use surge_core::directives::{parse_script, AccessMode, Directives, DwVariable};
+use surge_core::{format_bytes, NamespaceId};
+use surge_manager::cli::{connect, status_err};
+use surge_proto::InstanceDescriptor;
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    surge_core::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// Run a batch script with the burst buffer its #DW/#BB directives ask for.
+///
+/// With no manager configured, starts a manager and --servers local servers (fast tier under
+/// $SURGE_FAST_DIR or /dev/shm/surge-$USER) and stops them at the end; with $SURGE_MANAGER set,
+/// uses that manager and its servers. The script runs once (node 0, as on Slurm's first node)
+/// with $DW_JOB_STRIPED / $DW_JOB_PRIVATE / $DW_PERSISTENT_STRIPED_<name> set; `surge exec
+/// --node K -- CMD` runs work on the other emulated nodes. Exits with the script's status.
+///
+/// Example job script:
+///   #!/bin/bash
+///   #DW jobdw type=scratch access_mode=striped capacity=4GiB
+///   #DW stage_in type=directory source=inputs destination=$DW_JOB_STRIPED/in
+///   #DW stage_out type=directory source=$DW_JOB_STRIPED/out destination=results
+///   mkdir -p $DW_JOB_STRIPED/out && ./transform $DW_JOB_STRIPED/in $DW_JOB_STRIPED/out
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct RunArgs {
+    /// The job script.
+    pub script: PathBuf,
+    /// Arguments for the script.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<String>,
+    /// Compute nodes to emulate: each gets its own mount of the job instance (and, in private
+    /// mode, its own namespace).
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u32,
+    /// Use this manager instead of starting one (host:port).
+    #[arg(long, env = "SURGE_MANAGER", value_name = "HOST:PORT")]
+    pub manager: Option<String>,
+    /// Embedded: number of local servers.
+    #[arg(long, env = "SURGE_SERVERS", default_value_t = 4)]
+    pub servers: usize,
+    /// Embedded: fast-tier directory (default /dev/shm/surge-$USER).
+    #[arg(long, env = "SURGE_FAST_DIR", value_name = "DIR")]
+    pub fast_dir: Option<PathBuf>,
+    /// Embedded: manager state directory (default: <fast-dir>/state, so persistent instances
+    /// live as long as their data).
+    #[arg(long, env = "SURGE_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Embedded: pool granularity (fragment size) when the pool is first created.
+    #[arg(long, env = "SURGE_GRANULARITY", value_parser = parse_size, default_value = "256MiB")]
+    pub granularity: u64,
+    /// Embedded: capacity of each server (default: 80% of the fast tier's free space, shared).
+    #[arg(long, env = "SURGE_SERVER_CAPACITY", value_parser = parse_size)]
+    pub server_capacity: Option<u64>,
+    /// Write a JSON report of the phases (times, bytes, exit status) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Only print errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// What happened in one phase.
+#[derive(serde::Serialize, Clone, Debug)]
+struct Phase {
+    name: String,
+    detail: String,
+    seconds: f64,
+    ok: bool,
+}
+
+struct Reporter {
+    quiet: bool,
+    phases: Vec<Phase>,
+}
+
+impl Reporter {
+    fn phase(&mut self, name: &str, detail: String, started: Instant, ok: bool) {
+        let seconds = started.elapsed().as_secs_f64();
+        if !self.quiet || !ok {
+            eprintln!("surge run: {name:<18} {detail:<56} {seconds:>7.2} s{}", if ok { "" } else { "  FAILED" });
+        }
+        self.phases.push(Phase {
+            name: name.to_string(),
+            detail,
+            seconds,
+            ok,
+        });
+    }
+
+    fn note(&self, msg: &str) {
+        if !self.quiet {
+            eprintln!("surge run: {msg}");
+        }
+    }
+}
+
+/// Signals: the first SIGINT/SIGTERM stops the job (SIGTERM to its process group) and the run
+/// tears down without staging out; a second kills the job at once.
+struct Signals {
+    interrupted: AtomicBool,
+    job_pgid: AtomicI32,
+    signal: AtomicI32,
+}
+
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain signal-set manipulation, before any thread is started.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn spawn_signal_thread(set: libc::sigset_t, sig: Arc<Signals>) {
+    std::thread::spawn(move || loop {
+        let mut s = 0;
+        // SAFETY: `set` holds the blocked signals; `s` is a valid out-parameter.
+        if unsafe { libc::sigwait(&set, &mut s) } != 0 {
+            return;
+        }
+        let second = sig.interrupted.swap(true, Ordering::SeqCst);
+        sig.signal.store(s, Ordering::SeqCst);
+        let pgid = sig.job_pgid.load(Ordering::SeqCst);
+        eprintln!(
+            "surge run: signal {s}: {}",
+            if second { "killing the job" } else { "stopping the job and tearing down (no stage-out)" }
+        );
+        if pgid > 0 {
+            // SAFETY: signalling the job's process group.
+            unsafe { libc::kill(-pgid, if second { libc::SIGKILL } else { libc::SIGTERM }) };
+        }
+    });
+}
+
+/// Everything the run has set up, so teardown undoes exactly that.
+struct Allocation {
+    session: Option<u64>,
+    mounts: Vec<Mounted>,
+    run_dir: Option<PathBuf>,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let set = block_signals();
+    let script_name = args.script.display().to_string();
+    let text = std::fs::read_to_string(&args.script).with_context(|| format!("cannot read job script {script_name}"))?;
+    let directives = match parse_script(&script_name, &text) {
+        Ok(d) => d,
+        Err(errs) => {
+            for e in &errs.0 {
+                eprintln!("{e}");
+            }
+            eprintln!("surge run: {} error(s) in {script_name}: nothing was allocated and nothing ran", errs.0.len());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    for w in &directives.warnings {
+        eprintln!("{}:{}: warning: `{}`: {}", w.file, w.line, w.text, w.message);
+    }
+    anyhow::ensure!(args.nodes >= 1, "--nodes must be at least 1");
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+
+    // Check every stage-in source before anything is allocated.
+    let (in_groups, in_bytes) = match jobplan::stage_in(&directives, &script_name, &cwd) {
+        Ok(x) => x,
+        Err(errs) => {
+            for e in &errs {
+                eprintln!("{e}");
+            }
+            eprintln!("surge run: nothing was allocated and nothing ran");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if let Some(j) = &directives.jobdw {
+        let var = job_var(j.access_mode);
+        let need = in_bytes.get(&var).copied().unwrap_or(0);
+        if need > j.capacity {
+            eprintln!(
+                "{script_name}:{}: stage-in of {} does not fit the job instance of {} (capacity={}): \
+                 nothing was allocated and nothing ran",
+                j.line,
+                format_bytes(need),
+                format_bytes(j.capacity),
+                j.capacity
+            );
+            return Ok(ExitCode::from(2));
+        }
+    }
+
+    let sig = Arc::new(Signals {
+        interrupted: AtomicBool::new(false),
+        job_pgid: AtomicI32::new(0),
+        signal: AtomicI32::new(0),
+    });
+    spawn_signal_thread(set, sig.clone());
+    let mut rep = Reporter {
+        quiet: args.quiet,
+        phases: Vec::new(),
+    };
+
+    let t = Instant::now();
+    let surge_exe = std::env::current_exe().context("cannot find the surge executable")?;
+    let (embedded, manager, pool_fallback) = match &args.manager {
+        Some(m) => (None, m.clone(), false),
+        None => {
+            let fast = args
+                .fast_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/surge-{}", user_name())));
+            let state = args.state_dir.clone().unwrap_or_else(|| fast.join("state"));
+            let emb = Embedded::start(
+                &EmbeddedOptions {
+                    fast_dir: fast.clone(),
+                    state_dir: state,
+                    servers: args.servers.max(1),
+                    server_capacity: args.server_capacity,
+                    granularity: args.granularity,
+                },
+                &surge_exe,
+            )?;
+            let m = emb.manager.clone();
+            rep.phase(
+                "start",
+                format!("embedded manager + {} servers in {}", args.servers, fast.display()),
+                t,
+                true,
+            );
+            (Some(emb), m, true)
+        }
+    };
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let mut alloc = Allocation {
+        session: None,
+        mounts: Vec::new(),
+        run_dir: None,
+    };
+    let ctx = Ctx {
+        args: &args,
+        script_name: &script_name,
+        directives: &directives,
+        in_groups: &in_groups,
+        cwd: &cwd,
+        manager: &manager,
+        pool_fallback,
+        sig: &sig,
+    };
+    let outcome = rt.block_on(job(&ctx, &mut rep, &mut alloc, rt.handle().clone()));
+    // Whatever happened: unmount and end the session if the job flow did not get that far.
+    let t = Instant::now();
+    let leftover = !alloc.mounts.is_empty() || alloc.session.is_some();
+    for m in alloc.mounts.drain(..) {
+        let _ = m.unmount();
+    }
+    if let Some(s) = alloc.session.take() {
+        let _ = rt.block_on(async {
+            let mut c = connect(&manager).await?;
+            c.end_session(api::EndSessionRequest {
+                id: s,
+                keep_job_instance: false,
+                state: "failed".into(),
+            })
+            .await
+            .map_err(status_err)
+        });
+    }
+    if let Some(d) = alloc.run_dir.take() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    drop(rt);
+    if let Some(emb) = embedded {
+        emb.stop();
+    }
+    if leftover || pool_fallback {
+        rep.phase("teardown", String::new(), t, true);
+    }
+
+    let code = match &outcome {
+        Ok(o) => o.code,
+        Err(e) => {
+            eprintln!("surge run: error: {e:#}");
+            1
+        }
+    };
+    if let Some(path) = &args.report {
+        let report = serde_json::json!({
+            "script": script_name,
+            "exit_code": code,
+            "job_status": outcome.as_ref().ok().and_then(|o| o.job_status),
+            "session": outcome.as_ref().ok().and_then(|o| o.session),
+            "kept_instance": outcome.as_ref().ok().and_then(|o| o.kept_instance),
+            "stage_out_failures": outcome.as_ref().map(|o| o.stage_out_failures.clone()).unwrap_or_default(),
+            "phases": rep.phases,
+            "error": outcome.as_ref().err().map(|e| format!("{e:#}")),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+fn job_var(mode: AccessMode) -> DwVariable {
+    match mode {
+        AccessMode::Private => DwVariable::JobPrivate,
+        AccessMode::Striped => DwVariable::JobStriped,
+    }
+}
+
+struct Ctx<'a> {
+    args: &'a RunArgs,
+    script_name: &'a str,
+    directives: &'a Directives,
+    in_groups: &'a [StageGroup],
+    cwd: &'a Path,
+    manager: &'a str,
+    /// Embedded mode: a pool the script names but that does not exist falls back to the default.
+    pool_fallback: bool,
+    sig: &'a Signals,
+}
+
+struct Outcome {
+    code: i32,
+    job_status: Option<i32>,
+    session: Option<u64>,
+    kept_instance: Option<u64>,
+    stage_out_failures: Vec<String>,
+}
+
+/// An instance the job uses, by the variable that names it in the script.
+#[derive(Clone)]
+struct Used {
+    var: DwVariable,
+    id: u64,
+    desc: InstanceDescriptor,
+    private: bool,
+}
+
+fn interrupted(sig: &Signals) -> bool {
+    sig.interrupted.load(Ordering::SeqCst)
+}
+
+fn instance_desc(i: &api::Instance) -> anyhow::Result<InstanceDescriptor> {
+    serde_json::from_str(&i.descriptor_json).with_context(|| format!("instance {}: bad descriptor from the manager", i.id))
+}
+
+async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: tokio::runtime::Handle) -> anyhow::Result<Outcome> {
+    let d = ctx.directives;
+    let mut c = connect(ctx.manager).await?;
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let nodes = ctx.args.nodes;
+    let existing_pools: Vec<String> = c
+        .list_pools(api::Empty {})
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .pools
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    let pool_for = |p: &Option<String>, rep: &Reporter| -> String {
+        match p {
+            Some(p) if !existing_pools.contains(p) && ctx.pool_fallback => {
+                rep.note(&format!("pool '{p}' is not defined here: using the default pool"));
+                String::new()
+            }
+            Some(p) => p.clone(),
+            None => String::new(),
+        }
+    };
+
+    // Persistent instances created by this script (before the job, as DataWarp does).
+    for cp in &d.create_persistent {
+        let t = Instant::now();
+        let r = c
+            .create_instance(api::CreateInstanceRequest {
+                capacity: cp.capacity,
+                access_mode: "striped".into(),
+                pool: pool_for(&cp.pool, rep),
+                persistent_name: cp.name.clone(),
+                nodes: 1,
+                owner_uid: uid,
+                owner_gid: gid,
+                stripe_size: 0,
+            })
+            .await;
+        match r {
+            Ok(i) => {
+                let i = i.into_inner();
+                rep.phase(
+                    "create persistent",
+                    format!("{} {} ({} fragments)", cp.name, format_bytes(i.capacity), i.fragments),
+                    t,
+                    true,
+                )
+            }
+            Err(e) => {
+                rep.phase("create persistent", cp.name.clone(), t, false);
+                anyhow::bail!("{}:{}: #BB create_persistent name={}: {}", ctx.script_name, cp.line, cp.name, e.message());
+            }
+        }
+    }
+
+    // The session: job instance and attached persistent instances.
+    let t = Instant::now();
+    let job_req = d.jobdw.as_ref().map(|j| api::CreateInstanceRequest {
+        capacity: j.capacity,
+        access_mode: j.access_mode.as_str().into(),
+        pool: pool_for(&j.pool, rep),
+        persistent_name: String::new(),
+        nodes,
+        owner_uid: uid,
+        owner_gid: gid,
+        stripe_size: 0,
+    });
+    let job_name = ctx
+        .args
+        .script
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| ctx.script_name.to_string());
+    let session = c
+        .create_session(api::CreateSessionRequest {
+            job: job_name,
+            owner_uid: uid,
+            owner_gid: gid,
+            job_instance: job_req,
+            persistent: d.persistentdw.iter().map(|p| p.name.clone()).collect(),
+        })
+        .await
+        .map_err(|e| {
+            let line = d.jobdw.as_ref().map(|j| j.line).unwrap_or(0);
+            anyhow::anyhow!("{}:{line}: cannot allocate the burst buffer: {}", ctx.script_name, e.message())
+        })?
+        .into_inner();
+    alloc.session = Some(session.id);
+    let mut used: Vec<Used> = Vec::new();
+    for i in &session.instances {
+        let desc = instance_desc(i)?;
+        let var = if i.id == session.job_instance {
+            if i.access_mode == "private" {
+                DwVariable::JobPrivate
+            } else {
+                DwVariable::JobStriped
+            }
+        } else {
+            DwVariable::PersistentStriped(i.name.clone())
+        };
+        used.push(Used {
+            var,
+            id: i.id,
+            private: i.access_mode == "private",
+            desc,
+        });
+    }
+    let detail = match session.instances.iter().find(|i| i.id == session.job_instance) {
+        Some(i) => format!(
+            "session {}: job instance {} {} ({} fragments){}",
+            session.id,
+            format_bytes(i.capacity),
+            i.access_mode,
+            i.fragments,
+            if session.persistent.is_empty() { String::new() } else { format!(", {} persistent", session.persistent.len()) }
+        ),
+        None => format!("session {}: {} persistent instance(s)", session.id, session.persistent.len()),
+    };
+    rep.phase("allocate", detail, t, true);
+
+    // Stage in.
+    for g in ctx.in_groups {
+        if interrupted(ctx.sig) {
+            anyhow::bail!("interrupted before the job ran");
+        }
+        let u = used
+            .iter()
+            .find(|u| u.var == g.instance)
+            .with_context(|| format!("{}: {} is not an instance of this job", ctx.script_name, g.instance))?;
+        let namespaces: Vec<u32> = if u.private { (0..nodes).collect() } else { vec![0] };
+        for ns in namespaces {
+            let t = Instant::now();
+            let task = c
+                .start_stage(api::StartStageRequest {
+                    session: session.id,
+                    instance: u.id,
+                    namespace: ns,
+                    direction: "in".into(),
+                    items_json: serde_json::to_string(&g.items)?,
+                    workers: 0,
+                    checksum: false,
+                })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            let done = wait_stage(&mut c, task, "stage in", ctx.args.quiet, || interrupted(ctx.sig)).await?;
+            let ok = done.state == "done";
+            rep.phase(
+                "stage in",
+                format!(
+                    "{}{}: {} files, {}{}",
+                    g.instance,
+                    if u.private { format!(" (node {ns})") } else { String::new() },
+                    done.files_done,
+                    format_bytes(done.bytes_done),
+                    rate(done.bytes_done, done.seconds)
+                ),
+                t,
+                ok,
+            );
+            if !ok {
+                let failures = failure_lines(&done.failures_json);
+                for f in &failures {
+                    eprintln!("surge run:   {f}");
+                }
+                anyhow::bail!(
+                    "stage-in from {}:{:?} failed: {}; the job did not run",
+                    ctx.script_name,
+                    g.lines,
+                    if done.error.is_empty() { "see above".to_string() } else { done.error.clone() }
+                );
+            }
+        }
+    }
+
+    // Mount on every node.
+    let t = Instant::now();
+    let run_dir = std::env::temp_dir().join(format!("surge-{}", user_name())).join(format!("session-{}", session.id));
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
+    alloc.run_dir = Some(run_dir.clone());
+    let mut nodes_file = NodesFile {
+        session: session.id,
+        manager: ctx.manager.to_string(),
+        run_dir: run_dir.clone(),
+        nodes: Vec::new(),
+    };
+    let opts = MountOptions::default();
+    for node in 0..nodes {
+        let mut env = BTreeMap::new();
+        let mut mounts = Vec::new();
+        for u in &used {
+            let ns = if u.private { node } else { 0 };
+            let dir = match &u.var {
+                DwVariable::PersistentStriped(name) => run_dir.join(format!("node-{node}/persistent/{name}")),
+                _ => run_dir.join(format!("node-{node}/job")),
+            };
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            let client = InstanceClient::new(u.desc.clone(), NamespaceId(ns))?;
+            let m = mount::mount(client, rt.clone(), &dir, &opts)?;
+            alloc.mounts.push(m);
+            let path = dir.display().to_string();
+            env.insert(u.var.env_name(), path.clone());
+            match &u.var {
+                DwVariable::JobStriped => {
+                    env.insert("SURGE_JOB_STRIPED".into(), path.clone());
+                }
+                DwVariable::JobPrivate => {
+                    env.insert("SURGE_JOB_PRIVATE".into(), path.clone());
+                }
+                DwVariable::PersistentStriped(n) => {
+                    env.insert(format!("SURGE_PERSISTENT_{n}"), path.clone());
+                }
+            }
+            if u.id == session.job_instance {
+                env.insert("SURGE_JOB_INSTANCE".into(), u.id.to_string());
+            }
+            mounts.push(MountInfo {
+                path: dir.clone(),
+                instance: u.id,
+                ns,
+                var: u.var.env_name(),
+            });
+        }
+        env.insert("SURGE_NODE".into(), node.to_string());
+        env.insert("SURGE_NODES".into(), nodes.to_string());
+        env.insert("SURGE_SESSION".into(), session.id.to_string());
+        env.insert("SURGE_MANAGER".into(), ctx.manager.to_string());
+        env.insert("SURGE_RUN_DIR".into(), run_dir.display().to_string());
+        nodes_file.nodes.push(NodeInfo { node, env, mounts });
+    }
+    nodes_file.write()?;
+    if !used.is_empty() {
+        rep.phase(
+            "mount",
+            format!("{} instance(s) on {nodes} node(s) under {}", used.len(), run_dir.display()),
+            t,
+            true,
+        );
+    }
+
+    // The job.
+    let t = Instant::now();
+    let mut job_status = None;
+    if !interrupted(ctx.sig) {
+        let status = run_script(ctx, &nodes_file.nodes[0].env)?;
+        job_status = Some(status);
+        rep.phase("job", format!("{} exited with status {status}", ctx.script_name), t, status == 0);
+    }
+
+    // List files of stage_out type=list live in the instance: read them through node 0's mount
+    // before unmounting.
+    let mount_of = |var: &DwVariable| -> Option<PathBuf> {
+        nodes_file.nodes[0].mounts.iter().find(|m| m.var == var.env_name()).map(|m| m.path.clone())
+    };
+    let out_groups = jobplan::stage_out(d, ctx.script_name, ctx.cwd, |s| {
+        let base = mount_of(&s.instance).ok_or_else(|| std::io::Error::other("instance not mounted"))?;
+        let rel = jobplan::instance_path(&s.source, &s.instance).map_err(std::io::Error::other)?;
+        std::fs::read_to_string(base.join(rel.trim_start_matches('/')))
+    });
+
+    // Unmount: the kernel has sent every close by then, so all sizes are committed.
+    let t = Instant::now();
+    let n_mounts = alloc.mounts.len();
+    for m in alloc.mounts.drain(..) {
+        if let Err(e) = m.unmount() {
+            eprintln!("surge run: {e:#}");
+        }
+    }
+    if n_mounts > 0 {
+        rep.phase("unmount", format!("{n_mounts} mount(s)"), t, true);
+    }
+
+    // Stage out (even after a failed job; not after Ctrl-C).
+    let mut stage_out_failures = Vec::new();
+    if interrupted(ctx.sig) {
+        rep.note("interrupted: no stage-out");
+    } else {
+        match out_groups {
+            Err(errs) => stage_out_failures.extend(errs),
+            Ok(groups) => {
+                for g in groups {
+                    let Some(u) = used.iter().find(|u| u.var == g.instance) else {
+                        stage_out_failures.push(format!("{}: {} is not an instance of this job", ctx.script_name, g.instance));
+                        continue;
+                    };
+                    let t = Instant::now();
+                    let task = c
+                        .start_stage(api::StartStageRequest {
+                            session: session.id,
+                            instance: u.id,
+                            namespace: 0,
+                            direction: "out".into(),
+                            items_json: serde_json::to_string(&g.items)?,
+                            workers: 0,
+                            checksum: false,
+                        })
+                        .await
+                        .map_err(status_err)?
+                        .into_inner();
+                    let done = wait_stage(&mut c, task, "stage out", ctx.args.quiet, || false).await?;
+                    let ok = done.state == "done";
+                    rep.phase(
+                        "stage out",
+                        format!(
+                            "{}: {} files, {}{}",
+                            g.instance,
+                            done.files_done,
+                            format_bytes(done.bytes_done),
+                            rate(done.bytes_done, done.seconds)
+                        ),
+                        t,
+                        ok,
+                    );
+                    if !ok {
+                        if !done.error.is_empty() {
+                            stage_out_failures.push(done.error.clone());
+                        }
+                        stage_out_failures.extend(failure_lines(&done.failures_json));
+                    }
+                }
+            }
+        }
+    }
+
+    // End the session: the job instance goes, unless stage-out failed (its data is the only
+    // copy of the results).
+    let t = Instant::now();
+    let keep = !stage_out_failures.is_empty();
+    c.end_session(api::EndSessionRequest {
+        id: session.id,
+        keep_job_instance: keep,
+        state: if keep { "stage-out-failed".into() } else { "ended".into() },
+    })
+    .await
+    .map_err(status_err)?;
+    alloc.session = None;
+    let kept_instance = if keep && session.job_instance != 0 { Some(session.job_instance) } else { None };
+    rep.phase(
+        "release",
+        match kept_instance {
+            Some(i) => format!("session {} ended; job instance {i} KEPT (stage-out failed)", session.id),
+            None => format!("session {} ended", session.id),
+        },
+        t,
+        !keep,
+    );
+    for f in &stage_out_failures {
+        eprintln!("surge run: stage-out: {f}");
+    }
+    if let Some(i) = kept_instance {
+        eprintln!(
+            "surge run: the job instance {i} and its data are kept; recover files with `surge stage copy \
+             --out` and remove it with `surge instance destroy` (see `surge instance ls`)"
+        );
+    }
+
+    // Persistent instances this script destroys (after the job).
+    for dp in &d.destroy_persistent {
+        let t = Instant::now();
+        let r = c
+            .destroy_instance(api::DestroyInstanceRequest {
+                id: 0,
+                persistent_name: dp.name.clone(),
+                hurry: dp.hurry,
+            })
+            .await;
+        match r {
+            Ok(_) => rep.phase("destroy persistent", dp.name.clone(), t, true),
+            Err(e) => {
+                rep.phase("destroy persistent", dp.name.clone(), t, false);
+                stage_out_failures.push(format!("{}:{}: #BB destroy_persistent name={}: {}", ctx.script_name, dp.line, dp.name, e.message()));
+            }
+        }
+    }
+
+    let code = match (job_status, interrupted(ctx.sig)) {
+        (_, true) => 128 + ctx.sig.signal.load(Ordering::SeqCst),
+        (Some(s), _) if s != 0 => s,
+        _ if !stage_out_failures.is_empty() => 1,
+        _ => 0,
+    };
+    Ok(Outcome {
+        code,
+        job_status,
+        session: Some(session.id),
+        kept_instance,
+        stage_out_failures,
+    })
+}
+
+fn rate(bytes: u64, seconds: f64) -> String {
+    if seconds > 0.0 && bytes > 0 {
+        format!(" ({:.0} MiB/s)", bytes as f64 / 1048576.0 / seconds)
+    } else {
+        String::new()
+    }
+}
+
+fn failure_lines(json: &str) -> Vec<String> {
+    let v: Vec<serde_json::Value> = serde_json::from_str(json).unwrap_or_default();
+    v.iter()
+        .map(|f| {
+            format!(
+                "{} -> {}: {}",
+                f["path"].as_str().unwrap_or("?"),
+                f["destination"].as_str().unwrap_or("?"),
+                f["error"].as_str().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+/// Runs the script with its interpreter (its `#!` line, else /bin/sh) in its own process group
+/// and returns its status (128+N when killed by signal N).
+fn run_script(ctx: &Ctx<'_>, env: &BTreeMap<String, String>) -> anyhow::Result<i32> {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let script = &ctx.args.script;
+    let text = std::fs::read_to_string(script)?;
+    let interp: Vec<String> = match text.lines().next().and_then(|l| l.strip_prefix("#!")) {
+        Some(l) => l.split_whitespace().map(str::to_string).collect(),
+        None => vec!["/bin/sh".into()],
+    };
+    let (prog, pre) = interp.split_first().map(|(p, r)| (p.clone(), r.to_vec())).unwrap_or(("/bin/sh".into(), vec![]));
+    let mut cmd = std::process::Command::new(&prog);
+    cmd.args(&pre).arg(script).args(&ctx.args.args).current_dir(ctx.cwd).envs(env).process_group(0);
+    child_setup(&mut cmd, false);
+    let mut child = cmd.spawn().with_context(|| format!("cannot start {} with {prog}", script.display()))?;
+    ctx.sig.job_pgid.store(child.id() as i32, Ordering::SeqCst);
+    if interrupted(ctx.sig) {
+        // SAFETY: signalling the job's new process group.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) };
+    }
+    let status = child.wait()?;
+    // Processes the script left behind would keep the mounts busy: end them, as Slurm does at
+    // the end of a job.
+    // SAFETY: as above.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    ctx.sig.job_pgid.store(0, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(10));
+    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+#[allow(dead_code)]
+fn _assert_send(_: HashMap<u8, u8>) {}
