@@ -97,7 +97,7 @@ fn an_instance_larger_than_a_server_offers_is_refused_and_nothing_is_left_behind
     // No fragment is left on the server that could host its share.
     let listing = surge(
         &[
-            &["instance", "list", "--json"][..],
+            &["server", "status", "--json"][..],
             &c.addrs().iter().map(String::as_str).collect::<Vec<_>>(),
         ]
         .concat(),

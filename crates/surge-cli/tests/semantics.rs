@@ -225,7 +225,7 @@ fn unlink_of_an_open_file_keeps_it_readable_until_close() {
     // The data is removed from the servers after the last close.
     let listing = surge(
         &[
-            &["instance", "list", "--json"][..],
+            &["server", "status", "--json"][..],
             &c.addrs().iter().map(String::as_str).collect::<Vec<_>>(),
         ]
         .concat(),

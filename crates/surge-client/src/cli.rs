@@ -215,14 +215,6 @@ pub enum InstanceCommand {
         #[arg(long)]
         json: bool,
     },
-    /// List the fragments and namespaces each server holds, with capacity and use.
-    List {
-        /// Server addresses (host:port or unix:/path).
-        #[arg(required = true)]
-        servers: Vec<String>,
-        #[arg(long)]
-        json: bool,
-    },
     /// Destroy an instance and everything in it.
     Destroy {
         #[command(flatten)]
@@ -275,10 +267,66 @@ fn parse_owner(s: &str) -> anyhow::Result<(u32, u32)> {
     ))
 }
 
+/// Show what servers hold: fragments, namespaces, capacity and use (asks the servers directly).
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// Server addresses (host:port or unix:/path).
+    #[arg(required = true)]
+    pub servers: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let StatusArgs { servers, json } = args;
+    runtime()?.block_on(async move {
+        let mut all = Vec::new();
+        for s in &servers {
+            all.push(
+                admin::status(s)
+                    .await
+                    .with_context(|| format!("server {s}"))?,
+            );
+        }
+        if json {
+            println!("{}", serde_json::to_string_pretty(&all)?);
+        } else {
+            for st in &all {
+                println!(
+                    "server {} ({}): {} of {} reserved, {} used",
+                    st.id,
+                    st.addrs.join(", "),
+                    format_bytes(st.reserved),
+                    format_bytes(st.capacity),
+                    format_bytes(st.used)
+                );
+                for f in &st.fragments {
+                    println!(
+                        "  instance {:>12} fragment {:>3}  {:>10} used of {:>10}  {}",
+                        f.instance,
+                        f.index,
+                        format_bytes(f.used),
+                        format_bytes(f.capacity),
+                        f.device
+                    );
+                }
+                for (i, n) in &st.namespaces {
+                    println!("  instance {i:>12} namespace {:>2}  (metadata server)", n.0);
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 pub fn run_instance(args: InstanceArgs) -> anyhow::Result<ExitCode> {
+    run_instance_command(args.command)
+}
+
+pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     rt.block_on(async move {
-        match args.command {
+        match command {
             InstanceCommand::Create {
                 servers,
                 capacity,
@@ -335,43 +383,6 @@ pub fn run_instance(args: InstanceArgs) -> anyhow::Result<ExitCode> {
                     println!("{}", serde_json::to_string_pretty(&desc)?);
                 } else {
                     print_descriptor(&desc);
-                }
-            }
-            InstanceCommand::List { servers, json } => {
-                let mut all = Vec::new();
-                for s in &servers {
-                    all.push(
-                        admin::status(s)
-                            .await
-                            .with_context(|| format!("server {s}"))?,
-                    );
-                }
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&all)?);
-                } else {
-                    for st in &all {
-                        println!(
-                            "server {} ({}): {} of {} reserved, {} used",
-                            st.id,
-                            st.addrs.join(", "),
-                            format_bytes(st.reserved),
-                            format_bytes(st.capacity),
-                            format_bytes(st.used)
-                        );
-                        for f in &st.fragments {
-                            println!(
-                                "  instance {:>12} fragment {:>3}  {:>10} used of {:>10}  {}",
-                                f.instance,
-                                f.index,
-                                format_bytes(f.used),
-                                format_bytes(f.capacity),
-                                f.device
-                            );
-                        }
-                        for (i, n) in &st.namespaces {
-                            println!("  instance {i:>12} namespace {:>2}  (metadata server)", n.0);
-                        }
-                    }
                 }
             }
             InstanceCommand::Destroy { source } => {

@@ -427,3 +427,48 @@ pub async fn register_server(manager: &str, addr: &str, pool: &str) -> anyhow::R
         .map_err(status_err)?
         .into_inner())
 }
+
+/// Register a running server with the manager, into a pool (a server started with
+/// `surge server --manager` does this itself).
+#[derive(clap::Args, Debug)]
+pub struct RegisterArgs {
+    /// The server's address as the manager can reach it (host:port).
+    pub addr: String,
+    #[command(flatten)]
+    pub manager: ManagerAddr,
+    /// Pool to register into.
+    #[arg(long, default_value = "default")]
+    pub pool: String,
+}
+
+pub fn run_register(args: RegisterArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async move {
+        let s = register_server(&args.manager.manager, &args.addr, &args.pool).await?;
+        println!("server {} registered in pool {} ({})", s.id, s.pool, format_bytes(s.capacity));
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Registers a server that just started, retrying until the manager answers (it may start
+/// later). Runs on its own thread so the server serves meanwhile.
+pub fn register_in_background(manager: String, addr: String, pool: String) {
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            return;
+        };
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match rt.block_on(register_server(&manager, &addr, &pool)) {
+                Ok(s) => {
+                    info!("registered with manager {manager} as {} in pool {}", s.id, s.pool);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!("cannot register with manager {manager} yet: {e:#}");
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    });
+}
