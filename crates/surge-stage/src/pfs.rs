@@ -1,0 +1,140 @@
+//! The POSIX side of a stage: attributes read from and applied to files, directories and
+//! symlinks on the PFS, temporary files, and flushing the destination file system.
+
+use crate::names;
+use crate::plan::Meta;
+use std::ffi::CString;
+use std::fs::{File, OpenOptions, Permissions};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use surge_proto::Timestamp;
+
+pub(crate) fn meta_of(md: &std::fs::Metadata) -> Meta {
+    Meta {
+        perm: (md.mode() & 0o7777) as u16,
+        uid: md.uid(),
+        gid: md.gid(),
+        atime: Timestamp {
+            secs: md.atime(),
+            nsec: md.atime_nsec() as u32,
+        },
+        mtime: Timestamp {
+            secs: md.mtime(),
+            nsec: md.mtime_nsec() as u32,
+        },
+    }
+}
+
+fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))
+}
+
+/// Sets atime and mtime of `path` (of the link itself when `nofollow`).
+pub(crate) fn set_times(path: &Path, meta: &Meta, nofollow: bool) -> io::Result<()> {
+    let c = cpath(path)?;
+    let ts = [
+        libc::timespec {
+            tv_sec: meta.atime.secs as _,
+            tv_nsec: meta.atime.nsec as _,
+        },
+        libc::timespec {
+            tv_sec: meta.mtime.secs as _,
+            tv_nsec: meta.mtime.nsec as _,
+        },
+    ];
+    let flags = if nofollow {
+        libc::AT_SYMLINK_NOFOLLOW
+    } else {
+        0
+    };
+    // SAFETY: `c` is a valid NUL-terminated path and `ts` holds the two timespecs utimensat reads.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Gives an open file its final owner, mode and times (owner first: chown clears set-id bits).
+pub(crate) fn finish_file(file: &File, meta: &Meta, owner: Option<(u32, u32)>) -> io::Result<()> {
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(file, Some(uid), Some(gid))?;
+    }
+    file.set_permissions(Permissions::from_mode(u32::from(meta.perm)))?;
+    let times = std::fs::FileTimes::new()
+        .set_accessed(meta.atime.to_system_time())
+        .set_modified(meta.mtime.to_system_time());
+    file.set_times(times)
+}
+
+/// Gives a directory its final owner, mode and times.
+pub(crate) fn finish_dir(path: &Path, meta: &Meta, owner: Option<(u32, u32)>) -> io::Result<()> {
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+    }
+    std::fs::set_permissions(path, Permissions::from_mode(u32::from(meta.perm)))?;
+    set_times(path, meta, false)
+}
+
+/// Gives a symlink its owner and times (a symlink's mode means nothing on Linux).
+pub(crate) fn finish_symlink(
+    path: &Path,
+    meta: &Meta,
+    owner: Option<(u32, u32)>,
+) -> io::Result<()> {
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+    }
+    set_times(path, meta, true)
+}
+
+/// Creates a new temporary file for `final_path` in the same directory (mode 0600 until it is
+/// complete).
+pub(crate) fn create_temp(final_path: &Path) -> io::Result<(File, PathBuf)> {
+    let dir = final_path.parent().unwrap_or(Path::new("/"));
+    let name = final_path.file_name().map(|n| n.as_bytes()).unwrap_or(b"");
+    loop {
+        let tmp = dir.join(std::ffi::OsStr::from_bytes(&names::temp_name(name)));
+        match OpenOptions::new()
+            .write(true)
+            .read(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((f, tmp)),
+            // A clash of random suffixes: draw another.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Removes the temporaries an interrupted stage left in `dir`; returns how many.
+pub(crate) fn remove_stale_temps(dir: &Path) -> io::Result<u64> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if names::is_temp_name(e.file_name().as_bytes()) {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => n += 1,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Flushes the file system holding `path` to stable storage.
+pub(crate) fn syncfs(path: &Path) -> io::Result<()> {
+    let f = File::open(path)?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: `f` is an open descriptor for the duration of the call.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
