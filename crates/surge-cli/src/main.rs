@@ -12,7 +12,8 @@ use std::process::ExitCode;
     long_about = "Surge turns fast devices (NVMe, SSD, RAM) on burst-buffer nodes into on-demand \
 file systems for jobs, stages data between them and the parallel file system, and ships the tools \
 to decide whether and how to use them: benchmarks, an I/O profiler, an advisor and a simulator.\n\n\
-Run `surge <verb> --help` for the manual of each verb."
+Start here: `surge run job.sh` runs a DataWarp job script (#DW jobdw, #DW stage_in, ...) with no \
+setup. Run `surge <verb> --help` for the manual of each verb."
 )]
 struct Cli {
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
@@ -25,10 +26,24 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run a burst-buffer server (fragments and metadata on fast-tier directories).
-    Server(surge_server::cli::ServerArgs),
-    /// Create, show or destroy instances on running servers by hand.
-    Instance(surge_client::cli::InstanceArgs),
+    /// Run a job script with the burst buffer its #DW/#BB directives ask for.
+    Run(surge_run::run::RunArgs),
+    /// Run a command on an emulated compute node of the running job (like srun).
+    Exec(surge_run::exec::ExecArgs),
+    /// Stage files between the PFS and burst-buffer instances.
+    Stage(surge_run::stage_cli::StageArgs),
+    /// Persistent instances: create, list, destroy.
+    Persistent(surge_manager::cli::PersistentArgs),
+    /// Instances: list (manager), or create/show/destroy on servers by hand.
+    Instance(InstanceCmd),
+    /// Pools of burst-buffer servers.
+    Pool(surge_manager::cli::PoolArgs),
+    /// Sessions (jobs using instances).
+    Session(surge_manager::cli::SessionArgs),
+    /// Run the control plane (pools, servers, instances, sessions, stage tasks).
+    Manager(surge_manager::cli::ManagerArgs),
+    /// Run a burst-buffer server, or query/register servers.
+    Server(ServerCmd),
     /// Mount an instance's namespace as a POSIX directory (FUSE).
     Mount(surge_client::cli::MountArgs),
     /// IOR/mdtest-style benchmarks of any path: bandwidth, IOPS, metadata rates.
@@ -41,11 +56,52 @@ enum Command {
     Sim(surge_sim::cli::SimArgs),
 }
 
-fn init_logging(verbose: u8) {
+#[derive(clap::Args, Debug)]
+struct InstanceCmd {
+    #[command(subcommand)]
+    command: InstanceSub,
+}
+
+#[derive(Subcommand, Debug)]
+enum InstanceSub {
+    /// List the instances the manager knows (job and persistent), with use and sessions.
+    Ls {
+        #[command(flatten)]
+        addr: surge_manager::cli::ManagerAddr,
+        #[arg(long)]
+        json: bool,
+    },
+    #[command(flatten)]
+    Direct(surge_client::cli::InstanceCommand),
+}
+
+/// Run a burst-buffer server: store fragments of instances on fast-tier directories and serve
+/// their data and metadata. `surge server status ADDR` and `surge server register ADDR` query
+/// and register servers.
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct ServerCmd {
+    #[command(subcommand)]
+    sub: Option<ServerSub>,
+    #[command(flatten)]
+    run: surge_server::cli::ServerArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum ServerSub {
+    /// Show what servers hold: fragments, namespaces, capacity and use.
+    Status(surge_client::cli::StatusArgs),
+    /// Register a running server with a manager.
+    Register(surge_manager::cli::RegisterArgs),
+}
+
+fn init_logging(verbose: u8, daemon: bool) {
     use tracing_subscriber::EnvFilter;
-    let default = match verbose {
-        0 => "info",
-        1 => "debug",
+    let default = match (verbose, daemon) {
+        (0, true) => "info",
+        // Commands a user runs interactively: only what needs attention.
+        (0, false) => "warn",
+        (1, _) => "debug",
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
@@ -57,10 +113,41 @@ fn init_logging(verbose: u8) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    let daemon = matches!(
+        cli.command,
+        Command::Manager(_) | Command::Mount(_) | Command::Server(ServerCmd { sub: None, .. })
+    );
+    init_logging(cli.verbose, daemon);
     let result = match cli.command {
-        Command::Server(a) => surge_server::cli::run(a, |_, _| {}),
-        Command::Instance(a) => surge_client::cli::run_instance(a),
+        Command::Run(a) => surge_run::run::run(a),
+        Command::Exec(a) => surge_run::exec::run_exec(a),
+        Command::Stage(a) => surge_run::stage_cli::run_stage(a),
+        Command::Persistent(a) => surge_manager::cli::run_persistent(a),
+        Command::Instance(InstanceCmd { command }) => match command {
+            InstanceSub::Ls { addr, json } => surge_manager::cli::runtime().and_then(|rt| {
+                rt.block_on(surge_manager::cli::list_instances(&addr.manager, json))
+                    .map(|_| ExitCode::SUCCESS)
+            }),
+            InstanceSub::Direct(c) => surge_client::cli::run_instance_command(c),
+        },
+        Command::Pool(a) => surge_manager::cli::run_pool(a),
+        Command::Session(a) => surge_manager::cli::run_session(a),
+        Command::Manager(a) => surge_manager::cli::run_manager(a),
+        Command::Server(ServerCmd { sub: Some(s), .. }) => match s {
+            ServerSub::Status(a) => surge_client::cli::run_status(a),
+            ServerSub::Register(a) => surge_manager::cli::run_register(a),
+        },
+        Command::Server(ServerCmd { sub: None, run }) => {
+            surge_server::cli::run(run, |args, running| {
+                if let Some(m) = &args.manager {
+                    surge_manager::cli::register_in_background(
+                        m.clone(),
+                        running.tcp_addr().to_string(),
+                        args.pool.clone(),
+                    );
+                }
+            })
+        }
         Command::Mount(a) => surge_client::cli::run_mount(a),
         Command::Bench(a) => surge_bench::cli::run(a),
         Command::Profile(a) => surge_profile::cli::run_profile(a),

@@ -41,7 +41,19 @@ impl Connection {
             dead: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&conn);
+        // If the runtime that runs the reader goes away, the connection is dead: mark it so the
+        // pool reconnects instead of waiting for replies nobody will read.
+        struct ReaderGone(std::sync::Weak<Connection>);
+        impl Drop for ReaderGone {
+            fn drop(&mut self) {
+                if let Some(c) = self.0.upgrade() {
+                    c.fail_all("connection reader stopped".into());
+                }
+            }
+        }
+        let guard = ReaderGone(weak.clone());
         tokio::spawn(async move {
+            let _guard = guard;
             loop {
                 let frame = codec::read_response(&mut reader).await;
                 let Some(conn) = weak.upgrade() else { break };

@@ -457,6 +457,22 @@ impl Fs {
         self.purge(u.ino, size).await;
     }
 
+    /// `mknod` of a regular file: created, not opened.
+    pub async fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
+        let a = self
+            .client
+            .create(parent, name, NewNode::File, perm, uid, gid)
+            .await?;
+        Ok(self.observe(a, true))
+    }
+
     pub async fn mkdir(
         &self,
         parent: Ino,

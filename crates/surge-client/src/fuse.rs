@@ -460,6 +460,76 @@ impl Filesystem for FuseAdapter {
         reply.ok();
     }
 
+    /// Regular files only: FIFOs, sockets and devices are refused (EOPNOTSUPP).
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return;
+        }
+        let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
+        let (uid, gid) = (req.uid(), req.gid());
+        let perm = (mode & !umask & 0o7777) as u16;
+        self.rt.spawn(async move {
+            match fs.mknod(parent.0, &name, perm, uid, gid).await {
+                Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    // Not provided; ENOSYS makes the kernel fall back to its generic code (read/write for
+    // copy_file_range, whole-file data for SEEK_DATA/SEEK_HOLE, glibc's emulation of
+    // posix_fallocate) and remember not to ask again.
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: fuser::ReplyLseek,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
     // Extended attributes are not stored. ENOSYS (not EOPNOTSUPP) makes the kernel stop asking,
     // which matters: it looks up `security.capability` before every write otherwise.
     fn getxattr(

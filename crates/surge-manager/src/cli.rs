@@ -69,7 +69,8 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     rt.block_on(async move {
         if let Some(parent) = args.state.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
         }
         let core = Arc::new(
             Core::open(&args.state, &args.pool, args.granularity)
@@ -93,10 +94,15 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
                 }
             });
         }
-        spawn_liveness(core.clone(), Duration::from_secs_f64(args.liveness_interval.max(0.1)));
+        spawn_liveness(
+            core.clone(),
+            Duration::from_secs_f64(args.liveness_interval.max(0.1)),
+        );
         info!(
             "surge manager listening on {grpc_addr} (gRPC){}; state {}",
-            http_addr.map(|a| format!(" and {a} (HTTP)")).unwrap_or_default(),
+            http_addr
+                .map(|a| format!(" and {a} (HTTP)"))
+                .unwrap_or_default(),
             args.state.display()
         );
         if let Some(f) = &args.ready_file {
@@ -105,13 +111,15 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
                 "http": http_addr.map(|a| a.to_string()),
                 "pid": std::process::id(),
             });
-            std::fs::write(f, text.to_string()).with_context(|| format!("cannot write {}", f.display()))?;
+            std::fs::write(f, text.to_string())
+                .with_context(|| format!("cannot write {}", f.display()))?;
         }
         let svc = Service { core, stages };
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
         let shutdown = async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("SIGTERM handler");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
@@ -136,7 +144,11 @@ pub struct ManagerAddr {
 }
 
 pub async fn connect(addr: &str) -> anyhow::Result<ManagerClient<Channel>> {
-    let url = if addr.starts_with("http://") { addr.to_string() } else { format!("http://{addr}") };
+    let url = if addr.starts_with("http://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
     let ch = tonic::transport::Endpoint::from_shared(url.clone())
         .with_context(|| format!("'{addr}' is not a manager address"))?
         .connect_timeout(Duration::from_secs(5))
@@ -186,12 +198,22 @@ pub fn run_pool(args: PoolArgs) -> anyhow::Result<ExitCode> {
         let mut c = connect(&args.addr.manager).await?;
         match args.command {
             PoolCommand::Ls { json } => {
-                let pools = c.list_pools(api::Empty {}).await.map_err(status_err)?.into_inner().pools;
+                let pools = c
+                    .list_pools(api::Empty {})
+                    .await
+                    .map_err(status_err)?
+                    .into_inner()
+                    .pools;
                 if json {
-                    return print_json(&serde_json::Value::Array(pools.iter().map(views::pool_json).collect()))
-                        .map(|_| ExitCode::SUCCESS);
+                    return print_json(&serde_json::Value::Array(
+                        pools.iter().map(views::pool_json).collect(),
+                    ))
+                    .map(|_| ExitCode::SUCCESS);
                 }
-                println!("{:<16} {:>12} {:>8} {:>4} {:>12} {:>12}", "pool", "granularity", "servers", "up", "capacity", "free");
+                println!(
+                    "{:<16} {:>12} {:>8} {:>4} {:>12} {:>12}",
+                    "pool", "granularity", "servers", "up", "capacity", "free"
+                );
                 for p in pools {
                     println!(
                         "{:<16} {:>12} {:>8} {:>4} {:>12} {:>12}",
@@ -210,7 +232,11 @@ pub fn run_pool(args: PoolArgs) -> anyhow::Result<ExitCode> {
                     .await
                     .map_err(status_err)?
                     .into_inner();
-                println!("pool {} (granularity {})", p.name, format_bytes(p.granularity));
+                println!(
+                    "pool {} (granularity {})",
+                    p.name,
+                    format_bytes(p.granularity)
+                );
             }
         }
         Ok(ExitCode::SUCCESS)
@@ -261,10 +287,15 @@ pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
             .filter(|s| all || s.state == "active")
             .collect();
         if json {
-            print_json(&serde_json::Value::Array(sessions.iter().map(views::session_json).collect()))?;
+            print_json(&serde_json::Value::Array(
+                sessions.iter().map(views::session_json).collect(),
+            ))?;
             return Ok(ExitCode::SUCCESS);
         }
-        println!("{:>6} {:<24} {:<18} {:>6} {:>12} {:<}", "id", "job", "state", "age", "job inst", "persistent");
+        println!(
+            "{:>6} {:<24} {:<18} {:>6} {:>12} {:<}",
+            "id", "job", "state", "age", "job inst", "persistent"
+        );
         for s in sessions {
             println!(
                 "{:>6} {:<24} {:<18} {:>6} {:>12} {:?}",
@@ -272,7 +303,11 @@ pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
                 s.job,
                 s.state,
                 age(s.created),
-                if s.job_instance == 0 { "-".to_string() } else { s.job_instance.to_string() },
+                if s.job_instance == 0 {
+                    "-".to_string()
+                } else {
+                    s.job_instance.to_string()
+                },
                 s.persistent
             );
         }
@@ -282,9 +317,16 @@ pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn list_instances(manager: &str, json: bool) -> anyhow::Result<()> {
     let mut c = connect(manager).await?;
-    let instances = c.list_instances(api::Empty {}).await.map_err(status_err)?.into_inner().instances;
+    let instances = c
+        .list_instances(api::Empty {})
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .instances;
     if json {
-        return print_json(&serde_json::Value::Array(instances.iter().map(views::instance_json).collect()));
+        return print_json(&serde_json::Value::Array(
+            instances.iter().map(views::instance_json).collect(),
+        ));
     }
     println!(
         "{:>12} {:<20} {:<10} {:<8} {:>10} {:>10} {:>5} {:>5} {:<}",
@@ -349,7 +391,13 @@ pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
         let mut c = connect(&args.addr.manager).await?;
         match args.command {
-            PersistentCommand::Create { name, capacity, access_mode, pool, json } => {
+            PersistentCommand::Create {
+                name,
+                capacity,
+                access_mode,
+                pool,
+                json,
+            } => {
                 // SAFETY: getuid/getgid have no preconditions.
                 let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
                 let i = c
@@ -389,9 +437,14 @@ pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
                     .filter(|i| i.kind == "persistent")
                     .collect();
                 if json {
-                    print_json(&serde_json::Value::Array(instances.iter().map(views::instance_json).collect()))?;
+                    print_json(&serde_json::Value::Array(
+                        instances.iter().map(views::instance_json).collect(),
+                    ))?;
                 } else {
-                    println!("{:<20} {:>12} {:>10} {:>10} {:>6} {:<}", "name", "id", "capacity", "used", "age", "sessions");
+                    println!(
+                        "{:<20} {:>12} {:>10} {:>10} {:>6} {:<}",
+                        "name", "id", "capacity", "used", "age", "sessions"
+                    );
                     for i in instances {
                         println!(
                             "{:<20} {:>12} {:>10} {:>10} {:>6} {:?}",
@@ -406,9 +459,13 @@ pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
                 }
             }
             PersistentCommand::Destroy { name, hurry } => {
-                c.destroy_instance(api::DestroyInstanceRequest { id: 0, persistent_name: name.clone(), hurry })
-                    .await
-                    .map_err(status_err)?;
+                c.destroy_instance(api::DestroyInstanceRequest {
+                    id: 0,
+                    persistent_name: name.clone(),
+                    hurry,
+                })
+                .await
+                .map_err(status_err)?;
                 println!("destroyed persistent instance {name}");
             }
         }
@@ -418,14 +475,13 @@ pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn register_server(manager: &str, addr: &str, pool: &str) -> anyhow::Result<api::Server> {
     let mut c = connect(manager).await?;
-    Ok(c
-        .register_server(api::RegisterServerRequest {
-            addr: addr.to_string(),
-            pool: pool.to_string(),
-        })
-        .await
-        .map_err(status_err)?
-        .into_inner())
+    Ok(c.register_server(api::RegisterServerRequest {
+        addr: addr.to_string(),
+        pool: pool.to_string(),
+    })
+    .await
+    .map_err(status_err)?
+    .into_inner())
 }
 
 /// Register a running server with the manager, into a pool (a server started with
@@ -444,7 +500,12 @@ pub struct RegisterArgs {
 pub fn run_register(args: RegisterArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
         let s = register_server(&args.manager.manager, &args.addr, &args.pool).await?;
-        println!("server {} registered in pool {} ({})", s.id, s.pool, format_bytes(s.capacity));
+        println!(
+            "server {} registered in pool {} ({})",
+            s.id,
+            s.pool,
+            format_bytes(s.capacity)
+        );
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -453,14 +514,20 @@ pub fn run_register(args: RegisterArgs) -> anyhow::Result<ExitCode> {
 /// later). Runs on its own thread so the server serves meanwhile.
 pub fn register_in_background(manager: String, addr: String, pool: String) {
     std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
             return;
         };
         let mut delay = Duration::from_millis(100);
         loop {
             match rt.block_on(register_server(&manager, &addr, &pool)) {
                 Ok(s) => {
-                    info!("registered with manager {manager} as {} in pool {}", s.id, s.pool);
+                    info!(
+                        "registered with manager {manager} as {} in pool {}",
+                        s.id, s.pool
+                    );
                     return;
                 }
                 Err(e) => {

@@ -108,13 +108,19 @@ impl Core {
 
     /// Registers (or re-registers) the server at `addr` into `pool`.
     pub async fn register_server(&self, addr: &str, pool: &str) -> MResult<ServerRow> {
-        let pool = if pool.is_empty() { self.default_pool.as_str() } else { pool };
+        let pool = if pool.is_empty() {
+            self.default_pool.as_str()
+        } else {
+            pool
+        };
         if self.store.lock().pool(pool)?.is_none() {
-            return Err(ManagerError::NotFound(format!("pool '{pool}' does not exist")));
+            return Err(ManagerError::NotFound(format!(
+                "pool '{pool}' does not exist"
+            )));
         }
-        let st = admin::status(addr)
-            .await
-            .map_err(|e| ManagerError::Unavailable(format!("cannot reach server at {addr}: {e}")))?;
+        let st = admin::status(addr).await.map_err(|e| {
+            ManagerError::Unavailable(format!("cannot reach server at {addr}: {e}"))
+        })?;
         let mut addrs = st.addrs.clone();
         // Reach it first as the registrar did if it listens on a wildcard address.
         if !addrs.iter().any(|a| a == addr) {
@@ -141,7 +147,11 @@ impl Core {
         self.collect_garbage(&row, &st).await;
         self.status.lock().insert(row.id.clone(), st);
         self.misses.lock().remove(&row.id);
-        info!("server {} registered in pool {pool} ({})", row.id, row.addrs.join(", "));
+        info!(
+            "server {} registered in pool {pool} ({})",
+            row.id,
+            row.addrs.join(", ")
+        );
         Ok(row)
     }
 
@@ -185,7 +195,10 @@ impl Core {
         };
         for f in &st.fragments {
             if !known.contains(&f.instance.0) {
-                warn!("server {}: removing fragment {} of unknown instance {}", server.id, f.index, f.instance);
+                warn!(
+                    "server {}: removing fragment {} of unknown instance {}",
+                    server.id, f.index, f.instance
+                );
                 let _ = pool
                     .call(
                         &Request::DestroyFragment {
@@ -199,9 +212,18 @@ impl Core {
         }
         for (i, ns) in &st.namespaces {
             if !known.contains(&i.0) {
-                warn!("server {}: removing namespace {} of unknown instance {i}", server.id, ns.0);
+                warn!(
+                    "server {}: removing namespace {} of unknown instance {i}",
+                    server.id, ns.0
+                );
                 let _ = pool
-                    .call(&Request::DestroyNamespace { instance: *i, ns: *ns }, &[])
+                    .call(
+                        &Request::DestroyNamespace {
+                            instance: *i,
+                            ns: *ns,
+                        },
+                        &[],
+                    )
                     .await;
             }
         }
@@ -244,7 +266,10 @@ impl Core {
                         *n
                     };
                     if n >= MISSES_DOWN && s.state != "down" {
-                        warn!("server {} missed {n} liveness checks: marking it down", s.id);
+                        warn!(
+                            "server {} missed {n} liveness checks: marking it down",
+                            s.id
+                        );
                         let _ = self.store.lock().set_server_state(&s.id, "down", None);
                     }
                 }
@@ -265,7 +290,9 @@ impl Core {
     }
 
     /// Capacity promised to fragments on each server, from the descriptors of all instances.
-    fn reserved_by_server(instances: &[InstanceRow]) -> (HashMap<String, u64>, HashMap<String, u32>) {
+    fn reserved_by_server(
+        instances: &[InstanceRow],
+    ) -> (HashMap<String, u64>, HashMap<String, u32>) {
         let mut reserved = HashMap::new();
         let mut namespaces = HashMap::new();
         for i in instances {
@@ -289,8 +316,17 @@ impl Core {
             let mine: Vec<&ServerRow> = servers.iter().filter(|s| s.pool == p.name).collect();
             let up = mine.iter().filter(|s| s.state == "up").count() as u32;
             let capacity: u64 = mine.iter().map(|s| s.capacity).sum();
-            let used: u64 = mine.iter().map(|s| reserved.get(&s.id).copied().unwrap_or(0)).sum();
-            out.push((p, mine.len() as u32, up, capacity, capacity.saturating_sub(used)));
+            let used: u64 = mine
+                .iter()
+                .map(|s| reserved.get(&s.id).copied().unwrap_or(0))
+                .sum();
+            out.push((
+                p,
+                mine.len() as u32,
+                up,
+                capacity,
+                capacity.saturating_sub(used),
+            ));
         }
         Ok(out)
     }
@@ -311,18 +347,28 @@ impl Core {
         if let Some(name) = &req.persistent_name {
             surge_core::directives::check_persistent_name(name).map_err(ManagerError::Invalid)?;
         }
-        let stripe = if req.stripe_size == 0 { DEFAULT_STRIPE_SIZE } else { req.stripe_size };
-        let pool_name = if req.pool.is_empty() { self.default_pool.clone() } else { req.pool.clone() };
+        let stripe = if req.stripe_size == 0 {
+            DEFAULT_STRIPE_SIZE
+        } else {
+            req.stripe_size
+        };
+        let pool_name = if req.pool.is_empty() {
+            self.default_pool.clone()
+        } else {
+            req.pool.clone()
+        };
 
         let _guard = self.alloc.lock().await;
         let (plan_servers, placement, granularity, id) = {
             let store = self.store.lock();
-            let pool = store
-                .pool(&pool_name)?
-                .ok_or_else(|| ManagerError::NotFound(format!("pool '{pool_name}' does not exist")))?;
+            let pool = store.pool(&pool_name)?.ok_or_else(|| {
+                ManagerError::NotFound(format!("pool '{pool_name}' does not exist"))
+            })?;
             if let Some(name) = &req.persistent_name {
                 if store.persistent_name_taken(name)? {
-                    return Err(ManagerError::Busy(format!("a persistent instance named '{name}' exists")));
+                    return Err(ManagerError::Busy(format!(
+                        "a persistent instance named '{name}' exists"
+                    )));
                 }
             }
             let (reserved, namespaces) = Self::reserved_by_server(&store.instances()?);
@@ -341,15 +387,25 @@ impl Core {
                 })
                 .collect();
             let ns_count = if mode == "private" { nodes } else { 1 };
-            let placement = placement::place(req.capacity, pool.granularity, &candidates, ns_count).map_err(|e| match e {
-                placement::PlacementError::NoSpace { .. } => ManagerError::NoSpace(format!("pool '{}': {e}", pool.name)),
-                placement::PlacementError::NoServers => ManagerError::Unavailable(format!("pool '{}': {e}", pool.name)),
-                other => ManagerError::Invalid(other.to_string()),
-            })?;
+            let placement = placement::place(req.capacity, pool.granularity, &candidates, ns_count)
+                .map_err(|e| match e {
+                    placement::PlacementError::NoSpace { .. } => {
+                        ManagerError::NoSpace(format!("pool '{}': {e}", pool.name))
+                    }
+                    placement::PlacementError::NoServers => {
+                        ManagerError::Unavailable(format!("pool '{}': {e}", pool.name))
+                    }
+                    other => ManagerError::Invalid(other.to_string()),
+                })?;
             let row = InstanceRow {
                 id: 0,
                 name: String::new(),
-                kind: if req.persistent_name.is_some() { "persistent" } else { "job" }.into(),
+                kind: if req.persistent_name.is_some() {
+                    "persistent"
+                } else {
+                    "job"
+                }
+                .into(),
                 persistent_name: req.persistent_name.clone(),
                 access_mode: mode.into(),
                 pool: pool.name.clone(),
@@ -372,7 +428,10 @@ impl Core {
             let id = store.new_instance_id(&row)?;
             (servers, placement, pool.granularity, id)
         };
-        let name = req.persistent_name.clone().unwrap_or_else(|| format!("job-{id}"));
+        let name = req
+            .persistent_name
+            .clone()
+            .unwrap_or_else(|| format!("job-{id}"));
         let sref = |i: usize| ServerRef {
             id: plan_servers[i].id.clone(),
             addrs: plan_servers[i].addrs.clone(),
@@ -382,7 +441,11 @@ impl Core {
             name: name.clone(),
             access_mode: mode.into(),
             stripe_size: stripe,
-            fragments: placement.fragments.iter().map(|(i, c)| (sref(*i), *c)).collect(),
+            fragments: placement
+                .fragments
+                .iter()
+                .map(|(i, c)| (sref(*i), *c))
+                .collect(),
             namespaces: placement.namespaces.iter().map(|i| sref(*i)).collect(),
             root_uid: req.owner_uid,
             root_gid: req.owner_gid,
@@ -399,11 +462,15 @@ impl Core {
                     surge_core::format_bytes(granularity),
                     placement.namespaces.len().max(1)
                 );
-                Ok(store.instance(id)?.ok_or_else(|| ManagerError::NotFound(format!("instance {id} vanished")))?)
+                Ok(store
+                    .instance(id)?
+                    .ok_or_else(|| ManagerError::NotFound(format!("instance {id} vanished")))?)
             }
             Err(e) => {
                 let _ = self.store.lock().delete_instance(id);
-                Err(ManagerError::Unavailable(format!("cannot create instance: {e}")))
+                Err(ManagerError::Unavailable(format!(
+                    "cannot create instance: {e}"
+                )))
             }
         }
     }
@@ -450,7 +517,12 @@ impl Core {
     }
 
     /// Destroys an instance. A persistent instance used by an active session is refused.
-    pub async fn destroy_instance(&self, id: u64, persistent_name: &str, except_session: Option<u64>) -> MResult<()> {
+    pub async fn destroy_instance(
+        &self,
+        id: u64,
+        persistent_name: &str,
+        except_session: Option<u64>,
+    ) -> MResult<()> {
         let inst = self.instance(id, persistent_name)?;
         let users: Vec<u64> = self
             .sessions_using(inst.id)?
@@ -465,7 +537,9 @@ impl Core {
         }
         admin::destroy_instance(&inst.descriptor)
             .await
-            .map_err(|e| ManagerError::Unavailable(format!("cannot destroy instance {}: {e}", inst.id)))?;
+            .map_err(|e| {
+                ManagerError::Unavailable(format!("cannot destroy instance {}: {e}", inst.id))
+            })?;
         self.store.lock().delete_instance(inst.id)?;
         info!("instance {} ({}) destroyed", inst.id, inst.name);
         Ok(())

@@ -84,7 +84,7 @@ async fn sessions(State(s): State<AppState>) -> HResult {
     Ok(Json(Value::Array(v)))
 }
 
-async fn stages(State(s): State<AppState>) -> HResult {
+async fn list_stages(State(s): State<AppState>) -> HResult {
     let v: Vec<Value> = s
         .stages
         .list(0)?
@@ -101,6 +101,6 @@ pub fn router(core: Arc<Core>, stages: Arc<Stages>) -> Router {
         .route("/v1/instances", get(instances))
         .route("/v1/instances/{id}", get(instance))
         .route("/v1/sessions", get(sessions))
-        .route("/v1/stages", get(stages))
+        .route("/v1/stages", get(list_stages))
         .with_state(AppState { core, stages })
 }

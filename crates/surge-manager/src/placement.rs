@@ -101,10 +101,13 @@ pub fn place(
     let mut ns_load: Vec<u32> = servers.iter().map(|s| s.namespaces).collect();
     let mut ns = Vec::with_capacity(namespaces as usize);
     for _ in 0..namespaces.max(1) {
-        let Some(&i) = chosen
-            .iter()
-            .min_by(|&&a, &&b| (ns_load[a], reserved[a], &servers[a].id).cmp(&(ns_load[b], reserved[b], &servers[b].id)))
-        else {
+        let Some(&i) = chosen.iter().min_by(|&&a, &&b| {
+            (ns_load[a], reserved[a], &servers[a].id).cmp(&(
+                ns_load[b],
+                reserved[b],
+                &servers[b].id,
+            ))
+        }) else {
             return Err(PlacementError::NoServers);
         };
         ns_load[i] += 1;
@@ -146,7 +149,11 @@ mod tests {
     fn one_fragment_per_server_least_used_first() {
         let p = place(300, G, &servers(&[500, 0, 200, 100]), 1).unwrap();
         let chosen: Vec<usize> = p.fragments.iter().map(|f| f.0).collect();
-        assert_eq!(chosen, vec![1, 3, 2], "least reserved first, each server once");
+        assert_eq!(
+            chosen,
+            vec![1, 3, 2],
+            "least reserved first, each server once"
+        );
     }
 
     #[test]
@@ -166,7 +173,9 @@ mod tests {
         assert!(p.fragments.iter().all(|f| f.0 == 1));
         let e = place(2000, G, &servers(&[1000, 0, 950]), 1).unwrap_err();
         match e {
-            PlacementError::NoSpace { needed, placed, .. } => assert_eq!((needed, placed), (20, 10)),
+            PlacementError::NoSpace { needed, placed, .. } => {
+                assert_eq!((needed, placed), (20, 10))
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -188,7 +197,10 @@ mod tests {
 
     #[test]
     fn zero_capacity_and_empty_pool_are_errors() {
-        assert_eq!(place(0, G, &servers(&[0]), 1), Err(PlacementError::ZeroCapacity));
+        assert_eq!(
+            place(0, G, &servers(&[0]), 1),
+            Err(PlacementError::ZeroCapacity)
+        );
         assert_eq!(place(10, G, &[], 1), Err(PlacementError::NoServers));
     }
 }

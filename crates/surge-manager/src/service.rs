@@ -30,9 +30,17 @@ impl From<ManagerError> for Status {
 pub fn instance_request(r: &api::CreateInstanceRequest) -> InstanceRequest {
     InstanceRequest {
         capacity: r.capacity,
-        access_mode: if r.access_mode.is_empty() { "striped".into() } else { r.access_mode.clone() },
+        access_mode: if r.access_mode.is_empty() {
+            "striped".into()
+        } else {
+            r.access_mode.clone()
+        },
         pool: r.pool.clone(),
-        persistent_name: if r.persistent_name.is_empty() { None } else { Some(r.persistent_name.clone()) },
+        persistent_name: if r.persistent_name.is_empty() {
+            None
+        } else {
+            Some(r.persistent_name.clone())
+        },
         nodes: r.nodes.max(1),
         owner_uid: r.owner_uid,
         owner_gid: r.owner_gid,
@@ -48,7 +56,10 @@ impl Manager for Service {
         let r = req.into_inner();
         let row = self.core.register_server(&r.addr, &r.pool).await?;
         let servers = self.core.servers()?;
-        let st = servers.iter().find(|(s, _)| s.id == row.id).and_then(|(_, st)| st.as_ref());
+        let st = servers
+            .iter()
+            .find(|(s, _)| s.id == row.id)
+            .and_then(|(_, st)| st.as_ref());
         Ok(Response::new(views::server(&row, st)))
     }
 
@@ -83,7 +94,10 @@ impl Manager for Service {
         Ok(Response::new(api::PoolList { pools }))
     }
 
-    async fn create_instance(&self, req: Request<api::CreateInstanceRequest>) -> Res<api::Instance> {
+    async fn create_instance(
+        &self,
+        req: Request<api::CreateInstanceRequest>,
+    ) -> Res<api::Instance> {
         let r = instance_request(req.get_ref());
         let inst = self.core.create_instance(&r).await?;
         Ok(Response::new(views::instance(&self.core, &inst)))
@@ -136,7 +150,10 @@ impl Manager for Service {
 
     async fn end_session(&self, req: Request<api::EndSessionRequest>) -> Res<api::Session> {
         let r = req.into_inner();
-        let s = self.core.end_session(r.id, r.keep_job_instance, &r.state).await?;
+        let s = self
+            .core
+            .end_session(r.id, r.keep_job_instance, &r.state)
+            .await?;
         Ok(Response::new(views::session(&self.core, &s)))
     }
 

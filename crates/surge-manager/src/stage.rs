@@ -24,8 +24,6 @@ struct Running {
 pub struct Stages {
     core: Arc<Core>,
     running: Mutex<HashMap<u64, Running>>,
-    /// Connections kept per (instance, namespace) while tasks use them.
-    clients: Mutex<HashMap<(u64, u32), Arc<InstanceClient>>>,
 }
 
 impl Stages {
@@ -33,21 +31,7 @@ impl Stages {
         Stages {
             core,
             running: Mutex::new(HashMap::new()),
-            clients: Mutex::new(HashMap::new()),
         }
-    }
-
-    fn client(&self, instance: u64, ns: u32) -> MResult<Arc<InstanceClient>> {
-        if let Some(c) = self.clients.lock().get(&(instance, ns)) {
-            return Ok(c.clone());
-        }
-        let inst = self.core.instance(instance, "")?;
-        let c = Arc::new(
-            InstanceClient::new(inst.descriptor.clone(), NamespaceId(ns))
-                .map_err(|e| ManagerError::Unavailable(format!("instance {instance}: {e}")))?,
-        );
-        self.clients.lock().insert((instance, ns), c.clone());
-        Ok(c)
     }
 
     fn finish(&self, row: &mut StageRow, state: &str, error: String) {
@@ -72,9 +56,13 @@ impl Stages {
         };
         let session = self.core.session(req.session)?;
         if session.state != "active" {
-            return Err(ManagerError::Invalid(format!("session {} is {}", session.id, session.state)));
+            return Err(ManagerError::Invalid(format!(
+                "session {} is {}",
+                session.id, session.state
+            )));
         }
-        let uses = session.job_instance == Some(req.instance) || session.persistent.contains(&req.instance);
+        let uses = session.job_instance == Some(req.instance)
+            || session.persistent.contains(&req.instance);
         if !uses {
             return Err(ManagerError::Invalid(format!(
                 "session {} does not use instance {}",
@@ -92,7 +80,9 @@ impl Stages {
         let items: Vec<StageItem> = serde_json::from_str(&req.items_json)
             .map_err(|e| ManagerError::Invalid(format!("stage items are not valid JSON: {e}")))?;
         if items.is_empty() {
-            return Err(ManagerError::Invalid("a stage task needs at least one item".into()));
+            return Err(ManagerError::Invalid(
+                "a stage task needs at least one item".into(),
+            ));
         }
         let mut row = StageRow {
             id: 0,
@@ -112,18 +102,88 @@ impl Stages {
             created: crate::state::now(),
         };
         row.id = self.core.store.lock().create_stage(&row)?;
-        let client = self.client(inst.id, ns)?;
+        let opts = StageOptions {
+            workers: if req.workers == 0 {
+                32
+            } else {
+                req.workers as usize
+            },
+            checksum: req.checksum,
+            owner: Some((inst.owner_uid, inst.owner_gid)),
+            ..StageOptions::default()
+        };
+        // Each task plans and copies on its own thread and runtime (with its own connections),
+        // apart from the API's runtime, so a large stage never slows the manager's answers. The
+        // caller gets the task back once it is planned (or failed planning).
+        let (planned_tx, planned_rx) = tokio::sync::oneshot::channel::<StageRow>();
+        let this = self.clone();
+        let desc = inst.descriptor.clone();
+        let mut task_row = row.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("stage-{}", row.id))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        this.finish(
+                            &mut task_row,
+                            "failed",
+                            format!("cannot start a runtime: {e}"),
+                        );
+                        let _ = planned_tx.send(task_row);
+                        return;
+                    }
+                };
+                rt.block_on(this.run_task(task_row, desc, direction, items, opts, planned_tx));
+            });
+        if let Err(e) = spawned {
+            self.finish(
+                &mut row,
+                "failed",
+                format!("cannot start a stage thread: {e}"),
+            );
+            return Ok(row);
+        }
+        planned_rx
+            .await
+            .map_err(|_| ManagerError::Unavailable("the stage task stopped while planning".into()))
+    }
+
+    async fn run_task(
+        self: Arc<Self>,
+        mut row: StageRow,
+        desc: surge_proto::InstanceDescriptor,
+        direction: Direction,
+        items: Vec<StageItem>,
+        opts: StageOptions,
+        planned: tokio::sync::oneshot::Sender<StageRow>,
+    ) {
+        let client = match InstanceClient::new(desc, NamespaceId(row.ns)) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                let msg = format!("instance {}: {e}", row.instance);
+                self.finish(&mut row, "failed", msg);
+                let _ = planned.send(row);
+                return;
+            }
+        };
         let plan = match surge_stage::plan(&client, direction, &items).await {
             Ok(p) => p,
             Err(e) => {
                 self.finish(&mut row, "failed", e.to_string());
-                return Ok(row);
+                let _ = planned.send(row);
+                return;
             }
         };
         if direction == Direction::In {
             if let Err(e) = surge_stage::check_fits(&client, &plan).await {
                 self.finish(&mut row, "failed", e.to_string());
-                return Ok(row);
+                let _ = planned.send(row);
+                return;
             }
         }
         row.files_total = plan.files;
@@ -133,52 +193,49 @@ impl Stages {
         self.running.lock().insert(
             row.id,
             Running {
-                instance: inst.id,
+                instance: row.instance,
                 progress: progress.clone(),
             },
         );
-        let opts = StageOptions {
-            workers: if req.workers == 0 { 32 } else { req.workers as usize },
-            checksum: req.checksum,
-            owner: Some((inst.owner_uid, inst.owner_gid)),
-            ..StageOptions::default()
-        };
-        let this = self.clone();
-        let started = row.clone();
-        tokio::spawn(async move {
-            let mut row = started;
-            let result = surge_stage::execute(client, &plan, &opts, progress.clone()).await;
-            let snap = progress.snapshot();
-            row.files_done = snap.files_done;
-            row.bytes_done = snap.bytes_done;
-            row.seconds = snap.elapsed.as_secs_f64();
-            match result {
-                Ok(report) => {
-                    row.files_done = report.files;
-                    row.bytes_done = report.bytes;
-                    row.seconds = report.seconds;
-                    row.failures_json = serde_json::to_string(&report.failures).unwrap_or_else(|_| "[]".into());
-                    if report.ok() {
-                        info!(
-                            "stage task {} ({}): {} files, {} in {:.2} s",
-                            row.id,
-                            row.direction,
-                            report.files,
-                            surge_core::format_bytes(report.bytes),
-                            report.seconds
-                        );
-                        this.finish(&mut row, "done", String::new());
-                    } else {
-                        let n = report.failures.len();
-                        warn!("stage task {} ({}): {n} files failed", row.id, row.direction);
-                        this.finish(&mut row, "failed", format!("{n} file(s) could not be copied"));
-                    }
+        let _ = planned.send(row.clone());
+        let result = surge_stage::execute(client, &plan, &opts, progress.clone()).await;
+        let snap = progress.snapshot();
+        row.files_done = snap.files_done;
+        row.bytes_done = snap.bytes_done;
+        row.seconds = snap.elapsed.as_secs_f64();
+        match result {
+            Ok(report) => {
+                row.files_done = report.files;
+                row.bytes_done = report.bytes;
+                row.seconds = report.seconds;
+                row.failures_json =
+                    serde_json::to_string(&report.failures).unwrap_or_else(|_| "[]".into());
+                if report.ok() {
+                    info!(
+                        "stage task {} ({}): {} files, {} in {:.2} s",
+                        row.id,
+                        row.direction,
+                        report.files,
+                        surge_core::format_bytes(report.bytes),
+                        report.seconds
+                    );
+                    self.finish(&mut row, "done", String::new());
+                } else {
+                    let n = report.failures.len();
+                    warn!(
+                        "stage task {} ({}): {n} files failed",
+                        row.id, row.direction
+                    );
+                    self.finish(
+                        &mut row,
+                        "failed",
+                        format!("{n} file(s) could not be copied"),
+                    );
                 }
-                Err(e) => this.finish(&mut row, "failed", e.to_string()),
             }
-            this.running.lock().remove(&row.id);
-        });
-        Ok(row)
+            Err(e) => self.finish(&mut row, "failed", e.to_string()),
+        }
+        self.running.lock().remove(&row.id);
     }
 
     /// A task, with live progress while it runs.
@@ -220,7 +277,6 @@ impl Stages {
         loop {
             let busy = self.running.lock().values().any(|r| r.instance == instance);
             if !busy {
-                self.clients.lock().retain(|(i, _), _| *i != instance);
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

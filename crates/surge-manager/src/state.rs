@@ -127,7 +127,13 @@ impl Store {
         )?;
         // Instance ids name fragments on servers, which outlive a manager whose state was
         // deleted: start a fresh database at a random offset so ids are not reused.
-        let empty: bool = db.query_row("SELECT NOT EXISTS(SELECT 1 FROM sqlite_sequence WHERE name = 'instances')", [], |r| r.get(0)).unwrap_or(true);
+        let empty: bool = db
+            .query_row(
+                "SELECT NOT EXISTS(SELECT 1 FROM sqlite_sequence WHERE name = 'instances')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap_or(true);
         if empty {
             let start = random_u32() as i64;
             db.execute(
@@ -147,11 +153,13 @@ impl Store {
              ON CONFLICT(name) DO UPDATE SET granularity = excluded.granularity",
             params![name, granularity as i64, now()],
         )?;
-        self.pool(name).map(|p| p.unwrap_or(PoolRow {
-            name: name.to_string(),
-            granularity,
-            created: now(),
-        }))
+        self.pool(name).map(|p| {
+            p.unwrap_or(PoolRow {
+                name: name.to_string(),
+                granularity,
+                created: now(),
+            })
+        })
     }
 
     pub fn pool(&self, name: &str) -> R<Option<PoolRow>> {
@@ -171,7 +179,9 @@ impl Store {
     }
 
     pub fn pools(&self) -> R<Vec<PoolRow>> {
-        let mut st = self.db.prepare("SELECT name, granularity, created FROM pools ORDER BY name")?;
+        let mut st = self
+            .db
+            .prepare("SELECT name, granularity, created FROM pools ORDER BY name")?;
         let rows = st.query_map([], |r| {
             Ok(PoolRow {
                 name: r.get(0)?,
@@ -207,17 +217,18 @@ impl Store {
                 "UPDATE servers SET state = ?2, last_seen = ?3 WHERE id = ?1",
                 params![id, state, t],
             )?,
-            None => self
-                .db
-                .execute("UPDATE servers SET state = ?2 WHERE id = ?1", params![id, state])?,
+            None => self.db.execute(
+                "UPDATE servers SET state = ?2 WHERE id = ?1",
+                params![id, state],
+            )?,
         };
         Ok(())
     }
 
     pub fn servers(&self) -> R<Vec<ServerRow>> {
-        let mut st = self
-            .db
-            .prepare("SELECT id, pool, addrs, capacity, state, last_seen FROM servers ORDER BY pool, id")?;
+        let mut st = self.db.prepare(
+            "SELECT id, pool, addrs, capacity, state, last_seen FROM servers ORDER BY pool, id",
+        )?;
         let rows = st.query_map([], |r| {
             let addrs: String = r.get(2)?;
             Ok(ServerRow {
@@ -250,12 +261,17 @@ impl Store {
             state: r.get(10)?,
             created: r.get(11)?,
             descriptor: serde_json::from_str(&desc).map_err(|e| {
-                rusqlite::Error::FromSqlConversionFailure(12, rusqlite::types::Type::Text, Box::new(e))
+                rusqlite::Error::FromSqlConversionFailure(
+                    12,
+                    rusqlite::types::Type::Text,
+                    Box::new(e),
+                )
             })?,
         })
     }
 
-    const INSTANCE_COLS: &'static str = "id, name, kind, persistent_name, access_mode, pool, capacity, nodes, \
+    const INSTANCE_COLS: &'static str =
+        "id, name, kind, persistent_name, access_mode, pool, capacity, nodes, \
          owner_uid, owner_gid, state, created, descriptor";
 
     /// Reserves an id for a new instance (the row is completed by [`Store::finish_instance`]).
@@ -283,7 +299,11 @@ impl Store {
     pub fn finish_instance(&self, id: u64, name: &str, desc: &InstanceDescriptor) -> R<()> {
         self.db.execute(
             "UPDATE instances SET state = 'active', name = ?2, descriptor = ?3 WHERE id = ?1",
-            params![id as i64, name, serde_json::to_string(desc).map_err(json_err)?],
+            params![
+                id as i64,
+                name,
+                serde_json::to_string(desc).map_err(json_err)?
+            ],
         )?;
         Ok(())
     }
@@ -297,14 +317,18 @@ impl Store {
     }
 
     pub fn delete_instance(&self, id: u64) -> R<()> {
-        self.db.execute("DELETE FROM instances WHERE id = ?1", [id as i64])?;
+        self.db
+            .execute("DELETE FROM instances WHERE id = ?1", [id as i64])?;
         Ok(())
     }
 
     pub fn instance(&self, id: u64) -> R<Option<InstanceRow>> {
         self.db
             .query_row(
-                &format!("SELECT {} FROM instances WHERE id = ?1 AND state != 'creating'", Self::INSTANCE_COLS),
+                &format!(
+                    "SELECT {} FROM instances WHERE id = ?1 AND state != 'creating'",
+                    Self::INSTANCE_COLS
+                ),
                 [id as i64],
                 Self::instance_from_row,
             )
@@ -325,8 +349,11 @@ impl Store {
     }
 
     pub fn persistent_name_taken(&self, name: &str) -> R<bool> {
-        self.db
-            .query_row("SELECT EXISTS(SELECT 1 FROM instances WHERE persistent_name = ?1)", [name], |r| r.get(0))
+        self.db.query_row(
+            "SELECT EXISTS(SELECT 1 FROM instances WHERE persistent_name = ?1)",
+            [name],
+            |r| r.get(0),
+        )
     }
 
     pub fn instances(&self) -> R<Vec<InstanceRow>> {
@@ -347,7 +374,9 @@ impl Store {
 
     /// Instances left half-created by a manager that stopped in the middle of a creation.
     pub fn half_created(&self) -> R<Vec<u64>> {
-        let mut st = self.db.prepare("SELECT id FROM instances WHERE state = 'creating'")?;
+        let mut st = self
+            .db
+            .prepare("SELECT id FROM instances WHERE state = 'creating'")?;
         let rows = st.query_map([], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
         rows.collect()
     }
@@ -402,9 +431,9 @@ impl Store {
     }
 
     fn fill_persistent(&self, s: &mut SessionRow) -> R<()> {
-        let mut st = self
-            .db
-            .prepare_cached("SELECT instance FROM session_persistent WHERE session = ?1 ORDER BY instance")?;
+        let mut st = self.db.prepare_cached(
+            "SELECT instance FROM session_persistent WHERE session = ?1 ORDER BY instance",
+        )?;
         s.persistent = st
             .query_map([s.id as i64], |r| r.get::<_, i64>(0).map(|v| v as u64))?
             .collect::<R<Vec<_>>>()?;
@@ -513,7 +542,8 @@ impl Store {
         })
     }
 
-    const STAGE_COLS: &'static str = "id, session, instance, ns, direction, items, state, files_total, files_done, \
+    const STAGE_COLS: &'static str =
+        "id, session, instance, ns, direction, items, state, files_total, files_done, \
          bytes_total, bytes_done, seconds, failures, error, created";
 
     pub fn stage(&self, id: u64) -> R<Option<StageRow>> {
@@ -616,10 +646,16 @@ mod tests {
     #[test]
     fn fresh_databases_start_instance_ids_at_a_random_offset() {
         let t = tempfile::tempdir().unwrap();
-        let a = Store::open(&t.path().join("a.db")).unwrap().new_instance_id(&row()).unwrap();
+        let a = Store::open(&t.path().join("a.db"))
+            .unwrap()
+            .new_instance_id(&row())
+            .unwrap();
         let mut r = row();
         r.persistent_name = None;
-        let b = Store::open(&t.path().join("b.db")).unwrap().new_instance_id(&r).unwrap();
+        let b = Store::open(&t.path().join("b.db"))
+            .unwrap()
+            .new_instance_id(&r)
+            .unwrap();
         assert_ne!(a, b);
         assert!(a > 1 || b > 1);
     }

@@ -39,10 +39,24 @@ pub struct Embedded {
 
 /// The user's name for default directory names.
 pub fn user_name() -> String {
-    std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| {
-        // SAFETY: getuid has no preconditions.
-        format!("uid{}", unsafe { libc::getuid() })
-    })
+    if let Some(u) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
+        return u;
+    }
+    // SAFETY: getuid has no preconditions; getpwuid_r writes into our buffers only.
+    unsafe {
+        let uid = libc::getuid();
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut buf = vec![0 as libc::c_char; 4096];
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) == 0
+            && !out.is_null()
+        {
+            if let Ok(name) = std::ffi::CStr::from_ptr(pw.pw_name).to_str() {
+                return name.to_string();
+            }
+        }
+        format!("uid{uid}")
+    }
 }
 
 fn free_space(dir: &Path) -> anyhow::Result<u64> {
@@ -50,7 +64,8 @@ fn free_space(dir: &Path) -> anyhow::Result<u64> {
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid path and out-parameter.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("statvfs {}", dir.display()));
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statvfs {}", dir.display()));
     }
     Ok(st.f_bavail * st.f_frsize)
 }
@@ -72,7 +87,12 @@ pub fn child_setup(cmd: &mut Command, die_with_parent: bool) {
     }
 }
 
-fn wait_ready(file: &Path, child: &mut Child, what: &str, log: &Path) -> anyhow::Result<serde_json::Value> {
+fn wait_ready(
+    file: &Path,
+    child: &mut Child,
+    what: &str,
+    log: &Path,
+) -> anyhow::Result<serde_json::Value> {
     let start = Instant::now();
     loop {
         if let Ok(text) = std::fs::read_to_string(file) {
@@ -100,12 +120,15 @@ impl Embedded {
     /// Starts the manager and the servers. Fails if another `surge run` holds the directory.
     pub fn start(opts: &EmbeddedOptions, surge: &Path) -> anyhow::Result<Embedded> {
         let fast = &opts.fast_dir;
-        std::fs::create_dir_all(fast).with_context(|| format!("cannot create fast-tier directory {}", fast.display()))?;
-        std::fs::create_dir_all(&opts.state_dir)
-            .with_context(|| format!("cannot create state directory {}", opts.state_dir.display()))?;
+        std::fs::create_dir_all(fast)
+            .with_context(|| format!("cannot create fast-tier directory {}", fast.display()))?;
+        std::fs::create_dir_all(&opts.state_dir).with_context(|| {
+            format!("cannot create state directory {}", opts.state_dir.display())
+        })?;
         let logs = fast.join("logs");
         std::fs::create_dir_all(&logs)?;
-        let lock = File::create(fast.join("lock")).with_context(|| format!("cannot create {}/lock", fast.display()))?;
+        let lock = File::create(fast.join("lock"))
+            .with_context(|| format!("cannot create {}/lock", fast.display()))?;
         use std::os::fd::AsRawFd;
         // SAFETY: flock on a file we own.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -123,16 +146,22 @@ impl Embedded {
         let mlog = logs.join("manager.log");
         let mready = run.join("manager.ready");
         let mut cmd = Command::new(surge);
-        cmd.args(["manager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .arg("--state")
-            .arg(opts.state_dir.join("manager.db"))
-            .arg("--granularity")
-            .arg(opts.granularity.to_string())
-            .arg("--ready-file")
-            .arg(&mready)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&mlog)?);
+        cmd.args([
+            "manager",
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .arg("--state")
+        .arg(opts.state_dir.join("manager.db"))
+        .arg("--granularity")
+        .arg(opts.granularity.to_string())
+        .arg("--ready-file")
+        .arg(&mready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&mlog)?);
         child_setup(&mut cmd, true);
         let mut mchild = cmd.spawn().context("cannot start surge manager")?;
         let ready = wait_ready(&mready, &mut mchild, "surge manager", &mlog)?;
@@ -166,7 +195,12 @@ impl Embedded {
                 .arg(fast.join(format!("bb{i}")))
                 .arg("--unix")
                 .arg(fast.join(format!("bb{i}.sock")))
-                .args(["--listen", "127.0.0.1:0", "--capacity", &capacity.to_string()])
+                .args([
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--capacity",
+                    &capacity.to_string(),
+                ])
                 .args(["--manager", &manager])
                 .arg("--ready-file")
                 .arg(&ready)
@@ -219,7 +253,11 @@ fn reap(children: &mut [Child], grace: Duration) {
 
 impl Drop for Embedded {
     fn drop(&mut self) {
-        for c in self.server_children.iter_mut().chain(self.manager_child.iter_mut()) {
+        for c in self
+            .server_children
+            .iter_mut()
+            .chain(self.manager_child.iter_mut())
+        {
             let _ = c.kill();
             let _ = c.wait();
         }

@@ -36,15 +36,20 @@ pub fn run_exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
     let (prog, rest) = args.command.split_first().context("no command given")?;
     let mut children = Vec::new();
     for k in targets {
-        let node = nodes
-            .nodes
-            .iter()
-            .find(|n| n.node == k)
-            .with_context(|| format!("node {k} does not exist: the job has {} node(s)", nodes.nodes.len()))?;
+        let node = nodes.nodes.iter().find(|n| n.node == k).with_context(|| {
+            format!(
+                "node {k} does not exist: the job has {} node(s)",
+                nodes.nodes.len()
+            )
+        })?;
         let mut cmd = std::process::Command::new(prog);
         cmd.args(rest).envs(&node.env);
         child_setup(&mut cmd, false);
-        children.push((k, cmd.spawn().with_context(|| format!("cannot run {prog} on node {k}"))?));
+        children.push((
+            k,
+            cmd.spawn()
+                .with_context(|| format!("cannot run {prog} on node {k}"))?,
+        ));
     }
     let mut code = 0;
     for (k, mut c) in children {

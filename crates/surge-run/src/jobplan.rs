@@ -63,16 +63,27 @@ fn size_of(path: &Path) -> std::io::Result<u64> {
 
 /// Stage-in: groups per instance and the bytes staged into each, checking every source.
 /// Errors name the script line and the path.
-pub fn stage_in(d: &Directives, script: &str, cwd: &Path) -> Result<(Vec<StageGroup>, HashMap<DwVariable, u64>), Vec<String>> {
+pub fn stage_in(
+    d: &Directives,
+    script: &str,
+    cwd: &Path,
+) -> Result<(Vec<StageGroup>, HashMap<DwVariable, u64>), Vec<String>> {
     let mut groups = Vec::new();
     let mut bytes: HashMap<DwVariable, u64> = HashMap::new();
     let mut errors = Vec::new();
     for s in &d.stage_in {
-        let mut add = |src: &Path, dst: &str, kind: ItemKind, line: usize, errors: &mut Vec<String>| {
+        let mut add = |src: &Path,
+                       dst: &str,
+                       kind: ItemKind,
+                       line: usize,
+                       errors: &mut Vec<String>| {
             let md = match std::fs::metadata(src) {
                 Ok(md) => md,
                 Err(e) => {
-                    errors.push(format!("{script}:{line}: stage_in source {} is missing: {e}", src.display()));
+                    errors.push(format!(
+                        "{script}:{line}: stage_in source {} is missing: {e}",
+                        src.display()
+                    ));
                     return;
                 }
             };
@@ -110,17 +121,31 @@ pub fn stage_in(d: &Directives, script: &str, cwd: &Path) -> Result<(Vec<StageGr
         match s.kind {
             StageKind::File => {
                 let dst = s.file_target().unwrap_or_else(|| s.destination.clone());
-                add(&pfs_path(&s.source, cwd), &dst, ItemKind::File, s.line, &mut errors);
+                add(
+                    &pfs_path(&s.source, cwd),
+                    &dst,
+                    ItemKind::File,
+                    s.line,
+                    &mut errors,
+                );
             }
-            StageKind::Directory => {
-                add(&pfs_path(&s.source, cwd), &s.destination, ItemKind::Directory, s.line, &mut errors)
-            }
+            StageKind::Directory => add(
+                &pfs_path(&s.source, cwd),
+                &s.destination,
+                ItemKind::Directory,
+                s.line,
+                &mut errors,
+            ),
             StageKind::List => {
                 let list = pfs_path(&s.source, cwd);
                 let text = match std::fs::read_to_string(&list) {
                     Ok(t) => t,
                     Err(e) => {
-                        errors.push(format!("{script}:{}: stage_in list file {} cannot be read: {e}", s.line, list.display()));
+                        errors.push(format!(
+                            "{script}:{}: stage_in list file {} cannot be read: {e}",
+                            s.line,
+                            list.display()
+                        ));
                         continue;
                     }
                 };
@@ -128,7 +153,11 @@ pub fn stage_in(d: &Directives, script: &str, cwd: &Path) -> Result<(Vec<StageGr
                     Ok(entries) => {
                         for e in entries {
                             let src = pfs_path(&e.source, cwd);
-                            let kind = if src.is_dir() { ItemKind::Directory } else { ItemKind::File };
+                            let kind = if src.is_dir() {
+                                ItemKind::Directory
+                            } else {
+                                ItemKind::File
+                            };
                             add(&src, &e.destination, kind, s.line, &mut errors);
                         }
                     }
@@ -155,25 +184,31 @@ pub fn stage_out(
     let mut groups = Vec::new();
     let mut errors = Vec::new();
     for s in &d.stage_out {
-        let mut add = |src: &str, dst: &str, kind: ItemKind, errors: &mut Vec<String>| match instance_path(src, &s.instance) {
-            Ok(p) => push(
-                &mut groups,
+        let mut add =
+            |src: &str, dst: &str, kind: ItemKind, errors: &mut Vec<String>| match instance_path(
+                src,
                 &s.instance,
-                StageItem {
-                    kind,
-                    pfs: pfs_path(dst, cwd),
-                    instance_path: p,
-                },
-                s.line,
-            ),
-            Err(e) => errors.push(format!("{script}:{}: {e}", s.line)),
-        };
+            ) {
+                Ok(p) => push(
+                    &mut groups,
+                    &s.instance,
+                    StageItem {
+                        kind,
+                        pfs: pfs_path(dst, cwd),
+                        instance_path: p,
+                    },
+                    s.line,
+                ),
+                Err(e) => errors.push(format!("{script}:{}: {e}", s.line)),
+            };
         match s.kind {
             StageKind::File => {
                 let dst = s.file_target().unwrap_or_else(|| s.destination.clone());
                 add(&s.source, &dst, ItemKind::File, &mut errors)
             }
-            StageKind::Directory => add(&s.source, &s.destination, ItemKind::Directory, &mut errors),
+            StageKind::Directory => {
+                add(&s.source, &s.destination, ItemKind::Directory, &mut errors)
+            }
             StageKind::List => match read_list(s) {
                 Ok(text) => match parse_stage_list(&s.source, &text, s) {
                     Ok(entries) => {
@@ -183,7 +218,10 @@ pub fn stage_out(
                     }
                     Err(errs) => errors.extend(errs.0.iter().map(|e| e.to_string())),
                 },
-                Err(e) => errors.push(format!("{script}:{}: stage_out list file {} cannot be read: {e}", s.line, s.source)),
+                Err(e) => errors.push(format!(
+                    "{script}:{}: stage_out list file {} cannot be read: {e}",
+                    s.line, s.source
+                )),
             },
         }
     }
@@ -202,11 +240,17 @@ mod tests {
     #[test]
     fn instance_paths_drop_the_variable() {
         let v = DwVariable::JobStriped;
-        assert_eq!(instance_path("$DW_JOB_STRIPED/in/a.dat", &v).unwrap(), "/in/a.dat");
+        assert_eq!(
+            instance_path("$DW_JOB_STRIPED/in/a.dat", &v).unwrap(),
+            "/in/a.dat"
+        );
         assert_eq!(instance_path("$DW_JOB_STRIPED", &v).unwrap(), "/");
         assert_eq!(instance_path("${DW_JOB_STRIPED}/x", &v).unwrap(), "/x");
         let p = DwVariable::PersistentStriped("proj".into());
-        assert_eq!(instance_path("$DW_PERSISTENT_STRIPED_proj/d", &p).unwrap(), "/d");
+        assert_eq!(
+            instance_path("$DW_PERSISTENT_STRIPED_proj/d", &p).unwrap(),
+            "/d"
+        );
     }
 
     #[test]
@@ -226,8 +270,14 @@ mod tests {
         let d = parse_script("job.sh", &script).unwrap();
         let errs = stage_in(&d, "job.sh", t.path()).unwrap_err();
         assert_eq!(errs.len(), 2, "{errs:?}");
-        assert!(errs[0].starts_with("job.sh:5:") && errs[0].contains("missing"), "{errs:?}");
-        assert!(errs[1].starts_with("job.sh:6:") && errs[1].contains("is a directory"), "{errs:?}");
+        assert!(
+            errs[0].starts_with("job.sh:5:") && errs[0].contains("missing"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[1].starts_with("job.sh:6:") && errs[1].contains("is a directory"),
+            "{errs:?}"
+        );
     }
 
     #[test]
@@ -247,7 +297,11 @@ mod tests {
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].items[0].instance_path, "/f");
         assert_eq!(groups[0].items[1].instance_path, "/in");
-        assert_eq!(groups[0].items[1].pfs, t.path().join("d"), "relative to the submit directory");
+        assert_eq!(
+            groups[0].items[1].pfs,
+            t.path().join("d"),
+            "relative to the submit directory"
+        );
         assert_eq!(bytes[&DwVariable::JobStriped], 8);
     }
 }

@@ -38,7 +38,8 @@ impl NodesFile {
 
     pub fn write(&self) -> anyhow::Result<()> {
         let p = Self::path(&self.run_dir);
-        std::fs::write(&p, serde_json::to_vec_pretty(self)?).with_context(|| format!("cannot write {}", p.display()))
+        std::fs::write(&p, serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("cannot write {}", p.display()))
     }
 
     /// The running job's description, found through `$SURGE_RUN_DIR`.
@@ -54,10 +55,20 @@ impl NodesFile {
     /// The mount a path lies in (on any node), and the path inside the instance.
     pub fn locate(&self, path: &Path) -> Option<(&MountInfo, String)> {
         let abs = std::path::absolute(path).ok()?;
-        self.nodes.iter().flat_map(|n| n.mounts.iter()).find_map(|m| {
-            let rest = abs.strip_prefix(&m.path).ok()?;
-            let inner = format!("/{}", rest.display());
-            Some((m, if inner == "/" { inner } else { inner.trim_end_matches('/').to_string() }))
-        })
+        self.nodes
+            .iter()
+            .flat_map(|n| n.mounts.iter())
+            .find_map(|m| {
+                let rest = abs.strip_prefix(&m.path).ok()?;
+                let inner = format!("/{}", rest.display());
+                Some((
+                    m,
+                    if inner == "/" {
+                        inner
+                    } else {
+                        inner.trim_end_matches('/').to_string()
+                    },
+                ))
+            })
     }
 }

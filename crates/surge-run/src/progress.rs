@@ -47,7 +47,11 @@ pub async fn wait_stage(
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        t = c.get_stage(api::GetStageRequest { id: t.id }).await.map_err(status_err)?.into_inner();
+        t = c
+            .get_stage(api::GetStageRequest { id: t.id })
+            .await
+            .map_err(status_err)?
+            .into_inner();
         if quiet {
             continue;
         }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use surge_api::v1 as api;
-use surge_client::mount::{self, Mounted, MountOptions};
+use surge_client::mount::{self, MountOptions, Mounted};
 use surge_client::InstanceClient;
 use surge_core::directives::{parse_script, AccessMode, Directives, DwVariable};
 use surge_core::{format_bytes, NamespaceId};
@@ -101,7 +101,10 @@ impl Reporter {
     fn phase(&mut self, name: &str, detail: String, started: Instant, ok: bool) {
         let seconds = started.elapsed().as_secs_f64();
         if !self.quiet || !ok {
-            eprintln!("surge run: {name:<18} {detail:<56} {seconds:>7.2} s{}", if ok { "" } else { "  FAILED" });
+            eprintln!(
+                "surge run: {name:<18} {detail:<56} {seconds:>7.2} s{}",
+                if ok { "" } else { "  FAILED" }
+            );
         }
         self.phases.push(Phase {
             name: name.to_string(),
@@ -151,7 +154,11 @@ fn spawn_signal_thread(set: libc::sigset_t, sig: Arc<Signals>) {
         let pgid = sig.job_pgid.load(Ordering::SeqCst);
         eprintln!(
             "surge run: signal {s}: {}",
-            if second { "killing the job" } else { "stopping the job and tearing down (no stage-out)" }
+            if second {
+                "killing the job"
+            } else {
+                "stopping the job and tearing down (no stage-out)"
+            }
         );
         if pgid > 0 {
             // SAFETY: signalling the job's process group.
@@ -170,19 +177,26 @@ struct Allocation {
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let set = block_signals();
     let script_name = args.script.display().to_string();
-    let text = std::fs::read_to_string(&args.script).with_context(|| format!("cannot read job script {script_name}"))?;
+    let text = std::fs::read_to_string(&args.script)
+        .with_context(|| format!("cannot read job script {script_name}"))?;
     let directives = match parse_script(&script_name, &text) {
         Ok(d) => d,
         Err(errs) => {
             for e in &errs.0 {
                 eprintln!("{e}");
             }
-            eprintln!("surge run: {} error(s) in {script_name}: nothing was allocated and nothing ran", errs.0.len());
+            eprintln!(
+                "surge run: {} error(s) in {script_name}: nothing was allocated and nothing ran",
+                errs.0.len()
+            );
             return Ok(ExitCode::from(2));
         }
     };
     for w in &directives.warnings {
-        eprintln!("{}:{}: warning: `{}`: {}", w.file, w.line, w.text, w.message);
+        eprintln!(
+            "{}:{}: warning: `{}`: {}",
+            w.file, w.line, w.text, w.message
+        );
     }
     anyhow::ensure!(args.nodes >= 1, "--nodes must be at least 1");
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
@@ -248,7 +262,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let m = emb.manager.clone();
             rep.phase(
                 "start",
-                format!("embedded manager + {} servers in {}", args.servers, fast.display()),
+                format!(
+                    "embedded manager + {} servers in {}",
+                    args.servers,
+                    fast.display()
+                ),
                 t,
                 true,
             );
@@ -324,7 +342,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "phases": rep.phases,
             "error": outcome.as_ref().err().map(|e| format!("{e:#}")),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
@@ -370,10 +389,16 @@ fn interrupted(sig: &Signals) -> bool {
 }
 
 fn instance_desc(i: &api::Instance) -> anyhow::Result<InstanceDescriptor> {
-    serde_json::from_str(&i.descriptor_json).with_context(|| format!("instance {}: bad descriptor from the manager", i.id))
+    serde_json::from_str(&i.descriptor_json)
+        .with_context(|| format!("instance {}: bad descriptor from the manager", i.id))
 }
 
-async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: tokio::runtime::Handle) -> anyhow::Result<Outcome> {
+async fn job(
+    ctx: &Ctx<'_>,
+    rep: &mut Reporter,
+    alloc: &mut Allocation,
+    rt: tokio::runtime::Handle,
+) -> anyhow::Result<Outcome> {
     let d = ctx.directives;
     let mut c = connect(ctx.manager).await?;
     // SAFETY: getuid/getgid have no preconditions.
@@ -391,7 +416,9 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
     let pool_for = |p: &Option<String>, rep: &Reporter| -> String {
         match p {
             Some(p) if !existing_pools.contains(p) && ctx.pool_fallback => {
-                rep.note(&format!("pool '{p}' is not defined here: using the default pool"));
+                rep.note(&format!(
+                    "pool '{p}' is not defined here: using the default pool"
+                ));
                 String::new()
             }
             Some(p) => p.clone(),
@@ -419,14 +446,25 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
                 let i = i.into_inner();
                 rep.phase(
                     "create persistent",
-                    format!("{} {} ({} fragments)", cp.name, format_bytes(i.capacity), i.fragments),
+                    format!(
+                        "{} {} ({} fragments)",
+                        cp.name,
+                        format_bytes(i.capacity),
+                        i.fragments
+                    ),
                     t,
                     true,
                 )
             }
             Err(e) => {
                 rep.phase("create persistent", cp.name.clone(), t, false);
-                anyhow::bail!("{}:{}: #BB create_persistent name={}: {}", ctx.script_name, cp.line, cp.name, e.message());
+                anyhow::bail!(
+                    "{}:{}: #BB create_persistent name={}: {}",
+                    ctx.script_name,
+                    cp.line,
+                    cp.name,
+                    e.message()
+                );
             }
         }
     }
@@ -460,7 +498,11 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
         .await
         .map_err(|e| {
             let line = d.jobdw.as_ref().map(|j| j.line).unwrap_or(0);
-            anyhow::anyhow!("{}:{line}: cannot allocate the burst buffer: {}", ctx.script_name, e.message())
+            anyhow::anyhow!(
+                "{}:{line}: cannot allocate the burst buffer: {}",
+                ctx.script_name,
+                e.message()
+            )
         })?
         .into_inner();
     alloc.session = Some(session.id);
@@ -483,16 +525,28 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
             desc,
         });
     }
-    let detail = match session.instances.iter().find(|i| i.id == session.job_instance) {
+    let detail = match session
+        .instances
+        .iter()
+        .find(|i| i.id == session.job_instance)
+    {
         Some(i) => format!(
             "session {}: job instance {} {} ({} fragments){}",
             session.id,
             format_bytes(i.capacity),
             i.access_mode,
             i.fragments,
-            if session.persistent.is_empty() { String::new() } else { format!(", {} persistent", session.persistent.len()) }
+            if session.persistent.is_empty() {
+                String::new()
+            } else {
+                format!(", {} persistent", session.persistent.len())
+            }
         ),
-        None => format!("session {}: {} persistent instance(s)", session.id, session.persistent.len()),
+        None => format!(
+            "session {}: {} persistent instance(s)",
+            session.id,
+            session.persistent.len()
+        ),
     };
     rep.phase("allocate", detail, t, true);
 
@@ -501,11 +555,17 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
         if interrupted(ctx.sig) {
             anyhow::bail!("interrupted before the job ran");
         }
-        let u = used
-            .iter()
-            .find(|u| u.var == g.instance)
-            .with_context(|| format!("{}: {} is not an instance of this job", ctx.script_name, g.instance))?;
-        let namespaces: Vec<u32> = if u.private { (0..nodes).collect() } else { vec![0] };
+        let u = used.iter().find(|u| u.var == g.instance).with_context(|| {
+            format!(
+                "{}: {} is not an instance of this job",
+                ctx.script_name, g.instance
+            )
+        })?;
+        let namespaces: Vec<u32> = if u.private {
+            (0..nodes).collect()
+        } else {
+            vec![0]
+        };
         for ns in namespaces {
             let t = Instant::now();
             let task = c
@@ -521,14 +581,21 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
                 .await
                 .map_err(status_err)?
                 .into_inner();
-            let done = wait_stage(&mut c, task, "stage in", ctx.args.quiet, || interrupted(ctx.sig)).await?;
+            let done = wait_stage(&mut c, task, "stage in", ctx.args.quiet, || {
+                interrupted(ctx.sig)
+            })
+            .await?;
             let ok = done.state == "done";
             rep.phase(
                 "stage in",
                 format!(
                     "{}{}: {} files, {}{}",
                     g.instance,
-                    if u.private { format!(" (node {ns})") } else { String::new() },
+                    if u.private {
+                        format!(" (node {ns})")
+                    } else {
+                        String::new()
+                    },
                     done.files_done,
                     format_bytes(done.bytes_done),
                     rate(done.bytes_done, done.seconds)
@@ -545,7 +612,11 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
                     "stage-in from {}:{:?} failed: {}; the job did not run",
                     ctx.script_name,
                     g.lines,
-                    if done.error.is_empty() { "see above".to_string() } else { done.error.clone() }
+                    if done.error.is_empty() {
+                        "see above".to_string()
+                    } else {
+                        done.error.clone()
+                    }
                 );
             }
         }
@@ -553,8 +624,11 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
 
     // Mount on every node.
     let t = Instant::now();
-    let run_dir = std::env::temp_dir().join(format!("surge-{}", user_name())).join(format!("session-{}", session.id));
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
+    let run_dir = std::env::temp_dir()
+        .join(format!("surge-{}", user_name()))
+        .join(format!("session-{}", session.id));
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("cannot create {}", run_dir.display()))?;
     alloc.run_dir = Some(run_dir.clone());
     let mut nodes_file = NodesFile {
         session: session.id,
@@ -569,10 +643,13 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
         for u in &used {
             let ns = if u.private { node } else { 0 };
             let dir = match &u.var {
-                DwVariable::PersistentStriped(name) => run_dir.join(format!("node-{node}/persistent/{name}")),
+                DwVariable::PersistentStriped(name) => {
+                    run_dir.join(format!("node-{node}/persistent/{name}"))
+                }
                 _ => run_dir.join(format!("node-{node}/job")),
             };
-            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
             let client = InstanceClient::new(u.desc.clone(), NamespaceId(ns))?;
             let m = mount::mount(client, rt.clone(), &dir, &opts)?;
             alloc.mounts.push(m);
@@ -610,7 +687,11 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
     if !used.is_empty() {
         rep.phase(
             "mount",
-            format!("{} instance(s) on {nodes} node(s) under {}", used.len(), run_dir.display()),
+            format!(
+                "{} instance(s) on {nodes} node(s) under {}",
+                used.len(),
+                run_dir.display()
+            ),
             t,
             true,
         );
@@ -622,16 +703,26 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
     if !interrupted(ctx.sig) {
         let status = run_script(ctx, &nodes_file.nodes[0].env)?;
         job_status = Some(status);
-        rep.phase("job", format!("{} exited with status {status}", ctx.script_name), t, status == 0);
+        rep.phase(
+            "job",
+            format!("{} exited with status {status}", ctx.script_name),
+            t,
+            status == 0,
+        );
     }
 
     // List files of stage_out type=list live in the instance: read them through node 0's mount
     // before unmounting.
     let mount_of = |var: &DwVariable| -> Option<PathBuf> {
-        nodes_file.nodes[0].mounts.iter().find(|m| m.var == var.env_name()).map(|m| m.path.clone())
+        nodes_file.nodes[0]
+            .mounts
+            .iter()
+            .find(|m| m.var == var.env_name())
+            .map(|m| m.path.clone())
     };
     let out_groups = jobplan::stage_out(d, ctx.script_name, ctx.cwd, |s| {
-        let base = mount_of(&s.instance).ok_or_else(|| std::io::Error::other("instance not mounted"))?;
+        let base =
+            mount_of(&s.instance).ok_or_else(|| std::io::Error::other("instance not mounted"))?;
         let rel = jobplan::instance_path(&s.source, &s.instance).map_err(std::io::Error::other)?;
         std::fs::read_to_string(base.join(rel.trim_start_matches('/')))
     });
@@ -658,7 +749,10 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
             Ok(groups) => {
                 for g in groups {
                     let Some(u) = used.iter().find(|u| u.var == g.instance) else {
-                        stage_out_failures.push(format!("{}: {} is not an instance of this job", ctx.script_name, g.instance));
+                        stage_out_failures.push(format!(
+                            "{}: {} is not an instance of this job",
+                            ctx.script_name, g.instance
+                        ));
                         continue;
                     };
                     let t = Instant::now();
@@ -675,7 +769,8 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
                         .await
                         .map_err(status_err)?
                         .into_inner();
-                    let done = wait_stage(&mut c, task, "stage out", ctx.args.quiet, || false).await?;
+                    let done =
+                        wait_stage(&mut c, task, "stage out", ctx.args.quiet, || false).await?;
                     let ok = done.state == "done";
                     rep.phase(
                         "stage out",
@@ -707,16 +802,27 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
     c.end_session(api::EndSessionRequest {
         id: session.id,
         keep_job_instance: keep,
-        state: if keep { "stage-out-failed".into() } else { "ended".into() },
+        state: if keep {
+            "stage-out-failed".into()
+        } else {
+            "ended".into()
+        },
     })
     .await
     .map_err(status_err)?;
     alloc.session = None;
-    let kept_instance = if keep && session.job_instance != 0 { Some(session.job_instance) } else { None };
+    let kept_instance = if keep && session.job_instance != 0 {
+        Some(session.job_instance)
+    } else {
+        None
+    };
     rep.phase(
         "release",
         match kept_instance {
-            Some(i) => format!("session {} ended; job instance {i} KEPT (stage-out failed)", session.id),
+            Some(i) => format!(
+                "session {} ended; job instance {i} KEPT (stage-out failed)",
+                session.id
+            ),
             None => format!("session {} ended", session.id),
         },
         t,
@@ -746,7 +852,13 @@ async fn job(ctx: &Ctx<'_>, rep: &mut Reporter, alloc: &mut Allocation, rt: toki
             Ok(_) => rep.phase("destroy persistent", dp.name.clone(), t, true),
             Err(e) => {
                 rep.phase("destroy persistent", dp.name.clone(), t, false);
-                stage_out_failures.push(format!("{}:{}: #BB destroy_persistent name={}: {}", ctx.script_name, dp.line, dp.name, e.message()));
+                stage_out_failures.push(format!(
+                    "{}:{}: #BB destroy_persistent name={}: {}",
+                    ctx.script_name,
+                    dp.line,
+                    dp.name,
+                    e.message()
+                ));
             }
         }
     }
@@ -798,11 +910,21 @@ fn run_script(ctx: &Ctx<'_>, env: &BTreeMap<String, String>) -> anyhow::Result<i
         Some(l) => l.split_whitespace().map(str::to_string).collect(),
         None => vec!["/bin/sh".into()],
     };
-    let (prog, pre) = interp.split_first().map(|(p, r)| (p.clone(), r.to_vec())).unwrap_or(("/bin/sh".into(), vec![]));
+    let (prog, pre) = interp
+        .split_first()
+        .map(|(p, r)| (p.clone(), r.to_vec()))
+        .unwrap_or(("/bin/sh".into(), vec![]));
     let mut cmd = std::process::Command::new(&prog);
-    cmd.args(&pre).arg(script).args(&ctx.args.args).current_dir(ctx.cwd).envs(env).process_group(0);
+    cmd.args(&pre)
+        .arg(script)
+        .args(&ctx.args.args)
+        .current_dir(ctx.cwd)
+        .envs(env)
+        .process_group(0);
     child_setup(&mut cmd, false);
-    let mut child = cmd.spawn().with_context(|| format!("cannot start {} with {prog}", script.display()))?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {} with {prog}", script.display()))?;
     ctx.sig.job_pgid.store(child.id() as i32, Ordering::SeqCst);
     if interrupted(ctx.sig) {
         // SAFETY: signalling the job's new process group.
@@ -815,7 +937,9 @@ fn run_script(ctx: &Ctx<'_>, env: &BTreeMap<String, String>) -> anyhow::Result<i
     unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
     ctx.sig.job_pgid.store(0, Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(10));
-    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    Ok(status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
 #[allow(dead_code)]

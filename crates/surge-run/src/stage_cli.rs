@@ -75,19 +75,29 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
             StageCommand::Out(a) => return start(&mut c, &nodes, "out", a).await,
             StageCommand::Status { tasks, json } => {
                 let all = c
-                    .list_stages(api::ListStagesRequest { session: nodes.session })
+                    .list_stages(api::ListStagesRequest {
+                        session: nodes.session,
+                    })
                     .await
                     .map_err(status_err)?
                     .into_inner()
                     .tasks;
-                let shown: Vec<_> = all.into_iter().filter(|t| tasks.is_empty() || tasks.contains(&t.id)).collect();
+                let shown: Vec<_> = all
+                    .into_iter()
+                    .filter(|t| tasks.is_empty() || tasks.contains(&t.id))
+                    .collect();
                 if json {
                     println!(
                         "{}",
-                        serde_json::to_string_pretty(&serde_json::Value::Array(shown.iter().map(views::stage_json).collect()))?
+                        serde_json::to_string_pretty(&serde_json::Value::Array(
+                            shown.iter().map(views::stage_json).collect()
+                        ))?
                     );
                 } else {
-                    println!("{:>6} {:<4} {:<8} {:>14} {:>22} {:>8}  error", "task", "dir", "state", "files", "bytes", "seconds");
+                    println!(
+                        "{:>6} {:<4} {:<8} {:>14} {:>22} {:>8}  error",
+                        "task", "dir", "state", "files", "bytes", "seconds"
+                    );
                     for t in shown {
                         println!(
                             "{:>6} {:<4} {:<8} {:>14} {:>22} {:>8.2}  {}",
@@ -95,7 +105,11 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
                             t.direction,
                             t.state,
                             format!("{}/{}", t.files_done, t.files_total),
-                            format!("{}/{}", format_bytes(t.bytes_done), format_bytes(t.bytes_total)),
+                            format!(
+                                "{}/{}",
+                                format_bytes(t.bytes_done),
+                                format_bytes(t.bytes_total)
+                            ),
                             t.seconds,
                             t.error
                         );
@@ -104,13 +118,18 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
             }
             StageCommand::Wait { tasks } => {
                 let all = c
-                    .list_stages(api::ListStagesRequest { session: nodes.session })
+                    .list_stages(api::ListStagesRequest {
+                        session: nodes.session,
+                    })
                     .await
                     .map_err(status_err)?
                     .into_inner()
                     .tasks;
                 let mut failed = 0;
-                for t in all.into_iter().filter(|t| tasks.is_empty() || tasks.contains(&t.id)) {
+                for t in all
+                    .into_iter()
+                    .filter(|t| tasks.is_empty() || tasks.contains(&t.id))
+                {
                     let label = format!("stage {} task {}", t.direction, t.id);
                     let done = wait_stage(&mut c, t, &label, false, || false).await?;
                     if done.state != "done" {
@@ -134,7 +153,11 @@ async fn start(
     direction: &str,
     a: InOut,
 ) -> anyhow::Result<ExitCode> {
-    let (inst_side, pfs_side) = if direction == "in" { (&a.destination, &a.source) } else { (&a.source, &a.destination) };
+    let (inst_side, pfs_side) = if direction == "in" {
+        (&a.destination, &a.source)
+    } else {
+        (&a.source, &a.destination)
+    };
     let (mount, inner) = nodes.locate(inst_side).with_context(|| {
         format!(
             "{} is not in a burst-buffer mount of this job (mounts: {})",
@@ -147,9 +170,14 @@ async fn start(
                 .join(", ")
         )
     })?;
-    let pfs = std::path::absolute(pfs_side).with_context(|| format!("bad path {}", pfs_side.display()))?;
+    let pfs = std::path::absolute(pfs_side)
+        .with_context(|| format!("bad path {}", pfs_side.display()))?;
     let item = StageItem {
-        kind: if a.directory { ItemKind::Directory } else { ItemKind::File },
+        kind: if a.directory {
+            ItemKind::Directory
+        } else {
+            ItemKind::File
+        },
         pfs,
         instance_path: inner,
     };
@@ -178,5 +206,9 @@ async fn start(
     } else {
         println!("{}", t.id);
     }
-    Ok(if t.state == "failed" { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if t.state == "failed" {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -172,7 +172,10 @@ pub fn start(
 
 /// Runs `surge server` until SIGINT/SIGTERM. `on_ready` is called once the server listens (the
 /// binary uses it to register with a manager, which this crate does not know).
-pub fn run(args: ServerArgs, on_ready: impl FnOnce(&ServerArgs, &Running)) -> anyhow::Result<ExitCode> {
+pub fn run(
+    args: ServerArgs,
+    on_ready: impl FnOnce(&ServerArgs, &Running),
+) -> anyhow::Result<ExitCode> {
     let sigs = block_signals();
     let running = start(
         args.devices.clone(),
