@@ -55,6 +55,16 @@ pub struct InstanceRequest {
     pub stripe_size: u64,
 }
 
+/// A pool with its servers and space, for listings.
+#[derive(Clone, Debug)]
+pub struct PoolUsage {
+    pub pool: PoolRow,
+    pub servers: u32,
+    pub up: u32,
+    pub capacity: u64,
+    pub free: u64,
+}
+
 pub struct Core {
     pub store: Mutex<Store>,
     pub default_pool: String,
@@ -306,8 +316,8 @@ impl Core {
         (reserved, namespaces)
     }
 
-    /// Pool listing: (pool, servers, servers up, capacity, free).
-    pub fn pool_usage(&self) -> MResult<Vec<(PoolRow, u32, u32, u64, u64)>> {
+    /// Every pool with its servers and space.
+    pub fn pool_usage(&self) -> MResult<Vec<PoolUsage>> {
         let store = self.store.lock();
         let (reserved, _) = Self::reserved_by_server(&store.instances()?);
         let servers = store.servers()?;
@@ -320,13 +330,13 @@ impl Core {
                 .iter()
                 .map(|s| reserved.get(&s.id).copied().unwrap_or(0))
                 .sum();
-            out.push((
-                p,
-                mine.len() as u32,
+            out.push(PoolUsage {
+                servers: mine.len() as u32,
                 up,
                 capacity,
-                capacity.saturating_sub(used),
-            ));
+                free: capacity.saturating_sub(used),
+                pool: p,
+            });
         }
         Ok(out)
     }

@@ -44,7 +44,7 @@ async fn pools(State(s): State<AppState>) -> HResult {
         .core
         .pool_usage()?
         .iter()
-        .map(|(p, n, up, c, f)| views::pool_json(&views::pool(p, *n, *up, *c, *f)))
+        .map(|u| views::pool_json(&views::pool(u)))
         .collect();
     Ok(Json(Value::Array(v)))
 }

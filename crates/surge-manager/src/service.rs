@@ -77,20 +77,15 @@ impl Manager for Service {
         let r = req.into_inner();
         self.core.create_pool(&r.name, r.granularity)?;
         let usage = self.core.pool_usage()?;
-        let (p, n, up, c, f) = usage
+        let u = usage
             .into_iter()
-            .find(|u| u.0.name == r.name)
+            .find(|u| u.pool.name == r.name)
             .ok_or_else(|| Status::internal("pool vanished"))?;
-        Ok(Response::new(views::pool(&p, n, up, c, f)))
+        Ok(Response::new(views::pool(&u)))
     }
 
     async fn list_pools(&self, _req: Request<api::Empty>) -> Res<api::PoolList> {
-        let pools = self
-            .core
-            .pool_usage()?
-            .iter()
-            .map(|(p, n, up, c, f)| views::pool(p, *n, *up, *c, *f))
-            .collect();
+        let pools = self.core.pool_usage()?.iter().map(views::pool).collect();
         Ok(Response::new(api::PoolList { pools }))
     }
 

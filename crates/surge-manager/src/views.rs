@@ -1,20 +1,20 @@
 //! Conversions between the manager's rows and the API's messages, and the one JSON shape of each
 //! (served by the HTTP API and printed by `--json` in the CLI, so scripts see one format).
 
-use crate::core::Core;
-use crate::state::{InstanceRow, PoolRow, ServerRow, SessionRow, StageRow};
+use crate::core::{Core, PoolUsage};
+use crate::state::{InstanceRow, ServerRow, SessionRow, StageRow};
 use serde_json::{json, Value};
 use surge_api::v1 as api;
 use surge_proto::ServerStatus;
 
-pub fn pool(p: &PoolRow, servers: u32, up: u32, capacity: u64, free: u64) -> api::Pool {
+pub fn pool(u: &PoolUsage) -> api::Pool {
     api::Pool {
-        name: p.name.clone(),
-        granularity: p.granularity,
-        servers,
-        servers_up: up,
-        capacity,
-        free,
+        name: u.pool.name.clone(),
+        granularity: u.pool.granularity,
+        servers: u.servers,
+        servers_up: u.up,
+        capacity: u.capacity,
+        free: u.free,
     }
 }
 

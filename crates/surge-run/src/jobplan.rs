@@ -61,13 +61,17 @@ fn size_of(path: &Path) -> std::io::Result<u64> {
     Ok(total)
 }
 
+/// What a script stages in.
+#[derive(Clone, Debug, Default)]
+pub struct StageIn {
+    pub groups: Vec<StageGroup>,
+    /// Bytes staged into each instance.
+    pub bytes: HashMap<DwVariable, u64>,
+}
+
 /// Stage-in: groups per instance and the bytes staged into each, checking every source.
 /// Errors name the script line and the path.
-pub fn stage_in(
-    d: &Directives,
-    script: &str,
-    cwd: &Path,
-) -> Result<(Vec<StageGroup>, HashMap<DwVariable, u64>), Vec<String>> {
+pub fn stage_in(d: &Directives, script: &str, cwd: &Path) -> Result<StageIn, Vec<String>> {
     let mut groups = Vec::new();
     let mut bytes: HashMap<DwVariable, u64> = HashMap::new();
     let mut errors = Vec::new();
@@ -167,7 +171,7 @@ pub fn stage_in(
         }
     }
     if errors.is_empty() {
-        Ok((groups, bytes))
+        Ok(StageIn { groups, bytes })
     } else {
         Err(errors)
     }
@@ -293,7 +297,7 @@ mod tests {
             t.path().display()
         );
         let d = parse_script("job.sh", &script).unwrap();
-        let (groups, bytes) = stage_in(&d, "job.sh", t.path()).unwrap();
+        let StageIn { groups, bytes } = stage_in(&d, "job.sh", t.path()).unwrap();
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].items[0].instance_path, "/f");
         assert_eq!(groups[0].items[1].instance_path, "/in");

@@ -12,7 +12,7 @@ use crate::jobplan::{self, StageGroup};
 use crate::nodes::{MountInfo, NodeInfo, NodesFile};
 use crate::progress::wait_stage;
 use anyhow::Context;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -202,7 +202,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
 
     // Check every stage-in source before anything is allocated.
-    let (in_groups, in_bytes) = match jobplan::stage_in(&directives, &script_name, &cwd) {
+    let jobplan::StageIn {
+        groups: in_groups,
+        bytes: in_bytes,
+    } = match jobplan::stage_in(&directives, &script_name, &cwd) {
         Ok(x) => x,
         Err(errs) => {
             for e in &errs {
@@ -941,6 +944,3 @@ fn run_script(ctx: &Ctx<'_>, env: &BTreeMap<String, String>) -> anyhow::Result<i
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
-
-#[allow(dead_code)]
-fn _assert_send(_: HashMap<u8, u8>) {}
