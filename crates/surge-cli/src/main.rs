@@ -125,7 +125,7 @@ fn main() -> ExitCode {
         Command::Persistent(a) => surge_manager::cli::run_persistent(a),
         Command::Instance(InstanceCmd { command }) => match command {
             InstanceSub::Ls { addr, json } => surge_manager::cli::runtime().and_then(|rt| {
-                rt.block_on(surge_manager::cli::list_instances(&addr.manager, json))
+                rt.block_on(async { surge_manager::cli::list_instances(addr.get()?, json).await })
                     .map(|_| ExitCode::SUCCESS)
             }),
             InstanceSub::Direct(c) => surge_client::cli::run_instance_command(c),

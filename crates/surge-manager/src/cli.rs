@@ -138,9 +138,18 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
 /// Where the manager is: `--manager` or `$SURGE_MANAGER`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ManagerAddr {
-    /// The manager's gRPC address (host:port).
-    #[arg(long = "manager", env = "SURGE_MANAGER", value_name = "HOST:PORT")]
-    pub manager: String,
+    /// The manager's gRPC address (host:port); default $SURGE_MANAGER.
+    #[arg(long = "manager", env = "SURGE_MANAGER", value_name = "HOST:PORT", global = true)]
+    pub manager: Option<String>,
+}
+
+impl ManagerAddr {
+    pub fn get(&self) -> anyhow::Result<&str> {
+        self.manager.as_deref().context(
+            "no manager given: pass --manager HOST:PORT or set SURGE_MANAGER (inside a job started \
+             by `surge run`, it is set)",
+        )
+    }
 }
 
 pub async fn connect(addr: &str) -> anyhow::Result<ManagerClient<Channel>> {
@@ -195,7 +204,7 @@ pub enum PoolCommand {
 
 pub fn run_pool(args: PoolArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
-        let mut c = connect(&args.addr.manager).await?;
+        let mut c = connect(args.addr.get()?).await?;
         match args.command {
             PoolCommand::Ls { json } => {
                 let pools = c
@@ -275,7 +284,7 @@ fn age(t: i64) -> String {
 
 pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
-        let mut c = connect(&args.addr.manager).await?;
+        let mut c = connect(args.addr.get()?).await?;
         let SessionCommand::Ls { all, json } = args.command;
         let sessions: Vec<_> = c
             .list_sessions(api::Empty {})
@@ -389,7 +398,7 @@ pub enum PersistentCommand {
 
 pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
-        let mut c = connect(&args.addr.manager).await?;
+        let mut c = connect(args.addr.get()?).await?;
         match args.command {
             PersistentCommand::Create {
                 name,
@@ -499,7 +508,7 @@ pub struct RegisterArgs {
 
 pub fn run_register(args: RegisterArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
-        let s = register_server(&args.manager.manager, &args.addr, &args.pool).await?;
+        let s = register_server(args.manager.get()?, &args.addr, &args.pool).await?;
         println!(
             "server {} registered in pool {} ({})",
             s.id,

@@ -629,7 +629,7 @@ async fn job(
     let t = Instant::now();
     let run_dir = std::env::temp_dir()
         .join(format!("surge-{}", user_name()))
-        .join(format!("session-{}", session.id));
+        .join(format!("session-{}-{}", session.id, std::process::id()));
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     alloc.run_dir = Some(run_dir.clone());

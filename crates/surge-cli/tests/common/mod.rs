@@ -380,3 +380,13 @@ pub fn seed() -> u64 {
                 | 1
         })
 }
+
+/// A child process killed when the guard goes (also when a test panics).
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
