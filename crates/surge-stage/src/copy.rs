@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
@@ -1053,13 +1053,13 @@ async fn file_out(ctx: &Ctx, f: &FileEntry) -> Result<u64, String> {
         ctx.progress.add_bytes(size);
         let checksum = ctx.opts.checksum;
         return blocking(move || {
-            let (mut file, tmp) = pfs::create_temp(&dest)
+            let (file, tmp) = pfs::create_temp(&dest)
                 .map_err(|e| format!("cannot create a temporary for {}: {e}", dest.display()))?;
             let r = (|| {
                 if is_zero(&data) {
                     file.set_len(size)
                 } else {
-                    file.write_all(&data)
+                    pfs::write_all_at(&file, &data, 0)
                 }
                 .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
                 if checksum {
@@ -1110,7 +1110,7 @@ async fn file_out(ctx: &Ctx, f: &FileEntry) -> Result<u64, String> {
                     return Ok((buf, Ok(sum)));
                 }
                 let (buf, w) = tokio::task::spawn_blocking(move || {
-                    let r = file.write_all_at(&buf[..len], offset);
+                    let r = pfs::write_all_at(&file, &buf[..len], offset);
                     (buf, r)
                 })
                 .await
