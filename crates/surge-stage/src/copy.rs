@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
@@ -270,37 +270,72 @@ fn depth(p: &Path) -> usize {
 
 // --- directories, stage-in ---
 
+/// Runs `f` on every item in tasks of a `JoinSet` (so that dropping the caller aborts them),
+/// at most `limit` at once; results in completion order.
+pub(crate) async fn run_bounded<T, R, F, Fut>(items: Vec<T>, limit: usize, f: F) -> Vec<R>
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+    R: Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(limit.max(1)));
+    let mut set = JoinSet::new();
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        let fut = f(item);
+        set.spawn(async move {
+            let _permit = permit;
+            fut.await
+        });
+        while let Some(r) = set.try_join_next() {
+            match r {
+                Ok(v) => out.push(v),
+                Err(e) => note_panic(Err(e)),
+            }
+        }
+    }
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(v) => out.push(v),
+            Err(e) => note_panic(Err(e)),
+        }
+    }
+    out
+}
+
 async fn make_dirs_in(ctx: &Arc<Ctx>, list: &[DirEntryPlan]) -> Vec<MadeDir> {
-    use futures::StreamExt;
-    let mut levels: BTreeMap<usize, Vec<&DirEntryPlan>> = BTreeMap::new();
+    let mut levels: BTreeMap<usize, Vec<DirEntryPlan>> = BTreeMap::new();
     for d in list {
-        levels.entry(depth(&d.dest)).or_default().push(d);
+        levels.entry(depth(&d.dest)).or_default().push(d.clone());
     }
     let mut known: HashMap<PathBuf, Ino> = HashMap::from([(PathBuf::from("/"), ROOT)]);
     let mut out = Vec::with_capacity(list.len());
     for (_, level) in levels {
-        let known_ref = &known;
-        let made: Vec<MadeDir> = futures::stream::iter(level)
-            .map(|d| async move {
-                match make_dir_in(ctx, known_ref, d).await {
+        let snapshot = Arc::new(known.clone());
+        let made = run_bounded(level, ctx.opts.workers, |d| {
+            let (ctx, known) = (ctx.clone(), snapshot.clone());
+            async move {
+                match make_dir_in(&ctx, &known, &d).await {
                     Ok((ino, created)) => MadeDir {
-                        plan: d.clone(),
+                        plan: d,
                         ino: Some(ino),
                         created,
                     },
                     Err(e) => {
                         ctx.fail(&d.source, &d.dest, e);
                         MadeDir {
-                            plan: d.clone(),
+                            plan: d,
                             ino: None,
                             created: false,
                         }
                     }
                 }
-            })
-            .buffer_unordered(ctx.opts.workers)
-            .collect()
-            .await;
+            }
+        })
+        .await;
         for m in &made {
             if let Some(ino) = m.ino {
                 known.insert(m.plan.dest.clone(), ino);
@@ -416,19 +451,24 @@ async fn remove_stale_in(ctx: &Ctx, dir: Ino, path: &Path) -> Result<(), String>
 }
 
 async fn finish_dirs_in(ctx: &Arc<Ctx>, dirs: &[MadeDir]) {
-    use futures::StreamExt;
-    futures::stream::iter(dirs.iter())
-        .for_each_concurrent(ctx.opts.workers, |d| async move {
-            let (Some(ino), Some(meta)) = (d.ino, d.plan.meta) else {
-                return;
-            };
+    let todo: Vec<(Ino, Meta, DirEntryPlan)> = dirs
+        .iter()
+        .filter_map(|d| Some((d.ino?, d.plan.meta?, d)))
+        .filter_map(|(ino, meta, d)| {
             // An item's destination that existed already (the instance root, say) keeps its
             // attributes; everything the stage made, or found inside a tree, gets the
             // source's.
             if d.plan.top && !d.created {
                 ctx.dirs.fetch_add(1, Ordering::Relaxed);
-                return;
+                None
+            } else {
+                Some((ino, meta, d.plan.clone()))
             }
+        })
+        .collect();
+    run_bounded(todo, ctx.opts.workers, |(ino, meta, d)| {
+        let ctx = ctx.clone();
+        async move {
             let owner = ctx.owner_in(Some(&meta));
             let set = SetAttr {
                 perm: Some(meta.perm),
@@ -443,13 +483,14 @@ async fn finish_dirs_in(ctx: &Arc<Ctx>, dirs: &[MadeDir]) {
                     ctx.dirs.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => ctx.fail(
-                    &d.plan.source,
-                    &d.plan.dest,
+                    &d.source,
+                    &d.dest,
                     format!("cannot set the attributes of the directory: {e}"),
                 ),
             }
-        })
-        .await;
+        }
+    })
+    .await;
 }
 
 // --- directories, stage-out ---
@@ -562,7 +603,7 @@ async fn copy_entries(ctx: &Arc<Ctx>, plan: &Plan, parents: &Arc<HashMap<PathBuf
     let mut work: Vec<Work> = Vec::with_capacity(plan.file_list.len() + plan.link_list.len());
     let mut files = plan.file_list.clone();
     // Largest first: a big file started last would finish alone.
-    files.sort_by(|a, b| b.size.cmp(&a.size));
+    files.sort_by_key(|f| std::cmp::Reverse(f.size));
     work.extend(files.into_iter().map(Work::File));
     work.extend(plan.link_list.iter().cloned().map(Work::Link));
 
@@ -704,23 +745,40 @@ fn write_err(offset: u64, e: ClientError) -> String {
     format!("write at offset {offset} failed: {e}")
 }
 
-/// Writes `data` at `offset` unless it is all zeros (the hole reads back as zeros).
-async fn put_in(ctx: &Ctx, ino: Ino, offset: u64, data: &[u8]) -> Result<(), String> {
-    if data.is_empty() || is_zero(data) {
-        return Ok(());
+/// Writes `buf[..len]` at `offset` unless it is all zeros (the hole reads back as zeros), and
+/// gives the buffer back.
+///
+/// The write runs in a task of its own that finishes even if the caller is dropped: a request
+/// abandoned half-way through sending its payload would leave a broken frame on a connection
+/// other files share. An aborted stage thus lets the writes already started land (in
+/// temporaries) and starts no new one.
+async fn put_in(
+    client: &Arc<InstanceClient>,
+    ino: Ino,
+    offset: u64,
+    buf: Vec<u8>,
+    len: usize,
+) -> (Vec<u8>, Result<(), String>) {
+    if len == 0 || is_zero(&buf[..len]) {
+        return (buf, Ok(()));
     }
-    let n = ctx
-        .client
-        .write(ino, offset, data)
-        .await
-        .map_err(|e| write_err(offset, e))?;
-    if n != data.len() as u64 {
-        return Err(format!(
-            "short write at offset {offset}: {n} of {} bytes (is the instance full?)",
-            data.len()
-        ));
-    }
-    Ok(())
+    let client = client.clone();
+    let task = tokio::spawn(async move {
+        let r = client.write(ino, offset, &buf[..len]).await;
+        (buf, r)
+    });
+    let (buf, r) = match task.await {
+        Ok(v) => v,
+        Err(e) => return (Vec::new(), Err(format!("internal error: {e}"))),
+    };
+    let r = match r {
+        Ok(n) if n == len as u64 => Ok(()),
+        Ok(n) => Err(format!(
+            "short write at offset {offset}: {n} of {len} bytes (is the instance full?)"
+        )),
+        Err(e) => Err(write_err(offset, e)),
+    };
+    (buf, r)
 }
 
 async fn file_in(ctx: &Ctx, parent: Ino, f: &FileEntry) -> Result<u64, String> {
@@ -785,7 +843,8 @@ async fn small_file_in(
     )
     .await?;
     let r = async {
-        put_in(ctx, ino, 0, &data).await?;
+        let (data, w) = put_in(&ctx.client, ino, 0, data, size as usize).await;
+        w?;
         ctx.progress.add_bytes(size);
         if ctx.opts.checksum && size > 0 {
             let back = ctx
@@ -840,30 +899,23 @@ async fn large_file_in(
                 })
                 .await
                 .map_err(|e| format!("internal error: {e}"))?;
-                let r = async {
-                    read.map_err(|e| {
-                        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                            format!("the source shrank below {} bytes while copying", offset + len as u64)
-                        } else {
-                            format!("cannot read the source at offset {offset}: {e}")
-                        }
-                    })?;
-                    let data = &buf[..len];
-                    if !is_zero(data) {
-                        let n = client
-                            .write(ino, offset, data)
-                            .await
-                            .map_err(|e| write_err(offset, e))?;
-                        if n != len as u64 {
-                            return Err(format!(
-                                "short write at offset {offset}: {n} of {len} bytes (is the instance full?)"
-                            ));
-                        }
-                    }
-                    progress.add_bytes(len as u64);
-                    Ok(checksum.then(|| xxh3_64(data)))
+                if let Err(e) = read {
+                    let msg = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        format!(
+                            "the source shrank below {} bytes while copying",
+                            offset + len as u64
+                        )
+                    } else {
+                        format!("cannot read the source at offset {offset}: {e}")
+                    };
+                    return Ok((buf, Err(msg)));
                 }
-                .await;
+                let sum = checksum.then(|| xxh3_64(&buf[..len]));
+                let (buf, w) = put_in(&client, ino, offset, buf, len).await;
+                if w.is_ok() {
+                    progress.add_bytes(len as u64);
+                }
+                let r = w.map(|()| sum);
                 Ok((buf, r))
             }
         })
@@ -905,6 +957,10 @@ async fn verify_in(ctx: &Ctx, ino: Ino, size: u64, sums: &[u64]) -> Result<(), S
     r
 }
 
+/// What a chunk task gives back: its buffer (to reuse) and the chunk's checksum (when asked)
+/// or why it failed; the outer error is an internal one (a task that could not run).
+type ChunkResult = Result<(Vec<u8>, Result<Option<u64>, String>), String>;
+
 /// Runs one task per chunk of a `size`-byte file, at most as many at once as the data slots
 /// allow, and returns the per-chunk checksums (when asked). The first failure stops the
 /// rest (the `JoinSet` aborts them when dropped).
@@ -915,23 +971,12 @@ async fn run_chunks<F, Fut>(
 ) -> Result<Option<Vec<u64>>, String>
 where
     F: FnMut(u64, usize, OwnedSemaphorePermit) -> Fut,
-    Fut: std::future::Future<Output = Result<(Vec<u8>, Result<Option<u64>, String>), String>>
-        + Send
-        + 'static,
+    Fut: std::future::Future<Output = ChunkResult> + Send + 'static,
 {
     let n = size.div_ceil(ctx.chunk) as usize;
     let mut sums = vec![0u64; if ctx.opts.checksum { n } else { 0 }];
-    let mut set: JoinSet<(
-        usize,
-        Result<(Vec<u8>, Result<Option<u64>, String>), String>,
-    )> = JoinSet::new();
-    let collect = |r: Result<
-        (
-            usize,
-            Result<(Vec<u8>, Result<Option<u64>, String>), String>,
-        ),
-        tokio::task::JoinError,
-    >,
+    let mut set: JoinSet<(usize, ChunkResult)> = JoinSet::new();
+    let collect = |r: Result<(usize, ChunkResult), tokio::task::JoinError>,
                    sums: &mut Vec<u64>|
      -> Result<(), String> {
         let (i, r) = r.map_err(|e| format!("internal error: {e}"))?;
@@ -1008,13 +1053,13 @@ async fn file_out(ctx: &Ctx, f: &FileEntry) -> Result<u64, String> {
         ctx.progress.add_bytes(size);
         let checksum = ctx.opts.checksum;
         return blocking(move || {
-            let (mut file, tmp) = pfs::create_temp(&dest)
+            let (file, tmp) = pfs::create_temp(&dest)
                 .map_err(|e| format!("cannot create a temporary for {}: {e}", dest.display()))?;
             let r = (|| {
                 if is_zero(&data) {
                     file.set_len(size)
                 } else {
-                    file.write_all(&data)
+                    pfs::write_all_at(&file, &data, 0)
                 }
                 .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
                 if checksum {
@@ -1065,7 +1110,7 @@ async fn file_out(ctx: &Ctx, f: &FileEntry) -> Result<u64, String> {
                     return Ok((buf, Ok(sum)));
                 }
                 let (buf, w) = tokio::task::spawn_blocking(move || {
-                    let r = file.write_all_at(&buf[..len], offset);
+                    let r = pfs::write_all_at(&file, &buf[..len], offset);
                     (buf, r)
                 })
                 .await

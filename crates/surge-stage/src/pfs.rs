@@ -90,6 +90,19 @@ pub(crate) fn finish_symlink(
     set_times(path, meta, true)
 }
 
+/// Largest single write to the PFS. Writes of several MiB into ext4's page cache were measured
+/// at times 5-10x slower than the same bytes in 1 MiB writes (kernel 6.18, bench/stage.sh).
+const PFS_WRITE: usize = 1 << 20;
+
+/// `write_all_at` in pieces of at most [`PFS_WRITE`] bytes.
+pub(crate) fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    for (i, piece) in data.chunks(PFS_WRITE).enumerate() {
+        file.write_all_at(piece, offset + (i * PFS_WRITE) as u64)?;
+    }
+    Ok(())
+}
+
 /// Creates a new temporary file for `final_path` in the same directory (mode 0600 until it is
 /// complete).
 pub(crate) fn create_temp(final_path: &Path) -> io::Result<(File, PathBuf)> {

@@ -3,10 +3,10 @@
 //! it; this checks copies made earlier (after a restart, or before trusting a stage-out enough
 //! to destroy the instance).
 
+use crate::copy::run_bounded;
 use crate::ns;
 use crate::plan::{FileEntry, Source};
 use crate::{Direction, Plan, Progress, StageError, StageFailure, StageOptions, StageReport};
-use futures::StreamExt;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -26,23 +26,21 @@ pub async fn verify(
     let start = Instant::now();
     progress.begin(plan);
     let chunk = opts.chunk_size.clamp(64 << 10, 64 << 20);
+    let direction = plan.direction;
     let results: Vec<(FileEntry, Result<u64, String>)> =
-        futures::stream::iter(plan.file_list.iter().cloned())
-            .map(|f| {
-                let client = client.clone();
-                let progress = progress.clone();
-                async move {
-                    let r = if progress.is_cancelled() {
-                        Err("cancelled".to_string())
-                    } else {
-                        verify_one(&client, plan.direction, &f, chunk, &progress).await
-                    };
-                    (f, r)
-                }
-            })
-            .buffer_unordered(opts.workers.clamp(1, 256))
-            .collect()
-            .await;
+        run_bounded(plan.file_list.clone(), opts.workers.clamp(1, 256), |f| {
+            let client = client.clone();
+            let progress = progress.clone();
+            async move {
+                let r = if progress.is_cancelled() {
+                    Err("cancelled".to_string())
+                } else {
+                    verify_one(&client, direction, &f, chunk, &progress).await
+                };
+                (f, r)
+            }
+        })
+        .await;
     progress.end();
     if progress.is_cancelled() {
         return Err(StageError::Cancelled);
