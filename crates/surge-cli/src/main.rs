@@ -46,8 +46,6 @@ enum Command {
     Server(ServerCmd),
     /// Mount an instance's namespace as a POSIX directory (FUSE).
     Mount(surge_client::cli::MountArgs),
-    /// Copy data between the PFS and instances (stage in, stage out).
-    Stage(surge_stage::cli::StageArgs),
     /// IOR/mdtest-style benchmarks of any path: bandwidth, IOPS, metadata rates.
     Bench(surge_bench::cli::BenchArgs),
     /// Record the I/O of a command and say whether it is bandwidth-, IOPS- or metadata-bound.
@@ -151,7 +149,6 @@ fn main() -> ExitCode {
             })
         }
         Command::Mount(a) => surge_client::cli::run_mount(a),
-        Command::Stage(a) => surge_stage::cli::run(a),
         Command::Bench(a) => surge_bench::cli::run(a),
         Command::Profile(a) => surge_profile::cli::run_profile(a),
         Command::Advise(a) => surge_profile::cli::run_advise(a),

@@ -19,7 +19,8 @@ mod tempdir {
         pub fn new(tag: &str) -> Dir {
             static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
             let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let p = std::env::temp_dir().join(format!("surge-job-{}-{tag}-{n}", std::process::id()));
+            let p =
+                std::env::temp_dir().join(format!("surge-job-{}-{tag}-{n}", std::process::id()));
             let _ = std::fs::remove_dir_all(&p);
             std::fs::create_dir_all(&p).unwrap();
             Dir(p)
@@ -100,14 +101,19 @@ fn make_inputs(dir: &Path) {
         std::fs::write(dir.join(format!("large/{name}.dat")), data).unwrap();
     }
     for i in 0..200 {
-        std::fs::write(dir.join(format!("small/obj-{i:03}.txt")), format!("record {i}: some text\n")).unwrap();
+        std::fs::write(
+            dir.join(format!("small/obj-{i:03}.txt")),
+            format!("record {i}: some text\n"),
+        )
+        .unwrap();
     }
     std::os::unix::fs::symlink("small/obj-000.txt", dir.join("first")).unwrap();
 }
 
 #[test]
 fn the_demo_job_stages_in_transforms_and_stages_out_byte_identical_results() {
-    if skip_without_fuse("the_demo_job_stages_in_transforms_and_stages_out_byte_identical_results") {
+    if skip_without_fuse("the_demo_job_stages_in_transforms_and_stages_out_byte_identical_results")
+    {
         return;
     }
     let j = Job::new("demo");
@@ -119,18 +125,46 @@ fn the_demo_job_stages_in_transforms_and_stages_out_byte_identical_results() {
     // combined.dat = the large inputs concatenated in name order.
     let mut combined = std::fs::read(j.path("demo-inputs/large/alpha.dat")).unwrap();
     combined.extend(std::fs::read(j.path("demo-inputs/large/beta.dat")).unwrap());
-    assert!(std::fs::read(res.join("combined.dat")).unwrap() == combined, "combined.dat differs");
+    assert!(
+        std::fs::read(res.join("combined.dat")).unwrap() == combined,
+        "combined.dat differs"
+    );
     for name in ["alpha", "beta"] {
-        let sum = Command::new("sha256sum").arg(j.path(&format!("demo-inputs/large/{name}.dat"))).output().unwrap();
-        let expect = String::from_utf8_lossy(&sum.stdout).split_whitespace().next().unwrap().to_string();
-        assert_eq!(std::fs::read_to_string(res.join(format!("{name}.dat.sha256"))).unwrap().trim(), expect);
+        let sum = Command::new("sha256sum")
+            .arg(j.path(&format!("demo-inputs/large/{name}.dat")))
+            .output()
+            .unwrap();
+        let expect = String::from_utf8_lossy(&sum.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            std::fs::read_to_string(res.join(format!("{name}.dat.sha256")))
+                .unwrap()
+                .trim(),
+            expect
+        );
     }
     for i in 0..200 {
         let got = std::fs::read_to_string(res.join(format!("small/obj-{i:03}.txt"))).unwrap();
         assert_eq!(got, format!("record {i}: some text\n").to_uppercase());
     }
-    let phases: Vec<&str> = rep["phases"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
-    for p in ["allocate", "stage in", "mount", "job", "unmount", "stage out", "release"] {
+    let phases: Vec<&str> = rep["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    for p in [
+        "allocate",
+        "stage in",
+        "mount",
+        "job",
+        "unmount",
+        "stage out",
+        "release",
+    ] {
         assert!(phases.contains(&p), "phase {p} reported: {phases:?}");
     }
     assert_eq!(rep["exit_code"], 0);
@@ -144,7 +178,11 @@ fn stage_in_preserves_trees_modes_mtimes_and_symlinks() {
     let j = Job::new("tree");
     make_inputs(&j.path("in"));
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(j.path("in/small/obj-007.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(
+        j.path("in/small/obj-007.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
     let script = j.script(
         "job.sh",
         "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=256MiB\n\
@@ -175,13 +213,26 @@ fn a_failing_job_still_stages_out_tears_down_and_returns_its_status() {
     );
     let (out, rep) = j.run(&[script.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-    assert_eq!(std::fs::read_to_string(j.path("out/partial.txt")).unwrap(), "half done\n");
+    assert_eq!(
+        std::fs::read_to_string(j.path("out/partial.txt")).unwrap(),
+        "half done\n"
+    );
     assert_eq!(rep["job_status"], 3);
     // Everything was torn down: no mount left, no server left.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(&format!("session-{}-", rep["session"])) || !mounts.contains("surge:"), "a mount was left");
-    let leftover = Command::new("pgrep").args(["-f", &j.fast.path().display().to_string()]).output().unwrap();
-    assert!(leftover.stdout.is_empty(), "processes left: {}", String::from_utf8_lossy(&leftover.stdout));
+    assert!(
+        !mounts.contains(&format!("session-{}-", rep["session"])) || !mounts.contains("surge:"),
+        "a mount was left"
+    );
+    let leftover = Command::new("pgrep")
+        .args(["-f", &j.fast.path().display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        leftover.stdout.is_empty(),
+        "processes left: {}",
+        String::from_utf8_lossy(&leftover.stdout)
+    );
 }
 
 #[test]
@@ -201,14 +252,24 @@ fn a_failed_stage_out_keeps_the_instance_and_names_the_files() {
     let (out, rep) = j.run(&[script.to_str().unwrap()]);
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("result.txt"), "the failed file is named:\n{err}");
-    assert!(rep["kept_instance"].as_u64().is_some(), "instance kept: {rep}");
-    assert_eq!(std::fs::read_to_string(j.path("ok/good.txt")).unwrap(), "good\n");
+    assert!(
+        err.contains("result.txt"),
+        "the failed file is named:\n{err}"
+    );
+    assert!(
+        rep["kept_instance"].as_u64().is_some(),
+        "instance kept: {rep}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(j.path("ok/good.txt")).unwrap(),
+        "good\n"
+    );
 }
 
 #[test]
 fn a_persistent_instance_outlives_jobs_and_cannot_be_destroyed_while_in_use() {
-    if skip_without_fuse("a_persistent_instance_outlives_jobs_and_cannot_be_destroyed_while_in_use") {
+    if skip_without_fuse("a_persistent_instance_outlives_jobs_and_cannot_be_destroyed_while_in_use")
+    {
         return;
     }
     let j = Job::new("persist");
@@ -235,19 +296,34 @@ fn a_persistent_instance_outlives_jobs_and_cannot_be_destroyed_while_in_use() {
     cmd_out.env("PATH", &path);
     let out = cmd_out.arg("run").arg(&second).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(std::fs::read_to_string(j.path("seen.txt")).unwrap(), "from the first job\n");
-    assert!(!j.path("destroy.out").exists(), "destroy must be refused while a job uses it");
-    assert!(std::fs::read_to_string(j.path("destroy.err")).unwrap().contains("in use"));
+    assert_eq!(
+        std::fs::read_to_string(j.path("seen.txt")).unwrap(),
+        "from the first job\n"
+    );
+    assert!(
+        !j.path("destroy.out").exists(),
+        "destroy must be refused while a job uses it"
+    );
+    assert!(std::fs::read_to_string(j.path("destroy.err"))
+        .unwrap()
+        .contains("in use"));
     let third = j.script(
         "third.sh",
         "#!/bin/bash\n#BB destroy_persistent name=keep\ntrue\n",
     );
     let (out, _) = j.run(&[third.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
-    let fourth = j.script("fourth.sh", "#!/bin/bash\n#DW persistentdw name=keep\ntrue\n");
+    let fourth = j.script(
+        "fourth.sh",
+        "#!/bin/bash\n#DW persistentdw name=keep\ntrue\n",
+    );
     let (out, _) = j.run(&[fourth.to_str().unwrap()]);
     assert!(!out.status.success(), "the instance is gone");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("keep"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("keep"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -269,18 +345,36 @@ fn private_namespaces_are_per_node_and_striped_ones_are_shared() {
          cat $DW_JOB_PRIVATE/mine > private.txt\n\
          surge exec --node 1 -- sh -c 'cat \"$DW_JOB_PRIVATE/mine\"' >> private.txt\n",
     );
-    let out = j.command().env("PATH", &path).args(["run", "--nodes", "2"]).arg(&private).output().unwrap();
+    let out = j
+        .command()
+        .env("PATH", &path)
+        .args(["run", "--nodes", "2"])
+        .arg(&private)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(std::fs::read_to_string(j.path("private.txt")).unwrap(), "node0\nnode1\n");
+    assert_eq!(
+        std::fs::read_to_string(j.path("private.txt")).unwrap(),
+        "node0\nnode1\n"
+    );
     let striped = j.script(
         "striped.sh",
         "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=128MiB\nset -e\n\
          echo shared > $DW_JOB_STRIPED/common\n\
          surge exec --node 1 -- sh -c 'cat \"$DW_JOB_STRIPED/common\"; test \"$SURGE_NODE\" = 1' > striped.txt\n",
     );
-    let out = j.command().env("PATH", &path).args(["run", "--nodes", "2"]).arg(&striped).output().unwrap();
+    let out = j
+        .command()
+        .env("PATH", &path)
+        .args(["run", "--nodes", "2"])
+        .arg(&striped)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(std::fs::read_to_string(j.path("striped.txt")).unwrap(), "shared\n");
+    assert_eq!(
+        std::fs::read_to_string(j.path("striped.txt")).unwrap(),
+        "shared\n"
+    );
 }
 
 /// A script that would leave a marker if it ran.
@@ -295,15 +389,34 @@ fn rejected(tag: &str, directives: &str, want: &[&str]) {
     }
     assert!(!j.path("ran").exists(), "the job must not run");
     // Nothing was allocated: the embedded manager was never started.
-    assert!(!j.fast.path().join("state").exists(), "nothing may be allocated");
+    assert!(
+        !j.fast.path().join("state").exists(),
+        "nothing may be allocated"
+    );
 }
 
 #[test]
 fn bad_directives_allocate_nothing_and_run_nothing() {
-    rejected("bad1", "#DW jobdw type=scratch access_mode=striped capacity=10XB", &["job.sh:2", "capacity=10XB"]);
-    rejected("bad2", "#DW jobdw type=cache access_mode=striped capacity=1GiB", &["job.sh:2", "cache"]);
-    rejected("bad3", "#DW jobdw type=scratch access_mode=ldbalance capacity=1GiB", &["job.sh:2", "ldbalance"]);
-    rejected("bad4", "#DW jobdw type=scratch capacity=1GiB", &["job.sh:2", "access_mode"]);
+    rejected(
+        "bad1",
+        "#DW jobdw type=scratch access_mode=striped capacity=10XB",
+        &["job.sh:2", "capacity=10XB"],
+    );
+    rejected(
+        "bad2",
+        "#DW jobdw type=cache access_mode=striped capacity=1GiB",
+        &["job.sh:2", "cache"],
+    );
+    rejected(
+        "bad3",
+        "#DW jobdw type=scratch access_mode=ldbalance capacity=1GiB",
+        &["job.sh:2", "ldbalance"],
+    );
+    rejected(
+        "bad4",
+        "#DW jobdw type=scratch capacity=1GiB",
+        &["job.sh:2", "access_mode"],
+    );
     rejected(
         "bad5",
         "#DW jobdw type=scratch access_mode=striped capacity=1GiB\n#DW stage_in type=file source=x destination=/tmp/y",
@@ -333,7 +446,11 @@ fn a_stage_in_larger_than_the_instance_fails_before_copying() {
     );
     let (out, _) = j.run(&[script.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("does not fit"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not fit"),
+        "{}",
+        text(&out)
+    );
     assert!(!j.path("ran").exists());
 }
 
@@ -345,45 +462,105 @@ fn the_manager_keeps_its_state_across_a_restart() {
     let start_manager = || {
         let ready = s.path().join("ready");
         let _ = std::fs::remove_file(&ready);
-        let child = ChildGuard(Command::new(SURGE)
-            .args(["manager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--granularity", "64MiB", "--state"])
-            .arg(&state)
-            .arg("--ready-file")
-            .arg(&ready)
-            .stderr(std::fs::File::create(s.path().join("manager.log")).unwrap())
-            .spawn()
-            .unwrap());
-        let v: serde_json::Value = wait_for("manager ready", std::time::Duration::from_secs(20), || {
-            serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
-        });
-        (child, v["grpc"].as_str().unwrap().to_string(), v["http"].as_str().unwrap().to_string())
+        let child = ChildGuard(
+            Command::new(SURGE)
+                .args([
+                    "manager",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--http",
+                    "127.0.0.1:0",
+                    "--granularity",
+                    "64MiB",
+                    "--state",
+                ])
+                .arg(&state)
+                .arg("--ready-file")
+                .arg(&ready)
+                .stderr(std::fs::File::create(s.path().join("manager.log")).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let v: serde_json::Value =
+            wait_for("manager ready", std::time::Duration::from_secs(20), || {
+                serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
+            });
+        (
+            child,
+            v["grpc"].as_str().unwrap().to_string(),
+            v["http"].as_str().unwrap().to_string(),
+        )
     };
     let (m, addr, _) = start_manager();
     for srv in &c.servers {
         surge(&["server", "register", &srv.addr, "--manager", &addr]);
     }
-    surge(&["pool", "create", "fast", "--granularity", "32MiB", "--manager", &addr]);
-    surge(&["persistent", "create", "survivor", "--capacity", "100MiB", "--manager", &addr]);
+    surge(&[
+        "pool",
+        "create",
+        "fast",
+        "--granularity",
+        "32MiB",
+        "--manager",
+        &addr,
+    ]);
+    surge(&[
+        "persistent",
+        "create",
+        "survivor",
+        "--capacity",
+        "100MiB",
+        "--manager",
+        &addr,
+    ]);
     drop(m);
     let (m, addr, http) = start_manager();
-    let pools: serde_json::Value = serde_json::from_str(&surge(&["pool", "ls", "--json", "--manager", &addr])).unwrap();
-    let names: Vec<&str> = pools.as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
-    assert!(names.contains(&"fast") && names.contains(&"default"), "{pools}");
-    let p: serde_json::Value = serde_json::from_str(&surge(&["persistent", "ls", "--json", "--manager", &addr])).unwrap();
+    let pools: serde_json::Value =
+        serde_json::from_str(&surge(&["pool", "ls", "--json", "--manager", &addr])).unwrap();
+    let names: Vec<&str> = pools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"fast") && names.contains(&"default"),
+        "{pools}"
+    );
+    let p: serde_json::Value =
+        serde_json::from_str(&surge(&["persistent", "ls", "--json", "--manager", &addr])).unwrap();
     assert_eq!(p[0]["name"], "survivor");
-    assert_eq!(p[0]["fragments"], 2, "100 MiB at 64 MiB granularity: 2 fragments on 2 servers");
+    assert_eq!(
+        p[0]["fragments"], 2,
+        "100 MiB at 64 MiB granularity: 2 fragments on 2 servers"
+    );
     // The JSON/HTTP read API serves the same view.
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(&http).unwrap();
-    write!(s, "GET /v1/instances HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET /v1/instances HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     assert!(resp.contains("\"survivor\""), "{resp}");
     surge(&["persistent", "destroy", "survivor", "--manager", &addr]);
-    let listing: serde_json::Value = serde_json::from_str(&surge(&[&["server", "status", "--json"][..], &c.addrs().iter().map(String::as_str).collect::<Vec<_>>()].concat())).unwrap();
+    let listing: serde_json::Value = serde_json::from_str(&surge(
+        &[
+            &["server", "status", "--json"][..],
+            &c.addrs().iter().map(String::as_str).collect::<Vec<_>>(),
+        ]
+        .concat(),
+    ))
+    .unwrap();
     for srv in listing.as_array().unwrap() {
-        assert_eq!(srv["fragments"].as_array().map(Vec::len), Some(0), "destroyed everywhere: {srv}");
+        assert_eq!(
+            srv["fragments"].as_array().map(Vec::len),
+            Some(0),
+            "destroyed everywhere: {srv}"
+        );
     }
     drop(m);
 }
@@ -401,7 +578,9 @@ fn ctrl_c_stops_the_job_and_tears_everything_down() {
          echo data > $DW_JOB_STRIPED/x\ntouch started\nsleep 60\ntouch finished\n",
     );
     let mut child = ChildGuard(j.command().arg("run").arg(&script).spawn().unwrap());
-    wait_for("job start", std::time::Duration::from_secs(30), || j.path("started").exists().then_some(()));
+    wait_for("job start", std::time::Duration::from_secs(30), || {
+        j.path("started").exists().then_some(())
+    });
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) };
     let start = std::time::Instant::now();
@@ -409,14 +588,27 @@ fn ctrl_c_stops_the_job_and_tears_everything_down() {
         if let Some(s) = child.0.try_wait().unwrap() {
             break s;
         }
-        assert!(start.elapsed().as_secs() < 30, "surge run did not stop after SIGINT");
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "surge run did not stop after SIGINT"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert_eq!(status.code(), Some(130));
     assert!(!j.path("finished").exists(), "the job was stopped");
     assert!(!j.path("out/x").exists(), "no stage-out after an interrupt");
-    let leftover = Command::new("pgrep").args(["-f", &j.fast.path().display().to_string()]).output().unwrap();
-    assert!(leftover.stdout.is_empty(), "processes left: {}", String::from_utf8_lossy(&leftover.stdout));
+    let leftover = Command::new("pgrep")
+        .args(["-f", &j.fast.path().display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        leftover.stdout.is_empty(),
+        "processes left: {}",
+        String::from_utf8_lossy(&leftover.stdout)
+    );
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(&format!("-{}/", child.0.id())), "a mount was left:\n{mounts}");
+    assert!(
+        !mounts.contains(&format!("-{}/", child.0.id())),
+        "a mount was left:\n{mounts}"
+    );
 }

@@ -139,7 +139,12 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
 #[derive(clap::Args, Debug, Clone)]
 pub struct ManagerAddr {
     /// The manager's gRPC address (host:port); default $SURGE_MANAGER.
-    #[arg(long = "manager", env = "SURGE_MANAGER", value_name = "HOST:PORT", global = true)]
+    #[arg(
+        long = "manager",
+        env = "SURGE_MANAGER",
+        value_name = "HOST:PORT",
+        global = true
+    )]
     pub manager: Option<String>,
 }
 
