@@ -99,6 +99,11 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
 
+    /// Never use kernel FUSE passthrough (by default it is used, as root on Linux >= 6.9, for
+    /// files of a one-fragment instance whose server runs on this host).
+    #[arg(long)]
+    pub no_passthrough: bool,
+
     /// Once mounted, write {"mountpoint", "pid"} as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
@@ -118,6 +123,7 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
             attr: args.attr_ttl,
         },
         threads: args.threads,
+        passthrough: !args.no_passthrough && mount::is_root(),
         ..MountOptions::default()
     };
     let mut mounted = mount::mount(client, rt.handle().clone(), &args.mountpoint, &opts)?;

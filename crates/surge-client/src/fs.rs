@@ -58,13 +58,16 @@ impl std::error::Error for FsError {}
 pub type FsResult<T> = Result<T, FsError>;
 
 /// What `open` decided.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Opened {
     pub fh: u64,
     /// The file is unchanged since this node last saw it: the kernel may keep its pages.
     pub keep_cache: bool,
     /// The file changed: the kernel's cached attributes must be dropped.
     pub invalidate_attr: bool,
+    /// Kernel passthrough: the object file holding all of this file's data on this host; the
+    /// kernel reads and writes it directly (DESIGN §3, the local fast path).
+    pub backing: Option<Arc<std::fs::File>>,
 }
 
 /// One directory entry for the kernel: `offset` is where to continue after it.
@@ -92,6 +95,11 @@ struct Inode {
     touched: u64,
     /// The last name went away while open here: remove the data at the last release.
     unlinked: bool,
+    /// The object file the kernel reads and writes directly while the file is open here
+    /// (passthrough); writes then bypass this process, so size and mtime are read from it.
+    backing: Option<Arc<std::fs::File>>,
+    /// (size, mtime) of the backing file last committed to the metadata server.
+    backing_committed: Option<(u64, Timestamp)>,
 }
 
 struct Handle {
@@ -106,6 +114,15 @@ pub struct Fs {
     inodes: Mutex<HashMap<Ino, Inode>>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+    /// Kernel passthrough is possible (the kernel granted it and the instance's one fragment
+    /// is on this host); cleared for good at the first sign it is not.
+    passthrough: std::sync::atomic::AtomicBool,
+}
+
+/// Size and mtime of a backing file.
+fn backing_state(f: &std::fs::File) -> Option<(u64, Timestamp)> {
+    let md = f.metadata().ok()?;
+    Some((md.len(), Timestamp::from_system_time(md.modified().ok()?)))
 }
 
 impl Fs {
@@ -115,6 +132,47 @@ impl Fs {
             inodes: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            passthrough: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Stops using passthrough (the kernel refused a backing file).
+    pub fn disable_passthrough(&self) {
+        self.passthrough.store(false, Ordering::Relaxed);
+    }
+
+    /// Called by the adapter when the kernel accepted FUSE passthrough.
+    pub fn enable_passthrough(&self) {
+        self.passthrough
+            .store(self.client.fragments() == 1, Ordering::Relaxed);
+    }
+
+    /// The backing file for an open of `ino`: the one already in use on this node, or the
+    /// object opened from the local server.
+    async fn backing_for(&self, ino: Ino) -> Option<Arc<std::fs::File>> {
+        if !self.passthrough.load(Ordering::Relaxed) {
+            return None;
+        }
+        if let Some(b) = self.inodes.lock().get(&ino).and_then(|i| i.backing.clone()) {
+            return Some(b);
+        }
+        match self.client.open_local_object(ino).await {
+            Ok(Some(f)) => {
+                let f = Arc::new(f);
+                let mut inodes = self.inodes.lock();
+                let i = inodes.entry(ino).or_default();
+                // Another open may have raced us: every open of an inode shares one backing file.
+                Some(i.backing.get_or_insert(f).clone())
+            }
+            Ok(None) => {
+                debug!("instance's fragment is not on this host: no passthrough");
+                self.passthrough.store(false, Ordering::Relaxed);
+                None
+            }
+            Err(e) => {
+                debug!("no passthrough for inode {ino}: {e}");
+                None
+            }
         }
     }
 
@@ -135,6 +193,12 @@ impl Fs {
             a.size = ino.size;
             if let Some(m) = ino.dirty_mtime {
                 a.mtime = m;
+            }
+            if let Some((size, mtime)) = ino.backing.as_deref().and_then(backing_state) {
+                a.size = a.size.max(size);
+                if Some((size, mtime)) != ino.backing_committed {
+                    a.mtime = a.mtime.max(mtime);
+                }
             }
         } else {
             ino.seen = Some((a.mtime, a.size));
@@ -192,8 +256,25 @@ impl Fs {
         }
         let a = self.client.setattr(ino, set.clone(), old_size).await?;
         if let Some(new) = set.size {
-            if let Some(i) = self.inodes.lock().get_mut(&ino) {
-                i.size = new;
+            let backing = {
+                let mut inodes = self.inodes.lock();
+                inodes.get_mut(&ino).and_then(|i| {
+                    i.size = new;
+                    i.backing.clone()
+                })
+            };
+            // The kernel reads a passthrough file straight from its object, so the object
+            // must be as long as the file (an extension is a hole).
+            if let Some(b) = backing {
+                b.set_len(new).map_err(|e| {
+                    FsError::new(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        format!("truncate: {e}"),
+                    )
+                })?;
+                if let Some(i) = self.inodes.lock().get_mut(&ino) {
+                    i.backing_committed = backing_state(&b);
+                }
             }
         }
         Ok(self.observe(a, false))
@@ -210,9 +291,22 @@ impl Fs {
         if a.kind == FileKind::Dir {
             return Err(FsError::new(libc::EISDIR, "is a directory"));
         }
+        let backing = self.backing_for(ino).await;
+        if let Some(b) = &backing {
+            // A file extended without writing (truncate up, on any node) has a shorter object;
+            // the kernel reads a passthrough file straight from it.
+            if b.metadata().map(|m| m.len()).unwrap_or(0) < a.size {
+                b.set_len(a.size).map_err(|e| {
+                    FsError::new(e.raw_os_error().unwrap_or(libc::EIO), format!("open: {e}"))
+                })?;
+            }
+        }
         let fh = self.new_handle(ino);
         let mut inodes = self.inodes.lock();
         let i = inodes.entry(ino).or_default();
+        if backing.is_some() && i.backing_committed.is_none() {
+            i.backing_committed = i.backing.as_deref().and_then(backing_state);
+        }
         let now = (a.mtime, a.size);
         let changed = i.seen.is_some_and(|s| s != now);
         let keep_cache = i.seen == Some(now);
@@ -229,6 +323,7 @@ impl Fs {
             fh,
             keep_cache,
             invalidate_attr: changed,
+            backing,
         })
     }
 
@@ -239,11 +334,12 @@ impl Fs {
         perm: u16,
         uid: u32,
         gid: u32,
-    ) -> FsResult<(Attr, u64)> {
+    ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
         let a = self
             .client
             .create(parent, name, NewNode::File, perm, uid, gid)
             .await?;
+        let backing = self.backing_for(a.ino).await;
         let fh = self.new_handle(a.ino);
         {
             let mut inodes = self.inodes.lock();
@@ -252,8 +348,9 @@ impl Fs {
             i.opens += 1;
             i.size = 0;
             i.seen = Some((a.mtime, a.size));
+            i.backing_committed = i.backing.as_deref().and_then(backing_state);
         }
-        Ok((a, fh))
+        Ok((a, fh, backing))
     }
 
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
@@ -291,9 +388,18 @@ impl Fs {
     async fn commit(&self, ino: Ino) -> FsResult<()> {
         let pending = {
             let mut inodes = self.inodes.lock();
-            inodes
-                .get_mut(&ino)
-                .and_then(|i| i.dirty_mtime.take().map(|m| (i.size, m)))
+            inodes.get_mut(&ino).and_then(|i| {
+                // Passthrough writes are seen only in the backing file.
+                if let Some((size, mtime)) = i.backing.as_deref().and_then(backing_state) {
+                    if Some((size, mtime)) != i.backing_committed {
+                        i.backing_committed = Some((size, mtime));
+                        i.size = i.size.max(size);
+                        let m = i.dirty_mtime.take().map_or(mtime, |d| d.max(mtime));
+                        return Some((i.size, m));
+                    }
+                }
+                i.dirty_mtime.take().map(|m| (i.size, m))
+            })
         };
         if let Some((size, mtime)) = pending {
             match self
@@ -327,7 +433,7 @@ impl Fs {
         self.inodes
             .lock()
             .get(&ino)
-            .is_some_and(|i| i.dirty_mtime.is_none())
+            .is_some_and(|i| i.dirty_mtime.is_none() && i.backing.is_none())
     }
 
     /// Releases `fh` at once if that needs no network request (nothing to commit, nothing to
@@ -340,7 +446,7 @@ impl Fs {
         let Some(i) = inodes.get_mut(&ino) else {
             return false;
         };
-        if i.dirty_mtime.is_some() || (i.unlinked && i.opens == 1) {
+        if i.dirty_mtime.is_some() || i.backing.is_some() || (i.unlinked && i.opens == 1) {
             return false;
         }
         i.opens = i.opens.saturating_sub(1);
@@ -366,6 +472,12 @@ impl Fs {
                 .get_mut(&ino)
                 .map_or(0, |i| std::mem::take(&mut i.touched))
         };
+        let backing = self.inodes.lock().get(&ino).and_then(|i| i.backing.clone());
+        if let Some(b) = backing {
+            b.sync_data().map_err(|e| {
+                FsError::new(e.raw_os_error().unwrap_or(libc::EIO), format!("fsync: {e}"))
+            })?;
+        }
         if touched != 0 {
             if let Err(e) = self.client.sync_objects(ino, touched).await {
                 if let Some(i) = self.inodes.lock().get_mut(&ino) {
@@ -382,12 +494,15 @@ impl Fs {
         let ino = self.handle_ino(fh)?;
         let commit = self.commit(ino).await;
         self.handles.lock().remove(&fh);
+        let mut changed = false;
         let purge = {
             let mut inodes = self.inodes.lock();
             let mut purge = None;
             if let Some(i) = inodes.get_mut(&ino) {
                 i.opens = i.opens.saturating_sub(1);
                 if i.opens == 0 {
+                    changed = i.backing.take().is_some();
+                    i.backing_committed = None;
                     if i.unlinked {
                         purge = Some(i.size);
                         i.unlinked = false;
@@ -399,6 +514,12 @@ impl Fs {
             }
             purge
         };
+        if changed && purge.is_none() {
+            // Capacity accounting of what the kernel wrote directly.
+            if let Err(e) = self.client.object_changed(ino).await {
+                warn!("could not account passthrough writes of inode {ino}: {e}");
+            }
+        }
         if let Some(size) = purge {
             self.purge(ino, size).await;
         }

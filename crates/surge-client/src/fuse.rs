@@ -4,10 +4,10 @@
 
 use crate::fs::{Fs, FsError};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
-    WriteFlags,
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -45,6 +45,54 @@ pub struct FuseAdapter {
     rt: Handle,
     ttl: CacheTimes,
     notifier: Arc<OnceLock<Notifier>>,
+    /// Ask the kernel for FUSE passthrough (the local fast path).
+    passthrough: bool,
+    backing: Arc<BackingCache>,
+}
+
+/// Kernel backing ids of files open in passthrough mode: one per inode, shared by all its
+/// opens (the kernel refuses two backing files for one inode), released at the last close.
+#[derive(Default)]
+struct BackingCache {
+    by_ino: parking_lot::Mutex<std::collections::HashMap<u64, (Arc<BackingId>, u32)>>,
+    fh_ino: parking_lot::Mutex<std::collections::HashMap<u64, u64>>,
+}
+
+impl BackingCache {
+    fn get_or(
+        &self,
+        ino: u64,
+        fh: u64,
+        open: impl FnOnce() -> std::io::Result<BackingId>,
+    ) -> std::io::Result<Arc<BackingId>> {
+        let mut by = self.by_ino.lock();
+        let id = match by.get_mut(&ino) {
+            Some((id, n)) => {
+                *n += 1;
+                id.clone()
+            }
+            None => {
+                let id = Arc::new(open()?);
+                by.insert(ino, (id.clone(), 1));
+                id
+            }
+        };
+        self.fh_ino.lock().insert(fh, ino);
+        Ok(id)
+    }
+
+    fn put(&self, fh: u64) {
+        let Some(ino) = self.fh_ino.lock().remove(&fh) else {
+            return;
+        };
+        let mut by = self.by_ino.lock();
+        if let Some((_, n)) = by.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&ino);
+            }
+        }
+    }
 }
 
 impl FuseAdapter {
@@ -53,12 +101,15 @@ impl FuseAdapter {
         rt: Handle,
         ttl: CacheTimes,
         notifier: Arc<OnceLock<Notifier>>,
+        passthrough: bool,
     ) -> Self {
         FuseAdapter {
             fs,
             rt,
             ttl,
             notifier,
+            passthrough,
+            backing: Arc::new(BackingCache::default()),
         }
     }
 }
@@ -121,6 +172,15 @@ impl Filesystem for FuseAdapter {
             InitFlags::FUSE_ASYNC_DIO,
         ] {
             let _ = config.add_capabilities(cap);
+        }
+        if self.passthrough
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            self.fs.enable_passthrough();
+            tracing::info!(
+                "kernel FUSE passthrough available (used for one-fragment instances on this host)"
+            );
         }
         Ok(())
     }
@@ -298,7 +358,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let (fs, notifier) = (self.fs.clone(), self.notifier.clone());
+        let (fs, notifier, cache) = (self.fs.clone(), self.notifier.clone(), self.backing.clone());
         self.rt.spawn(async move {
             match fs.open(ino.0).await {
                 Ok(o) => {
@@ -314,6 +374,21 @@ impl Filesystem for FuseAdapter {
                     } else {
                         FopenFlags::empty()
                     };
+                    if let Some(file) = &o.backing {
+                        match cache.get_or(ino.0, o.fh, || reply.open_backing(&**file)) {
+                            Ok(id) => {
+                                return reply.opened_passthrough(
+                                    FileHandle(o.fh),
+                                    FopenFlags::empty(),
+                                    &id,
+                                )
+                            }
+                            Err(e) => {
+                                debug!("kernel refused a backing file ({e}): no passthrough");
+                                fs.disable_passthrough();
+                            }
+                        }
+                    }
                     reply.opened(FileHandle(o.fh), flags)
                 }
                 Err(e) => reply.error(errno(&e)),
@@ -389,6 +464,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.backing.put(fh.0);
         if self.fs.release_fast(fh.0) {
             reply.ok();
             return;
@@ -600,12 +676,40 @@ impl Filesystem for FuseAdapter {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
+        let (fs, ttl, name, cache) = (
+            self.fs.clone(),
+            self.ttl,
+            name_bytes(name),
+            self.backing.clone(),
+        );
         let (uid, gid) = (req.uid(), req.gid());
         let perm = (mode & !umask & 0o7777) as u16;
         self.rt.spawn(async move {
             match fs.create(parent.0, &name, perm, uid, gid).await {
-                Ok((a, fh)) => reply.created(
+                Ok((a, fh, Some(file))) => {
+                    match cache.get_or(a.ino, fh, || reply.open_backing(&*file)) {
+                        Ok(id) => reply.created_passthrough(
+                            &ttl.entry,
+                            &file_attr(&a),
+                            Generation(0),
+                            FileHandle(fh),
+                            FopenFlags::empty(),
+                            &id,
+                        ),
+                        Err(e) => {
+                            debug!("kernel refused a backing file ({e}): no passthrough");
+                            fs.disable_passthrough();
+                            reply.created(
+                                &ttl.entry,
+                                &file_attr(&a),
+                                Generation(0),
+                                FileHandle(fh),
+                                FopenFlags::empty(),
+                            )
+                        }
+                    }
+                }
+                Ok((a, fh, None)) => reply.created(
                     &ttl.entry,
                     &file_attr(&a),
                     Generation(0),

@@ -467,6 +467,45 @@ impl InstanceClient {
         join_all(calls).await.into_iter().collect()
     }
 
+    /// For a one-fragment instance whose server is on this host: the object of `ino`, opened
+    /// read-write, to hand to the kernel (FUSE passthrough). `None` when the instance has
+    /// several fragments or the server's files are not visible here.
+    pub async fn open_local_object(&self, ino: Ino) -> Result<Option<std::fs::File>> {
+        if self.fragments() != 1 {
+            return Ok(None);
+        }
+        let req = Request::LocalObject {
+            instance: self.instance(),
+            fragment: 0,
+            file: self.file_id(ino),
+        };
+        let (path, dev, obj_ino) = expect!(self, self.frags[0], req, Response::LocalObject { path, dev, ino } => (path, dev, ino))?;
+        let f = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(_) => return Ok(None),
+        };
+        use std::os::unix::fs::MetadataExt;
+        match f.metadata() {
+            Ok(md) if md.dev() == dev && md.ino() == obj_ino => Ok(Some(f)),
+            // Same path, another file: the server is on another host.
+            _ => Ok(None),
+        }
+    }
+
+    /// Tells the server an object changed without it (passthrough writes), for accounting.
+    pub async fn object_changed(&self, ino: Ino) -> Result<()> {
+        let req = Request::ObjectChanged {
+            instance: self.instance(),
+            fragment: 0,
+            file: self.file_id(ino),
+        };
+        expect!(self, self.frags[0], req, Response::Ok => ())
+    }
+
     /// Bit mask of the fragments a write at `offset` of `len` bytes touches.
     pub fn fragments_touched(&self, ino: Ino, offset: u64, len: u64) -> u64 {
         if self.fragments() > 64 {

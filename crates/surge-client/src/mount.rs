@@ -17,6 +17,9 @@ pub struct MountOptions {
     pub threads: usize,
     /// Let users other than the mounter use the mount (needs root or `user_allow_other`).
     pub allow_other: bool,
+    /// Use kernel FUSE passthrough for files whose data is in one object on this host (a
+    /// one-fragment instance on a local server). Needs root and Linux >= 6.9.
+    pub passthrough: bool,
 }
 
 impl Default for MountOptions {
@@ -25,6 +28,7 @@ impl Default for MountOptions {
             ttl: CacheTimes::default(),
             threads: 2,
             allow_other: is_root(),
+            passthrough: is_root(),
         }
     }
 }
@@ -105,7 +109,7 @@ pub fn mount(
 
     let fs = Arc::new(Fs::new(Arc::new(client)));
     let notifier = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(fs, rt, opts.ttl, notifier.clone());
+    let adapter = FuseAdapter::new(fs, rt, opts.ttl, notifier.clone(), opts.passthrough);
     let mut session = Session::new(adapter, mountpoint, &config).with_context(|| {
         format!(
             "cannot mount on {} (is /dev/fuse available?)",

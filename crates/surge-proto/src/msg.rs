@@ -250,6 +250,20 @@ pub enum Request {
         instance: InstanceId,
         fragment: u32,
     },
+    /// For a client on the server's own host: the path of a file's object (created empty if
+    /// missing), so the client can hand it to the kernel for FUSE passthrough.
+    LocalObject {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+    },
+    /// The object was changed behind the server's back (passthrough writes): measure it again
+    /// for capacity accounting.
+    ObjectChanged {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+    },
 
     // --- metadata, on a namespace's metadata server ---
     Lookup {
@@ -385,6 +399,13 @@ pub enum Response {
         capacity: u64,
         used: u64,
     },
+    /// Where an object lives on the server's host; `dev`/`ino` let the client check that it
+    /// opened that very file.
+    LocalObject {
+        path: String,
+        dev: u64,
+        ino: u64,
+    },
     Attr(Attr),
     Unlinked(Unlinked),
     Renamed {
@@ -499,6 +520,8 @@ impl Request {
             Request::RemoveObject { .. } => 19,
             Request::SyncObject { .. } => 20,
             Request::FragmentUsage { .. } => 21,
+            Request::LocalObject { .. } => 22,
+            Request::ObjectChanged { .. } => 23,
             Request::Lookup { .. } => 32,
             Request::GetAttr { .. } => 33,
             Request::SetAttr { .. } => 34,
@@ -535,6 +558,8 @@ impl Request {
             Request::RemoveObject { .. } => "RemoveObject",
             Request::SyncObject { .. } => "SyncObject",
             Request::FragmentUsage { .. } => "FragmentUsage",
+            Request::LocalObject { .. } => "LocalObject",
+            Request::ObjectChanged { .. } => "ObjectChanged",
             Request::Lookup { .. } => "Lookup",
             Request::GetAttr { .. } => "GetAttr",
             Request::SetAttr { .. } => "SetAttr",

@@ -95,6 +95,22 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                 reg.fragment(instance, fragment)?.sync(file)?;
                 Response::Ok
             }
+            Request::LocalObject {
+                instance,
+                fragment,
+                file,
+            } => {
+                let (path, dev, ino) = reg.fragment(instance, fragment)?.local_object(file)?;
+                Response::LocalObject { path, dev, ino }
+            }
+            Request::ObjectChanged {
+                instance,
+                fragment,
+                file,
+            } => {
+                reg.fragment(instance, fragment)?.changed(file)?;
+                Response::Ok
+            }
             Request::FragmentUsage { instance, fragment } => {
                 let f = reg.fragment(instance, fragment)?;
                 Response::Usage {

@@ -240,6 +240,31 @@ impl Fragment {
         }
     }
 
+    /// The object's path (created empty if missing) and its device and inode numbers.
+    pub fn local_object(&self, file: FileId) -> Result<(String, u64, u64), ErrorReply> {
+        let path = self.object_path(file);
+        let Some(obj) = self.object(file, true)? else {
+            return Err(ErrorReply::new(ErrorCode::Io, "object vanished"));
+        };
+        let md = obj
+            .file
+            .metadata()
+            .map_err(|e| io_err("cannot stat object", &path, e))?;
+        Ok((path.display().to_string(), md.dev(), md.ino()))
+    }
+
+    /// Re-measures an object written without this server (kernel passthrough on its host).
+    pub fn changed(&self, file: FileId) -> Result<(), ErrorReply> {
+        let path = self.object_path(file);
+        match self.object(file, false)? {
+            Some(obj) => {
+                let mut st = obj.state.lock();
+                self.account(&obj, &mut st, &path)
+            }
+            None => Ok(()),
+        }
+    }
+
     pub fn sync(&self, file: FileId) -> Result<(), ErrorReply> {
         match self.object(file, false)? {
             Some(obj) => obj
