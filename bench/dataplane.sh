@@ -2,7 +2,10 @@
 # Data-plane benchmark (issue 2): the Surge mount against, in the same run,
 #   raw  - the fast-tier directory itself (/dev/shm), the limit;
 #   pll  - libfuse's passthrough_ll over a /dev/shm directory, the price any FUSE design pays;
-#   surge - a Surge instance over local servers whose fast tier is /dev/shm.
+#   surge1 - a one-fragment Surge instance on a local server (the local fast path: kernel FUSE
+#            passthrough, DESIGN §3);
+#   surgeN - a Surge instance striped over N local servers (every byte through the daemon).
+# Fast tier of the servers: /dev/shm.
 # Tests: sequential 8 MiB write and read bandwidth, 4 KiB random read and write IOPS (fio,
 # psync), at 1 and 2 streams; file create, stat and unlink rates (bench/md.c, 10k files per
 # process). Each test is run REPS times and the median kept. Prints a table of medians and the
@@ -65,15 +68,19 @@ for i in $(seq 1 "$SERVERS"); do
     for _ in $(seq 100); do [ -s "$WORK/bb$i.ready" ] && break; sleep 0.05; done
     ADDRS+=("$(python3 -c 'import json,sys; print([a for a in json.load(open(sys.argv[1]))["addrs"] if not a.startswith("unix:")][0])' "$WORK/bb$i.ready")")
 done
-ID=$($SURGE instance create --servers "$(IFS=,; echo "${ADDRS[*]}")" --capacity 16GiB --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["instance"])')
-$SURGE mount --server "${ADDRS[0]}" --instance "$ID" --ready-file "$WORK/mnt.ready" "$WORK/surge" 2>"$WORK/mount.log" &
-PIDS+=($!); MOUNTS+=("$WORK/surge")
-for _ in $(seq 100); do [ -s "$WORK/mnt.ready" ] && mountpoint -q "$WORK/pll" && break; sleep 0.05; done
-mountpoint -q "$WORK/surge" || { echo "surge mount failed:"; cat "$WORK/mount.log"; exit 1; }
-mountpoint -q "$WORK/pll" || { echo "passthrough_ll mount failed"; exit 1; }
+mkid() { python3 -c 'import json,sys; print(json.load(sys.stdin)["instance"])'; }
+ID1=$($SURGE instance create --servers "${ADDRS[0]}" --capacity 8GiB --json | mkid)
+IDN=$($SURGE instance create --servers "$(IFS=,; echo "${ADDRS[*]}")" --capacity 8GiB --json | mkid)
+mkdir -p "$WORK/surge1" "$WORK/surgeN"
+for t in 1:$ID1 N:$IDN; do
+    $SURGE mount --server "${ADDRS[0]}" --instance "${t#*:}" --ready-file "$WORK/mnt${t%%:*}.ready" "$WORK/surge${t%%:*}" 2>"$WORK/mount${t%%:*}.log" &
+    PIDS+=($!); MOUNTS+=("$WORK/surge${t%%:*}")
+done
+for _ in $(seq 100); do [ -s "$WORK/mnt1.ready" ] && [ -s "$WORK/mntN.ready" ] && mountpoint -q "$WORK/pll" && break; sleep 0.05; done
+for m in surge1 surgeN pll; do mountpoint -q "$WORK/$m" || { echo "$m mount failed"; cat "$WORK"/mount*.log; exit 1; }; done
 
-declare -A DIR=([raw]="$SHM/raw" [pll]="$WORK/pll" [surge]="$WORK/surge")
-TARGETS=(raw pll surge)
+declare -A DIR=([raw]="$SHM/raw" [pll]="$WORK/pll" [surge1]="$WORK/surge1" [surgeN]="$WORK/surgeN")
+TARGETS=(raw pll surge1 surgeN)
 
 # fio_run TARGET NAME RW BS JOBS -> prints MiB/s (bw tests) or IOPS
 fio_run() {
@@ -117,7 +124,7 @@ for rep in $(seq 1 "$REPS"); do
             v=$(fio_run "$t" "$name" "$rw" "$bs" "$jobs")
             R[$t,$name]="${R[$t,$name]:-} $v"
         done
-        echo "rep $rep $name: raw ${R[raw,$name]##* } pll ${R[pll,$name]##* } surge ${R[surge,$name]##* }" >&2
+        echo "rep $rep $name: raw ${R[raw,$name]##* } pll ${R[pll,$name]##* } surge1 ${R[surge1,$name]##* } surgeN ${R[surgeN,$name]##* }" >&2
     done
     for procs in 1 2; do
         for t in "${TARGETS[@]}"; do
@@ -126,25 +133,26 @@ for rep in $(seq 1 "$REPS"); do
             R[$t,stat-$procs]="${R[$t,stat-$procs]:-} $s"
             R[$t,unlink-$procs]="${R[$t,unlink-$procs]:-} $u"
         done
-        echo "rep $rep metadata-$procs: raw ${R[raw,create-$procs]##* }/${R[raw,stat-$procs]##* }/${R[raw,unlink-$procs]##* }" \
-             "pll ${R[pll,create-$procs]##* }/${R[pll,stat-$procs]##* }/${R[pll,unlink-$procs]##* }" \
-             "surge ${R[surge,create-$procs]##* }/${R[surge,stat-$procs]##* }/${R[surge,unlink-$procs]##* }" >&2
+        echo "rep $rep metadata-$procs (create/stat/unlink):" \
+             "$(for t in "${TARGETS[@]}"; do printf '%s %s/%s/%s ' "$t" "${R[$t,create-$procs]##* }" "${R[$t,stat-$procs]##* }" "${R[$t,unlink-$procs]##* }"; done)" >&2
     done
 done
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 ROWS=(seqwrite-1 seqwrite-2 seqread-1 seqread-2 randread4k-1 randread4k-2 randwrite4k-1 randwrite4k-2
       create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
-printf '\n%-15s %10s %10s %10s %10s %10s %10s\n' test raw pll surge surge/raw pll/raw surge/pll
+printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll surge1 surgeN s1/raw sN/raw pll/raw s1/pll sN/pll
 JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"results\": {"
 first=1
+ratio() { echo "$1 $2" | awk '{ if ($2 > 0) printf "%.2f", $1 / $2; else print "-" }'; }
 for row in "${ROWS[@]}"; do
-    raw=$(echo "${R[raw,$row]}" | median); pll=$(echo "${R[pll,$row]}" | median); sg=$(echo "${R[surge,$row]}" | median)
+    raw=$(echo "${R[raw,$row]}" | median); pll=$(echo "${R[pll,$row]}" | median)
+    s1=$(echo "${R[surge1,$row]}" | median); sn=$(echo "${R[surgeN,$row]}" | median)
     unit=$([[ $row == seq* ]] && echo MiB/s || echo ops/s)
-    printf '%-15s %10s %10s %10s %10.2f %10.2f %10.2f  %s\n' "$row" "$raw" "$pll" "$sg" \
-        "$(echo "$sg/$raw" | bc -l)" "$(echo "$pll/$raw" | bc -l)" "$(echo "$sg/$pll" | bc -l)" "$unit"
+    printf '%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s  %s\n' "$row" "$raw" "$pll" "$s1" "$sn" \
+        "$(ratio "$s1" "$raw")" "$(ratio "$sn" "$raw")" "$(ratio "$pll" "$raw")" "$(ratio "$s1" "$pll")" "$(ratio "$sn" "$pll")" "$unit"
     [ $first -eq 1 ] || JS+=", "; first=0
-    JS+="\"$row\": {\"unit\": \"$unit\", \"raw\": $raw, \"pll\": $pll, \"surge\": $sg}"
+    JS+="\"$row\": {\"unit\": \"$unit\", \"raw\": $raw, \"pll\": $pll, \"surge1\": $s1, \"surgeN\": $sn}"
 done
 JS+="}}"
 [ -z "$JSON" ] || echo "$JS" >"$JSON"
