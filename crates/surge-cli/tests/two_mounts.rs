@@ -101,3 +101,33 @@ fn a_file_rewritten_on_one_node_is_read_fresh_after_open_on_the_other() {
     std::fs::write(a.path("new"), b"x").unwrap();
     assert_eq!(std::fs::read(b.path("new")).unwrap(), b"x");
 }
+
+#[test]
+fn a_name_replaced_on_one_node_leads_to_the_new_file_on_the_other_at_once() {
+    if skip_without_fuse("a_name_replaced_on_one_node_leads_to_the_new_file_on_the_other_at_once") {
+        return;
+    }
+    let c = Cluster::start(2, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    // Long name and attribute caches on B: a cached name must still never hide the new file.
+    let a = Mount::new(&c, id, 0);
+    let b = Mount::with_args(&c, id, 0, &["--attr-ttl", "60", "--entry-ttl", "60"]);
+    std::fs::write(a.path("checkpoint"), b"step 1").unwrap();
+    assert_eq!(std::fs::read(b.path("checkpoint")).unwrap(), b"step 1");
+    // The atomic-save pattern: write a temporary, rename it over the old name.
+    std::fs::write(a.path("checkpoint.tmp"), b"step 2, longer").unwrap();
+    std::fs::rename(a.path("checkpoint.tmp"), a.path("checkpoint")).unwrap();
+    assert_eq!(
+        std::fs::read(b.path("checkpoint")).unwrap(),
+        b"step 2, longer"
+    );
+    assert_eq!(
+        std::fs::metadata(b.path("checkpoint")).unwrap().len(),
+        14,
+        "stat follows the new file too"
+    );
+    // Removed on A: gone on B.
+    std::fs::remove_file(a.path("checkpoint")).unwrap();
+    let e = std::fs::read(b.path("checkpoint")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+}

@@ -87,12 +87,14 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
 
     /// How long the kernel may cache attributes (seconds). 0 asks the metadata server on every
-    /// stat; longer is faster but another node's changes show later.
-    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_secs)]
+    /// stat; longer is faster but a stat of a file another node changed shows it later (an
+    /// open always sees the latest close).
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
     pub attr_ttl: Duration,
 
-    /// How long the kernel may cache names (seconds).
-    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_secs)]
+    /// How long the kernel may cache names (seconds). A cached name whose file was removed or
+    /// replaced on another node is looked up again when used.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
     pub entry_ttl: Duration,
 
     /// Threads reading requests from the kernel.

@@ -57,6 +57,18 @@ impl std::error::Error for FsError {}
 
 pub type FsResult<T> = Result<T, FsError>;
 
+/// For requests that name an inode the kernel found through its name cache: if the metadata
+/// server no longer has it (removed or replaced on another node while the cache held it),
+/// ESTALE makes the kernel look the path up again and retry the call (open, stat, truncate),
+/// so a cached name never hides the file that now has it.
+fn stale(e: ClientError) -> FsError {
+    if e.code() == Some(surge_proto::ErrorCode::NotFound) {
+        FsError::new(libc::ESTALE, format!("stale inode: {e}"))
+    } else {
+        e.into()
+    }
+}
+
 /// What `open` decided.
 #[derive(Debug, Clone)]
 pub struct Opened {
@@ -231,7 +243,7 @@ impl Fs {
     }
 
     pub async fn getattr(&self, ino: Ino) -> FsResult<Attr> {
-        let a = self.client.getattr(ino).await?;
+        let a = self.client.getattr(ino).await.map_err(stale)?;
         Ok(self.observe(a, false))
     }
 
@@ -249,12 +261,16 @@ impl Fs {
                 self.commit(ino).await?;
                 s
             }
-            (Some(_), None) => self.client.getattr(ino).await?.size,
+            (Some(_), None) => self.client.getattr(ino).await.map_err(stale)?.size,
         };
         if set.size.is_some() && set.mtime.is_none() {
             set.mtime = Some(TimeSet::Now);
         }
-        let a = self.client.setattr(ino, set.clone(), old_size).await?;
+        let a = self
+            .client
+            .setattr(ino, set.clone(), old_size)
+            .await
+            .map_err(stale)?;
         if let Some(new) = set.size {
             let backing = {
                 let mut inodes = self.inodes.lock();
@@ -287,9 +303,18 @@ impl Fs {
     }
 
     pub async fn open(&self, ino: Ino) -> FsResult<Opened> {
-        let a = self.client.getattr(ino).await?;
+        let a = self.client.getattr(ino).await.map_err(stale)?;
         if a.kind == FileKind::Dir {
             return Err(FsError::new(libc::EISDIR, "is a directory"));
+        }
+        let open_here = self.inodes.lock().get(&ino).is_some_and(|i| i.opens > 0);
+        if a.nlink == 0 && !open_here {
+            // Unlinked elsewhere but kept for another node's open descriptors: the name that
+            // led here is stale.
+            return Err(FsError::new(
+                libc::ESTALE,
+                format!("inode {ino} has no name any more"),
+            ));
         }
         let backing = self.backing_for(ino).await;
         if let Some(b) = &backing {

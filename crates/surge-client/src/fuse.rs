@@ -24,7 +24,11 @@ pub const MAX_WRITE: u32 = 1 << 20;
 /// and larger requests mean fewer round trips through the kernel and the network.
 const BLKSIZE: u32 = 1 << 20;
 
-/// How long the kernel may cache names and attributes.
+/// How long the kernel may cache names and attributes. Close-to-open does not depend on it
+/// (every open fetches fresh attributes, and a cached name that leads to a removed or replaced
+/// inode makes the kernel look the path up again, see `fs::stale`); what it bounds is how old a
+/// `stat` of a file another node changed can be. 10 s, as NFS's attribute cache bounds go,
+/// keeps metadata-heavy jobs (mdtest, Python imports) out of the network.
 #[derive(Clone, Copy, Debug)]
 pub struct CacheTimes {
     pub entry: Duration,
@@ -34,8 +38,8 @@ pub struct CacheTimes {
 impl Default for CacheTimes {
     fn default() -> Self {
         CacheTimes {
-            entry: Duration::from_secs(1),
-            attr: Duration::from_secs(1),
+            entry: Duration::from_secs(10),
+            attr: Duration::from_secs(10),
         }
     }
 }
