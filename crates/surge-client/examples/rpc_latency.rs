@@ -22,6 +22,16 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(10_000);
     let c = InstanceClient::connect(&args[1], InstanceId(args[2].parse()?), NamespaceId(0)).await?;
     c.getattr(1).await?;
+    println!("through the async pool:");
+    run(&c, n).await?;
+    println!("from the calling thread (as FUSE threads do):");
+    surge_client::blocking::inline(|| {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(run(&c, n)))
+    })?;
+    Ok(())
+}
+
+async fn run(c: &InstanceClient, n: u64) -> anyhow::Result<()> {
     let t = Instant::now();
     for _ in 0..n {
         c.getattr(1).await?;

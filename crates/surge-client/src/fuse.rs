@@ -51,6 +51,8 @@ pub struct FuseAdapter {
     notifier: Arc<OnceLock<Notifier>>,
     /// Ask the kernel for FUSE passthrough (the local fast path).
     passthrough: bool,
+    /// Answer metadata requests on the FUSE thread (see `crate::blocking`).
+    inline_metadata: bool,
     backing: Arc<BackingCache>,
 }
 
@@ -106,6 +108,7 @@ impl FuseAdapter {
         ttl: CacheTimes,
         notifier: Arc<OnceLock<Notifier>>,
         passthrough: bool,
+        inline_metadata: bool,
     ) -> Self {
         FuseAdapter {
             fs,
@@ -113,7 +116,21 @@ impl FuseAdapter {
             ttl,
             notifier,
             passthrough,
+            inline_metadata,
             backing: Arc::new(BackingCache::default()),
+        }
+    }
+}
+
+impl FuseAdapter {
+    /// Runs a metadata request: on this FUSE thread, with its single round trips sent from
+    /// here (`crate::blocking`: one thread wake-up less each way, which is most of a metadata
+    /// request's cost), or handed to the runtime when inline metadata is off.
+    fn metadata(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+        if self.inline_metadata {
+            crate::blocking::inline(|| self.rt.block_on(fut));
+        } else {
+            self.rt.spawn(fut);
         }
     }
 }
@@ -196,7 +213,7 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.lookup(parent.0, &name).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
@@ -210,7 +227,7 @@ impl Filesystem for FuseAdapter {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (fs, ttl) = (self.fs.clone(), self.ttl);
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.getattr(ino.0).await {
                 Ok(a) => reply.attr(&ttl.attr, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
@@ -245,7 +262,7 @@ impl Filesystem for FuseAdapter {
             mtime: mtime.map(time_set),
         };
         let (fs, ttl) = (self.fs.clone(), self.ttl);
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.setattr(ino.0, set).await {
                 Ok(a) => reply.attr(&ttl.attr, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
@@ -255,7 +272,7 @@ impl Filesystem for FuseAdapter {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.readlink(ino.0).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(errno(&e)),
@@ -275,7 +292,7 @@ impl Filesystem for FuseAdapter {
         let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
         let (uid, gid) = (req.uid(), req.gid());
         let perm = (mode & !umask & 0o7777) as u16;
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.mkdir(parent.0, &name, perm, uid, gid).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
@@ -285,7 +302,7 @@ impl Filesystem for FuseAdapter {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (fs, name) = (self.fs.clone(), name_bytes(name));
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.unlink(parent.0, &name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -295,7 +312,7 @@ impl Filesystem for FuseAdapter {
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (fs, name) = (self.fs.clone(), name_bytes(name));
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.rmdir(parent.0, &name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -314,7 +331,7 @@ impl Filesystem for FuseAdapter {
         let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(link_name));
         let target = target.as_os_str().as_bytes().to_vec();
         let (uid, gid) = (req.uid(), req.gid());
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.symlink(parent.0, &name, &target, uid, gid).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
@@ -333,7 +350,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let (fs, name, newname) = (self.fs.clone(), name_bytes(name), name_bytes(newname));
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs
                 .rename(parent.0, &name, newparent.0, &newname, flags.bits())
                 .await
@@ -353,7 +370,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         let (fs, ttl, newname) = (self.fs.clone(), self.ttl, name_bytes(newname));
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.link(ino.0, newparent.0, &newname).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
@@ -363,7 +380,7 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let (fs, notifier, cache) = (self.fs.clone(), self.notifier.clone(), self.backing.clone());
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.open(ino.0).await {
                 Ok(o) => {
                     if o.invalidate_attr {
@@ -508,7 +525,7 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectory,
     ) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.readdir(ino.0, offset).await {
                 Ok(items) => {
                     for it in items {
@@ -558,7 +575,7 @@ impl Filesystem for FuseAdapter {
         let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
         let (uid, gid) = (req.uid(), req.gid());
         let perm = (mode & !umask & 0o7777) as u16;
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.mknod(parent.0, &name, perm, uid, gid).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
@@ -646,7 +663,7 @@ impl Filesystem for FuseAdapter {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.statfs().await {
                 Ok(u) => {
                     let bsize = 4096u64;
@@ -688,7 +705,7 @@ impl Filesystem for FuseAdapter {
         );
         let (uid, gid) = (req.uid(), req.gid());
         let perm = (mode & !umask & 0o7777) as u16;
-        self.rt.spawn(async move {
+        self.metadata(async move {
             match fs.create(parent.0, &name, perm, uid, gid).await {
                 Ok((a, fh, Some(file))) => {
                     match cache.get_or(a.ino, fh, || reply.open_backing(&*file)) {

@@ -35,15 +35,35 @@ pub struct InstanceClient {
     frags: Vec<Arc<ServerPool>>,
 }
 
+/// One request without payload to one server, and the reply expected. On a thread running
+/// requests inline (a FUSE thread, see [`crate::blocking`]) it is sent from that thread on its
+/// own connection; otherwise through the async pool.
 macro_rules! expect {
     ($self:ident, $pool:expr, $req:expr, $pat:pat => $out:expr) => {{
         let req = $req;
-        let (resp, _) = $pool.call(&req, &[]).await?;
+        let resp = if crate::blocking::is_inline() {
+            crate::blocking::call(&$pool.server, &req)?
+        } else {
+            $pool.call(&req, &[]).await?.0
+        };
         match resp {
             $pat => Ok($out),
             other => Err($self.unexpected(&$pool.server, &req, other)),
         }
     }};
+}
+
+/// Defines a metadata request as an `async fn` (answered through [`expect!`], so also from a
+/// FUSE thread inline, see [`crate::blocking`]).
+macro_rules! metadata_call {
+    ($(#[$m:meta])* $name:ident ($this:ident $(, $arg:ident : $ty:ty)*) -> $out:ty, $req:expr, $pat:pat => $val:expr) => {
+        $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
+        pub async fn $name(&self $(, $arg: $ty)*) -> Result<$out> {
+            let $this = self;
+            expect!($this, $this.mds, $req, $pat => $val)
+        }
+    };
 }
 
 impl InstanceClient {
@@ -129,24 +149,20 @@ impl InstanceClient {
 
     // --- metadata ---
 
-    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
-        let req = Request::Lookup {
-            instance: self.instance(),
-            ns: self.ns,
-            parent,
-            name: name.to_vec(),
-        };
-        expect!(self, self.mds, req, Response::Attr(a) => a)
-    }
+    metadata_call!(lookup(this, parent: Ino, name: &[u8]) -> Attr,
+        Request::Lookup { instance: this.instance(), ns: this.ns, parent, name: name.to_vec() },
+        Response::Attr(a) => a);
 
-    pub async fn getattr(&self, ino: Ino) -> Result<Attr> {
-        let req = Request::GetAttr {
-            instance: self.instance(),
-            ns: self.ns,
-            ino,
-        };
-        expect!(self, self.mds, req, Response::Attr(a) => a)
-    }
+    metadata_call!(getattr(this, ino: Ino) -> Attr,
+        Request::GetAttr { instance: this.instance(), ns: this.ns, ino },
+        Response::Attr(a) => a);
+
+    metadata_call!(
+        /// Sets attributes in the metadata store only; [`setattr`](Self::setattr) also cuts
+        /// the objects on a shrinking truncate.
+        setattr_meta(this, ino: Ino, set: SetAttr) -> Attr,
+        Request::SetAttr { instance: this.instance(), ns: this.ns, ino, set },
+        Response::Attr(a) => a);
 
     /// Changes attributes. A size change truncates the objects on the fragments first
     /// (`old_size` tells which fragments can hold bytes past the new end).
@@ -156,131 +172,44 @@ impl InstanceClient {
                 self.truncate_objects(ino, old_size, size).await?;
             }
         }
-        let req = Request::SetAttr {
-            instance: self.instance(),
-            ns: self.ns,
-            ino,
-            set,
-        };
-        expect!(self, self.mds, req, Response::Attr(a) => a)
+        self.setattr_meta(ino, set).await
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub async fn create(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        node: NewNode,
-        perm: u16,
-        uid: u32,
-        gid: u32,
-    ) -> Result<Attr> {
-        let req = Request::Create {
-            instance: self.instance(),
-            ns: self.ns,
-            parent,
-            name: name.to_vec(),
-            node,
-            perm,
-            uid,
-            gid,
-        };
-        expect!(self, self.mds, req, Response::Attr(a) => a)
-    }
+    metadata_call!(create(this, parent: Ino, name: &[u8], node: NewNode, perm: u16, uid: u32, gid: u32) -> Attr,
+        Request::Create { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), node, perm, uid, gid },
+        Response::Attr(a) => a);
 
-    pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
-        let req = Request::Link {
-            instance: self.instance(),
-            ns: self.ns,
-            ino,
-            new_parent,
-            new_name: new_name.to_vec(),
-        };
-        expect!(self, self.mds, req, Response::Attr(a) => a)
-    }
+    metadata_call!(link(this, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Attr,
+        Request::Link { instance: this.instance(), ns: this.ns, ino, new_parent, new_name: new_name.to_vec() },
+        Response::Attr(a) => a);
 
-    pub async fn unlink(&self, parent: Ino, name: &[u8], keep: KeepOpen) -> Result<Unlinked> {
-        let req = Request::Unlink {
-            instance: self.instance(),
-            ns: self.ns,
-            parent,
-            name: name.to_vec(),
-            keep,
-        };
-        expect!(self, self.mds, req, Response::Unlinked(u) => u)
-    }
+    metadata_call!(unlink(this, parent: Ino, name: &[u8], keep: KeepOpen) -> Unlinked,
+        Request::Unlink { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), keep },
+        Response::Unlinked(u) => u);
 
-    pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        let req = Request::Rmdir {
-            instance: self.instance(),
-            ns: self.ns,
-            parent,
-            name: name.to_vec(),
-        };
-        expect!(self, self.mds, req, Response::Ok => ())
-    }
+    metadata_call!(rmdir(this, parent: Ino, name: &[u8]) -> (),
+        Request::Rmdir { instance: this.instance(), ns: this.ns, parent, name: name.to_vec() },
+        Response::Ok => ());
 
-    pub async fn rename(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        new_parent: Ino,
-        new_name: &[u8],
-        flags: u32,
-        keep: KeepOpen,
-    ) -> Result<Option<Unlinked>> {
-        let req = Request::Rename {
-            instance: self.instance(),
-            ns: self.ns,
-            parent,
-            name: name.to_vec(),
-            new_parent,
-            new_name: new_name.to_vec(),
-            flags,
-            keep,
-        };
-        expect!(self, self.mds, req, Response::Renamed { replaced } => replaced)
-    }
+    metadata_call!(rename(this, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: u32, keep: KeepOpen) -> Option<Unlinked>,
+        Request::Rename { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags, keep },
+        Response::Renamed { replaced } => replaced);
 
-    pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let req = Request::Readlink {
-            instance: self.instance(),
-            ns: self.ns,
-            ino,
-        };
-        expect!(self, self.mds, req, Response::Target(t) => t)
-    }
+    metadata_call!(readlink(this, ino: Ino) -> Vec<u8>,
+        Request::Readlink { instance: this.instance(), ns: this.ns, ino },
+        Response::Target(t) => t);
 
-    /// One page of a directory listing after `after` (0 to start); `true` when it is the last.
-    pub async fn readdir(
-        &self,
-        ino: Ino,
-        after: u64,
-        max: u32,
-        plus: bool,
-    ) -> Result<(Vec<DirEntry>, bool)> {
-        let req = Request::ReadDir {
-            instance: self.instance(),
-            ns: self.ns,
-            ino,
-            after,
-            max,
-            plus,
-        };
-        expect!(self, self.mds, req, Response::Dir { entries, done } => (entries, done))
-    }
+    metadata_call!(
+        /// One page of a directory listing after `after` (0 to start); `true` when it is the last.
+        readdir(this, ino: Ino, after: u64, max: u32, plus: bool) -> (Vec<DirEntry>, bool),
+        Request::ReadDir { instance: this.instance(), ns: this.ns, ino, after, max, plus },
+        Response::Dir { entries, done } => (entries, done));
 
-    /// Records written data: size = max(size, `size`), mtime.
-    pub async fn commit_write(&self, ino: Ino, size: u64, mtime: TimeSet) -> Result<Attr> {
-        let req = Request::CommitWrite {
-            instance: self.instance(),
-            ns: self.ns,
-            ino,
-            size,
-            mtime,
-        };
-        expect!(self, self.mds, req, Response::Attr(a) => a)
-    }
+    metadata_call!(
+        /// Records written data: size = max(size, `size`), mtime.
+        commit_write(this, ino: Ino, size: u64, mtime: TimeSet) -> Attr,
+        Request::CommitWrite { instance: this.instance(), ns: this.ns, ino, size, mtime },
+        Response::Attr(a) => a);
 
     /// Removes an unlinked file's objects and forgets its inode.
     pub async fn purge(&self, ino: Ino, size: u64) -> Result<()> {

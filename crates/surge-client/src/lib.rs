@@ -8,6 +8,7 @@
 //! - [`conn`]: pipelined connections and per-server pools.
 
 pub mod admin;
+pub mod blocking;
 pub mod cli;
 pub mod conn;
 pub mod error;

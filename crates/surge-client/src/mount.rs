@@ -20,6 +20,8 @@ pub struct MountOptions {
     /// Use kernel FUSE passthrough for files whose data is in one object on this host (a
     /// one-fragment instance on a local server). Needs root and Linux >= 6.9.
     pub passthrough: bool,
+    /// Answer metadata requests on the FUSE threads instead of handing them to the runtime.
+    pub inline_metadata: bool,
 }
 
 impl Default for MountOptions {
@@ -29,6 +31,7 @@ impl Default for MountOptions {
             threads: 2,
             allow_other: is_root(),
             passthrough: is_root(),
+            inline_metadata: true,
         }
     }
 }
@@ -109,7 +112,14 @@ pub fn mount(
 
     let fs = Arc::new(Fs::new(Arc::new(client)));
     let notifier = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(fs, rt, opts.ttl, notifier.clone(), opts.passthrough);
+    let adapter = FuseAdapter::new(
+        fs,
+        rt,
+        opts.ttl,
+        notifier.clone(),
+        opts.passthrough,
+        opts.inline_metadata,
+    );
     let mut session = Session::new(adapter, mountpoint, &config).with_context(|| {
         format!(
             "cannot mount on {} (is /dev/fuse available?)",

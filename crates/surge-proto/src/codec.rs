@@ -211,6 +211,37 @@ pub async fn write_request<W: AsyncWrite + Unpin>(
     w.flush().await
 }
 
+/// Sends one request and reads its reply on a blocking stream (one request in flight).
+pub fn call_blocking<S: Read + Write>(
+    s: &mut S,
+    request_id: u64,
+    req: &Request,
+    payload: &[u8],
+) -> Result<ResponseFrame, CodecError> {
+    let meta = encode(req);
+    let prefix = frame_prefix(req.opcode(), request_id, &meta, payload.len());
+    write_all_vectored(s, &prefix, payload)?;
+    let mut hb = [0u8; HEADER_LEN];
+    if !read_exact_or_eof(s, &mut hb, "header")? {
+        return Err(CodecError::Closed);
+    }
+    let header = Header::decode(&hb).map_err(|(_, e)| CodecError::Frame(e))?;
+    let mut meta = vec![0u8; header.meta_len as usize];
+    if !read_exact_or_eof(s, &mut meta, "message")? && !meta.is_empty() {
+        return Err(CodecError::Truncated("message"));
+    }
+    let mut payload = vec![0u8; header.payload_len as usize];
+    if !read_exact_or_eof(s, &mut payload, "payload")? && !payload.is_empty() {
+        return Err(CodecError::Truncated("payload"));
+    }
+    let response = decode::<Response>(&meta)?;
+    Ok(ResponseFrame {
+        header,
+        response,
+        payload,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -98,6 +98,8 @@ pub fn open(
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
+    // One connection per store, owned by this server: no file locking per transaction.
+    conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS inodes(
             ino INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -1,0 +1,156 @@
+//! Blocking requests from the thread that asks, over a connection of that thread's own.
+//!
+//! Metadata requests (lookup, getattr, create, unlink, ...) are single round trips whose cost
+//! is latency, and metadata rates are bound by it (Daley §5.1). Handing such a request from a
+//! FUSE thread to the async runtime adds a thread wake-up each way; on the 2-vCPU machines we
+//! measure on that is as much as the round trip itself. So the FUSE threads send metadata
+//! requests themselves, each on its own connection per server, and wait on the socket; data
+//! requests (striped over many servers, many in flight) still go to the runtime.
+
+use crate::error::ClientError;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use surge_proto::codec;
+use surge_proto::transport::Addr;
+use surge_proto::{Request, Response, ServerRef};
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+struct Conn {
+    stream: Stream,
+    next_id: u64,
+}
+
+thread_local! {
+    static CONNS: RefCell<HashMap<String, Conn>> = RefCell::new(HashMap::new());
+    static INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with single requests sent from this thread (see the module doc).
+pub fn inline<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            INLINE.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(INLINE.with(|c| c.replace(true)));
+    f()
+}
+
+/// True while this thread runs requests inline.
+pub fn is_inline() -> bool {
+    INLINE.with(|c| c.get())
+}
+
+fn connect(server: &ServerRef) -> Result<Conn, ClientError> {
+    let mut last = String::from("no usable address");
+    for a in &server.addrs {
+        let addr: Addr = match a.parse() {
+            Ok(x) => x,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        let stream = match &addr {
+            Addr::Unix(p) => UnixStream::connect(p).map(Stream::Unix),
+            Addr::Tcp(hp) => TcpStream::connect(hp.as_str()).and_then(|s| {
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }),
+        };
+        match stream {
+            Ok(stream) => return Ok(Conn { stream, next_id: 1 }),
+            Err(e) => last = format!("cannot connect to {addr}: {e}"),
+        }
+    }
+    Err(ClientError::transport(&server.id, last))
+}
+
+/// Requests that can be sent again on a new connection if the old one broke.
+fn idempotent(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Lookup { .. }
+            | Request::GetAttr { .. }
+            | Request::Readlink { .. }
+            | Request::ReadDir { .. }
+            | Request::RemoveObject { .. }
+            | Request::Status
+    )
+}
+
+/// Sends `req` to `server` and waits for the reply, on this thread's connection to it.
+pub fn call(server: &ServerRef, req: &Request) -> Result<Response, ClientError> {
+    for attempt in 0..2 {
+        let result = CONNS.with(|c| {
+            let mut conns = c.borrow_mut();
+            if !conns.contains_key(&server.id) {
+                conns.insert(server.id.clone(), connect(server)?);
+            }
+            let Some(conn) = conns.get_mut(&server.id) else {
+                return Err(ClientError::transport(&server.id, "no connection".into()));
+            };
+            let id = conn.next_id;
+            conn.next_id += 1;
+            match codec::call_blocking(&mut conn.stream, id, req, &[]) {
+                Ok(f) => Ok(f.response),
+                Err(e) => {
+                    conns.remove(&server.id);
+                    Err(ClientError::transport(
+                        &server.id,
+                        format!("{}: {e}", req.name()),
+                    ))
+                }
+            }
+        });
+        match result {
+            Ok(Response::Error(e)) => {
+                return Err(ClientError::Remote {
+                    server: server.id.clone(),
+                    error: e,
+                })
+            }
+            Ok(r) => return Ok(r),
+            Err(e) if attempt == 0 && idempotent(req) => {
+                tracing::debug!("retrying after a broken connection: {e}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ClientError::transport(&server.id, "unreachable".into()))
+}
