@@ -50,6 +50,7 @@ surge bench sweep /mnt/bb --preset bandwidth --procs 1-16\n  \
 surge bench calibrate /mnt/bb --out peaks.json"
 )]
 pub struct BenchArgs {
+    // Variants are boxed so the `surge` Command enum stays small (clippy large_enum_variant).
     #[command(subcommand)]
     pub command: BenchCommand,
 }
@@ -57,13 +58,13 @@ pub struct BenchArgs {
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
     /// IOR-style bandwidth/IOPS test: write then read, N processes, per-phase MiB/s, IOPS, latency.
-    Io(IoArgs),
+    Io(Box<IoArgs>),
     /// mdtest-style metadata test: create, stat, open/close, remove; ops/s per phase.
-    Md(MdArgs),
+    Md(Box<MdArgs>),
     /// Run one configuration over process counts; print the curve, write JSON, CSV and SVG.
-    Sweep(SweepArgs),
+    Sweep(Box<SweepArgs>),
     /// Find peak bandwidth, IOPS and metadata rate; write the peaks file for profile/advise.
-    Calibrate(CalibrateArgs),
+    Calibrate(Box<CalibrateArgs>),
     /// Internal: one benchmark process, driven by its parent over stdin/stdout.
     #[command(hide = true)]
     Worker,
@@ -333,10 +334,10 @@ pub struct CalibrateArgs {
 /// Entry point of `surge bench`.
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.command {
-        BenchCommand::Io(a) => cmd_io(a),
-        BenchCommand::Md(a) => cmd_md(a),
-        BenchCommand::Sweep(a) => cmd_sweep(a),
-        BenchCommand::Calibrate(a) => cmd_calibrate(a),
+        BenchCommand::Io(a) => cmd_io(*a),
+        BenchCommand::Md(a) => cmd_md(*a),
+        BenchCommand::Sweep(a) => cmd_sweep(*a),
+        BenchCommand::Calibrate(a) => cmd_calibrate(*a),
         BenchCommand::Worker => {
             workers::worker_main()?;
             Ok(ExitCode::SUCCESS)

@@ -60,6 +60,30 @@ pub fn preflight(
     bytes: u64,
     inodes: u64,
 ) -> Result<Space, BenchError> {
+    check_dir(backend, path)?;
+    check_space(backend, path, bytes, inodes)
+}
+
+/// Creates the run directory after checking the target: exists, is a directory, is writable
+/// (the directory can be created), and has room. Data is written only after all of these.
+fn open_run_dir(
+    ctx: &RunContext,
+    path: &Path,
+    tag: &str,
+    bytes: u64,
+    inodes: u64,
+) -> Result<(RunDir, Space), BenchError> {
+    check_dir(&*ctx.backend, path)?;
+    let dir = RunDir::create(
+        ctx.backend.clone(),
+        crate::backend::unique_run_dir(path, tag),
+        ctx.keep,
+    )?;
+    let space = check_space(&*ctx.backend, path, bytes, inodes)?;
+    Ok((dir, space))
+}
+
+fn check_dir(backend: &dyn Backend, path: &Path) -> Result<(), BenchError> {
     let st = backend.stat(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => {
             BenchError::Setup(format!("{} does not exist", path.display()))
@@ -72,6 +96,15 @@ pub fn preflight(
             path.display()
         )));
     }
+    Ok(())
+}
+
+fn check_space(
+    backend: &dyn Backend,
+    path: &Path,
+    bytes: u64,
+    inodes: u64,
+) -> Result<Space, BenchError> {
     let space = backend.space(path).map_err(|e| {
         BenchError::Setup(format!(
             "cannot read the capacity of {}: {e}",
@@ -151,12 +184,7 @@ pub fn run_io(ctx: &RunContext, path: &Path, params: &IoParams) -> Result<Report
     params.validate()?;
     cleanup::install_handler();
     let backend = ctx.backend.clone();
-    let space = preflight(&*backend, path, params.aggregate_bytes(), 0)?;
-    let run_dir = RunDir::create(
-        backend.clone(),
-        crate::backend::unique_run_dir(path, "io"),
-        ctx.keep,
-    )?;
+    let (run_dir, space) = open_run_dir(ctx, path, "io", params.aggregate_bytes(), 0)?;
     if params.direct {
         probe_direct(&*backend, run_dir.path(), &space.fs_type)?;
     }
@@ -254,17 +282,8 @@ pub fn run_md(ctx: &RunContext, path: &Path, params: &MdParams) -> Result<Report
     let dirs = params.dirs();
     // A file costs at least one block on most file systems even when empty; count 4 KiB each.
     let bytes = params.total_files() * params.write_bytes.max(4096);
-    let space = preflight(
-        &*backend,
-        path,
-        bytes,
-        params.total_files() + dirs.len() as u64 + 2,
-    )?;
-    let run_dir = RunDir::create(
-        backend.clone(),
-        crate::backend::unique_run_dir(path, "md"),
-        ctx.keep,
-    )?;
+    let inodes = params.total_files() + dirs.len() as u64 + 2;
+    let (run_dir, space) = open_run_dir(ctx, path, "md", bytes, inodes)?;
     let mut notes = Vec::new();
     if ctx.keep {
         notes.push(format!("files kept in {}", run_dir.path().display()));
