@@ -4,10 +4,10 @@
 # random 4 KiB transfers at 1 and 2 processes, and at 4 KiB on /dev/shm surge must reach at
 # least 85% of fio's IOPS (its own overhead must not be what it measures).
 #
-# Usage: bench/fio_vs_surge.sh [ROUNDS]       (default 3 rounds; medians are compared)
+# Usage: bench/fio_vs_surge.sh [ROUNDS]       (default 5 rounds; medians are compared)
 # Env:   SURGE=path/to/surge (default: release build, built if missing)
-#        TARGETS="/dev/shm /tmp"  PROCS="1 2"
-#        SHM_SEQ=1g SHM_RAND=512m DISK_SEQ=1g DISK_RAND=256m DISK_SECS=8
+#        TARGETS="/dev/shm /tmp"  PROCS="1 2"  RAW=file (keep every measurement)
+#        SHM_SEQ=2g SHM_RAND=1g DISK_SEQ=1g DISK_RAND=256m DISK_SECS=8
 #
 # On /dev/shm both tools use buffered I/O (the page cache is the storage). On a disk both use
 # O_DIRECT, so neither measures the page cache. The machine may be shared: the rounds
@@ -15,11 +15,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ROUNDS=${1:-3}
+ROUNDS=${1:-5}
 TARGETS=${TARGETS:-"/dev/shm /tmp"}
 PROCS=${PROCS:-"1 2"}
-SHM_SEQ=${SHM_SEQ:-1g}
-SHM_RAND=${SHM_RAND:-512m}
+SHM_SEQ=${SHM_SEQ:-2g}
+SHM_RAND=${SHM_RAND:-1g}
 DISK_SEQ=${DISK_SEQ:-1g}
 DISK_RAND=${DISK_RAND:-256m}
 DISK_SECS=${DISK_SECS:-8}
@@ -69,8 +69,9 @@ run_surge() {
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
-RESULTS=$(mktemp)
-WORK+=("$RESULTS")
+# Every measurement, one line each: target test procs tool bytes_per_s iops (RAW=file keeps it).
+RESULTS=${RAW:-$(mktemp)}
+[ -n "${RAW:-}" ] && : >"$RESULTS" || WORK+=("$RESULTS")
 
 for target in $TARGETS; do
     if [ ! -d "$target" ] || [ ! -w "$target" ]; then

@@ -100,7 +100,8 @@ pub fn metadata_rate(p: &SweepPoint) -> f64 {
     }
 }
 
-/// Sweeps `spec` over the ladder until every metric in `metrics` has flattened.
+/// Sweeps `spec` over the ladder until every metric in `metrics` has flattened. Notes in the
+/// result say when the ladder ran out first.
 fn sweep_until_flat(
     ctx: &RunContext,
     path: &Path,
@@ -112,6 +113,7 @@ fn sweep_until_flat(
     let mut points: Vec<SweepPoint> = Vec::new();
     let mut first = None;
     let mut notes: Vec<String> = Vec::new();
+    let mut flat = false;
     for &n in &spec.procs {
         let (point, report) = run_point(ctx, path, spec, n)?;
         on_point(&spec.title, &point);
@@ -127,8 +129,17 @@ fn sweep_until_flat(
             flattened(&series, gain)
         });
         if all_flat {
+            flat = true;
             break;
         }
+    }
+    if !flat {
+        notes.push(format!(
+            "{}: the curve had not flattened at {} processes (raise --max-procs); the peak may \
+             be higher",
+            spec.title,
+            points.last().map(|p| p.procs).unwrap_or(0)
+        ));
     }
     let Some(first) = first else {
         return Err(BenchError::Params("no process counts to try".into()));
@@ -302,16 +313,12 @@ pub fn calibrate(
         },
     };
     for s in [&bandwidth, &iops, &metadata] {
-        let last = s.points.last().map(|p| p.procs).unwrap_or(0);
-        if last >= spec.max_procs && s.points.len() >= 2 {
-            let flat = s.points.len() >= 3;
-            if !flat {
-                notes.push(format!(
-                    "{}: reached --max-procs {} before the curve flattened; the peak may be higher",
-                    s.title, spec.max_procs
-                ));
-            }
-        }
+        notes.extend(
+            s.notes
+                .iter()
+                .filter(|n| n.contains("not flattened"))
+                .cloned(),
+        );
     }
     Ok(CalibrateReport {
         schema: "surge.bench.calibrate/1".into(),

@@ -668,13 +668,7 @@ fn cmd_calibrate(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         pk.metadata_detail.open_close,
         pk.metadata_detail.remove
     );
-    for n in report.notes.iter().chain(
-        report
-            .bandwidth
-            .notes
-            .iter()
-            .filter(|n| !n.contains("page cache")),
-    ) {
+    for n in &report.notes {
         println!("note: {n}");
     }
     match &a.out {

@@ -80,6 +80,9 @@ pub struct PhaseResult {
     pub io_s: f64,
     /// Longest fsync-at-close plus close of any process.
     pub close_s: f64,
+    /// Last process's start minus first process's start: how well the barrier held (a busy
+    /// machine delays some processes; IOR's phase time counts that, fio's per-job time does not).
+    pub start_skew_s: f64,
     pub bytes_per_s: f64,
     pub mib_per_s: f64,
     pub ops_per_s: f64,
@@ -131,6 +134,7 @@ impl PhaseResult {
             open_s,
             io_s: secs(io_start, io_end),
             close_s,
+            start_skew_s: secs(start, ranks.iter().map(|r| r.start_ns).max().unwrap_or(0)),
             bytes_per_s: rate(bytes),
             mib_per_s: rate(bytes) / (1u64 << 20) as f64,
             ops_per_s: rate(ops),
@@ -256,6 +260,7 @@ mod tests {
         assert!((p.ops_per_s - 128.0).abs() < 1e-9);
         assert!((p.open_s - 0.01).abs() < 1e-9);
         assert!((p.close_s - 0.02).abs() < 1e-9);
+        assert!((p.start_skew_s - 0.5).abs() < 1e-9);
         assert!((p.io_s - (2.48 - 0.51)).abs() < 1e-9);
         assert_eq!(p.latency.ops, 256);
         assert_eq!(p.ops_by_rank, vec![128, 128]);
