@@ -52,10 +52,12 @@ run_fio() {
         --group_reporting --output-format=json "${extra[@]}")
     local side=read
     case $rw in write|randwrite) side=write ;; esac
-    echo "$out" | jq -r ".jobs[0].$side | \"\(.bw_bytes) \(.iops)\""
+    echo "$out" | jq -r ".jobs[0].$side | \"\(.bw_bytes) \(.iops) \(.bw_bytes) \(.iops)\""
 }
 
-# run_surge DIR PHASE BS SIZE PROCS DIRECT SECS RANDOM -> prints "bytes_per_s iops"
+# run_surge DIR PHASE BS SIZE PROCS DIRECT SECS RANDOM -> prints "bytes_per_s iops" as IOR
+# rates them (first start to last end), then the same rated as fio does (by the slowest
+# process's own time).
 run_surge() {
     local dir=$1 phase=$2 bs=$3 size=$4 procs=$5 direct=$6 secs=$7 random=$8
     local args=(bench io "$dir" --transfer "$(to_surge_size "$bs")" --block "$(to_surge_size "$size")"
@@ -64,12 +66,14 @@ run_surge() {
     [ "$direct" = 1 ] && args+=(--direct)
     [ "$random" = 1 ] && args+=(--random)
     [ "$secs" != 0 ] && args+=(--deadline "$secs")
-    "$SURGE" "${args[@]}" | jq -r ".summary[] | select(.phase==\"$phase\") | \"\(.bytes_per_s.mean) \(.ops_per_s.mean)\""
+    "$SURGE" "${args[@]}" | jq -r ".results[] | select(.phase==\"$phase\") |
+        \"\(.bytes_per_s) \(.ops_per_s) \(.bytes / .slowest_rank_s) \(.ops / .slowest_rank_s)\""
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
-# Every measurement, one line each: target test procs tool bytes_per_s iops (RAW=file keeps it).
+# Every measurement, one line each (RAW=file keeps it):
+#   target test procs tool bytes_per_s iops bytes_per_s_fio_way iops_fio_way
 RESULTS=${RAW:-$(mktemp)}
 [ -n "${RAW:-}" ] && : >"$RESULTS" || WORK+=("$RESULTS")
 
@@ -112,22 +116,25 @@ for target in $TARGETS; do
 done
 
 printf "\nfio %s vs surge bench io (%s rounds, medians; ratio = surge / fio)\n" "$(fio --version)" "$ROUNDS"
-printf "%-10s %-16s %5s %16s %16s %7s  %s\n" target test procs fio surge ratio verdict
+printf "%-10s %-16s %5s %16s %16s %7s  %-10s %7s\n" target test procs fio surge ratio verdict "ratio*"
 worst_shm_iops=""
 while read -r target test procs; do
     metric_col=5; unit="MiB/s"; scale=1048576
     case $test in rand-*) metric_col=6; unit="IOPS"; scale=1 ;; esac
     f=$(awk -v t="$target" -v x="$test" -v p="$procs" -v c=$metric_col '$1==t && $2==x && $3==p && $4=="fio" {print $c}' "$RESULTS" | median)
     s=$(awk -v t="$target" -v x="$test" -v p="$procs" -v c=$metric_col '$1==t && $2==x && $3==p && $4=="surge" {print $c}' "$RESULTS" | median)
+    s2=$(awk -v t="$target" -v x="$test" -v p="$procs" -v c=$((metric_col + 2)) '$1==t && $2==x && $3==p && $4=="surge" {print $c}' "$RESULTS" | median)
+    ratio2=$(awk -v s="$s2" -v f="$f" 'BEGIN { if (f > 0) printf "%.3f", s / f; else print "n/a" }')
     ratio=$(awk -v s="$s" -v f="$f" 'BEGIN { if (f > 0) printf "%.3f", s / f; else print "n/a" }')
     verdict=$(awk -v r="$ratio" 'BEGIN { if (r == "n/a") print "n/a"; else if (r >= 0.85 && r <= 1.15) print "within 15%"; else print "DIFFERS" }')
     fv=$(awk -v v="$f" -v k=$scale -v u="$unit" 'BEGIN { printf "%.0f %s", v / k, u }')
     sv=$(awk -v v="$s" -v k=$scale -v u="$unit" 'BEGIN { printf "%.0f %s", v / k, u }')
-    printf "%-10s %-16s %5s %16s %16s %7s  %s\n" "$target" "$test" "$procs" "$fv" "$sv" "$ratio" "$verdict"
+    printf "%-10s %-16s %5s %16s %16s %7s  %-10s %7s\n" "$target" "$test" "$procs" "$fv" "$sv" "$ratio" "$verdict" "$ratio2"
     if [ "$(stat -f -c %T "$target")" = tmpfs ] && [[ $test == rand-* ]]; then
         worst_shm_iops=$(awk -v a="${worst_shm_iops:-9}" -v r="$ratio" 'BEGIN { print (r < a) ? r : a }')
     fi
 done < <(awk '{print $1, $2, $3}' "$RESULTS" | awk '!seen[$0]++')
+echo "ratio* = surge rated the way fio rates a group (bytes / the slowest process's own time)"
 if [ -n "$worst_shm_iops" ]; then
     echo
     awk -v r="$worst_shm_iops" 'BEGIN { printf "4 KiB on tmpfs: lowest surge/fio IOPS ratio %.3f (required >= 0.85): %s\n", r, (r >= 0.85) ? "ok" : "BELOW TARGET" }'

@@ -83,6 +83,10 @@ pub struct PhaseResult {
     /// Last process's start minus first process's start: how well the barrier held (a busy
     /// machine delays some processes; IOR's phase time counts that, fio's per-job time does not).
     pub start_skew_s: f64,
+    /// The longest single process's start-to-end time. `bytes / slowest_rank_s` is how fio
+    /// rates a group of jobs (each job timed from its own start); `time_s` is IOR's (first
+    /// start to last end). They differ when processes do not overlap well.
+    pub slowest_rank_s: f64,
     pub bytes_per_s: f64,
     pub mib_per_s: f64,
     pub ops_per_s: f64,
@@ -135,6 +139,10 @@ impl PhaseResult {
             io_s: secs(io_start, io_end),
             close_s,
             start_skew_s: secs(start, ranks.iter().map(|r| r.start_ns).max().unwrap_or(0)),
+            slowest_rank_s: ranks
+                .iter()
+                .map(|r| secs(r.start_ns, r.end_ns))
+                .fold(0.0, f64::max),
             bytes_per_s: rate(bytes),
             mib_per_s: rate(bytes) / (1u64 << 20) as f64,
             ops_per_s: rate(ops),
@@ -261,6 +269,7 @@ mod tests {
         assert!((p.open_s - 0.01).abs() < 1e-9);
         assert!((p.close_s - 0.02).abs() < 1e-9);
         assert!((p.start_skew_s - 0.5).abs() < 1e-9);
+        assert!((p.slowest_rank_s - 1.5).abs() < 1e-9);
         assert!((p.io_s - (2.48 - 0.51)).abs() < 1e-9);
         assert_eq!(p.latency.ops, 256);
         assert_eq!(p.ops_by_rank, vec![128, 128]);
