@@ -9,18 +9,20 @@
 # copy back to a new directory on the local disk.
 # Fairness: the page cache is dropped (sync; echo 3 >/proc/sys/vm/drop_caches) before every
 # timed copy, so every stage-in reads its source from the disk and every stage-out through the
-# mount reads from the servers, not from pages the kernel kept. Every stage-out is timed up to
+# mount reads from the servers, not from pages the kernel kept. With --warm, stage-in sources are
+# read into the page cache instead (cat >/dev/null) before each stage-in, which takes the disk
+# out of the comparison (the raw copy is then bound by memory, a stricter limit). Every stage-out is timed up to
 # durable data (cp -r ... && sync, as `surge stage copy --out` ends with syncfs). Each copy is
 # run REPS times; medians are printed with the ratios surge/mount and surge/raw (>1: surge is
 # faster).
 #
 # Usage: bench/stage.sh [--reps N] [--servers N] [--big-count N] [--big-mib N]
-#                       [--small-count N] [--small-bytes N] [--workers N] [--json FILE]
+#                       [--small-count N] [--small-bytes N] [--workers N] [--warm] [--json FILE]
 # Needs root (FUSE mount, dropping caches) and a release build (built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPS=3 SERVERS=2 BIG_COUNT=4 BIG_MIB=1024 SMALL_COUNT=20000 SMALL_BYTES=4096 WORKERS=32 JSON=""
+REPS=3 SERVERS=2 BIG_COUNT=4 BIG_MIB=1024 SMALL_COUNT=20000 SMALL_BYTES=4096 WORKERS=32 JSON="" WARM=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --reps) REPS=$2; shift 2 ;;
@@ -31,7 +33,8 @@ while [ $# -gt 0 ]; do
         --small-bytes) SMALL_BYTES=$2; shift 2 ;;
         --workers) WORKERS=$2; shift 2 ;;
         --json) JSON=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        --warm) WARM=1; shift ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -89,6 +92,8 @@ for _ in $(seq 200); do [ -s "$WORK/mnt.ready" ] && mountpoint -q "$MNT" && brea
 mountpoint -q "$MNT" || { echo "surge mount failed:"; cat "$WORK/mount.log"; exit 1; }
 
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+# Before a stage-in: a cold cache, or (--warm) the source read into the page cache.
+prep_in() { drop; [ "$WARM" = 0 ] || find "$1" -type f -exec cat {} + >/dev/null; }
 now() { date +%s.%N; }
 # timed CMD... -> seconds
 timed() { local t0; t0=$(now); "$@" >/dev/null; echo "$(now) - $t0" | bc -l; }
@@ -103,17 +108,17 @@ for rep in $(seq 1 "$REPS"); do
     for set in big small; do
         src=$WORK/src/$set
         # raw fast tier
-        drop; add "raw,in,$set" "$(timed cp -r "$src" "$SHM/raw/$set")"
+        prep_in "$src"; add "raw,in,$set" "$(timed cp -r "$src" "$SHM/raw/$set")"
         drop; add "raw,out,$set" "$(timed cp_sync "$SHM/raw/$set" "$WORK/out-raw")"
         same "$src" "$WORK/out-raw"
         rm -rf "$SHM/raw/$set" "$WORK/out-raw"
         # cp -r through the mount
-        drop; add "mount,in,$set" "$(timed cp -r "$src" "$MNT/cp-$set")"
+        prep_in "$src"; add "mount,in,$set" "$(timed cp -r "$src" "$MNT/cp-$set")"
         drop; add "mount,out,$set" "$(timed cp_sync "$MNT/cp-$set" "$WORK/out-mnt")"
         same "$src" "$WORK/out-mnt"
         rm -rf "$MNT/cp-$set" "$WORK/out-mnt"
         # surge stage copy (native client, not through the mount)
-        drop; add "surge,in,$set" "$(timed stage --in --directory "$src" "/st-$set")"
+        prep_in "$src"; add "surge,in,$set" "$(timed stage --in --directory "$src" "/st-$set")"
         drop; add "surge,out,$set" "$(timed stage --out --directory "/st-$set" "$WORK/out-st")"
         same "$src" "$WORK/out-st"
         rm -rf "$MNT/st-$set" "$WORK/out-st"
@@ -124,10 +129,11 @@ done
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 BIG_BYTES=$((BIG_COUNT * BIG_MIB << 20)); SMALL_TOTAL=$((SMALL_COUNT * SMALL_BYTES))
-printf '\n%s servers, %s reps (medians); (a) %s x %s MiB, (b) %s x %s B; surge stage --workers %s\n' \
-    "$SERVERS" "$REPS" "$BIG_COUNT" "$BIG_MIB" "$SMALL_COUNT" "$SMALL_BYTES" "$WORKERS"
-printf '%-10s %9s %9s %9s %11s %11s %11s %12s %12s\n' case raw_s mount_s surge_s raw surge_rate mount_rate surge/mount surge/raw
-JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"workers\": $WORKERS, \"results\": {"
+printf '\n%s servers, %s reps (medians), stage-in sources %s; (a) %s x %s MiB, (b) %s x %s B; surge stage --workers %s\n' \
+    "$SERVERS" "$REPS" "$([ "$WARM" = 1 ] && echo "in the page cache" || echo "cold (caches dropped)")" \
+    "$BIG_COUNT" "$BIG_MIB" "$SMALL_COUNT" "$SMALL_BYTES" "$WORKERS"
+printf '%-10s %9s %9s %9s %11s %11s %11s %12s %12s\n' case raw_s mount_s surge_s raw_rate mount_rate surge_rate surge/mount surge/raw
+JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"warm\": $WARM, \"workers\": $WORKERS, \"results\": {"
 first=1
 for set in big small; do
     for dir in in out; do
@@ -139,7 +145,7 @@ for set in big small; do
             unit=files/s; q=$SMALL_COUNT
         fi
         printf '%-10s %9.2f %9.2f %9.2f %11.0f %11.0f %11.0f %12.2f %12.2f  %s\n' "$dir-$set" "$raw" "$mnt" "$sg" \
-            "$(echo "$q/$raw" | bc -l)" "$(echo "$q/$sg" | bc -l)" "$(echo "$q/$mnt" | bc -l)" \
+            "$(echo "$q/$raw" | bc -l)" "$(echo "$q/$mnt" | bc -l)" "$(echo "$q/$sg" | bc -l)" \
             "$(echo "$mnt/$sg" | bc -l)" "$(echo "$raw/$sg" | bc -l)" "$unit"
         [ $first -eq 1 ] || JS+=", "; first=0
         JS+="\"$dir-$set\": {\"unit\": \"$unit\", \"raw_s\": $raw, \"mount_s\": $mnt, \"surge_s\": $sg, \"all\": {\"raw\": [$(echo ${R[raw,$dir,$set]} | tr ' ' ',')], \"mount\": [$(echo ${R[mount,$dir,$set]} | tr ' ' ',')], \"surge\": [$(echo ${R[surge,$dir,$set]} | tr ' ' ',')]}}"

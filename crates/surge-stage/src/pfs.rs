@@ -103,6 +103,18 @@ pub(crate) fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<
     Ok(())
 }
 
+/// A second descriptor of a file, opened for direct I/O (`O_DIRECT`), or `None` where the file
+/// system refuses it. Large stage-out writes go through it: one copy from the chunk buffer to
+/// the device instead of a copy into the page cache and a writeback, and, on the machines
+/// measured, far steadier than large buffered writes (bench/stage.sh).
+pub(crate) fn open_direct(path: &Path) -> Option<File> {
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .ok()
+}
+
 /// Creates a new temporary file for `final_path` in the same directory (mode 0600 until it is
 /// complete).
 pub(crate) fn create_temp(final_path: &Path) -> io::Result<(File, PathBuf)> {
