@@ -612,3 +612,136 @@ fn ctrl_c_stops_the_job_and_tears_everything_down() {
         "a mount was left:\n{mounts}"
     );
 }
+
+#[test]
+fn staging_from_inside_a_job_with_surge_stage() {
+    if skip_without_fuse("staging_from_inside_a_job_with_surge_stage") {
+        return;
+    }
+    let j = Job::new("instage");
+    std::fs::write(j.path("input.dat"), vec![7u8; 5 << 20]).unwrap();
+    std::fs::create_dir_all(j.path("tree/sub")).unwrap();
+    std::fs::write(j.path("tree/sub/a.txt"), b"a").unwrap();
+    let path = format!(
+        "{}:{}",
+        Path::new(SURGE).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = j.script(
+        "job.sh",
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=128MiB\nset -e\n\
+         id=$(surge stage in input.dat $DW_JOB_STRIPED/input.dat)\n\
+         surge stage in --directory --wait tree $DW_JOB_STRIPED/tree > /dev/null\n\
+         surge stage wait $id\n\
+         cmp input.dat $DW_JOB_STRIPED/input.dat\n\
+         test \"$(cat $DW_JOB_STRIPED/tree/sub/a.txt)\" = a\n\
+         echo result > $DW_JOB_STRIPED/result.txt\n\
+         surge stage out --wait $DW_JOB_STRIPED/result.txt out/result.txt > /dev/null\n\
+         surge stage status --json > status.json\n\
+         if surge stage in missing-file $DW_JOB_STRIPED/m 2> missing.err; then exit 9; fi\n",
+    );
+    let out = j
+        .command()
+        .env("PATH", &path)
+        .arg("run")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(j.path("out/result.txt")).unwrap(),
+        "result\n"
+    );
+    let st: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(j.path("status.json")).unwrap()).unwrap();
+    let tasks = st.as_array().unwrap();
+    assert_eq!(tasks.len(), 3, "{st}");
+    assert!(tasks.iter().all(|t| t["state"] == "done"), "{st}");
+    assert_eq!(tasks[0]["bytes_done"], 5 << 20);
+    let err = std::fs::read_to_string(j.path("missing.err")).unwrap();
+    assert!(
+        err.contains("missing-file"),
+        "a missing source is named: {err}"
+    );
+}
+
+#[test]
+fn surge_run_uses_a_configured_manager_and_its_servers() {
+    if skip_without_fuse("surge_run_uses_a_configured_manager_and_its_servers") {
+        return;
+    }
+    let s = Scratch::new("cfgmgr");
+    let c = Cluster::start(2, "1GiB");
+    let ready = s.path().join("ready");
+    let _m = ChildGuard(
+        Command::new(SURGE)
+            .args([
+                "manager",
+                "--listen",
+                "127.0.0.1:0",
+                "--granularity",
+                "64MiB",
+                "--liveness-interval",
+                "0.2",
+                "--state",
+            ])
+            .arg(s.path().join("m.db"))
+            .arg("--ready-file")
+            .arg(&ready)
+            .stderr(std::fs::File::create(s.path().join("manager.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let v: serde_json::Value = wait_for("manager", std::time::Duration::from_secs(20), || {
+        serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
+    });
+    let addr = v["grpc"].as_str().unwrap().to_string();
+    for srv in &c.servers {
+        surge(&["server", "register", &srv.addr, "--manager", &addr]);
+    }
+    let j = Job::new("cfg");
+    let script = j.script(
+        "job.sh",
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=200MiB\n\
+         echo hi > $DW_JOB_STRIPED/x && cat $DW_JOB_STRIPED/x > seen.txt && echo $SURGE_MANAGER > mgr.txt\n",
+    );
+    let out = j
+        .command()
+        .env("SURGE_MANAGER", &addr)
+        .arg("run")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(j.path("seen.txt")).unwrap(), "hi\n");
+    assert_eq!(
+        std::fs::read_to_string(j.path("mgr.txt")).unwrap().trim(),
+        addr
+    );
+    assert!(
+        !j.fast.path().join("state").exists(),
+        "no embedded manager was started"
+    );
+    let sessions: serde_json::Value = serde_json::from_str(&surge(&[
+        "session",
+        "ls",
+        "--all",
+        "--json",
+        "--manager",
+        &addr,
+    ]))
+    .unwrap();
+    assert_eq!(sessions[0]["state"], "ended", "{sessions}");
+    // Liveness: a server that stops is marked down.
+    let mut c = c;
+    c.servers[1].kill9();
+    wait_for(
+        "server marked down",
+        std::time::Duration::from_secs(20),
+        || {
+            let p: serde_json::Value =
+                serde_json::from_str(&surge(&["pool", "ls", "--json", "--manager", &addr])).ok()?;
+            (p[0]["servers_up"] == 1).then_some(())
+        },
+    );
+}

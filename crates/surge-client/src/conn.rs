@@ -103,9 +103,23 @@ impl Connection {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().insert(id, tx);
+        // If this future is dropped in the middle of sending (a caller gave up), the stream
+        // holds half a frame: nothing more can be sent on it, so the connection is dead.
+        struct CutOff<'a>(&'a Connection, bool);
+        impl Drop for CutOff<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    self.0
+                        .fail_all("a request was abandoned while being sent".into());
+                }
+            }
+        }
         let written = {
             let mut w = self.writer.lock().await;
-            codec::write_request(&mut *w, id, req, payload).await
+            let mut guard = CutOff(self, true);
+            let r = codec::write_request(&mut *w, id, req, payload).await;
+            guard.1 = false;
+            r
         };
         if let Err(e) = written {
             self.pending.lock().remove(&id);

@@ -112,6 +112,8 @@ struct Inode {
     backing: Option<Arc<std::fs::File>>,
     /// (size, mtime) of the backing file last committed to the metadata server.
     backing_committed: Option<(u64, Timestamp)>,
+    /// The kernel changed the backing file since the server last measured it.
+    backing_changed: bool,
 }
 
 struct Handle {
@@ -418,6 +420,7 @@ impl Fs {
                 if let Some((size, mtime)) = i.backing.as_deref().and_then(backing_state) {
                     if Some((size, mtime)) != i.backing_committed {
                         i.backing_committed = Some((size, mtime));
+                        i.backing_changed = true;
                         i.size = i.size.max(size);
                         let m = i.dirty_mtime.take().map_or(mtime, |d| d.max(mtime));
                         return Some((i.size, m));
@@ -526,7 +529,7 @@ impl Fs {
             if let Some(i) = inodes.get_mut(&ino) {
                 i.opens = i.opens.saturating_sub(1);
                 if i.opens == 0 {
-                    changed = i.backing.take().is_some();
+                    changed = i.backing.take().is_some() && std::mem::take(&mut i.backing_changed);
                     i.backing_committed = None;
                     if i.unlinked {
                         purge = Some(i.size);

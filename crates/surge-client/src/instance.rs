@@ -33,6 +33,8 @@ pub struct InstanceClient {
     mds: Arc<ServerPool>,
     /// Indexed by the fragment's position in the layout (0..fragments).
     frags: Vec<Arc<ServerPool>>,
+    /// The one fragment's directory, once a server on this host told it (passthrough).
+    local_dir: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 /// One request without payload to one server, and the reply expected. On a thread running
@@ -110,6 +112,7 @@ impl InstanceClient {
             ns,
             mds,
             frags,
+            local_dir: std::sync::OnceLock::new(),
         })
     }
 
@@ -403,6 +406,23 @@ impl InstanceClient {
         if self.fragments() != 1 {
             return Ok(None);
         }
+        if let Some(dir) = self.local_dir.get() {
+            // The fragment is known to be here: open (or create) the object directly.
+            let path = dir.join(surge_core::layout::object_name(self.file_id(ino)));
+            return match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+            {
+                Ok(f) => Ok(Some(f)),
+                Err(e) => Err(ClientError::local(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!("cannot open {}: {e}", path.display()),
+                )),
+            };
+        }
         let req = Request::LocalObject {
             instance: self.instance(),
             fragment: 0,
@@ -419,7 +439,12 @@ impl InstanceClient {
         };
         use std::os::unix::fs::MetadataExt;
         match f.metadata() {
-            Ok(md) if md.dev() == dev && md.ino() == obj_ino => Ok(Some(f)),
+            Ok(md) if md.dev() == dev && md.ino() == obj_ino => {
+                if let Some(dir) = std::path::Path::new(&path).parent() {
+                    let _ = self.local_dir.set(dir.to_path_buf());
+                }
+                Ok(Some(f))
+            }
             // Same path, another file: the server is on another host.
             _ => Ok(None),
         }

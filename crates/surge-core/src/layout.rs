@@ -9,6 +9,12 @@
 use crate::ids::FileId;
 use serde::{Deserialize, Serialize};
 
+/// Name of a file's object inside a fragment directory (shared by the server, which stores it,
+/// and by a client on the same host, which opens it for kernel passthrough).
+pub fn object_name(file: FileId) -> String {
+    format!("{}-{}", file.ns.0, file.ino)
+}
+
 /// DataWarp's stripe size, and Surge's default.
 pub const DEFAULT_STRIPE_SIZE: u64 = 8 << 20;
 

@@ -37,6 +37,10 @@ pub struct Fragment {
     pub device: PathBuf,
     used: AtomicU64,
     objects: Mutex<HashMap<FileId, Arc<Object>>>,
+    /// Bytes allocated to each object as last measured; `used` is their sum. Kept for every
+    /// object, open or not, so an object written behind the server's back (passthrough) or
+    /// closed and reopened is never counted twice or missed.
+    allocs: Mutex<HashMap<FileId, u64>>,
 }
 
 fn io_err(what: &str, path: &Path, e: io::Error) -> ErrorReply {
@@ -61,10 +65,19 @@ impl Fragment {
     ) -> io::Result<Fragment> {
         std::fs::create_dir_all(&dir)?;
         let mut used = 0;
+        let mut allocs = HashMap::new();
         for e in std::fs::read_dir(&dir)? {
             let e = e?;
-            if Self::parse_object_name(&e.file_name().to_string_lossy()).is_some() {
-                used += allocated(&e.metadata()?);
+            if let Some((ns, ino)) = Self::parse_object_name(&e.file_name().to_string_lossy()) {
+                let a = allocated(&e.metadata()?);
+                used += a;
+                allocs.insert(
+                    FileId {
+                        ns: surge_core::NamespaceId(ns),
+                        ino,
+                    },
+                    a,
+                );
             }
         }
         Ok(Fragment {
@@ -75,6 +88,7 @@ impl Fragment {
             device,
             used: AtomicU64::new(used),
             objects: Mutex::new(HashMap::new()),
+            allocs: Mutex::new(allocs),
         })
     }
 
@@ -84,7 +98,7 @@ impl Fragment {
     }
 
     fn object_path(&self, file: FileId) -> PathBuf {
-        self.dir.join(format!("{}-{}", file.ns.0, file.ino))
+        self.dir.join(surge_core::layout::object_name(file))
     }
 
     pub fn used(&self) -> u64 {
@@ -122,18 +136,39 @@ impl Fragment {
         Ok(Some(objects.entry(file).or_insert(obj).clone()))
     }
 
+    /// Records `new_alloc` bytes for `file` and updates `used` by the difference.
+    fn set_alloc(&self, file: FileId, new_alloc: Option<u64>) {
+        let old = {
+            let mut allocs = self.allocs.lock();
+            match new_alloc {
+                Some(a) => allocs.insert(file, a),
+                None => allocs.remove(&file),
+            }
+        }
+        .unwrap_or(0);
+        let new = new_alloc.unwrap_or(0);
+        if new >= old {
+            self.used.fetch_add(new - old, Ordering::Relaxed);
+        } else {
+            self.used
+                .fetch_sub((old - new).min(self.used()), Ordering::Relaxed);
+        }
+    }
+
     /// Re-reads the object's size and allocation after a change and updates `used`.
-    fn account(&self, obj: &Object, st: &mut (u64, u64), path: &Path) -> Result<(), ErrorReply> {
+    fn account(
+        &self,
+        file: FileId,
+        obj: &Object,
+        st: &mut (u64, u64),
+        path: &Path,
+    ) -> Result<(), ErrorReply> {
         let md = obj
             .file
             .metadata()
             .map_err(|e| io_err("cannot stat object", path, e))?;
         let new_alloc = allocated(&md);
-        if new_alloc >= st.1 {
-            self.used.fetch_add(new_alloc - st.1, Ordering::Relaxed);
-        } else {
-            self.used.fetch_sub(st.1 - new_alloc, Ordering::Relaxed);
-        }
+        self.set_alloc(file, Some(new_alloc));
         *st = (md.len(), new_alloc);
         Ok(())
     }
@@ -173,7 +208,7 @@ impl Fragment {
         if growth > 0 {
             self.used.fetch_sub(growth, Ordering::Relaxed);
         }
-        let acct = self.account(&obj, &mut st, &path);
+        let acct = self.account(file, &obj, &mut st, &path);
         res.map_err(|e| io_err("cannot write object", &path, e))?;
         acct?;
         Ok(len)
@@ -215,27 +250,21 @@ impl Fragment {
         obj.file
             .set_len(len)
             .map_err(|e| io_err("cannot truncate object", &path, e))?;
-        self.account(&obj, &mut st, &path)
+        self.account(file, &obj, &mut st, &path)
     }
 
     pub fn remove(&self, file: FileId) -> Result<(), ErrorReply> {
         let path = self.object_path(file);
-        let cached = self.objects.lock().remove(&file);
-        let alloc = match &cached {
-            Some(o) => o.state.lock().1,
-            None => match std::fs::metadata(&path) {
-                Ok(md) => allocated(&md),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-                Err(e) => return Err(io_err("cannot stat object", &path, e)),
-            },
-        };
+        self.objects.lock().remove(&file);
         match std::fs::remove_file(&path) {
             Ok(()) => {
-                self.used
-                    .fetch_sub(alloc.min(self.used()), Ordering::Relaxed);
+                self.set_alloc(file, None);
                 Ok(())
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.set_alloc(file, None);
+                Ok(())
+            }
             Err(e) => Err(io_err("cannot remove object", &path, e)),
         }
     }
@@ -259,7 +288,7 @@ impl Fragment {
         match self.object(file, false)? {
             Some(obj) => {
                 let mut st = obj.state.lock();
-                self.account(&obj, &mut st, &path)
+                self.account(file, &obj, &mut st, &path)
             }
             None => Ok(()),
         }
