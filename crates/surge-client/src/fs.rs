@@ -458,10 +458,12 @@ impl Fs {
         let Ok(ino) = self.handle_ino(fh) else {
             return false;
         };
-        self.inodes
-            .lock()
-            .get(&ino)
-            .is_some_and(|i| i.dirty_mtime.is_none() && i.backing.is_none())
+        self.inodes.lock().get(&ino).is_some_and(|i| {
+            i.dirty_mtime.is_none()
+                && i.backing
+                    .as_deref()
+                    .is_none_or(|b| backing_state(b) == i.backing_committed)
+        })
     }
 
     /// Releases `fh` at once if that needs no network request (nothing to commit, nothing to
@@ -474,12 +476,22 @@ impl Fs {
         let Some(i) = inodes.get_mut(&ino) else {
             return false;
         };
-        if i.dirty_mtime.is_some() || i.backing.is_some() || (i.unlinked && i.opens == 1) {
+        // A passthrough file the kernel did not change since the last commit needs nothing
+        // sent either (typically a file created and closed empty).
+        let backing_quiet = match &i.backing {
+            None => true,
+            Some(b) => !i.backing_changed && backing_state(b) == i.backing_committed,
+        };
+        if i.dirty_mtime.is_some() || !backing_quiet || (i.unlinked && i.opens == 1) {
             return false;
         }
         i.opens = i.opens.saturating_sub(1);
-        if i.opens == 0 && i.lookups == 0 {
-            inodes.remove(&ino);
+        if i.opens == 0 {
+            i.backing = None;
+            i.backing_committed = None;
+            if i.lookups == 0 {
+                inodes.remove(&ino);
+            }
         }
         drop(inodes);
         self.handles.lock().remove(&fh);
