@@ -12,10 +12,6 @@ use std::time::Duration;
 use surge_core::{format_bytes, InstanceId, NamespaceId};
 use surge_proto::InstanceDescriptor;
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    surge_core::parse_size(s).map_err(|e| e.to_string())
-}
-
 fn parse_secs(s: &str) -> Result<Duration, String> {
     let t = s.trim_end_matches('s');
     t.parse::<f64>()
@@ -117,7 +113,7 @@ pub struct MountArgs {
 }
 
 pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
-    let sigs = block_signals();
+    let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM]);
     let rt = runtime()?;
     let desc = rt.block_on(args.source.load())?;
     let client = InstanceClient::new(desc, NamespaceId(args.ns))?;
@@ -146,10 +142,7 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     // Wait for a signal or for someone else to unmount.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut sig = 0;
-        // SAFETY: `sigs` holds the blocked set; `sig` is a valid out-parameter.
-        unsafe { libc::sigwait(&sigs, &mut sig) };
-        let _ = tx.send(sig);
+        let _ = tx.send(surge_core::sys::wait_signal(&sigs));
     });
     loop {
         if let Ok(sig) = rx.recv_timeout(Duration::from_millis(200)) {
@@ -163,19 +156,6 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Blocks SIGINT/SIGTERM in all threads so one thread can wait for them.
-pub fn block_signals() -> libc::sigset_t {
-    // SAFETY: plain libc signal-set manipulation on a local set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
 }
 
 /// Create, show or destroy instances on running servers by hand.
@@ -198,10 +178,10 @@ pub enum InstanceCommand {
         #[arg(long, value_delimiter = ',', required = true)]
         servers: Vec<String>,
         /// Total capacity, e.g. 10GiB (split evenly over the servers, rounded up).
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = surge_core::sys::size_arg)]
         capacity: u64,
         /// Stripe size.
-        #[arg(long, value_parser = parse_size, default_value = "8MiB")]
+        #[arg(long, value_parser = surge_core::sys::size_arg, default_value = "8MiB")]
         stripe_size: u64,
         /// `striped` (one namespace shared by all nodes) or `private` (one per node).
         #[arg(long, default_value = "striped", value_parser = ["striped", "private"])]
@@ -234,15 +214,6 @@ pub enum InstanceCommand {
         #[command(flatten)]
         source: InstanceSource,
     },
-}
-
-fn random_id() -> u64 {
-    let mut b = [0u8; 6];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut b);
-    }
-    b.iter().fold(0u64, |a, x| (a << 8) | u64::from(*x)).max(1)
 }
 
 fn print_descriptor(d: &InstanceDescriptor) {
@@ -370,7 +341,10 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                     // SAFETY: getuid/getgid have no preconditions.
                     None => unsafe { (libc::getuid(), libc::getgid()) },
                 };
-                let instance = InstanceId(id.unwrap_or_else(random_id));
+                let instance = InstanceId(id.unwrap_or_else(|| {
+                    let b: [u8; 6] = surge_core::sys::random_bytes();
+                    b.iter().fold(0u64, |a, x| (a << 8) | u64::from(*x)).max(1)
+                }));
                 let plan = InstancePlan {
                     instance,
                     name: name.unwrap_or_else(|| format!("instance-{instance}")),

@@ -9,6 +9,7 @@ pub mod directives;
 pub mod ids;
 pub mod layout;
 pub mod peaks;
+pub mod sys;
 pub mod units;
 
 pub use ids::{FileId, Ino, InstanceId, NamespaceId};

@@ -18,10 +18,6 @@ use surge_core::format_bytes;
 use tonic::transport::Channel;
 use tracing::info;
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    surge_core::parse_size(s).map_err(|e| e.to_string())
-}
-
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -55,7 +51,7 @@ pub struct ManagerArgs {
     #[arg(long, default_value = "default")]
     pub pool: String,
     /// Granularity of the default pool when it is created (fragment size).
-    #[arg(long, value_parser = parse_size, default_value = "1GiB")]
+    #[arg(long, value_parser = surge_core::sys::size_arg, default_value = "1GiB")]
     pub granularity: u64,
     /// Seconds between liveness checks of the servers.
     #[arg(long, default_value_t = 2.0)]
@@ -202,7 +198,7 @@ pub enum PoolCommand {
     Create {
         name: String,
         /// Fragment size, e.g. 200GiB.
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = surge_core::sys::size_arg)]
         granularity: u64,
     },
 }
@@ -378,7 +374,7 @@ pub enum PersistentCommand {
     /// Create a persistent instance (like `#BB create_persistent`).
     Create {
         name: String,
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = surge_core::sys::size_arg)]
         capacity: u64,
         #[arg(long, default_value = "striped", value_parser = ["striped"])]
         access_mode: String,

@@ -578,11 +578,7 @@ impl Store {
 }
 
 fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut b);
-    }
+    let b: [u8; 4] = surge_core::sys::random_bytes();
     // Keep ids well inside i64 and readable: at most ~2^31 plus what is allocated afterwards.
     u32::from_le_bytes(b) >> 1
 }

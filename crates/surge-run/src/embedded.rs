@@ -59,17 +59,6 @@ pub fn user_name() -> String {
     }
 }
 
-fn free_space(dir: &Path) -> anyhow::Result<u64> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid path and out-parameter.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("statvfs {}", dir.display()));
-    }
-    Ok(st.f_bavail * st.f_frsize)
-}
-
 /// Makes a child die with us and start with a clean signal mask (we block SIGINT/SIGTERM to
 /// handle them in one thread; children must not inherit that).
 pub fn child_setup(cmd: &mut Command, die_with_parent: bool) {
@@ -182,7 +171,11 @@ impl Embedded {
         let capacity = match opts.server_capacity {
             Some(c) => c,
             None => {
-                let per = free_space(fast)? / 10 * 8 / opts.servers.max(1) as u64;
+                let per = surge_core::sys::free_space(fast)
+                    .with_context(|| format!("statvfs {}", fast.display()))?
+                    / 10
+                    * 8
+                    / opts.servers.max(1) as u64;
                 (per / opts.granularity * opts.granularity).max(opts.granularity)
             }
         };

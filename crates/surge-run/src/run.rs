@@ -26,10 +26,6 @@ use surge_core::{format_bytes, NamespaceId};
 use surge_manager::cli::{connect, status_err};
 use surge_proto::InstanceDescriptor;
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    surge_core::parse_size(s).map_err(|e| e.to_string())
-}
-
 /// Run a batch script with the burst buffer its #DW/#BB directives ask for.
 ///
 /// With no manager configured, starts a manager and --servers local servers (fast tier under
@@ -70,10 +66,10 @@ pub struct RunArgs {
     #[arg(long, env = "SURGE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Embedded: pool granularity (fragment size) when the pool is first created.
-    #[arg(long, env = "SURGE_GRANULARITY", value_parser = parse_size, default_value = "256MiB")]
+    #[arg(long, env = "SURGE_GRANULARITY", value_parser = surge_core::sys::size_arg, default_value = "256MiB")]
     pub granularity: u64,
     /// Embedded: capacity of each server (default: 80% of the fast tier's free space, shared).
-    #[arg(long, env = "SURGE_SERVER_CAPACITY", value_parser = parse_size)]
+    #[arg(long, env = "SURGE_SERVER_CAPACITY", value_parser = surge_core::sys::size_arg)]
     pub server_capacity: Option<u64>,
     /// Write a JSON report of the phases (times, bytes, exit status) to this file.
     #[arg(long, value_name = "FILE")]
@@ -129,19 +125,6 @@ struct Signals {
     signal: AtomicI32,
 }
 
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: plain signal-set manipulation, before any thread is started.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
 fn spawn_signal_thread(set: libc::sigset_t, sig: Arc<Signals>) {
     std::thread::spawn(move || loop {
         let mut s = 0;
@@ -175,7 +158,8 @@ struct Allocation {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let set = block_signals();
+    // Before any thread starts, so all inherit the mask.
+    let set = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
     let script_name = args.script.display().to_string();
     let text = std::fs::read_to_string(&args.script)
         .with_context(|| format!("cannot read job script {script_name}"))?;

@@ -30,7 +30,7 @@ pub struct ServerArgs {
 
     /// Capacity this server offers to fragments, e.g. 200GiB. Default: the free space of the
     /// devices at start-up.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = surge_core::sys::size_arg)]
     pub capacity: Option<u64>,
 
     /// TCP address to listen on (port 0 picks a free port; see --ready-file).
@@ -59,45 +59,11 @@ pub struct ServerArgs {
     pub pool: String,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    surge_core::parse_size(s).map_err(|e| e.to_string())
-}
-
 #[derive(Serialize)]
 struct Ready {
     id: String,
     addrs: Vec<String>,
     pid: u32,
-}
-
-fn free_space(dirs: &[PathBuf]) -> anyhow::Result<u64> {
-    let mut total = 0u64;
-    for d in dirs {
-        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-        let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes())?;
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
-        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("statvfs {}", d.display()));
-        }
-        total += st.f_bavail * st.f_frsize;
-    }
-    Ok(total)
-}
-
-/// Blocks SIGINT and SIGTERM in every thread (call before spawning any), so the main thread can
-/// wait for them with `sigwait` and shut down in order.
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: plain libc signal-set manipulation on a local set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
 }
 
 /// A server running in this process (its listener threads run until the process exits).
@@ -129,7 +95,16 @@ pub fn start(
 ) -> anyhow::Result<Running> {
     let capacity = match capacity {
         Some(c) => c,
-        None => free_space(&devices)?,
+        None => {
+            let mut total = 0;
+            for d in &devices {
+                std::fs::create_dir_all(d)
+                    .with_context(|| format!("cannot create {}", d.display()))?;
+                total += surge_core::sys::free_space(d)
+                    .with_context(|| format!("statvfs {}", d.display()))?;
+            }
+            total
+        }
     };
     let reg = Arc::new(Registry::open(devices.clone(), capacity, id)?);
     let tcp = std::net::TcpListener::bind(listen)
@@ -176,7 +151,7 @@ pub fn run(
     args: ServerArgs,
     on_ready: impl FnOnce(&ServerArgs, &Running),
 ) -> anyhow::Result<ExitCode> {
-    let sigs = block_signals();
+    let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM]);
     let running = start(
         args.devices.clone(),
         args.capacity,
@@ -197,9 +172,7 @@ pub fn run(
     }
     on_ready(&args, &running);
 
-    let mut sig: libc::c_int = 0;
-    // SAFETY: `sigs` was initialised by block_signals; `sig` is a valid out-parameter.
-    unsafe { libc::sigwait(&sigs, &mut sig) };
+    let sig = surge_core::sys::wait_signal(&sigs);
     info!("signal {sig}: shutting down");
     running.registry.shutdown();
     if let Some(path) = &args.unix {

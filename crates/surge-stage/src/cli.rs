@@ -31,10 +31,6 @@ pub fn run(args: StageArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    surge_core::parse_size(s).map_err(|e| e.to_string())
-}
-
 fn parse_owner(s: &str) -> Result<(u32, u32), String> {
     let (u, g) = s
         .split_once(':')
@@ -104,7 +100,7 @@ pub struct CopyArgs {
     pub workers: usize,
 
     /// Files larger than this are cut into chunks of this size copied in parallel.
-    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = surge_core::sys::size_arg)]
     pub chunk_size: u64,
 
     /// Read every copy back and compare it with its source (xxh3 per chunk) before giving it
