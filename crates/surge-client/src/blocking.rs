@@ -24,9 +24,22 @@ enum Stream {
 
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
         match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => {
+                surge_proto::transport::poll_readable(
+                    s.as_raw_fd(),
+                    surge_proto::transport::POLL_BEFORE_SLEEP,
+                );
+                s.read(buf)
+            }
+            Stream::Unix(s) => {
+                surge_proto::transport::poll_readable(
+                    s.as_raw_fd(),
+                    surge_proto::transport::POLL_BEFORE_SLEEP,
+                );
+                s.read(buf)
+            }
         }
     }
 }

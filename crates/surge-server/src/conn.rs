@@ -11,6 +11,7 @@ use crate::registry::Registry;
 use std::io::{BufReader, Read, Write};
 use std::sync::Arc;
 use surge_proto::codec::{self, CodecError};
+use surge_proto::transport::Polled;
 use surge_proto::{ErrorCode, ErrorReply, Request, Response};
 use tracing::{debug, info, warn};
 
@@ -148,7 +149,7 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
 }
 
 /// Serves one connection until the peer closes it or sends something unparseable.
-pub fn serve<S: Read + Write>(reg: Arc<Registry>, stream: S, mut writer: impl Write, peer: String) {
+pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, peer: String) {
     debug!("connection from {peer}");
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut payload = Vec::new();
@@ -203,7 +204,7 @@ pub fn accept_tcp(reg: Arc<Registry>, listener: std::net::TcpListener) {
                 let reg = reg.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("conn-{peer}"))
-                    .spawn(move || serve(reg, s, w, peer));
+                    .spawn(move || serve(reg, Polled(s), w, peer));
                 if let Err(e) = spawned {
                     warn!("cannot start a connection thread: {e}");
                 }
@@ -225,7 +226,7 @@ pub fn accept_unix(reg: Arc<Registry>, listener: std::os::unix::net::UnixListene
                 let reg = reg.clone();
                 let spawned = std::thread::Builder::new()
                     .name("conn-unix".into())
-                    .spawn(move || serve(reg, s, w, "unix".into()));
+                    .spawn(move || serve(reg, Polled(s), w, "unix".into()));
                 if let Err(e) = spawned {
                     warn!("cannot start a connection thread: {e}");
                 }
