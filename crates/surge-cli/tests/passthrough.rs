@@ -63,3 +63,56 @@ fn passthrough_writes_are_committed_accounted_and_seen_by_other_nodes() {
         b"from\0\0\0\0\0\0"
     );
 }
+
+#[test]
+fn fallocate_on_a_passthrough_file_reserves_space_and_extends_it() {
+    let test = "fallocate_on_a_passthrough_file_reserves_space_and_extends_it";
+    if skip_without_fuse(test) {
+        return;
+    }
+    if !root() {
+        eprintln!("SKIPPED {test}: needs root");
+        return;
+    }
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let c = Cluster::start(1, "1GiB");
+    let id = c.create_instance("64MiB", "8MiB", &[]);
+    let fast = Mount::new(&c, id, 0);
+    let other = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(fast.path("pre"))
+        .unwrap();
+    // SAFETY: fallocate on a descriptor owned by `f`.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 16 << 20) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(f.metadata().unwrap().len(), 16 << 20);
+    // Reserved before any write: the server counts it.
+    let used = || -> u64 {
+        let st: serde_json::Value =
+            serde_json::from_str(&surge(&["server", "status", "--json", &c.servers[0].addr]))
+                .unwrap();
+        st[0]["used"].as_u64().unwrap()
+    };
+    assert!(used() >= 16 << 20, "used {}", used());
+    // A reservation past the capacity fails and changes nothing.
+    // SAFETY: as above.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 128 << 20) };
+    assert_eq!(rc, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENOSPC)
+    );
+    assert_eq!(f.metadata().unwrap().len(), 16 << 20);
+    // Writes into the reserved range go through the kernel (passthrough) as before.
+    f.write_all_at(b"tail", (16 << 20) - 4).unwrap();
+    drop(f);
+    let back = std::fs::read(other.path("pre")).unwrap();
+    assert_eq!(back.len(), 16 << 20);
+    assert_eq!(&back[back.len() - 4..], b"tail");
+    assert!(back[..back.len() - 4].iter().all(|&b| b == 0));
+}

@@ -545,3 +545,89 @@ fn o_direct_aligned_io() {
     assert_eq!(std::fs::metadata(&p).unwrap().len(), 1 << 20);
     let _ = ErrorKind::Other;
 }
+
+fn used_bytes(p: &Path) -> u64 {
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cstr(p).as_ptr(), &mut s) }, 0);
+    (s.f_blocks - s.f_bfree) * s.f_frsize
+}
+
+fn fallocate(f: &File, mode: i32, offset: u64, len: u64) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+#[test]
+fn fallocate_reserves_extends_and_punches_holes() {
+    let Some((_c, m)) = setup("fallocate_reserves_extends_and_punches_holes") else {
+        return;
+    };
+    let p = m.path("f");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    f.write_all_at(b"abc", 0).unwrap();
+    let before = used_bytes(&m.path(""));
+    // Mode 0 over several 64 KiB stripes on both fragments: extends the file and reserves space.
+    fallocate(&f, 0, 0, 1 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    assert!(
+        used_bytes(&m.path("")) >= before + (1 << 20) - 8192,
+        "space reserved: {} -> {}",
+        before,
+        used_bytes(&m.path(""))
+    );
+    let mut buf = vec![1u8; 1 << 20];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..3], b"abc");
+    assert!(
+        buf[3..].iter().all(|&b| b == 0),
+        "allocated range reads as zeros"
+    );
+    // KEEP_SIZE does not change the size.
+    fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 0, 2 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    // PUNCH_HOLE across stripe boundaries: zeros there, data elsewhere, size unchanged.
+    f.write_all_at(&vec![0x55u8; 1 << 20], 0).unwrap();
+    let full = used_bytes(&m.path(""));
+    let (hole, hole_len) = (100_000u64, 300_000u64);
+    fallocate(
+        &f,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        hole,
+        hole_len,
+    )
+    .unwrap();
+    f.read_exact_at(&mut buf, 0).unwrap();
+    for (i, &b) in buf.iter().enumerate() {
+        let in_hole = (hole..hole + hole_len).contains(&(i as u64));
+        assert_eq!(b, if in_hole { 0 } else { 0x55 }, "byte {i}");
+    }
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    assert!(used_bytes(&m.path("")) < full, "the hole gave space back");
+    // Other modes are refused; so is a reservation past the instance's capacity, which
+    // changes nothing.
+    assert_eq!(
+        fallocate(&f, libc::FALLOC_FL_ZERO_RANGE, 0, 4096),
+        Err(libc::EOPNOTSUPP)
+    );
+    assert_eq!(fallocate(&f, 0, 0, 3 << 30), Err(libc::ENOSPC));
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    drop(f);
+    // After close the size is the metadata server's too.
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 1 << 20);
+    let mut back = Vec::new();
+    File::open(&p).unwrap().read_to_end(&mut back).unwrap();
+    assert_eq!(back.len(), 1 << 20);
+    assert_eq!(back[0], 0x55);
+    assert_eq!(back[hole as usize], 0);
+}

@@ -19,7 +19,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use surge_core::Ino;
-use surge_proto::{Attr, FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked};
+use surge_proto::{
+    AllocMode, Attr, FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
+};
 use tracing::{debug, warn};
 
 /// An error for the application: an errno and, for the log, why.
@@ -409,6 +411,55 @@ impl Fs {
             i.touched |= mask;
         }
         Ok(n as u32)
+    }
+
+    /// `fallocate(2)`. Supported modes: 0 (allocate, extending the file), `FALLOC_FL_KEEP_SIZE`
+    /// and `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`; others are `EOPNOTSUPP`. With
+    /// `KEEP_SIZE` the part of the range past the end of the file is not reserved (a Surge file
+    /// owns no blocks past its end, so unlink and truncate never have to look for them).
+    pub async fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        let ino = self.handle_ino(fh)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or_else(|| FsError::new(libc::EFBIG, "fallocate past the largest file offset"))?;
+        if len == 0 {
+            return Err(FsError::new(libc::EINVAL, "fallocate of an empty range"));
+        }
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let mode = match mode {
+            0 => AllocMode::Allocate,
+            KEEP => AllocMode::KeepSize,
+            PUNCH => AllocMode::PunchHole,
+            other => {
+                return Err(FsError::new(
+                    libc::EOPNOTSUPP,
+                    format!("fallocate mode {other:#x} is not supported"),
+                ))
+            }
+        };
+        let size = self.inodes.lock().get(&ino).map_or(0, |i| i.size);
+        let end = if mode == AllocMode::Allocate {
+            end
+        } else {
+            end.min(size)
+        };
+        if end <= offset {
+            return Ok(());
+        }
+        self.client
+            .allocate_objects(ino, offset, end - offset, mode)
+            .await?;
+        let mask = self.client.fragments_touched(ino, offset, end - offset);
+        if let Some(i) = self.inodes.lock().get_mut(&ino) {
+            i.touched |= mask;
+            if end > i.size || mode == AllocMode::PunchHole {
+                i.size = i.size.max(end);
+                i.dirty_mtime = Some(Timestamp::now());
+            }
+        }
+        Ok(())
     }
 
     /// Sends this node's size and mtime of `ino` to the metadata server if writes are pending.

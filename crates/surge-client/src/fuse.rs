@@ -458,6 +458,25 @@ impl Filesystem for FuseAdapter {
         });
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.fallocate(fh.0, offset, length, mode).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
     fn flush(
         &self,
         _req: &Request,
@@ -610,19 +629,6 @@ impl Filesystem for FuseAdapter {
         _offset: i64,
         _whence: i32,
         reply: fuser::ReplyLseek,
-    ) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
-        reply: ReplyEmpty,
     ) {
         reply.error(Errno::ENOSYS);
     }

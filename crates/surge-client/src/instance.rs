@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use surge_core::{FileId, Ino, InstanceId, Layout, NamespaceId, Piece};
 use surge_proto::{
-    Attr, DirEntry, InstanceDescriptor, KeepOpen, NewNode, Request, Response, ServerRef, SetAttr,
-    TimeSet, Unlinked,
+    AllocMode, Attr, DirEntry, InstanceDescriptor, KeepOpen, NewNode, Request, Response, ServerRef,
+    SetAttr, TimeSet, Unlinked,
 };
 
 /// Largest piece sent in one request (a one-fragment instance merges a whole write into one
@@ -363,6 +363,41 @@ impl InstanceClient {
                 };
                 expect!(self, self.frags[f as usize], req, Response::Ok => ())
             });
+        join_all(calls).await.into_iter().collect()
+    }
+
+    /// `fallocate(2)` on the file range `[offset, offset + len)`: one request per fragment
+    /// holding part of it, for that fragment's (contiguous, stripes being packed) object range.
+    pub async fn allocate_objects(
+        &self,
+        ino: Ino,
+        offset: u64,
+        len: u64,
+        mode: AllocMode,
+    ) -> Result<()> {
+        let file = self.file_id(ino);
+        let mut ranges: Vec<Option<(u64, u64)>> = vec![None; self.fragments() as usize];
+        for p in self.layout(ino).pieces(offset, len) {
+            let r = &mut ranges[p.fragment as usize];
+            let end = p.object_offset + p.len;
+            *r = Some(r.map_or((p.object_offset, end), |(s, e)| {
+                (s.min(p.object_offset), e.max(end))
+            }));
+        }
+        let calls = ranges.into_iter().enumerate().filter_map(|(f, r)| {
+            let (start, end) = r?;
+            Some(async move {
+                let req = Request::AllocateObject {
+                    instance: self.instance(),
+                    fragment: f as u32,
+                    file,
+                    offset: start,
+                    len: end - start,
+                    mode,
+                };
+                expect!(self, self.frags[f], req, Response::Ok => ())
+            })
+        });
         join_all(calls).await.into_iter().collect()
     }
 

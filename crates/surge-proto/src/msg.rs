@@ -358,6 +358,29 @@ pub enum Request {
         instance: InstanceId,
         ns: NamespaceId,
     },
+
+    // --- data, on one fragment (added after the metadata requests to keep their encoding) ---
+    /// `fallocate(2)` on the file's object: reserve (and zero) or release the object range
+    /// `[offset, offset + len)`.
+    AllocateObject {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+        offset: u64,
+        len: u64,
+        mode: AllocMode,
+    },
+}
+
+/// What [`Request::AllocateObject`] does with its range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocMode {
+    /// Allocate; the object grows to the end of the range if it is shorter.
+    Allocate,
+    /// Allocate without changing the object's length.
+    KeepSize,
+    /// Release the range's blocks (it reads as zeros); the length does not change.
+    PunchHole,
 }
 
 /// What the metadata server does with an inode whose last name goes away. The inode must stay
@@ -522,6 +545,7 @@ impl Request {
             Request::FragmentUsage { .. } => 21,
             Request::LocalObject { .. } => 22,
             Request::ObjectChanged { .. } => 23,
+            Request::AllocateObject { .. } => 24,
             Request::Lookup { .. } => 32,
             Request::GetAttr { .. } => 33,
             Request::SetAttr { .. } => 34,
@@ -560,6 +584,7 @@ impl Request {
             Request::FragmentUsage { .. } => "FragmentUsage",
             Request::LocalObject { .. } => "LocalObject",
             Request::ObjectChanged { .. } => "ObjectChanged",
+            Request::AllocateObject { .. } => "AllocateObject",
             Request::Lookup { .. } => "Lookup",
             Request::GetAttr { .. } => "GetAttr",
             Request::SetAttr { .. } => "SetAttr",

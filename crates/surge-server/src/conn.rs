@@ -112,6 +112,18 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                 reg.fragment(instance, fragment)?.changed(file)?;
                 Response::Ok
             }
+            Request::AllocateObject {
+                instance,
+                fragment,
+                file,
+                offset,
+                len,
+                mode,
+            } => {
+                reg.fragment(instance, fragment)?
+                    .allocate(file, offset, len, mode)?;
+                Response::Ok
+            }
             Request::FragmentUsage { instance, fragment } => {
                 let f = reg.fragment(instance, fragment)?;
                 Response::Usage {

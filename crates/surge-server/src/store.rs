@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use surge_core::{FileId, InstanceId};
-use surge_proto::{ErrorCode, ErrorReply};
+use surge_proto::{AllocMode, ErrorCode, ErrorReply};
 
 /// Open objects kept per fragment; beyond this, idle ones are closed.
 const MAX_OPEN_OBJECTS: usize = 4096;
@@ -253,6 +253,76 @@ impl Fragment {
         self.account(file, &obj, &mut st, &path)
     }
 
+    /// `fallocate(2)` on the object's range `[offset, offset + len)`. Allocation is refused with
+    /// `NoSpace` before anything changes when it could take the fragment past its capacity
+    /// (bounded by the range's length: ranges already allocated are not subtracted); punching
+    /// a hole always succeeds on a missing object (nothing to release).
+    pub fn allocate(
+        &self,
+        file: FileId,
+        offset: u64,
+        len: u64,
+        mode: AllocMode,
+    ) -> Result<(), ErrorReply> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or_else(|| ErrorReply::new(ErrorCode::TooLarge, "range past the largest offset"))?;
+        if len == 0 {
+            return Err(ErrorReply::new(ErrorCode::Invalid, "empty range"));
+        }
+        let punch = mode == AllocMode::PunchHole;
+        let Some(obj) = self.object(file, !punch)? else {
+            return Ok(());
+        };
+        let path = self.object_path(file);
+        let mut st = obj.state.lock();
+        let (size, alloc) = *st;
+        let growth = if punch || (end <= size && alloc >= size) {
+            0
+        } else {
+            len.div_ceil(BLOCK) * BLOCK + BLOCK
+        };
+        if growth > 0 {
+            let before = self.used.fetch_add(growth, Ordering::Relaxed);
+            if before + growth > self.capacity {
+                self.used.fetch_sub(growth, Ordering::Relaxed);
+                return Err(ErrorReply::new(
+                    ErrorCode::NoSpace,
+                    format!(
+                        "fragment {} of instance {} cannot allocate {len} bytes ({} of {} bytes used)",
+                        self.index, self.instance, before, self.capacity
+                    ),
+                ));
+            }
+        }
+        let flags = match mode {
+            AllocMode::Allocate => 0,
+            AllocMode::KeepSize => libc::FALLOC_FL_KEEP_SIZE,
+            AllocMode::PunchHole => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        };
+        // SAFETY: fallocate on a descriptor this object owns; offsets checked to fit in off_t.
+        let rc = unsafe {
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&obj.file),
+                flags,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        let res = if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        };
+        if growth > 0 {
+            self.used.fetch_sub(growth, Ordering::Relaxed);
+        }
+        let acct = self.account(file, &obj, &mut st, &path);
+        res.map_err(|e| io_err("cannot fallocate object", &path, e))?;
+        acct
+    }
+
     pub fn remove(&self, file: FileId) -> Result<(), ErrorReply> {
         let path = self.object_path(file);
         self.objects.lock().remove(&file);
@@ -371,5 +441,47 @@ mod tests {
         assert_eq!(again.used(), f.used());
         f.remove(fid(2)).unwrap();
         assert_eq!(f.used(), 0);
+    }
+
+    #[test]
+    fn allocate_reserves_punch_releases_and_capacity_is_checked_first() {
+        let t = tempfile::tempdir().unwrap();
+        let f = frag(t.path(), 4 << 20);
+        let len_of = |f: &Fragment| std::fs::metadata(f.object_path(fid(2))).unwrap().len();
+        f.write(fid(2), 0, b"head").unwrap();
+        f.allocate(fid(2), 0, 1 << 20, AllocMode::Allocate).unwrap();
+        assert_eq!(len_of(&f), 1 << 20, "Allocate extends the object");
+        assert!(f.used() >= 1 << 20, "used {}", f.used());
+        f.allocate(fid(2), 1 << 20, 1 << 20, AllocMode::KeepSize)
+            .unwrap();
+        assert_eq!(len_of(&f), 1 << 20, "KeepSize keeps the length");
+        assert!(f.used() >= 2 << 20);
+        let before = f.used();
+        let e = f
+            .allocate(fid(2), 2 << 20, 4 << 20, AllocMode::Allocate)
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::NoSpace);
+        assert_eq!(f.used(), before, "a refused allocation changes nothing");
+        assert_eq!(len_of(&f), 1 << 20);
+        f.allocate(fid(2), 4096, (1 << 20) - 4096, AllocMode::PunchHole)
+            .unwrap();
+        assert!(
+            f.used() < before - (512 << 10),
+            "punch releases: {}",
+            f.used()
+        );
+        let mut out = Vec::new();
+        f.read(fid(2), 0, 8192, &mut out).unwrap();
+        assert_eq!(&out[..4], b"head");
+        assert!(out[4..].iter().all(|&b| b == 0));
+        // Punching a file never written here is a no-op; an empty range is refused.
+        f.allocate(fid(9), 0, 4096, AllocMode::PunchHole).unwrap();
+        assert!(!f.object_path(fid(9)).exists());
+        assert_eq!(
+            f.allocate(fid(2), 0, 0, AllocMode::Allocate)
+                .unwrap_err()
+                .code,
+            ErrorCode::Invalid
+        );
     }
 }
