@@ -116,3 +116,66 @@ fn fallocate_on_a_passthrough_file_reserves_space_and_extends_it() {
     assert_eq!(&back[back.len() - 4..], b"tail");
     assert!(back[..back.len() - 4].iter().all(|&b| b == 0));
 }
+
+/// Object files under a server's device directory (every `frag-*` directory).
+fn objects_on(device: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![device.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.parent().is_some_and(|d| {
+                d.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("frag-"))
+            }) && p.file_name().is_some_and(|n| n != "fragment.json")
+            {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn removed_files_leave_no_objects_behind() {
+    let test = "removed_files_leave_no_objects_behind";
+    if skip_without_fuse(test) {
+        return;
+    }
+    if !root() {
+        eprintln!("SKIPPED {test}: needs root");
+        return;
+    }
+    let c = Cluster::start(1, "1GiB");
+    let id = c.create_instance("64MiB", "8MiB", &[]);
+    let fast = Mount::new(&c, id, 0);
+    let other = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    // Empty files (their objects are created by the passthrough open), written ones, one
+    // truncated to zero, one replaced by a rename; removed on this node and on the other.
+    for i in 0..20 {
+        std::fs::File::create(fast.path(&format!("e{i}"))).unwrap();
+    }
+    std::fs::write(fast.path("data"), vec![7u8; 100_000]).unwrap();
+    std::fs::write(fast.path("cut"), vec![7u8; 100_000]).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(fast.path("cut"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    std::fs::write(fast.path("new"), b"new").unwrap();
+    std::fs::rename(fast.path("new"), fast.path("data")).unwrap();
+    assert!(!objects_on(&c.servers[0].device).is_empty());
+    for i in 0..10 {
+        std::fs::remove_file(fast.path(&format!("e{i}"))).unwrap();
+    }
+    for i in 10..20 {
+        std::fs::remove_file(other.path(&format!("e{i}"))).unwrap();
+    }
+    std::fs::remove_file(other.path("cut")).unwrap();
+    std::fs::remove_file(fast.path("data")).unwrap();
+    let left = objects_on(&c.servers[0].device);
+    assert!(left.is_empty(), "objects left behind: {left:?}");
+}

@@ -153,7 +153,23 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                         ))
                     }
                 };
-                reg.namespace(instance, ns)?.call(meta)
+                let purge = match &meta {
+                    Request::Purge { ino, .. } => Some(*ino),
+                    _ => None,
+                };
+                let resp = reg.namespace(instance, ns)?.call(meta);
+                let forgotten = match &resp {
+                    Response::Unlinked(u) if u.purged => Some(u.ino),
+                    Response::Renamed {
+                        replaced: Some(u), ..
+                    } if u.purged => Some(u.ino),
+                    Response::Ok => purge,
+                    _ => None,
+                };
+                if let Some(ino) = forgotten {
+                    reg.remove_local_objects(instance, surge_core::FileId { ns, ino });
+                }
+                resp
             }
         })
     })();

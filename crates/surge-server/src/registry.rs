@@ -371,6 +371,29 @@ impl Registry {
         }))
     }
 
+    /// Removes the objects of a file the metadata server has just forgotten from the fragments of
+    /// its instance that live on this server. The client removes objects holding data on other
+    /// servers, but cannot know of empty ones (a passthrough open creates its object; a truncate
+    /// to zero keeps it), which would otherwise stay behind.
+    pub fn remove_local_objects(&self, instance: InstanceId, file: surge_core::FileId) {
+        let frags: Vec<Arc<Fragment>> = self
+            .fragments
+            .read()
+            .iter()
+            .filter(|((i, _), _)| *i == instance)
+            .map(|(_, f)| f.clone())
+            .collect();
+        for f in frags {
+            if let Err(e) = f.remove(file) {
+                tracing::warn!(
+                    "cannot remove the object of forgotten inode {}: {}",
+                    file.ino,
+                    e.message
+                );
+            }
+        }
+    }
+
     pub fn namespace(
         &self,
         instance: InstanceId,
