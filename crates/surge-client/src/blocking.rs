@@ -29,14 +29,14 @@ impl Read for Stream {
             Stream::Tcp(s) => {
                 surge_proto::transport::poll_readable(
                     s.as_raw_fd(),
-                    surge_proto::transport::POLL_BEFORE_SLEEP,
+                    surge_proto::transport::poll_budget("client"),
                 );
                 s.read(buf)
             }
             Stream::Unix(s) => {
                 surge_proto::transport::poll_readable(
                     s.as_raw_fd(),
-                    surge_proto::transport::POLL_BEFORE_SLEEP,
+                    surge_proto::transport::poll_budget("client"),
                 );
                 s.read(buf)
             }

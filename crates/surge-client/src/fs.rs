@@ -133,7 +133,17 @@ pub struct Fs {
     /// Kernel passthrough is possible (the kernel granted it and the instance's one fragment
     /// is on this host); cleared for good at the first sign it is not.
     passthrough: std::sync::atomic::AtomicBool,
+    /// Directory attributes returned with this node's own changes in them (create, unlink,
+    /// rmdir), and when: the change invalidates the kernel's copy and the kernel asks for them
+    /// right after (to check search permission on the next path walk). Answered from here, once
+    /// each, while younger than the attribute TTL, so the kernel's question costs no round trip.
+    fresh_dirs: Mutex<HashMap<Ino, (Attr, std::time::Instant)>>,
+    /// How long an entry of `fresh_dirs` may answer (the mount's attribute TTL; zero: never).
+    fresh_ttl: Mutex<std::time::Duration>,
 }
+
+/// Bound on `Fs::fresh_dirs` (cleared when reached; entries are taken at once in practice).
+const MAX_FRESH_DIRS: usize = 4096;
 
 /// Size and mtime of a backing file.
 fn backing_state(f: &std::fs::File) -> Option<(u64, Timestamp)> {
@@ -149,7 +159,35 @@ impl Fs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             passthrough: std::sync::atomic::AtomicBool::new(false),
+            fresh_dirs: Mutex::new(HashMap::new()),
+            fresh_ttl: Mutex::new(std::time::Duration::ZERO),
         }
+    }
+
+    /// Lets directory attributes returned with this node's changes answer the kernel's next
+    /// `getattr` of that directory for up to `ttl` (the mount's attribute TTL; zero: never).
+    pub fn set_fresh_dir_ttl(&self, ttl: std::time::Duration) {
+        *self.fresh_ttl.lock() = ttl;
+    }
+
+    fn note_dir(&self, a: Attr) {
+        if self.fresh_ttl.lock().is_zero() {
+            return;
+        }
+        let mut dirs = self.fresh_dirs.lock();
+        if dirs.len() >= MAX_FRESH_DIRS {
+            dirs.clear();
+        }
+        dirs.insert(a.ino, (a, std::time::Instant::now()));
+    }
+
+    fn forget_dir(&self, ino: Ino) {
+        self.fresh_dirs.lock().remove(&ino);
+    }
+
+    fn take_fresh_dir(&self, ino: Ino) -> Option<Attr> {
+        let (a, at) = self.fresh_dirs.lock().remove(&ino)?;
+        (at.elapsed() < *self.fresh_ttl.lock()).then_some(a)
     }
 
     /// Stops using passthrough (the kernel refused a backing file).
@@ -247,11 +285,15 @@ impl Fs {
     }
 
     pub async fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        if let Some(a) = self.take_fresh_dir(ino) {
+            return Ok(self.observe(a, false));
+        }
         let a = self.client.getattr(ino).await.map_err(stale)?;
         Ok(self.observe(a, false))
     }
 
     pub async fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        self.forget_dir(ino);
         let mut set = set;
         let open_size = {
             let inodes = self.inodes.lock();
@@ -364,10 +406,11 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
-        let a = self
+        let (a, dir) = self
             .client
-            .create(parent, name, NewNode::File, perm, uid, gid)
+            .create_in(parent, name, NewNode::File, perm, uid, gid)
             .await?;
+        self.note_dir(dir);
         let backing = self.backing_for(a.ino).await;
         let fh = self.new_handle(a.ino);
         {
@@ -678,10 +721,11 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
-        let a = self
+        let (a, dir) = self
             .client
-            .create(parent, name, NewNode::File, perm, uid, gid)
+            .create_in(parent, name, NewNode::File, perm, uid, gid)
             .await?;
+        self.note_dir(dir);
         Ok(self.observe(a, true))
     }
 
@@ -693,10 +737,11 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
-        let a = self
+        let (a, dir) = self
             .client
-            .create(parent, name, NewNode::Dir, perm, uid, gid)
+            .create_in(parent, name, NewNode::Dir, perm, uid, gid)
             .await?;
+        self.note_dir(dir);
         Ok(self.observe(a, true))
     }
 
@@ -708,9 +753,9 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
-        let a = self
+        let (a, dir) = self
             .client
-            .create(
+            .create_in(
                 parent,
                 name,
                 NewNode::Symlink {
@@ -721,10 +766,12 @@ impl Fs {
                 gid,
             )
             .await?;
+        self.note_dir(dir);
         Ok(self.observe(a, true))
     }
 
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
+        self.forget_dir(new_parent);
         let a = self.client.link(ino, new_parent, new_name).await?;
         Ok(self.observe(a, true))
     }
@@ -734,13 +781,21 @@ impl Fs {
     }
 
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        let u = self.client.unlink(parent, name, self.keep_open()).await?;
+        let (u, dir) = self
+            .client
+            .unlink_in(parent, name, self.keep_open())
+            .await?;
+        self.note_dir(dir);
         self.orphaned(u).await;
         Ok(())
     }
 
     pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        Ok(self.client.rmdir(parent, name).await?)
+        let dir = self.client.rmdir(parent, name).await?;
+        // The removed directory itself may have an entry.
+        self.fresh_dirs.lock().clear();
+        self.note_dir(dir);
+        Ok(())
     }
 
     pub async fn rename(
@@ -751,6 +806,8 @@ impl Fs {
         new_name: &[u8],
         flags: u32,
     ) -> FsResult<()> {
+        // Moves a directory's `..` and ctime too: drop every entry.
+        self.fresh_dirs.lock().clear();
         let replaced = self
             .client
             .rename(parent, name, new_parent, new_name, flags, self.keep_open())

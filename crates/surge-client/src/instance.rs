@@ -178,21 +178,45 @@ impl InstanceClient {
         self.setattr_meta(ino, set).await
     }
 
-    metadata_call!(create(this, parent: Ino, name: &[u8], node: NewNode, perm: u16, uid: u32, gid: u32) -> Attr,
+    metadata_call!(
+        /// Creates a node; returns its attributes and its parent directory's after the change.
+        create_in(this, parent: Ino, name: &[u8], node: NewNode, perm: u16, uid: u32, gid: u32) -> (Attr, Attr),
         Request::Create { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), node, perm, uid, gid },
-        Response::Attr(a) => a);
+        Response::Created { attr, parent } => (attr, parent));
+
+    /// Creates a node; returns its attributes.
+    pub async fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: NewNode,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        Ok(self.create_in(parent, name, node, perm, uid, gid).await?.0)
+    }
 
     metadata_call!(link(this, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Attr,
         Request::Link { instance: this.instance(), ns: this.ns, ino, new_parent, new_name: new_name.to_vec() },
         Response::Attr(a) => a);
 
-    metadata_call!(unlink(this, parent: Ino, name: &[u8], keep: KeepOpen) -> Unlinked,
+    metadata_call!(
+        /// Removes a name; returns what became of its inode and the parent's attributes after.
+        unlink_in(this, parent: Ino, name: &[u8], keep: KeepOpen) -> (Unlinked, Attr),
         Request::Unlink { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), keep },
-        Response::Unlinked(u) => u);
+        Response::Removed { unlinked, parent } => (unlinked, parent));
 
-    metadata_call!(rmdir(this, parent: Ino, name: &[u8]) -> (),
+    /// Removes a name; returns what became of its inode.
+    pub async fn unlink(&self, parent: Ino, name: &[u8], keep: KeepOpen) -> Result<Unlinked> {
+        Ok(self.unlink_in(parent, name, keep).await?.0)
+    }
+
+    metadata_call!(
+        /// Removes an empty directory; returns the parent's attributes after.
+        rmdir(this, parent: Ino, name: &[u8]) -> Attr,
         Request::Rmdir { instance: this.instance(), ns: this.ns, parent, name: name.to_vec() },
-        Response::Ok => ());
+        Response::DirChanged(a) => a);
 
     metadata_call!(rename(this, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: u32, keep: KeepOpen) -> Option<Unlinked>,
         Request::Rename { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags, keep },

@@ -111,6 +111,7 @@ pub fn mount(
     config.clone_fd = true;
 
     let fs = Arc::new(Fs::new(Arc::new(client)));
+    fs.set_fresh_dir_ttl(opts.ttl.attr);
     let notifier = Arc::new(OnceLock::new());
     let adapter = FuseAdapter::new(
         fs,

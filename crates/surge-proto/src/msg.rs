@@ -442,6 +442,21 @@ pub enum Response {
     NamespaceStats {
         inodes: u64,
     },
+    // Added after the others to keep their encoding. Replies to namespace changes carry the
+    // parent directory's attributes after the change: the kernel asks for them right after
+    // (the change invalidated its copy), and the client can answer without a round trip.
+    /// Reply to `Create`.
+    Created {
+        attr: Attr,
+        parent: Attr,
+    },
+    /// Reply to `Unlink`.
+    Removed {
+        unlinked: Unlinked,
+        parent: Attr,
+    },
+    /// Reply to `Rmdir`: the parent directory's attributes.
+    DirChanged(Attr),
 }
 
 /// A typed error, mapped to an errno at the client.

@@ -85,6 +85,20 @@ impl Transport for SocketTransport {
 /// round trip itself, so a short poll halves the latency at the cost of a little CPU.
 pub const POLL_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(50);
 
+/// The poll budget for `side` ("client" or "server"): [`POLL_BEFORE_SLEEP`] unless
+/// `SURGE_POLL_US_<SIDE>` (microseconds; 0 turns polling off) says otherwise. Read once.
+pub fn poll_budget(side: &'static str) -> std::time::Duration {
+    static CLIENT: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    static SERVER: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    let cell = if side == "server" { &SERVER } else { &CLIENT };
+    *cell.get_or_init(|| {
+        std::env::var(format!("SURGE_POLL_US_{}", side.to_uppercase()))
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(POLL_BEFORE_SLEEP, std::time::Duration::from_micros)
+    })
+}
+
 /// Polls (without blocking) until `fd` has data to read or `max` has passed.
 pub fn poll_readable(fd: std::os::fd::RawFd, max: std::time::Duration) {
     let start = std::time::Instant::now();
@@ -111,7 +125,7 @@ pub struct Polled<S>(pub S);
 
 impl<S: std::io::Read + std::os::fd::AsRawFd> std::io::Read for Polled<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        poll_readable(self.0.as_raw_fd(), POLL_BEFORE_SLEEP);
+        poll_readable(self.0.as_raw_fd(), poll_budget("server"));
         self.0.read(buf)
     }
 }

@@ -159,7 +159,7 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                 };
                 let resp = reg.namespace(instance, ns)?.call(meta);
                 let forgotten = match &resp {
-                    Response::Unlinked(u) if u.purged => Some(u.ino),
+                    Response::Removed { unlinked: u, .. } if u.purged => Some(u.ino),
                     Response::Renamed {
                         replaced: Some(u), ..
                     } if u.purged => Some(u.ino),

@@ -111,7 +111,10 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             uid,
             gid,
             ..
-        } => Response::Attr(ops.create(*parent, name, node, *perm, *uid, *gid)?),
+        } => Response::Created {
+            attr: ops.create(*parent, name, node, *perm, *uid, *gid)?,
+            parent: ops.getattr(*parent)?,
+        },
         Request::Link {
             ino,
             new_parent,
@@ -120,10 +123,13 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         } => Response::Attr(ops.link(*ino, *new_parent, new_name)?),
         Request::Unlink {
             parent, name, keep, ..
-        } => Response::Unlinked(ops.unlink(*parent, name, keep)?),
+        } => Response::Removed {
+            unlinked: ops.unlink(*parent, name, keep)?,
+            parent: ops.getattr(*parent)?,
+        },
         Request::Rmdir { parent, name, .. } => {
             ops.rmdir(*parent, name)?;
-            Response::Ok
+            Response::DirChanged(ops.getattr(*parent)?)
         }
         Request::Rename {
             parent,
