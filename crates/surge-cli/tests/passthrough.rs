@@ -11,19 +11,41 @@ fn root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-#[test]
-fn passthrough_writes_are_committed_accounted_and_seen_by_other_nodes() {
-    if skip_without_fuse("passthrough_writes_are_committed_accounted_and_seen_by_other_nodes") {
-        return;
+/// A one-fragment instance of `capacity` on one local server, mounted twice: with passthrough
+/// (`fast`) and without (`other`, standing for another node). `None` (with the reason printed)
+/// without `/dev/fuse` or root.
+fn setup(test: &str, capacity: &str) -> Option<(Cluster, Mount, Mount)> {
+    if skip_without_fuse(test) {
+        return None;
     }
     if !root() {
-        eprintln!("SKIPPED passthrough_writes_are_committed_accounted_and_seen_by_other_nodes: needs root");
-        return;
+        eprintln!("SKIPPED {test}: needs root");
+        return None;
     }
     let c = Cluster::start(1, "1GiB");
-    let id = c.create_instance("512MiB", "8MiB", &[]);
+    let id = c.create_instance(capacity, "8MiB", &[]);
     let fast = Mount::new(&c, id, 0);
     let other = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    Some((c, fast, other))
+}
+
+/// Bytes the server at `addr` counts as used (`surge server status --json`).
+fn server_used(addr: &str) -> u64 {
+    let st: serde_json::Value =
+        serde_json::from_str(&surge(&["server", "status", "--json", addr])).unwrap();
+    st[0]["used"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no used bytes in {st}"))
+}
+
+#[test]
+fn passthrough_writes_are_committed_accounted_and_seen_by_other_nodes() {
+    let Some((c, fast, other)) = setup(
+        "passthrough_writes_are_committed_accounted_and_seen_by_other_nodes",
+        "512MiB",
+    ) else {
+        return;
+    };
     let mut data = vec![0u8; 24 << 20];
     Rng(9).fill(&mut data);
     let mut f = std::fs::File::create(fast.path("big")).unwrap();
@@ -41,9 +63,8 @@ fn passthrough_writes_are_committed_accounted_and_seen_by_other_nodes() {
     // Another node reads it after close, through the servers.
     assert!(std::fs::read(other.path("big")).unwrap() == data);
     // The servers accounted for what the kernel wrote directly.
-    let st: serde_json::Value =
-        serde_json::from_str(&surge(&["server", "status", "--json", &c.servers[0].addr])).unwrap();
-    assert!(st[0]["used"].as_u64().unwrap() >= 24 << 20, "{st}");
+    let used = server_used(&c.servers[0].addr);
+    assert!(used >= 24 << 20, "used {used}");
     // And the other way: written by the other node, read through passthrough.
     std::fs::write(other.path("small"), b"from the other node").unwrap();
     assert_eq!(
@@ -66,20 +87,14 @@ fn passthrough_writes_are_committed_accounted_and_seen_by_other_nodes() {
 
 #[test]
 fn fallocate_on_a_passthrough_file_reserves_space_and_extends_it() {
-    let test = "fallocate_on_a_passthrough_file_reserves_space_and_extends_it";
-    if skip_without_fuse(test) {
-        return;
-    }
-    if !root() {
-        eprintln!("SKIPPED {test}: needs root");
-        return;
-    }
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
-    let c = Cluster::start(1, "1GiB");
-    let id = c.create_instance("64MiB", "8MiB", &[]);
-    let fast = Mount::new(&c, id, 0);
-    let other = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    let Some((c, fast, other)) = setup(
+        "fallocate_on_a_passthrough_file_reserves_space_and_extends_it",
+        "64MiB",
+    ) else {
+        return;
+    };
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -92,13 +107,8 @@ fn fallocate_on_a_passthrough_file_reserves_space_and_extends_it() {
     assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
     assert_eq!(f.metadata().unwrap().len(), 16 << 20);
     // Reserved before any write: the server counts it.
-    let used = || -> u64 {
-        let st: serde_json::Value =
-            serde_json::from_str(&surge(&["server", "status", "--json", &c.servers[0].addr]))
-                .unwrap();
-        st[0]["used"].as_u64().unwrap()
-    };
-    assert!(used() >= 16 << 20, "used {}", used());
+    let used = server_used(&c.servers[0].addr);
+    assert!(used >= 16 << 20, "used {used}");
     // A reservation past the capacity fails and changes nothing.
     // SAFETY: as above.
     let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 128 << 20) };
@@ -140,18 +150,9 @@ fn objects_on(device: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn removed_files_leave_no_objects_behind() {
-    let test = "removed_files_leave_no_objects_behind";
-    if skip_without_fuse(test) {
+    let Some((c, fast, other)) = setup("removed_files_leave_no_objects_behind", "64MiB") else {
         return;
-    }
-    if !root() {
-        eprintln!("SKIPPED {test}: needs root");
-        return;
-    }
-    let c = Cluster::start(1, "1GiB");
-    let id = c.create_instance("64MiB", "8MiB", &[]);
-    let fast = Mount::new(&c, id, 0);
-    let other = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    };
     // Empty files (their objects are created by the passthrough open), written ones, one
     // truncated to zero, one replaced by a rename; removed on this node and on the other.
     for i in 0..20 {

@@ -22,24 +22,26 @@ enum Stream {
     Unix(UnixStream),
 }
 
+impl std::os::fd::AsRawFd for Stream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::fd::AsRawFd;
+        // A reply is expected soon: see `poll_budget`.
+        surge_proto::transport::poll_readable(
+            self.as_raw_fd(),
+            surge_proto::transport::poll_budget("client"),
+        );
         match self {
-            Stream::Tcp(s) => {
-                surge_proto::transport::poll_readable(
-                    s.as_raw_fd(),
-                    surge_proto::transport::poll_budget("client"),
-                );
-                s.read(buf)
-            }
-            Stream::Unix(s) => {
-                surge_proto::transport::poll_readable(
-                    s.as_raw_fd(),
-                    surge_proto::transport::poll_budget("client"),
-                );
-                s.read(buf)
-            }
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
         }
     }
 }

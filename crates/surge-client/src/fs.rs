@@ -139,7 +139,7 @@ pub struct Fs {
     /// each, while younger than the attribute TTL, so the kernel's question costs no round trip.
     fresh_dirs: Mutex<HashMap<Ino, (Attr, std::time::Instant)>>,
     /// How long an entry of `fresh_dirs` may answer (the mount's attribute TTL; zero: never).
-    fresh_ttl: Mutex<std::time::Duration>,
+    fresh_ttl: std::time::Duration,
 }
 
 /// Bound on `Fs::fresh_dirs` (cleared when reached; entries are taken at once in practice).
@@ -152,7 +152,10 @@ fn backing_state(f: &std::fs::File) -> Option<(u64, Timestamp)> {
 }
 
 impl Fs {
-    pub fn new(client: Arc<InstanceClient>) -> Fs {
+    /// `fresh_dir_ttl`: how long directory attributes returned with this node's own changes
+    /// may answer the kernel's next `getattr` of that directory (the mount's attribute TTL;
+    /// zero: never).
+    pub fn new(client: Arc<InstanceClient>, fresh_dir_ttl: std::time::Duration) -> Fs {
         Fs {
             client,
             inodes: Mutex::new(HashMap::new()),
@@ -160,18 +163,12 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             passthrough: std::sync::atomic::AtomicBool::new(false),
             fresh_dirs: Mutex::new(HashMap::new()),
-            fresh_ttl: Mutex::new(std::time::Duration::ZERO),
+            fresh_ttl: fresh_dir_ttl,
         }
     }
 
-    /// Lets directory attributes returned with this node's changes answer the kernel's next
-    /// `getattr` of that directory for up to `ttl` (the mount's attribute TTL; zero: never).
-    pub fn set_fresh_dir_ttl(&self, ttl: std::time::Duration) {
-        *self.fresh_ttl.lock() = ttl;
-    }
-
     fn note_dir(&self, a: Attr) {
-        if self.fresh_ttl.lock().is_zero() {
+        if self.fresh_ttl.is_zero() {
             return;
         }
         let mut dirs = self.fresh_dirs.lock();
@@ -187,7 +184,7 @@ impl Fs {
 
     fn take_fresh_dir(&self, ino: Ino) -> Option<Attr> {
         let (a, at) = self.fresh_dirs.lock().remove(&ino)?;
-        (at.elapsed() < *self.fresh_ttl.lock()).then_some(a)
+        (at.elapsed() < self.fresh_ttl).then_some(a)
     }
 
     /// Stops using passthrough (the kernel refused a backing file).

@@ -173,6 +173,31 @@ impl Fragment {
         Ok(())
     }
 
+    /// Reserves in `used` what a change ending at `end` and `len` bytes long may newly allocate
+    /// in an object whose (size, allocated bytes) are `st`: nothing when it only covers a fully
+    /// allocated region, else at most its length rounded out to whole blocks. `NoSpace` (nothing
+    /// reserved) when that could pass the capacity. The caller gives the returned bytes back
+    /// once the object has been measured again.
+    fn reserve(&self, st: (u64, u64), end: u64, len: u64) -> Result<u64, ErrorReply> {
+        let (size, alloc) = st;
+        if end <= size && alloc >= size {
+            return Ok(0);
+        }
+        let growth = len.div_ceil(BLOCK) * BLOCK + BLOCK;
+        let before = self.used.fetch_add(growth, Ordering::Relaxed);
+        if before + growth > self.capacity {
+            self.used.fetch_sub(growth, Ordering::Relaxed);
+            return Err(ErrorReply::new(
+                ErrorCode::NoSpace,
+                format!(
+                    "fragment {} of instance {} cannot take {len} more bytes ({} of {} bytes used)",
+                    self.index, self.instance, before, self.capacity
+                ),
+            ));
+        }
+        Ok(growth)
+    }
+
     pub fn write(&self, file: FileId, offset: u64, data: &[u8]) -> Result<u64, ErrorReply> {
         let len = data.len() as u64;
         let end = offset
@@ -183,31 +208,9 @@ impl Fragment {
         };
         let path = self.object_path(file);
         let mut st = obj.state.lock();
-        // Bytes this write may newly allocate: none when it only overwrites a fully allocated
-        // region, else at most its length rounded out to whole blocks.
-        let (size, alloc) = *st;
-        let growth = if end <= size && alloc >= size {
-            0
-        } else {
-            len.div_ceil(BLOCK) * BLOCK + BLOCK
-        };
-        if growth > 0 {
-            let before = self.used.fetch_add(growth, Ordering::Relaxed);
-            if before + growth > self.capacity {
-                self.used.fetch_sub(growth, Ordering::Relaxed);
-                return Err(ErrorReply::new(
-                    ErrorCode::NoSpace,
-                    format!(
-                        "fragment {} of instance {} is full ({} of {} bytes used)",
-                        self.index, self.instance, before, self.capacity
-                    ),
-                ));
-            }
-        }
+        let growth = self.reserve(*st, end, len)?;
         let res = obj.file.write_all_at(data, offset);
-        if growth > 0 {
-            self.used.fetch_sub(growth, Ordering::Relaxed);
-        }
+        self.used.fetch_sub(growth, Ordering::Relaxed);
         let acct = self.account(file, &obj, &mut st, &path);
         res.map_err(|e| io_err("cannot write object", &path, e))?;
         acct?;
@@ -277,25 +280,11 @@ impl Fragment {
         };
         let path = self.object_path(file);
         let mut st = obj.state.lock();
-        let (size, alloc) = *st;
-        let growth = if punch || (end <= size && alloc >= size) {
+        let growth = if punch {
             0
         } else {
-            len.div_ceil(BLOCK) * BLOCK + BLOCK
+            self.reserve(*st, end, len)?
         };
-        if growth > 0 {
-            let before = self.used.fetch_add(growth, Ordering::Relaxed);
-            if before + growth > self.capacity {
-                self.used.fetch_sub(growth, Ordering::Relaxed);
-                return Err(ErrorReply::new(
-                    ErrorCode::NoSpace,
-                    format!(
-                        "fragment {} of instance {} cannot allocate {len} bytes ({} of {} bytes used)",
-                        self.index, self.instance, before, self.capacity
-                    ),
-                ));
-            }
-        }
         let flags = match mode {
             AllocMode::Allocate => 0,
             AllocMode::KeepSize => libc::FALLOC_FL_KEEP_SIZE,
@@ -315,9 +304,7 @@ impl Fragment {
         } else {
             Err(io::Error::last_os_error())
         };
-        if growth > 0 {
-            self.used.fetch_sub(growth, Ordering::Relaxed);
-        }
+        self.used.fetch_sub(growth, Ordering::Relaxed);
         let acct = self.account(file, &obj, &mut st, &path);
         res.map_err(|e| io_err("cannot fallocate object", &path, e))?;
         acct
