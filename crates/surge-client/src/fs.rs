@@ -128,6 +128,9 @@ const READDIR_PAGE: u32 = 256;
 pub struct Fs {
     client: Arc<InstanceClient>,
     inodes: Mutex<HashMap<Ino, Inode>>,
+    /// The inodes with `opens > 0`, changed only under the `inodes` lock: what an unlink
+    /// sends as [`KeepOpen`] without scanning every inode the kernel knows.
+    open_inos: Mutex<std::collections::BTreeSet<Ino>>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     /// Kernel passthrough is possible (the kernel granted it and the instance's one fragment
@@ -159,6 +162,7 @@ impl Fs {
         Fs {
             client,
             inodes: Mutex::new(HashMap::new()),
+            open_inos: Mutex::new(std::collections::BTreeSet::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             passthrough: std::sync::atomic::AtomicBool::new(false),
@@ -386,6 +390,9 @@ impl Fs {
             i.size = i.size.max(a.size);
         }
         i.seen = Some(now);
+        if i.opens == 0 {
+            self.open_inos.lock().insert(ino);
+        }
         i.opens += 1;
         Ok(Opened {
             fh,
@@ -414,6 +421,9 @@ impl Fs {
             let mut inodes = self.inodes.lock();
             let i = inodes.entry(a.ino).or_default();
             i.lookups += 1;
+            if i.opens == 0 {
+                self.open_inos.lock().insert(a.ino);
+            }
             i.opens += 1;
             i.size = 0;
             i.seen = Some((a.mtime, a.size));
@@ -578,6 +588,7 @@ impl Fs {
         }
         i.opens = i.opens.saturating_sub(1);
         if i.opens == 0 {
+            self.open_inos.lock().remove(&ino);
             i.backing = None;
             i.backing_committed = None;
             if i.lookups == 0 {
@@ -632,6 +643,7 @@ impl Fs {
             if let Some(i) = inodes.get_mut(&ino) {
                 i.opens = i.opens.saturating_sub(1);
                 if i.opens == 0 {
+                    self.open_inos.lock().remove(&ino);
                     changed = i.backing.take().is_some() && std::mem::take(&mut i.backing_changed);
                     i.backing_committed = None;
                     if i.unlinked {
@@ -666,13 +678,7 @@ impl Fs {
     /// The inodes open on this node, which the metadata server must not forget when their last
     /// name goes (beyond a bound, keep every orphan and purge later).
     fn keep_open(&self) -> KeepOpen {
-        let inodes = self.inodes.lock();
-        let open: Vec<Ino> = inodes
-            .iter()
-            .filter(|(_, i)| i.opens > 0)
-            .map(|(k, _)| *k)
-            .take(1025)
-            .collect();
+        let open: Vec<Ino> = self.open_inos.lock().iter().copied().take(1025).collect();
         if open.len() > 1024 {
             KeepOpen::All
         } else {
