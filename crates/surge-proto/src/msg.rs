@@ -73,6 +73,10 @@ pub struct Attr {
     pub atime: Timestamp,
     pub mtime: Timestamp,
     pub ctime: Timestamp,
+    /// Directories: bumped by exactly one at every change of their entries (persistent, never
+    /// goes back), so a client that sees `change + 1` after its own change of a directory knows
+    /// nobody else changed it in between. Zero for other kinds.
+    pub change: u64,
 }
 
 /// A time to set: the metadata server's clock, or a given time.

@@ -46,8 +46,8 @@ fn kind_from(code: i64) -> FileKind {
     }
 }
 
-const ATTR_COLS: &str =
-    "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, ctime_s, ctime_ns";
+const ATTR_COLS: &str = "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, \
+     ctime_s, ctime_ns, change";
 
 fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
     let ts = |i: usize| -> rusqlite::Result<Timestamp> {
@@ -67,6 +67,7 @@ fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
         atime: ts(7)?,
         mtime: ts(9)?,
         ctime: ts(11)?,
+        change: r.get::<_, i64>(base + 13)? as u64,
     })
 }
 
@@ -109,7 +110,8 @@ pub fn open(
             mtime_s INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
             ctime_s INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
             parent INTEGER NOT NULL,
-            target BLOB);
+            target BLOB,
+            change INTEGER NOT NULL DEFAULT 0);
          CREATE TABLE IF NOT EXISTS dentries(
             id INTEGER PRIMARY KEY,
             parent INTEGER NOT NULL, name BLOB NOT NULL,
@@ -117,6 +119,15 @@ pub fn open(
             UNIQUE(parent, name));
          CREATE INDEX IF NOT EXISTS dentries_by_parent ON dentries(parent, id);",
     )?;
+    // Stores made before directories had a change counter.
+    let has_change: bool = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('inodes') WHERE name = 'change'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !has_change {
+        conn.execute_batch("ALTER TABLE inodes ADD COLUMN change INTEGER NOT NULL DEFAULT 0")?;
+    }
     let now = Timestamp::now();
     conn.execute(
         "INSERT OR IGNORE INTO inodes(ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
@@ -211,7 +222,7 @@ impl Ops<'_> {
         self.tx
             .prepare_cached(
                 "UPDATE inodes SET nlink = nlink + ?2, mtime_s = ?3, mtime_ns = ?4,
-                 ctime_s = ?3, ctime_ns = ?4 WHERE ino = ?1",
+                 ctime_s = ?3, ctime_ns = ?4, change = change + 1 WHERE ino = ?1",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -324,6 +335,7 @@ impl Ops<'_> {
             atime: now,
             mtime: now,
             ctime: now,
+            change: 0,
         })
     }
 
@@ -820,6 +832,83 @@ mod tests {
             ErrorCode::IsDir
         );
         assert_eq!(code(ops.rmdir(d.ino, b"f")), ErrorCode::NotDir);
+    }
+
+    #[test]
+    fn every_entry_change_bumps_the_directory_change_by_one() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        let change = |ino| ops.getattr(ino).unwrap().change;
+        assert_eq!(change(d.ino), 0);
+        let mut expect = 0;
+        let mut step = |what: &str, ino: Ino| {
+            expect += 1;
+            assert_eq!(change(ino), expect, "after {what}");
+        };
+        let f = ops
+            .create(d.ino, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        step("create", d.ino);
+        ops.create(d.ino, b"s", &NewNode::Symlink { target: b"f".to_vec() }, 0o777, 1, 1)
+            .unwrap();
+        step("symlink", d.ino);
+        ops.create(d.ino, b"sub", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        step("mkdir", d.ino);
+        ops.link(f.ino, d.ino, b"g").unwrap();
+        step("link", d.ino);
+        ops.unlink(d.ino, b"g", &KeepOpen::All).unwrap();
+        step("unlink", d.ino);
+        ops.rmdir(d.ino, b"sub").unwrap();
+        step("rmdir", d.ino);
+        // Neither reads nor attribute changes count.
+        ops.lookup(d.ino, b"f").unwrap();
+        ops.setattr(
+            d.ino,
+            &SetAttr {
+                perm: Some(0o700),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(change(d.ino), expect);
+        // A rename changes both directories (it may count twice; clients only need a bump).
+        let before = change(ROOT_INO);
+        ops.rename(d.ino, b"f", ROOT_INO, b"f", 0, &KeepOpen::All)
+            .unwrap();
+        assert!(change(d.ino) > expect && change(ROOT_INO) > before);
+        assert_eq!(change(f.ino), 0, "files have no change counter");
+    }
+
+    #[test]
+    fn stores_without_the_change_column_are_upgraded() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("m.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE inodes(
+                    ino INTEGER PRIMARY KEY AUTOINCREMENT,
+                    kind INTEGER NOT NULL, perm INTEGER NOT NULL, nlink INTEGER NOT NULL,
+                    uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
+                    atime_s INTEGER NOT NULL, atime_ns INTEGER NOT NULL,
+                    mtime_s INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+                    ctime_s INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+                    parent INTEGER NOT NULL,
+                    target BLOB);
+                 INSERT INTO inodes VALUES (1, 2, 493, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, NULL);",
+            )
+            .unwrap();
+        }
+        let c = open(&path, 0, 0, 0o755).unwrap();
+        let ops = Ops { tx: &c };
+        assert_eq!(ops.getattr(ROOT_INO).unwrap().change, 0);
+        ops.create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        assert_eq!(ops.getattr(ROOT_INO).unwrap().change, 1);
     }
 
     #[test]
