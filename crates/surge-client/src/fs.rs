@@ -15,7 +15,7 @@
 use crate::error::ClientError;
 use crate::instance::{InstanceClient, Usage};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use surge_core::Ino;
@@ -143,7 +143,24 @@ pub struct Fs {
     fresh_dirs: Mutex<HashMap<Ino, (Attr, std::time::Instant)>>,
     /// How long an entry of `fresh_dirs` may answer (the mount's attribute TTL; zero: never).
     fresh_ttl: std::time::Duration,
+    /// Directories whose every name this node knows: made here, and changed by nobody else
+    /// since (each change here returned the directory's change counter one above the last).
+    /// A lookup of a name not in the listing is answered "no such entry" without a round
+    /// trip while the listing is younger than `fresh_ttl`: the kernel's first question before
+    /// every create. Another node's new name may stay unseen that long, as the kernel's own
+    /// cached entries may.
+    listings: Mutex<HashMap<Ino, Listing>>,
 }
+
+struct Listing {
+    names: HashSet<Vec<u8>>,
+    change: u64,
+    at: std::time::Instant,
+}
+
+/// Bounds on `Fs::listings`: directories, and names in one (beyond: forgotten).
+const MAX_LISTINGS: usize = 1024;
+const MAX_LISTED_NAMES: usize = 1 << 20;
 
 /// Bound on `Fs::fresh_dirs` (cleared when reached; entries are taken at once in practice).
 const MAX_FRESH_DIRS: usize = 4096;
@@ -168,7 +185,59 @@ impl Fs {
             passthrough: std::sync::atomic::AtomicBool::new(false),
             fresh_dirs: Mutex::new(HashMap::new()),
             fresh_ttl: fresh_dir_ttl,
+            listings: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// `dir` was just made here: it is empty.
+    fn listing_new(&self, dir: &Attr) {
+        if self.fresh_ttl.is_zero() {
+            return;
+        }
+        let mut l = self.listings.lock();
+        if l.len() >= MAX_LISTINGS {
+            l.clear();
+        }
+        l.insert(
+            dir.ino,
+            Listing {
+                names: HashSet::new(),
+                change: dir.change,
+                at: std::time::Instant::now(),
+            },
+        );
+    }
+
+    /// This node added (`present`) or removed `name` in a directory, which is now `dir`.
+    fn listing_update(&self, dir: &Attr, name: &[u8], present: bool) {
+        let mut listings = self.listings.lock();
+        let Some(l) = listings.get_mut(&dir.ino) else {
+            return;
+        };
+        if dir.change != l.change.wrapping_add(1) || l.names.len() >= MAX_LISTED_NAMES {
+            // Somebody else changed it too (or it grew too big to keep).
+            listings.remove(&dir.ino);
+            return;
+        }
+        if present {
+            l.names.insert(name.to_vec());
+        } else {
+            l.names.remove(name);
+        }
+        l.change = dir.change;
+        l.at = std::time::Instant::now();
+    }
+
+    fn listing_drop(&self, ino: Ino) {
+        self.listings.lock().remove(&ino);
+    }
+
+    /// True when `name` is known not to be in `parent` (see `Fs::listings`).
+    fn known_absent(&self, parent: Ino, name: &[u8]) -> bool {
+        self.listings
+            .lock()
+            .get(&parent)
+            .is_some_and(|l| l.at.elapsed() < self.fresh_ttl && !l.names.contains(name))
     }
 
     fn note_dir(&self, a: Attr) {
@@ -238,6 +307,12 @@ impl Fs {
     /// Overlays this node's view (size, mtime of writes not yet committed) on attributes from
     /// the metadata server and records what was seen.
     fn observe(&self, mut a: Attr, lookup: bool) -> Attr {
+        if a.kind == FileKind::Dir {
+            let mut listings = self.listings.lock();
+            if listings.get(&a.ino).is_some_and(|l| l.change != a.change) {
+                listings.remove(&a.ino);
+            }
+        }
         let mut inodes = self.inodes.lock();
         let ino = inodes.entry(a.ino).or_default();
         if lookup {
@@ -270,6 +345,9 @@ impl Fs {
     }
 
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        if self.known_absent(parent, name) {
+            return Err(FsError::new(libc::ENOENT, "no such entry"));
+        }
         let a = self.client.lookup(parent, name).await?;
         Ok(self.observe(a, true))
     }
@@ -409,12 +487,17 @@ impl Fs {
         perm: u16,
         uid: u32,
         gid: u32,
+        flags: i32,
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
-        let (a, dir) = self
-            .client
-            .create_in(parent, name, NewNode::File, perm, uid, gid)
-            .await?;
-        self.note_dir(dir);
+        let a = match self.make(parent, name, NewNode::File, perm, uid, gid).await {
+            Ok(a) => a,
+            // The name appeared after the kernel's lookup (another node made it): without
+            // O_EXCL, open(2) opens what is there.
+            Err(e) if e.errno == libc::EEXIST && flags & libc::O_EXCL == 0 => {
+                return self.open_existing(parent, name, flags).await;
+            }
+            Err(e) => return Err(e),
+        };
         let backing = self.backing_for(a.ino).await;
         let fh = self.new_handle(a.ino);
         {
@@ -715,6 +798,70 @@ impl Fs {
         self.purge(u.ino, size).await;
     }
 
+    /// Makes a node in `parent` and keeps this node's view of `parent` up to date.
+    async fn make(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: NewNode,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
+        let is_dir = matches!(node, NewNode::Dir);
+        match self
+            .client
+            .create_in(parent, name, node, perm, uid, gid)
+            .await
+        {
+            Ok((a, dir)) => {
+                self.listing_update(&dir, name, true);
+                self.note_dir(dir);
+                if is_dir {
+                    self.listing_new(&a);
+                }
+                Ok(a)
+            }
+            Err(e) => {
+                self.listing_drop(parent);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The open half of an `O_CREAT` open that found the name taken.
+    async fn open_existing(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        flags: i32,
+    ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
+        let mut a = self.lookup(parent, name).await?;
+        let o = match self.open(a.ino).await {
+            Ok(o) => o,
+            Err(e) => {
+                // The kernel learns of no entry: undo the lookup's reference.
+                self.forget(a.ino, 1);
+                return Err(e);
+            }
+        };
+        if flags & libc::O_TRUNC != 0 && a.size > 0 {
+            let set = SetAttr {
+                size: Some(0),
+                ..Default::default()
+            };
+            match self.setattr(a.ino, set).await {
+                Ok(t) => a = t,
+                Err(e) => {
+                    let _ = self.release(o.fh).await;
+                    self.forget(a.ino, 1);
+                    return Err(e);
+                }
+            }
+        }
+        Ok((a, o.fh, o.backing))
+    }
+
     /// `mknod` of a regular file: created, not opened.
     pub async fn mknod(
         &self,
@@ -724,11 +871,7 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
-        let (a, dir) = self
-            .client
-            .create_in(parent, name, NewNode::File, perm, uid, gid)
-            .await?;
-        self.note_dir(dir);
+        let a = self.make(parent, name, NewNode::File, perm, uid, gid).await?;
         Ok(self.observe(a, true))
     }
 
@@ -740,11 +883,7 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
-        let (a, dir) = self
-            .client
-            .create_in(parent, name, NewNode::Dir, perm, uid, gid)
-            .await?;
-        self.note_dir(dir);
+        let a = self.make(parent, name, NewNode::Dir, perm, uid, gid).await?;
         Ok(self.observe(a, true))
     }
 
@@ -756,25 +895,16 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
-        let (a, dir) = self
-            .client
-            .create_in(
-                parent,
-                name,
-                NewNode::Symlink {
-                    target: target.to_vec(),
-                },
-                0o777,
-                uid,
-                gid,
-            )
-            .await?;
-        self.note_dir(dir);
+        let node = NewNode::Symlink {
+            target: target.to_vec(),
+        };
+        let a = self.make(parent, name, node, 0o777, uid, gid).await?;
         Ok(self.observe(a, true))
     }
 
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
         self.forget_dir(new_parent);
+        self.listing_drop(new_parent);
         let a = self.client.link(ino, new_parent, new_name).await?;
         Ok(self.observe(a, true))
     }
@@ -787,14 +917,21 @@ impl Fs {
         let (u, dir) = self
             .client
             .unlink_in(parent, name, self.keep_open())
-            .await?;
+            .await
+            .inspect_err(|_| self.listing_drop(parent))?;
+        self.listing_update(&dir, name, false);
         self.note_dir(dir);
         self.orphaned(u).await;
         Ok(())
     }
 
     pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        let dir = self.client.rmdir(parent, name).await?;
+        let dir = self
+            .client
+            .rmdir(parent, name)
+            .await
+            .inspect_err(|_| self.listing_drop(parent))?;
+        self.listing_update(&dir, name, false);
         // The removed directory itself may have an entry.
         self.fresh_dirs.lock().clear();
         self.note_dir(dir);
@@ -811,6 +948,8 @@ impl Fs {
     ) -> FsResult<()> {
         // Moves a directory's `..` and ctime too: drop every entry.
         self.fresh_dirs.lock().clear();
+        self.listing_drop(parent);
+        self.listing_drop(new_parent);
         let replaced = self
             .client
             .rename(parent, name, new_parent, new_name, flags, self.keep_open())

@@ -706,7 +706,7 @@ impl Filesystem for FuseAdapter {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let (fs, ttl, name, cache) = (
@@ -718,7 +718,7 @@ impl Filesystem for FuseAdapter {
         let (uid, gid) = (req.uid(), req.gid());
         let perm = (mode & !umask & 0o7777) as u16;
         self.metadata(async move {
-            match fs.create(parent.0, &name, perm, uid, gid).await {
+            match fs.create(parent.0, &name, perm, uid, gid, flags).await {
                 Ok((a, fh, Some(file))) => {
                     match cache.get_or(a.ino, fh, || reply.open_backing(&*file)) {
                         Ok(id) => reply.created_passthrough(
