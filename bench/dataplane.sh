@@ -2,6 +2,9 @@
 # Data-plane benchmark (issue 2): the Surge mount against, in the same run,
 #   raw  - the fast-tier directory itself (/dev/shm), the limit;
 #   pll  - libfuse's passthrough_ll over a /dev/shm directory, the price any FUSE design pays;
+#   plld - the same with -o default_permissions (metadata tests only): the kernel checks
+#          permissions, as on a Surge mount, which costs a getattr round trip after every change
+#          of a directory;
 #   surge1 - a one-fragment Surge instance on a local server (the local fast path: kernel FUSE
 #            passthrough, DESIGN §3);
 #   surgeN - a Surge instance striped over N local servers (every byte through the daemon).
@@ -56,9 +59,11 @@ gcc -O2 -Wall -o "$WORK/bin/passthrough_ll" /usr/share/doc/libfuse3-dev/examples
     echo "cannot build passthrough_ll (see $WORK/pll-build.log)" >&2; cat "$WORK/pll-build.log" >&2; exit 1; }
 
 # --- targets ---
-mkdir -p "$SHM/raw" "$SHM/pll-src" "$WORK/pll" "$WORK/surge"
+mkdir -p "$SHM/raw" "$SHM/pll-src" "$SHM/plld-src" "$WORK/pll" "$WORK/plld" "$WORK/surge"
 "$WORK/bin/passthrough_ll" -o source="$SHM/pll-src" "$WORK/pll" &
 PIDS+=($!); MOUNTS+=("$WORK/pll")
+"$WORK/bin/passthrough_ll" -o source="$SHM/plld-src",default_permissions "$WORK/plld" &
+PIDS+=($!); MOUNTS+=("$WORK/plld")
 ADDRS=()
 for i in $(seq 1 "$SERVERS"); do
     $SURGE server --device "$SHM/bb$i" --capacity 16GiB --listen 127.0.0.1:0 --unix "$SHM/bb$i.sock" \
@@ -78,10 +83,11 @@ for t in 1:$ID1 N:$IDN; do
     PIDS+=($!); MOUNTS+=("$WORK/surge${t%%:*}")
 done
 for _ in $(seq 100); do [ -s "$WORK/mnt1.ready" ] && [ -s "$WORK/mntN.ready" ] && mountpoint -q "$WORK/pll" && break; sleep 0.05; done
-for m in surge1 surgeN pll; do mountpoint -q "$WORK/$m" || { echo "$m mount failed"; cat "$WORK"/mount*.log; exit 1; }; done
+for m in surge1 surgeN pll plld; do mountpoint -q "$WORK/$m" || { echo "$m mount failed"; cat "$WORK"/mount*.log; exit 1; }; done
 
-declare -A DIR=([raw]="$SHM/raw" [pll]="$WORK/pll" [surge1]="$WORK/surge1" [surgeN]="$WORK/surgeN")
+declare -A DIR=([raw]="$SHM/raw" [pll]="$WORK/pll" [plld]="$WORK/plld" [surge1]="$WORK/surge1" [surgeN]="$WORK/surgeN")
 TARGETS=(raw pll surge1 surgeN)
+MD_TARGETS=(raw pll plld surge1 surgeN)
 
 # fio_run TARGET NAME RW BS JOBS -> prints MiB/s (bw tests) or IOPS
 fio_run() {
@@ -131,32 +137,34 @@ for rep in $(seq 1 "$REPS"); do
         echo "rep $rep $name: raw ${R[raw,$name]##* } pll ${R[pll,$name]##* } surge1 ${R[surge1,$name]##* } surgeN ${R[surgeN,$name]##* }" >&2
     done
     for procs in 1 2; do
-        for t in "${TARGETS[@]}"; do
+        for t in "${MD_TARGETS[@]}"; do
             read -r c s u <<<"$(md_run "$t" "$procs")"
             R[$t,create-$procs]="${R[$t,create-$procs]:-} $c"
             R[$t,stat-$procs]="${R[$t,stat-$procs]:-} $s"
             R[$t,unlink-$procs]="${R[$t,unlink-$procs]:-} $u"
         done
         echo "rep $rep metadata-$procs (create/stat/unlink):" \
-             "$(for t in "${TARGETS[@]}"; do printf '%s %s/%s/%s ' "$t" "${R[$t,create-$procs]##* }" "${R[$t,stat-$procs]##* }" "${R[$t,unlink-$procs]##* }"; done)" >&2
+             "$(for t in "${MD_TARGETS[@]}"; do printf '%s %s/%s/%s ' "$t" "${R[$t,create-$procs]##* }" "${R[$t,stat-$procs]##* }" "${R[$t,unlink-$procs]##* }"; done)" >&2
     done
 done
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 ROWS=(seqwrite-1 seqwrite-2 seqwritenp-1 seqwritenp-2 seqread-1 seqread-2 randread4k-1 randread4k-2 randwrite4k-1 randwrite4k-2
       create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
-printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll surge1 surgeN s1/raw sN/raw pll/raw s1/pll sN/pll
+printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll plld surge1 surgeN s1/raw sN/raw pll/raw s1/pll sN/pll s1/plld sN/plld
 JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"results\": {"
 first=1
 ratio() { echo "$1 $2" | awk '{ if ($2 > 0) printf "%.2f", $1 / $2; else print "-" }'; }
 for row in "${ROWS[@]}"; do
     raw=$(echo "${R[raw,$row]}" | median); pll=$(echo "${R[pll,$row]}" | median)
+    plld=$(echo "${R[plld,$row]:-}" | median); plld=${plld:--}
     s1=$(echo "${R[surge1,$row]}" | median); sn=$(echo "${R[surgeN,$row]}" | median)
     unit=$([[ $row == seq* ]] && echo MiB/s || echo ops/s)
-    printf '%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s  %s\n' "$row" "$raw" "$pll" "$s1" "$sn" \
-        "$(ratio "$s1" "$raw")" "$(ratio "$sn" "$raw")" "$(ratio "$pll" "$raw")" "$(ratio "$s1" "$pll")" "$(ratio "$sn" "$pll")" "$unit"
+    printf '%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s  %s\n' "$row" "$raw" "$pll" "$plld" "$s1" "$sn" \
+        "$(ratio "$s1" "$raw")" "$(ratio "$sn" "$raw")" "$(ratio "$pll" "$raw")" "$(ratio "$s1" "$pll")" "$(ratio "$sn" "$pll")" \
+        "$(ratio "$s1" "$plld")" "$(ratio "$sn" "$plld")" "$unit"
     [ $first -eq 1 ] || JS+=", "; first=0
-    JS+="\"$row\": {\"unit\": \"$unit\", \"raw\": $raw, \"pll\": $pll, \"surge1\": $s1, \"surgeN\": $sn}"
+    JS+="\"$row\": {\"unit\": \"$unit\", \"raw\": $raw, \"pll\": $pll, \"plld\": $([ "$plld" = - ] && echo null || echo "$plld"), \"surge1\": $s1, \"surgeN\": $sn}"
 done
 JS+="}}"
 [ -z "$JSON" ] || echo "$JS" >"$JSON"

@@ -131,3 +131,64 @@ fn a_name_replaced_on_one_node_leads_to_the_new_file_on_the_other_at_once() {
     let e = std::fs::read(b.path("checkpoint")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
 }
+
+/// A directory made on node A keeps its listing on A (creates there skip the metadata server's
+/// lookup); names node B adds meanwhile must still behave: `O_CREAT` opens them, `O_TRUNC`
+/// truncates them, `O_EXCL` fails, and A sees them once its entry TTL has passed.
+#[test]
+fn names_another_node_adds_to_a_directory_made_here() {
+    if skip_without_fuse("names_another_node_adds_to_a_directory_made_here") {
+        return;
+    }
+    let c = Cluster::start(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let a = Mount::with_args(&c, id, 0, &["--entry-ttl", "1"]);
+    let b = Mount::new(&c, id, 0);
+    std::fs::create_dir(a.path("d")).unwrap();
+    std::fs::write(a.path("d/mine"), b"a").unwrap();
+    for n in ["x", "y", "z"] {
+        std::fs::write(b.path(&format!("d/{n}")), b"from b").unwrap();
+    }
+    {
+        let mut f = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(a.path("d/x"))
+            .unwrap();
+        f.write_all(b"+a").unwrap();
+    }
+    assert_eq!(std::fs::read(b.path("d/x")).unwrap(), b"from b+a");
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(a.path("d/y"))
+        .unwrap();
+    assert_eq!(std::fs::read(b.path("d/y")).unwrap(), b"");
+    let e = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(a.path("d/z"))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+    assert_eq!(std::fs::read(a.path("d/z")).unwrap(), b"from b");
+
+    // A fresh directory made on A, then a name added on B: A finds it within its entry TTL.
+    std::fs::create_dir(a.path("e")).unwrap();
+    std::fs::write(a.path("e/mine"), b"a").unwrap();
+    std::fs::write(b.path("e/theirs"), b"from b").unwrap();
+    let got = wait_for(
+        "A to see e/theirs",
+        std::time::Duration::from_secs(5),
+        || std::fs::read(a.path("e/theirs")).ok(),
+    );
+    assert_eq!(got, b"from b");
+    // And A's next create there is not confused by the name it did not make.
+    std::fs::write(a.path("e/mine2"), b"a2").unwrap();
+    let mut names: Vec<_> = std::fs::read_dir(b.path("e"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["mine", "mine2", "theirs"]);
+}

@@ -146,10 +146,12 @@ pub struct Fs {
     /// Directories whose every name this node knows: made here, and changed by nobody else
     /// since (each change here returned the directory's change counter one above the last).
     /// A lookup of a name not in the listing is answered "no such entry" without a round
-    /// trip while the listing is younger than `fresh_ttl`: the kernel's first question before
-    /// every create. Another node's new name may stay unseen that long, as the kernel's own
-    /// cached entries may.
+    /// trip while the listing is younger than `listing_ttl`: the kernel's first question
+    /// before every create. Another node's new name may stay unseen that long, as a name the
+    /// kernel cached may stay after another node removed it.
     listings: Mutex<HashMap<Ino, Listing>>,
+    /// The mount's entry TTL (zero: listings are not kept).
+    listing_ttl: std::time::Duration,
 }
 
 struct Listing {
@@ -174,8 +176,13 @@ fn backing_state(f: &std::fs::File) -> Option<(u64, Timestamp)> {
 impl Fs {
     /// `fresh_dir_ttl`: how long directory attributes returned with this node's own changes
     /// may answer the kernel's next `getattr` of that directory (the mount's attribute TTL;
-    /// zero: never).
-    pub fn new(client: Arc<InstanceClient>, fresh_dir_ttl: std::time::Duration) -> Fs {
+    /// zero: never). `entry_ttl`: how long this node's listing of a directory it made and
+    /// alone changed answers lookups of absent names (see `Fs::listings`; zero: never).
+    pub fn new(
+        client: Arc<InstanceClient>,
+        fresh_dir_ttl: std::time::Duration,
+        entry_ttl: std::time::Duration,
+    ) -> Fs {
         Fs {
             client,
             inodes: Mutex::new(HashMap::new()),
@@ -186,12 +193,13 @@ impl Fs {
             fresh_dirs: Mutex::new(HashMap::new()),
             fresh_ttl: fresh_dir_ttl,
             listings: Mutex::new(HashMap::new()),
+            listing_ttl: entry_ttl,
         }
     }
 
     /// `dir` was just made here: it is empty.
     fn listing_new(&self, dir: &Attr) {
-        if self.fresh_ttl.is_zero() {
+        if self.listing_ttl.is_zero() {
             return;
         }
         let mut l = self.listings.lock();
@@ -237,7 +245,7 @@ impl Fs {
         self.listings
             .lock()
             .get(&parent)
-            .is_some_and(|l| l.at.elapsed() < self.fresh_ttl && !l.names.contains(name))
+            .is_some_and(|l| l.at.elapsed() < self.listing_ttl && !l.names.contains(name))
     }
 
     fn note_dir(&self, a: Attr) {
@@ -871,7 +879,9 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
-        let a = self.make(parent, name, NewNode::File, perm, uid, gid).await?;
+        let a = self
+            .make(parent, name, NewNode::File, perm, uid, gid)
+            .await?;
         Ok(self.observe(a, true))
     }
 
@@ -883,7 +893,9 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
-        let a = self.make(parent, name, NewNode::Dir, perm, uid, gid).await?;
+        let a = self
+            .make(parent, name, NewNode::Dir, perm, uid, gid)
+            .await?;
         Ok(self.observe(a, true))
     }
 

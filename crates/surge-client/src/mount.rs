@@ -110,7 +110,7 @@ pub fn mount(
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
 
-    let fs = Arc::new(Fs::new(Arc::new(client), opts.ttl.attr));
+    let fs = Arc::new(Fs::new(Arc::new(client), opts.ttl.attr, opts.ttl.entry));
     let notifier = Arc::new(OnceLock::new());
     let adapter = FuseAdapter::new(
         fs,

@@ -46,7 +46,8 @@ fn kind_from(code: i64) -> FileKind {
     }
 }
 
-const ATTR_COLS: &str = "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, \
+const ATTR_COLS: &str =
+    "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, \
      ctime_s, ctime_ns, change";
 
 fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
@@ -852,8 +853,17 @@ mod tests {
             .create(d.ino, b"f", &NewNode::File, 0o644, 1, 1)
             .unwrap();
         step("create", d.ino);
-        ops.create(d.ino, b"s", &NewNode::Symlink { target: b"f".to_vec() }, 0o777, 1, 1)
-            .unwrap();
+        ops.create(
+            d.ino,
+            b"s",
+            &NewNode::Symlink {
+                target: b"f".to_vec(),
+            },
+            0o777,
+            1,
+            1,
+        )
+        .unwrap();
         step("symlink", d.ino);
         ops.create(d.ino, b"sub", &NewNode::Dir, 0o755, 1, 1)
             .unwrap();
