@@ -192,3 +192,100 @@ fn names_another_node_adds_to_a_directory_made_here() {
     names.sort();
     assert_eq!(names, ["mine", "mine2", "theirs"]);
 }
+
+/// Unlinks in a directory this node made are answered before the metadata server makes them
+/// (sent behind, in batches): this node must see its own changes in order, and the other node
+/// must see them soon, and all of them once this node syncs the directory or unmounts.
+#[test]
+fn unlinks_sent_behind_keep_order_here_and_reach_the_other_node() {
+    if skip_without_fuse("unlinks_sent_behind_keep_order_here_and_reach_the_other_node") {
+        return;
+    }
+    let c = Cluster::start(2, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let mut a = Mount::new(&c, id, 0);
+    let b = Mount::new(&c, id, 0);
+    let names = |m: &Mount, d: &str| {
+        let mut v: Vec<String> = std::fs::read_dir(m.path(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    std::fs::create_dir(a.path("d")).unwrap();
+    for i in 0..300 {
+        std::fs::write(a.path(&format!("d/f{i}")), format!("data {i}")).unwrap();
+    }
+    // Remove them all, then at once make some names again and list the directory: this node
+    // sees exactly its own changes, in order.
+    for i in 0..300 {
+        std::fs::remove_file(a.path(&format!("d/f{i}"))).unwrap();
+    }
+    std::fs::write(a.path("d/f7"), b"again").unwrap();
+    assert_eq!(std::fs::read(a.path("d/f7")).unwrap(), b"again");
+    assert_eq!(names(&a, "d"), ["f7"]);
+    assert_eq!(names(&b, "d"), ["f7"]);
+    assert_eq!(std::fs::read(b.path("d/f7")).unwrap(), b"again");
+    // Unlink then rmdir at once: the directory is empty by the time rmdir reaches the server.
+    std::fs::remove_file(a.path("d/f7")).unwrap();
+    std::fs::remove_dir(a.path("d")).unwrap();
+    assert!(!b.path("d").exists());
+
+    // A name the other node replaced meanwhile is not removed by a late unlink: the queued
+    // unlink names the inode this node saw.
+    std::fs::create_dir(a.path("e")).unwrap();
+    std::fs::write(a.path("e/x"), b"from a").unwrap();
+    std::fs::write(a.path("e/y"), b"from a").unwrap();
+    std::fs::remove_file(b.path("e/x")).unwrap();
+    std::fs::write(b.path("e/x"), b"from b").unwrap();
+    // A's listing of e is stale now (A has not looked since): its unlink of x is answered
+    // and queued, and removes nothing, since x names B's new file.
+    std::fs::remove_file(a.path("e/x")).unwrap();
+    File::open(a.path("e")).unwrap().sync_all().unwrap();
+    assert_eq!(std::fs::read(b.path("e/x")).unwrap(), b"from b");
+    assert_eq!(names(&b, "e"), ["x", "y"]);
+    // A's next look at e asks the server (its listing is dropped) and finds x again.
+    assert_eq!(std::fs::read(a.path("e/x")).unwrap(), b"from b");
+
+    // fsync of the directory and unmount both wait for the queue.
+    std::fs::create_dir(a.path("g")).unwrap();
+    for i in 0..200 {
+        std::fs::write(a.path(&format!("g/f{i}")), b"x").unwrap();
+    }
+    for i in 0..100 {
+        std::fs::remove_file(a.path(&format!("g/f{i}"))).unwrap();
+    }
+    File::open(a.path("g")).unwrap().sync_all().unwrap();
+    assert_eq!(names(&b, "g").len(), 100);
+    for i in 100..200 {
+        std::fs::remove_file(a.path(&format!("g/f{i}"))).unwrap();
+    }
+    a.unmount();
+    assert!(names(&b, "g").is_empty());
+    std::fs::remove_file(b.path("e/x")).unwrap();
+    std::fs::remove_file(b.path("e/y")).unwrap();
+    // No object is left behind on any server.
+    let objects: usize = c.servers.iter().map(|s| count_objects(&s.device)).sum();
+    assert_eq!(objects, 0, "objects left behind");
+}
+
+/// Object files under a server's device directory (files in every `frag-*` directory).
+fn count_objects(dir: &std::path::Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let in_fragment = dir
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("frag-"));
+    rd.flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                count_objects(&p)
+            } else {
+                usize::from(in_fragment && e.file_name() != "fragment.json")
+            }
+        })
+        .sum()
+}

@@ -15,12 +15,12 @@
 use crate::error::ClientError;
 use crate::instance::{InstanceClient, Usage};
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use surge_core::Ino;
 use surge_proto::{
-    AllocMode, Attr, FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
+    AllocMode, Attr, FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, UnlinkItem, Unlinked,
 };
 use tracing::{debug, warn};
 
@@ -149,16 +149,47 @@ pub struct Fs {
     /// trip while the listing is younger than `listing_ttl`: the kernel's first question
     /// before every create. Another node's new name may stay unseen that long, as a name the
     /// kernel cached may stay after another node removed it.
-    listings: Mutex<HashMap<Ino, Listing>>,
+    listings: Arc<Mutex<HashMap<Ino, Listing>>>,
     /// The mount's entry TTL (zero: listings are not kept).
     listing_ttl: std::time::Duration,
+    /// Unlinks answered before the metadata server made them (see [`Behind`]).
+    behind: Arc<Behind>,
 }
 
 struct Listing {
-    names: HashSet<Vec<u8>>,
+    /// Every name, with its inode and kind.
+    names: HashMap<Vec<u8>, (Ino, FileKind)>,
     change: u64,
+    /// When the metadata server last confirmed the listing (a change here answered with the
+    /// next counter).
     at: std::time::Instant,
+    /// The directory's attributes after the last change made here.
+    dir: Attr,
 }
+
+/// Unlinks sent behind the application. An unlink of a file in a directory this node lists
+/// (see `Fs::listings`), not open here, is answered at once and queued; one task sends the
+/// queue in batches ([`surge_proto::Request::UnlinkBatch`], one transaction each), so a stream
+/// of unlinks costs the metadata server one round trip per batch instead of one each. Every
+/// other namespace request of this node waits until the queue is empty (`Fs::barrier`), so
+/// this node sees its own changes in order; other nodes see them a round trip late. Each
+/// queued unlink removes the name only while it still names the inode this node saw.
+struct Behind {
+    state: Mutex<BehindState>,
+    /// Queued plus being sent; zero means nothing is behind.
+    count: std::sync::atomic::AtomicUsize,
+    work: tokio::sync::Notify,
+    idle: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct BehindState {
+    queue: Vec<UnlinkItem>,
+    sender_started: bool,
+}
+
+/// Unlinks sent in one batch at most.
+const MAX_UNLINK_BATCH: usize = 1024;
 
 /// Bounds on `Fs::listings`: directories, and names in one (beyond: forgotten).
 const MAX_LISTINGS: usize = 1024;
@@ -166,6 +197,111 @@ const MAX_LISTED_NAMES: usize = 1 << 20;
 
 /// Bound on `Fs::fresh_dirs` (cleared when reached; entries are taken at once in practice).
 const MAX_FRESH_DIRS: usize = 4096;
+
+/// Sends the unlinks queued behind the application, a batch at a time, until the mount goes.
+async fn send_behind(
+    b: Arc<Behind>,
+    client: Arc<InstanceClient>,
+    listings: Arc<Mutex<HashMap<Ino, Listing>>>,
+) {
+    loop {
+        let work = b.work.notified();
+        tokio::pin!(work);
+        work.as_mut().enable();
+        let batch: Vec<UnlinkItem> = {
+            let mut st = b.state.lock();
+            let n = st.queue.len().min(MAX_UNLINK_BATCH);
+            st.queue.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            work.await;
+            continue;
+        }
+        let n = batch.len();
+        send_batch(&client, &listings, batch).await;
+        if b.count.fetch_sub(n, Ordering::AcqRel) == n {
+            b.idle.notify_waiters();
+        }
+    }
+}
+
+/// Sends one batch (retrying a failed connection a few times) and finishes each unlink.
+async fn send_batch(
+    client: &InstanceClient,
+    listings: &Mutex<HashMap<Ino, Listing>>,
+    batch: Vec<UnlinkItem>,
+) {
+    let mut delay = std::time::Duration::from_millis(1);
+    let mut attempt = 0;
+    let results = loop {
+        match client.unlink_batch(batch.clone()).await {
+            Ok(r) if r.len() == batch.len() => break r,
+            Ok(r) => {
+                warn!(
+                    "unlinks behind: {} results for {} unlinks; directories forgotten",
+                    r.len(),
+                    batch.len()
+                );
+                break Vec::new();
+            }
+            Err(e) if attempt < 8 => {
+                warn!(
+                    "unlinks behind: {} unlinks not sent ({e}); retrying in {delay:?}",
+                    batch.len()
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 4).min(std::time::Duration::from_secs(1));
+                attempt += 1;
+            }
+            Err(e) => {
+                let names: Vec<_> = batch
+                    .iter()
+                    .take(10)
+                    .map(|i| String::from_utf8_lossy(&i.name).into_owned())
+                    .collect();
+                tracing::error!(
+                    "unlinks behind: giving up on {} unlinks ({e}); they were not made, \
+                     e.g. {names:?}",
+                    batch.len()
+                );
+                break Vec::new();
+            }
+        }
+    };
+    if results.is_empty() {
+        let mut l = listings.lock();
+        for it in &batch {
+            l.remove(&it.parent);
+        }
+        return;
+    }
+    for (it, r) in batch.iter().zip(results) {
+        match r {
+            Ok(u) if u.orphaned && u.purged => {
+                if u.size > 0 {
+                    if let Err(e) = client.remove_objects(u.ino, u.size).await {
+                        warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
+                    }
+                }
+            }
+            Ok(u) if u.orphaned => {
+                if let Err(e) = client.purge(u.ino, u.size).await {
+                    warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // Another node changed the directory first: its listing here is wrong.
+                debug!(
+                    "unlink behind of {:?} in {}: {e}",
+                    String::from_utf8_lossy(&it.name),
+                    it.parent
+                );
+                listings.lock().remove(&it.parent);
+            }
+        }
+    }
+}
 
 /// Size and mtime of a backing file.
 fn backing_state(f: &std::fs::File) -> Option<(u64, Timestamp)> {
@@ -192,8 +328,14 @@ impl Fs {
             passthrough: std::sync::atomic::AtomicBool::new(false),
             fresh_dirs: Mutex::new(HashMap::new()),
             fresh_ttl: fresh_dir_ttl,
-            listings: Mutex::new(HashMap::new()),
+            listings: Arc::new(Mutex::new(HashMap::new())),
             listing_ttl: entry_ttl,
+            behind: Arc::new(Behind {
+                state: Mutex::new(BehindState::default()),
+                count: std::sync::atomic::AtomicUsize::new(0),
+                work: tokio::sync::Notify::new(),
+                idle: tokio::sync::Notify::new(),
+            }),
         }
     }
 
@@ -209,15 +351,17 @@ impl Fs {
         l.insert(
             dir.ino,
             Listing {
-                names: HashSet::new(),
+                names: HashMap::new(),
                 change: dir.change,
                 at: std::time::Instant::now(),
+                dir: dir.clone(),
             },
         );
     }
 
-    /// This node added (`present`) or removed `name` in a directory, which is now `dir`.
-    fn listing_update(&self, dir: &Attr, name: &[u8], present: bool) {
+    /// This node added (`entry`: its inode and kind) or removed (`None`) `name` in a
+    /// directory, which is now `dir`.
+    fn listing_update(&self, dir: &Attr, name: &[u8], entry: Option<(Ino, FileKind)>) {
         let mut listings = self.listings.lock();
         let Some(l) = listings.get_mut(&dir.ino) else {
             return;
@@ -227,13 +371,17 @@ impl Fs {
             listings.remove(&dir.ino);
             return;
         }
-        if present {
-            l.names.insert(name.to_vec());
-        } else {
-            l.names.remove(name);
+        match entry {
+            Some(e) => {
+                l.names.insert(name.to_vec(), e);
+            }
+            None => {
+                l.names.remove(name);
+            }
         }
         l.change = dir.change;
         l.at = std::time::Instant::now();
+        l.dir = dir.clone();
     }
 
     fn listing_drop(&self, ino: Ino) {
@@ -245,7 +393,7 @@ impl Fs {
         self.listings
             .lock()
             .get(&parent)
-            .is_some_and(|l| l.at.elapsed() < self.listing_ttl && !l.names.contains(name))
+            .is_some_and(|l| l.at.elapsed() < self.listing_ttl && !l.names.contains_key(name))
     }
 
     fn note_dir(&self, a: Attr) {
@@ -356,6 +504,7 @@ impl Fs {
         if self.known_absent(parent, name) {
             return Err(FsError::new(libc::ENOENT, "no such entry"));
         }
+        self.barrier().await;
         let a = self.client.lookup(parent, name).await?;
         Ok(self.observe(a, true))
     }
@@ -375,6 +524,7 @@ impl Fs {
         if let Some(a) = self.take_fresh_dir(ino) {
             return Ok(self.observe(a, false));
         }
+        self.barrier().await;
         let a = self.client.getattr(ino).await.map_err(stale)?;
         Ok(self.observe(a, false))
     }
@@ -817,13 +967,14 @@ impl Fs {
         gid: u32,
     ) -> FsResult<Attr> {
         let is_dir = matches!(node, NewNode::Dir);
+        self.barrier().await;
         match self
             .client
             .create_in(parent, name, node, perm, uid, gid)
             .await
         {
             Ok((a, dir)) => {
-                self.listing_update(&dir, name, true);
+                self.listing_update(&dir, name, Some((a.ino, a.kind)));
                 self.note_dir(dir);
                 if is_dir {
                     self.listing_new(&a);
@@ -917,6 +1068,7 @@ impl Fs {
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
         self.forget_dir(new_parent);
         self.listing_drop(new_parent);
+        self.barrier().await;
         let a = self.client.link(ino, new_parent, new_name).await?;
         Ok(self.observe(a, true))
     }
@@ -926,24 +1078,29 @@ impl Fs {
     }
 
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        if self.unlink_behind(parent, name) {
+            return Ok(());
+        }
+        self.barrier().await;
         let (u, dir) = self
             .client
             .unlink_in(parent, name, self.keep_open())
             .await
             .inspect_err(|_| self.listing_drop(parent))?;
-        self.listing_update(&dir, name, false);
+        self.listing_update(&dir, name, None);
         self.note_dir(dir);
         self.orphaned(u).await;
         Ok(())
     }
 
     pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        self.barrier().await;
         let dir = self
             .client
             .rmdir(parent, name)
             .await
             .inspect_err(|_| self.listing_drop(parent))?;
-        self.listing_update(&dir, name, false);
+        self.listing_update(&dir, name, None);
         // The removed directory itself may have an entry.
         self.fresh_dirs.lock().clear();
         self.note_dir(dir);
@@ -962,6 +1119,7 @@ impl Fs {
         self.fresh_dirs.lock().clear();
         self.listing_drop(parent);
         self.listing_drop(new_parent);
+        self.barrier().await;
         let replaced = self
             .client
             .rename(parent, name, new_parent, new_name, flags, self.keep_open())
@@ -1004,11 +1162,87 @@ impl Fs {
     }
 
     pub async fn statfs(&self) -> FsResult<Usage> {
+        self.barrier().await;
         Ok(self.client.usage().await?)
+    }
+
+    /// `fsync` of a directory: the unlinks this node answered early are made.
+    pub async fn fsyncdir(&self) -> FsResult<()> {
+        self.barrier().await;
+        Ok(())
+    }
+
+    /// Waits until no unlink is behind (see [`Behind`]).
+    async fn barrier(&self) {
+        let b = &self.behind;
+        loop {
+            if b.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            let idle = b.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if b.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// Answers an unlink at once and queues it (see [`Behind`]) when this node lists
+    /// `parent`, `name` is not a directory, and its file is not open here.
+    fn unlink_behind(&self, parent: Ino, name: &[u8]) -> bool {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let dir = {
+            let mut listings = self.listings.lock();
+            let Some(l) = listings.get_mut(&parent) else {
+                return false;
+            };
+            if l.at.elapsed() >= self.listing_ttl {
+                return false;
+            }
+            let Some(&(ino, kind)) = l.names.get(name) else {
+                return false;
+            };
+            if kind == FileKind::Dir || self.open_inos.lock().contains(&ino) {
+                return false;
+            }
+            l.names.remove(name);
+            // What the metadata server will make of the directory (its clock may differ a
+            // little): the kernel asks for it right after.
+            l.change += 1;
+            let now = Timestamp::now();
+            l.dir.mtime = now;
+            l.dir.ctime = now;
+            l.dir.change = l.change;
+            // Queued under the listings lock: the queue keeps the order of the changes.
+            let mut st = self.behind.state.lock();
+            st.queue.push(UnlinkItem {
+                parent,
+                name: name.to_vec(),
+                ino,
+            });
+            self.behind.count.fetch_add(1, Ordering::AcqRel);
+            if !st.sender_started {
+                st.sender_started = true;
+                rt.spawn(send_behind(
+                    self.behind.clone(),
+                    self.client.clone(),
+                    self.listings.clone(),
+                ));
+            }
+            l.dir.clone()
+        };
+        self.note_dir(dir);
+        self.behind.work.notify_one();
+        true
     }
 
     /// Called when the file system is unmounted: commit what is pending.
     pub async fn shutdown(&self) {
+        self.barrier().await;
         let pending: Vec<Ino> = self
             .inodes
             .lock()

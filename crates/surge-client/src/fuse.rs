@@ -578,8 +578,15 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Every metadata change is committed before it is acknowledged.
-        reply.ok();
+        // Every metadata change is committed before it is acknowledged, except unlinks sent
+        // behind the application (fs.rs, `Behind`): wait for those.
+        let fs = self.fs.clone();
+        self.metadata(async move {
+            match fs.fsyncdir().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     /// Regular files only: FIFOs, sockets and devices are refused (EOPNOTSUPP).

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use surge_core::{FileId, Ino, InstanceId, Layout, NamespaceId, Piece};
 use surge_proto::{
-    AllocMode, Attr, DirEntry, InstanceDescriptor, KeepOpen, NewNode, Request, Response, ServerRef,
-    SetAttr, TimeSet, Unlinked,
+    AllocMode, Attr, DirEntry, ErrorReply, InstanceDescriptor, KeepOpen, NewNode, Request,
+    Response, ServerRef, SetAttr, TimeSet, UnlinkItem, Unlinked,
 };
 
 /// Largest piece sent in one request (a one-fragment instance merges a whole write into one
@@ -211,6 +211,13 @@ impl InstanceClient {
     pub async fn unlink(&self, parent: Ino, name: &[u8], keep: KeepOpen) -> Result<Unlinked> {
         Ok(self.unlink_in(parent, name, keep).await?.0)
     }
+
+    metadata_call!(
+        /// Unlinks sent behind the application (see [`Request::UnlinkBatch`]): one result per
+        /// item.
+        unlink_batch(this, items: Vec<UnlinkItem>) -> Vec<std::result::Result<Unlinked, ErrorReply>>,
+        Request::UnlinkBatch { instance: this.instance(), ns: this.ns, items },
+        Response::UnlinkedBatch(r) => r);
 
     metadata_call!(
         /// Removes an empty directory; returns the parent's attributes after.

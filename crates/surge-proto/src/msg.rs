@@ -374,6 +374,25 @@ pub enum Request {
         len: u64,
         mode: AllocMode,
     },
+
+    // --- metadata, appended ---
+    /// Unlinks a mount sent behind the application (it knew the directory's entries, see
+    /// `surge-client` `fs.rs`): in order, in one transaction, each on its own (a failed one
+    /// changes nothing). Each removes `name` from `parent` only while it still names `ino`, and
+    /// forgets an orphaned inode at once (the sender has it open nowhere).
+    UnlinkBatch {
+        instance: InstanceId,
+        ns: NamespaceId,
+        items: Vec<UnlinkItem>,
+    },
+}
+
+/// One unlink of [`Request::UnlinkBatch`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnlinkItem {
+    pub parent: Ino,
+    pub name: Vec<u8>,
+    pub ino: Ino,
 }
 
 /// What [`Request::AllocateObject`] does with its range.
@@ -461,6 +480,8 @@ pub enum Response {
     },
     /// Reply to `Rmdir`: the parent directory's attributes.
     DirChanged(Attr),
+    /// Reply to `UnlinkBatch`: one result per item, in order.
+    UnlinkedBatch(Vec<Result<Unlinked, ErrorReply>>),
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -578,6 +599,7 @@ impl Request {
             Request::CommitWrite { .. } => 42,
             Request::Purge { .. } => 43,
             Request::NamespaceStats { .. } => 44,
+            Request::UnlinkBatch { .. } => 45,
         }
     }
 
@@ -617,6 +639,7 @@ impl Request {
             Request::CommitWrite { .. } => "CommitWrite",
             Request::Purge { .. } => "Purge",
             Request::NamespaceStats { .. } => "NamespaceStats",
+            Request::UnlinkBatch { .. } => "UnlinkBatch",
         }
     }
 }

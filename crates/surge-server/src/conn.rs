@@ -145,6 +145,7 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                     | Request::ReadDir { instance, ns, .. }
                     | Request::CommitWrite { instance, ns, .. }
                     | Request::Purge { instance, ns, .. }
+                    | Request::UnlinkBatch { instance, ns, .. }
                     | Request::NamespaceStats { instance, ns } => (*instance, *ns),
                     other => {
                         return Err(ErrorReply::new(
@@ -168,6 +169,11 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                 };
                 if let Some(ino) = forgotten {
                     reg.remove_local_objects(instance, surge_core::FileId { ns, ino });
+                }
+                if let Response::UnlinkedBatch(results) = &resp {
+                    for u in results.iter().flatten().filter(|u| u.purged) {
+                        reg.remove_local_objects(instance, surge_core::FileId { ns, ino: u.ino });
+                    }
                 }
                 resp
             }

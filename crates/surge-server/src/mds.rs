@@ -160,6 +160,7 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             ops.purge(*ino)?;
             Response::Ok
         }
+        Request::UnlinkBatch { items, .. } => Response::UnlinkedBatch(ops.unlink_batch(items)?),
         Request::NamespaceStats { .. } => Response::NamespaceStats {
             inodes: ops.inode_count()?,
         },

@@ -11,7 +11,7 @@ use std::path::Path;
 use surge_core::Ino;
 use surge_proto::{
     Attr, DirEntry, ErrorCode, ErrorReply, FileKind, KeepOpen, NewNode, SetAttr, TimeSet,
-    Timestamp, Unlinked,
+    Timestamp, UnlinkItem, Unlinked,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -443,6 +443,43 @@ impl Ops<'_> {
         self.remove_dentry(parent, name)?;
         self.touch_dir(parent, 0, now)?;
         self.drop_link(ino, now, keep)
+    }
+
+    /// The unlinks of a [`surge_proto::Request::UnlinkBatch`]: one result per item. An item
+    /// whose name is gone or names another inode now fails alone, changing nothing; a failure
+    /// of the store fails the whole batch (the caller's transaction rolls back).
+    pub fn unlink_batch(
+        &self,
+        items: &[UnlinkItem],
+    ) -> MetaResult<Vec<Result<Unlinked, ErrorReply>>> {
+        let keep = KeepOpen::Only(Vec::new());
+        let mut out = Vec::with_capacity(items.len());
+        for it in items {
+            let check =
+                self.dir(it.parent)
+                    .and_then(|_| match self.dentry(it.parent, &it.name)? {
+                        Some((ino, kind)) if ino == it.ino && kind != FileKind::Dir => Ok(()),
+                        Some(_) => Err(err(
+                            ErrorCode::Stale,
+                            format!(
+                                "{} now names another inode than {}",
+                                String::from_utf8_lossy(&it.name),
+                                it.ino
+                            ),
+                        )),
+                        None => Err(err(
+                            ErrorCode::NotFound,
+                            format!("{} not found", String::from_utf8_lossy(&it.name)),
+                        )),
+                    });
+            out.push(match check {
+                // Checked: what fails now is the store.
+                Ok(()) => Ok(self.unlink(it.parent, &it.name, &keep)?),
+                Err(e) if e.code == ErrorCode::Io => return Err(e),
+                Err(e) => Err(e),
+            });
+        }
+        Ok(out)
     }
 
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> MetaResult<()> {
@@ -919,6 +956,48 @@ mod tests {
         ops.create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
             .unwrap();
         assert_eq!(ops.getattr(ROOT_INO).unwrap().change, 1);
+    }
+
+    #[test]
+    fn unlink_batch_checks_each_name_still_names_its_inode() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        let f = ops
+            .create(d.ino, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        let g = ops
+            .create(d.ino, b"g", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        let sub = ops
+            .create(d.ino, b"sub", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        let item = |name: &[u8], ino| UnlinkItem {
+            parent: d.ino,
+            name: name.to_vec(),
+            ino,
+        };
+        let before = ops.getattr(d.ino).unwrap().change;
+        let r = ops
+            .unlink_batch(&[
+                item(b"f", f.ino),
+                item(b"g", f.ino),
+                item(b"gone", 99),
+                item(b"sub", sub.ino),
+                item(b"f", f.ino),
+            ])
+            .unwrap();
+        let u = r[0].as_ref().unwrap();
+        assert!(u.orphaned && u.purged && u.ino == f.ino, "{u:?}");
+        assert_eq!(r[1].as_ref().unwrap_err().code, ErrorCode::Stale);
+        assert_eq!(r[2].as_ref().unwrap_err().code, ErrorCode::NotFound);
+        assert_eq!(r[3].as_ref().unwrap_err().code, ErrorCode::Stale);
+        assert_eq!(r[4].as_ref().unwrap_err().code, ErrorCode::NotFound);
+        assert_eq!(ops.lookup(d.ino, b"g").unwrap().ino, g.ino);
+        assert_eq!(code(ops.getattr(f.ino)), ErrorCode::NotFound, "forgotten");
+        assert_eq!(ops.getattr(d.ino).unwrap().change, before + 1, "one change");
     }
 
     #[test]
