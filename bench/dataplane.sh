@@ -7,7 +7,10 @@
 #          of a directory;
 #   surge1 - a one-fragment Surge instance on a local server (the local fast path: kernel FUSE
 #            passthrough, DESIGN §3);
-#   surgeN - a Surge instance striped over N local servers (every byte through the daemon).
+#   surgeN - a Surge instance striped over N local servers (every byte through the daemon);
+#   surgeP - (metadata tests only) a one-fragment instance in private mode (DataWarp's per-node
+#            namespace), where creates as well as unlinks are answered before the metadata
+#            server makes them (docs/DATAPLANE.md).
 # Fast tier of the servers: /dev/shm.
 # Tests: sequential 8 MiB write bandwidth (seqwrite: fio's default, the file preallocated with
 # fallocate before timing; seqwritenp: --fallocate=none, page allocation timed too), sequential
@@ -77,17 +80,18 @@ done
 mkid() { python3 -c 'import json,sys; print(json.load(sys.stdin)["instance"])'; }
 ID1=$($SURGE instance create --servers "${ADDRS[0]}" --capacity 8GiB --json | mkid)
 IDN=$($SURGE instance create --servers "$(IFS=,; echo "${ADDRS[*]}")" --capacity 8GiB --json | mkid)
-mkdir -p "$WORK/surge1" "$WORK/surgeN"
-for t in 1:$ID1 N:$IDN; do
+IDP=$($SURGE instance create --servers "${ADDRS[0]}" --capacity 8GiB --access-mode private --json | mkid)
+mkdir -p "$WORK/surge1" "$WORK/surgeN" "$WORK/surgeP"
+for t in 1:$ID1 N:$IDN P:$IDP; do
     $SURGE mount --server "${ADDRS[0]}" --instance "${t#*:}" --ready-file "$WORK/mnt${t%%:*}.ready" "$WORK/surge${t%%:*}" 2>"$WORK/mount${t%%:*}.log" &
     PIDS+=($!); MOUNTS+=("$WORK/surge${t%%:*}")
 done
-for _ in $(seq 100); do [ -s "$WORK/mnt1.ready" ] && [ -s "$WORK/mntN.ready" ] && mountpoint -q "$WORK/pll" && break; sleep 0.05; done
-for m in surge1 surgeN pll plld; do mountpoint -q "$WORK/$m" || { echo "$m mount failed"; cat "$WORK"/mount*.log; exit 1; }; done
+for _ in $(seq 100); do [ -s "$WORK/mnt1.ready" ] && [ -s "$WORK/mntN.ready" ] && [ -s "$WORK/mntP.ready" ] && mountpoint -q "$WORK/pll" && break; sleep 0.05; done
+for m in surge1 surgeN surgeP pll plld; do mountpoint -q "$WORK/$m" || { echo "$m mount failed"; cat "$WORK"/mount*.log; exit 1; }; done
 
-declare -A DIR=([raw]="$SHM/raw" [pll]="$WORK/pll" [plld]="$WORK/plld" [surge1]="$WORK/surge1" [surgeN]="$WORK/surgeN")
+declare -A DIR=([raw]="$SHM/raw" [pll]="$WORK/pll" [plld]="$WORK/plld" [surge1]="$WORK/surge1" [surgeN]="$WORK/surgeN" [surgeP]="$WORK/surgeP")
 TARGETS=(raw pll surge1 surgeN)
-MD_TARGETS=(raw pll plld surge1 surgeN)
+MD_TARGETS=(raw pll plld surge1 surgeN surgeP)
 
 # fio_run TARGET NAME RW BS JOBS -> prints MiB/s (bw tests) or IOPS
 fio_run() {
@@ -151,20 +155,21 @@ done
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 ROWS=(seqwrite-1 seqwrite-2 seqwritenp-1 seqwritenp-2 seqread-1 seqread-2 randread4k-1 randread4k-2 randwrite4k-1 randwrite4k-2
       create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
-printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll plld surge1 surgeN s1/raw sN/raw pll/raw s1/pll sN/pll s1/plld sN/plld
+printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll plld surge1 surgeN surgeP s1/raw sN/raw pll/raw s1/pll sN/pll sP/pll s1/plld sN/plld sP/plld
 JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"results\": {"
 first=1
 ratio() { echo "$1 $2" | awk '{ if ($2 > 0) printf "%.2f", $1 / $2; else print "-" }'; }
 for row in "${ROWS[@]}"; do
     raw=$(echo "${R[raw,$row]}" | median); pll=$(echo "${R[pll,$row]}" | median)
     plld=$(echo "${R[plld,$row]:-}" | median); plld=${plld:--}
+    sp=$(echo "${R[surgeP,$row]:-}" | median); sp=${sp:--}
     s1=$(echo "${R[surge1,$row]}" | median); sn=$(echo "${R[surgeN,$row]}" | median)
     unit=$([[ $row == seq* ]] && echo MiB/s || echo ops/s)
-    printf '%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s  %s\n' "$row" "$raw" "$pll" "$plld" "$s1" "$sn" \
+    printf '%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s  %s\n' "$row" "$raw" "$pll" "$plld" "$s1" "$sn" "$sp" \
         "$(ratio "$s1" "$raw")" "$(ratio "$sn" "$raw")" "$(ratio "$pll" "$raw")" "$(ratio "$s1" "$pll")" "$(ratio "$sn" "$pll")" \
-        "$(ratio "$s1" "$plld")" "$(ratio "$sn" "$plld")" "$unit"
+        "$(ratio "$sp" "$pll")" "$(ratio "$s1" "$plld")" "$(ratio "$sn" "$plld")" "$(ratio "$sp" "$plld")" "$unit"
     [ $first -eq 1 ] || JS+=", "; first=0
-    JS+="\"$row\": {\"unit\": \"$unit\", \"raw\": $raw, \"pll\": $pll, \"plld\": $([ "$plld" = - ] && echo null || echo "$plld"), \"surge1\": $s1, \"surgeN\": $sn}"
+    JS+="\"$row\": {\"unit\": \"$unit\", \"raw\": $raw, \"pll\": $pll, \"plld\": $([ "$plld" = - ] && echo null || echo "$plld"), \"surge1\": $s1, \"surgeN\": $sn, \"surgeP\": $([ "$sp" = - ] && echo null || echo "$sp")}"
 done
 JS+="}}"
 [ -z "$JSON" ] || echo "$JS" >"$JSON"

@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use surge_core::Ino;
 use surge_proto::{
-    AllocMode, Attr, FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, UnlinkItem, Unlinked,
+    AllocMode, Attr, BatchDone, BatchOp, FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp,
+    Unlinked,
 };
 use tracing::{debug, warn};
 
@@ -152,8 +153,17 @@ pub struct Fs {
     listings: Arc<Mutex<HashMap<Ino, Listing>>>,
     /// The mount's entry TTL (zero: listings are not kept).
     listing_ttl: std::time::Duration,
-    /// Unlinks answered before the metadata server made them (see [`Behind`]).
+    /// Changes answered before the metadata server made them (see [`Behind`]).
     behind: Arc<Behind>,
+    /// Inode numbers reserved for creates made behind, not used yet.
+    inos: Mutex<std::ops::Range<Ino>>,
+    /// The metadata server refused to reserve inode numbers (creates are not made behind).
+    inos_refused: std::sync::atomic::AtomicBool,
+    /// Creates may be made behind: the namespace is private to one compute node (DataWarp's
+    /// private mode). In a shared namespace another node may make the same name meanwhile,
+    /// and a file this node answered for would then not exist (its data lost); there creates
+    /// wait for the metadata server (and `O_CREAT` of a name another node made opens it).
+    creates_behind: bool,
 }
 
 struct Listing {
@@ -167,13 +177,17 @@ struct Listing {
     dir: Attr,
 }
 
-/// Unlinks sent behind the application. An unlink of a file in a directory this node lists
-/// (see `Fs::listings`), not open here, is answered at once and queued; one task sends the
-/// queue in batches ([`surge_proto::Request::UnlinkBatch`], one transaction each), so a stream
-/// of unlinks costs the metadata server one round trip per batch instead of one each. Every
-/// other namespace request of this node waits until the queue is empty (`Fs::barrier`), so
-/// this node sees its own changes in order; other nodes see them a round trip late. Each
-/// queued unlink removes the name only while it still names the inode this node saw.
+/// Namespace changes made behind the application. In a directory this node lists (see
+/// `Fs::listings`), creating a file, or unlinking one not open here, is answered at once (the
+/// inode number comes from a range the metadata server reserved for this node) and queued;
+/// one task sends the queue in batches ([`surge_proto::Request::NamespaceBatch`], one
+/// transaction each), so a stream of creates or unlinks costs the metadata server one round
+/// trip per batch instead of one each. Every other namespace request of this node (and every
+/// request about a file made behind) waits until the queue is empty (`Fs::barrier`), so this
+/// node sees its own changes in order; other nodes see them a round trip late. Each reply
+/// carries the directory's change counter, checked against what this node expected: a change
+/// by another node drops the listing. A queued unlink removes the name only while it still
+/// names the inode this node saw; a queued create fails if the name was taken meanwhile.
 struct Behind {
     state: Mutex<BehindState>,
     /// Queued plus being sent; zero means nothing is behind.
@@ -184,21 +198,29 @@ struct Behind {
 
 #[derive(Default)]
 struct BehindState {
-    queue: Vec<UnlinkItem>,
+    queue: Vec<Queued>,
     sender_started: bool,
 }
 
-/// Unlinks sent in one batch at most.
-const MAX_UNLINK_BATCH: usize = 1024;
+struct Queued {
+    op: BatchOp,
+    parent: Ino,
+    /// The parent's change counter after this change, as this node expects it.
+    change: u64,
+}
+
+/// Changes sent in one batch at most.
+const MAX_BATCH: usize = 1024;
 
 /// Bounds on `Fs::listings`: directories, and names in one (beyond: forgotten).
 const MAX_LISTINGS: usize = 1024;
 const MAX_LISTED_NAMES: usize = 1 << 20;
-
 /// Bound on `Fs::fresh_dirs` (cleared when reached; entries are taken at once in practice).
 const MAX_FRESH_DIRS: usize = 4096;
+/// Inode numbers reserved at a time for creates made behind.
+const INODE_GRANT: u32 = 4096;
 
-/// Sends the unlinks queued behind the application, a batch at a time, until the mount goes.
+/// Sends the changes queued behind the application, a batch at a time, until the mount goes.
 async fn send_behind(
     b: Arc<Behind>,
     client: Arc<InstanceClient>,
@@ -208,9 +230,9 @@ async fn send_behind(
         let work = b.work.notified();
         tokio::pin!(work);
         work.as_mut().enable();
-        let batch: Vec<UnlinkItem> = {
+        let batch: Vec<Queued> = {
             let mut st = b.state.lock();
-            let n = st.queue.len().min(MAX_UNLINK_BATCH);
+            let n = st.queue.len().min(MAX_BATCH);
             st.queue.drain(..n).collect()
         };
         if batch.is_empty() {
@@ -225,20 +247,29 @@ async fn send_behind(
     }
 }
 
-/// Sends one batch (retrying a failed connection a few times) and finishes each unlink.
+fn op_name(op: &BatchOp) -> String {
+    match op {
+        BatchOp::Unlink { name, .. } => format!("unlink {}", String::from_utf8_lossy(name)),
+        BatchOp::CreateFile { name, .. } => format!("create {}", String::from_utf8_lossy(name)),
+    }
+}
+
+/// Sends one batch (retrying a failed connection a few times) and finishes each change.
 async fn send_batch(
     client: &InstanceClient,
     listings: &Mutex<HashMap<Ino, Listing>>,
-    batch: Vec<UnlinkItem>,
+    batch: Vec<Queued>,
 ) {
+    let ops: Vec<BatchOp> = batch.iter().map(|q| q.op.clone()).collect();
     let mut delay = std::time::Duration::from_millis(1);
     let mut attempt = 0;
+    let sent = std::time::Instant::now();
     let results = loop {
-        match client.unlink_batch(batch.clone()).await {
+        match client.namespace_batch(ops.clone()).await {
             Ok(r) if r.len() == batch.len() => break r,
             Ok(r) => {
                 warn!(
-                    "unlinks behind: {} results for {} unlinks; directories forgotten",
+                    "changes behind: {} results for {} changes; directories forgotten",
                     r.len(),
                     batch.len()
                 );
@@ -246,7 +277,7 @@ async fn send_batch(
             }
             Err(e) if attempt < 8 => {
                 warn!(
-                    "unlinks behind: {} unlinks not sent ({e}); retrying in {delay:?}",
+                    "changes behind: {} changes not sent ({e}); retrying in {delay:?}",
                     batch.len()
                 );
                 tokio::time::sleep(delay).await;
@@ -254,14 +285,10 @@ async fn send_batch(
                 attempt += 1;
             }
             Err(e) => {
-                let names: Vec<_> = batch
-                    .iter()
-                    .take(10)
-                    .map(|i| String::from_utf8_lossy(&i.name).into_owned())
-                    .collect();
+                let what: Vec<_> = ops.iter().take(10).map(op_name).collect();
                 tracing::error!(
-                    "unlinks behind: giving up on {} unlinks ({e}); they were not made, \
-                     e.g. {names:?}",
+                    "changes behind: giving up on {} changes ({e}); they were not made, \
+                     e.g. {what:?}",
                     batch.len()
                 );
                 break Vec::new();
@@ -270,34 +297,57 @@ async fn send_batch(
     };
     if results.is_empty() {
         let mut l = listings.lock();
-        for it in &batch {
-            l.remove(&it.parent);
+        for q in &batch {
+            l.remove(&q.parent);
         }
         return;
     }
-    for (it, r) in batch.iter().zip(results) {
-        match r {
-            Ok(u) if u.orphaned && u.purged => {
-                if u.size > 0 {
+    for (q, r) in batch.iter().zip(results) {
+        let change = match r {
+            Ok(BatchDone::Unlinked {
+                unlinked: u,
+                change,
+            }) => {
+                if u.orphaned && u.purged && u.size > 0 {
                     if let Err(e) = client.remove_objects(u.ino, u.size).await {
                         warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
                     }
+                } else if u.orphaned && !u.purged {
+                    if let Err(e) = client.purge(u.ino, u.size).await {
+                        warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
+                    }
                 }
+                Some(change)
             }
-            Ok(u) if u.orphaned => {
-                if let Err(e) = client.purge(u.ino, u.size).await {
-                    warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
-                }
-            }
-            Ok(_) => {}
+            Ok(BatchDone::Created { change }) => Some(change),
             Err(e) => {
-                // Another node changed the directory first: its listing here is wrong.
-                debug!(
-                    "unlink behind of {:?} in {}: {e}",
-                    String::from_utf8_lossy(&it.name),
-                    it.parent
-                );
-                listings.lock().remove(&it.parent);
+                // Another node changed the directory first.
+                match &q.op {
+                    BatchOp::CreateFile { .. } => warn!(
+                        "{} in directory {} made behind failed: {e}; its descriptors here \
+                         point to nothing",
+                        op_name(&q.op),
+                        q.parent
+                    ),
+                    BatchOp::Unlink { .. } => debug!(
+                        "{} in directory {} made behind: {e}",
+                        op_name(&q.op),
+                        q.parent
+                    ),
+                }
+                None
+            }
+        };
+        let mut l = listings.lock();
+        match change {
+            // The directory is as this node expected it when the batch went out.
+            Some(c) if c == q.change => {
+                if let Some(x) = l.get_mut(&q.parent) {
+                    x.at = x.at.max(sent);
+                }
+            }
+            _ => {
+                l.remove(&q.parent);
             }
         }
     }
@@ -319,6 +369,7 @@ impl Fs {
         fresh_dir_ttl: std::time::Duration,
         entry_ttl: std::time::Duration,
     ) -> Fs {
+        let creates_behind = client.desc.access_mode == "private";
         Fs {
             client,
             inodes: Mutex::new(HashMap::new()),
@@ -336,6 +387,9 @@ impl Fs {
                 work: tokio::sync::Notify::new(),
                 idle: tokio::sync::Notify::new(),
             }),
+            inos: Mutex::new(0..0),
+            inos_refused: std::sync::atomic::AtomicBool::new(false),
+            creates_behind,
         }
     }
 
@@ -531,6 +585,9 @@ impl Fs {
 
     pub async fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
         self.forget_dir(ino);
+        // A directory's mode (setgid) and owner are copied into files made behind.
+        self.listing_drop(ino);
+        self.barrier().await;
         let mut set = set;
         let open_size = {
             let inodes = self.inodes.lock();
@@ -586,6 +643,7 @@ impl Fs {
     }
 
     pub async fn open(&self, ino: Ino) -> FsResult<Opened> {
+        self.barrier().await;
         let a = self.client.getattr(ino).await.map_err(stale)?;
         if a.kind == FileKind::Dir {
             return Err(FsError::new(libc::EISDIR, "is a directory"));
@@ -647,7 +705,17 @@ impl Fs {
         gid: u32,
         flags: i32,
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
-        let a = match self.make(parent, name, NewNode::File, perm, uid, gid).await {
+        let behind = if self.creates_behind && self.listed(parent) {
+            self.ensure_inos().await;
+            self.create_behind(parent, name, perm, uid, gid)
+        } else {
+            None
+        };
+        let made = match behind {
+            Some(a) => Ok(a),
+            None => self.make(parent, name, NewNode::File, perm, uid, gid).await,
+        };
+        let a = match made {
             Ok(a) => a,
             // The name appeared after the kernel's lookup (another node made it): without
             // O_EXCL, open(2) opens what is there.
@@ -772,6 +840,8 @@ impl Fs {
             })
         };
         if let Some((size, mtime)) = pending {
+            // The file may have been made behind: the server must know it first.
+            self.barrier().await;
             match self
                 .client
                 .commit_write(ino, size, TimeSet::At(mtime))
@@ -911,6 +981,7 @@ impl Fs {
     }
 
     async fn purge(&self, ino: Ino, size: u64) {
+        self.barrier().await;
         if let Err(e) = self.client.purge(ino, size).await {
             warn!("could not remove the data of unlinked inode {ino}: {e}");
         }
@@ -1189,6 +1260,51 @@ impl Fs {
         }
     }
 
+    /// The listing of `parent`, if this node may still answer from it.
+    fn live_listing<'a>(
+        &self,
+        listings: &'a mut HashMap<Ino, Listing>,
+        parent: Ino,
+    ) -> Option<&'a mut Listing> {
+        listings
+            .get_mut(&parent)
+            .filter(|l| l.at.elapsed() < self.listing_ttl)
+    }
+
+    /// Queues `op`, a change of `l` (the listing of `parent`, locked by the caller, so the
+    /// queue keeps the order of the changes); returns the directory's attributes after it.
+    fn queue_behind(
+        &self,
+        rt: &tokio::runtime::Handle,
+        l: &mut Listing,
+        parent: Ino,
+        op: BatchOp,
+    ) -> Attr {
+        // What the metadata server will make of the directory (its clock may differ a little):
+        // the kernel asks for it right after.
+        l.change += 1;
+        let now = Timestamp::now();
+        l.dir.mtime = now;
+        l.dir.ctime = now;
+        l.dir.change = l.change;
+        let mut st = self.behind.state.lock();
+        st.queue.push(Queued {
+            op,
+            parent,
+            change: l.change,
+        });
+        self.behind.count.fetch_add(1, Ordering::AcqRel);
+        if !st.sender_started {
+            st.sender_started = true;
+            rt.spawn(send_behind(
+                self.behind.clone(),
+                self.client.clone(),
+                self.listings.clone(),
+            ));
+        }
+        l.dir.clone()
+    }
+
     /// Answers an unlink at once and queues it (see [`Behind`]) when this node lists
     /// `parent`, `name` is not a directory, and its file is not open here.
     fn unlink_behind(&self, parent: Ino, name: &[u8]) -> bool {
@@ -1197,12 +1313,9 @@ impl Fs {
         };
         let dir = {
             let mut listings = self.listings.lock();
-            let Some(l) = listings.get_mut(&parent) else {
+            let Some(l) = self.live_listing(&mut listings, parent) else {
                 return false;
             };
-            if l.at.elapsed() >= self.listing_ttl {
-                return false;
-            }
             let Some(&(ino, kind)) = l.names.get(name) else {
                 return false;
             };
@@ -1210,34 +1323,99 @@ impl Fs {
                 return false;
             }
             l.names.remove(name);
-            // What the metadata server will make of the directory (its clock may differ a
-            // little): the kernel asks for it right after.
-            l.change += 1;
-            let now = Timestamp::now();
-            l.dir.mtime = now;
-            l.dir.ctime = now;
-            l.dir.change = l.change;
-            // Queued under the listings lock: the queue keeps the order of the changes.
-            let mut st = self.behind.state.lock();
-            st.queue.push(UnlinkItem {
+            let op = BatchOp::Unlink {
                 parent,
                 name: name.to_vec(),
                 ino,
-            });
-            self.behind.count.fetch_add(1, Ordering::AcqRel);
-            if !st.sender_started {
-                st.sender_started = true;
-                rt.spawn(send_behind(
-                    self.behind.clone(),
-                    self.client.clone(),
-                    self.listings.clone(),
-                ));
-            }
-            l.dir.clone()
+            };
+            self.queue_behind(&rt, l, parent, op)
         };
         self.note_dir(dir);
         self.behind.work.notify_one();
         true
+    }
+
+    /// True when a create in `parent` may be made behind (it is listed here).
+    fn listed(&self, parent: Ino) -> bool {
+        let mut listings = self.listings.lock();
+        self.live_listing(&mut listings, parent).is_some()
+    }
+
+    /// Reserves inode numbers for creates made behind if none are left.
+    async fn ensure_inos(&self) {
+        if !self.inos.lock().is_empty() || self.inos_refused.load(Ordering::Relaxed) {
+            return;
+        }
+        match self.client.alloc_inodes(INODE_GRANT).await {
+            Ok(first) => *self.inos.lock() = first..first + u64::from(INODE_GRANT),
+            Err(e) => {
+                debug!("no inode numbers reserved ({e}): creates wait for the server");
+                self.inos_refused.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Makes a regular file at once and queues its creation (see [`Behind`]) when this node
+    /// lists `parent`, `name` is not in it, and a reserved inode number is left.
+    fn create_behind(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> Option<Attr> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        if name.is_empty() || name.len() > 255 || name.contains(&b'/') || name.contains(&0) {
+            return None;
+        }
+        let (a, dir) = {
+            let mut listings = self.listings.lock();
+            let l = self.live_listing(&mut listings, parent)?;
+            if l.names.contains_key(name) || l.names.len() >= MAX_LISTED_NAMES {
+                return None;
+            }
+            let ino = {
+                let mut inos = self.inos.lock();
+                let ino = inos.next()?;
+                ino
+            };
+            // As the metadata server does: a setgid directory passes its group down.
+            let gid = if l.dir.perm & 0o2000 != 0 {
+                l.dir.gid
+            } else {
+                gid
+            };
+            let now = Timestamp::now();
+            let a = Attr {
+                ino,
+                kind: FileKind::File,
+                perm: perm & 0o7777,
+                nlink: 1,
+                uid,
+                gid,
+                size: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                change: 0,
+            };
+            l.names.insert(name.to_vec(), (ino, FileKind::File));
+            let op = BatchOp::CreateFile {
+                parent,
+                name: name.to_vec(),
+                ino,
+                perm: a.perm,
+                uid,
+                gid,
+                time: now,
+            };
+            let dir = self.queue_behind(&rt, l, parent, op);
+            (a, dir)
+        };
+        self.note_dir(dir);
+        self.behind.work.notify_one();
+        Some(a)
     }
 
     /// Called when the file system is unmounted: commit what is pending.

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use surge_core::{FileId, Ino, InstanceId, Layout, NamespaceId, Piece};
 use surge_proto::{
-    AllocMode, Attr, DirEntry, ErrorReply, InstanceDescriptor, KeepOpen, NewNode, Request,
-    Response, ServerRef, SetAttr, TimeSet, UnlinkItem, Unlinked,
+    AllocMode, Attr, BatchDone, BatchOp, DirEntry, ErrorReply, InstanceDescriptor, KeepOpen,
+    NewNode, Request, Response, ServerRef, SetAttr, TimeSet, Unlinked,
 };
 
 /// Largest piece sent in one request (a one-fragment instance merges a whole write into one
@@ -213,11 +213,18 @@ impl InstanceClient {
     }
 
     metadata_call!(
-        /// Unlinks sent behind the application (see [`Request::UnlinkBatch`]): one result per
-        /// item.
-        unlink_batch(this, items: Vec<UnlinkItem>) -> Vec<std::result::Result<Unlinked, ErrorReply>>,
-        Request::UnlinkBatch { instance: this.instance(), ns: this.ns, items },
-        Response::UnlinkedBatch(r) => r);
+        /// Changes made behind the application (see [`Request::NamespaceBatch`]): one result
+        /// per change.
+        namespace_batch(this, ops: Vec<BatchOp>) -> Vec<std::result::Result<BatchDone, ErrorReply>>,
+        Request::NamespaceBatch { instance: this.instance(), ns: this.ns, ops },
+        Response::BatchDone(r) => r);
+
+    metadata_call!(
+        /// Reserves `count` inode numbers for creates made behind the application; returns
+        /// the first.
+        alloc_inodes(this, count: u32) -> Ino,
+        Request::AllocInodes { instance: this.instance(), ns: this.ns, count },
+        Response::Inodes { first, .. } => first);
 
     metadata_call!(
         /// Removes an empty directory; returns the parent's attributes after.

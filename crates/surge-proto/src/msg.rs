@@ -376,23 +376,51 @@ pub enum Request {
     },
 
     // --- metadata, appended ---
-    /// Unlinks a mount sent behind the application (it knew the directory's entries, see
-    /// `surge-client` `fs.rs`): in order, in one transaction, each on its own (a failed one
-    /// changes nothing). Each removes `name` from `parent` only while it still names `ino`, and
-    /// forgets an orphaned inode at once (the sender has it open nowhere).
-    UnlinkBatch {
+    /// Namespace changes a mount answered before the metadata server made them (it knew the
+    /// directory's entries, see `surge-client` `fs.rs`): in order, in one transaction, each on
+    /// its own (a failed one changes nothing).
+    NamespaceBatch {
         instance: InstanceId,
         ns: NamespaceId,
-        items: Vec<UnlinkItem>,
+        ops: Vec<BatchOp>,
+    },
+    /// Reserves `count` inode numbers (at most 65536) for the creates of `NamespaceBatch`: they
+    /// are never given to anything else.
+    AllocInodes {
+        instance: InstanceId,
+        ns: NamespaceId,
+        count: u32,
     },
 }
 
-/// One unlink of [`Request::UnlinkBatch`].
+/// One change of [`Request::NamespaceBatch`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnlinkItem {
-    pub parent: Ino,
-    pub name: Vec<u8>,
-    pub ino: Ino,
+pub enum BatchOp {
+    /// Removes `name` from `parent` only while it still names `ino`; an orphaned inode is
+    /// forgotten at once (the sender has it open nowhere).
+    Unlink {
+        parent: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+    },
+    /// Creates regular file `name` in `parent` as inode `ino` (reserved with `AllocInodes`),
+    /// with `time` as its times and the parent's new mtime and ctime.
+    CreateFile {
+        parent: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        time: Timestamp,
+    },
+}
+
+/// What one [`BatchOp`] did. `change` is the parent directory's change counter after it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchDone {
+    Unlinked { unlinked: Unlinked, change: u64 },
+    Created { change: u64 },
 }
 
 /// What [`Request::AllocateObject`] does with its range.
@@ -480,8 +508,13 @@ pub enum Response {
     },
     /// Reply to `Rmdir`: the parent directory's attributes.
     DirChanged(Attr),
-    /// Reply to `UnlinkBatch`: one result per item, in order.
-    UnlinkedBatch(Vec<Result<Unlinked, ErrorReply>>),
+    /// Reply to `NamespaceBatch`: one result per change, in order.
+    BatchDone(Vec<Result<BatchDone, ErrorReply>>),
+    /// Reply to `AllocInodes`: `first..first + count` are reserved.
+    Inodes {
+        first: Ino,
+        count: u32,
+    },
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -599,7 +632,8 @@ impl Request {
             Request::CommitWrite { .. } => 42,
             Request::Purge { .. } => 43,
             Request::NamespaceStats { .. } => 44,
-            Request::UnlinkBatch { .. } => 45,
+            Request::NamespaceBatch { .. } => 45,
+            Request::AllocInodes { .. } => 46,
         }
     }
 
@@ -639,7 +673,8 @@ impl Request {
             Request::CommitWrite { .. } => "CommitWrite",
             Request::Purge { .. } => "Purge",
             Request::NamespaceStats { .. } => "NamespaceStats",
-            Request::UnlinkBatch { .. } => "UnlinkBatch",
+            Request::NamespaceBatch { .. } => "NamespaceBatch",
+            Request::AllocInodes { .. } => "AllocInodes",
         }
     }
 }

@@ -145,7 +145,8 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                     | Request::ReadDir { instance, ns, .. }
                     | Request::CommitWrite { instance, ns, .. }
                     | Request::Purge { instance, ns, .. }
-                    | Request::UnlinkBatch { instance, ns, .. }
+                    | Request::NamespaceBatch { instance, ns, .. }
+                    | Request::AllocInodes { instance, ns, .. }
                     | Request::NamespaceStats { instance, ns } => (*instance, *ns),
                     other => {
                         return Err(ErrorReply::new(
@@ -170,9 +171,16 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                 if let Some(ino) = forgotten {
                     reg.remove_local_objects(instance, surge_core::FileId { ns, ino });
                 }
-                if let Response::UnlinkedBatch(results) = &resp {
-                    for u in results.iter().flatten().filter(|u| u.purged) {
-                        reg.remove_local_objects(instance, surge_core::FileId { ns, ino: u.ino });
+                if let Response::BatchDone(results) = &resp {
+                    for r in results.iter().flatten() {
+                        if let surge_proto::BatchDone::Unlinked { unlinked: u, .. } = r {
+                            if u.purged {
+                                reg.remove_local_objects(
+                                    instance,
+                                    surge_core::FileId { ns, ino: u.ino },
+                                );
+                            }
+                        }
                     }
                 }
                 resp

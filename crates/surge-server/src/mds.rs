@@ -160,7 +160,13 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             ops.purge(*ino)?;
             Response::Ok
         }
-        Request::UnlinkBatch { items, .. } => Response::UnlinkedBatch(ops.unlink_batch(items)?),
+        Request::NamespaceBatch { ops: batch, .. } => {
+            Response::BatchDone(ops.namespace_batch(batch)?)
+        }
+        Request::AllocInodes { count, .. } => Response::Inodes {
+            first: ops.alloc_inodes(*count)?,
+            count: *count,
+        },
         Request::NamespaceStats { .. } => Response::NamespaceStats {
             inodes: ops.inode_count()?,
         },

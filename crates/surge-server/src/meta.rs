@@ -10,8 +10,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use surge_core::Ino;
 use surge_proto::{
-    Attr, DirEntry, ErrorCode, ErrorReply, FileKind, KeepOpen, NewNode, SetAttr, TimeSet,
-    Timestamp, UnlinkItem, Unlinked,
+    Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply, FileKind, KeepOpen, NewNode,
+    SetAttr, TimeSet, Timestamp, Unlinked,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -247,7 +247,6 @@ impl Ops<'_> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
         parent: Ino,
@@ -256,6 +255,20 @@ impl Ops<'_> {
         perm: u16,
         uid: u32,
         gid: u32,
+    ) -> MetaResult<Attr> {
+        self.create_as(parent, name, node, (perm, uid, gid), None, Timestamp::now())
+    }
+
+    /// [`create`](Self::create) as inode `ino` when given (reserved with
+    /// [`alloc_inodes`](Self::alloc_inodes); it must not exist), at time `now`.
+    pub fn create_as(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        (perm, uid, gid): (u16, u32, u32),
+        ino: Option<Ino>,
+        now: Timestamp,
     ) -> MetaResult<Attr> {
         check_name(name)?;
         let p = self.dir(parent)?;
@@ -296,13 +309,21 @@ impl Ops<'_> {
             perm & 0o7777
         };
         let size = target.map_or(0, |t| t.len() as u64);
-        let now = Timestamp::now();
+        if let Some(ino) = ino {
+            if ino <= ROOT_INO || self.find(ino)?.is_some() {
+                return Err(err(
+                    ErrorCode::Stale,
+                    format!("inode {ino} is taken or was never reserved"),
+                ));
+            }
+        }
+        // A NULL inode number lets the store pick the next one.
         let ino = self
             .tx
             .prepare_cached(
                 "INSERT INTO inodes(kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
-                    mtime_s, mtime_ns, ctime_s, ctime_ns, parent, target)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7, ?8, ?7, ?8, ?9, ?10)",
+                    mtime_s, mtime_ns, ctime_s, ctime_ns, parent, target, ino)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7, ?8, ?7, ?8, ?9, ?10, ?11)",
             )
             .and_then(|mut st| {
                 st.insert(params![
@@ -319,7 +340,8 @@ impl Ops<'_> {
                     } else {
                         0
                     },
-                    target
+                    target,
+                    ino.map(|i| i as i64)
                 ])
             })
             .map_err(db_err)? as u64;
@@ -445,41 +467,104 @@ impl Ops<'_> {
         self.drop_link(ino, now, keep)
     }
 
-    /// The unlinks of a [`surge_proto::Request::UnlinkBatch`]: one result per item. An item
-    /// whose name is gone or names another inode now fails alone, changing nothing; a failure
-    /// of the store fails the whole batch (the caller's transaction rolls back).
-    pub fn unlink_batch(
+    /// The changes of a [`surge_proto::Request::NamespaceBatch`]: one result per change. A
+    /// change that no longer applies (the name is gone or names another inode, the name is
+    /// taken, ...) fails alone, changing nothing; a failure of the store fails the whole batch
+    /// (the caller's transaction rolls back).
+    pub fn namespace_batch(
         &self,
-        items: &[UnlinkItem],
-    ) -> MetaResult<Vec<Result<Unlinked, ErrorReply>>> {
+        batch: &[BatchOp],
+    ) -> MetaResult<Vec<Result<BatchDone, ErrorReply>>> {
         let keep = KeepOpen::Only(Vec::new());
-        let mut out = Vec::with_capacity(items.len());
-        for it in items {
-            let check =
-                self.dir(it.parent)
-                    .and_then(|_| match self.dentry(it.parent, &it.name)? {
-                        Some((ino, kind)) if ino == it.ino && kind != FileKind::Dir => Ok(()),
+        let mut out = Vec::with_capacity(batch.len());
+        for op in batch {
+            let r = match op {
+                BatchOp::Unlink { parent, name, ino } => self
+                    .dir(*parent)
+                    .and_then(|_| match self.dentry(*parent, name)? {
+                        Some((i, kind)) if i == *ino && kind != FileKind::Dir => Ok(()),
                         Some(_) => Err(err(
                             ErrorCode::Stale,
                             format!(
-                                "{} now names another inode than {}",
-                                String::from_utf8_lossy(&it.name),
-                                it.ino
+                                "{} now names another inode than {ino}",
+                                String::from_utf8_lossy(name)
                             ),
                         )),
                         None => Err(err(
                             ErrorCode::NotFound,
-                            format!("{} not found", String::from_utf8_lossy(&it.name)),
+                            format!("{} not found", String::from_utf8_lossy(name)),
                         )),
-                    });
-            out.push(match check {
-                // Checked: what fails now is the store.
-                Ok(()) => Ok(self.unlink(it.parent, &it.name, &keep)?),
+                    })
+                    .and_then(|()| {
+                        let unlinked = self.unlink(*parent, name, &keep)?;
+                        Ok(BatchDone::Unlinked {
+                            unlinked,
+                            change: self.getattr(*parent)?.change,
+                        })
+                    }),
+                BatchOp::CreateFile {
+                    parent,
+                    name,
+                    ino,
+                    perm,
+                    uid,
+                    gid,
+                    time,
+                } => self
+                    .create_as(
+                        *parent,
+                        name,
+                        &NewNode::File,
+                        (*perm, *uid, *gid),
+                        Some(*ino),
+                        *time,
+                    )
+                    .and_then(|_| {
+                        Ok(BatchDone::Created {
+                            change: self.getattr(*parent)?.change,
+                        })
+                    }),
+            };
+            match r {
+                // Checks come before changes: an I/O error may have left a change half made.
                 Err(e) if e.code == ErrorCode::Io => return Err(e),
-                Err(e) => Err(e),
-            });
+                r => out.push(r),
+            }
         }
         Ok(out)
+    }
+
+    /// Reserves `count` inode numbers, never given out again; returns the first.
+    pub fn alloc_inodes(&self, count: u32) -> MetaResult<Ino> {
+        if count == 0 || count > 65536 {
+            return Err(err(
+                ErrorCode::Invalid,
+                format!("cannot reserve {count} inodes (1..=65536)"),
+            ));
+        }
+        let seq: Option<i64> = self
+            .tx
+            .prepare_cached("SELECT seq FROM sqlite_sequence WHERE name = 'inodes'")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)).optional())
+            .map_err(db_err)?;
+        let last = match seq {
+            Some(s) => s,
+            None => self
+                .tx
+                .query_row("SELECT COALESCE(MAX(ino), 1) FROM inodes", [], |r| r.get(0))
+                .map_err(db_err)?,
+        };
+        let new = last + i64::from(count);
+        let sql = if seq.is_some() {
+            "UPDATE sqlite_sequence SET seq = ?1 WHERE name = 'inodes'"
+        } else {
+            "INSERT INTO sqlite_sequence(name, seq) VALUES ('inodes', ?1)"
+        };
+        self.tx
+            .prepare_cached(sql)
+            .and_then(|mut st| st.execute([new]))
+            .map_err(db_err)?;
+        Ok(last as u64 + 1)
     }
 
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> MetaResult<()> {
@@ -959,45 +1044,90 @@ mod tests {
     }
 
     #[test]
-    fn unlink_batch_checks_each_name_still_names_its_inode() {
-        let (_t, c) = store();
+    fn namespace_batch_checks_each_change_and_reserved_inodes_are_never_reused() {
+        let (t, c) = store();
         let ops = Ops { tx: &c };
         let d = ops
-            .create(ROOT_INO, b"d", &NewNode::Dir, 0o755, 1, 1)
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o2775, 1, 7)
             .unwrap();
         let f = ops
             .create(d.ino, b"f", &NewNode::File, 0o644, 1, 1)
             .unwrap();
-        let g = ops
-            .create(d.ino, b"g", &NewNode::File, 0o644, 1, 1)
-            .unwrap();
         let sub = ops
             .create(d.ino, b"sub", &NewNode::Dir, 0o755, 1, 1)
             .unwrap();
-        let item = |name: &[u8], ino| UnlinkItem {
+        let first = ops.alloc_inodes(10).unwrap();
+        assert!(first > sub.ino);
+        assert_eq!(ops.alloc_inodes(5).unwrap(), first + 10);
+        assert_eq!(code(ops.alloc_inodes(0)), ErrorCode::Invalid);
+        let unlink = |name: &[u8], ino| BatchOp::Unlink {
             parent: d.ino,
             name: name.to_vec(),
             ino,
         };
+        let time = Timestamp {
+            secs: 1_700_000_000,
+            nsec: 5,
+        };
+        let create = |name: &[u8], ino| BatchOp::CreateFile {
+            parent: d.ino,
+            name: name.to_vec(),
+            ino,
+            perm: 0o600,
+            uid: 3,
+            gid: 4,
+            time,
+        };
         let before = ops.getattr(d.ino).unwrap().change;
         let r = ops
-            .unlink_batch(&[
-                item(b"f", f.ino),
-                item(b"g", f.ino),
-                item(b"gone", 99),
-                item(b"sub", sub.ino),
-                item(b"f", f.ino),
+            .namespace_batch(&[
+                unlink(b"f", f.ino),
+                create(b"f", first),
+                unlink(b"g", f.ino),
+                unlink(b"sub", sub.ino),
+                create(b"f", first + 1),
+                create(b"h", first),
+                create(b"h", 1),
+                unlink(b"f", f.ino),
             ])
             .unwrap();
-        let u = r[0].as_ref().unwrap();
-        assert!(u.orphaned && u.purged && u.ino == f.ino, "{u:?}");
-        assert_eq!(r[1].as_ref().unwrap_err().code, ErrorCode::Stale);
-        assert_eq!(r[2].as_ref().unwrap_err().code, ErrorCode::NotFound);
-        assert_eq!(r[3].as_ref().unwrap_err().code, ErrorCode::Stale);
-        assert_eq!(r[4].as_ref().unwrap_err().code, ErrorCode::NotFound);
-        assert_eq!(ops.lookup(d.ino, b"g").unwrap().ino, g.ino);
+        match &r[0] {
+            Ok(BatchDone::Unlinked { unlinked, change }) => {
+                assert!(unlinked.orphaned && unlinked.purged && unlinked.ino == f.ino);
+                assert_eq!(*change, before + 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r[1], Ok(BatchDone::Created { change: before + 2 }));
+        let codes: Vec<_> = r[2..]
+            .iter()
+            .map(|x| x.as_ref().unwrap_err().code)
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                ErrorCode::NotFound,
+                ErrorCode::Stale,
+                ErrorCode::Exists,
+                ErrorCode::Stale,
+                ErrorCode::Stale,
+                ErrorCode::Stale
+            ]
+        );
+        let a = ops.lookup(d.ino, b"f").unwrap();
+        assert_eq!((a.ino, a.perm, a.uid, a.mtime), (first, 0o600, 3, time));
+        assert_eq!(a.gid, 7, "setgid directory passes its group down");
+        assert_eq!(ops.getattr(d.ino).unwrap().change, before + 2);
         assert_eq!(code(ops.getattr(f.ino)), ErrorCode::NotFound, "forgotten");
-        assert_eq!(ops.getattr(d.ino).unwrap().change, before + 1, "one change");
+        // Reserved numbers survive a reopen and are not handed out by plain creates.
+        drop(c);
+        let c = open(&t.path().join("m.db"), 1000, 1000, 0o755).unwrap();
+        let ops = Ops { tx: &c };
+        let g = ops
+            .create(d.ino, b"g", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        assert!(g.ino >= first + 15, "{} reused a reserved number", g.ino);
+        assert!(ops.alloc_inodes(1).unwrap() > g.ino);
     }
 
     #[test]
