@@ -1375,11 +1375,7 @@ impl Fs {
             if l.names.contains_key(name) || l.names.len() >= MAX_LISTED_NAMES {
                 return None;
             }
-            let ino = {
-                let mut inos = self.inos.lock();
-                let ino = inos.next()?;
-                ino
-            };
+            let ino = self.inos.lock().next()?;
             // As the metadata server does: a setgid directory passes its group down.
             let gid = if l.dir.perm & 0o2000 != 0 {
                 l.dir.gid
