@@ -80,7 +80,7 @@ done
 mkid() { python3 -c 'import json,sys; print(json.load(sys.stdin)["instance"])'; }
 ID1=$($SURGE instance create --servers "${ADDRS[0]}" --capacity 8GiB --json | mkid)
 IDN=$($SURGE instance create --servers "$(IFS=,; echo "${ADDRS[*]}")" --capacity 8GiB --json | mkid)
-IDP=$($SURGE instance create --servers "${ADDRS[0]}" --capacity 8GiB --access-mode private --json | mkid)
+IDP=$($SURGE instance create --servers "${ADDRS[0]}" --capacity 2GiB --access-mode private --json | mkid)
 mkdir -p "$WORK/surge1" "$WORK/surgeN" "$WORK/surgeP"
 for t in 1:$ID1 N:$IDN P:$IDP; do
     $SURGE mount --server "${ADDRS[0]}" --instance "${t#*:}" --ready-file "$WORK/mnt${t%%:*}.ready" "$WORK/surge${t%%:*}" 2>"$WORK/mount${t%%:*}.log" &
