@@ -158,7 +158,7 @@ ROWS=(seqwrite-1 seqwrite-2 seqwritenp-1 seqwritenp-2 seqread-1 seqread-2 randre
 printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll plld surge1 surgeN surgeP s1/raw sN/raw pll/raw s1/pll sN/pll sP/pll s1/plld sN/plld sP/plld
 JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"results\": {"
 first=1
-ratio() { echo "$1 $2" | awk '{ if ($2 > 0) printf "%.2f", $1 / $2; else print "-" }'; }
+ratio() { echo "$1 $2" | awk '{ if ($1 == "-" || $2 == "-" || $2 <= 0) print "-"; else printf "%.2f", $1 / $2 }'; }
 for row in "${ROWS[@]}"; do
     raw=$(echo "${R[raw,$row]}" | median); pll=$(echo "${R[pll,$row]}" | median)
     plld=$(echo "${R[plld,$row]:-}" | median); plld=${plld:--}
