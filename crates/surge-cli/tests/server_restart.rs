@@ -86,3 +86,46 @@ fn a_mount_reconnects_to_a_restarted_server() {
     }
     verify(&m, &files);
 }
+
+/// Creates and unlinks a mount answered before the metadata server made them (a private
+/// namespace, a directory the mount made) are made once the killed server is back.
+#[test]
+fn changes_made_behind_are_made_after_the_server_restarts() {
+    if skip_without_fuse("changes_made_behind_are_made_after_the_server_restarts") {
+        return;
+    }
+    let mut c = Cluster::start(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &["--access-mode", "private"]);
+    let m = Mount::new(&c, id, 0);
+    std::fs::create_dir(m.path("d")).unwrap();
+    for i in 0..300 {
+        std::fs::write(m.path(&format!("d/f{i}")), b"x").unwrap();
+    }
+    for i in 0..300 {
+        std::fs::remove_file(m.path(&format!("d/f{i}"))).unwrap();
+        std::fs::File::create(m.path(&format!("d/g{i}"))).unwrap();
+    }
+    c.servers[0].kill9();
+    c.servers[0].restart();
+    let mut expect: Vec<String> = (0..300).map(|i| format!("g{i}")).collect();
+    expect.sort();
+    // The first request on a broken connection may fail with EIO.
+    let names = wait_for(
+        "the listing after the restart",
+        std::time::Duration::from_secs(60),
+        || {
+            std::fs::File::open(m.path("d")).ok()?.sync_all().ok()?;
+            let mut v: Vec<String> = std::fs::read_dir(m.path("d"))
+                .ok()?
+                .map(|e| e.map(|e| e.file_name().into_string().unwrap_or_default()))
+                .collect::<Result<_, _>>()
+                .ok()?;
+            v.sort();
+            Some(v)
+        },
+    );
+    assert_eq!(names, expect);
+    // The server has them on its store: a second mount sees the same.
+    let m2 = Mount::new(&c, id, 0);
+    assert_eq!(std::fs::read_dir(m2.path("d")).unwrap().count(), 300);
+}

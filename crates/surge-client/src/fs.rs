@@ -211,6 +211,17 @@ struct Queued {
 
 /// Changes sent in one batch at most.
 const MAX_BATCH: usize = 1024;
+/// Tries of a batch that could not be sent (1 ms, 4, 16, 64, 256 ms, then every second: ~30 s).
+const BATCH_RETRIES: u32 = 35;
+
+/// A failed batch worth sending again: the connection or the server's store failed, not the
+/// request.
+fn retryable(e: &ClientError) -> bool {
+    match e.code() {
+        None => true,
+        Some(code) => code == surge_proto::ErrorCode::Io || code == surge_proto::ErrorCode::Busy,
+    }
+}
 
 /// Bounds on `Fs::listings`: directories, and names in one (beyond: forgotten).
 const MAX_LISTINGS: usize = 1024;
@@ -275,7 +286,9 @@ async fn send_batch(
                 );
                 break Vec::new();
             }
-            Err(e) if attempt < 8 => {
+            // A server that restarts (or a connection that broke) gets half a minute; an
+            // instance or namespace that is gone, or a refusal, gets no retry.
+            Err(e) if attempt < BATCH_RETRIES && retryable(&e) => {
                 warn!(
                     "changes behind: {} changes not sent ({e}); retrying in {delay:?}",
                     batch.len()
