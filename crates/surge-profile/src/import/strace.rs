@@ -320,7 +320,17 @@ fn hist_bucket(n: u64) -> usize {
 
 /// Parses an strace log.
 pub fn parse(text: &str, stage: &str, file: &str) -> Result<Profile, StraceError> {
-    let mut st = State::default();
+    // `strace -f` prints a line when the call finishes, so a new thread's first calls can come
+    // before the `clone` that made it returns: learn the thread groups in a first pass, so
+    // those calls are counted for the right process.
+    let mut pre = State::default();
+    for raw in text.lines() {
+        parse_line(&mut pre, raw);
+    }
+    let mut st = State {
+        tgid: pre.tgid,
+        ..State::default()
+    };
     for raw in text.lines() {
         parse_line(&mut st, raw);
     }
@@ -851,6 +861,26 @@ mod tests {
 101 10:00:00.008000 +++ exited with 0 +++
 100 10:00:00.009000 +++ exited with 0 +++
 "#;
+
+    /// As `strace -f` may print it: the new thread's first call finishes before its `clone`.
+    const THREAD_FIRST: &str = r#"200 10:00:00.000000 execve("/usr/bin/prog", ["prog"], 0x7ffd /* 5 vars */) = 0 <0.000200>
+200 10:00:00.001000 openat(AT_FDCWD, "/d/out.dat", O_WRONLY|O_CREAT, 0644) = 3 <0.000010>
+200 10:00:00.002000 clone(child_stack=0x7f, flags=CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_SIGHAND|CLONE_THREAD|CLONE_SYSVSEM|CLONE_SETTLS|CLONE_PARENT_SETTID|CLONE_CHILD_CLEARTID, parent_tid=[201], tls=0x7f, child_tidptr=0x7f <unfinished ...>
+201 10:00:00.003000 write(3, "hello", 5) = 5 <0.000020>
+200 10:00:00.004000 <... clone resumed>) = 201 <0.000100>
+201 10:00:00.005000 +++ exited with 0 +++
+200 10:00:00.006000 close(3) = 0 <0.000003>
+200 10:00:00.007000 +++ exited with 0 +++
+"#;
+
+    #[test]
+    fn a_thread_seen_before_its_clone_returns_belongs_to_its_process() {
+        let p = parse(THREAD_FIRST, "s", "log").unwrap();
+        assert_eq!(p.processes.len(), 1, "{:?}", p.processes);
+        assert_eq!((p.processes[0].threads, p.processes[0].io_threads), (2, 2));
+        let f = p.files.iter().find(|f| f.path == "/d/out.dat").unwrap();
+        assert_eq!((f.counters.writes, f.counters.bytes_written), (1, 5));
+    }
 
     #[test]
     fn counts_calls_per_file_across_fork_and_split_lines() {
