@@ -1379,9 +1379,8 @@ impl Fs {
         gid: u32,
     ) -> Option<Attr> {
         let rt = tokio::runtime::Handle::try_current().ok()?;
-        if name.is_empty() || name.len() > 255 || name.contains(&b'/') || name.contains(&0) {
-            return None;
-        }
+        // A name the server would refuse gets its error from the server.
+        surge_proto::check_name(name).ok()?;
         let (a, dir) = {
             let mut listings = self.listings.lock();
             let l = self.live_listing(&mut listings, parent)?;
@@ -1389,17 +1388,13 @@ impl Fs {
                 return None;
             }
             let ino = self.inos.lock().next()?;
-            // As the metadata server does: a setgid directory passes its group down.
-            let gid = if l.dir.perm & 0o2000 != 0 {
-                l.dir.gid
-            } else {
-                gid
-            };
+            let (gid, perm) =
+                surge_proto::new_node_group_and_perm(&l.dir, FileKind::File, gid, perm);
             let now = Timestamp::now();
             let a = Attr {
                 ino,
                 kind: FileKind::File,
-                perm: perm & 0o7777,
+                perm,
                 nlink: 1,
                 uid,
                 gid,

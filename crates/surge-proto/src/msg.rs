@@ -79,6 +79,53 @@ pub struct Attr {
     pub change: u64,
 }
 
+/// Longest name of a directory entry, in bytes.
+pub const NAME_MAX: usize = 255;
+/// The set-group-ID bit of a mode.
+pub const S_ISGID: u16 = 0o2000;
+
+/// Checks that `name` can name a directory entry (the metadata server's rule; a client that
+/// answers for the server must apply the same).
+pub fn check_name(name: &[u8]) -> Result<(), ErrorReply> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        return Err(ErrorReply::new(
+            ErrorCode::Invalid,
+            format!("invalid file name {:?}", String::from_utf8_lossy(name)),
+        ));
+    }
+    if name.len() > NAME_MAX {
+        return Err(ErrorReply::new(
+            ErrorCode::NameTooLong,
+            format!("name of {} bytes exceeds {NAME_MAX}", name.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// The group and permission bits of a new node of `kind` asked for with `gid` and `perm` in
+/// directory `parent` (the metadata server's rule; a client that answers for the server must
+/// apply the same). BSD/SysV setgid directories: new entries take the directory's group,
+/// subdirectories inherit the bit. Symlinks are 0o777.
+pub fn new_node_group_and_perm(parent: &Attr, kind: FileKind, gid: u32, perm: u16) -> (u32, u16) {
+    let (gid, perm) = if parent.perm & S_ISGID != 0 {
+        let perm = if kind == FileKind::Dir {
+            perm | S_ISGID
+        } else {
+            perm
+        };
+        (parent.gid, perm)
+    } else {
+        (gid, perm)
+    };
+    let perm = if kind == FileKind::Symlink {
+        0o777
+    } else {
+        perm & 0o7777
+    };
+    (gid, perm)
+}
+
 /// A time to set: the metadata server's clock, or a given time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TimeSet {

@@ -10,13 +10,11 @@ use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use surge_core::Ino;
 use surge_proto::{
-    Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply, FileKind, KeepOpen, NewNode,
-    SetAttr, TimeSet, Timestamp, Unlinked,
+    check_name, new_node_group_and_perm, Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply,
+    FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
 };
 
 pub const ROOT_INO: Ino = 1;
-const NAME_MAX: usize = 255;
-const S_ISGID: u16 = 0o2000;
 const RENAME_NOREPLACE: u32 = 1;
 const RENAME_EXCHANGE: u32 = 2;
 
@@ -70,23 +68,6 @@ fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
         ctime: ts(11)?,
         change: r.get::<_, i64>(base + 13)? as u64,
     })
-}
-
-fn check_name(name: &[u8]) -> MetaResult<()> {
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
-    {
-        return Err(err(
-            ErrorCode::Invalid,
-            format!("invalid file name {:?}", String::from_utf8_lossy(name)),
-        ));
-    }
-    if name.len() > NAME_MAX {
-        return Err(err(
-            ErrorCode::NameTooLong,
-            format!("name of {} bytes exceeds {NAME_MAX}", name.len()),
-        ));
-    }
-    Ok(())
 }
 
 /// Opens (creating if needed) the store at `path`.
@@ -291,23 +272,7 @@ impl Ops<'_> {
                 (FileKind::Symlink, Some(target.as_slice()), 1)
             }
         };
-        // BSD/SysV setgid directories: new entries take the directory's group, subdirectories
-        // inherit the bit.
-        let (gid, perm) = if p.perm & S_ISGID != 0 {
-            let perm = if kind == FileKind::Dir {
-                perm | S_ISGID
-            } else {
-                perm
-            };
-            (p.gid, perm)
-        } else {
-            (gid, perm)
-        };
-        let perm = if kind == FileKind::Symlink {
-            0o777
-        } else {
-            perm & 0o7777
-        };
+        let (gid, perm) = new_node_group_and_perm(&p, kind, gid, perm);
         let size = target.map_or(0, |t| t.len() as u64);
         if let Some(ino) = ino {
             if ino <= ROOT_INO || self.find(ino)?.is_some() {
@@ -1292,6 +1257,6 @@ mod tests {
             .unwrap();
         let s = ops.create(d.ino, b"s", &NewNode::Dir, 0o755, 1, 7).unwrap();
         assert_eq!((f.gid, s.gid), (50, 50));
-        assert_ne!(s.perm & S_ISGID, 0);
+        assert_ne!(s.perm & surge_proto::S_ISGID, 0);
     }
 }
