@@ -169,11 +169,11 @@ pub struct Fs {
 struct Listing {
     /// Every name, with its inode and kind.
     names: HashMap<Vec<u8>, (Ino, FileKind)>,
-    change: u64,
     /// When the metadata server last confirmed the listing (a change here answered with the
     /// next counter).
     at: std::time::Instant,
-    /// The directory's attributes after the last change made here.
+    /// The directory's attributes after the last change made here (`dir.change` is the
+    /// counter this node expects).
     dir: Attr,
 }
 
@@ -321,11 +321,9 @@ async fn send_batch(
                 unlinked: u,
                 change,
             }) => {
-                if u.orphaned && u.purged && u.size > 0 {
-                    if let Err(e) = client.remove_objects(u.ino, u.size).await {
-                        warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
-                    }
-                } else if u.orphaned && !u.purged {
+                if u.orphaned && u.purged {
+                    remove_purged_data(client, &u).await;
+                } else if u.orphaned {
                     if let Err(e) = client.purge(u.ino, u.size).await {
                         warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
                     }
@@ -362,6 +360,16 @@ async fn send_batch(
             _ => {
                 l.remove(&q.parent);
             }
+        }
+    }
+}
+
+/// Removes the objects of an inode the metadata server forgot when its last name went (the
+/// server removed its own local objects already).
+async fn remove_purged_data(client: &InstanceClient, u: &Unlinked) {
+    if u.size > 0 {
+        if let Err(e) = client.remove_objects(u.ino, u.size).await {
+            warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
         }
     }
 }
@@ -419,7 +427,6 @@ impl Fs {
             dir.ino,
             Listing {
                 names: HashMap::new(),
-                change: dir.change,
                 at: std::time::Instant::now(),
                 dir: dir.clone(),
             },
@@ -433,7 +440,7 @@ impl Fs {
         let Some(l) = listings.get_mut(&dir.ino) else {
             return;
         };
-        if dir.change != l.change.wrapping_add(1) || l.names.len() >= MAX_LISTED_NAMES {
+        if dir.change != l.dir.change.wrapping_add(1) || l.names.len() >= MAX_LISTED_NAMES {
             // Somebody else changed it too (or it grew too big to keep).
             listings.remove(&dir.ino);
             return;
@@ -446,7 +453,6 @@ impl Fs {
                 l.names.remove(name);
             }
         }
-        l.change = dir.change;
         l.at = std::time::Instant::now();
         l.dir = dir.clone();
     }
@@ -457,10 +463,9 @@ impl Fs {
 
     /// True when `name` is known not to be in `parent` (see `Fs::listings`).
     fn known_absent(&self, parent: Ino, name: &[u8]) -> bool {
-        self.listings
-            .lock()
-            .get(&parent)
-            .is_some_and(|l| l.at.elapsed() < self.listing_ttl && !l.names.contains_key(name))
+        let mut listings = self.listings.lock();
+        self.live_listing(&mut listings, parent)
+            .is_some_and(|l| !l.names.contains_key(name))
     }
 
     fn note_dir(&self, a: Attr) {
@@ -532,7 +537,10 @@ impl Fs {
     fn observe(&self, mut a: Attr, lookup: bool) -> Attr {
         if a.kind == FileKind::Dir {
             let mut listings = self.listings.lock();
-            if listings.get(&a.ino).is_some_and(|l| l.change != a.change) {
+            if listings
+                .get(&a.ino)
+                .is_some_and(|l| l.dir.change != a.change)
+            {
                 listings.remove(&a.ino);
             }
         }
@@ -1018,12 +1026,7 @@ impl Fs {
             return;
         }
         if u.purged {
-            // The metadata server forgot the inode already; only its objects remain.
-            if u.size > 0 {
-                if let Err(e) = self.client.remove_objects(u.ino, u.size).await {
-                    warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
-                }
-            }
+            remove_purged_data(&self.client, &u).await;
             return;
         }
         let size = {
@@ -1295,16 +1298,15 @@ impl Fs {
     ) -> Attr {
         // What the metadata server will make of the directory (its clock may differ a little):
         // the kernel asks for it right after.
-        l.change += 1;
         let now = Timestamp::now();
         l.dir.mtime = now;
         l.dir.ctime = now;
-        l.dir.change = l.change;
+        l.dir.change += 1;
         let mut st = self.behind.state.lock();
         st.queue.push(Queued {
             op,
             parent,
-            change: l.change,
+            change: l.dir.change,
         });
         self.behind.count.fetch_add(1, Ordering::AcqRel);
         if !st.sender_started {
