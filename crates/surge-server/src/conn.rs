@@ -10,9 +10,10 @@
 use crate::registry::Registry;
 use std::io::{BufReader, Read, Write};
 use std::sync::Arc;
+use surge_core::Ino;
 use surge_proto::codec::{self, CodecError};
 use surge_proto::transport::Polled;
-use surge_proto::{ErrorCode, ErrorReply, Request, Response};
+use surge_proto::{BatchDone, ErrorCode, ErrorReply, Request, Response};
 use tracing::{debug, info, warn};
 
 /// Answers one request. Read data is placed in `out` and sent as the payload.
@@ -160,28 +161,25 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                     _ => None,
                 };
                 let resp = reg.namespace(instance, ns)?.call(meta);
-                let forgotten = match &resp {
-                    Response::Removed { unlinked: u, .. } if u.purged => Some(u.ino),
+                // Inodes the metadata server forgot: their local objects go too.
+                let forgotten: Vec<Ino> = match &resp {
+                    Response::Removed { unlinked: u, .. } if u.purged => vec![u.ino],
                     Response::Renamed {
                         replaced: Some(u), ..
-                    } if u.purged => Some(u.ino),
-                    Response::Ok => purge,
-                    _ => None,
+                    } if u.purged => vec![u.ino],
+                    Response::Ok => purge.into_iter().collect(),
+                    Response::BatchDone(results) => results
+                        .iter()
+                        .flatten()
+                        .filter_map(|r| match r {
+                            BatchDone::Unlinked { unlinked: u, .. } if u.purged => Some(u.ino),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
                 };
-                if let Some(ino) = forgotten {
+                for ino in forgotten {
                     reg.remove_local_objects(instance, surge_core::FileId { ns, ino });
-                }
-                if let Response::BatchDone(results) = &resp {
-                    for r in results.iter().flatten() {
-                        if let surge_proto::BatchDone::Unlinked { unlinked: u, .. } = r {
-                            if u.purged {
-                                reg.remove_local_objects(
-                                    instance,
-                                    surge_core::FileId { ns, ino: u.ino },
-                                );
-                            }
-                        }
-                    }
                 }
                 resp
             }

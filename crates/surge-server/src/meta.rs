@@ -413,6 +413,18 @@ impl Ops<'_> {
     }
 
     pub fn unlink(&self, parent: Ino, name: &[u8], keep: &KeepOpen) -> MetaResult<Unlinked> {
+        self.unlink_of(parent, name, keep, None)
+    }
+
+    /// [`unlink`](Self::unlink), only while `name` names file `expect` when given (Stale
+    /// otherwise: it names another inode now, or a directory).
+    fn unlink_of(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        keep: &KeepOpen,
+        expect: Option<Ino>,
+    ) -> MetaResult<Unlinked> {
         self.dir(parent)?;
         let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
             err(
@@ -420,6 +432,15 @@ impl Ops<'_> {
                 format!("{} not found", String::from_utf8_lossy(name)),
             )
         })?;
+        if let Some(e) = expect.filter(|&e| e != ino || kind == FileKind::Dir) {
+            return Err(err(
+                ErrorCode::Stale,
+                format!(
+                    "{} now names another inode than {e}",
+                    String::from_utf8_lossy(name)
+                ),
+            ));
+        }
         if kind == FileKind::Dir {
             return Err(err(
                 ErrorCode::IsDir,
@@ -445,23 +466,8 @@ impl Ops<'_> {
         for op in batch {
             let r = match op {
                 BatchOp::Unlink { parent, name, ino } => self
-                    .dir(*parent)
-                    .and_then(|_| match self.dentry(*parent, name)? {
-                        Some((i, kind)) if i == *ino && kind != FileKind::Dir => Ok(()),
-                        Some(_) => Err(err(
-                            ErrorCode::Stale,
-                            format!(
-                                "{} now names another inode than {ino}",
-                                String::from_utf8_lossy(name)
-                            ),
-                        )),
-                        None => Err(err(
-                            ErrorCode::NotFound,
-                            format!("{} not found", String::from_utf8_lossy(name)),
-                        )),
-                    })
-                    .and_then(|()| {
-                        let unlinked = self.unlink(*parent, name, &keep)?;
+                    .unlink_of(*parent, name, &keep, Some(*ino))
+                    .and_then(|unlinked| {
                         Ok(BatchDone::Unlinked {
                             unlinked,
                             change: self.getattr(*parent)?.change,
