@@ -200,22 +200,23 @@ impl Ops<'_> {
         }
     }
 
-    fn touch_dir(&self, ino: Ino, nlink_delta: i64, now: Timestamp) -> MetaResult<()> {
+    /// Counts one entry change of directory `ino` (its times, its link count by
+    /// `nlink_delta`, its change counter); returns the new change counter.
+    fn touch_dir(&self, ino: Ino, nlink_delta: i64, now: Timestamp) -> MetaResult<u64> {
         self.tx
             .prepare_cached(
                 "UPDATE inodes SET nlink = nlink + ?2, mtime_s = ?3, mtime_ns = ?4,
-                 ctime_s = ?3, ctime_ns = ?4, change = change + 1 WHERE ino = ?1",
+                 ctime_s = ?3, ctime_ns = ?4, change = change + 1 WHERE ino = ?1
+                 RETURNING change",
             )
             .and_then(|mut st| {
-                st.execute(params![
-                    ino as i64,
-                    nlink_delta,
-                    now.secs,
-                    i64::from(now.nsec)
-                ])
+                st.query_row(
+                    params![ino as i64, nlink_delta, now.secs, i64::from(now.nsec)],
+                    |r| r.get::<_, i64>(0),
+                )
             })
-            .map_err(db_err)?;
-        Ok(())
+            .map(|c| c as u64)
+            .map_err(db_err)
     }
 
     fn insert_dentry(&self, parent: Ino, name: &[u8], ino: Ino, kind: FileKind) -> MetaResult<()> {
@@ -247,10 +248,24 @@ impl Ops<'_> {
         parent: Ino,
         name: &[u8],
         node: &NewNode,
-        (perm, uid, gid): (u16, u32, u32),
+        owner: (u16, u32, u32),
         ino: Option<Ino>,
         now: Timestamp,
     ) -> MetaResult<Attr> {
+        self.create_in(parent, name, node, owner, ino, now)
+            .map(|(a, _)| a)
+    }
+
+    /// [`create_as`](Self::create_as), also returning the parent's new change counter.
+    fn create_in(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        (perm, uid, gid): (u16, u32, u32),
+        ino: Option<Ino>,
+        now: Timestamp,
+    ) -> MetaResult<(Attr, u64)> {
         check_name(name)?;
         let p = self.dir(parent)?;
         if self.dentry(parent, name)?.is_some() {
@@ -311,8 +326,8 @@ impl Ops<'_> {
             })
             .map_err(db_err)? as u64;
         self.insert_dentry(parent, name, ino, kind)?;
-        self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 }, now)?;
-        Ok(Attr {
+        let change = self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 }, now)?;
+        let attr = Attr {
             ino,
             kind,
             perm,
@@ -324,7 +339,8 @@ impl Ops<'_> {
             mtime: now,
             ctime: now,
             change: 0,
-        })
+        };
+        Ok((attr, change))
     }
 
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> MetaResult<Attr> {
@@ -372,14 +388,25 @@ impl Ops<'_> {
     /// Drops one link of a non-directory inode; returns what became of it. An orphan not in
     /// `keep` is forgotten at once.
     fn drop_link(&self, ino: Ino, now: Timestamp, keep: &KeepOpen) -> MetaResult<Unlinked> {
-        self.tx
+        let (nlink, kind, size) = self
+            .tx
             .prepare_cached(
-                "UPDATE inodes SET nlink = nlink - 1, ctime_s = ?2, ctime_ns = ?3 WHERE ino = ?1",
+                "UPDATE inodes SET nlink = nlink - 1, ctime_s = ?2, ctime_ns = ?3 WHERE ino = ?1
+                 RETURNING nlink, kind, size",
             )
-            .and_then(|mut st| st.execute(params![ino as i64, now.secs, i64::from(now.nsec)]))
-            .map_err(db_err)?;
-        let a = self.getattr(ino)?;
-        let orphaned = a.nlink == 0;
+            .and_then(|mut st| {
+                st.query_row(params![ino as i64, now.secs, i64::from(now.nsec)], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        kind_from(r.get(1)?),
+                        r.get::<_, i64>(2)? as u64,
+                    ))
+                })
+            })
+            .optional()
+            .map_err(db_err)?
+            .ok_or_else(|| err(ErrorCode::NotFound, format!("inode {ino} does not exist")))?;
+        let orphaned = nlink == 0;
         let purged = orphaned
             && match keep {
                 KeepOpen::All => false,
@@ -390,9 +417,9 @@ impl Ops<'_> {
         }
         Ok(Unlinked {
             ino,
-            kind: a.kind,
+            kind,
             orphaned,
-            size: a.size,
+            size,
             purged,
         })
     }
@@ -413,18 +440,19 @@ impl Ops<'_> {
     }
 
     pub fn unlink(&self, parent: Ino, name: &[u8], keep: &KeepOpen) -> MetaResult<Unlinked> {
-        self.unlink_of(parent, name, keep, None)
+        self.unlink_of(parent, name, keep, None).map(|(u, _)| u)
     }
 
     /// [`unlink`](Self::unlink), only while `name` names file `expect` when given (Stale
-    /// otherwise: it names another inode now, or a directory).
+    /// otherwise: it names another inode now, or a directory); also returns the parent's new
+    /// change counter.
     fn unlink_of(
         &self,
         parent: Ino,
         name: &[u8],
         keep: &KeepOpen,
         expect: Option<Ino>,
-    ) -> MetaResult<Unlinked> {
+    ) -> MetaResult<(Unlinked, u64)> {
         self.dir(parent)?;
         let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
             err(
@@ -449,8 +477,8 @@ impl Ops<'_> {
         }
         let now = Timestamp::now();
         self.remove_dentry(parent, name)?;
-        self.touch_dir(parent, 0, now)?;
-        self.drop_link(ino, now, keep)
+        let change = self.touch_dir(parent, 0, now)?;
+        Ok((self.drop_link(ino, now, keep)?, change))
     }
 
     /// The changes of a [`surge_proto::Request::NamespaceBatch`]: one result per change. A
@@ -467,12 +495,7 @@ impl Ops<'_> {
             let r = match op {
                 BatchOp::Unlink { parent, name, ino } => self
                     .unlink_of(*parent, name, &keep, Some(*ino))
-                    .and_then(|unlinked| {
-                        Ok(BatchDone::Unlinked {
-                            unlinked,
-                            change: self.getattr(*parent)?.change,
-                        })
-                    }),
+                    .map(|(unlinked, change)| BatchDone::Unlinked { unlinked, change }),
                 BatchOp::CreateFile {
                     parent,
                     name,
@@ -482,7 +505,7 @@ impl Ops<'_> {
                     gid,
                     time,
                 } => self
-                    .create_as(
+                    .create_in(
                         *parent,
                         name,
                         &NewNode::File,
@@ -490,11 +513,7 @@ impl Ops<'_> {
                         Some(*ino),
                         *time,
                     )
-                    .and_then(|_| {
-                        Ok(BatchDone::Created {
-                            change: self.getattr(*parent)?.change,
-                        })
-                    }),
+                    .map(|(_, change)| BatchDone::Created { change }),
             };
             match r {
                 // Checks come before changes: an I/O error may have left a change half made.
@@ -560,7 +579,7 @@ impl Ops<'_> {
         }
         self.remove_dentry(parent, name)?;
         self.delete_inode(ino)?;
-        self.touch_dir(parent, -1, Timestamp::now())
+        self.touch_dir(parent, -1, Timestamp::now()).map(|_| ())
     }
 
     fn parent_of_dir(&self, ino: Ino) -> MetaResult<Ino> {

@@ -33,6 +33,8 @@ pub struct Fragment {
     pub instance: InstanceId,
     pub index: u32,
     pub dir: PathBuf,
+    /// `dir`, open: objects are removed relative to it (no walk of the whole path each time).
+    dir_fd: std::fs::File,
     pub capacity: u64,
     pub device: PathBuf,
     used: AtomicU64,
@@ -80,10 +82,18 @@ impl Fragment {
                 );
             }
         }
+        let dir_fd = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_PATH)
+                .open(&dir)?
+        };
         Ok(Fragment {
             instance,
             index,
             dir,
+            dir_fd,
             capacity,
             device,
             used: AtomicU64::new(used),
@@ -311,9 +321,22 @@ impl Fragment {
     }
 
     pub fn remove(&self, file: FileId) -> Result<(), ErrorReply> {
-        let path = self.object_path(file);
+        let name = surge_core::layout::object_name(file);
         self.objects.lock().remove(&file);
-        match std::fs::remove_file(&path) {
+        let removed = std::ffi::CString::new(name.as_str())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+            .and_then(|c| {
+                use std::os::fd::AsRawFd;
+                // SAFETY: a valid directory descriptor this fragment owns and a NUL-terminated
+                // name; unlinkat touches nothing else.
+                let rc = unsafe { libc::unlinkat(self.dir_fd.as_raw_fd(), c.as_ptr(), 0) };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            });
+        match removed {
             Ok(()) => {
                 self.set_alloc(file, None);
                 Ok(())
@@ -322,7 +345,7 @@ impl Fragment {
                 self.set_alloc(file, None);
                 Ok(())
             }
-            Err(e) => Err(io_err("cannot remove object", &path, e)),
+            Err(e) => Err(io_err("cannot remove object", &self.dir.join(&name), e)),
         }
     }
 
