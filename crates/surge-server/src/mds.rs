@@ -111,10 +111,11 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             uid,
             gid,
             ..
-        } => Response::Created {
-            attr: ops.create(*parent, name, node, *perm, *uid, *gid)?,
-            parent: ops.getattr(*parent)?,
-        },
+        } => {
+            let (attr, parent) =
+                ops.create_returning_parent(*parent, name, node, (*perm, *uid, *gid))?;
+            Response::Created { attr, parent }
+        }
         Request::Link {
             ino,
             new_parent,
@@ -123,14 +124,11 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         } => Response::Attr(ops.link(*ino, *new_parent, new_name)?),
         Request::Unlink {
             parent, name, keep, ..
-        } => Response::Removed {
-            unlinked: ops.unlink(*parent, name, keep)?,
-            parent: ops.getattr(*parent)?,
-        },
-        Request::Rmdir { parent, name, .. } => {
-            ops.rmdir(*parent, name)?;
-            Response::DirChanged(ops.getattr(*parent)?)
+        } => {
+            let (unlinked, parent) = ops.unlink_returning_parent(*parent, name, keep)?;
+            Response::Removed { unlinked, parent }
         }
+        Request::Rmdir { parent, name, .. } => Response::DirChanged(ops.rmdir(*parent, name)?),
         Request::Rename {
             parent,
             name,

@@ -201,21 +201,20 @@ impl Ops<'_> {
     }
 
     /// Counts one entry change of directory `ino` (its times, its link count by
-    /// `nlink_delta`, its change counter); returns the new change counter.
-    fn touch_dir(&self, ino: Ino, nlink_delta: i64, now: Timestamp) -> MetaResult<u64> {
+    /// `nlink_delta`, its change counter); returns its attributes after.
+    fn touch_dir(&self, ino: Ino, nlink_delta: i64, now: Timestamp) -> MetaResult<Attr> {
         self.tx
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "UPDATE inodes SET nlink = nlink + ?2, mtime_s = ?3, mtime_ns = ?4,
                  ctime_s = ?3, ctime_ns = ?4, change = change + 1 WHERE ino = ?1
-                 RETURNING change",
-            )
+                 RETURNING {ATTR_COLS}"
+            ))
             .and_then(|mut st| {
                 st.query_row(
                     params![ino as i64, nlink_delta, now.secs, i64::from(now.nsec)],
-                    |r| r.get::<_, i64>(0),
+                    |r| attr_from_row(r, 0),
                 )
             })
-            .map(|c| c as u64)
             .map_err(db_err)
     }
 
@@ -241,6 +240,17 @@ impl Ops<'_> {
         self.create_as(parent, name, node, (perm, uid, gid), None, Timestamp::now())
     }
 
+    /// [`create`](Self::create), also returning the parent's attributes after.
+    pub fn create_returning_parent(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        (perm, uid, gid): (u16, u32, u32),
+    ) -> MetaResult<(Attr, Attr)> {
+        self.create_in(parent, name, node, (perm, uid, gid), None, Timestamp::now())
+    }
+
     /// [`create`](Self::create) as inode `ino` when given (reserved with
     /// [`alloc_inodes`](Self::alloc_inodes); it must not exist), at time `now`.
     pub fn create_as(
@@ -256,7 +266,7 @@ impl Ops<'_> {
             .map(|(a, _)| a)
     }
 
-    /// [`create_as`](Self::create_as), also returning the parent's new change counter.
+    /// [`create_as`](Self::create_as), also returning the parent's attributes after.
     fn create_in(
         &self,
         parent: Ino,
@@ -265,7 +275,7 @@ impl Ops<'_> {
         (perm, uid, gid): (u16, u32, u32),
         ino: Option<Ino>,
         now: Timestamp,
-    ) -> MetaResult<(Attr, u64)> {
+    ) -> MetaResult<(Attr, Attr)> {
         check_name(name)?;
         let p = self.dir(parent)?;
         if self.dentry(parent, name)?.is_some() {
@@ -326,7 +336,8 @@ impl Ops<'_> {
             })
             .map_err(db_err)? as u64;
         self.insert_dentry(parent, name, ino, kind)?;
-        let change = self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 }, now)?;
+        let parent_after =
+            self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 }, now)?;
         let attr = Attr {
             ino,
             kind,
@@ -340,7 +351,7 @@ impl Ops<'_> {
             ctime: now,
             change: 0,
         };
-        Ok((attr, change))
+        Ok((attr, parent_after))
     }
 
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> MetaResult<Attr> {
@@ -443,16 +454,26 @@ impl Ops<'_> {
         self.unlink_of(parent, name, keep, None).map(|(u, _)| u)
     }
 
+    /// [`unlink`](Self::unlink), also returning the parent's attributes after.
+    pub fn unlink_returning_parent(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        keep: &KeepOpen,
+    ) -> MetaResult<(Unlinked, Attr)> {
+        self.unlink_of(parent, name, keep, None)
+    }
+
     /// [`unlink`](Self::unlink), only while `name` names file `expect` when given (Stale
-    /// otherwise: it names another inode now, or a directory); also returns the parent's new
-    /// change counter.
+    /// otherwise: it names another inode now, or a directory); also returns the parent's
+    /// attributes after.
     fn unlink_of(
         &self,
         parent: Ino,
         name: &[u8],
         keep: &KeepOpen,
         expect: Option<Ino>,
-    ) -> MetaResult<(Unlinked, u64)> {
+    ) -> MetaResult<(Unlinked, Attr)> {
         self.dir(parent)?;
         let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
             err(
@@ -477,8 +498,8 @@ impl Ops<'_> {
         }
         let now = Timestamp::now();
         self.remove_dentry(parent, name)?;
-        let change = self.touch_dir(parent, 0, now)?;
-        Ok((self.drop_link(ino, now, keep)?, change))
+        let parent_after = self.touch_dir(parent, 0, now)?;
+        Ok((self.drop_link(ino, now, keep)?, parent_after))
     }
 
     /// The changes of a [`surge_proto::Request::NamespaceBatch`]: one result per change. A
@@ -495,7 +516,10 @@ impl Ops<'_> {
             let r = match op {
                 BatchOp::Unlink { parent, name, ino } => self
                     .unlink_of(*parent, name, &keep, Some(*ino))
-                    .map(|(unlinked, change)| BatchDone::Unlinked { unlinked, change }),
+                    .map(|(unlinked, p)| BatchDone::Unlinked {
+                        unlinked,
+                        change: p.change,
+                    }),
                 BatchOp::CreateFile {
                     parent,
                     name,
@@ -513,7 +537,7 @@ impl Ops<'_> {
                         Some(*ino),
                         *time,
                     )
-                    .map(|(_, change)| BatchDone::Created { change }),
+                    .map(|(_, p)| BatchDone::Created { change: p.change }),
             };
             match r {
                 // Checks come before changes: an I/O error may have left a change half made.
@@ -557,7 +581,8 @@ impl Ops<'_> {
         Ok(last as u64 + 1)
     }
 
-    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> MetaResult<()> {
+    /// Removes empty directory `name`; returns the parent's attributes after.
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> MetaResult<Attr> {
         self.dir(parent)?;
         let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
             err(
@@ -579,7 +604,7 @@ impl Ops<'_> {
         }
         self.remove_dentry(parent, name)?;
         self.delete_inode(ino)?;
-        self.touch_dir(parent, -1, Timestamp::now()).map(|_| ())
+        self.touch_dir(parent, -1, Timestamp::now())
     }
 
     fn parent_of_dir(&self, ino: Ino) -> MetaResult<Ino> {
