@@ -232,20 +232,21 @@ fn unlinks_sent_behind_keep_order_here_and_reach_the_other_node() {
     std::fs::remove_dir(a.path("d")).unwrap();
     assert!(!b.path("d").exists());
 
-    // A name the other node replaced meanwhile is not removed by a late unlink: the queued
-    // unlink names the inode this node saw.
+    // A name the other node replaced: B's look at e recalled A's lease of e (A made x and y
+    // behind), so A has sent its changes and dropped its listing of e; A's unlink of x then
+    // goes to the server by name and removes B's file, as on a local file system where the
+    // replacement came first. (A queued unlink whose name was replaced before it arrived
+    // removes nothing: `meta.rs::namespace_batch_checks_each_change_and_reserved_inodes_are_never_reused`.)
     std::fs::create_dir(a.path("e")).unwrap();
     std::fs::write(a.path("e/x"), b"from a").unwrap();
     std::fs::write(a.path("e/y"), b"from a").unwrap();
     std::fs::remove_file(b.path("e/x")).unwrap();
     std::fs::write(b.path("e/x"), b"from b").unwrap();
-    // A's listing of e is stale now (A has not looked since): its unlink of x is answered
-    // and queued, and removes nothing, since x names B's new file.
     std::fs::remove_file(a.path("e/x")).unwrap();
     File::open(a.path("e")).unwrap().sync_all().unwrap();
-    assert_eq!(std::fs::read(b.path("e/x")).unwrap(), b"from b");
-    assert_eq!(names(&b, "e"), ["x", "y"]);
-    // A's next look at e asks the server (its listing is dropped) and finds x again.
+    assert!(!b.path("e/x").exists());
+    assert_eq!(names(&b, "e"), ["y"]);
+    std::fs::write(b.path("e/x"), b"from b").unwrap();
     assert_eq!(std::fs::read(a.path("e/x")).unwrap(), b"from b");
 
     // fsync of the directory and unmount both wait for the queue.
@@ -361,4 +362,99 @@ fn creates_sent_behind_are_what_the_server_makes_and_reach_the_other_node() {
         }
     }
     assert_eq!(inos.len(), 450);
+}
+
+/// In a shared namespace a node creates files behind only in a directory it holds the lease
+/// of (one it made): before another node looks there, the metadata server recalls the lease,
+/// and the holder sends the creates it answered and gives the lease back. Without that,
+/// `O_CREAT|O_APPEND` on the other node would miss the holder's file, make its own, and the
+/// holder's file would never exist (the shared-log pattern).
+#[test]
+fn a_directory_lease_is_recalled_before_another_node_looks() {
+    use std::os::unix::fs::MetadataExt;
+    if skip_without_fuse("a_directory_lease_is_recalled_before_another_node_looks") {
+        return;
+    }
+    let c = Cluster::start(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let a = Mount::new(&c, id, 0);
+    let b = Mount::new(&c, id, 0);
+    for i in 0..30u32 {
+        let d = format!("d{i}");
+        std::fs::create_dir(a.path(&d)).unwrap();
+        // Files made before the name B will use, in the same directory.
+        for j in 0..5u32 {
+            std::fs::write(a.path(&format!("{d}/early{j}")), b"a").unwrap();
+        }
+        let p = format!("{d}/log");
+        let held = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(a.path(&p))
+            .unwrap();
+        let mut theirs = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(b.path(&p))
+            .unwrap();
+        theirs.write_all(b"from b").unwrap();
+        assert_eq!(
+            theirs.metadata().unwrap().ino(),
+            held.metadata().unwrap().ino(),
+            "{p}: B opened another file than the one A made"
+        );
+        drop(theirs);
+        drop(held);
+        assert_eq!(std::fs::read(a.path(&p)).unwrap(), b"from b", "{p}");
+        let mut names: Vec<_> = std::fs::read_dir(b.path(&d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["early0", "early1", "early2", "early3", "early4", "log"]
+        );
+    }
+    // The creates were made behind under leases (else this test proves nothing).
+    let log = a.log();
+    assert!(
+        log.matches("recalled by the metadata server").count() >= 30,
+        "A's log:\n{log}"
+    );
+    // After a recall A still creates there (waiting for the server), and both nodes agree.
+    std::fs::write(a.path("d0/late"), b"late").unwrap();
+    assert_eq!(std::fs::read(b.path("d0/late")).unwrap(), b"late");
+}
+
+/// A lease holder that dies does not block the other nodes: its leases go with its connection.
+#[test]
+fn a_dead_lease_holder_does_not_block_the_directory() {
+    if skip_without_fuse("a_dead_lease_holder_does_not_block_the_directory") {
+        return;
+    }
+    let c = Cluster::start(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let mut a = Mount::new(&c, id, 0);
+    let b = Mount::new(&c, id, 0);
+    std::fs::create_dir(a.path("d")).unwrap();
+    std::fs::write(a.path("d/f"), b"a").unwrap();
+    // f was closed after a write: its create reached the server before close returned.
+    if let Some(mut child) = a.child.take() {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let start = std::time::Instant::now();
+    assert_eq!(std::fs::read(b.path("d/f")).unwrap(), b"a");
+    std::fs::write(b.path("d/g"), b"b").unwrap();
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(5),
+        "B waited {:?} for a dead holder's lease",
+        start.elapsed()
+    );
+    let _ = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(&a.dir)
+        .status();
 }

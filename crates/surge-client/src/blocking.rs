@@ -129,8 +129,9 @@ fn idempotent(req: &Request) -> bool {
     )
 }
 
-/// Sends `req` to `server` and waits for the reply, on this thread's connection to it.
-pub fn call(server: &ServerRef, req: &Request) -> Result<Response, ClientError> {
+/// Sends `req` to `server` for client session `session` and waits for the reply, on this
+/// thread's connection to it.
+pub fn call(server: &ServerRef, session: u32, req: &Request) -> Result<Response, ClientError> {
     for attempt in 0..2 {
         let result = CONNS.with(|c| {
             let mut conns = c.borrow_mut();
@@ -142,7 +143,7 @@ pub fn call(server: &ServerRef, req: &Request) -> Result<Response, ClientError> 
             };
             let id = conn.next_id;
             conn.next_id += 1;
-            match codec::call_blocking(&mut conn.stream, id, req, &[]) {
+            match codec::call_blocking(&mut conn.stream, id, session, req, &[]) {
                 Ok(f) => Ok(f.response),
                 Err(e) => {
                     conns.remove(&server.id);

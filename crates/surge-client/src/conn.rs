@@ -22,6 +22,8 @@ pub struct Connection {
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
     next_id: AtomicU64,
     dead: AtomicBool,
+    /// The client session its requests act for (frame header; 0 for none).
+    session: u32,
 }
 
 impl Connection {
@@ -29,6 +31,7 @@ impl Connection {
         transport: &dyn Transport,
         addr: &Addr,
         server: &str,
+        session: u32,
     ) -> Result<Arc<Connection>, ClientError> {
         let (mut reader, writer) = transport.connect(addr).await.map_err(|e| {
             ClientError::transport(server, format!("cannot connect to {addr}: {e}"))
@@ -39,6 +42,7 @@ impl Connection {
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             dead: AtomicBool::new(false),
+            session,
         });
         let weak = Arc::downgrade(&conn);
         // If the runtime that runs the reader goes away, the connection is dead: mark it so the
@@ -117,7 +121,7 @@ impl Connection {
         let written = {
             let mut w = self.writer.lock().await;
             let mut guard = CutOff(self, true);
-            let r = codec::write_request(&mut *w, id, req, payload).await;
+            let r = codec::write_request(&mut *w, id, self.session, req, payload).await;
             guard.1 = false;
             r
         };
@@ -146,6 +150,7 @@ pub struct ServerPool {
     transport: Arc<dyn Transport>,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Connection>>>>,
     next: AtomicUsize,
+    session: u32,
 }
 
 impl ServerPool {
@@ -167,7 +172,31 @@ impl ServerPool {
                 .map(|_| tokio::sync::Mutex::new(None))
                 .collect(),
             next: AtomicUsize::new(0),
+            session: 0,
         })
+    }
+
+    /// The pool's requests act for client session `session` (frame header).
+    pub fn with_session(mut self, session: u32) -> ServerPool {
+        self.session = session;
+        self
+    }
+
+    pub fn session(&self) -> u32 {
+        self.session
+    }
+
+    /// A new connection of the pool's session, outside the pool: for a request that waits
+    /// long (the pool's connections each serve their requests in order).
+    pub async fn dedicated(&self) -> Result<Arc<Connection>, ClientError> {
+        let mut last = None;
+        for addr in &self.addrs {
+            match Connection::open(&*self.transport, addr, &self.server.id, self.session).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::transport(&self.server.id, "no address".into())))
     }
 
     async fn connection(&self) -> Result<Arc<Connection>, ClientError> {
@@ -180,7 +209,7 @@ impl ServerPool {
         }
         let mut last = None;
         for addr in &self.addrs {
-            match Connection::open(&*self.transport, addr, &self.server.id).await {
+            match Connection::open(&*self.transport, addr, &self.server.id, self.session).await {
                 Ok(c) => {
                     *slot = Some(c.clone());
                     return Ok(c);

@@ -23,7 +23,7 @@ use surge_proto::{
     AllocMode, Attr, BatchDone, BatchOp, FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp,
     Unlinked,
 };
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// An error for the application: an errno and, for the log, why.
 #[derive(Debug, Clone)]
@@ -159,11 +159,16 @@ pub struct Fs {
     inos: Mutex<std::ops::Range<Ino>>,
     /// The metadata server refused to reserve inode numbers (creates are not made behind).
     inos_refused: std::sync::atomic::AtomicBool,
-    /// Creates may be made behind: the namespace is private to one compute node (DataWarp's
-    /// private mode). In a shared namespace another node may make the same name meanwhile,
-    /// and a file this node answered for would then not exist (its data lost); there creates
-    /// wait for the metadata server (and `O_CREAT` of a name another node made opens it).
+    /// Creates may be made behind in every listed directory: the namespace is private to one
+    /// compute node (DataWarp's private mode). In a shared namespace another node may make
+    /// the same name meanwhile, and a file this node answered for would then not exist (its
+    /// data lost): there creates are made behind only in a directory this node holds the
+    /// lease of (the metadata server recalls it before another node looks there, and this
+    /// node then sends what it did and gives it back); elsewhere they wait for the metadata
+    /// server (and `O_CREAT` of a name another node made opens it).
     creates_behind: bool,
+    /// The task answering lease recalls runs.
+    recalls_started: std::sync::atomic::AtomicBool,
 }
 
 struct Listing {
@@ -175,6 +180,17 @@ struct Listing {
     /// The directory's attributes after the last change made here (`dir.change` is the
     /// counter this node expects).
     dir: Attr,
+    /// In a shared namespace, creates are made behind only in a directory this node holds
+    /// the lease of (see `Fs::leased`); one try per listing.
+    lease: LeaseState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeaseState {
+    Untried,
+    Held,
+    /// Refused, being asked for, or given back.
+    No,
 }
 
 /// Namespace changes made behind the application. In a directory this node lists (see
@@ -275,6 +291,81 @@ async fn send_behind(
         send_batch(&client, &listings, batch).await;
         if b.count.fetch_sub(n, Ordering::AcqRel) == n {
             b.idle.notify_waiters();
+        }
+    }
+}
+
+impl Behind {
+    /// Waits until nothing is behind.
+    async fn wait_empty(&self) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        // Counted while this waits (also when the wait is dropped half-way).
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(&self.waiting);
+        self.urgent.notify_waiters();
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.count.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// Answers the metadata server's recalls of this node's directory leases until the mount
+/// goes: stops making changes behind in a recalled directory, sends what is queued, and gives
+/// the lease back. The server drops the leases when this task's connection closes.
+async fn answer_recalls(
+    client: Arc<InstanceClient>,
+    behind: Arc<Behind>,
+    listings: Arc<Mutex<HashMap<Ino, Listing>>>,
+) {
+    let mut conn = None;
+    loop {
+        let c = match conn.take() {
+            Some(c) => c,
+            None => match client.recall_connection().await {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!("cannot wait for lease recalls ({e}); retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    continue;
+                }
+            },
+        };
+        let dirs = match client.wait_recall(&c, 1000).await {
+            Ok(d) => d,
+            Err(e) => {
+                debug!("waiting for lease recalls: {e}; reconnecting");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        conn = Some(c);
+        if dirs.is_empty() {
+            continue;
+        }
+        {
+            let mut l = listings.lock();
+            for d in &dirs {
+                l.remove(d);
+            }
+        }
+        behind.wait_empty().await;
+        info!("directories {dirs:?} recalled by the metadata server (another node looks there)");
+        if let Err(e) = client.release_leases(dirs).await {
+            warn!("cannot give directory leases back ({e}); the server drops them itself");
         }
     }
 }
@@ -434,6 +525,7 @@ impl Fs {
             inos: Mutex::new(0..0),
             inos_refused: std::sync::atomic::AtomicBool::new(false),
             creates_behind,
+            recalls_started: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -452,6 +544,7 @@ impl Fs {
                 names: HashMap::new(),
                 at: std::time::Instant::now(),
                 dir: dir.clone(),
+                lease: LeaseState::Untried,
             },
         );
     }
@@ -749,7 +842,7 @@ impl Fs {
         gid: u32,
         flags: i32,
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
-        let behind = if self.creates_behind && self.listed(parent) {
+        let behind = if self.listed(parent) && (self.creates_behind || self.leased(parent).await) {
             self.ensure_inos().await;
             self.create_behind(parent, name, perm, uid, gid)
         } else {
@@ -1282,31 +1375,68 @@ impl Fs {
         Ok(())
     }
 
-    /// Waits until no unlink is behind (see [`Behind`]).
+    /// Waits until nothing is behind (see [`Behind`]).
     async fn barrier(&self) {
-        let b = &self.behind;
-        if b.count.load(Ordering::Acquire) == 0 {
+        self.behind.wait_empty().await;
+    }
+
+    /// True when this node holds the lease of `parent` (listed here), asking the metadata
+    /// server for it the first time.
+    async fn leased(&self, parent: Ino) -> bool {
+        {
+            let mut listings = self.listings.lock();
+            let Some(l) = self.live_listing(&mut listings, parent) else {
+                return false;
+            };
+            match l.lease {
+                LeaseState::Held => return true,
+                LeaseState::No => return false,
+                LeaseState::Untried => l.lease = LeaseState::No,
+            }
+        }
+        // The server's counter is the one expected here once nothing is behind.
+        self.barrier().await;
+        let Some(change) = self.listings.lock().get(&parent).map(|l| l.dir.change) else {
+            return false;
+        };
+        self.start_recalls();
+        match self.client.lease_dir(parent, change).await {
+            Ok(true) => {
+                if let Some(l) = self.listings.lock().get_mut(&parent) {
+                    if l.dir.change == change {
+                        debug!("lease of directory {parent} granted");
+                        l.lease = LeaseState::Held;
+                        return true;
+                    }
+                }
+                // The listing changed or went meanwhile.
+                let _ = self.client.release_leases(vec![parent]).await;
+                false
+            }
+            Ok(false) => {
+                debug!("lease of directory {parent} refused: creates there wait for the server");
+                false
+            }
+            Err(e) => {
+                debug!("no lease of directory {parent} ({e}): creates there wait for the server");
+                false
+            }
+        }
+    }
+
+    /// Starts the task that answers the metadata server's lease recalls, once.
+    fn start_recalls(&self) {
+        if self.recalls_started.swap(true, Ordering::AcqRel) {
             return;
         }
-        // Counted while this waits (also when the wait is dropped half-way).
-        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        b.waiting.fetch_add(1, Ordering::AcqRel);
-        let _waiting = Waiting(&b.waiting);
-        b.urgent.notify_waiters();
-        loop {
-            let idle = b.idle.notified();
-            tokio::pin!(idle);
-            idle.as_mut().enable();
-            if b.count.load(Ordering::Acquire) == 0 {
-                break;
-            }
-            idle.await;
-        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(answer_recalls(
+            self.client.clone(),
+            self.behind.clone(),
+            self.listings.clone(),
+        ));
     }
 
     /// The listing of `parent`, if this node may still answer from it.

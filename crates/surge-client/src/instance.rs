@@ -16,6 +16,25 @@ use surge_proto::{
 /// Largest piece sent in one request (a one-fragment instance merges a whole write into one
 /// piece; the protocol caps payloads).
 const MAX_PIECE: u64 = 8 << 20;
+
+/// A random client session number, never 0.
+fn new_session() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        // RandomState is seeded from the operating system's randomness.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        let v = h.finish() as u32;
+        if v != 0 {
+            return v;
+        }
+    }
+}
 /// Connections kept per server.
 const CONNECTIONS_PER_SERVER: usize = 4;
 
@@ -30,6 +49,9 @@ pub struct Usage {
 pub struct InstanceClient {
     pub desc: InstanceDescriptor,
     pub ns: NamespaceId,
+    /// This client's session (random, not 0): what the metadata server grants directory
+    /// leases to (see [`Request::LeaseDir`]).
+    pub session: u32,
     mds: Arc<ServerPool>,
     /// Indexed by the fragment's position in the layout (0..fragments).
     frags: Vec<Arc<ServerPool>>,
@@ -44,7 +66,7 @@ macro_rules! expect {
     ($self:ident, $pool:expr, $req:expr, $pat:pat => $out:expr) => {{
         let req = $req;
         let resp = if crate::blocking::is_inline() {
-            crate::blocking::call(&$pool.server, &req)?
+            crate::blocking::call(&$pool.server, $pool.session(), &req)?
         } else {
             $pool.call(&req, &[]).await?.0
         };
@@ -71,12 +93,14 @@ macro_rules! metadata_call {
 impl InstanceClient {
     /// Connects to namespace `ns` of an instance described by `desc`.
     pub fn new(desc: InstanceDescriptor, ns: NamespaceId) -> Result<InstanceClient> {
+        let session = new_session();
         let mut pools: HashMap<String, Arc<ServerPool>> = HashMap::new();
         let mut pool_for = |s: &ServerRef| -> Result<Arc<ServerPool>> {
             if let Some(p) = pools.get(&s.id) {
                 return Ok(p.clone());
             }
-            let p = Arc::new(ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?);
+            let p =
+                Arc::new(ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?.with_session(session));
             pools.insert(s.id.clone(), p.clone());
             Ok(p)
         };
@@ -110,6 +134,7 @@ impl InstanceClient {
         Ok(InstanceClient {
             desc,
             ns,
+            session,
             mds,
             frags,
             local_dir: std::sync::OnceLock::new(),
@@ -225,6 +250,45 @@ impl InstanceClient {
         alloc_inodes(this, count: u32) -> Ino,
         Request::AllocInodes { instance: this.instance(), ns: this.ns, count },
         Response::Inodes { first, .. } => first);
+
+    metadata_call!(
+        /// Asks for the lease of directory `ino`, last seen with change counter `change`.
+        lease_dir(this, ino: Ino, change: u64) -> bool,
+        Request::LeaseDir { instance: this.instance(), ns: this.ns, ino, change },
+        Response::Lease { granted } => granted);
+
+    metadata_call!(
+        /// Gives leases back.
+        release_leases(this, inos: Vec<Ino>) -> (),
+        Request::ReleaseLeases { instance: this.instance(), ns: this.ns, inos },
+        Response::Ok => ());
+
+    /// A connection to the metadata server of its own, for [`wait_recall`](Self::wait_recall).
+    pub async fn recall_connection(&self) -> Result<Arc<crate::conn::Connection>> {
+        self.mds.dedicated().await
+    }
+
+    /// Waits up to `wait_ms` for the metadata server to recall leases of this session, on
+    /// `conn` (from [`recall_connection`](Self::recall_connection)); returns the directories.
+    pub async fn wait_recall(
+        &self,
+        conn: &crate::conn::Connection,
+        wait_ms: u32,
+    ) -> Result<Vec<Ino>> {
+        let req = Request::WaitRecall {
+            instance: self.instance(),
+            ns: self.ns,
+            wait_ms,
+        };
+        match conn.call(&req, &[]).await? {
+            (Response::Recall(dirs), _) => Ok(dirs),
+            (Response::Error(e), _) => Err(ClientError::Remote {
+                server: self.mds.server.id.clone(),
+                error: e,
+            }),
+            (other, _) => Err(self.unexpected(&self.mds.server, &req, other)),
+        }
+    }
 
     metadata_call!(
         /// Removes an empty directory; returns the parent's attributes after.

@@ -47,7 +47,19 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
 
 /// Header + encoded message in one buffer, so a frame without payload is one write.
 pub fn frame_prefix(opcode: u16, request_id: u64, meta: &[u8], payload_len: usize) -> Vec<u8> {
-    let h = Header::request(opcode, request_id, meta.len() as u32, payload_len as u32);
+    frame_prefix_as(opcode, request_id, 0, meta, payload_len)
+}
+
+/// [`frame_prefix`] of a request acting for client session `session`.
+pub fn frame_prefix_as(
+    opcode: u16,
+    request_id: u64,
+    session: u32,
+    meta: &[u8],
+    payload_len: usize,
+) -> Vec<u8> {
+    let mut h = Header::request(opcode, request_id, meta.len() as u32, payload_len as u32);
+    h.session = session;
     let mut buf = Vec::with_capacity(HEADER_LEN + meta.len());
     buf.extend_from_slice(&h.encode());
     buf.extend_from_slice(meta);
@@ -197,11 +209,12 @@ pub async fn read_response<R: AsyncRead + Unpin>(r: &mut R) -> Result<ResponseFr
 pub async fn write_request<W: AsyncWrite + Unpin>(
     w: &mut W,
     request_id: u64,
+    session: u32,
     req: &Request,
     payload: &[u8],
 ) -> io::Result<()> {
     let meta = encode(req);
-    let prefix = frame_prefix(req.opcode(), request_id, &meta, payload.len());
+    let prefix = frame_prefix_as(req.opcode(), request_id, session, &meta, payload.len());
     if payload.is_empty() {
         w.write_all(&prefix).await?;
     } else {
@@ -215,11 +228,12 @@ pub async fn write_request<W: AsyncWrite + Unpin>(
 pub fn call_blocking<S: Read + Write>(
     s: &mut S,
     request_id: u64,
+    session: u32,
     req: &Request,
     payload: &[u8],
 ) -> Result<ResponseFrame, CodecError> {
     let meta = encode(req);
-    let prefix = frame_prefix(req.opcode(), request_id, &meta, payload.len());
+    let prefix = frame_prefix_as(req.opcode(), request_id, session, &meta, payload.len());
     write_all_vectored(s, &prefix, payload)?;
     let mut hb = [0u8; HEADER_LEN];
     if !read_exact_or_eof(s, &mut hb, "header")? {

@@ -3,9 +3,10 @@
 //!
 //! ```text
 //! 0      4        6        8             16         20            24        28        32
-//! | SRGE | version| opcode | request id  | meta len | payload len | flags   | reserved|
+//! | SRGE | version| opcode | request id  | meta len | payload len | flags   | session |
 //! ```
-//! All integers little-endian. A response carries the request's id and opcode with
+//! All integers little-endian. `session` names the client a request acts for (a mount; 0 for
+//! none): the metadata server grants directory leases to sessions (see `Request::LeaseDir`). A response carries the request's id and opcode with
 //! [`RESPONSE_BIT`] set, so a client can match replies to pipelined requests.
 
 use thiserror::Error;
@@ -29,6 +30,8 @@ pub struct Header {
     pub meta_len: u32,
     pub payload_len: u32,
     pub flags: u32,
+    /// The client session a request acts for (0: none); 0 in responses.
+    pub session: u32,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -52,6 +55,7 @@ impl Header {
             meta_len,
             payload_len,
             flags: 0,
+            session: 0,
         }
     }
 
@@ -68,6 +72,7 @@ impl Header {
         b[16..20].copy_from_slice(&self.meta_len.to_le_bytes());
         b[20..24].copy_from_slice(&self.payload_len.to_le_bytes());
         b[24..28].copy_from_slice(&self.flags.to_le_bytes());
+        b[28..32].copy_from_slice(&self.session.to_le_bytes());
         b
     }
 
@@ -90,6 +95,7 @@ impl Header {
             meta_len: u32_at(16),
             payload_len: u32_at(20),
             flags: u32_at(24),
+            session: u32_at(28),
         };
         if h.version != PROTOCOL_VERSION {
             return Err((request_id, FrameError::Version { found: h.version }));
@@ -110,7 +116,9 @@ mod tests {
 
     #[test]
     fn header_round_trips() {
-        let h = Header::request(7, 0xdead_beef, 12, 4096);
+        let mut h = Header::request(7, 0xdead_beef, 12, 4096);
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+        h.session = 0x1234_5678;
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
     }
 

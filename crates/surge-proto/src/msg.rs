@@ -438,6 +438,34 @@ pub enum Request {
         ns: NamespaceId,
         count: u32,
     },
+    /// Asks for the lease of directory `ino` for the request's session (frame header): while
+    /// the session holds it, a request of any other session that reads or changes the
+    /// directory's entries first makes the metadata server recall it (`WaitRecall`), and waits
+    /// until the holder has sent what it did there and released it. Granted only while the
+    /// directory's change counter is `change` (nobody changed it since the asker last saw it)
+    /// and no other session holds it. A holder may then create files there behind the
+    /// application as in a private namespace.
+    LeaseDir {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        change: u64,
+    },
+    /// Waits up to `wait_ms` (at most 5000) until the metadata server recalls leases of the
+    /// request's session; the reply names them (none when the wait ran out). A session's
+    /// leases last while it keeps one such wait going (one at least every 3 s) on a
+    /// connection of its own.
+    WaitRecall {
+        instance: InstanceId,
+        ns: NamespaceId,
+        wait_ms: u32,
+    },
+    /// Gives leases of the request's session back (its changes there are made).
+    ReleaseLeases {
+        instance: InstanceId,
+        ns: NamespaceId,
+        inos: Vec<Ino>,
+    },
 }
 
 /// One change of [`Request::NamespaceBatch`].
@@ -562,6 +590,12 @@ pub enum Response {
         first: Ino,
         count: u32,
     },
+    /// Reply to `LeaseDir`.
+    Lease {
+        granted: bool,
+    },
+    /// Reply to `WaitRecall`: the directories whose leases the session must give back.
+    Recall(Vec<Ino>),
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -681,6 +715,9 @@ impl Request {
             Request::NamespaceStats { .. } => 44,
             Request::NamespaceBatch { .. } => 45,
             Request::AllocInodes { .. } => 46,
+            Request::LeaseDir { .. } => 47,
+            Request::WaitRecall { .. } => 48,
+            Request::ReleaseLeases { .. } => 49,
         }
     }
 
@@ -722,6 +759,9 @@ impl Request {
             Request::NamespaceStats { .. } => "NamespaceStats",
             Request::NamespaceBatch { .. } => "NamespaceBatch",
             Request::AllocInodes { .. } => "AllocInodes",
+            Request::LeaseDir { .. } => "LeaseDir",
+            Request::WaitRecall { .. } => "WaitRecall",
+            Request::ReleaseLeases { .. } => "ReleaseLeases",
         }
     }
 }

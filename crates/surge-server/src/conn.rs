@@ -10,14 +10,21 @@
 use crate::registry::Registry;
 use std::io::{BufReader, Read, Write};
 use std::sync::Arc;
-use surge_core::Ino;
+use surge_core::{Ino, InstanceId, NamespaceId};
 use surge_proto::codec::{self, CodecError};
 use surge_proto::transport::Polled;
 use surge_proto::{BatchDone, ErrorCode, ErrorReply, Request, Response};
 use tracing::{debug, info, warn};
 
-/// Answers one request. Read data is placed in `out` and sent as the payload.
-pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -> Response {
+/// Answers one request acting for client `session` (frame header; 0 for none). Read data is
+/// placed in `out` and sent as the payload.
+pub fn handle(
+    reg: &Registry,
+    session: u32,
+    req: Request,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Response {
     out.clear();
     let r: Result<Response, ErrorReply> = (|| {
         Ok(match req {
@@ -148,6 +155,9 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                     | Request::Purge { instance, ns, .. }
                     | Request::NamespaceBatch { instance, ns, .. }
                     | Request::AllocInodes { instance, ns, .. }
+                    | Request::LeaseDir { instance, ns, .. }
+                    | Request::WaitRecall { instance, ns, .. }
+                    | Request::ReleaseLeases { instance, ns, .. }
                     | Request::NamespaceStats { instance, ns } => (*instance, *ns),
                     other => {
                         return Err(ErrorReply::new(
@@ -160,7 +170,17 @@ pub fn handle(reg: &Registry, req: Request, payload: &[u8], out: &mut Vec<u8>) -
                     Request::Purge { ino, .. } => Some(*ino),
                     _ => None,
                 };
-                let resp = reg.namespace(instance, ns)?.call(meta);
+                let namespace = reg.namespace(instance, ns)?;
+                let resp = match meta {
+                    Request::WaitRecall { wait_ms, .. } => {
+                        Response::Recall(namespace.wait_recall(session, wait_ms))
+                    }
+                    Request::ReleaseLeases { inos, .. } => {
+                        namespace.release_leases(session, &inos);
+                        Response::Ok
+                    }
+                    other => namespace.call_as(session, other),
+                };
                 // Inodes the metadata server forgot: their local objects go too.
                 let forgotten: Vec<Ino> = match &resp {
                     Response::Removed { unlinked: u, .. } if u.purged => vec![u.ino],
@@ -194,13 +214,21 @@ pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, pee
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut payload = Vec::new();
     let mut out = Vec::new();
+    // Sessions that waited for lease recalls here: their leases go when this connection does.
+    let mut recall_waits: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
     loop {
         match codec::read_request(&mut reader, &mut payload) {
             Ok(None) => break,
             Ok(Some(frame)) => {
                 let op = frame.header.opcode;
                 let id = frame.header.request_id;
-                let resp = handle(&reg, frame.request, &payload, &mut out);
+                let session = frame.header.session;
+                if let Request::WaitRecall { instance, ns, .. } = &frame.request {
+                    if session != 0 && !recall_waits.contains(&(*instance, *ns, session)) {
+                        recall_waits.push((*instance, *ns, session));
+                    }
+                }
+                let resp = handle(&reg, session, frame.request, &payload, &mut out);
                 if let Response::Error(e) = &resp {
                     debug!("{peer}: request {id} (op {op}) failed: {e}");
                 }
@@ -228,6 +256,11 @@ pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, pee
                 }
                 break;
             }
+        }
+    }
+    for (instance, ns, session) in recall_waits {
+        if let Ok(n) = reg.namespace(instance, ns) {
+            n.recall_connection_closed(session);
         }
     }
     debug!("connection from {peer} closed");

@@ -8,12 +8,15 @@
 //! round-trip latency (Daley §5.1), so the shortest path wins.
 
 use crate::meta::{self, Ops};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rusqlite::Connection;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use surge_core::{InstanceId, NamespaceId};
+use std::time::{Duration, Instant};
+use surge_core::{Ino, InstanceId, NamespaceId};
+use surge_proto::{BatchOp, FileKind};
 use surge_proto::{ErrorCode, ErrorReply, Request, Response};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// An open metadata store. Dropping it closes the database.
 pub struct Namespace {
@@ -21,6 +24,94 @@ pub struct Namespace {
     pub ns: NamespaceId,
     pub dir: PathBuf,
     conn: Mutex<Option<Connection>>,
+    /// Directory leases (see [`Request::LeaseDir`]). Taken after `conn` when both are held.
+    leases: Mutex<Leases>,
+    /// Signalled when a lease is recalled, released or dropped.
+    lease_change: Condvar,
+}
+
+/// A session's leases last while it waits for recalls, or did so this recently.
+const LEASE_IDLE: Duration = Duration::from_secs(3);
+/// A holder that was asked to give a lease back and did not within this is not waited for.
+const RECALL_LIMIT: Duration = Duration::from_secs(10);
+/// Longest `WaitRecall`.
+const MAX_RECALL_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+struct Leases {
+    /// Directory -> holding session.
+    held: HashMap<Ino, u32>,
+    /// Session -> directories it was asked to give back, and since when.
+    recalled: HashMap<u32, HashMap<Ino, Instant>>,
+    /// Session -> recall waits in progress.
+    waiting: HashMap<u32, usize>,
+    /// Session -> when its last recall wait ended (or its lease was granted).
+    seen: HashMap<u32, Instant>,
+}
+
+impl Leases {
+    fn alive(&self, session: u32, now: Instant) -> bool {
+        self.waiting.get(&session).is_some_and(|&n| n > 0)
+            || self
+                .seen
+                .get(&session)
+                .is_some_and(|&t| now.duration_since(t) < LEASE_IDLE)
+    }
+
+    /// Forgets every lease of `session`.
+    fn drop_session(&mut self, session: u32) {
+        self.held.retain(|_, s| *s != session);
+        self.recalled.remove(&session);
+        self.seen.remove(&session);
+    }
+}
+
+/// The directories whose entries `req` reads or changes (a lease on any of them held by
+/// another session must be recalled first). Directories a request only names by inode for
+/// their attributes (getattr, setattr) are not among them: their attributes may lag the
+/// holder's changes by a round trip, as for any change made behind.
+fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
+    // A removed or replaced directory: it must be empty, and only its lease holder knows.
+    let dir_named = |parent: Ino, name: &[u8]| -> Option<Ino> {
+        match ops.lookup(parent, name) {
+            Ok(a) if a.kind == FileKind::Dir => Some(a.ino),
+            _ => None,
+        }
+    };
+    match req {
+        Request::Lookup { parent, .. }
+        | Request::Create { parent, .. }
+        | Request::Unlink { parent, .. } => vec![*parent],
+        Request::ReadDir { ino, .. } => vec![*ino],
+        Request::Link { new_parent, .. } => vec![*new_parent],
+        Request::Rmdir { parent, name, .. } => {
+            let mut v = vec![*parent];
+            v.extend(dir_named(*parent, name));
+            v
+        }
+        Request::Rename {
+            parent,
+            new_parent,
+            new_name,
+            ..
+        } => {
+            let mut v = vec![*parent, *new_parent];
+            v.extend(dir_named(*new_parent, new_name));
+            v
+        }
+        Request::NamespaceBatch { ops: batch, .. } => {
+            let mut v: Vec<Ino> = batch
+                .iter()
+                .map(|op| match op {
+                    BatchOp::Unlink { parent, .. } | BatchOp::CreateFile { parent, .. } => *parent,
+                })
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        }
+        _ => Vec::new(),
+    }
 }
 
 impl Namespace {
@@ -40,19 +131,184 @@ impl Namespace {
             ns,
             dir: dir.to_path_buf(),
             conn: Mutex::new(Some(conn)),
+            leases: Mutex::new(Leases::default()),
+            lease_change: Condvar::new(),
         })
     }
 
-    /// Runs one metadata request; its changes are committed when this returns.
-    pub fn call(&self, req: Request) -> Response {
-        let mut guard = self.conn.lock();
-        let Some(conn) = guard.as_mut() else {
-            return Response::Error(ErrorReply::new(
-                ErrorCode::UnknownNamespace,
-                format!("namespace {}/{} is shut down", self.instance, self.ns.0),
-            ));
+    /// Runs one metadata request for client `session`; its changes are committed when this
+    /// returns. A request touching a directory another session holds the lease of first has
+    /// the lease recalled and waits until it is given back (or its holder is gone).
+    pub fn call_as(&self, session: u32, req: Request) -> Response {
+        let started = Instant::now();
+        loop {
+            let mut guard = self.conn.lock();
+            let Some(conn) = guard.as_mut() else {
+                return Response::Error(ErrorReply::new(
+                    ErrorCode::UnknownNamespace,
+                    format!("namespace {}/{} is shut down", self.instance, self.ns.0),
+                ));
+            };
+            let blocked: Vec<(Ino, u32)> = {
+                let l = self.leases.lock();
+                if l.held.is_empty() {
+                    Vec::new()
+                } else {
+                    dirs_touched(&req, &Ops { tx: conn })
+                        .into_iter()
+                        .filter_map(|d| l.held.get(&d).map(|&h| (d, h)))
+                        .filter(|&(_, h)| h != session)
+                        .collect()
+                }
+            };
+            if blocked.is_empty() {
+                if let Request::LeaseDir { ino, change, .. } = req {
+                    return Response::Lease {
+                        granted: self.grant(conn, session, ino, change),
+                    };
+                }
+                return self.execute(conn, &req);
+            }
+            drop(guard);
+            self.recall_and_wait(&blocked, started);
+        }
+    }
+
+    /// Grants the lease of `dir` to `session` if nobody changed the directory since the
+    /// session saw change counter `change` and no other session holds it.
+    fn grant(&self, conn: &Connection, session: u32, dir: Ino, change: u64) -> bool {
+        if session == 0 {
+            return false;
+        }
+        let ok = matches!(Ops { tx: conn }.getattr(dir),
+            Ok(a) if a.kind == FileKind::Dir && a.change == change);
+        let mut l = self.leases.lock();
+        if !ok || l.held.get(&dir).is_some_and(|&h| h != session) {
+            return false;
+        }
+        l.held.insert(dir, session);
+        // The session is about to wait for recalls; until then this counts as seeing it.
+        l.seen.insert(session, Instant::now());
+        true
+    }
+
+    /// Asks the holders of `blocked` leases to give them back and waits a little for it;
+    /// leases of holders that are gone, or that did not answer within [`RECALL_LIMIT`], are
+    /// dropped.
+    fn recall_and_wait(&self, blocked: &[(Ino, u32)], started: Instant) {
+        let mut l = self.leases.lock();
+        let now = Instant::now();
+        for &(dir, holder) in blocked {
+            if l.held.get(&dir) != Some(&holder) {
+                continue;
+            }
+            if !l.alive(holder, now) {
+                warn!(
+                    "namespace {}/{}: session {holder:#x} stopped waiting for recalls; its \
+                     leases are dropped",
+                    self.instance, self.ns.0
+                );
+                l.drop_session(holder);
+                continue;
+            }
+            let since = *l
+                .recalled
+                .entry(holder)
+                .or_default()
+                .entry(dir)
+                .or_insert(now);
+            if now.duration_since(since) > RECALL_LIMIT {
+                warn!(
+                    "namespace {}/{}: session {holder:#x} did not give directory {dir} back \
+                     within {RECALL_LIMIT:?}; the lease is dropped",
+                    self.instance, self.ns.0
+                );
+                l.held.remove(&dir);
+                if let Some(r) = l.recalled.get_mut(&holder) {
+                    r.remove(&dir);
+                }
+            }
+        }
+        self.lease_change.notify_all();
+        let waited = started.elapsed();
+        if waited > Duration::from_secs(1) && waited.as_millis() % 1000 < 100 {
+            debug!(
+                "namespace {}/{}: a request has waited {waited:?} for directory leases",
+                self.instance, self.ns.0
+            );
+        }
+        self.lease_change
+            .wait_for(&mut l, Duration::from_millis(100));
+    }
+
+    /// Waits up to `wait_ms` for recalls of `session`'s leases; returns the directories.
+    pub fn wait_recall(&self, session: u32, wait_ms: u32) -> Vec<Ino> {
+        if session == 0 {
+            return Vec::new();
+        }
+        let deadline =
+            Instant::now() + Duration::from_millis(u64::from(wait_ms)).min(MAX_RECALL_WAIT);
+        let mut l = self.leases.lock();
+        *l.waiting.entry(session).or_default() += 1;
+        let out = loop {
+            let pending: Vec<Ino> = l
+                .recalled
+                .get(&session)
+                .map(|r| {
+                    r.keys()
+                        .copied()
+                        .filter(|d| l.held.get(d) == Some(&session))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !pending.is_empty() {
+                break pending;
+            }
+            if self.lease_change.wait_until(&mut l, deadline).timed_out() {
+                break Vec::new();
+            }
         };
-        match run(conn, &req) {
+        if let Some(n) = l.waiting.get_mut(&session) {
+            *n = n.saturating_sub(1);
+        }
+        l.seen.insert(session, Instant::now());
+        out
+    }
+
+    /// Takes leases of `session` back.
+    pub fn release_leases(&self, session: u32, dirs: &[Ino]) {
+        let mut l = self.leases.lock();
+        for d in dirs {
+            if l.held.get(d) == Some(&session) {
+                l.held.remove(d);
+            }
+            if let Some(r) = l.recalled.get_mut(&session) {
+                r.remove(d);
+            }
+        }
+        self.lease_change.notify_all();
+    }
+
+    /// The connection `session` waited for recalls on closed (its mount went): its leases go
+    /// unless it waits on another connection.
+    pub fn recall_connection_closed(&self, session: u32) {
+        let mut l = self.leases.lock();
+        if l.waiting.get(&session).is_some_and(|&n| n > 0) {
+            return;
+        }
+        if l.held.values().any(|&s| s == session) {
+            info!(
+                "namespace {}/{}: session {session:#x} closed; its directory leases are dropped",
+                self.instance, self.ns.0
+            );
+        }
+        l.drop_session(session);
+        l.waiting.remove(&session);
+        self.lease_change.notify_all();
+    }
+
+    fn execute(&self, conn: &mut Connection, req: &Request) -> Response {
+        match run(conn, req) {
             Ok(r) => r,
             Err(e) => {
                 error!(
