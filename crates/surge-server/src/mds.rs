@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use surge_core::{Ino, InstanceId, NamespaceId};
 use surge_proto::{BatchOp, FileKind};
 use surge_proto::{ErrorCode, ErrorReply, Request, Response};
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 /// An open metadata store. Dropping it closes the database.
 pub struct Namespace {
@@ -141,6 +141,7 @@ impl Namespace {
     /// the lease recalled and waits until it is given back (or its holder is gone).
     pub fn call_as(&self, session: u32, req: Request) -> Response {
         let started = Instant::now();
+        let mut told = false;
         loop {
             let mut guard = self.conn.lock();
             let Some(conn) = guard.as_mut() else {
@@ -170,7 +171,18 @@ impl Namespace {
                 return self.execute(conn, &req);
             }
             drop(guard);
-            self.recall_and_wait(&blocked, started);
+            if !told && started.elapsed() > Duration::from_secs(1) {
+                told = true;
+                info!(
+                    "namespace {}/{}: a {} of session {session:#x} has waited {:?} for the \
+                     lease holders of {blocked:?} (directory, session)",
+                    self.instance,
+                    self.ns.0,
+                    req.name(),
+                    started.elapsed()
+                );
+            }
+            self.recall_and_wait(&blocked);
         }
     }
 
@@ -195,7 +207,7 @@ impl Namespace {
     /// Asks the holders of `blocked` leases to give them back and waits a little for it;
     /// leases of holders that are gone, or that did not answer within [`RECALL_LIMIT`], are
     /// dropped.
-    fn recall_and_wait(&self, blocked: &[(Ino, u32)], started: Instant) {
+    fn recall_and_wait(&self, blocked: &[(Ino, u32)]) {
         let mut l = self.leases.lock();
         let now = Instant::now();
         for &(dir, holder) in blocked {
@@ -230,13 +242,6 @@ impl Namespace {
             }
         }
         self.lease_change.notify_all();
-        let waited = started.elapsed();
-        if waited > Duration::from_secs(1) && waited.as_millis() % 1000 < 100 {
-            debug!(
-                "namespace {}/{}: a request has waited {waited:?} for directory leases",
-                self.instance, self.ns.0
-            );
-        }
         self.lease_change
             .wait_for(&mut l, Duration::from_millis(100));
     }
@@ -446,5 +451,119 @@ fn run(conn: &mut Connection, req: &Request) -> rusqlite::Result<Response> {
         }
         // Dropping the transaction rolls it back.
         Err(e) => Ok(Response::Error(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::ROOT_INO;
+    use std::sync::Arc;
+    use surge_proto::NewNode;
+
+    const I: InstanceId = InstanceId(1);
+    const N: NamespaceId = NamespaceId(0);
+
+    fn create(ns: &Namespace, session: u32, parent: Ino, name: &str, node: NewNode) -> Response {
+        ns.call_as(
+            session,
+            Request::Create {
+                instance: I,
+                ns: N,
+                parent,
+                name: name.into(),
+                node,
+                perm: 0o755,
+                uid: 0,
+                gid: 0,
+            },
+        )
+    }
+
+    fn lease(ns: &Namespace, session: u32, ino: Ino, change: u64) -> bool {
+        match ns.call_as(
+            session,
+            Request::LeaseDir {
+                instance: I,
+                ns: N,
+                ino,
+                change,
+            },
+        ) {
+            Response::Lease { granted } => granted,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn lookup(ns: &Namespace, session: u32, parent: Ino, name: &str) -> Response {
+        ns.call_as(
+            session,
+            Request::Lookup {
+                instance: I,
+                ns: N,
+                parent,
+                name: name.into(),
+            },
+        )
+    }
+
+    #[test]
+    fn a_lease_is_recalled_before_another_session_touches_the_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let ns = Arc::new(Namespace::start(t.path(), I, N, (0, 0, 0o755)).unwrap());
+        let Response::Created { attr: d, .. } = create(&ns, 7, ROOT_INO, "d", NewNode::Dir) else {
+            panic!("mkdir");
+        };
+        // Granted only for the counter the directory has, to one session at a time.
+        assert!(!lease(&ns, 7, d.ino, d.change + 1));
+        assert!(!lease(&ns, 0, d.ino, d.change));
+        assert!(lease(&ns, 7, d.ino, d.change));
+        assert!(!lease(&ns, 9, d.ino, d.change));
+        // The holder's own requests run at once.
+        assert!(matches!(
+            create(&ns, 7, d.ino, "a", NewNode::File),
+            Response::Created { .. }
+        ));
+        // Another session's lookup there waits until the holder gave the lease back.
+        let ns2 = ns.clone();
+        let other = std::thread::spawn(move || lookup(&ns2, 9, d.ino, "a"));
+        assert_eq!(ns.wait_recall(7, 5000), vec![d.ino]);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!other.is_finished(), "ran before the lease was given back");
+        ns.release_leases(7, &[d.ino]);
+        assert!(matches!(other.join().unwrap(), Response::Attr(a) if a.kind == FileKind::File));
+        // Requests that only read attributes never wait; a session with no lease held is
+        // told nothing.
+        assert!(lease(&ns, 7, d.ino, d.change + 1));
+        assert!(matches!(
+            ns.call_as(
+                9,
+                Request::GetAttr {
+                    instance: I,
+                    ns: N,
+                    ino: d.ino
+                }
+            ),
+            Response::Attr(_)
+        ));
+        assert!(ns.wait_recall(9, 10).is_empty());
+        // A holder whose recall connection closed blocks nobody.
+        ns.recall_connection_closed(7);
+        let start = Instant::now();
+        assert!(matches!(lookup(&ns, 9, d.ino, "a"), Response::Attr(_)));
+        assert!(start.elapsed() < Duration::from_secs(1));
+        // Neither does one that stopped waiting for recalls long ago (3 s).
+        assert!(lease(&ns, 7, d.ino, d.change + 1));
+        ns.leases
+            .lock()
+            .seen
+            .insert(7, Instant::now() - LEASE_IDLE * 2);
+        let start = Instant::now();
+        assert!(matches!(
+            create(&ns, 9, d.ino, "b", NewNode::File),
+            Response::Created { .. }
+        ));
+        assert!(start.elapsed() < Duration::from_secs(1));
+        assert!(ns.leases.lock().held.is_empty());
     }
 }
