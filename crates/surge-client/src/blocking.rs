@@ -67,6 +67,31 @@ impl Write for Stream {
 struct Conn {
     stream: Stream,
     next_id: u64,
+    /// When its last reply came.
+    used: std::time::Instant,
+}
+
+/// A connection idle this long is checked before use: a server that restarted meanwhile
+/// closed it, and a request written to it would fail (unsafe to retry unless idempotent).
+const CHECK_IDLE: std::time::Duration = std::time::Duration::from_millis(1);
+
+impl Conn {
+    /// False when the server closed the connection (or it failed) while it was idle.
+    fn open(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut b = 0u8;
+        // SAFETY: peeking one byte into a local on a socket this connection owns, without
+        // blocking.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                (&mut b as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+    }
 }
 
 thread_local! {
@@ -109,7 +134,13 @@ fn connect(server: &ServerRef) -> Result<Conn, ClientError> {
             }),
         };
         match stream {
-            Ok(stream) => return Ok(Conn { stream, next_id: 1 }),
+            Ok(stream) => {
+                return Ok(Conn {
+                    stream,
+                    next_id: 1,
+                    used: std::time::Instant::now(),
+                })
+            }
             Err(e) => last = format!("cannot connect to {addr}: {e}"),
         }
     }
@@ -135,6 +166,16 @@ pub fn call(server: &ServerRef, session: u32, req: &Request) -> Result<Response,
     for attempt in 0..2 {
         let result = CONNS.with(|c| {
             let mut conns = c.borrow_mut();
+            if conns
+                .get(&server.id)
+                .is_some_and(|c| c.used.elapsed() > CHECK_IDLE && !c.open())
+            {
+                tracing::debug!(
+                    "{}: idle connection closed by the server; reconnecting",
+                    server.id
+                );
+                conns.remove(&server.id);
+            }
             if !conns.contains_key(&server.id) {
                 conns.insert(server.id.clone(), connect(server)?);
             }
@@ -144,7 +185,10 @@ pub fn call(server: &ServerRef, session: u32, req: &Request) -> Result<Response,
             let id = conn.next_id;
             conn.next_id += 1;
             match codec::call_blocking(&mut conn.stream, id, session, req, &[]) {
-                Ok(f) => Ok(f.response),
+                Ok(f) => {
+                    conn.used = std::time::Instant::now();
+                    Ok(f.response)
+                }
                 Err(e) => {
                     conns.remove(&server.id);
                     Err(ClientError::transport(

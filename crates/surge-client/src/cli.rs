@@ -89,10 +89,11 @@ pub struct MountArgs {
     pub attr_ttl: Duration,
 
     /// How long the kernel may cache names (seconds). A cached name whose file was removed or
-    /// replaced on another node is looked up again when used. Also how long a name another node
-    /// adds to a directory this mount made (and alone changed since) may stay unseen here:
-    /// lookups there of names this mount did not make are answered without asking the
-    /// metadata server, which makes file creation faster. 0 turns both off.
+    /// replaced on another node is looked up again when used. Also how long this mount keeps
+    /// the names of a directory it made after its last change there, to answer lookups of
+    /// absent names and create and unlink files there without waiting for the metadata
+    /// server (in a shared namespace while it holds the directory's lease, which the server
+    /// recalls before another node looks there). 0 turns both off.
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
     pub entry_ttl: Duration,
 

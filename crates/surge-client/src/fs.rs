@@ -347,7 +347,10 @@ async fn answer_recalls(
         let dirs = match client.wait_recall(&c, 1000).await {
             Ok(d) => d,
             Err(e) => {
-                debug!("waiting for lease recalls: {e}; reconnecting");
+                // The server may have restarted and forgotten its leases: hold none, and
+                // forget what they made known (another node may add names there now).
+                listings.lock().retain(|_, l| l.lease != LeaseState::Held);
+                debug!("waiting for lease recalls: {e}; leases given up, reconnecting");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
@@ -577,11 +580,14 @@ impl Fs {
         self.listings.lock().remove(&ino);
     }
 
-    /// True when `name` is known not to be in `parent` (see `Fs::listings`).
+    /// True when `name` is known not to be in `parent` (see `Fs::listings`): in a shared
+    /// namespace only while this node holds the directory's lease (another node adding a name
+    /// there recalls it first, which drops the listing).
     fn known_absent(&self, parent: Ino, name: &[u8]) -> bool {
         let mut listings = self.listings.lock();
-        self.live_listing(&mut listings, parent)
-            .is_some_and(|l| !l.names.contains_key(name))
+        self.live_listing(&mut listings, parent).is_some_and(|l| {
+            (self.creates_behind || l.lease == LeaseState::Held) && !l.names.contains_key(name)
+        })
     }
 
     fn note_dir(&self, a: Attr) {
