@@ -454,3 +454,27 @@ fn a_dead_lease_holder_does_not_block_the_directory() {
         .arg(&a.dir)
         .status();
 }
+
+/// A node gives back the leases of directories it no longer lists (its listing expired after
+/// `--entry-ttl`): another node looking there later is not held up by a recall.
+#[test]
+fn leases_of_directories_no_longer_listed_are_given_back() {
+    if skip_without_fuse("leases_of_directories_no_longer_listed_are_given_back") {
+        return;
+    }
+    let c = Cluster::start(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let a = Mount::with_args(&c, id, 0, &["--entry-ttl", "1"]);
+    let b = Mount::new(&c, id, 0);
+    std::fs::create_dir(a.path("d")).unwrap();
+    for i in 0..20 {
+        File::create(a.path(&format!("d/f{i}"))).unwrap();
+    }
+    // The listing expires after 1 s; the lease goes at the recall task's next turn (<= 1 s).
+    std::thread::sleep(std::time::Duration::from_millis(2600));
+    assert_eq!(std::fs::read_dir(b.path("d")).unwrap().count(), 20);
+    std::fs::write(b.path("d/g"), b"b").unwrap();
+    let log = a.log();
+    assert!(!log.contains("recalled"), "A's log:\n{log}");
+    assert_eq!(std::fs::read(a.path("d/g")).unwrap(), b"b");
+}

@@ -169,6 +169,8 @@ pub struct Fs {
     creates_behind: bool,
     /// The task answering lease recalls runs.
     recalls_started: std::sync::atomic::AtomicBool,
+    /// Directories whose lease this node holds (given back once their listing is gone).
+    leases: Arc<Mutex<std::collections::HashSet<Ino>>>,
 }
 
 struct Listing {
@@ -325,11 +327,15 @@ impl Behind {
 
 /// Answers the metadata server's recalls of this node's directory leases until the mount
 /// goes: stops making changes behind in a recalled directory, sends what is queued, and gives
-/// the lease back. The server drops the leases when this task's connection closes.
+/// the lease back. Between waits, gives back the leases of directories whose listing is gone
+/// or expired (`ttl`), so the server keeps no lease this node no longer uses. The server
+/// drops them all when this task's connection closes.
 async fn answer_recalls(
     client: Arc<InstanceClient>,
     behind: Arc<Behind>,
     listings: Arc<Mutex<HashMap<Ino, Listing>>>,
+    held: Arc<Mutex<std::collections::HashSet<Ino>>>,
+    ttl: std::time::Duration,
 ) {
     let mut conn = None;
     loop {
@@ -344,29 +350,50 @@ async fn answer_recalls(
                 }
             },
         };
-        let dirs = match client.wait_recall(&c, 1000).await {
+        let recalled = match client.wait_recall(&c, 1000).await {
             Ok(d) => d,
             Err(e) => {
                 // The server may have restarted and forgotten its leases: hold none, and
                 // forget what they made known (another node may add names there now).
                 listings.lock().retain(|_, l| l.lease != LeaseState::Held);
+                held.lock().clear();
                 debug!("waiting for lease recalls: {e}; leases given up, reconnecting");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
         };
         conn = Some(c);
-        if dirs.is_empty() {
-            continue;
-        }
-        {
+        let unused: Vec<Ino> = {
             let mut l = listings.lock();
-            for d in &dirs {
+            for d in &recalled {
                 l.remove(d);
             }
+            l.retain(|_, x| !(x.lease == LeaseState::Held && x.at.elapsed() >= ttl));
+            let mut h = held.lock();
+            let unused: Vec<Ino> = h
+                .iter()
+                .filter(|d| !recalled.contains(d))
+                .filter(|d| l.get(d).is_none_or(|x| x.lease != LeaseState::Held))
+                .copied()
+                .collect();
+            for d in recalled.iter().chain(&unused) {
+                h.remove(d);
+            }
+            unused
+        };
+        if recalled.is_empty() && unused.is_empty() {
+            continue;
         }
+        // What was answered there reaches the server before the lease goes.
         behind.wait_empty().await;
-        info!("directories {dirs:?} recalled by the metadata server (another node looks there)");
+        if !recalled.is_empty() {
+            info!(
+                "directories {recalled:?} recalled by the metadata server (another node looks \
+                 there)"
+            );
+        }
+        let mut dirs = recalled;
+        dirs.extend(unused);
         if let Err(e) = client.release_leases(dirs).await {
             warn!("cannot give directory leases back ({e}); the server drops them itself");
         }
@@ -529,6 +556,7 @@ impl Fs {
             inos_refused: std::sync::atomic::AtomicBool::new(false),
             creates_behind,
             recalls_started: std::sync::atomic::AtomicBool::new(false),
+            leases: Arc::new(Mutex::new(std::collections::HashSet::new())),
         }
     }
 
@@ -1412,6 +1440,7 @@ impl Fs {
                     if l.dir.change == change {
                         debug!("lease of directory {parent} granted");
                         l.lease = LeaseState::Held;
+                        self.leases.lock().insert(parent);
                         return true;
                     }
                 }
@@ -1442,6 +1471,8 @@ impl Fs {
             self.client.clone(),
             self.behind.clone(),
             self.listings.clone(),
+            self.leases.clone(),
+            self.listing_ttl,
         ));
     }
 
