@@ -422,6 +422,18 @@ fn a_directory_lease_is_recalled_before_another_node_looks() {
     // After a recall A still creates there (waiting for the server), and both nodes agree.
     std::fs::write(a.path("d0/late"), b"late").unwrap();
     assert_eq!(std::fs::read(b.path("d0/late")).unwrap(), b"late");
+    // B removing or replacing a directory A holds the lease of sees A's creates first: the
+    // directory is not empty.
+    std::fs::create_dir(a.path("r")).unwrap();
+    std::fs::create_dir(b.path("s")).unwrap();
+    let _open = File::create(a.path("r/x")).unwrap();
+    let e = std::fs::remove_dir(b.path("r")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    std::fs::create_dir(a.path("t")).unwrap();
+    let _open2 = File::create(a.path("t/y")).unwrap();
+    let e = std::fs::rename(b.path("s"), b.path("t")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    assert!(a.log().matches("recalled by the metadata server").count() >= 32);
 }
 
 /// A lease holder that dies does not block the other nodes: its leases go with its connection.
