@@ -490,3 +490,67 @@ fn leases_of_directories_no_longer_listed_are_given_back() {
     assert!(!log.contains("recalled"), "A's log:\n{log}");
     assert_eq!(std::fs::read(a.path("d/g")).unwrap(), b"b");
 }
+
+/// Two nodes race to create the same names with `O_EXCL` in directories one of them made (and
+/// holds the lease of): for every name exactly one wins, and both nodes then see the winner's
+/// file, with its data. A create answered behind that lost at the metadata server would show
+/// up here as two winners.
+#[test]
+fn two_nodes_racing_for_the_same_names_agree_on_one_winner() {
+    use std::os::unix::fs::MetadataExt;
+    if skip_without_fuse("two_nodes_racing_for_the_same_names_agree_on_one_winner") {
+        return;
+    }
+    let c = Cluster::start(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let a = Mount::new(&c, id, 0);
+    let b = Mount::new(&c, id, 0);
+    const NAMES: usize = 60;
+    for round in 0..8 {
+        let d = format!("race{round}");
+        // A made it (its creates there go behind under the lease); in odd rounds B has looked
+        // there first, so A's lease is recalled before the race starts.
+        std::fs::create_dir(a.path(&d)).unwrap();
+        if round % 2 == 1 {
+            assert_eq!(std::fs::read_dir(b.path(&d)).unwrap().count(), 0);
+        }
+        let race = |m: &Mount, tag: &'static [u8]| {
+            let base = m.path(&d);
+            std::thread::spawn(move || {
+                let mut won = Vec::new();
+                for i in 0..NAMES {
+                    match OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(base.join(format!("n{i}")))
+                    {
+                        Ok(mut f) => {
+                            f.write_all(tag).unwrap();
+                            won.push(i);
+                        }
+                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                        Err(e) => panic!("n{i}: {e}"),
+                    }
+                }
+                won
+            })
+        };
+        let (ta, tb) = (race(&a, b"A"), race(&b, b"B"));
+        let (wa, wb) = (ta.join().unwrap(), tb.join().unwrap());
+        for i in 0..NAMES {
+            let winners = usize::from(wa.contains(&i)) + usize::from(wb.contains(&i));
+            assert_eq!(winners, 1, "{d}/n{i}: A won {wa:?}, B won {wb:?}");
+            let p = format!("{d}/n{i}");
+            let want: &[u8] = if wa.contains(&i) { b"A" } else { b"B" };
+            assert_eq!(std::fs::read(a.path(&p)).unwrap(), want, "{p} on A");
+            assert_eq!(std::fs::read(b.path(&p)).unwrap(), want, "{p} on B");
+            assert_eq!(
+                std::fs::metadata(a.path(&p)).unwrap().ino(),
+                std::fs::metadata(b.path(&p)).unwrap().ino(),
+                "{p}"
+            );
+        }
+        assert_eq!(std::fs::read_dir(a.path(&d)).unwrap().count(), NAMES);
+        assert_eq!(std::fs::read_dir(b.path(&d)).unwrap().count(), NAMES);
+    }
+}
