@@ -79,18 +79,10 @@ impl Conn {
     /// False when the server closed the connection (or it failed) while it was idle.
     fn open(&self) -> bool {
         use std::os::fd::AsRawFd;
-        let mut b = 0u8;
-        // SAFETY: peeking one byte into a local on a socket this connection owns, without
-        // blocking.
-        let n = unsafe {
-            libc::recv(
-                self.stream.as_raw_fd(),
-                (&mut b as *mut u8).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+        matches!(
+            surge_proto::transport::peek(self.stream.as_raw_fd()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+        )
     }
 }
 

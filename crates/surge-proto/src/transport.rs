@@ -99,21 +99,31 @@ pub fn poll_budget(side: &'static str) -> std::time::Duration {
     })
 }
 
+/// Peeks at socket `fd` without blocking: `Ok(0)` when the peer closed it, `Ok(1)` when data
+/// waits, an error (`WouldBlock` when nothing does yet) otherwise.
+pub fn peek(fd: std::os::fd::RawFd) -> io::Result<usize> {
+    let mut b = 0u8;
+    // SAFETY: peeking one byte into a local on a socket the caller owns, without blocking.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&mut b as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 /// Polls (without blocking) until `fd` has data to read or `max` has passed.
 pub fn poll_readable(fd: std::os::fd::RawFd, max: std::time::Duration) {
     let start = std::time::Instant::now();
-    let mut b = 0u8;
     while start.elapsed() < max {
-        // SAFETY: peeking one byte into a local on a socket the caller owns, without blocking.
-        let n = unsafe {
-            libc::recv(
-                fd,
-                (&mut b as *mut u8).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        if n != -1 {
+        if peek(fd).is_ok() {
             return;
         }
         // Give the CPU to any other runnable thread (on a machine with few cores that is
