@@ -186,8 +186,9 @@ impl ServerPool {
         self.session
     }
 
-    /// A new connection of the pool's session, outside the pool: for a request that waits
-    /// long (the pool's connections each serve their requests in order).
+    /// A new connection of the pool's session (the first of its addresses that answers),
+    /// outside the pool: also for a request that waits long (the pool's connections each
+    /// serve their requests in order).
     pub async fn dedicated(&self) -> Result<Arc<Connection>, ClientError> {
         let mut last = None;
         for addr in &self.addrs {
@@ -207,17 +208,9 @@ impl ServerPool {
                 return Ok(c.clone());
             }
         }
-        let mut last = None;
-        for addr in &self.addrs {
-            match Connection::open(&*self.transport, addr, &self.server.id, self.session).await {
-                Ok(c) => {
-                    *slot = Some(c.clone());
-                    return Ok(c);
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| ClientError::transport(&self.server.id, "no address".into())))
+        let c = self.dedicated().await?;
+        *slot = Some(c.clone());
+        Ok(c)
     }
 
     /// Sends a request on one of the pool's connections.
