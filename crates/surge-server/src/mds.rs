@@ -73,8 +73,8 @@ impl Leases {
 fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
     // A removed or replaced directory: it must be empty, and only its lease holder knows.
     let dir_named = |parent: Ino, name: &[u8]| -> Option<Ino> {
-        match ops.lookup(parent, name) {
-            Ok(a) if a.kind == FileKind::Dir => Some(a.ino),
+        match ops.dentry(parent, name) {
+            Ok(Some((ino, FileKind::Dir))) => Some(ino),
             _ => None,
         }
     };

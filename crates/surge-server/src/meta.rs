@@ -159,7 +159,7 @@ impl Ops<'_> {
         Ok(a)
     }
 
-    fn dentry(&self, parent: Ino, name: &[u8]) -> MetaResult<Option<(Ino, FileKind)>> {
+    pub(crate) fn dentry(&self, parent: Ino, name: &[u8]) -> MetaResult<Option<(Ino, FileKind)>> {
         let mut st = self
             .tx
             .prepare_cached("SELECT ino, kind FROM dentries WHERE parent = ?1 AND name = ?2")
@@ -237,7 +237,8 @@ impl Ops<'_> {
         uid: u32,
         gid: u32,
     ) -> MetaResult<Attr> {
-        self.create_as(parent, name, node, (perm, uid, gid), None, Timestamp::now())
+        self.create_returning_parent(parent, name, node, (perm, uid, gid))
+            .map(|(a, _)| a)
     }
 
     /// [`create`](Self::create), also returning the parent's attributes after.
@@ -252,21 +253,8 @@ impl Ops<'_> {
     }
 
     /// [`create`](Self::create) as inode `ino` when given (reserved with
-    /// [`alloc_inodes`](Self::alloc_inodes); it must not exist), at time `now`.
-    pub fn create_as(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        node: &NewNode,
-        owner: (u16, u32, u32),
-        ino: Option<Ino>,
-        now: Timestamp,
-    ) -> MetaResult<Attr> {
-        self.create_in(parent, name, node, owner, ino, now)
-            .map(|(a, _)| a)
-    }
-
-    /// [`create_as`](Self::create_as), also returning the parent's attributes after.
+    /// [`alloc_inodes`](Self::alloc_inodes); it must not exist), at time `now`; also returns
+    /// the parent's attributes after.
     fn create_in(
         &self,
         parent: Ino,
