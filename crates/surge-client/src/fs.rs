@@ -1433,7 +1433,10 @@ impl Fs {
         let Some(change) = self.listings.lock().get(&parent).map(|l| l.dir.change) else {
             return false;
         };
-        self.start_recalls();
+        // A lease nobody answers recalls for would be taken away behind this node's back.
+        if !self.start_recalls() {
+            return false;
+        }
         match self.client.lease_dir(parent, change).await {
             Ok(true) => {
                 if let Some(l) = self.listings.lock().get_mut(&parent) {
@@ -1459,14 +1462,15 @@ impl Fs {
         }
     }
 
-    /// Starts the task that answers the metadata server's lease recalls, once.
-    fn start_recalls(&self) {
-        if self.recalls_started.swap(true, Ordering::AcqRel) {
-            return;
-        }
+    /// Starts the task that answers the metadata server's lease recalls, once; false when it
+    /// cannot run (no async runtime here).
+    fn start_recalls(&self) -> bool {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
+            return false;
         };
+        if self.recalls_started.swap(true, Ordering::AcqRel) {
+            return true;
+        }
         rt.spawn(answer_recalls(
             self.client.clone(),
             self.behind.clone(),
@@ -1474,6 +1478,7 @@ impl Fs {
             self.leases.clone(),
             self.listing_ttl,
         ));
+        true
     }
 
     /// The listing of `parent`, if this node may still answer from it.
