@@ -1,0 +1,263 @@
+//! Operations on files' data: open, read, write, fallocate, truncate (setattr), fsync and
+//! close (flush, release), and the removal of an unlinked file's data.
+
+use super::{stale, Fs, FsError, FsResult, Opened};
+use surge_core::Ino;
+use surge_proto::{AllocMode, Attr, FileKind, SetAttr, TimeSet, Unlinked};
+use tracing::warn;
+
+impl Fs {
+    pub async fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        self.fresh_dirs.forget(ino);
+        // A directory's mode (setgid) and owner are copied into files made behind.
+        self.listings.drop_dir(ino);
+        self.barrier().await;
+        let mut set = set;
+        let old_size = match (set.size, self.inodes.open_size(ino)) {
+            (None, _) => 0,
+            (Some(_), Some(_)) => {
+                // Commit pending writes first, so the recorded size is not raised again by a
+                // later commit of bytes the truncate removed.
+                self.commit(ino).await?;
+                self.inodes.size(ino)
+            }
+            (Some(_), None) => self.client.getattr(ino).await.map_err(stale)?.size,
+        };
+        if set.size.is_some() && set.mtime.is_none() {
+            set.mtime = Some(TimeSet::Now);
+        }
+        let a = self
+            .client
+            .setattr(ino, set.clone(), old_size)
+            .await
+            .map_err(stale)?;
+        if let Some(new) = set.size {
+            let backing = self
+                .inodes
+                .with(ino, |i| {
+                    i.size = new;
+                    i.backing.clone()
+                })
+                .flatten();
+            // The kernel reads a passthrough file straight from its object, so the object
+            // must be as long as the file (an extension is a hole).
+            if let Some(b) = backing {
+                b.set_len(new).map_err(|e| FsError::io("truncate", e))?;
+                self.inodes.with(ino, |i| {
+                    i.backing_committed = super::passthrough::backing_state(&b)
+                });
+            }
+        }
+        Ok(self.observe(a, false))
+    }
+
+    pub async fn open(&self, ino: Ino) -> FsResult<Opened> {
+        self.barrier().await;
+        let a = self.client.getattr(ino).await.map_err(stale)?;
+        if a.kind == FileKind::Dir {
+            return Err(FsError::new(libc::EISDIR, "is a directory"));
+        }
+        if a.nlink == 0 && !self.inodes.is_open(ino) {
+            // Unlinked elsewhere but kept for another node's open descriptors: the name that
+            // led here is stale.
+            return Err(FsError::new(
+                libc::ESTALE,
+                format!("inode {ino} has no name any more"),
+            ));
+        }
+        let backing = self.backing_for(ino).await;
+        if let Some(b) = &backing {
+            // A file extended without writing (truncate up, on any node) has a shorter object;
+            // the kernel reads a passthrough file straight from it.
+            if b.metadata().map(|m| m.len()).unwrap_or(0) < a.size {
+                b.set_len(a.size).map_err(|e| FsError::io("open", e))?;
+            }
+        }
+        let (fh, keep_cache, invalidate_attr) = self.inodes.opened(ino, &a, backing.is_some());
+        Ok(Opened {
+            fh,
+            keep_cache,
+            invalidate_attr,
+            backing,
+        })
+    }
+
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let ino = self.inodes.handle_ino(fh)?;
+        let file_size = self.inodes.size(ino);
+        if offset >= file_size {
+            return Ok(Vec::new());
+        }
+        let len = u64::from(size).min(file_size - offset);
+        Ok(self.client.read(ino, offset, len).await?)
+    }
+
+    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let ino = self.inodes.handle_ino(fh)?;
+        if offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > i64::MAX as u64)
+        {
+            return Err(FsError::new(
+                libc::EFBIG,
+                "write past the largest file offset",
+            ));
+        }
+        let n = self.client.write(ino, offset, data).await?;
+        let mask = self.client.fragments_touched(ino, offset, n);
+        self.inodes.changed_data(ino, offset + n, mask, true);
+        Ok(n as u32)
+    }
+
+    /// `fallocate(2)`. Supported modes: 0 (allocate, extending the file), `FALLOC_FL_KEEP_SIZE`
+    /// and `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`; others are `EOPNOTSUPP`. With
+    /// `KEEP_SIZE` the part of the range past the end of the file is not reserved (a Surge file
+    /// owns no blocks past its end, so unlink and truncate never have to look for them). The
+    /// end of the file is this node's view of it, the kernel's passthrough writes included.
+    /// Every mode moves mtime and ctime, as on Linux's local file systems.
+    pub async fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        let ino = self.inodes.handle_ino(fh)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or_else(|| FsError::new(libc::EFBIG, "fallocate past the largest file offset"))?;
+        if len == 0 {
+            return Err(FsError::new(libc::EINVAL, "fallocate of an empty range"));
+        }
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let mode = match mode {
+            0 => AllocMode::Allocate,
+            KEEP => AllocMode::KeepSize,
+            PUNCH => AllocMode::PunchHole,
+            other => {
+                return Err(FsError::new(
+                    libc::EOPNOTSUPP,
+                    format!("fallocate mode {other:#x} is not supported"),
+                ))
+            }
+        };
+        let size = self.inodes.size(ino);
+        let end = if mode == AllocMode::Allocate {
+            end
+        } else {
+            end.min(size)
+        };
+        if end > offset {
+            self.client
+                .allocate_objects(ino, offset, end - offset, mode)
+                .await?;
+        }
+        let mask = if end > offset {
+            self.client.fragments_touched(ino, offset, end - offset)
+        } else {
+            0
+        };
+        self.inodes
+            .changed_data(ino, end, mask, mode == AllocMode::Allocate);
+        Ok(())
+    }
+
+    /// Sends this node's size and mtime of `ino` to the metadata server if writes are pending.
+    pub(super) async fn commit(&self, ino: Ino) -> FsResult<()> {
+        let Some((size, mtime)) = self.inodes.take_pending(ino) else {
+            return Ok(());
+        };
+        // The file may have been made behind: the server must know it first.
+        self.barrier().await;
+        match self
+            .client
+            .commit_write(ino, size, TimeSet::At(mtime))
+            .await
+        {
+            Ok(a) => {
+                self.inodes.committed(ino, &a);
+                Ok(())
+            }
+            Err(e) => {
+                self.inodes.commit_failed(ino, mtime);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// True when `flush` of `fh` has nothing to send (no writes pending), so the adapter can
+    /// answer at once without a trip through the async runtime.
+    pub fn flush_is_noop(&self, fh: u64) -> bool {
+        self.inodes.nothing_pending(fh)
+    }
+
+    /// Releases `fh` at once if that needs no network request (nothing to commit, nothing to
+    /// purge); returns false to have the caller run the full [`release`](Self::release).
+    pub fn release_fast(&self, fh: u64) -> bool {
+        self.inodes.release_fast(fh)
+    }
+
+    /// `close(2)` of a descriptor: make what was written visible to other nodes.
+    pub async fn flush(&self, fh: u64) -> FsResult<()> {
+        let ino = self.inodes.handle_ino(fh)?;
+        self.commit(ino).await
+    }
+
+    pub async fn fsync(&self, fh: u64) -> FsResult<()> {
+        let ino = self.inodes.handle_ino(fh)?;
+        let touched = self.inodes.take_touched(ino);
+        if let Some(b) = self.inodes.backing(ino) {
+            b.sync_data().map_err(|e| FsError::io("fsync", e))?;
+        }
+        if touched != 0 {
+            if let Err(e) = self.client.sync_objects(ino, touched).await {
+                self.inodes.untake_touched(ino, touched);
+                return Err(e.into());
+            }
+        }
+        self.commit(ino).await
+    }
+
+    /// Last close of a handle.
+    pub async fn release(&self, fh: u64) -> FsResult<()> {
+        let ino = self.inodes.handle_ino(fh)?;
+        let commit = self.commit(ino).await;
+        let r = self.inodes.release(fh, ino);
+        if r.backing_changed && r.purge.is_none() {
+            // Capacity accounting of what the kernel wrote directly.
+            if let Err(e) = self.client.object_changed(ino).await {
+                warn!("could not account passthrough writes of inode {ino}: {e}");
+            }
+        }
+        if let Some(size) = r.purge {
+            self.purge(ino, size).await;
+        }
+        commit
+    }
+
+    async fn purge(&self, ino: Ino, size: u64) {
+        self.barrier().await;
+        if let Err(e) = self.client.purge(ino, size).await {
+            warn!("could not remove the data of unlinked inode {ino}: {e}");
+        }
+    }
+
+    /// After the last name of an inode went away: remove its data now, or at its last close on
+    /// this node if it is open here.
+    pub(super) async fn orphaned(&self, u: Unlinked) {
+        if !u.orphaned {
+            return;
+        }
+        if u.purged {
+            super::behind::remove_purged_data(&self.client, &u).await;
+            return;
+        }
+        if let Some(size) = self.inodes.orphaned(&u) {
+            self.purge(u.ino, size).await;
+        }
+    }
+
+    /// Attributes from the metadata server, with this node's view overlaid (see
+    /// [`super::inodes::InodeTable::observe`]); a directory's counter is checked against its
+    /// listing.
+    pub(super) fn observe(&self, a: Attr, lookup: bool) -> Attr {
+        self.listings.seen(&a);
+        self.inodes.observe(a, lookup)
+    }
+}

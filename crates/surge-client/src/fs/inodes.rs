@@ -1,0 +1,431 @@
+//! What this node knows of each inode the kernel holds, and the open file handles.
+//!
+//! The size and mtime of a file being written live here (shared by every handle of the inode on
+//! this node) until they are committed to the metadata server; attributes from the server are
+//! overlaid with them before the kernel sees them ([`InodeTable::observe`]).
+
+use super::passthrough::backing_state;
+use super::{FsError, FsResult};
+use parking_lot::Mutex;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use surge_core::Ino;
+use surge_proto::{Attr, KeepOpen, Timestamp, Unlinked};
+
+#[derive(Default)]
+pub(super) struct Inode {
+    /// Kernel references (lookup counts), released by `forget`.
+    pub lookups: u64,
+    /// Open handles on this node.
+    pub opens: u32,
+    /// (mtime, size) as last seen from the metadata server, to detect change at `open`.
+    pub seen: Option<(Timestamp, u64)>,
+    /// This node's view of the size while the file is open (writes and truncates included).
+    pub size: u64,
+    /// Time of the last local change of the data not yet committed.
+    pub dirty_mtime: Option<Timestamp>,
+    /// Fragments written since the last fsync (bit i = fragment i).
+    pub touched: u64,
+    /// The last name went away while open here: remove the data at the last release.
+    pub unlinked: bool,
+    /// The object file the kernel reads and writes directly while the file is open here
+    /// (passthrough); writes then bypass this process, so size and mtime are read from it.
+    pub backing: Option<Arc<std::fs::File>>,
+    /// (size, mtime) of the backing file last committed to the metadata server.
+    pub backing_committed: Option<(u64, Timestamp)>,
+    /// The kernel changed the backing file since the server last measured it.
+    pub backing_changed: bool,
+}
+
+impl Inode {
+    /// The size this node knows, the kernel's passthrough writes included.
+    pub fn current_size(&self) -> u64 {
+        let backing = self
+            .backing
+            .as_deref()
+            .and_then(backing_state)
+            .map_or(0, |(s, _)| s);
+        self.size.max(backing)
+    }
+}
+
+/// What the last release of a handle left to do.
+pub(super) struct Released {
+    /// The kernel wrote the backing file: the server must measure the object again.
+    pub backing_changed: bool,
+    /// The file was unlinked while open here: remove its data (its size).
+    pub purge: Option<u64>,
+}
+
+#[derive(Default)]
+pub(super) struct InodeTable {
+    inodes: Mutex<HashMap<Ino, Inode>>,
+    /// The inodes with `opens > 0`, changed only under the `inodes` lock: what an unlink
+    /// sends as [`KeepOpen`] without scanning every inode the kernel knows.
+    open_inos: Mutex<BTreeSet<Ino>>,
+    /// Open file handle -> inode.
+    handles: Mutex<HashMap<u64, Ino>>,
+    next_fh: AtomicU64,
+}
+
+impl InodeTable {
+    /// Runs `f` on the inode's entry, if this node has one.
+    pub fn with<R>(&self, ino: Ino, f: impl FnOnce(&mut Inode) -> R) -> Option<R> {
+        self.inodes.lock().get_mut(&ino).map(f)
+    }
+
+    /// Runs `f` on the inode's entry, made if missing.
+    pub fn with_entry<R>(&self, ino: Ino, f: impl FnOnce(&mut Inode) -> R) -> R {
+        f(self.inodes.lock().entry(ino).or_default())
+    }
+
+    /// Overlays this node's view (size, mtime of writes not yet committed) on attributes from
+    /// the metadata server and records what was seen; `lookup`: the kernel takes a reference.
+    pub fn observe(&self, mut a: Attr, lookup: bool) -> Attr {
+        let mut inodes = self.inodes.lock();
+        let ino = inodes.entry(a.ino).or_default();
+        if lookup {
+            ino.lookups += 1;
+        }
+        if ino.opens > 0 {
+            ino.seen = Some((a.mtime, a.size));
+            a.size = ino.size;
+            if let Some(m) = ino.dirty_mtime {
+                a.mtime = m;
+                a.ctime = a.ctime.max(m);
+            }
+            if let Some((size, mtime)) = ino.backing.as_deref().and_then(backing_state) {
+                a.size = a.size.max(size);
+                if Some((size, mtime)) != ino.backing_committed {
+                    a.mtime = a.mtime.max(mtime);
+                    a.ctime = a.ctime.max(mtime);
+                }
+            }
+        } else {
+            ino.seen = Some((a.mtime, a.size));
+        }
+        a
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        let mut inodes = self.inodes.lock();
+        if let Some(i) = inodes.get_mut(&ino) {
+            i.lookups = i.lookups.saturating_sub(n);
+            if i.lookups == 0 && i.opens == 0 {
+                inodes.remove(&ino);
+            }
+        }
+    }
+
+    pub fn handle_ino(&self, fh: u64) -> FsResult<Ino> {
+        self.handles
+            .lock()
+            .get(&fh)
+            .copied()
+            .ok_or_else(|| FsError::new(libc::EBADF, format!("unknown file handle {fh}")))
+    }
+
+    fn new_handle(&self, ino: Ino) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed) + 1;
+        self.handles.lock().insert(fh, ino);
+        fh
+    }
+
+    /// The size this node knows of `ino` (0 if none).
+    pub fn size(&self, ino: Ino) -> u64 {
+        self.with(ino, |i| i.current_size()).unwrap_or(0)
+    }
+
+    /// The size of `ino` while it is open here.
+    pub fn open_size(&self, ino: Ino) -> Option<u64> {
+        self.inodes
+            .lock()
+            .get(&ino)
+            .filter(|i| i.opens > 0)
+            .map(|i| i.size)
+    }
+
+    pub fn is_open(&self, ino: Ino) -> bool {
+        self.open_inos.lock().contains(&ino)
+    }
+
+    /// The backing file of `ino` in use on this node.
+    pub fn backing(&self, ino: Ino) -> Option<Arc<std::fs::File>> {
+        self.with(ino, |i| i.backing.clone()).flatten()
+    }
+
+    /// Records an open of `ino` with attributes `a` from the server; returns (handle,
+    /// unchanged since last seen, changed since last seen).
+    pub fn opened(&self, ino: Ino, a: &Attr, passthrough: bool) -> (u64, bool, bool) {
+        let fh = self.new_handle(ino);
+        let mut inodes = self.inodes.lock();
+        let i = inodes.entry(ino).or_default();
+        if passthrough && i.backing_committed.is_none() {
+            i.backing_committed = i.backing.as_deref().and_then(backing_state);
+        }
+        let now = (a.mtime, a.size);
+        let changed = i.seen.is_some_and(|s| s != now);
+        let keep_cache = i.seen == Some(now);
+        if i.opens == 0 {
+            i.size = a.size;
+            i.dirty_mtime = None;
+            i.touched = 0;
+            self.open_inos.lock().insert(ino);
+        } else {
+            i.size = i.size.max(a.size);
+        }
+        i.seen = Some(now);
+        i.opens += 1;
+        (fh, keep_cache, changed)
+    }
+
+    /// Records the create-and-open of a new file; returns its handle.
+    pub fn created(&self, a: &Attr) -> u64 {
+        let fh = self.new_handle(a.ino);
+        let mut inodes = self.inodes.lock();
+        let i = inodes.entry(a.ino).or_default();
+        i.lookups += 1;
+        if i.opens == 0 {
+            self.open_inos.lock().insert(a.ino);
+        }
+        i.opens += 1;
+        i.size = 0;
+        i.seen = Some((a.mtime, a.size));
+        i.backing_committed = i.backing.as_deref().and_then(backing_state);
+        fh
+    }
+
+    /// Data of `ino` changed here up to `end` (written, allocated, punched) on the fragments
+    /// of `mask`.
+    pub fn changed_data(&self, ino: Ino, end: u64, mask: u64, grows: bool) {
+        if let Some(i) = self.inodes.lock().get_mut(&ino) {
+            if grows {
+                i.size = i.size.max(end);
+            }
+            i.dirty_mtime = Some(Timestamp::now());
+            i.touched |= mask;
+        }
+    }
+
+    /// What must be committed to the metadata server for `ino` (size, mtime), marked as sent;
+    /// [`commit_failed`](Self::commit_failed) puts it back.
+    pub fn take_pending(&self, ino: Ino) -> Option<(u64, Timestamp)> {
+        let mut inodes = self.inodes.lock();
+        let i = inodes.get_mut(&ino)?;
+        // Passthrough writes are seen only in the backing file.
+        if let Some((size, mtime)) = i.backing.as_deref().and_then(backing_state) {
+            if Some((size, mtime)) != i.backing_committed {
+                i.backing_committed = Some((size, mtime));
+                i.backing_changed = true;
+                i.size = i.size.max(size);
+                let m = i.dirty_mtime.take().map_or(mtime, |d| d.max(mtime));
+                return Some((i.size, m));
+            }
+        }
+        i.dirty_mtime.take().map(|m| (i.size, m))
+    }
+
+    pub fn committed(&self, ino: Ino, a: &Attr) {
+        if let Some(i) = self.inodes.lock().get_mut(&ino) {
+            i.seen = Some((a.mtime, a.size));
+        }
+    }
+
+    /// Keeps `mtime` pending so a later flush or release retries the commit.
+    pub fn commit_failed(&self, ino: Ino, mtime: Timestamp) {
+        if let Some(i) = self.inodes.lock().get_mut(&ino) {
+            i.dirty_mtime.get_or_insert(mtime);
+        }
+    }
+
+    /// The fragments written since the last fsync, cleared.
+    pub fn take_touched(&self, ino: Ino) -> u64 {
+        self.with(ino, |i| std::mem::take(&mut i.touched))
+            .unwrap_or(0)
+    }
+
+    pub fn untake_touched(&self, ino: Ino, touched: u64) {
+        self.with(ino, |i| i.touched |= touched);
+    }
+
+    /// True when nothing of `fh`'s inode waits to be committed.
+    pub fn nothing_pending(&self, fh: u64) -> bool {
+        let Ok(ino) = self.handle_ino(fh) else {
+            return false;
+        };
+        self.inodes.lock().get(&ino).is_some_and(|i| {
+            i.dirty_mtime.is_none()
+                && i.backing
+                    .as_deref()
+                    .is_none_or(|b| backing_state(b) == i.backing_committed)
+        })
+    }
+
+    /// Releases `fh` at once if that needs no network request (nothing to commit, nothing to
+    /// purge); false otherwise.
+    pub fn release_fast(&self, fh: u64) -> bool {
+        let Ok(ino) = self.handle_ino(fh) else {
+            return false;
+        };
+        let mut inodes = self.inodes.lock();
+        let Some(i) = inodes.get_mut(&ino) else {
+            return false;
+        };
+        // A passthrough file the kernel did not change since the last commit needs nothing
+        // sent either (typically a file created and closed empty).
+        let backing_quiet = match &i.backing {
+            None => true,
+            Some(b) => !i.backing_changed && backing_state(b) == i.backing_committed,
+        };
+        if i.dirty_mtime.is_some() || !backing_quiet || (i.unlinked && i.opens == 1) {
+            return false;
+        }
+        i.opens = i.opens.saturating_sub(1);
+        if i.opens == 0 {
+            self.open_inos.lock().remove(&ino);
+            i.backing = None;
+            i.backing_committed = None;
+            if i.lookups == 0 {
+                inodes.remove(&ino);
+            }
+        }
+        drop(inodes);
+        self.handles.lock().remove(&fh);
+        true
+    }
+
+    /// Forgets handle `fh` of `ino` (after its commit).
+    pub fn release(&self, fh: u64, ino: Ino) -> Released {
+        self.handles.lock().remove(&fh);
+        let mut out = Released {
+            backing_changed: false,
+            purge: None,
+        };
+        let mut inodes = self.inodes.lock();
+        if let Some(i) = inodes.get_mut(&ino) {
+            i.opens = i.opens.saturating_sub(1);
+            if i.opens == 0 {
+                self.open_inos.lock().remove(&ino);
+                out.backing_changed =
+                    i.backing.take().is_some() && std::mem::take(&mut i.backing_changed);
+                i.backing_committed = None;
+                if i.unlinked {
+                    out.purge = Some(i.size);
+                    i.unlinked = false;
+                }
+                if i.lookups == 0 {
+                    inodes.remove(&ino);
+                }
+            }
+        }
+        out
+    }
+
+    /// The inodes open on this node, which the metadata server must not forget when their last
+    /// name goes (beyond a bound, keep every orphan and purge later).
+    pub fn keep_open(&self) -> KeepOpen {
+        let open: Vec<Ino> = self.open_inos.lock().iter().copied().take(1025).collect();
+        if open.len() > 1024 {
+            KeepOpen::All
+        } else {
+            KeepOpen::Only(open)
+        }
+    }
+
+    /// The last name of `u.ino` went: the size of the data to remove now, or `None` when it
+    /// is open here (removed at its last release).
+    pub fn orphaned(&self, u: &Unlinked) -> Option<u64> {
+        let mut inodes = self.inodes.lock();
+        match inodes.get_mut(&u.ino) {
+            Some(i) if i.opens > 0 => {
+                i.unlinked = true;
+                None
+            }
+            Some(i) => Some(i.size.max(u.size)),
+            None => Some(u.size),
+        }
+    }
+
+    /// Inodes with writes not yet committed.
+    pub fn dirty(&self) -> Vec<Ino> {
+        self.inodes
+            .lock()
+            .iter()
+            .filter(|(_, i)| i.dirty_mtime.is_some())
+            .map(|(k, _)| *k)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use surge_proto::FileKind;
+
+    fn attr(ino: Ino, size: u64, secs: i64) -> Attr {
+        let t = Timestamp { secs, nsec: 0 };
+        Attr {
+            ino,
+            kind: FileKind::File,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            change: 0,
+        }
+    }
+
+    #[test]
+    fn writes_here_show_in_attributes_until_committed() {
+        let t = InodeTable::default();
+        let (fh, keep, changed) = t.opened(5, &attr(5, 10, 100), false);
+        assert!(!keep && !changed, "first open: nothing seen before");
+        t.changed_data(5, 4096, 1, true);
+        let a = t.observe(attr(5, 10, 100), false);
+        assert_eq!(a.size, 4096, "this node's write is in the size");
+        assert!(a.mtime.secs > 100, "and in mtime");
+        let (size, _) = t.take_pending(5).expect("a commit is pending");
+        assert_eq!(size, 4096);
+        assert!(t.take_pending(5).is_none(), "taken once");
+        assert!(t.nothing_pending(fh));
+        assert!(t.release_fast(fh), "nothing to send at close");
+        assert!(t.handle_ino(fh).is_err(), "the handle is gone");
+    }
+
+    #[test]
+    fn reopen_sees_whether_another_node_changed_the_file() {
+        let t = InodeTable::default();
+        t.observe(attr(7, 10, 100), true);
+        let (fh, keep, changed) = t.opened(7, &attr(7, 10, 100), false);
+        assert!(keep && !changed, "unchanged: the kernel keeps its pages");
+        t.release(fh, 7);
+        let (_, keep, changed) = t.opened(7, &attr(7, 20, 101), false);
+        assert!(!keep && changed, "changed elsewhere: caches dropped");
+    }
+
+    #[test]
+    fn an_open_file_unlinked_here_is_purged_at_its_last_release() {
+        let t = InodeTable::default();
+        let (fh1, ..) = t.opened(9, &attr(9, 0, 1), false);
+        let (fh2, ..) = t.opened(9, &attr(9, 0, 1), false);
+        assert_eq!(t.keep_open(), KeepOpen::Only(vec![9]));
+        let u = Unlinked {
+            ino: 9,
+            kind: FileKind::File,
+            orphaned: true,
+            size: 0,
+            purged: false,
+        };
+        assert_eq!(t.orphaned(&u), None, "open here: removed later");
+        assert!(t.release(fh1, 9).purge.is_none(), "still open once");
+        assert!(!t.release_fast(fh2), "the last close must purge");
+        assert_eq!(t.release(fh2, 9).purge, Some(0));
+        assert_eq!(t.keep_open(), KeepOpen::Only(vec![]));
+    }
+}

@@ -1,0 +1,208 @@
+//! The file-system core of a Surge mount: POSIX semantics over [`InstanceClient`], with no FUSE
+//! types (the adapter in [`crate::fuse`] only translates). It can be driven, and tested, without
+//! a kernel mount (`crates/surge-client/tests/fs_core.rs` does, against in-process servers).
+//!
+//! Consistency (docs/SEMANTICS.md): close-to-open across compute nodes, POSIX within one.
+//! - Data goes to the servers on every `write` (no client write cache), so another node that
+//!   opens the file after our `close` reads it all.
+//! - The size and mtime of a file being written live here (shared by every handle of the inode on
+//!   this node) and are committed to the metadata server on `flush` (each `close`), `fsync` and
+//!   the last `release`.
+//! - `open` fetches fresh attributes; when they changed since this node last saw the file the
+//!   adapter drops the kernel's cached attributes and pages.
+//! - A file unlinked while open here keeps its data until its last close on this node.
+//!
+//! The parts, each in its own module:
+//! - [`inodes`]: what this node knows of each inode the kernel holds (open counts, sizes and
+//!   times of writes not yet committed) and the open file handles.
+//! - [`listings`]: the names of directories this node made and alone changed (lookups of
+//!   absent names answered here), and directory attributes returned with this node's changes.
+//! - [`behind`]: the queue of namespace changes answered before the metadata server made them,
+//!   and the task that sends it in batches.
+//! - [`leases`]: directory leases of shared namespaces (creates behind there) and the task that
+//!   answers the metadata server's recalls.
+//! - [`passthrough`]: kernel passthrough of files whose data is one local object.
+//! - [`files`] (open, read, write, fsync, close) and [`names`] (lookup, create, unlink, rename,
+//!   readdir) are the operations, built on the parts.
+//!
+//! Lock order (never take an earlier lock while holding a later one): `listings` ->
+//! `inodes` -> (`open_inos`, `inos`, the `behind` queue); `handles`, `fresh_dirs` and the
+//! lease set are taken alone.
+
+mod behind;
+mod files;
+mod inodes;
+mod leases;
+mod listings;
+mod names;
+mod passthrough;
+
+use crate::error::ClientError;
+use crate::instance::InstanceClient;
+use behind::Behind;
+use inodes::InodeTable;
+use listings::{FreshDirs, Listings};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use surge_core::Ino;
+use surge_proto::FileKind;
+
+/// An error for the application: an errno and, for the log, why.
+#[derive(Debug, Clone)]
+pub struct FsError {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl FsError {
+    pub fn new(errno: i32, message: impl Into<String>) -> FsError {
+        FsError {
+            errno,
+            message: message.into(),
+        }
+    }
+
+    /// An error of the local file system (a backing file), with what was being done.
+    fn io(what: &str, e: std::io::Error) -> FsError {
+        FsError::new(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("{what}: {e}"),
+        )
+    }
+}
+
+impl From<ClientError> for FsError {
+    fn from(e: ClientError) -> FsError {
+        FsError {
+            errno: e.errno(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for FsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (errno {})", self.message, self.errno)
+    }
+}
+
+impl std::error::Error for FsError {}
+
+pub type FsResult<T> = Result<T, FsError>;
+
+/// For requests that name an inode the kernel found through its name cache: if the metadata
+/// server no longer has it (removed or replaced on another node while the cache held it),
+/// ESTALE makes the kernel look the path up again and retry the call (open, stat, truncate),
+/// so a cached name never hides the file that now has it.
+fn stale(e: ClientError) -> FsError {
+    if e.code() == Some(surge_proto::ErrorCode::NotFound) {
+        FsError::new(libc::ESTALE, format!("stale inode: {e}"))
+    } else {
+        e.into()
+    }
+}
+
+/// What `open` decided.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    pub fh: u64,
+    /// The file is unchanged since this node last saw it: the kernel may keep its pages.
+    pub keep_cache: bool,
+    /// The file changed: the kernel's cached attributes must be dropped.
+    pub invalidate_attr: bool,
+    /// Kernel passthrough: the object file holding all of this file's data on this host; the
+    /// kernel reads and writes it directly (DESIGN §3, the local fast path).
+    pub backing: Option<Arc<std::fs::File>>,
+}
+
+/// One directory entry for the kernel: `offset` is where to continue after it.
+#[derive(Debug, Clone)]
+pub struct DirItem {
+    pub ino: Ino,
+    pub offset: u64,
+    pub kind: FileKind,
+    pub name: Vec<u8>,
+}
+
+/// Directory listing pages fetched from the metadata server per `readdir` call.
+const READDIR_PAGE: u32 = 256;
+
+pub struct Fs {
+    client: Arc<InstanceClient>,
+    inodes: InodeTable,
+    /// Directory attributes returned with this node's own changes (see [`FreshDirs`]).
+    fresh_dirs: FreshDirs,
+    /// Directories whose every name this node knows (see [`Listings`]); shared with the tasks
+    /// that send changes behind and answer lease recalls.
+    listings: Arc<Listings>,
+    /// Changes answered before the metadata server made them (see [`Behind`]).
+    behind: Arc<Behind>,
+    /// Directory leases held and the task answering recalls (see [`leases`]).
+    leases: leases::Leases,
+    /// Kernel passthrough (see [`passthrough`]).
+    passthrough: passthrough::Passthrough,
+    /// Creates may be made behind in every listed directory: the namespace is private to one
+    /// compute node (DataWarp's private mode). In a shared namespace another node may make
+    /// the same name meanwhile, and a file this node answered for would then not exist (its
+    /// data lost): there creates are made behind only in a directory this node holds the
+    /// lease of (the metadata server recalls it before another node looks there, and this
+    /// node then sends what it did and gives it back); elsewhere they wait for the metadata
+    /// server (and `O_CREAT` of a name another node made opens it).
+    creates_behind: bool,
+    /// Inode numbers reserved for creates made behind, not used yet.
+    inos: Mutex<std::ops::Range<Ino>>,
+    /// The metadata server refused to reserve inode numbers (creates are not made behind).
+    inos_refused: AtomicBool,
+}
+
+impl Fs {
+    /// `fresh_dir_ttl`: how long directory attributes returned with this node's own changes
+    /// may answer the kernel's next `getattr` of that directory (the mount's attribute TTL;
+    /// zero: never). `entry_ttl`: how long this node's listing of a directory it made and
+    /// alone changed answers lookups of absent names (see [`Listings`]; zero: never).
+    pub fn new(
+        client: Arc<InstanceClient>,
+        fresh_dir_ttl: std::time::Duration,
+        entry_ttl: std::time::Duration,
+    ) -> Fs {
+        let creates_behind = client.desc.access_mode == "private";
+        Fs {
+            client,
+            inodes: InodeTable::default(),
+            fresh_dirs: FreshDirs::new(fresh_dir_ttl),
+            listings: Arc::new(Listings::new(entry_ttl)),
+            behind: Arc::new(Behind::default()),
+            leases: leases::Leases::default(),
+            passthrough: passthrough::Passthrough::default(),
+            creates_behind,
+            inos: Mutex::new(0..0),
+            inos_refused: AtomicBool::new(false),
+        }
+    }
+
+    pub fn client(&self) -> &Arc<InstanceClient> {
+        &self.client
+    }
+
+    /// Waits until nothing is behind (see [`Behind`]).
+    async fn barrier(&self) {
+        self.behind.wait_empty().await;
+    }
+
+    /// Called when the file system is unmounted: commit what is pending.
+    pub async fn shutdown(&self) {
+        self.barrier().await;
+        for ino in self.inodes.dirty() {
+            if let Err(e) = self.commit(ino).await {
+                tracing::warn!("unmount: could not commit inode {ino}: {e}");
+            }
+        }
+        tracing::debug!("file system core shut down");
+    }
+
+    /// The inode numbers reserved here ran out and the server refused more.
+    fn inos_refused(&self) -> bool {
+        self.inos_refused.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,417 @@
+//! Operations on names: lookup, create, mkdir, symlink, link, unlink, rmdir, rename, readdir,
+//! and the creates and unlinks made behind the application (see [`super::behind`]).
+
+use super::listings::{Listing, MAX_LISTED_NAMES};
+use super::{stale, DirItem, Fs, FsError, FsResult, READDIR_PAGE};
+use crate::instance::Usage;
+use std::sync::Arc;
+use surge_core::Ino;
+use surge_proto::{Attr, BatchOp, FileKind, NewNode, SetAttr, Timestamp};
+use tracing::debug;
+
+/// Inode numbers reserved at a time for creates made behind.
+const INODE_GRANT: u32 = 4096;
+
+impl Fs {
+    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        if self
+            .listings
+            .known_absent(parent, name, self.creates_behind)
+        {
+            return Err(FsError::new(libc::ENOENT, "no such entry"));
+        }
+        self.barrier().await;
+        let a = self.client.lookup(parent, name).await?;
+        Ok(self.observe(a, true))
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        self.inodes.forget(ino, n);
+    }
+
+    pub async fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        if let Some(a) = self.fresh_dirs.take(ino) {
+            return Ok(self.observe(a, false));
+        }
+        self.barrier().await;
+        let a = self.client.getattr(ino).await.map_err(stale)?;
+        Ok(self.observe(a, false))
+    }
+
+    pub async fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        flags: i32,
+    ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
+        let behind =
+            if self.listings.listed(parent) && (self.creates_behind || self.leased(parent).await) {
+                self.ensure_inos().await;
+                self.create_behind(parent, name, perm, uid, gid)
+            } else {
+                None
+            };
+        let made = match behind {
+            Some(a) => Ok(a),
+            None => self.make(parent, name, NewNode::File, perm, uid, gid).await,
+        };
+        let a = match made {
+            Ok(a) => a,
+            // The name appeared after the kernel's lookup (another node made it): without
+            // O_EXCL, open(2) opens what is there.
+            Err(e) if e.errno == libc::EEXIST && flags & libc::O_EXCL == 0 => {
+                return self.open_existing(parent, name, flags).await;
+            }
+            Err(e) => return Err(e),
+        };
+        let backing = self.backing_for(a.ino).await;
+        let fh = self.inodes.created(&a);
+        Ok((a, fh, backing))
+    }
+
+    /// The open half of an `O_CREAT` open that found the name taken.
+    async fn open_existing(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        flags: i32,
+    ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
+        let mut a = self.lookup(parent, name).await?;
+        let o = match self.open(a.ino).await {
+            Ok(o) => o,
+            Err(e) => {
+                // The kernel learns of no entry: undo the lookup's reference.
+                self.forget(a.ino, 1);
+                return Err(e);
+            }
+        };
+        if flags & libc::O_TRUNC != 0 && a.size > 0 {
+            let set = SetAttr {
+                size: Some(0),
+                ..Default::default()
+            };
+            match self.setattr(a.ino, set).await {
+                Ok(t) => a = t,
+                Err(e) => {
+                    let _ = self.release(o.fh).await;
+                    self.forget(a.ino, 1);
+                    return Err(e);
+                }
+            }
+        }
+        Ok((a, o.fh, o.backing))
+    }
+
+    /// Makes a node in `parent` and keeps this node's view of `parent` up to date.
+    async fn make(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: NewNode,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
+        let is_dir = matches!(node, NewNode::Dir);
+        self.barrier().await;
+        match self
+            .client
+            .create_in(parent, name, node, perm, uid, gid)
+            .await
+        {
+            Ok((a, dir)) => {
+                self.listings.changed(&dir, name, Some((a.ino, a.kind)));
+                self.fresh_dirs.note(dir);
+                if is_dir {
+                    self.listings.made(&a);
+                }
+                Ok(a)
+            }
+            Err(e) => {
+                self.listings.drop_dir(parent);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// `mknod` of a regular file: created, not opened.
+    pub async fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
+        let a = self
+            .make(parent, name, NewNode::File, perm, uid, gid)
+            .await?;
+        Ok(self.observe(a, true))
+    }
+
+    pub async fn mkdir(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
+        let a = self
+            .make(parent, name, NewNode::Dir, perm, uid, gid)
+            .await?;
+        Ok(self.observe(a, true))
+    }
+
+    pub async fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<Attr> {
+        let node = NewNode::Symlink {
+            target: target.to_vec(),
+        };
+        let a = self.make(parent, name, node, 0o777, uid, gid).await?;
+        Ok(self.observe(a, true))
+    }
+
+    pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
+        self.fresh_dirs.forget(new_parent);
+        self.listings.drop_dir(new_parent);
+        self.barrier().await;
+        let a = self.client.link(ino, new_parent, new_name).await?;
+        Ok(self.observe(a, true))
+    }
+
+    pub async fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        Ok(self.client.readlink(ino).await?)
+    }
+
+    pub async fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        if self.unlink_behind(parent, name) {
+            return Ok(());
+        }
+        self.barrier().await;
+        let (u, dir) = self
+            .client
+            .unlink_in(parent, name, self.inodes.keep_open())
+            .await
+            .inspect_err(|_| self.listings.drop_dir(parent))?;
+        self.listings.changed(&dir, name, None);
+        self.fresh_dirs.note(dir);
+        self.orphaned(u).await;
+        Ok(())
+    }
+
+    pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        self.barrier().await;
+        let dir = self
+            .client
+            .rmdir(parent, name)
+            .await
+            .inspect_err(|_| self.listings.drop_dir(parent))?;
+        self.listings.changed(&dir, name, None);
+        // The removed directory itself may have an entry.
+        self.fresh_dirs.clear();
+        self.fresh_dirs.note(dir);
+        Ok(())
+    }
+
+    pub async fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        // Moves a directory's `..` and ctime too: drop every entry.
+        self.fresh_dirs.clear();
+        self.listings.drop_dir(parent);
+        self.listings.drop_dir(new_parent);
+        self.barrier().await;
+        let replaced = self
+            .client
+            .rename(
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+                self.inodes.keep_open(),
+            )
+            .await?;
+        if let Some(u) = replaced {
+            self.orphaned(u).await;
+        }
+        Ok(())
+    }
+
+    /// Entries of directory `ino` from kernel offset `offset`: 0 starts with `.`, 1 is after
+    /// `.`, 2 after `..`, and an entry's offset is its metadata cursor + 2.
+    pub async fn readdir(&self, ino: Ino, offset: u64) -> FsResult<Vec<DirItem>> {
+        let mut out = Vec::new();
+        if offset == 0 {
+            out.push(DirItem {
+                ino,
+                offset: 1,
+                kind: FileKind::Dir,
+                name: b".".to_vec(),
+            });
+        }
+        if offset <= 1 {
+            out.push(DirItem {
+                ino: 1,
+                offset: 2,
+                kind: FileKind::Dir,
+                name: b"..".to_vec(),
+            });
+        }
+        let after = offset.saturating_sub(2);
+        let (entries, _) = self.client.readdir(ino, after, READDIR_PAGE, false).await?;
+        out.extend(entries.into_iter().map(|e| DirItem {
+            ino: e.ino,
+            offset: e.cursor + 2,
+            kind: e.kind,
+            name: e.name,
+        }));
+        Ok(out)
+    }
+
+    pub async fn statfs(&self) -> FsResult<Usage> {
+        self.barrier().await;
+        Ok(self.client.usage().await?)
+    }
+
+    /// `fsync` of a directory: the changes this node answered early are made.
+    pub async fn fsyncdir(&self) -> FsResult<()> {
+        self.barrier().await;
+        Ok(())
+    }
+
+    /// Queues `op`, a change of `l` (the listing of `parent`, locked by the caller, so the
+    /// queue keeps the order of the changes); returns the directory's attributes after it.
+    fn queue_behind(
+        &self,
+        rt: &tokio::runtime::Handle,
+        l: &mut Listing,
+        parent: Ino,
+        op: BatchOp,
+    ) -> Attr {
+        // What the metadata server will make of the directory (its clock may differ a little):
+        // the kernel asks for it right after.
+        let now = Timestamp::now();
+        l.dir.mtime = now;
+        l.dir.ctime = now;
+        l.dir.change += 1;
+        self.behind
+            .push(rt, &self.client, &self.listings, op, parent, l.dir.change);
+        l.dir.clone()
+    }
+
+    /// Answers an unlink at once and queues it (see [`super::behind`]) when this node lists
+    /// `parent`, `name` is not a directory, and its file is not open here.
+    fn unlink_behind(&self, parent: Ino, name: &[u8]) -> bool {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let dir = {
+            let mut listings = self.listings.lock();
+            let Some(l) = listings.live(parent) else {
+                return false;
+            };
+            let Some(&(ino, kind)) = l.names.get(name) else {
+                return false;
+            };
+            if kind == FileKind::Dir || self.inodes.is_open(ino) {
+                return false;
+            }
+            l.names.remove(name);
+            let op = BatchOp::Unlink {
+                parent,
+                name: name.to_vec(),
+                ino,
+            };
+            self.queue_behind(&rt, l, parent, op)
+        };
+        self.fresh_dirs.note(dir);
+        self.behind.kick();
+        true
+    }
+
+    /// Reserves inode numbers for creates made behind if none are left.
+    async fn ensure_inos(&self) {
+        if !self.inos.lock().is_empty() || self.inos_refused() {
+            return;
+        }
+        match self.client.alloc_inodes(INODE_GRANT).await {
+            Ok(first) => *self.inos.lock() = first..first + u64::from(INODE_GRANT),
+            Err(e) => {
+                debug!("no inode numbers reserved ({e}): creates wait for the server");
+                self.inos_refused
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Makes a regular file at once and queues its creation (see [`super::behind`]) when this
+    /// node lists `parent`, `name` is not in it, and a reserved inode number is left.
+    fn create_behind(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> Option<Attr> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        // A name the server would refuse gets its error from the server.
+        surge_proto::check_name(name).ok()?;
+        let (a, dir) = {
+            let mut listings = self.listings.lock();
+            let l = listings.live(parent)?;
+            if l.names.contains_key(name) || l.names.len() >= MAX_LISTED_NAMES {
+                return None;
+            }
+            let ino = self.inos.lock().next()?;
+            let (gid, perm) =
+                surge_proto::new_node_group_and_perm(&l.dir, FileKind::File, gid, perm);
+            let now = Timestamp::now();
+            let a = Attr {
+                ino,
+                kind: FileKind::File,
+                perm,
+                nlink: 1,
+                uid,
+                gid,
+                size: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                change: 0,
+            };
+            l.names.insert(name.to_vec(), (ino, FileKind::File));
+            let op = BatchOp::CreateFile {
+                parent,
+                name: name.to_vec(),
+                ino,
+                perm: a.perm,
+                uid,
+                gid,
+                time: now,
+            };
+            let dir = self.queue_behind(&rt, l, parent, op);
+            (a, dir)
+        };
+        self.fresh_dirs.note(dir);
+        self.behind.kick();
+        Some(a)
+    }
+}
