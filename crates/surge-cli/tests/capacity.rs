@@ -19,7 +19,7 @@ fn writing_past_capacity_gives_enospc_and_keeps_what_was_written() {
     if skip_without_fuse("writing_past_capacity_gives_enospc_and_keeps_what_was_written") {
         return;
     }
-    let c = Cluster::start(3, "1GiB");
+    let c = cluster(3, "1GiB");
     // 24 MiB over 3 fragments of 8 MiB; 1 MiB stripes.
     let id = c.create_instance("24MiB", "1MiB", &[]);
     let m = Mount::new(&c, id, 0);
@@ -79,7 +79,7 @@ fn writing_past_capacity_gives_enospc_and_keeps_what_was_written() {
 
 #[test]
 fn an_instance_larger_than_a_server_offers_is_refused_and_nothing_is_left_behind() {
-    let c = Cluster::start(2, "64MiB");
+    let c = cluster(2, "64MiB");
     let out = std::process::Command::new(SURGE)
         .args([
             "instance",

@@ -41,7 +41,7 @@ fn check_read(f: &File, model: &[u8], off: u64, len: usize, ctx: &str) {
 }
 
 fn exercise(cluster_servers: usize, stripe: &str, ops: usize, max_file: u64) {
-    let c = Cluster::start(cluster_servers, "1GiB");
+    let c = cluster(cluster_servers, "1GiB");
     let id = c.create_instance("1GiB", stripe, &[]);
     let m = Mount::new(&c, id, 0);
     let seed = seed();
@@ -146,7 +146,7 @@ fn sparse_files_read_zeros_in_holes_and_allocate_only_written_stripes() {
     if skip_without_fuse("sparse_files_read_zeros_in_holes_and_allocate_only_written_stripes") {
         return;
     }
-    let c = Cluster::start(2, "1GiB");
+    let c = cluster(2, "1GiB");
     let id = c.create_instance("2GiB", "1MiB", &[]);
     let m = Mount::new(&c, id, 0);
     let p = m.path("sparse");

@@ -22,7 +22,7 @@ fn setup(test: &str, capacity: &str) -> Option<(Cluster, Mount, Mount)> {
         eprintln!("SKIPPED {test}: needs root");
         return None;
     }
-    let c = Cluster::start(1, "1GiB");
+    let c = cluster(1, "1GiB");
     let id = c.create_instance(capacity, "8MiB", &[]);
     let fast = Mount::new(&c, id, 0);
     let other = Mount::with_args(&c, id, 0, &["--no-passthrough"]);

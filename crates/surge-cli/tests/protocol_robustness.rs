@@ -59,7 +59,7 @@ fn alive(addr: &str) {
 
 #[test]
 fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
-    let mut c = Cluster::start(1, "1GiB");
+    let mut c = cluster(1, "1GiB");
     let addr = c.servers[0].addr.clone();
 
     // Not our protocol at all.
@@ -194,7 +194,7 @@ fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
 
 #[test]
 fn fuzzed_frames_never_crash_the_server() {
-    let mut c = Cluster::start(1, "1GiB");
+    let mut c = cluster(1, "1GiB");
     let addr = c.servers[0].addr.clone();
     let id = c.create_instance("64MiB", "1MiB", &[]);
     let mut rng = Rng(seed());

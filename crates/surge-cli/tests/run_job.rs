@@ -457,7 +457,7 @@ fn a_stage_in_larger_than_the_instance_fails_before_copying() {
 #[test]
 fn the_manager_keeps_its_state_across_a_restart() {
     let s = Scratch::new("mgr");
-    let c = Cluster::start(2, "1GiB");
+    let c = cluster(2, "1GiB");
     let state = s.path().join("m.db");
     let start_manager = || {
         let ready = s.path().join("ready");
@@ -671,7 +671,7 @@ fn surge_run_uses_a_configured_manager_and_its_servers() {
         return;
     }
     let s = Scratch::new("cfgmgr");
-    let c = Cluster::start(2, "1GiB");
+    let c = cluster(2, "1GiB");
     let ready = s.path().join("ready");
     let _m = ChildGuard(
         Command::new(SURGE)

@@ -13,7 +13,7 @@ fn setup(test: &str) -> Option<(Cluster, Mount)> {
     if skip_without_fuse(test) {
         return None;
     }
-    let c = Cluster::start(2, "1GiB");
+    let c = cluster(2, "1GiB");
     let id = c.create_instance("1GiB", "64KiB", &[]);
     let m = Mount::new(&c, id, 0);
     Some((c, m))
@@ -201,6 +201,46 @@ fn readdir_lists_large_directories_exactly_once() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), ".\n..\n");
+}
+
+/// `os.mkdir('d'); fhs = [open(f'd/{n}', 'w') for n in names]; os.listdir('d')` and
+/// tempfile's create-write-close-unlink-list, on a shared and on a private namespace: a listing
+/// shows this node's own creates and unlinks at once, also those made behind.
+#[test]
+fn readdir_right_after_creates_and_unlinks_shows_them() {
+    if skip_without_fuse("readdir_right_after_creates_and_unlinks_shows_them") {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    for extra in [&[][..], &["--access-mode", "private"][..]] {
+        let id = c.create_instance("1GiB", "64KiB", extra);
+        let m = Mount::new(&c, id, 0);
+        std::fs::create_dir(m.path("d")).unwrap();
+        let names: Vec<String> = (0..50).map(|i| format!("n{i:02}")).collect();
+        let fhs: Vec<File> = names
+            .iter()
+            .map(|n| File::create(m.path(&format!("d/{n}"))).unwrap())
+            .collect();
+        let mut listed: Vec<String> = std::fs::read_dir(m.path("d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        listed.sort();
+        assert_eq!(
+            listed, names,
+            "{extra:?}: the first listing after the creates"
+        );
+        drop(fhs);
+        let t = m.path("d/tmpXYZ");
+        std::fs::write(&t, b"x").unwrap();
+        std::fs::remove_file(&t).unwrap();
+        let n = std::fs::read_dir(m.path("d")).unwrap().count();
+        assert_eq!(
+            n,
+            names.len(),
+            "{extra:?}: the removed temporary is not listed"
+        );
+    }
 }
 
 #[test]

@@ -47,7 +47,7 @@ fn data_and_namespace_survive_kill_9_and_restart_of_every_server() {
     if skip_without_fuse("data_and_namespace_survive_kill_9_and_restart_of_every_server") {
         return;
     }
-    let mut c = Cluster::start(3, "1GiB");
+    let mut c = cluster(3, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let files = {
         let m = Mount::new(&c, id, 0);
@@ -71,7 +71,7 @@ fn a_mount_reconnects_to_a_restarted_server() {
     if skip_without_fuse("a_mount_reconnects_to_a_restarted_server") {
         return;
     }
-    let mut c = Cluster::start(2, "1GiB");
+    let mut c = cluster(2, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let m = Mount::new(&c, id, 0);
     let files = populate(&m);
@@ -94,7 +94,7 @@ fn changes_made_behind_are_made_after_the_server_restarts() {
     if skip_without_fuse("changes_made_behind_are_made_after_the_server_restarts") {
         return;
     }
-    let mut c = Cluster::start(1, "1GiB");
+    let mut c = cluster(1, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &["--access-mode", "private"]);
     let m = Mount::new(&c, id, 0);
     std::fs::create_dir(m.path("d")).unwrap();
@@ -138,7 +138,7 @@ fn directory_leases_are_given_up_when_the_server_restarts() {
     if skip_without_fuse("directory_leases_are_given_up_when_the_server_restarts") {
         return;
     }
-    let mut c = Cluster::start(1, "1GiB");
+    let mut c = cluster(1, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let a = Mount::new(&c, id, 0);
     std::fs::create_dir(a.path("d")).unwrap();

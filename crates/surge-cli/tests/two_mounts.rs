@@ -17,7 +17,7 @@ fn concurrent_writers_on_two_mounts_see_each_others_closed_files() {
     if skip_without_fuse("concurrent_writers_on_two_mounts_see_each_others_closed_files") {
         return;
     }
-    let c = Cluster::start(3, "1GiB");
+    let c = cluster(3, "1GiB");
     let id = c.create_instance("2GiB", "1MiB", &[]);
     let a = Mount::new(&c, id, 0);
     let b = Mount::new(&c, id, 0);
@@ -67,7 +67,7 @@ fn a_file_rewritten_on_one_node_is_read_fresh_after_open_on_the_other() {
     if skip_without_fuse("a_file_rewritten_on_one_node_is_read_fresh_after_open_on_the_other") {
         return;
     }
-    let c = Cluster::start(2, "1GiB");
+    let c = cluster(2, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let a = Mount::new(&c, id, 0);
     let b = Mount::new(&c, id, 0);
@@ -107,7 +107,7 @@ fn a_name_replaced_on_one_node_leads_to_the_new_file_on_the_other_at_once() {
     if skip_without_fuse("a_name_replaced_on_one_node_leads_to_the_new_file_on_the_other_at_once") {
         return;
     }
-    let c = Cluster::start(2, "1GiB");
+    let c = cluster(2, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     // Long name and attribute caches on B: a cached name must still never hide the new file.
     let a = Mount::new(&c, id, 0);
@@ -140,7 +140,7 @@ fn names_another_node_adds_to_a_directory_made_here() {
     if skip_without_fuse("names_another_node_adds_to_a_directory_made_here") {
         return;
     }
-    let c = Cluster::start(1, "1GiB");
+    let c = cluster(1, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let a = Mount::with_args(&c, id, 0, &["--entry-ttl", "1"]);
     let b = Mount::new(&c, id, 0);
@@ -197,7 +197,7 @@ fn unlinks_sent_behind_keep_order_here_and_reach_the_other_node() {
     if skip_without_fuse("unlinks_sent_behind_keep_order_here_and_reach_the_other_node") {
         return;
     }
-    let c = Cluster::start(2, "1GiB");
+    let c = cluster(2, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let mut a = Mount::new(&c, id, 0);
     let b = Mount::new(&c, id, 0);
@@ -299,7 +299,7 @@ fn creates_sent_behind_are_what_the_server_makes_and_reach_the_other_node() {
     if skip_without_fuse("creates_sent_behind_are_what_the_server_makes_and_reach_the_other_node") {
         return;
     }
-    let c = Cluster::start(1, "1GiB");
+    let c = cluster(1, "1GiB");
     let id = c.create_instance(
         "1GiB",
         "1MiB",
@@ -371,7 +371,7 @@ fn a_directory_lease_is_recalled_before_another_node_looks() {
     if skip_without_fuse("a_directory_lease_is_recalled_before_another_node_looks") {
         return;
     }
-    let c = Cluster::start(1, "1GiB");
+    let c = cluster(1, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let a = Mount::new(&c, id, 0);
     let b = Mount::new(&c, id, 0);
@@ -442,7 +442,7 @@ fn a_dead_lease_holder_does_not_block_the_directory() {
     if skip_without_fuse("a_dead_lease_holder_does_not_block_the_directory") {
         return;
     }
-    let c = Cluster::start(1, "1GiB");
+    let c = cluster(1, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let mut a = Mount::new(&c, id, 0);
     let b = Mount::new(&c, id, 0);
@@ -474,7 +474,7 @@ fn leases_of_directories_no_longer_listed_are_given_back() {
     if skip_without_fuse("leases_of_directories_no_longer_listed_are_given_back") {
         return;
     }
-    let c = Cluster::start(1, "1GiB");
+    let c = cluster(1, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let a = Mount::with_args(&c, id, 0, &["--entry-ttl", "1"]);
     let b = Mount::new(&c, id, 0);
@@ -501,7 +501,7 @@ fn two_nodes_racing_for_the_same_names_agree_on_one_winner() {
     if skip_without_fuse("two_nodes_racing_for_the_same_names_agree_on_one_winner") {
         return;
     }
-    let c = Cluster::start(1, "1GiB");
+    let c = cluster(1, "1GiB");
     let id = c.create_instance("1GiB", "1MiB", &[]);
     let a = Mount::new(&c, id, 0);
     let b = Mount::new(&c, id, 0);

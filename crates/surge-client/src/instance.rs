@@ -57,6 +57,49 @@ pub struct InstanceClient {
     frags: Vec<Arc<ServerPool>>,
     /// The one fragment's directory, once a server on this host told it (passthrough).
     local_dir: std::sync::OnceLock<std::path::PathBuf>,
+    /// Requests sent, per operation.
+    counts: RequestCounts,
+}
+
+/// How many requests of each operation a client sent: what tests of caching count (e.g. "a
+/// create in a listed directory sends no `Lookup`"), by the operation's name
+/// ([`Request::name`]).
+pub struct RequestCounts {
+    by_opcode: [std::sync::atomic::AtomicU64; 64],
+    names: [std::sync::OnceLock<&'static str>; 64],
+}
+
+impl Default for RequestCounts {
+    fn default() -> Self {
+        RequestCounts {
+            by_opcode: std::array::from_fn(|_| std::sync::atomic::AtomicU64::new(0)),
+            names: std::array::from_fn(|_| std::sync::OnceLock::new()),
+        }
+    }
+}
+
+impl RequestCounts {
+    fn note(&self, req: &Request) {
+        let op = usize::from(req.opcode());
+        if let (Some(c), Some(n)) = (self.by_opcode.get(op), self.names.get(op)) {
+            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            n.get_or_init(|| req.name());
+        }
+    }
+
+    /// Requests of operation `name` (e.g. `"Lookup"`) sent so far.
+    pub fn get(&self, name: &str) -> u64 {
+        self.snapshot().get(name).copied().unwrap_or(0)
+    }
+
+    /// Every operation sent so far, with its count.
+    pub fn snapshot(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.by_opcode
+            .iter()
+            .zip(&self.names)
+            .filter_map(|(c, n)| Some((*n.get()?, c.load(std::sync::atomic::Ordering::Relaxed))))
+            .collect()
+    }
 }
 
 /// One request without payload to one server, and the reply expected. On a thread running
@@ -65,6 +108,7 @@ pub struct InstanceClient {
 macro_rules! expect {
     ($self:ident, $pool:expr, $req:expr, $pat:pat => $out:expr) => {{
         let req = $req;
+        $self.counts.note(&req);
         let resp = if crate::blocking::is_inline() {
             crate::blocking::call(&$pool.server, $pool.session(), &req)?
         } else {
@@ -138,6 +182,7 @@ impl InstanceClient {
             mds,
             frags,
             local_dir: std::sync::OnceLock::new(),
+            counts: RequestCounts::default(),
         })
     }
 
@@ -153,6 +198,11 @@ impl InstanceClient {
 
     pub fn instance(&self) -> InstanceId {
         self.desc.instance
+    }
+
+    /// The requests this client sent so far, per operation.
+    pub fn counts(&self) -> &RequestCounts {
+        &self.counts
     }
 
     pub fn fragments(&self) -> u32 {
@@ -280,6 +330,7 @@ impl InstanceClient {
             ns: self.ns,
             wait_ms,
         };
+        self.counts.note(&req);
         match conn.call(&req, &[]).await? {
             (Response::Recall(dirs), _) => Ok(dirs),
             (Response::Error(e), _) => Err(ClientError::Remote {
@@ -387,6 +438,7 @@ impl InstanceClient {
                 file,
                 offset: p.object_offset,
             };
+            self.counts.note(&req);
             let pool = &self.frags[p.fragment as usize];
             let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
             let (resp, _) = pool.call(&req, bytes).await?;
@@ -432,6 +484,7 @@ impl InstanceClient {
                 offset: p.object_offset,
                 len: p.len as u32,
             };
+            self.counts.note(&req);
             let pool = &self.frags[p.fragment as usize];
             let (resp, payload) = pool.call(&req, &[]).await?;
             match resp {

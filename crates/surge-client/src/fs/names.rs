@@ -255,8 +255,10 @@ impl Fs {
     }
 
     /// Entries of directory `ino` from kernel offset `offset`: 0 starts with `.`, 1 is after
-    /// `.`, 2 after `..`, and an entry's offset is its metadata cursor + 2.
+    /// `.`, 2 after `..`, and an entry's offset is its metadata cursor + 2. This node's changes
+    /// made behind reach the server first, so a listing shows them.
     pub async fn readdir(&self, ino: Ino, offset: u64) -> FsResult<Vec<DirItem>> {
+        self.barrier().await;
         let mut out = Vec::new();
         if offset == 0 {
             out.push(DirItem {

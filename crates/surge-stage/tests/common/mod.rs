@@ -1,130 +1,16 @@
-//! Test harness: real Surge servers inside the test process (`surge_server::cli::start`, port 0,
-//! fast tier in a /dev/shm scratch directory), a real instance over them, the real protocol.
+//! Test harness: the shared test kit's in-process servers (`surge_testkit::inproc`: real Surge
+//! servers inside the test process, a real instance over them, the real protocol) and what the
+//! staging tests compare: trees with every kind of entry, snapshots, temporaries.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use surge_client::admin::{self, InstancePlan};
-use surge_client::InstanceClient;
-use surge_core::{InstanceId, NamespaceId};
-use surge_server::cli::Running;
 
-/// A scratch directory under /dev/shm (or /tmp), removed on drop.
-pub struct Scratch(pub PathBuf);
-
-impl Scratch {
-    pub fn new(tag: &str) -> Scratch {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let base = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let p = PathBuf::from(format!(
-            "{base}/surge-stage-test-{}-{tag}-{n}",
-            std::process::id()
-        ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `n` servers and one striped instance over them (one fragment each).
-pub struct Cluster {
-    pub servers: Vec<Running>,
-    pub client: Arc<InstanceClient>,
-    pub instance: InstanceId,
-    pub scratch: Scratch,
-}
-
-impl Cluster {
-    pub async fn start(tag: &str, n: usize, capacity: u64, stripe: u64) -> Cluster {
-        let scratch = Scratch::new(tag);
-        let mut servers = Vec::new();
-        for i in 0..n {
-            let dir = scratch.path().join(format!("bb{i}"));
-            let sock = scratch.path().join(format!("bb{i}.sock"));
-            servers.push(
-                surge_server::cli::start(
-                    vec![dir],
-                    Some(1 << 40),
-                    "127.0.0.1:0",
-                    Some(&sock),
-                    None,
-                )
-                .expect("start a server"),
-            );
-        }
-        let mut refs = Vec::new();
-        for s in &servers {
-            refs.push(admin::server_ref(s.tcp_addr()).await.expect("server ref"));
-        }
-        let instance = InstanceId(1000 + u64::from(fastrand::u32(..)));
-        // SAFETY: geteuid/getegid have no preconditions.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        let plan = InstancePlan {
-            instance,
-            name: format!("stage-test-{tag}"),
-            access_mode: "striped".into(),
-            stripe_size: stripe,
-            fragments: refs
-                .iter()
-                .map(|r| (r.clone(), capacity / n as u64))
-                .collect(),
-            namespaces: vec![refs[0].clone()],
-            root_uid: uid,
-            root_gid: gid,
-            root_perm: 0o755,
-        };
-        let desc = admin::create_instance(&plan)
-            .await
-            .expect("create instance");
-        let client = Arc::new(InstanceClient::new(desc, NamespaceId(0)).expect("client"));
-        Cluster {
-            servers,
-            client,
-            instance,
-            scratch,
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        self.scratch.path()
-    }
-
-    /// The object file holding fragment `index`'s stripes of inode `ino`.
-    pub fn object_path(&self, index: u32, ino: u64) -> PathBuf {
-        let frag = self.servers[index as usize]
-            .registry
-            .fragment(self.instance, index)
-            .expect("fragment");
-        frag.dir.join(format!("0-{ino}"))
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for s in &self.servers {
-            s.registry.shutdown();
-        }
-    }
-}
+pub use surge_testkit::inproc::Cluster;
+pub use surge_testkit::Scratch;
 
 /// Deterministic pseudo-random bytes.
 pub fn bytes(seed: u64, len: usize) -> Vec<u8> {

@@ -1,0 +1,142 @@
+//! The test kit of Surge's own tests (a dev-dependency only): everything a test needs to stand
+//! up real servers, instances and mounts on this machine.
+//!
+//! - [`inproc`]: servers inside the test process (`surge_server::cli::start`, port 0) and an
+//!   instance over them, for tests of the client core and the staging engine without a kernel
+//!   mount or a `surge` binary.
+//! - [`procs`]: `surge server` and `surge mount` processes (the binary the test names), for
+//!   end-to-end tests through a real FUSE mount; servers can be killed and restarted.
+//! - [`Scratch`], [`wait_for`], [`Rng`], [`seed`], [`ChildGuard`]: small helpers.
+//! - [`skip_without_fuse`]: the one rule for FUSE tests on machines without FUSE.
+
+pub mod inproc;
+pub mod procs;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// A scratch directory under /dev/shm (the fast tier; /tmp where there is none), removed on
+/// drop. `tag` names it, with the test process's pid and a counter.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        };
+        let p = PathBuf::from(format!(
+            "{base}/surge-test-{}-{tag}-{n}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create a scratch directory");
+        Scratch(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Why FUSE tests cannot run here, if they cannot.
+pub fn fuse_unavailable() -> Option<String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse does not exist".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root && Command::new("fusermount3").arg("-V").output().is_err() {
+        return Some("not root and fusermount3 is not installed".into());
+    }
+    None
+}
+
+/// Returns true (after printing why) when a FUSE test must be skipped: only when the run says
+/// so with `SURGE_SKIP_FUSE=1`. Without it a machine that cannot mount fails the test, so a
+/// run never reports FUSE tests as passed that did not run.
+pub fn skip_without_fuse(test: &str) -> bool {
+    match fuse_unavailable() {
+        None => false,
+        Some(why) if std::env::var("SURGE_SKIP_FUSE").is_ok_and(|v| v == "1") => {
+            eprintln!("SKIPPED {test}: needs FUSE: {why} (SURGE_SKIP_FUSE=1)");
+            true
+        }
+        Some(why) => panic!(
+            "{test} needs FUSE: {why}; run as root on a machine with /dev/fuse, or set \
+             SURGE_SKIP_FUSE=1 to skip the FUSE tests"
+        ),
+    }
+}
+
+/// Calls `f` every 20 ms until it returns something; panics after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Deterministic pseudo-random numbers (xorshift) so a failing run can be replayed by seed.
+pub struct Rng(pub u64);
+
+#[allow(clippy::should_implement_trait)]
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+}
+
+/// The seed of a randomized test: `SURGE_TEST_SEED`, else the clock (printed by the test).
+pub fn seed() -> u64 {
+    std::env::var("SURGE_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+                | 1
+        })
+}
+
+/// A child process killed when the guard goes (also when a test panics).
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
