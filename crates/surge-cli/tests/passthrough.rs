@@ -127,6 +127,49 @@ fn fallocate_on_a_passthrough_file_reserves_space_and_extends_it() {
     assert!(back[..back.len() - 4].iter().all(|&b| b == 0));
 }
 
+/// fsx's failure on the passthrough path (`fsx -S 1`, op 240): a hole punched past the size
+/// the mount last committed, in bytes the kernel wrote directly, must punch them; so must
+/// `KEEP_SIZE` reserve there, and both must read back through another node.
+#[test]
+fn punch_hole_in_bytes_the_kernel_wrote_directly() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let Some((_c, fast, other)) = setup("punch_hole_in_bytes_the_kernel_wrote_directly", "64MiB")
+    else {
+        return;
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(fast.path("holes"))
+        .unwrap();
+    // Nothing committed yet: the mount's size of the file is 0; the kernel wrote 256 KiB.
+    f.write_all_at(&vec![0xabu8; 256 << 10], 0).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate on a descriptor owned by `f`.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), punch, 4096, 65536) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: as above.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, 512 << 10) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let mut buf = vec![0u8; 256 << 10];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    let check = |buf: &[u8], who: &str| {
+        for (i, &b) in buf.iter().enumerate() {
+            let hole = (4096..4096 + 65536).contains(&i);
+            assert_eq!(b, if hole { 0 } else { 0xab }, "{who}: byte {i}");
+        }
+    };
+    check(&buf, "this node");
+    assert_eq!(f.metadata().unwrap().len(), 256 << 10, "KEEP_SIZE kept it");
+    drop(f);
+    let back = std::fs::read(other.path("holes")).unwrap();
+    assert_eq!(back.len(), 256 << 10);
+    check(&back, "another node");
+}
+
 /// Object files under a server's device directory (every `frag-*` directory).
 fn objects_on(device: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

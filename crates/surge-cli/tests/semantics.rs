@@ -671,3 +671,84 @@ fn fallocate_reserves_extends_and_punches_holes() {
     assert_eq!(back[0], 0x55);
     assert_eq!(back[hole as usize], 0);
 }
+
+/// A path component over 255 bytes is ENAMETOOLONG for every operation, lookup included (the
+/// kernel looks each component up first), not ENOENT; 255 bytes work.
+#[test]
+fn names_over_255_bytes_are_enametoolong_everywhere() {
+    let Some((_c, m)) = setup("names_over_255_bytes_are_enametoolong_everywhere") else {
+        return;
+    };
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::write(m.path("d/f"), b"x").unwrap();
+    let ok = "n".repeat(255);
+    std::fs::write(m.path(&format!("d/{ok}")), b"y").unwrap();
+    assert_eq!(std::fs::read(m.path(&format!("d/{ok}"))).unwrap(), b"y");
+    let long = m.path(&format!("d/{}", "l".repeat(256)));
+    let f = m.path("d/f");
+    let e = libc::ENAMETOOLONG;
+    assert_eq!(errno_of(std::fs::metadata(&long)), e, "stat");
+    assert_eq!(errno_of(File::open(&long)), e, "open");
+    assert_eq!(errno_of(File::create(&long)), e, "creat");
+    assert_eq!(errno_of(std::fs::create_dir(&long)), e, "mkdir");
+    assert_eq!(errno_of(std::fs::remove_file(&long)), e, "unlink");
+    assert_eq!(errno_of(std::fs::remove_dir(&long)), e, "rmdir");
+    assert_eq!(errno_of(std::fs::rename(&long, &f)), e, "rename from");
+    assert_eq!(errno_of(std::fs::rename(&f, &long)), e, "rename to");
+    assert_eq!(errno_of(std::fs::hard_link(&f, &long)), e, "link");
+    assert_eq!(
+        errno_of(std::os::unix::fs::symlink("f", &long)),
+        e,
+        "symlink"
+    );
+    assert_eq!(
+        errno_of(std::fs::set_permissions(
+            &long,
+            std::fs::Permissions::from_mode(0o600)
+        )),
+        e,
+        "chmod"
+    );
+    assert_eq!(
+        errno_of(std::os::unix::fs::chown(&long, Some(0), Some(0))),
+        e,
+        "chown"
+    );
+    assert_eq!(
+        errno_of(OpenOptions::new().write(true).truncate(true).open(&long)),
+        e,
+        "truncate"
+    );
+    // A long component in the middle of a path too.
+    let mid = m.path(&format!("d/{}/x", "m".repeat(300)));
+    assert_eq!(errno_of(std::fs::metadata(&mid)), e, "stat through it");
+}
+
+/// `posix_fallocate` moves ctime and mtime (as on Linux's local file systems), also when it
+/// does not extend the file.
+#[test]
+fn posix_fallocate_moves_ctime_and_mtime() {
+    let Some((_c, m)) = setup("posix_fallocate_moves_ctime_and_mtime") else {
+        return;
+    };
+    let p = m.path("f");
+    std::fs::write(&p, vec![7u8; 100_000]).unwrap();
+    let before = std::fs::metadata(&p).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: a descriptor owned by `f`.
+    assert_eq!(unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, 4096) }, 0);
+    let after = f.metadata().unwrap();
+    assert_eq!(after.len(), 100_000, "not extended");
+    assert!(
+        (after.ctime(), after.ctime_nsec()) > (before.ctime(), before.ctime_nsec()),
+        "ctime moved: {:?} -> {:?}",
+        (before.ctime(), before.ctime_nsec()),
+        (after.ctime(), after.ctime_nsec())
+    );
+    assert!((after.mtime(), after.mtime_nsec()) > (before.mtime(), before.mtime_nsec()));
+    drop(f);
+    let closed = std::fs::metadata(&p).unwrap();
+    assert!((closed.ctime(), closed.ctime_nsec()) > (before.ctime(), before.ctime_nsec()));
+}

@@ -192,6 +192,10 @@ impl Ops<'_> {
             Some(a) => Ok(a),
             None => {
                 self.dir(parent)?;
+                if name.len() > surge_proto::NAME_MAX {
+                    // No entry can have it: say so, as local file systems do.
+                    check_name(name)?;
+                }
                 Err(err(
                     ErrorCode::NotFound,
                     format!("{} not found", String::from_utf8_lossy(name)),

@@ -14,6 +14,18 @@ const INODE_GRANT: u32 = 4096;
 
 impl Fs {
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        // The kernel looks every path component up before any operation on it: a name no
+        // entry can have is ENAMETOOLONG for all of them (chmod, unlink, rename, ...).
+        if name.len() > surge_proto::NAME_MAX {
+            return Err(FsError::new(
+                libc::ENAMETOOLONG,
+                format!(
+                    "name of {} bytes exceeds {}",
+                    name.len(),
+                    surge_proto::NAME_MAX
+                ),
+            ));
+        }
         if self
             .listings
             .known_absent(parent, name, self.creates_behind)
