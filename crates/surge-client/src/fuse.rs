@@ -140,6 +140,10 @@ fn kind(k: FileKind) -> FileType {
         FileKind::File => FileType::RegularFile,
         FileKind::Dir => FileType::Directory,
         FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
     }
 }
 
@@ -157,7 +161,7 @@ pub fn file_attr(a: &Attr) -> FileAttr {
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.rdev,
         flags: 0,
         blksize: BLKSIZE,
     }
@@ -589,7 +593,8 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    /// Regular files only: FIFOs, sockets and devices are refused (EOPNOTSUPP).
+    /// Regular files, FIFOs (`mkfifo`), sockets (`bind`) and devices (the kernel checked
+    /// `CAP_MKNOD` for those).
     fn mknod(
         &self,
         req: &Request,
@@ -597,18 +602,14 @@ impl Filesystem for FuseAdapter {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            reply.error(Errno::from_i32(libc::EOPNOTSUPP));
-            return;
-        }
         let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
         let (uid, gid) = (req.uid(), req.gid());
         let perm = (mode & !umask & 0o7777) as u16;
         self.metadata(async move {
-            match fs.mknod(parent.0, &name, perm, uid, gid).await {
+            match fs.mknod(parent.0, &name, mode, perm, rdev, uid, gid).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(&e)),
             }

@@ -57,6 +57,36 @@ pub enum FileKind {
     File,
     Dir,
     Symlink,
+    /// Special files: metadata only (the kernel of the node that opens one serves it: a pipe,
+    /// a socket's address, a device number).
+    Fifo,
+    Socket,
+    CharDev,
+    BlockDev,
+}
+
+impl FileKind {
+    /// The kind of a node made with `mode` (its `S_IFMT` bits); `None` for an unknown type.
+    pub fn from_mode(mode: u32) -> Option<FileKind> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => FileKind::File,
+            libc::S_IFDIR => FileKind::Dir,
+            libc::S_IFLNK => FileKind::Symlink,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFSOCK => FileKind::Socket,
+            libc::S_IFCHR => FileKind::CharDev,
+            libc::S_IFBLK => FileKind::BlockDev,
+            _ => return None,
+        })
+    }
+
+    /// True for the kinds with nothing but metadata (FIFOs, sockets, devices).
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
+        )
+    }
 }
 
 /// The attributes of an inode as the metadata service keeps them.
@@ -77,6 +107,8 @@ pub struct Attr {
     /// goes back), so a client that sees `change + 1` after its own change of a directory knows
     /// nobody else changed it in between. Zero for other kinds.
     pub change: u64,
+    /// Character and block devices: the device number (`st_rdev`); zero for other kinds.
+    pub rdev: u32,
 }
 
 /// Longest name of a directory entry, in bytes.
@@ -150,7 +182,14 @@ pub struct SetAttr {
 pub enum NewNode {
     File,
     Dir,
-    Symlink { target: Vec<u8> },
+    Symlink {
+        target: Vec<u8>,
+    },
+    /// A FIFO, socket, or character or block device (`rdev`), by `mknod(2)`.
+    Special {
+        kind: FileKind,
+        rdev: u32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -33,6 +33,10 @@ fn kind_code(k: FileKind) -> i64 {
         FileKind::File => 1,
         FileKind::Dir => 2,
         FileKind::Symlink => 3,
+        FileKind::Fifo => 4,
+        FileKind::Socket => 5,
+        FileKind::CharDev => 6,
+        FileKind::BlockDev => 7,
     }
 }
 
@@ -40,13 +44,17 @@ fn kind_from(code: i64) -> FileKind {
     match code {
         2 => FileKind::Dir,
         3 => FileKind::Symlink,
+        4 => FileKind::Fifo,
+        5 => FileKind::Socket,
+        6 => FileKind::CharDev,
+        7 => FileKind::BlockDev,
         _ => FileKind::File,
     }
 }
 
 const ATTR_COLS: &str =
     "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, \
-     ctime_s, ctime_ns, change";
+     ctime_s, ctime_ns, change, rdev";
 
 fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
     let ts = |i: usize| -> rusqlite::Result<Timestamp> {
@@ -67,6 +75,7 @@ fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
         mtime: ts(9)?,
         ctime: ts(11)?,
         change: r.get::<_, i64>(base + 13)? as u64,
+        rdev: r.get::<_, i64>(base + 14)? as u32,
     })
 }
 
@@ -93,7 +102,8 @@ pub fn open(
             ctime_s INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
             parent INTEGER NOT NULL,
             target BLOB,
-            change INTEGER NOT NULL DEFAULT 0);
+            change INTEGER NOT NULL DEFAULT 0,
+            rdev INTEGER NOT NULL DEFAULT 0);
          CREATE TABLE IF NOT EXISTS dentries(
             id INTEGER PRIMARY KEY,
             parent INTEGER NOT NULL, name BLOB NOT NULL,
@@ -101,14 +111,18 @@ pub fn open(
             UNIQUE(parent, name));
          CREATE INDEX IF NOT EXISTS dentries_by_parent ON dentries(parent, id);",
     )?;
-    // Stores made before directories had a change counter.
-    let has_change: bool = conn.query_row(
-        "SELECT COUNT(*) FROM pragma_table_info('inodes') WHERE name = 'change'",
-        [],
-        |r| r.get::<_, i64>(0).map(|n| n > 0),
-    )?;
-    if !has_change {
-        conn.execute_batch("ALTER TABLE inodes ADD COLUMN change INTEGER NOT NULL DEFAULT 0")?;
+    // Stores made before directories had a change counter, before special files.
+    for column in ["change", "rdev"] {
+        let has: bool = conn.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('inodes') WHERE name = ?1",
+            [column],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has {
+            conn.execute_batch(&format!(
+                "ALTER TABLE inodes ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+            ))?;
+        }
     }
     let now = Timestamp::now();
     conn.execute(
@@ -276,9 +290,9 @@ impl Ops<'_> {
                 format!("{} exists", String::from_utf8_lossy(name)),
             ));
         }
-        let (kind, target, nlink) = match node {
-            NewNode::File => (FileKind::File, None, 1),
-            NewNode::Dir => (FileKind::Dir, None, 2),
+        let (kind, target, nlink, rdev) = match node {
+            NewNode::File => (FileKind::File, None, 1, 0),
+            NewNode::Dir => (FileKind::Dir, None, 2, 0),
             NewNode::Symlink { target } => {
                 if target.is_empty() || target.len() > 4096 {
                     return Err(err(
@@ -286,7 +300,20 @@ impl Ops<'_> {
                         "symlink target must be 1..4096 bytes",
                     ));
                 }
-                (FileKind::Symlink, Some(target.as_slice()), 1)
+                (FileKind::Symlink, Some(target.as_slice()), 1, 0)
+            }
+            NewNode::Special { kind, rdev } => {
+                if !kind.is_special() {
+                    return Err(err(
+                        ErrorCode::Invalid,
+                        format!("mknod of a {kind:?}: only FIFOs, sockets and devices"),
+                    ));
+                }
+                let rdev = match kind {
+                    FileKind::CharDev | FileKind::BlockDev => *rdev,
+                    _ => 0,
+                };
+                (*kind, None, 1, rdev)
             }
         };
         let (gid, perm) = new_node_group_and_perm(&p, kind, gid, perm);
@@ -304,8 +331,8 @@ impl Ops<'_> {
             .tx
             .prepare_cached(
                 "INSERT INTO inodes(kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
-                    mtime_s, mtime_ns, ctime_s, ctime_ns, parent, target, ino)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7, ?8, ?7, ?8, ?9, ?10, ?11)",
+                    mtime_s, mtime_ns, ctime_s, ctime_ns, parent, target, ino, rdev)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7, ?8, ?7, ?8, ?9, ?10, ?11, ?12)",
             )
             .and_then(|mut st| {
                 st.insert(params![
@@ -323,7 +350,8 @@ impl Ops<'_> {
                         0
                     },
                     target,
-                    ino.map(|i| i as i64)
+                    ino.map(|i| i as i64),
+                    i64::from(rdev)
                 ])
             })
             .map_err(db_err)? as u64;
@@ -342,6 +370,7 @@ impl Ops<'_> {
             mtime: now,
             ctime: now,
             change: 0,
+            rdev,
         };
         Ok((attr, parent_after))
     }
@@ -962,6 +991,51 @@ mod tests {
             ErrorCode::IsDir
         );
         assert_eq!(code(ops.rmdir(d.ino, b"f")), ErrorCode::NotDir);
+    }
+
+    #[test]
+    fn special_files_keep_their_kind_and_device_number() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let dev = (8 << 8) | 1;
+        for (name, kind) in [
+            (&b"fifo"[..], FileKind::Fifo),
+            (b"sock", FileKind::Socket),
+            (b"chr", FileKind::CharDev),
+            (b"blk", FileKind::BlockDev),
+        ] {
+            let node = NewNode::Special { kind, rdev: dev };
+            let a = ops.create(ROOT_INO, name, &node, 0o640, 1, 1).unwrap();
+            let back = ops.lookup(ROOT_INO, name).unwrap();
+            assert_eq!(back, a);
+            assert_eq!(back.kind, kind);
+            let want = if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
+                dev
+            } else {
+                0
+            };
+            assert_eq!(back.rdev, want, "{kind:?}");
+            assert_eq!(back.size, 0);
+        }
+        let (entries, _) = ops.readdir(ROOT_INO, 0, 100, true).unwrap();
+        let kinds: Vec<FileKind> = entries.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                FileKind::Fifo,
+                FileKind::Socket,
+                FileKind::CharDev,
+                FileKind::BlockDev
+            ]
+        );
+        let bad = NewNode::Special {
+            kind: FileKind::Dir,
+            rdev: 0,
+        };
+        assert_eq!(
+            code(ops.create(ROOT_INO, b"x", &bad, 0o755, 1, 1)),
+            ErrorCode::Invalid
+        );
     }
 
     #[test]

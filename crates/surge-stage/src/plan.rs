@@ -482,6 +482,27 @@ async fn add_instance_entry(
                 hint: "",
             })
         }
+        // As for special files on the PFS: a FIFO or socket has no data, and a device
+        // number means nothing on the PFS's host.
+        FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev => {
+            parts.skipped.push(StageFailure {
+                path: src.display().to_string(),
+                destination: dest.display().to_string(),
+                error: format!("{}: not copied", special_name(a.kind)),
+            })
+        }
     }
     Ok(())
+}
+
+fn special_name(k: FileKind) -> &'static str {
+    match k {
+        FileKind::Fifo => "a FIFO",
+        FileKind::Socket => "a socket",
+        FileKind::CharDev => "a character device",
+        FileKind::BlockDev => "a block device",
+        FileKind::File => "a regular file",
+        FileKind::Dir => "a directory",
+        FileKind::Symlink => "a symlink",
+    }
 }

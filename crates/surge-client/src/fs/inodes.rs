@@ -378,6 +378,7 @@ mod tests {
             mtime: t,
             ctime: t,
             change: 0,
+            rdev: 0,
         }
     }
 

@@ -251,6 +251,7 @@ mod tests {
             mtime: Timestamp::default(),
             ctime: Timestamp::default(),
             change,
+            rdev: 0,
         }
     }
 

@@ -150,18 +150,31 @@ impl Fs {
         }
     }
 
-    /// `mknod` of a regular file: created, not opened.
+    /// `mknod(2)`: a regular file (created, not opened), or a FIFO, socket or device (a node
+    /// with metadata only: the kernel of the node that opens it serves it). `mode` carries the
+    /// type (`S_IFMT` bits), `rdev` the device number of a device.
+    #[allow(clippy::too_many_arguments)]
     pub async fn mknod(
         &self,
         parent: Ino,
         name: &[u8],
+        mode: u32,
         perm: u16,
+        rdev: u32,
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
-        let a = self
-            .make(parent, name, NewNode::File, perm, uid, gid)
-            .await?;
+        let node = match FileKind::from_mode(mode) {
+            Some(FileKind::File) => NewNode::File,
+            Some(kind) if kind.is_special() => NewNode::Special { kind, rdev },
+            _ => {
+                return Err(FsError::new(
+                    libc::EINVAL,
+                    format!("mknod of file type {:#o}", mode & libc::S_IFMT),
+                ))
+            }
+        };
+        let a = self.make(parent, name, node, perm, uid, gid).await?;
         Ok(self.observe(a, true))
     }
 
@@ -410,6 +423,7 @@ impl Fs {
                 mtime: now,
                 ctime: now,
                 change: 0,
+                rdev: 0,
             };
             l.names.insert(name.to_vec(), (ino, FileKind::File));
             let op = BatchOp::CreateFile {
