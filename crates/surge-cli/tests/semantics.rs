@@ -513,6 +513,215 @@ fn mmap_reads_and_shared_writes() {
     assert_eq!(std::fs::read(&p).unwrap()[100], 42);
 }
 
+fn setxattr(p: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
+    let n = CString::new(name).unwrap();
+    // SAFETY: valid strings and a value of `value.len()` bytes.
+    let r = unsafe {
+        libc::setxattr(
+            cstr(p).as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+/// `getxattr` with a buffer of `size` bytes.
+fn getxattr(p: &Path, name: &str, size: usize) -> Result<Vec<u8>, i32> {
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; size];
+    // SAFETY: a buffer of `size` bytes.
+    let r = unsafe { libc::getxattr(cstr(p).as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), size) };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+fn listxattr(p: &Path) -> Vec<String> {
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: a buffer of 64 KiB.
+    let r = unsafe { libc::listxattr(cstr(p).as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(r >= 0, "listxattr: {}", std::io::Error::last_os_error());
+    buf.truncate(r as usize);
+    let mut v: Vec<String> = buf
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `user.*` and `trusted.*` extended attributes are stored with the inode: get, set, list,
+/// remove, `XATTR_CREATE`/`XATTR_REPLACE`, ENODATA, ERANGE, Linux's size limits; another node
+/// sees them; `cp -a` keeps them. `security.*` and `system.*` (ACLs) are refused.
+#[test]
+fn extended_attributes_are_stored_with_the_inode() {
+    if skip_without_fuse("extended_attributes_are_stored_with_the_inode") {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    let id = c.create_instance("1GiB", "64KiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let p = m.path("f");
+    std::fs::write(&p, b"data").unwrap();
+    assert_eq!(getxattr(&p, "user.a", 64), Err(libc::ENODATA));
+    setxattr(&p, "user.a", b"one", 0).unwrap();
+    assert_eq!(getxattr(&p, "user.a", 64).unwrap(), b"one");
+    assert_eq!(getxattr(&p, "user.a", 0).unwrap().len(), 0, "size query");
+    assert_eq!(
+        getxattr(&p, "user.a", 2),
+        Err(libc::ERANGE),
+        "buffer too small"
+    );
+    assert_eq!(
+        setxattr(&p, "user.a", b"two", libc::XATTR_CREATE),
+        Err(libc::EEXIST)
+    );
+    assert_eq!(
+        setxattr(&p, "user.b", b"x", libc::XATTR_REPLACE),
+        Err(libc::ENODATA)
+    );
+    setxattr(&p, "user.a", b"two", libc::XATTR_REPLACE).unwrap();
+    setxattr(&p, "user.empty", b"", 0).unwrap();
+    let big = vec![0x5au8; 65536];
+    setxattr(&p, "user.big", &big, 0).unwrap();
+    assert_eq!(getxattr(&p, "user.big", 65536).unwrap(), big);
+    assert_eq!(
+        setxattr(&p, "user.huge", &vec![0u8; 65537], 0),
+        Err(libc::E2BIG)
+    );
+    assert_eq!(
+        setxattr(&p, &format!("user.{}", "n".repeat(251)), b"v", 0),
+        Err(libc::ERANGE)
+    );
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        setxattr(&p, "trusted.t", b"admin", 0).unwrap();
+    }
+    let mut want = vec!["user.a", "user.big", "user.empty"];
+    if root {
+        want.push("trusted.t");
+        want.sort();
+    }
+    assert_eq!(listxattr(&p), want);
+    // Not stored: refused, and read as absent.
+    assert_eq!(
+        setxattr(&p, "security.label", b"x", 0),
+        Err(libc::EOPNOTSUPP)
+    );
+    assert_eq!(getxattr(&p, "security.capability", 64), Err(libc::ENODATA));
+    // A valid access ACL (u::rw-, g::r--, o::r--) in the kernel's xattr encoding.
+    let acl: Vec<u8> = [2u32.to_le_bytes().to_vec()]
+        .into_iter()
+        .chain([(0x01u16, 6u16), (0x04, 4), (0x20, 4)].map(|(tag, perm)| {
+            [tag.to_le_bytes(), perm.to_le_bytes()]
+                .concat()
+                .into_iter()
+                .chain(u32::MAX.to_le_bytes())
+                .collect::<Vec<u8>>()
+        }))
+        .flatten()
+        .collect();
+    assert_eq!(
+        setxattr(&p, "system.posix_acl_access", &acl, 0),
+        Err(libc::EOPNOTSUPP)
+    );
+    // Another node sees them.
+    let other = Mount::new(&c, id, 0);
+    assert_eq!(getxattr(&other.path("f"), "user.a", 64).unwrap(), b"two");
+    // Removal, and ctime moves with changes.
+    let before = std::fs::metadata(&p).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let n = CString::new("user.a").unwrap();
+    // SAFETY: valid strings.
+    assert_eq!(
+        unsafe { libc::removexattr(cstr(&p).as_ptr(), n.as_ptr()) },
+        0
+    );
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::removexattr(cstr(&p).as_ptr(), n.as_ptr()) },
+        -1
+    );
+    assert_eq!(last_errno(), libc::ENODATA);
+    let after = std::fs::metadata(&p).unwrap();
+    assert!((after.ctime(), after.ctime_nsec()) > (before.ctime(), before.ctime_nsec()));
+    // Directories carry them too; `cp -a` keeps them.
+    std::fs::create_dir(m.path("d")).unwrap();
+    setxattr(&m.path("d"), "user.dir", b"yes", 0).unwrap();
+    let st = std::process::Command::new("cp")
+        .args(["-a"])
+        .arg(m.path("f"))
+        .arg(m.path("d/copy"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(getxattr(&m.path("d/copy"), "user.big", 65536).unwrap(), big);
+    assert_eq!(getxattr(&m.path("d"), "user.dir", 64).unwrap(), b"yes");
+    // Writes keep working (the kernel asks for security.capability before each).
+    std::fs::write(m.path("d/copy"), b"rewritten").unwrap();
+    assert_eq!(std::fs::read(m.path("d/copy")).unwrap(), b"rewritten");
+}
+
+/// A write or truncate by a user without `CAP_FSETID` clears setuid and setgid (the mount does
+/// it, so the kernel stops asking for `security.capability` before every write); root's
+/// writes keep them.
+#[test]
+fn unprivileged_writes_and_truncates_clear_setuid_and_setgid() {
+    let Some((_c, m)) = setup("unprivileged_writes_and_truncates_clear_setuid_and_setgid") else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to act as another user");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+    let as_nobody = |cmd: &str| {
+        let st = std::process::Command::new("sh")
+            .args(["-c", cmd])
+            .current_dir(m.path(""))
+            .uid(65534)
+            .gid(65534)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{cmd}");
+    };
+    std::fs::set_permissions(m.path(""), std::fs::Permissions::from_mode(0o777)).unwrap();
+    for (name, cmd) in [("w", "printf x >> w"), ("t", "truncate -s 1 t")] {
+        let p = m.path(name);
+        std::fs::write(&p, b"data").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o6777)).unwrap();
+        // Root writes: the bits stay.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .write_all(b"r")
+            .unwrap();
+        assert_eq!(mode(&p), 0o6777, "{name}: root keeps them");
+        as_nobody(cmd);
+        assert_eq!(mode(&p), 0o0777, "{name}: cleared by an unprivileged {cmd}");
+    }
+    // Setgid without group execute is not cleared (it marks mandatory locking, not privilege).
+    let p = m.path("g");
+    std::fs::write(&p, b"data").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o2666)).unwrap();
+    as_nobody("printf x >> g");
+    assert_eq!(mode(&p), 0o2666);
+}
+
 /// FIFOs, UNIX sockets and devices are nodes with metadata only: made by `mkfifo`, `bind` and
 /// `mknod`, with modes, owners, `st_rdev`, links and renames like any node; the kernel of the
 /// node that opens one serves it (a FIFO carries data between two processes here).

@@ -147,6 +147,8 @@ fn idempotent(req: &Request) -> bool {
             | Request::GetAttr { .. }
             | Request::Readlink { .. }
             | Request::ReadDir { .. }
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. }
             | Request::RemoveObject { .. }
             | Request::Status
     )

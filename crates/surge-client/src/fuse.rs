@@ -174,6 +174,18 @@ fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno)
 }
 
+/// `getxattr`/`listxattr` replies: with `size` 0 the length the caller needs, else the bytes,
+/// or ERANGE when they do not fit.
+fn reply_xattr(reply: fuser::ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() > size as usize {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(value);
+    }
+}
+
 fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
@@ -195,6 +207,10 @@ impl Filesystem for FuseAdapter {
             InitFlags::FUSE_AUTO_INVAL_DATA,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_ASYNC_DIO,
+            // This side clears setuid/setgid on writes and truncates (see `Fs::write`): the
+            // kernel then marks files without them S_NOSEC and stops asking for
+            // `security.capability` before every write (one round trip each otherwise).
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             let _ = config.add_capabilities(cap);
         }
@@ -241,7 +257,7 @@ impl Filesystem for FuseAdapter {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -265,9 +281,12 @@ impl Filesystem for FuseAdapter {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
+        // A truncate by someone without CAP_FSETID clears setuid/setgid (this side's job with
+        // FUSE_HANDLE_KILLPRIV_V2; the kernel checks the capability, root stands for it here).
+        let kill = size.is_some() && mode.is_none() && req.uid() != 0;
         let (fs, ttl) = (self.fs.clone(), self.ttl);
         self.metadata(async move {
-            match fs.setattr(ino.0, set).await {
+            match fs.setattr(ino.0, set, kill).await {
                 Ok(a) => reply.attr(&ttl.attr, &file_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -448,14 +467,15 @@ impl Filesystem for FuseAdapter {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let (fs, data) = (self.fs.clone(), data.to_vec());
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         self.rt.spawn(async move {
-            match fs.write(fh.0, offset, &data).await {
+            match fs.write(fh.0, offset, &data, kill).await {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -647,38 +667,67 @@ impl Filesystem for FuseAdapter {
         reply.error(Errno::ENOSYS);
     }
 
-    // Extended attributes are not stored. ENOSYS (not EOPNOTSUPP) makes the kernel stop asking,
-    // which matters: it looks up `security.capability` before every write otherwise.
+    /// Extended attributes (see `fs::xattr`). A namespace that is not stored is answered here
+    /// on the FUSE thread.
     fn getxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        reply.error(Errno::ENOSYS);
+        let name = name_bytes(name);
+        if let Some(e) = self.fs.getxattr_here(&name) {
+            reply.error(Errno::from_i32(e.errno));
+            return;
+        }
+        let fs = self.fs.clone();
+        self.metadata(async move {
+            match fs.getxattr(ino.0, &name).await {
+                Ok(v) => reply_xattr(reply, &v, size),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
-        reply.error(Errno::ENOSYS);
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        let fs = self.fs.clone();
+        self.metadata(async move {
+            match fs.listxattr(ino.0).await {
+                Ok(v) => reply_xattr(reply, &v, size),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn setxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOSYS);
+        let (fs, name, value) = (self.fs.clone(), name_bytes(name), value.to_vec());
+        self.metadata(async move {
+            match fs.setxattr(ino.0, &name, &value, flags).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::ENOSYS);
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (fs, name) = (self.fs.clone(), name_bytes(name));
+        self.metadata(async move {
+            match fs.removexattr(ino.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -313,6 +313,30 @@ impl InstanceClient {
         Request::ReleaseLeases { instance: this.instance(), ns: this.ns, inos },
         Response::Ok => ());
 
+    metadata_call!(
+        /// The value of extended attribute `name` of `ino`.
+        get_xattr(this, ino: Ino, name: &[u8]) -> Vec<u8>,
+        Request::GetXattr { instance: this.instance(), ns: this.ns, ino, name: name.to_vec() },
+        Response::Xattr(v) => v);
+
+    metadata_call!(
+        /// The names of `ino`'s extended attributes.
+        list_xattr(this, ino: Ino) -> Vec<Vec<u8>>,
+        Request::ListXattr { instance: this.instance(), ns: this.ns, ino },
+        Response::XattrNames(v) => v);
+
+    metadata_call!(
+        /// Sets extended attribute `name` of `ino` (`flags`: `XATTR_CREATE`, `XATTR_REPLACE`).
+        set_xattr(this, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Attr,
+        Request::SetXattr { instance: this.instance(), ns: this.ns, ino, name: name.to_vec(), value: value.to_vec(), flags },
+        Response::Attr(a) => a);
+
+    metadata_call!(
+        /// Removes extended attribute `name` of `ino`.
+        remove_xattr(this, ino: Ino, name: &[u8]) -> Attr,
+        Request::RemoveXattr { instance: this.instance(), ns: this.ns, ino, name: name.to_vec() },
+        Response::Attr(a) => a);
+
     /// A connection to the metadata server of its own, for [`wait_recall`](Self::wait_recall).
     pub async fn recall_connection(&self) -> Result<Arc<crate::conn::Connection>> {
         self.mds.dedicated().await

@@ -505,7 +505,47 @@ pub enum Request {
         ns: NamespaceId,
         inos: Vec<Ino>,
     },
+    /// The value of extended attribute `name` of `ino` (`Response::Xattr`; `NoData` when it
+    /// has none of that name).
+    GetXattr {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        name: Vec<u8>,
+    },
+    /// The names of `ino`'s extended attributes (`Response::XattrNames`).
+    ListXattr {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+    },
+    /// Sets extended attribute `name` of `ino` to `value`; `flags` as `setxattr(2)`'s
+    /// (`XATTR_CREATE` 1: fail with `Exists` if it is there; `XATTR_REPLACE` 2: fail with
+    /// `NoData` if it is not). Replies with the inode's attributes (ctime moved).
+    SetXattr {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        flags: u32,
+    },
+    /// Removes extended attribute `name` of `ino` (`NoData` if it has none); replies with the
+    /// inode's attributes.
+    RemoveXattr {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        name: Vec<u8>,
+    },
 }
+
+/// Longest extended attribute name, in bytes (Linux's `XATTR_NAME_MAX`).
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest extended attribute value, in bytes (Linux's `XATTR_SIZE_MAX`).
+pub const XATTR_SIZE_MAX: usize = 65536;
+/// Most bytes of names and values one inode's extended attributes may take together.
+pub const XATTR_INODE_MAX: usize = 256 << 10;
 
 /// One change of [`Request::NamespaceBatch`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -635,6 +675,10 @@ pub enum Response {
     },
     /// Reply to `WaitRecall`: the directories whose leases the session must give back.
     Recall(Vec<Ino>),
+    /// Reply to `GetXattr`: the value.
+    Xattr(Vec<u8>),
+    /// Reply to `ListXattr`: the names, sorted.
+    XattrNames(Vec<Vec<u8>>),
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -660,6 +704,8 @@ pub enum ErrorCode {
     Stale,
     Unsupported,
     Loop,
+    /// No such extended attribute.
+    NoData,
 }
 
 impl ErrorCode {
@@ -683,6 +729,7 @@ impl ErrorCode {
             ErrorCode::Stale => libc::ESTALE,
             ErrorCode::Unsupported => libc::EOPNOTSUPP,
             ErrorCode::Loop => libc::ELOOP,
+            ErrorCode::NoData => libc::ENODATA,
         }
     }
 
@@ -757,6 +804,10 @@ impl Request {
             Request::LeaseDir { .. } => 47,
             Request::WaitRecall { .. } => 48,
             Request::ReleaseLeases { .. } => 49,
+            Request::GetXattr { .. } => 50,
+            Request::ListXattr { .. } => 51,
+            Request::SetXattr { .. } => 52,
+            Request::RemoveXattr { .. } => 53,
         }
     }
 
@@ -801,6 +852,39 @@ impl Request {
             Request::LeaseDir { .. } => "LeaseDir",
             Request::WaitRecall { .. } => "WaitRecall",
             Request::ReleaseLeases { .. } => "ReleaseLeases",
+            Request::GetXattr { .. } => "GetXattr",
+            Request::ListXattr { .. } => "ListXattr",
+            Request::SetXattr { .. } => "SetXattr",
+            Request::RemoveXattr { .. } => "RemoveXattr",
+        }
+    }
+
+    /// The namespace a metadata request is for; `None` for other requests.
+    pub fn namespace(&self) -> Option<(InstanceId, NamespaceId)> {
+        match self {
+            Request::Lookup { instance, ns, .. }
+            | Request::GetAttr { instance, ns, .. }
+            | Request::SetAttr { instance, ns, .. }
+            | Request::Create { instance, ns, .. }
+            | Request::Link { instance, ns, .. }
+            | Request::Unlink { instance, ns, .. }
+            | Request::Rmdir { instance, ns, .. }
+            | Request::Rename { instance, ns, .. }
+            | Request::Readlink { instance, ns, .. }
+            | Request::ReadDir { instance, ns, .. }
+            | Request::CommitWrite { instance, ns, .. }
+            | Request::Purge { instance, ns, .. }
+            | Request::NamespaceBatch { instance, ns, .. }
+            | Request::AllocInodes { instance, ns, .. }
+            | Request::LeaseDir { instance, ns, .. }
+            | Request::WaitRecall { instance, ns, .. }
+            | Request::ReleaseLeases { instance, ns, .. }
+            | Request::GetXattr { instance, ns, .. }
+            | Request::ListXattr { instance, ns, .. }
+            | Request::SetXattr { instance, ns, .. }
+            | Request::RemoveXattr { instance, ns, .. }
+            | Request::NamespaceStats { instance, ns } => Some((*instance, *ns)),
+            _ => None,
         }
     }
 }

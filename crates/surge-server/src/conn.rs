@@ -140,32 +140,12 @@ pub fn handle(
                 }
             }
             meta => {
-                let (instance, ns) = match &meta {
-                    Request::Lookup { instance, ns, .. }
-                    | Request::GetAttr { instance, ns, .. }
-                    | Request::SetAttr { instance, ns, .. }
-                    | Request::Create { instance, ns, .. }
-                    | Request::Link { instance, ns, .. }
-                    | Request::Unlink { instance, ns, .. }
-                    | Request::Rmdir { instance, ns, .. }
-                    | Request::Rename { instance, ns, .. }
-                    | Request::Readlink { instance, ns, .. }
-                    | Request::ReadDir { instance, ns, .. }
-                    | Request::CommitWrite { instance, ns, .. }
-                    | Request::Purge { instance, ns, .. }
-                    | Request::NamespaceBatch { instance, ns, .. }
-                    | Request::AllocInodes { instance, ns, .. }
-                    | Request::LeaseDir { instance, ns, .. }
-                    | Request::WaitRecall { instance, ns, .. }
-                    | Request::ReleaseLeases { instance, ns, .. }
-                    | Request::NamespaceStats { instance, ns } => (*instance, *ns),
-                    other => {
-                        return Err(ErrorReply::new(
-                            ErrorCode::Invalid,
-                            format!("unhandled opcode {}", other.opcode()),
-                        ))
-                    }
-                };
+                let (instance, ns) = meta.namespace().ok_or_else(|| {
+                    ErrorReply::new(
+                        ErrorCode::Invalid,
+                        format!("unhandled opcode {}", meta.opcode()),
+                    )
+                })?;
                 let purge = match &meta {
                     Request::Purge { ino, .. } => Some(*ino),
                     _ => None,

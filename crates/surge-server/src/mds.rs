@@ -356,6 +356,8 @@ fn is_read_only(req: &Request) -> bool {
             | Request::Readlink { .. }
             | Request::ReadDir { .. }
             | Request::NamespaceStats { .. }
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. }
     )
 }
 
@@ -429,6 +431,16 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         Request::NamespaceStats { .. } => Response::NamespaceStats {
             inodes: ops.inode_count()?,
         },
+        Request::GetXattr { ino, name, .. } => Response::Xattr(ops.get_xattr(*ino, name)?),
+        Request::ListXattr { ino, .. } => Response::XattrNames(ops.list_xattr(*ino)?),
+        Request::SetXattr {
+            ino,
+            name,
+            value,
+            flags,
+            ..
+        } => Response::Attr(ops.set_xattr(*ino, name, value, *flags)?),
+        Request::RemoveXattr { ino, name, .. } => Response::Attr(ops.remove_xattr(*ino, name)?),
         other => {
             return Err(ErrorReply::new(
                 ErrorCode::Invalid,

@@ -11,7 +11,8 @@ use std::path::Path;
 use surge_core::Ino;
 use surge_proto::{
     check_name, new_node_group_and_perm, Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply,
-    FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
+    FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked, XATTR_INODE_MAX,
+    XATTR_NAME_MAX, XATTR_SIZE_MAX,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -19,6 +20,36 @@ const RENAME_NOREPLACE: u32 = 1;
 const RENAME_EXCHANGE: u32 = 2;
 
 pub type MetaResult<T> = Result<T, ErrorReply>;
+
+/// `setxattr(2)` flags.
+const XATTR_CREATE: u32 = 1;
+const XATTR_REPLACE: u32 = 2;
+
+fn no_xattr(ino: Ino, name: &[u8]) -> ErrorReply {
+    err(
+        ErrorCode::NoData,
+        format!(
+            "inode {ino} has no extended attribute {}",
+            String::from_utf8_lossy(name)
+        ),
+    )
+}
+
+fn check_xattr_name(name: &[u8]) -> MetaResult<()> {
+    if name.is_empty() || name.contains(&0) {
+        return Err(err(ErrorCode::Invalid, "empty extended attribute name"));
+    }
+    if name.len() > XATTR_NAME_MAX {
+        return Err(err(
+            ErrorCode::Invalid,
+            format!(
+                "extended attribute name of {} bytes exceeds {XATTR_NAME_MAX}",
+                name.len()
+            ),
+        ));
+    }
+    Ok(())
+}
 
 fn err(code: ErrorCode, msg: impl Into<String>) -> ErrorReply {
     ErrorReply::new(code, msg)
@@ -109,7 +140,10 @@ pub fn open(
             parent INTEGER NOT NULL, name BLOB NOT NULL,
             ino INTEGER NOT NULL, kind INTEGER NOT NULL,
             UNIQUE(parent, name));
-         CREATE INDEX IF NOT EXISTS dentries_by_parent ON dentries(parent, id);",
+         CREATE INDEX IF NOT EXISTS dentries_by_parent ON dentries(parent, id);
+         CREATE TABLE IF NOT EXISTS xattrs(
+            ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
+            PRIMARY KEY(ino, name)) WITHOUT ROWID;",
     )?;
     // Stores made before directories had a change counter, before special files.
     for column in ["change", "rdev"] {
@@ -464,11 +498,120 @@ impl Ops<'_> {
     }
 
     fn delete_inode(&self, ino: Ino) -> MetaResult<()> {
-        self.tx
-            .prepare_cached("DELETE FROM inodes WHERE ino = ?1")
-            .and_then(|mut st| st.execute([ino as i64]))
-            .map_err(db_err)?;
+        for sql in [
+            "DELETE FROM inodes WHERE ino = ?1",
+            "DELETE FROM xattrs WHERE ino = ?1",
+        ] {
+            self.tx
+                .prepare_cached(sql)
+                .and_then(|mut st| st.execute([ino as i64]))
+                .map_err(db_err)?;
+        }
         Ok(())
+    }
+
+    /// The value of extended attribute `name` of `ino`.
+    pub fn get_xattr(&self, ino: Ino, name: &[u8]) -> MetaResult<Vec<u8>> {
+        self.getattr(ino)?;
+        self.tx
+            .prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")
+            .and_then(|mut st| {
+                st.query_row(params![ino as i64, name], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(db_err)?
+            .ok_or_else(|| no_xattr(ino, name))
+    }
+
+    /// The names of `ino`'s extended attributes.
+    pub fn list_xattr(&self, ino: Ino) -> MetaResult<Vec<Vec<u8>>> {
+        self.getattr(ino)?;
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")
+            .map_err(db_err)?;
+        let rows = st.query_map([ino as i64], |r| r.get(0)).map_err(db_err)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db_err)
+    }
+
+    /// Sets extended attribute `name` of `ino` (see [`surge_proto::Request::SetXattr`]).
+    pub fn set_xattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> MetaResult<Attr> {
+        check_xattr_name(name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(err(
+                ErrorCode::TooLarge,
+                format!(
+                    "extended attribute value of {} bytes exceeds {XATTR_SIZE_MAX}",
+                    value.len()
+                ),
+            ));
+        }
+        self.getattr(ino)?;
+        let old: Option<i64> = self
+            .tx
+            .prepare_cached("SELECT length(value) FROM xattrs WHERE ino = ?1 AND name = ?2")
+            .and_then(|mut st| {
+                st.query_row(params![ino as i64, name], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(db_err)?;
+        match (old.is_some(), flags & (XATTR_CREATE | XATTR_REPLACE)) {
+            (true, XATTR_CREATE) => {
+                return Err(err(
+                    ErrorCode::Exists,
+                    format!(
+                        "extended attribute {} exists",
+                        String::from_utf8_lossy(name)
+                    ),
+                ))
+            }
+            (false, XATTR_REPLACE) => return Err(no_xattr(ino, name)),
+            _ => {}
+        }
+        let used: i64 = self
+            .tx
+            .prepare_cached(
+                "SELECT COALESCE(SUM(length(name) + length(value)), 0) FROM xattrs WHERE ino = ?1",
+            )
+            .and_then(|mut st| st.query_row([ino as i64], |r| r.get(0)))
+            .map_err(db_err)?;
+        let after =
+            used - old.map_or(0, |v| v + name.len() as i64) + (name.len() + value.len()) as i64;
+        if after > XATTR_INODE_MAX as i64 {
+            return Err(err(
+                ErrorCode::NoSpace,
+                format!("extended attributes of inode {ino} would take {after} bytes (at most {XATTR_INODE_MAX})"),
+            ));
+        }
+        self.tx
+            .prepare_cached("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)")
+            .and_then(|mut st| st.execute(params![ino as i64, name, value]))
+            .map_err(db_err)?;
+        self.touch_ctime(ino)
+    }
+
+    /// Removes extended attribute `name` of `ino`.
+    pub fn remove_xattr(&self, ino: Ino, name: &[u8]) -> MetaResult<Attr> {
+        self.getattr(ino)?;
+        let n = self
+            .tx
+            .prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")
+            .and_then(|mut st| st.execute(params![ino as i64, name]))
+            .map_err(db_err)?;
+        if n == 0 {
+            return Err(no_xattr(ino, name));
+        }
+        self.touch_ctime(ino)
+    }
+
+    /// Moves `ino`'s ctime to now; returns its attributes.
+    fn touch_ctime(&self, ino: Ino) -> MetaResult<Attr> {
+        let now = Timestamp::now();
+        self.tx
+            .prepare_cached("UPDATE inodes SET ctime_s = ?2, ctime_ns = ?3 WHERE ino = ?1")
+            .and_then(|mut st| st.execute(params![ino as i64, now.secs, i64::from(now.nsec)]))
+            .map_err(db_err)?;
+        self.getattr(ino)
     }
 
     pub fn unlink(&self, parent: Ino, name: &[u8], keep: &KeepOpen) -> MetaResult<Unlinked> {
@@ -1036,6 +1179,61 @@ mod tests {
             code(ops.create(ROOT_INO, b"x", &bad, 0o755, 1, 1)),
             ErrorCode::Invalid
         );
+    }
+
+    #[test]
+    fn extended_attributes_follow_setxattr_rules_and_go_with_the_inode() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        assert_eq!(code(ops.get_xattr(f.ino, b"user.a")), ErrorCode::NoData);
+        ops.set_xattr(f.ino, b"user.a", b"1", 0).unwrap();
+        assert_eq!(
+            code(ops.set_xattr(f.ino, b"user.a", b"2", XATTR_CREATE)),
+            ErrorCode::Exists
+        );
+        assert_eq!(
+            code(ops.set_xattr(f.ino, b"user.b", b"2", XATTR_REPLACE)),
+            ErrorCode::NoData
+        );
+        ops.set_xattr(f.ino, b"user.a", b"22", XATTR_REPLACE)
+            .unwrap();
+        assert_eq!(ops.get_xattr(f.ino, b"user.a").unwrap(), b"22");
+        // The per-inode bound counts names and values; replacing a value frees the old one.
+        let v = vec![0u8; XATTR_SIZE_MAX];
+        for i in 0..3 {
+            ops.set_xattr(f.ino, format!("user.v{i}").as_bytes(), &v, 0)
+                .unwrap();
+        }
+        assert_eq!(
+            code(ops.set_xattr(f.ino, b"user.v3", &v, 0)),
+            ErrorCode::NoSpace
+        );
+        ops.set_xattr(f.ino, b"user.v2", &v, 0).unwrap();
+        assert_eq!(
+            code(ops.set_xattr(f.ino, b"user.x", &vec![0u8; XATTR_SIZE_MAX + 1], 0)),
+            ErrorCode::TooLarge
+        );
+        assert_eq!(
+            ops.list_xattr(f.ino).unwrap(),
+            vec![
+                b"user.a".to_vec(),
+                b"user.v0".to_vec(),
+                b"user.v1".to_vec(),
+                b"user.v2".to_vec()
+            ]
+        );
+        ops.remove_xattr(f.ino, b"user.a").unwrap();
+        assert_eq!(code(ops.remove_xattr(f.ino, b"user.a")), ErrorCode::NoData);
+        // The last name goes and the inode is forgotten: so are its attributes.
+        ops.unlink(ROOT_INO, b"f", &KeepOpen::Only(vec![])).unwrap();
+        let left: i64 = c
+            .query_row("SELECT COUNT(*) FROM xattrs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(left, 0);
+        assert_eq!(code(ops.get_xattr(f.ino, b"user.v0")), ErrorCode::NotFound);
     }
 
     #[test]

@@ -7,7 +7,9 @@ use surge_proto::{AllocMode, Attr, FileKind, SetAttr, TimeSet, Unlinked};
 use tracing::warn;
 
 impl Fs {
-    pub async fn setattr(&self, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+    /// `setattr`; `kill_suidgid`: a truncate by a user without `CAP_FSETID` also clears
+    /// setuid/setgid.
+    pub async fn setattr(&self, ino: Ino, set: SetAttr, kill_suidgid: bool) -> FsResult<Attr> {
         self.fresh_dirs.forget(ino);
         // A directory's mode (setgid) and owner are copied into files made behind.
         self.listings.drop_dir(ino);
@@ -25,6 +27,9 @@ impl Fs {
         };
         if set.size.is_some() && set.mtime.is_none() {
             set.mtime = Some(TimeSet::Now);
+        }
+        if kill_suidgid && set.perm.is_none() {
+            set.perm = self.inodes.perm_without_suidgid(ino);
         }
         let a = self
             .client
@@ -92,8 +97,26 @@ impl Fs {
         Ok(self.client.read(ino, offset, len).await?)
     }
 
-    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+    /// `write`; `kill_suidgid`: the writer lacks `CAP_FSETID`, so setuid/setgid are cleared
+    /// (the kernel leaves that to this side, see `FUSE_HANDLE_KILLPRIV_V2` in the adapter).
+    pub async fn write(
+        &self,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> FsResult<u32> {
         let ino = self.inodes.handle_ino(fh)?;
+        if kill_suidgid {
+            if let Some(perm) = self.inodes.perm_without_suidgid(ino) {
+                let set = SetAttr {
+                    perm: Some(perm),
+                    ..Default::default()
+                };
+                let a = self.client.setattr_meta(ino, set).await.map_err(stale)?;
+                self.observe(a, false);
+            }
+        }
         if offset
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > i64::MAX as u64)

@@ -36,6 +36,9 @@ pub(super) struct Inode {
     pub backing_committed: Option<(u64, Timestamp)>,
     /// The kernel changed the backing file since the server last measured it.
     pub backing_changed: bool,
+    /// Permission bits as last seen from the metadata server (setuid/setgid to clear on
+    /// writes and truncates).
+    pub perm: u16,
 }
 
 impl Inode {
@@ -88,6 +91,7 @@ impl InodeTable {
         if lookup {
             ino.lookups += 1;
         }
+        ino.perm = a.perm;
         if ino.opens > 0 {
             ino.seen = Some((a.mtime, a.size));
             a.size = ino.size;
@@ -138,6 +142,18 @@ impl InodeTable {
         self.with(ino, |i| i.current_size()).unwrap_or(0)
     }
 
+    /// The permission bits of `ino` without the setuid and setgid bits a write or truncate by
+    /// an unprivileged user clears (`setattr_should_drop_suidgid`: setgid only with group
+    /// execute), if it has any to clear.
+    pub fn perm_without_suidgid(&self, ino: Ino) -> Option<u16> {
+        let perm = self.with(ino, |i| i.perm)?;
+        let mut kill = libc::S_ISUID as u16;
+        if perm & libc::S_IXGRP as u16 != 0 {
+            kill |= libc::S_ISGID as u16;
+        }
+        (perm & kill != 0).then_some(perm & !kill)
+    }
+
     /// The size of `ino` while it is open here.
     pub fn open_size(&self, ino: Ino) -> Option<u64> {
         self.inodes
@@ -165,6 +181,7 @@ impl InodeTable {
         if passthrough && i.backing_committed.is_none() {
             i.backing_committed = i.backing.as_deref().and_then(backing_state);
         }
+        i.perm = a.perm;
         let now = (a.mtime, a.size);
         let changed = i.seen.is_some_and(|s| s != now);
         let keep_cache = i.seen == Some(now);
@@ -192,6 +209,7 @@ impl InodeTable {
         }
         i.opens += 1;
         i.size = 0;
+        i.perm = a.perm;
         i.seen = Some((a.mtime, a.size));
         i.backing_committed = i.backing.as_deref().and_then(backing_state);
         fh

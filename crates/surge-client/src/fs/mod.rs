@@ -36,6 +36,7 @@ mod leases;
 mod listings;
 mod names;
 mod passthrough;
+mod xattr;
 
 use crate::error::ClientError;
 use crate::instance::InstanceClient;

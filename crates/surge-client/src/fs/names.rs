@@ -106,7 +106,7 @@ impl Fs {
                 size: Some(0),
                 ..Default::default()
             };
-            match self.setattr(a.ino, set).await {
+            match self.setattr(a.ino, set, false).await {
                 Ok(t) => a = t,
                 Err(e) => {
                     let _ = self.release(o.fh).await;
