@@ -655,6 +655,36 @@ impl Filesystem for FuseAdapter {
         reply.error(Errno::ENOSYS);
     }
 
+    /// No ioctls (FS_IOC_GETFLAGS and the like): ENOTTY, as a local file system answers an
+    /// ioctl it does not know, without the log line fuser's default writes for each.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::from_i32(libc::ENOTTY));
+    }
+
+    /// ENOSYS: the kernel then reports files always ready, as for a local file.
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: fuser::PollNotifier,
+        _events: fuser::PollEvents,
+        _flags: fuser::PollFlags,
+        reply: fuser::ReplyPoll,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
     fn lseek(
         &self,
         _req: &Request,

@@ -78,7 +78,7 @@ impl Fs {
                 b.set_len(a.size).map_err(|e| FsError::io("open", e))?;
             }
         }
-        let (fh, keep_cache, invalidate_attr) = self.inodes.opened(ino, &a, backing.is_some());
+        let (fh, keep_cache, invalidate_attr) = self.inodes.opened(ino, &a, backing.as_ref());
         Ok(Opened {
             fh,
             keep_cache,

@@ -172,14 +172,26 @@ impl InodeTable {
         self.with(ino, |i| i.backing.clone()).flatten()
     }
 
-    /// Records an open of `ino` with attributes `a` from the server; returns (handle,
-    /// unchanged since last seen, changed since last seen).
-    pub fn opened(&self, ino: Ino, a: &Attr, passthrough: bool) -> (u64, bool, bool) {
+    /// Records an open of `ino` with attributes `a` from the server and the backing file the
+    /// kernel is given (passthrough); returns (handle, unchanged since last seen, changed since
+    /// last seen). The backing file is (re)attached here, under the same lock as the open
+    /// count: the last release of an earlier handle may have run since it was looked up, and
+    /// without it this node would read sizes from its own count while the kernel writes the
+    /// object, and tell the kernel a shorter file.
+    pub fn opened(
+        &self,
+        ino: Ino,
+        a: &Attr,
+        backing: Option<&Arc<std::fs::File>>,
+    ) -> (u64, bool, bool) {
         let fh = self.new_handle(ino);
         let mut inodes = self.inodes.lock();
         let i = inodes.entry(ino).or_default();
-        if passthrough && i.backing_committed.is_none() {
-            i.backing_committed = i.backing.as_deref().and_then(backing_state);
+        if let Some(b) = backing {
+            i.backing.get_or_insert_with(|| b.clone());
+            if i.backing_committed.is_none() {
+                i.backing_committed = i.backing.as_deref().and_then(backing_state);
+            }
         }
         i.perm = a.perm;
         let now = (a.mtime, a.size);
@@ -198,11 +210,15 @@ impl InodeTable {
         (fh, keep_cache, changed)
     }
 
-    /// Records the create-and-open of a new file; returns its handle.
-    pub fn created(&self, a: &Attr) -> u64 {
+    /// Records the create-and-open of a new file (with its backing file, see
+    /// [`opened`](Self::opened)); returns its handle.
+    pub fn created(&self, a: &Attr, backing: Option<&Arc<std::fs::File>>) -> u64 {
         let fh = self.new_handle(a.ino);
         let mut inodes = self.inodes.lock();
         let i = inodes.entry(a.ino).or_default();
+        if let Some(b) = backing {
+            i.backing.get_or_insert_with(|| b.clone());
+        }
         i.lookups += 1;
         if i.opens == 0 {
             self.open_inos.lock().insert(a.ino);
@@ -403,7 +419,7 @@ mod tests {
     #[test]
     fn writes_here_show_in_attributes_until_committed() {
         let t = InodeTable::default();
-        let (fh, keep, changed) = t.opened(5, &attr(5, 10, 100), false);
+        let (fh, keep, changed) = t.opened(5, &attr(5, 10, 100), None);
         assert!(!keep && !changed, "first open: nothing seen before");
         t.changed_data(5, 4096, 1, true);
         let a = t.observe(attr(5, 10, 100), false);
@@ -421,18 +437,18 @@ mod tests {
     fn reopen_sees_whether_another_node_changed_the_file() {
         let t = InodeTable::default();
         t.observe(attr(7, 10, 100), true);
-        let (fh, keep, changed) = t.opened(7, &attr(7, 10, 100), false);
+        let (fh, keep, changed) = t.opened(7, &attr(7, 10, 100), None);
         assert!(keep && !changed, "unchanged: the kernel keeps its pages");
         t.release(fh, 7);
-        let (_, keep, changed) = t.opened(7, &attr(7, 20, 101), false);
+        let (_, keep, changed) = t.opened(7, &attr(7, 20, 101), None);
         assert!(!keep && changed, "changed elsewhere: caches dropped");
     }
 
     #[test]
     fn an_open_file_unlinked_here_is_purged_at_its_last_release() {
         let t = InodeTable::default();
-        let (fh1, ..) = t.opened(9, &attr(9, 0, 1), false);
-        let (fh2, ..) = t.opened(9, &attr(9, 0, 1), false);
+        let (fh1, ..) = t.opened(9, &attr(9, 0, 1), None);
+        let (fh2, ..) = t.opened(9, &attr(9, 0, 1), None);
         assert_eq!(t.keep_open(), KeepOpen::Only(vec![9]));
         let u = Unlinked {
             ino: 9,
@@ -446,5 +462,35 @@ mod tests {
         assert!(!t.release_fast(fh2), "the last close must purge");
         assert_eq!(t.release(fh2, 9).purge, Some(0));
         assert_eq!(t.keep_open(), KeepOpen::Only(vec![]));
+    }
+
+    #[test]
+    fn an_open_racing_the_last_release_of_an_earlier_handle_keeps_its_backing_file() {
+        // The kernel sends RELEASE without waiting for it, so a reopen's OPEN can look the
+        // backing file up while the old handle is open, and record the open after the old
+        // handle's release dropped it.
+        let dir = std::env::temp_dir().join(format!("surge-inodes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(dir.join("obj"))
+                .unwrap(),
+        );
+        let t = InodeTable::default();
+        t.observe(attr(3, 0, 1), true);
+        let (old, ..) = t.opened(3, &attr(3, 0, 1), Some(&file));
+        let looked_up = t.backing(3).expect("backing while open");
+        assert!(t.release_fast(old), "the old handle goes");
+        assert!(t.backing(3).is_none());
+        let (_new, ..) = t.opened(3, &attr(3, 0, 1), Some(&looked_up));
+        // The kernel writes the object directly: this node must see it.
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(b"written by the kernel", 0).unwrap();
+        assert_eq!(t.observe(attr(3, 0, 1), false).size, 21);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

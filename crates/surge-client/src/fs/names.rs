@@ -81,7 +81,7 @@ impl Fs {
             Err(e) => return Err(e),
         };
         let backing = self.backing_for(a.ino).await;
-        let fh = self.inodes.created(&a);
+        let fh = self.inodes.created(&a, backing.as_ref());
         Ok((a, fh, backing))
     }
 
