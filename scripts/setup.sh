@@ -16,6 +16,8 @@ have jq          || need+=(jq)
 have gcc         || need+=(gcc)
 have make        || need+=(make)
 have sqlite3     || need+=(sqlite3)
+# fsx and fsstress (xfstests, built from ../shared/tools/fs-suites) include <xfs/xfs.h>.
+[ -f /usr/include/xfs/xfs.h ] || need+=(xfslibs-dev)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && have apt-get; then
@@ -23,7 +25,9 @@ if [ ${#need[@]} -gt 0 ]; then
         export DEBIAN_FRONTEND=noninteractive
         # apt-get has been seen to fail transiently mid-unpack on these machines; retry once.
         for attempt in 1 2; do
-            if apt-get update -qq && apt-get install -y -qq "${need[@]}" >/tmp/surge-apt.log 2>&1; then
+            # Another apt (a parallel setup) may hold the lock: wait for it rather than fail.
+            if apt-get -o DPkg::Lock::Timeout=300 update -qq \
+                && apt-get -o DPkg::Lock::Timeout=300 install -y -qq "${need[@]}" >/tmp/surge-apt.log 2>&1; then
                 break
             fi
             [ $attempt -eq 2 ] && { echo "setup: apt-get install failed, see /tmp/surge-apt.log" >&2; exit 1; }
@@ -44,4 +48,24 @@ fi
 if have python3 && ! python3 -c 'import darshan' >/dev/null 2>&1; then
     python3 -m pip install -q darshan==3.5.0 >/tmp/surge-pip.log 2>&1 \
         || echo "setup: PyDarshan not installed (see /tmp/surge-pip.log); binary Darshan logs will not import" >&2
+fi
+
+# The file-system suites nobody here wrote (docs/SEMANTICS.md, `make test`): pjdfstest from the
+# Rust package registry, and fsx/fsstress built from ../shared/tools/fs-suites when that folder
+# is there (the tests say they skip fsx/fsstress otherwise). Into .tools/bin, not the system.
+root=$(cd "$(dirname "$0")/.." && pwd)
+tools="$root/.tools"
+if [ ! -x "$tools/bin/pjdfstest" ]; then
+    echo "setup: installing pjdfstest 0.2.2 into $tools (cargo install, about a minute)"
+    cargo install pjdfstest --version 0.2.2 --locked --root "$tools" >/tmp/surge-pjdfstest.log 2>&1 \
+        || { echo "setup: cargo install pjdfstest failed, see /tmp/surge-pjdfstest.log" >&2; exit 1; }
+fi
+suites=${SURGE_FS_SUITES:-$root/../shared/tools/fs-suites}
+if [ -x "$suites/build.sh" ]; then
+    if [ ! -x "$tools/bin/fsx" ] || [ ! -x "$tools/bin/fsstress" ] \
+        || [ -n "$(find "$suites/xfstests" -newer "$tools/bin/fsx" -print -quit)" ]; then
+        echo "setup: building fsx and fsstress from $suites"
+        "$suites/build.sh" "$tools/bin" >/tmp/surge-fs-suites.log 2>&1 \
+            || { echo "setup: building fsx/fsstress failed, see /tmp/surge-fs-suites.log" >&2; exit 1; }
+    fi
 fi

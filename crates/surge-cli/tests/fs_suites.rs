@@ -1,0 +1,311 @@
+//! The file-system suites nobody in this project wrote, on real mounts of every instance kind:
+//! pjdfstest (POSIX conformance; installed by `scripts/setup.sh` with `cargo install`), fsx
+//! (data integrity: random reads, writes, truncates, mmap, fallocate, punch hole,
+//! copy_file_range, O_DIRECT, each checked against a model) and fsstress (namespace and data
+//! operations from 4 processes), both built by the setup from `../shared/tools/fs-suites` when
+//! that folder is there. Results are compared with a tmpfs directory of the same machine
+//! (docs/SEMANTICS.md lists what differs).
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The project's tool directory (`scripts/setup.sh` installs into it).
+fn tools() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin")
+}
+
+/// pjdfstest, which `make setup` installs: missing is a failure, not a skip.
+fn pjdfstest() -> PathBuf {
+    let p = tools().join("pjdfstest");
+    assert!(
+        p.exists(),
+        "{} is missing: run `make setup` (it installs pjdfstest with cargo install)",
+        p.display()
+    );
+    p
+}
+
+/// fsx or fsstress: built by `make setup` from ../shared/tools/fs-suites; `None` (said) where
+/// that folder is absent.
+fn xfstests_tool(name: &str, test: &str) -> Option<PathBuf> {
+    let suites = std::env::var_os("SURGE_FS_SUITES").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/fs-suites"),
+        PathBuf::from,
+    );
+    if !suites.join("build.sh").exists() {
+        eprintln!(
+            "SKIPPED {test}: {} is absent (fsx and fsstress come from there; set \
+             SURGE_FS_SUITES to its path)",
+            suites.display()
+        );
+        return None;
+    }
+    let p = tools().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing although {} is there: run `make setup`",
+        p.display(),
+        suites.display()
+    );
+    Some(p)
+}
+
+/// An instance kind and a mount of it.
+struct Kind {
+    _cluster: Cluster,
+    mount: Mount,
+}
+
+/// `striped`: 2 servers, 8 MiB stripes (DataWarp's default); `small-stripes`: 2 servers, 64 KiB
+/// stripes (a short file crosses fragments); `one-fragment`: 1 local server, kernel
+/// passthrough; `private`: 2 servers, a namespace per node, node 0 mounted.
+fn mount(kind: &str) -> Kind {
+    let (servers, stripe, extra): (usize, &str, &[&str]) = match kind {
+        "striped" => (2, "8MiB", &[]),
+        "small-stripes" => (2, "64KiB", &[]),
+        "one-fragment" => (1, "8MiB", &[]),
+        "private" => (2, "8MiB", &["--access-mode", "private", "--nodes", "2"]),
+        other => panic!("unknown instance kind {other}"),
+    };
+    let c = cluster(servers, "4GiB");
+    let id = c.create_instance("2GiB", stripe, extra);
+    let m = Mount::new(&c, id, 0);
+    Kind {
+        _cluster: c,
+        mount: m,
+    }
+}
+
+/// Runs pjdfstest in `dir`; returns its summary line and the names of the skipped tests.
+fn run_pjdfstest(dir: &Path, scratch: &Path) -> (String, Vec<String>, String) {
+    let conf = scratch.join("pjd.toml");
+    std::fs::write(
+        &conf,
+        "[features]\nposix_fallocate = {}\nutime_now = {}\nutimensat = {}\n\
+         [settings]\nnaptime = 0.01\n\
+         [dummy_auth]\nentries = [ [\"nobody\", \"nogroup\"], [\"daemon\", \"daemon\"] ]\n",
+    )
+    .unwrap();
+    let out = Command::new(pjdfstest())
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(dir)
+        .current_dir(dir)
+        .output()
+        .expect("run pjdfstest");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let summary = text
+        .lines()
+        .find(|l| l.starts_with("Summary:"))
+        .unwrap_or_else(|| panic!("pjdfstest printed no summary:\n{text}"))
+        .to_string();
+    let mut skipped: Vec<String> = text
+        .lines()
+        .filter(|l| l.trim_end().ends_with(" skipped"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    skipped.sort();
+    (summary, skipped, text)
+}
+
+fn pjdfstest_on(kind: &str) {
+    let test = format!("pjdfstest_on_{kind}");
+    if skip_without_fuse(&test) {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "{test}: pjdfstest changes owners and users: run the tests as root"
+    );
+    let k = mount(kind);
+    let dir = k.mount.path("pjd");
+    std::fs::create_dir(&dir).unwrap();
+    let scratch = Scratch::new("pjd");
+    let (summary, skipped, text) = run_pjdfstest(&dir, scratch.path());
+    eprintln!("pjdfstest on a {kind} instance: {summary}");
+    let failed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_end().ends_with("FAILED"))
+        .collect();
+    assert!(
+        summary.starts_with("Summary: 0 failed"),
+        "pjdfstest on a {kind} instance: {summary}\n{}\n(mount log:\n{})",
+        failed.join("\n"),
+        k.mount.log()
+    );
+    // The same suite on tmpfs here: Surge may skip only what tmpfs skips too.
+    let tmpfs = Scratch::new("pjd-tmpfs");
+    let (tsummary, tskipped, _) = run_pjdfstest(tmpfs.path(), scratch.path());
+    eprintln!("pjdfstest on tmpfs: {tsummary}");
+    let extra: Vec<&String> = skipped.iter().filter(|s| !tskipped.contains(s)).collect();
+    assert!(
+        extra.is_empty(),
+        "{kind}: skipped on Surge but not on tmpfs: {extra:?}"
+    );
+}
+
+#[test]
+fn pjdfstest_on_striped() {
+    pjdfstest_on("striped");
+}
+
+#[test]
+fn pjdfstest_on_one_fragment() {
+    pjdfstest_on("one-fragment");
+}
+
+#[test]
+fn pjdfstest_on_private() {
+    pjdfstest_on("private");
+}
+
+/// Runs fsx with `args` on a file in a mount of `kind`; fails with the end of its output and
+/// the path of its operation log (replay with `fsx --replay-ops`).
+fn fsx_on(kind: &str, args: &[&str]) {
+    let test = format!("fsx_on_{kind}");
+    if skip_without_fuse(&test) {
+        return;
+    }
+    let Some(fsx) = xfstests_tool("fsx", &test) else {
+        return;
+    };
+    let k = mount(kind);
+    let file = k.mount.path("fsx.dat");
+    let out = Command::new(&fsx)
+        .args(args)
+        .arg(&file)
+        .current_dir(k.mount.path(""))
+        .output()
+        .expect("run fsx");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let ok = out.status.success() && text.contains("operations completed A-OK!");
+    if !ok {
+        let keep = std::env::temp_dir().join(format!("fsx-{kind}-{}.fsxops", std::process::id()));
+        let _ = std::fs::copy(k.mount.path("fsx.dat.fsxops"), &keep);
+        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        panic!(
+            "fsx {args:?} on a {kind} instance failed ({}); operations kept in {}:\n{}\n\
+             (mount log:\n{})",
+            out.status,
+            keep.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            k.mount.log()
+        );
+    }
+    eprintln!(
+        "fsx {args:?} on a {kind} instance: {}",
+        text.lines().last().unwrap_or_default()
+    );
+}
+
+/// fsx's operation mix in O_DIRECT: direct reads and writes, no mmap, 4 KiB aligned.
+const O_DIRECT: &[&str] = &["-Z", "-R", "-W", "-r", "4096", "-w", "4096", "-t", "4096"];
+
+#[test]
+fn fsx_on_one_fragment_with_passthrough() {
+    // Seed 1 read bad data after 240 operations here before the punch-hole fix.
+    fsx_on("one-fragment", &["-q", "-N", "100000", "-S", "1"]);
+}
+
+#[test]
+fn fsx_on_one_fragment_with_o_direct() {
+    fsx_on(
+        "one-fragment",
+        &[&["-q", "-N", "20000", "-S", "4"], O_DIRECT].concat(),
+    );
+}
+
+#[test]
+fn fsx_on_small_stripes_across_fragments() {
+    fsx_on("small-stripes", &["-q", "-N", "100000", "-S", "2"]);
+}
+
+#[test]
+fn fsx_on_small_stripes_with_o_direct() {
+    fsx_on(
+        "small-stripes",
+        &[&["-q", "-N", "20000", "-S", "6", "-l", "1048576"], O_DIRECT].concat(),
+    );
+}
+
+#[test]
+fn fsx_on_a_private_namespace() {
+    fsx_on("private", &["-q", "-N", "50000", "-S", "3"]);
+}
+
+#[test]
+fn fsx_with_files_larger_than_a_stripe() {
+    fsx_on(
+        "striped",
+        &[
+            "-q", "-N", "20000", "-S", "5", "-l", "20971520", "-o", "1048576",
+        ],
+    );
+}
+
+/// fsstress from 4 processes: afterwards the mount still works, every name it left can be
+/// stat'ed, and no server logged an error.
+#[test]
+fn fsstress_with_four_processes() {
+    let test = "fsstress_with_four_processes";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let Some(fsstress) = xfstests_tool("fsstress", test) else {
+        return;
+    };
+    let c = cluster(2, "4GiB");
+    let id = c.create_instance("2GiB", "64KiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let dir = m.path("stress");
+    std::fs::create_dir(&dir).unwrap();
+    let out = Command::new(&fsstress)
+        .arg("-d")
+        .arg(&dir)
+        .args(["-n", "2000", "-p", "4", "-s", "1"])
+        .output()
+        .expect("run fsstress");
+    assert!(
+        out.status.success(),
+        "fsstress failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Everything it left is there and readable.
+    let mut n = 0;
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let md = std::fs::symlink_metadata(e.path()).unwrap();
+            if md.is_dir() {
+                stack.push(e.path());
+            } else if md.is_file() {
+                std::fs::read(e.path()).unwrap();
+            }
+            n += 1;
+        }
+    }
+    assert!(n > 0, "fsstress left nothing to look at");
+    std::fs::write(m.path("after"), b"still works").unwrap();
+    assert_eq!(std::fs::read(m.path("after")).unwrap(), b"still works");
+    let logs = c.server_logs();
+    assert!(
+        !logs.contains("ERROR"),
+        "a server logged an error under fsstress:\n{logs}"
+    );
+    assert!(
+        !m.log().contains("ERROR"),
+        "the mount logged an error under fsstress:\n{}",
+        m.log()
+    );
+    eprintln!("fsstress -p 4 -n 2000: {n} entries left, all readable");
+}
