@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Surge needs on a fresh Debian machine: FUSE 3, the protobuf compiler (for the
-# manager's gRPC API), fio and strace (benchmarks and profiler tests), and a C compiler (the
-# profiler's interposition library). Idempotent and quiet when everything is there.
+# manager's gRPC API), fio and strace (benchmarks and profiler tests), a C compiler (the
+# profiler's interposition library) and gfortran (the libdatawarp tests build Fortran
+# programs). Idempotent and quiet when everything is there.
 set -euo pipefail
 
 need=()
@@ -14,6 +15,7 @@ have fio         || need+=(fio)
 have strace      || need+=(strace)
 have jq          || need+=(jq)
 have gcc         || need+=(gcc)
+have gfortran    || need+=(gfortran)
 have make        || need+=(make)
 have sqlite3     || need+=(sqlite3)
 
