@@ -426,6 +426,26 @@ fn bad_directives_allocate_nothing_and_run_nothing() {
 }
 
 #[test]
+fn a_script_with_crlf_line_endings_is_refused_naming_the_line() {
+    let j = Job::new("crlf");
+    let script = j.script(
+        "job.sh",
+        "#!/bin/bash\r\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\r\ntouch ran\r\n",
+    );
+    let (out, _) = j.run(&[script.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for w in ["job.sh:1", "#!/bin/bash\\r", "CRLF", "sed -i"] {
+        assert!(err.contains(w), "error mentions {w:?}:\n{err}");
+    }
+    assert!(!j.path("ran").exists(), "the job must not run");
+    assert!(
+        !j.fast.path().join("state").exists(),
+        "nothing may be allocated"
+    );
+}
+
+#[test]
 fn a_missing_source_fails_before_the_job_runs() {
     rejected(
         "missing",
@@ -622,14 +642,15 @@ fn staging_from_inside_a_job_with_surge_stage() {
     std::fs::write(j.path("input.dat"), vec![7u8; 5 << 20]).unwrap();
     std::fs::create_dir_all(j.path("tree/sub")).unwrap();
     std::fs::write(j.path("tree/sub/a.txt"), b"a").unwrap();
-    let path = format!(
-        "{}:{}",
-        Path::new(SURGE).parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    // `surge` is found on the job's PATH (this PATH does not have it) and the manager's HTTP
+    // API is named in the job's environment.
+    let path = "/usr/local/bin:/usr/bin:/bin";
     let script = j.script(
         "job.sh",
         "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=128MiB\nset -e\n\
+         exec 3<>/dev/tcp/${SURGE_MANAGER_HTTP%:*}/${SURGE_MANAGER_HTTP##*:}\n\
+         printf 'GET /v1/sessions HTTP/1.0\\r\\n\\r\\n' >&3\n\
+         cat <&3 > sessions.http\n\
          id=$(surge stage in input.dat $DW_JOB_STRIPED/input.dat)\n\
          surge stage in --directory --wait tree $DW_JOB_STRIPED/tree > /dev/null\n\
          surge stage wait $id\n\
@@ -638,11 +659,14 @@ fn staging_from_inside_a_job_with_surge_stage() {
          echo result > $DW_JOB_STRIPED/result.txt\n\
          surge stage out --wait $DW_JOB_STRIPED/result.txt out/result.txt > /dev/null\n\
          surge stage status --json > status.json\n\
-         if surge stage in missing-file $DW_JOB_STRIPED/m 2> missing.err; then exit 9; fi\n",
+         if surge stage in missing-file $DW_JOB_STRIPED/m 2> missing.err; then exit 9; fi\n\
+         echo draft > $DW_JOB_STRIPED/late.txt\n\
+         surge stage out --at-job-end $DW_JOB_STRIPED/late.txt out/late.txt > /dev/null\n\
+         echo final > $DW_JOB_STRIPED/late.txt\n",
     );
     let out = j
         .command()
-        .env("PATH", &path)
+        .env("PATH", path)
         .arg("run")
         .arg(&script)
         .output()
@@ -662,6 +686,16 @@ fn staging_from_inside_a_job_with_surge_stage() {
     assert!(
         err.contains("missing-file"),
         "a missing source is named: {err}"
+    );
+    let http = std::fs::read_to_string(j.path("sessions.http")).unwrap();
+    assert!(
+        http.starts_with("HTTP/1.") && http.contains(" 200 ") && http.contains("job.sh"),
+        "$SURGE_MANAGER_HTTP answers /v1/sessions: {http}"
+    );
+    // Deferred to the job's end: the content at the end.
+    assert_eq!(
+        std::fs::read_to_string(j.path("out/late.txt")).unwrap(),
+        "final\n"
     );
 }
 
