@@ -148,6 +148,7 @@ fn a_c_program_written_for_libdatawarp_stages_while_it_computes() {
     assert!(out.status.success(), "{}", text(&out));
     let report = j.read("report.txt");
     assert!(report.contains("failures 0"), "{report}");
+    eprintln!("the program's report:\n{report}");
 
     // What the program computed from the staged-in bytes, staged out during the job.
     let hash = data

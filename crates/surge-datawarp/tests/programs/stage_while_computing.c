@@ -186,6 +186,21 @@ int main(int argc, char **argv) {
     CHECK(dw_wait_list_stage(outs) == 0, "waiting for the list");
     CHECK(same_file(at(dw, "list/a.txt"), at(pfs, "out/list/a.txt")), "a.txt staged out");
 
+    /* Terminating a stage in flight leaves no half-written file (unless it finished first). */
+    rc = dw_stage_file_in(at(dw, "again.dat"), at(pfs, "in.dat"));
+    CHECK(rc == 0, "staging again.dat returned %d", rc);
+    CHECK((rc = dw_terminate_file_stage(at(dw, "again.dat"))) == 0, "terminate returned %d", rc);
+    rc = dw_query_file_stage(at(dw, "again.dat"), &complete, &pending, NULL, NULL);
+    if (rc == 0) {
+        CHECK(complete == 1 && same_file(at(dw, "again.dat"), at(pfs, "in.dat")),
+              "a stage that finished before terminate is whole");
+        fprintf(report, "terminate: finished first\n");
+    } else {
+        CHECK(rc == -ENOENT && access(at(dw, "again.dat"), F_OK) != 0,
+              "a terminated stage is forgotten and left no file (query %d)", rc);
+        fprintf(report, "terminate: stopped\n");
+    }
+
     /* Failures: named by errno, walked with the failed-stage calls, cleared by terminate. */
     CHECK(dw_stage_file_in(at(dw, "m.dat"), at(pfs, "missing.dat")) == -ENOENT,
           "a missing source is -ENOENT");
