@@ -111,6 +111,30 @@ fn init_logging(verbose: u8, daemon: bool) {
         .try_init();
 }
 
+/// Runs a command that talks to a manager; with none given (no --manager, no $SURGE_MANAGER),
+/// against the embedded default's (`surge_run::embedded::CommandManager`: the running `surge
+/// run`'s, else one started for this command over the state `surge run` keeps).
+fn with_manager<A>(
+    mut args: A,
+    addr: impl Fn(&mut A) -> &mut surge_manager::cli::ManagerAddr,
+    run: impl FnOnce(A) -> anyhow::Result<ExitCode>,
+) -> anyhow::Result<ExitCode> {
+    if addr(&mut args).manager.is_some() {
+        return run(args);
+    }
+    let surge = std::env::current_exe()?;
+    let opts = surge_run::embedded::EmbeddedOptions::from_env()?;
+    let m = surge_run::embedded::CommandManager::find_or_start(&opts, &surge)?;
+    tracing::info!(
+        "no manager given: using the embedded default's ({})",
+        opts.fast_dir.display()
+    );
+    addr(&mut args).manager = Some(m.addr().to_string());
+    let r = run(args);
+    m.stop();
+    r
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let daemon = matches!(
@@ -122,16 +146,24 @@ fn main() -> ExitCode {
         Command::Run(a) => surge_run::run::run(a),
         Command::Exec(a) => surge_run::exec::run_exec(a),
         Command::Stage(a) => surge_run::stage_cli::run_stage(a),
-        Command::Persistent(a) => surge_manager::cli::run_persistent(a),
+        Command::Persistent(a) => {
+            with_manager(a, |a| &mut a.addr, surge_manager::cli::run_persistent)
+        }
         Command::Instance(InstanceCmd { command }) => match command {
-            InstanceSub::Ls { addr, json } => surge_manager::cli::runtime().and_then(|rt| {
-                rt.block_on(async { surge_manager::cli::list_instances(addr.get()?, json).await })
-                    .map(|_| ExitCode::SUCCESS)
-            }),
+            InstanceSub::Ls { addr, json } => with_manager(
+                addr,
+                |a| a,
+                |addr| {
+                    surge_manager::cli::runtime().and_then(|rt| {
+                        rt.block_on(surge_manager::cli::list_instances(addr.get()?, json))
+                            .map(|_| ExitCode::SUCCESS)
+                    })
+                },
+            ),
             InstanceSub::Direct(c) => surge_client::cli::run_instance_command(c),
         },
-        Command::Pool(a) => surge_manager::cli::run_pool(a),
-        Command::Session(a) => surge_manager::cli::run_session(a),
+        Command::Pool(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_pool),
+        Command::Session(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_session),
         Command::Manager(a) => surge_manager::cli::run_manager(a),
         Command::Server(ServerCmd { sub: Some(s), .. }) => match s {
             ServerSub::Status(a) => surge_client::cli::run_status(a),

@@ -327,6 +327,41 @@ fn a_persistent_instance_outlives_jobs_and_cannot_be_destroyed_while_in_use() {
 }
 
 #[test]
+fn persistent_and_session_commands_work_outside_jobs_in_the_embedded_default() {
+    let j = Job::new("views");
+    let first = j.script(
+        "make.sh",
+        "#!/bin/bash\n#BB create_persistent name=kept capacity=64MiB access_mode=striped type=scratch\ntrue\n",
+    );
+    let (out, _) = j.run(&[first.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    // No manager given: the commands use the embedded default's state.
+    let surge = |args: &[&str]| {
+        let o = j.command().args(args).output().unwrap();
+        assert!(o.status.success(), "surge {args:?}: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let ls: serde_json::Value =
+        serde_json::from_str(&surge(&["persistent", "ls", "--json"])).unwrap();
+    assert_eq!(ls[0]["name"], "kept", "{ls}");
+    let sessions: serde_json::Value =
+        serde_json::from_str(&surge(&["session", "ls", "--all", "--json"])).unwrap();
+    assert_eq!(sessions[0]["job"], "make.sh", "{sessions}");
+    assert!(surge(&["persistent", "destroy", "kept"]).contains("kept"));
+    let ls: serde_json::Value =
+        serde_json::from_str(&surge(&["persistent", "ls", "--json"])).unwrap();
+    assert_eq!(ls, serde_json::json!([]));
+    let left = Command::new("pgrep")
+        .args(["-f", &j.fast.path().display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "the manager and servers started for the commands stopped"
+    );
+}
+
+#[test]
 fn private_namespaces_are_per_node_and_striped_ones_are_shared() {
     if skip_without_fuse("private_namespaces_are_per_node_and_striped_ones_are_shared") {
         return;

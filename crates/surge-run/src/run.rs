@@ -63,7 +63,7 @@ pub struct RunArgs {
     #[arg(long, env = "SURGE_MANAGER_HTTP", value_name = "HOST:PORT")]
     pub manager_http: Option<String>,
     /// Embedded: number of local servers.
-    #[arg(long, env = "SURGE_SERVERS", default_value_t = 4)]
+    #[arg(long, env = "SURGE_SERVERS", default_value_t = crate::embedded::DEFAULT_SERVERS)]
     pub servers: usize,
     /// Embedded: fast-tier directory (default /dev/shm/surge-$USER).
     #[arg(long, env = "SURGE_FAST_DIR", value_name = "DIR")]
@@ -73,7 +73,7 @@ pub struct RunArgs {
     #[arg(long, env = "SURGE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Embedded: pool granularity (fragment size) when the pool is first created.
-    #[arg(long, env = "SURGE_GRANULARITY", value_parser = surge_core::sys::size_arg, default_value = "256MiB")]
+    #[arg(long, env = "SURGE_GRANULARITY", value_parser = surge_core::sys::size_arg, default_value = crate::embedded::DEFAULT_GRANULARITY)]
     pub granularity: u64,
     /// Embedded: capacity of each server (default: 80% of the fast tier's free space, shared).
     #[arg(long, env = "SURGE_SERVER_CAPACITY", value_parser = surge_core::sys::size_arg)]
@@ -250,7 +250,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let fast = args
                 .fast_dir
                 .clone()
-                .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/surge-{}", user_name())));
+                .unwrap_or_else(crate::embedded::default_fast_dir);
             let state = args.state_dir.clone().unwrap_or_else(|| fast.join("state"));
             let emb = Embedded::start(
                 &EmbeddedOptions {
