@@ -68,6 +68,7 @@ enum InstanceSub {
     Ls {
         #[command(flatten)]
         addr: surge_manager::cli::ManagerAddr,
+        /// Print the instances as JSON (the format of the manager's `/v1/instances`).
         #[arg(long)]
         json: bool,
     },
@@ -192,5 +193,43 @@ fn main() -> ExitCode {
             eprintln!("surge: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// `--help` is the manual: every argument of every command says what it is.
+    #[test]
+    fn every_argument_of_every_command_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(format!("{path} {} (the command)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "surge", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "undescribed in --help:\n{}",
+            missing.join("\n")
+        );
     }
 }
