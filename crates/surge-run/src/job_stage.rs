@@ -281,7 +281,7 @@ impl JobStager {
     /// Starts (or, for [`When::AtJobEnd`], records) copies: one task per instance namespace
     /// the items touch. Sources are checked here first, so a missing one fails with its own
     /// errno before the manager is asked; a file or directory with a stage in progress is
-    /// refused (`Busy`).
+    /// refused (`Busy`); a task that fails while planned is an error (`Failed`).
     pub async fn start(
         &mut self,
         direction: Direction,
@@ -364,6 +364,15 @@ impl JobStager {
                 .await
                 .map_err(JobStageError::Manager)?
                 .into_inner();
+            // Planning failed (a source vanished, the stage-in does not fit): say so now.
+            if t.state == "failed" {
+                let message = failure_message(&t);
+                return Err(JobStageError::Failed {
+                    task: t.id,
+                    errno: errno_of_message(&message),
+                    message,
+                });
+            }
             out.push(t);
         }
         Ok(out)
