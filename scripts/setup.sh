@@ -47,3 +47,10 @@ if have python3 && ! python3 -c 'import darshan' >/dev/null 2>&1; then
     python3 -m pip install -q darshan==3.5.0 >/tmp/surge-pip.log 2>&1 \
         || echo "setup: PyDarshan not installed (see /tmp/surge-pip.log); binary Darshan logs will not import" >&2
 fi
+
+# The metrics tests parse /metrics with the Prometheus project's own OpenMetrics parser (the
+# Python client's); without it they skip and say so.
+if have python3 && ! python3 -c 'import prometheus_client.openmetrics.parser' >/dev/null 2>&1; then
+    python3 -m pip install -q prometheus-client==0.26.0 >/tmp/surge-pip.log 2>&1 \
+        || echo "setup: prometheus_client not installed (see /tmp/surge-pip.log); the metrics tests will skip" >&2
+fi
