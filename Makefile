@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 SURGE := target/release/surge
 
-.PHONY: setup build release demo test test-rust lint fmt clean
+.PHONY: setup build release demo test test-rust test-python lint fmt clean
 
 setup:
 	@./scripts/setup.sh
@@ -25,8 +25,12 @@ lint: setup
 test-rust: setup
 	$(CARGO) test --workspace
 
+# The `surge` Python package: wheel built with maturin, pytest tests (scripts/test-python.sh).
+test-python: setup
+	CARGO=$(CARGO) ./scripts/test-python.sh
+
 # The whole test suite, as CI runs it.
-test: lint test-rust
+test: lint test-rust test-python
 
 fmt:
 	$(CARGO) fmt --all

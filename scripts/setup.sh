@@ -54,3 +54,11 @@ if have python3 && ! python3 -c 'import prometheus_client.openmetrics.parser' >/
     python3 -m pip install -q prometheus-client==0.26.0 >/tmp/surge-pip.log 2>&1 \
         || echo "setup: prometheus_client not installed (see /tmp/surge-pip.log); the metrics tests will skip" >&2
 fi
+
+# The Python package (crates/surge-py) is built with maturin and tested with pytest.
+if have python3; then
+    python3 -m maturin --version >/dev/null 2>&1 || python3 -m pip install -q maturin==1.16.0 >/tmp/surge-pip.log 2>&1 \
+        || { echo "setup: maturin could not be installed (see /tmp/surge-pip.log)" >&2; exit 1; }
+    python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install -q pytest==9.2.0 >/tmp/surge-pip.log 2>&1 \
+        || { echo "setup: pytest could not be installed (see /tmp/surge-pip.log)" >&2; exit 1; }
+fi
