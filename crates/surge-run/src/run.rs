@@ -220,12 +220,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let need = in_bytes.get(&var).copied().unwrap_or(0);
         if need > j.capacity {
             eprintln!(
-                "{script_name}:{}: stage-in of {} does not fit the job instance of {} (capacity={}): \
-                 nothing was allocated and nothing ran",
+                "{script_name}:{}: stage-in of {} does not fit the job instance of {}: nothing \
+                 was allocated and nothing ran",
                 j.line,
                 format_bytes(need),
-                format_bytes(j.capacity),
-                j.capacity
+                format_bytes(j.capacity)
             );
             return Ok(ExitCode::from(2));
         }
