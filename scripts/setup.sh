@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Surge needs on a fresh Debian machine: FUSE 3, the protobuf compiler (for the
 # manager's gRPC API), fio and strace (benchmarks and profiler tests), a C compiler (the
-# profiler's interposition library) and gfortran (the libdatawarp tests build Fortran
-# programs). Idempotent and quiet when everything is there.
+# profiler's interposition library), gfortran (the libdatawarp tests build Fortran programs) and
+# Chromium (the dashboard test renders the page headless). Idempotent and quiet when everything
+# is there.
 set -euo pipefail
 
 need=()
@@ -16,6 +17,7 @@ have strace      || need+=(strace)
 have jq          || need+=(jq)
 have gcc         || need+=(gcc)
 have gfortran    || need+=(gfortran)
+have chromium    || need+=(chromium)
 have make        || need+=(make)
 have sqlite3     || need+=(sqlite3)
 
