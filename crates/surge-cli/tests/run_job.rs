@@ -218,11 +218,19 @@ fn a_failing_job_still_stages_out_tears_down_and_returns_its_status() {
         "half done\n"
     );
     assert_eq!(rep["job_status"], 3);
-    // Everything was torn down: no mount left, no server left.
+    // Everything was torn down: no mount left (under this run's own directory: other tests'
+    // sessions have the same ids), no server left.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let run_dir = stderr
+        .lines()
+        .find(|l| l.contains("surge run: mount"))
+        .and_then(|l| l.split(" under ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the mount phase names its directory: {stderr}"));
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
-        !mounts.contains(&format!("session-{}-", rep["session"])) || !mounts.contains("surge:"),
-        "a mount was left"
+        !mounts.contains(run_dir),
+        "a mount was left under {run_dir}"
     );
     let leftover = Command::new("pgrep")
         .args(["-f", &j.fast.path().display().to_string()])
