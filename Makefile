@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 SURGE := target/release/surge
 
-.PHONY: setup build release demo test test-rust lint fmt clean
+.PHONY: setup build release install demo test test-rust test-python lint fmt clean
 
 setup:
 	@./scripts/setup.sh
@@ -12,7 +12,15 @@ build: setup
 	$(CARGO) build --workspace
 
 release: setup
-	$(CARGO) build --release -p surge-cli
+	$(CARGO) build --release -p surge-cli -p surge-datawarp
+
+# For admins: `surge`, libdatawarp (codes link with -ldatawarp) and its header under $(PREFIX)
+# (staged under $(DESTDIR) when packaging).
+PREFIX ?= /usr/local
+install: release
+	install -D -m 0755 target/release/surge $(DESTDIR)$(PREFIX)/bin/surge
+	install -D -m 0755 target/release/libdatawarp.so $(DESTDIR)$(PREFIX)/lib/libdatawarp.so
+	install -D -m 0644 crates/surge-datawarp/include/datawarp.h $(DESTDIR)$(PREFIX)/include/datawarp.h
 
 # Set up everything and run the main job on the embedded default.
 demo: release
@@ -25,8 +33,12 @@ lint: setup
 test-rust: setup
 	$(CARGO) test --workspace
 
+# The `surge` Python package: wheel built with maturin, pytest tests (scripts/test-python.sh).
+test-python: setup
+	CARGO=$(CARGO) ./scripts/test-python.sh
+
 # The whole test suite, as CI runs it.
-test: lint test-rust
+test: lint test-rust test-python
 
 fmt:
 	$(CARGO) fmt --all

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Surge needs on a fresh Debian machine: FUSE 3, the protobuf compiler (for the
-# manager's gRPC API), fio and strace (benchmarks and profiler tests), and a C compiler (the
-# profiler's interposition library). Idempotent and quiet when everything is there.
+# manager's gRPC API), fio and strace (benchmarks and profiler tests), a C compiler (the
+# profiler's interposition library), gfortran (the libdatawarp tests build Fortran programs) and
+# Chromium (the dashboard test renders the page headless). Idempotent and quiet when everything
+# is there.
 set -euo pipefail
 
 need=()
@@ -14,6 +16,8 @@ have fio         || need+=(fio)
 have strace      || need+=(strace)
 have jq          || need+=(jq)
 have gcc         || need+=(gcc)
+have gfortran    || need+=(gfortran)
+have chromium    || need+=(chromium)
 have make        || need+=(make)
 have sqlite3     || need+=(sqlite3)
 # fsx and fsstress (xfstests, built from ../shared/tools/fs-suites) include <xfs/xfs.h>.
@@ -48,6 +52,21 @@ fi
 if have python3 && ! python3 -c 'import darshan' >/dev/null 2>&1; then
     python3 -m pip install -q darshan==3.5.0 >/tmp/surge-pip.log 2>&1 \
         || echo "setup: PyDarshan not installed (see /tmp/surge-pip.log); binary Darshan logs will not import" >&2
+fi
+
+# The metrics tests parse /metrics with the Prometheus project's own OpenMetrics parser (the
+# Python client's); without it they skip and say so.
+if have python3 && ! python3 -c 'import prometheus_client.openmetrics.parser' >/dev/null 2>&1; then
+    python3 -m pip install -q prometheus-client==0.26.0 >/tmp/surge-pip.log 2>&1 \
+        || echo "setup: prometheus_client not installed (see /tmp/surge-pip.log); the metrics tests will skip" >&2
+fi
+
+# The Python package (crates/surge-py) is built with maturin and tested with pytest.
+if have python3; then
+    python3 -m maturin --version >/dev/null 2>&1 || python3 -m pip install -q maturin==1.16.0 >/tmp/surge-pip.log 2>&1 \
+        || { echo "setup: maturin could not be installed (see /tmp/surge-pip.log)" >&2; exit 1; }
+    python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install -q pytest==9.2.0 >/tmp/surge-pip.log 2>&1 \
+        || { echo "setup: pytest could not be installed (see /tmp/surge-pip.log)" >&2; exit 1; }
 fi
 
 # The file-system suites nobody here wrote (docs/SEMANTICS.md, `make test`): pjdfstest from the

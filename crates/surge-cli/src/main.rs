@@ -68,6 +68,7 @@ enum InstanceSub {
     Ls {
         #[command(flatten)]
         addr: surge_manager::cli::ManagerAddr,
+        /// Print the instances as JSON (the format of the manager's `/v1/instances`).
         #[arg(long)]
         json: bool,
     },
@@ -111,6 +112,30 @@ fn init_logging(verbose: u8, daemon: bool) {
         .try_init();
 }
 
+/// Runs a command that talks to a manager; with none given (no --manager, no $SURGE_MANAGER),
+/// against the embedded default's (`surge_run::embedded::CommandManager`: the running `surge
+/// run`'s, else one started for this command over the state `surge run` keeps).
+fn with_manager<A>(
+    mut args: A,
+    addr: impl Fn(&mut A) -> &mut surge_manager::cli::ManagerAddr,
+    run: impl FnOnce(A) -> anyhow::Result<ExitCode>,
+) -> anyhow::Result<ExitCode> {
+    if addr(&mut args).manager.is_some() {
+        return run(args);
+    }
+    let surge = std::env::current_exe()?;
+    let opts = surge_run::embedded::EmbeddedOptions::from_env()?;
+    let m = surge_run::embedded::CommandManager::find_or_start(&opts, &surge)?;
+    tracing::info!(
+        "no manager given: using the embedded default's ({})",
+        opts.fast_dir.display()
+    );
+    addr(&mut args).manager = Some(m.addr().to_string());
+    let r = run(args);
+    m.stop();
+    r
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let daemon = matches!(
@@ -122,16 +147,24 @@ fn main() -> ExitCode {
         Command::Run(a) => surge_run::run::run(a),
         Command::Exec(a) => surge_run::exec::run_exec(a),
         Command::Stage(a) => surge_run::stage_cli::run_stage(a),
-        Command::Persistent(a) => surge_manager::cli::run_persistent(a),
+        Command::Persistent(a) => {
+            with_manager(a, |a| &mut a.addr, surge_manager::cli::run_persistent)
+        }
         Command::Instance(InstanceCmd { command }) => match command {
-            InstanceSub::Ls { addr, json } => surge_manager::cli::runtime().and_then(|rt| {
-                rt.block_on(async { surge_manager::cli::list_instances(addr.get()?, json).await })
-                    .map(|_| ExitCode::SUCCESS)
-            }),
+            InstanceSub::Ls { addr, json } => with_manager(
+                addr,
+                |a| a,
+                |addr| {
+                    surge_manager::cli::runtime().and_then(|rt| {
+                        rt.block_on(surge_manager::cli::list_instances(addr.get()?, json))
+                            .map(|_| ExitCode::SUCCESS)
+                    })
+                },
+            ),
             InstanceSub::Direct(c) => surge_client::cli::run_instance_command(c),
         },
-        Command::Pool(a) => surge_manager::cli::run_pool(a),
-        Command::Session(a) => surge_manager::cli::run_session(a),
+        Command::Pool(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_pool),
+        Command::Session(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_session),
         Command::Manager(a) => surge_manager::cli::run_manager(a),
         Command::Server(ServerCmd { sub: Some(s), .. }) => match s {
             ServerSub::Status(a) => surge_client::cli::run_status(a),
@@ -160,5 +193,43 @@ fn main() -> ExitCode {
             eprintln!("surge: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// `--help` is the manual: every argument of every command says what it is.
+    #[test]
+    fn every_argument_of_every_command_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(format!("{path} {} (the command)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "surge", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "undescribed in --help:\n{}",
+            missing.join("\n")
+        );
     }
 }

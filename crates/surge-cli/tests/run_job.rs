@@ -218,11 +218,19 @@ fn a_failing_job_still_stages_out_tears_down_and_returns_its_status() {
         "half done\n"
     );
     assert_eq!(rep["job_status"], 3);
-    // Everything was torn down: no mount left, no server left.
+    // Everything was torn down: no mount left (under this run's own directory: other tests'
+    // sessions have the same ids), no server left.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let run_dir = stderr
+        .lines()
+        .find(|l| l.contains("surge run: mount"))
+        .and_then(|l| l.split(" under ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the mount phase names its directory: {stderr}"));
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
-        !mounts.contains(&format!("session-{}-", rep["session"])) || !mounts.contains("surge:"),
-        "a mount was left"
+        !mounts.contains(run_dir),
+        "a mount was left under {run_dir}"
     );
     let leftover = Command::new("pgrep")
         .args(["-f", &j.fast.path().display().to_string()])
@@ -327,6 +335,41 @@ fn a_persistent_instance_outlives_jobs_and_cannot_be_destroyed_while_in_use() {
 }
 
 #[test]
+fn persistent_and_session_commands_work_outside_jobs_in_the_embedded_default() {
+    let j = Job::new("views");
+    let first = j.script(
+        "make.sh",
+        "#!/bin/bash\n#BB create_persistent name=kept capacity=64MiB access_mode=striped type=scratch\ntrue\n",
+    );
+    let (out, _) = j.run(&[first.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    // No manager given: the commands use the embedded default's state.
+    let surge = |args: &[&str]| {
+        let o = j.command().args(args).output().unwrap();
+        assert!(o.status.success(), "surge {args:?}: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let ls: serde_json::Value =
+        serde_json::from_str(&surge(&["persistent", "ls", "--json"])).unwrap();
+    assert_eq!(ls[0]["name"], "kept", "{ls}");
+    let sessions: serde_json::Value =
+        serde_json::from_str(&surge(&["session", "ls", "--all", "--json"])).unwrap();
+    assert_eq!(sessions[0]["job"], "make.sh", "{sessions}");
+    assert!(surge(&["persistent", "destroy", "kept"]).contains("kept"));
+    let ls: serde_json::Value =
+        serde_json::from_str(&surge(&["persistent", "ls", "--json"])).unwrap();
+    assert_eq!(ls, serde_json::json!([]));
+    let left = Command::new("pgrep")
+        .args(["-f", &j.fast.path().display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "the manager and servers started for the commands stopped"
+    );
+}
+
+#[test]
 fn private_namespaces_are_per_node_and_striped_ones_are_shared() {
     if skip_without_fuse("private_namespaces_are_per_node_and_striped_ones_are_shared") {
         return;
@@ -423,6 +466,26 @@ fn bad_directives_allocate_nothing_and_run_nothing() {
         &["job.sh:3", "destination"],
     );
     rejected("bad6", "#DW swap 1GiB", &["job.sh:2", "swap"]);
+}
+
+#[test]
+fn a_script_with_crlf_line_endings_is_refused_naming_the_line() {
+    let j = Job::new("crlf");
+    let script = j.script(
+        "job.sh",
+        "#!/bin/bash\r\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\r\ntouch ran\r\n",
+    );
+    let (out, _) = j.run(&[script.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for w in ["job.sh:1", "#!/bin/bash\\r", "CRLF", "sed -i"] {
+        assert!(err.contains(w), "error mentions {w:?}:\n{err}");
+    }
+    assert!(!j.path("ran").exists(), "the job must not run");
+    assert!(
+        !j.fast.path().join("state").exists(),
+        "nothing may be allocated"
+    );
 }
 
 #[test]
@@ -622,14 +685,15 @@ fn staging_from_inside_a_job_with_surge_stage() {
     std::fs::write(j.path("input.dat"), vec![7u8; 5 << 20]).unwrap();
     std::fs::create_dir_all(j.path("tree/sub")).unwrap();
     std::fs::write(j.path("tree/sub/a.txt"), b"a").unwrap();
-    let path = format!(
-        "{}:{}",
-        Path::new(SURGE).parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    // `surge` is found on the job's PATH (this PATH does not have it) and the manager's HTTP
+    // API is named in the job's environment.
+    let path = "/usr/local/bin:/usr/bin:/bin";
     let script = j.script(
         "job.sh",
         "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=128MiB\nset -e\n\
+         exec 3<>/dev/tcp/${SURGE_MANAGER_HTTP%:*}/${SURGE_MANAGER_HTTP##*:}\n\
+         printf 'GET /v1/sessions HTTP/1.0\\r\\n\\r\\n' >&3\n\
+         cat <&3 > sessions.http\n\
          id=$(surge stage in input.dat $DW_JOB_STRIPED/input.dat)\n\
          surge stage in --directory --wait tree $DW_JOB_STRIPED/tree > /dev/null\n\
          surge stage wait $id\n\
@@ -638,11 +702,14 @@ fn staging_from_inside_a_job_with_surge_stage() {
          echo result > $DW_JOB_STRIPED/result.txt\n\
          surge stage out --wait $DW_JOB_STRIPED/result.txt out/result.txt > /dev/null\n\
          surge stage status --json > status.json\n\
-         if surge stage in missing-file $DW_JOB_STRIPED/m 2> missing.err; then exit 9; fi\n",
+         if surge stage in missing-file $DW_JOB_STRIPED/m 2> missing.err; then exit 9; fi\n\
+         echo draft > $DW_JOB_STRIPED/late.txt\n\
+         surge stage out --at-job-end $DW_JOB_STRIPED/late.txt out/late.txt > /dev/null\n\
+         echo final > $DW_JOB_STRIPED/late.txt\n",
     );
     let out = j
         .command()
-        .env("PATH", &path)
+        .env("PATH", path)
         .arg("run")
         .arg(&script)
         .output()
@@ -662,6 +729,16 @@ fn staging_from_inside_a_job_with_surge_stage() {
     assert!(
         err.contains("missing-file"),
         "a missing source is named: {err}"
+    );
+    let http = std::fs::read_to_string(j.path("sessions.http")).unwrap();
+    assert!(
+        http.starts_with("HTTP/1.") && http.contains(" 200 ") && http.contains("job.sh"),
+        "$SURGE_MANAGER_HTTP answers /v1/sessions: {http}"
+    );
+    // Deferred to the job's end: the content at the end.
+    assert_eq!(
+        std::fs::read_to_string(j.path("out/late.txt")).unwrap(),
+        "final\n"
     );
 }
 

@@ -210,6 +210,7 @@ pub enum InstanceCommand {
     Show {
         #[command(flatten)]
         source: InstanceSource,
+        /// Print the descriptor as JSON instead of a summary.
         #[arg(long)]
         json: bool,
     },
@@ -262,6 +263,7 @@ pub struct StatusArgs {
     /// Server addresses (host:port or unix:/path).
     #[arg(required = true)]
     pub servers: Vec<String>,
+    /// Print each server's status as JSON.
     #[arg(long)]
     pub json: bool,
 }

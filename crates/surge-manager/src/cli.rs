@@ -134,7 +134,9 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
 /// Where the manager is: `--manager` or `$SURGE_MANAGER`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ManagerAddr {
-    /// The manager's gRPC address (host:port); default $SURGE_MANAGER.
+    /// The manager's gRPC address (host:port); default $SURGE_MANAGER. With neither, `pool`,
+    /// `instance ls`, `session` and `persistent` use the embedded default's (the running `surge
+    /// run`'s, else one started for the command over the state `surge run` keeps).
     #[arg(
         long = "manager",
         env = "SURGE_MANAGER",
@@ -191,11 +193,13 @@ pub struct PoolArgs {
 pub enum PoolCommand {
     /// List pools with their granularity, servers and free capacity.
     Ls {
+        /// Print the pools as JSON (the format of the manager's `/v1/pools`).
         #[arg(long)]
         json: bool,
     },
     /// Create a pool (or change its granularity).
     Create {
+        /// The pool's name (what `#DW jobdw pool=NAME` asks for).
         name: String,
         /// Fragment size, e.g. 200GiB.
         #[arg(long, value_parser = surge_core::sys::size_arg)]
@@ -269,6 +273,7 @@ pub enum SessionCommand {
         /// Include ended sessions.
         #[arg(long, short)]
         all: bool,
+        /// Print the sessions as JSON (the format of the manager's `/v1/sessions`).
         #[arg(long)]
         json: bool,
     },
@@ -373,23 +378,31 @@ pub struct PersistentArgs {
 pub enum PersistentCommand {
     /// Create a persistent instance (like `#BB create_persistent`).
     Create {
+        /// The instance's name, unique: jobs attach it with `#DW persistentdw name=NAME` and
+        /// find it in $DW_PERSISTENT_STRIPED_NAME.
         name: String,
+        /// Its size, e.g. 200GiB (rounded up to whole fragments of the pool's granularity).
         #[arg(long, value_parser = surge_core::sys::size_arg)]
         capacity: u64,
+        /// How compute nodes share it (persistent instances are striped: one tree for all).
         #[arg(long, default_value = "striped", value_parser = ["striped"])]
         access_mode: String,
+        /// The pool to allocate from (default: the manager's default pool).
         #[arg(long, default_value = "")]
         pool: String,
+        /// Print the created instance as JSON.
         #[arg(long)]
         json: bool,
     },
     /// List persistent instances.
     Ls {
+        /// Print the instances as JSON (the format of the manager's `/v1/instances`).
         #[arg(long)]
         json: bool,
     },
     /// Destroy a persistent instance and its data (refused while a job uses it).
     Destroy {
+        /// The instance's name (as in `surge persistent ls`).
         name: String,
         /// Do not wait for pending stage-outs.
         #[arg(long)]

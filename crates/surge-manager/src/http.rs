@@ -1,5 +1,7 @@
 //! The read-only JSON/HTTP API for scripts and dashboards: `GET /v1/pools`, `/v1/servers`,
 //! `/v1/instances`, `/v1/instances/{id}`, `/v1/sessions`, `/v1/stages`. Same JSON as `--json`.
+//! `GET /metrics` serves Prometheus metrics ([`crate::metrics`]); `GET /` the web dashboard
+//! (`dashboard.html`: one page whose script polls the JSON API every 2 s).
 
 use crate::core::{Core, ManagerError};
 use crate::stage::Stages;
@@ -94,6 +96,25 @@ async fn list_stages(State(s): State<AppState>) -> HResult {
     Ok(Json(Value::Array(v)))
 }
 
+/// The web dashboard: pools, servers (with a bandwidth plot), instances, sessions, stage tasks.
+async fn dashboard() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("dashboard.html"))
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    match crate::metrics::render(s.core, s.stages) {
+        Ok(text) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                crate::metrics::CONTENT_TYPE,
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n").into_response(),
+    }
+}
+
 pub fn router(core: Arc<Core>, stages: Arc<Stages>) -> Router {
     Router::new()
         .route("/v1/pools", get(pools))
@@ -102,5 +123,8 @@ pub fn router(core: Arc<Core>, stages: Arc<Stages>) -> Router {
         .route("/v1/instances/{id}", get(instance))
         .route("/v1/sessions", get(sessions))
         .route("/v1/stages", get(list_stages))
+        .route("/metrics", get(metrics))
+        .route("/", get(dashboard))
+        .route("/dashboard", get(dashboard))
         .with_state(AppState { core, stages })
 }

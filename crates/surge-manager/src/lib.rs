@@ -4,12 +4,13 @@
 //!   destruction, sessions; state in SQLite ([`state`]).
 //! - [`stage`]: stage tasks, run with the `surge-stage` engine.
 //! - [`service`]: the gRPC API (`surge-api`); [`http`]: the JSON read API; [`views`]: the
-//!   JSON shape both the HTTP API and `--json` print.
+//!   JSON shape both the HTTP API and `--json` print; [`metrics`]: Prometheus `/metrics`.
 //! - [`cli`]: the daemon and the commands that talk to it.
 
 pub mod cli;
 pub mod core;
 pub mod http;
+pub mod metrics;
 pub mod placement;
 pub mod service;
 pub mod stage;

@@ -32,8 +32,11 @@ pub enum PlacementError {
     #[error("the pool has no server that is up")]
     NoServers,
     #[error(
-        "not enough space: {needed} fragments of {granularity} bytes are needed but the pool's \
-         servers can take only {placed} more (free per server: {free:?})"
+        "not enough space: {needed} fragments of {} ({}) are needed but the pool's servers can \
+         take only {placed} more (free per server: {})",
+        surge_core::format_bytes(*granularity),
+        surge_core::format_bytes(needed.saturating_mul(*granularity)),
+        human_list(free)
     )]
     NoSpace {
         needed: u64,
@@ -41,6 +44,14 @@ pub enum PlacementError {
         granularity: u64,
         free: Vec<u64>,
     },
+}
+
+/// `4.5 GiB, 0 B, ...`: byte counts as a reader wants them.
+fn human_list(v: &[u64]) -> String {
+    v.iter()
+        .map(|b| surge_core::format_bytes(*b))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Number of fragments for `capacity` at `granularity` (rounded up).
@@ -178,6 +189,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_no_space_error_speaks_in_human_units() {
+        let e = PlacementError::NoSpace {
+            needed: 409600,
+            placed: 72,
+            granularity: 256 << 20,
+            free: vec![4831838208, 0],
+        };
+        assert_eq!(
+            e.to_string(),
+            "not enough space: 409600 fragments of 256 MiB (100 TiB) are needed but the pool's \
+             servers can take only 72 more (free per server: 4.50 GiB, 0 B)"
+        );
     }
 
     #[test]

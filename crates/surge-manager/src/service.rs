@@ -145,6 +145,7 @@ impl Manager for Service {
 
     async fn end_session(&self, req: Request<api::EndSessionRequest>) -> Res<api::Session> {
         let r = req.into_inner();
+        self.stages.cancel_deferred(r.id)?;
         let s = self
             .core
             .end_session(r.id, r.keep_job_instance, &r.state)
@@ -180,5 +181,25 @@ impl Manager for Service {
             .map(views::stage)
             .collect();
         Ok(Response::new(api::StageTaskList { tasks }))
+    }
+
+    async fn activate_stage(&self, req: Request<api::GetStageRequest>) -> Res<api::StageTask> {
+        let t = self.stages.activate(req.into_inner().id).await?;
+        Ok(Response::new(views::stage(&t)))
+    }
+
+    async fn cancel_stage(&self, req: Request<api::GetStageRequest>) -> Res<api::StageTask> {
+        let t = self.stages.cancel(req.into_inner().id).await?;
+        Ok(Response::new(views::stage(&t)))
+    }
+
+    async fn set_stage_concurrency(
+        &self,
+        req: Request<api::SetStageConcurrencyRequest>,
+    ) -> Res<api::Empty> {
+        let r = req.into_inner();
+        self.stages
+            .set_concurrency(r.session, r.instance, r.concurrency)?;
+        Ok(Response::new(api::Empty {}))
     }
 }

@@ -72,7 +72,7 @@ pub struct StageRow {
     pub ns: u32,
     pub direction: String,
     pub items_json: String,
-    /// "queued", "running", "done", "failed".
+    /// "deferred", "queued", "running", "done", "failed", "cancelled".
     pub state: String,
     pub files_total: u64,
     pub files_done: u64,

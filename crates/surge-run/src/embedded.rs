@@ -17,6 +17,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Servers the embedded default starts (`$SURGE_SERVERS`).
+pub const DEFAULT_SERVERS: usize = 4;
+/// Granularity of the embedded default's pool when it is created (`$SURGE_GRANULARITY`).
+pub const DEFAULT_GRANULARITY: &str = "256MiB";
+
+/// The embedded default's fast tier: `/dev/shm/surge-$USER`.
+pub fn default_fast_dir() -> PathBuf {
+    PathBuf::from(format!("/dev/shm/surge-{}", user_name()))
+}
+
 #[derive(Clone, Debug)]
 pub struct EmbeddedOptions {
     pub fast_dir: PathBuf,
@@ -25,6 +35,87 @@ pub struct EmbeddedOptions {
     /// Capacity per server; `None`: 80% of the fast tier's free space, shared.
     pub server_capacity: Option<u64>,
     pub granularity: u64,
+}
+
+impl EmbeddedOptions {
+    /// The options `surge run` would use, from the same environment variables
+    /// (`SURGE_FAST_DIR`, `SURGE_STATE_DIR`, `SURGE_SERVERS`, `SURGE_SERVER_CAPACITY`,
+    /// `SURGE_GRANULARITY`) and defaults.
+    pub fn from_env() -> anyhow::Result<EmbeddedOptions> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let fast_dir = var("SURGE_FAST_DIR").map_or_else(default_fast_dir, PathBuf::from);
+        let state_dir =
+            var("SURGE_STATE_DIR").map_or_else(|| fast_dir.join("state"), PathBuf::from);
+        let servers = match var("SURGE_SERVERS") {
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .with_context(|| format!("SURGE_SERVERS={v} is not a positive number"))?,
+            None => DEFAULT_SERVERS,
+        };
+        let size = |k: &str| -> anyhow::Result<Option<u64>> {
+            var(k)
+                .map(|v| surge_core::sys::size_arg(&v).map_err(|e| anyhow::anyhow!("{k}={v}: {e}")))
+                .transpose()
+        };
+        let granularity = match size("SURGE_GRANULARITY")? {
+            Some(g) => g,
+            None => surge_core::sys::size_arg(DEFAULT_GRANULARITY).map_err(anyhow::Error::msg)?,
+        };
+        Ok(EmbeddedOptions {
+            fast_dir,
+            state_dir,
+            servers,
+            server_capacity: size("SURGE_SERVER_CAPACITY")?,
+            granularity,
+        })
+    }
+}
+
+/// The manager a command (`surge persistent`, `surge session ls`, ...) uses when none is given:
+/// the one of the `surge run` using the embedded default's directory right now, else the
+/// embedded manager and servers started for the command (and stopped after it), over the
+/// state that `surge run` keeps there.
+pub enum CommandManager {
+    Running(String),
+    Started(Embedded),
+}
+
+impl CommandManager {
+    pub fn find_or_start(opts: &EmbeddedOptions, surge: &Path) -> anyhow::Result<CommandManager> {
+        if let Some(addr) = running_manager(&opts.fast_dir) {
+            return Ok(CommandManager::Running(addr));
+        }
+        Ok(CommandManager::Started(Embedded::start(opts, surge)?))
+    }
+
+    /// The manager's gRPC address.
+    pub fn addr(&self) -> &str {
+        match self {
+            CommandManager::Running(a) => a,
+            CommandManager::Started(e) => &e.manager,
+        }
+    }
+
+    pub fn stop(self) {
+        if let CommandManager::Started(e) = self {
+            e.stop();
+        }
+    }
+}
+
+/// The gRPC address of the manager of a `surge run` holding `fast`'s lock, if one does.
+fn running_manager(fast: &Path) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    let lock = File::open(fast.join("lock")).ok()?;
+    // SAFETY: flock on a file we opened; dropping it releases our lock if we got it.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return None;
+    }
+    let text = std::fs::read_to_string(fast.join("run/manager.ready")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["grpc"].as_str().map(str::to_string)
 }
 
 pub struct Embedded {

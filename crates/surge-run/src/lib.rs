@@ -1,9 +1,11 @@
 //! The job lifecycle without a scheduler: `surge run job.sh` ([`run`]) with the embedded default
 //! ([`embedded`]), the translation of stage directives ([`jobplan`]), `surge exec` on emulated
-//! nodes ([`exec`]) and `surge stage` from inside a job ([`stage_cli`]).
+//! nodes ([`exec`]) and `surge stage` from inside a job ([`stage_cli`], over the library of
+//! [`job_stage`], which libdatawarp's compatibility library shares).
 
 pub mod embedded;
 pub mod exec;
+pub mod job_stage;
 pub mod jobplan;
 pub mod nodes;
 pub mod progress;

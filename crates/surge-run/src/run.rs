@@ -31,8 +31,11 @@ use surge_proto::InstanceDescriptor;
 /// With no manager configured, starts a manager and --servers local servers (fast tier under
 /// $SURGE_FAST_DIR or /dev/shm/surge-$USER) and stops them at the end; with $SURGE_MANAGER set,
 /// uses that manager and its servers. The script runs once (node 0, as on Slurm's first node)
-/// with $DW_JOB_STRIPED / $DW_JOB_PRIVATE / $DW_PERSISTENT_STRIPED_<name> set; `surge exec
-/// --node K -- CMD` runs work on the other emulated nodes. Exits with the script's status.
+/// with $DW_JOB_STRIPED / $DW_JOB_PRIVATE / $DW_PERSISTENT_STRIPED_<name> set, `surge` on its
+/// PATH and $SURGE_MANAGER / $SURGE_MANAGER_HTTP naming the manager; `surge exec --node K --
+/// CMD` runs work on the other emulated nodes, `surge stage` (or libdatawarp) stages while it
+/// runs. Stage tasks the job leaves pending are waited for, and its deferred stage-outs run,
+/// before anything is released. Exits with the script's status.
 ///
 /// Example job script:
 ///   #!/bin/bash
@@ -55,8 +58,12 @@ pub struct RunArgs {
     /// Use this manager instead of starting one (host:port).
     #[arg(long, env = "SURGE_MANAGER", value_name = "HOST:PORT")]
     pub manager: Option<String>,
+    /// The HTTP address (JSON API, /metrics) of the manager given with --manager, passed to
+    /// the job as $SURGE_MANAGER_HTTP (the embedded manager's is passed without asking).
+    #[arg(long, env = "SURGE_MANAGER_HTTP", value_name = "HOST:PORT")]
+    pub manager_http: Option<String>,
     /// Embedded: number of local servers.
-    #[arg(long, env = "SURGE_SERVERS", default_value_t = 4)]
+    #[arg(long, env = "SURGE_SERVERS", default_value_t = crate::embedded::DEFAULT_SERVERS)]
     pub servers: usize,
     /// Embedded: fast-tier directory (default /dev/shm/surge-$USER).
     #[arg(long, env = "SURGE_FAST_DIR", value_name = "DIR")]
@@ -66,7 +73,7 @@ pub struct RunArgs {
     #[arg(long, env = "SURGE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Embedded: pool granularity (fragment size) when the pool is first created.
-    #[arg(long, env = "SURGE_GRANULARITY", value_parser = surge_core::sys::size_arg, default_value = "256MiB")]
+    #[arg(long, env = "SURGE_GRANULARITY", value_parser = surge_core::sys::size_arg, default_value = crate::embedded::DEFAULT_GRANULARITY)]
     pub granularity: u64,
     /// Embedded: capacity of each server (default: 80% of the fast tier's free space, shared).
     #[arg(long, env = "SURGE_SERVER_CAPACITY", value_parser = surge_core::sys::size_arg)]
@@ -163,6 +170,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let script_name = args.script.display().to_string();
     let text = std::fs::read_to_string(&args.script)
         .with_context(|| format!("cannot read job script {script_name}"))?;
+    if let Some((n, line)) = crlf_line(&text) {
+        eprintln!(
+            "{script_name}:{n}: `{line}\\r`: the script has Windows (CRLF) line endings; the shell \
+             would take each `\\r` as part of a command (`$'\\r': command not found`). Convert it \
+             with `sed -i 's/\\r$//' {script_name}` (or dos2unix)"
+        );
+        eprintln!("surge run: nothing was allocated and nothing ran");
+        return Ok(ExitCode::from(2));
+    }
     let directives = match parse_script(&script_name, &text) {
         Ok(d) => d,
         Err(errs) => {
@@ -204,12 +220,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let need = in_bytes.get(&var).copied().unwrap_or(0);
         if need > j.capacity {
             eprintln!(
-                "{script_name}:{}: stage-in of {} does not fit the job instance of {} (capacity={}): \
-                 nothing was allocated and nothing ran",
+                "{script_name}:{}: stage-in of {} does not fit the job instance of {}: nothing \
+                 was allocated and nothing ran",
                 j.line,
                 format_bytes(need),
-                format_bytes(j.capacity),
-                j.capacity
+                format_bytes(j.capacity)
             );
             return Ok(ExitCode::from(2));
         }
@@ -234,7 +249,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let fast = args
                 .fast_dir
                 .clone()
-                .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/surge-{}", user_name())));
+                .unwrap_or_else(crate::embedded::default_fast_dir);
             let state = args.state_dir.clone().unwrap_or_else(|| fast.join("state"));
             let emb = Embedded::start(
                 &EmbeddedOptions {
@@ -271,6 +286,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         mounts: Vec::new(),
         run_dir: None,
     };
+    let manager_http = match &embedded {
+        Some(e) => e.http.clone(),
+        None => args.manager_http.clone(),
+    };
     let ctx = Ctx {
         args: &args,
         script_name: &script_name,
@@ -278,6 +297,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         in_groups: &in_groups,
         cwd: &cwd,
         manager: &manager,
+        manager_http: manager_http.as_deref(),
+        surge_exe: &surge_exe,
         pool_fallback,
         sig: &sig,
     };
@@ -335,6 +356,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
+/// The first line (1-based) that ends with CR, and its text without it.
+fn crlf_line(text: &str) -> Option<(usize, &str)> {
+    text.split('\n')
+        .enumerate()
+        .find_map(|(i, l)| l.strip_suffix('\r').map(|l| (i + 1, l)))
+}
+
 fn job_var(mode: AccessMode) -> DwVariable {
     match mode {
         AccessMode::Private => DwVariable::JobPrivate,
@@ -349,6 +377,9 @@ struct Ctx<'a> {
     in_groups: &'a [StageGroup],
     cwd: &'a Path,
     manager: &'a str,
+    manager_http: Option<&'a str>,
+    /// This `surge`, put on the job's PATH.
+    surge_exe: &'a Path,
     /// Embedded mode: a pool the script names but that does not exist falls back to the default.
     pool_fallback: bool,
     sig: &'a Signals,
@@ -564,6 +595,7 @@ async fn job(
                     items_json: serde_json::to_string(&g.items)?,
                     workers: 0,
                     checksum: false,
+                    deferred: false,
                 })
                 .await
                 .map_err(status_err)?
@@ -623,6 +655,7 @@ async fn job(
         run_dir: run_dir.clone(),
         nodes: Vec::new(),
     };
+    let path_env = job_path(&run_dir, ctx.surge_exe)?;
     let opts = MountOptions::default();
     for node in 0..nodes {
         let mut env = BTreeMap::new();
@@ -667,7 +700,11 @@ async fn job(
         env.insert("SURGE_NODES".into(), nodes.to_string());
         env.insert("SURGE_SESSION".into(), session.id.to_string());
         env.insert("SURGE_MANAGER".into(), ctx.manager.to_string());
+        if let Some(h) = ctx.manager_http {
+            env.insert("SURGE_MANAGER_HTTP".into(), h.to_string());
+        }
         env.insert("SURGE_RUN_DIR".into(), run_dir.display().to_string());
+        env.insert("PATH".into(), path_env.clone());
         nodes_file.nodes.push(NodeInfo { node, env, mounts });
     }
     nodes_file.write()?;
@@ -752,6 +789,7 @@ async fn job(
                             items_json: serde_json::to_string(&g.items)?,
                             workers: 0,
                             checksum: false,
+                            deferred: false,
                         })
                         .await
                         .map_err(status_err)?
@@ -780,6 +818,7 @@ async fn job(
                 }
             }
         }
+        stage_out_failures.extend(finish_job_stages(ctx, rep, &mut c, session.id).await?);
     }
 
     // End the session: the job instance goes, unless stage-out failed (its data is the only
@@ -863,6 +902,82 @@ async fn job(
         kept_instance,
         stage_out_failures,
     })
+}
+
+/// The stage tasks the job itself started (`surge stage`, libdatawarp) and left: pending ones
+/// are waited for and deferred stage-outs (DW_STAGE_AT_JOB_END) run now, before anything is
+/// released. Returns what failed among them.
+async fn finish_job_stages(
+    ctx: &Ctx<'_>,
+    rep: &mut Reporter,
+    c: &mut surge_api::v1::manager_client::ManagerClient<tonic::transport::Channel>,
+    session: u64,
+) -> anyhow::Result<Vec<String>> {
+    let tasks = c
+        .list_stages(api::ListStagesRequest { session })
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .tasks;
+    let mut failures = Vec::new();
+    for t in tasks {
+        let deferred = match t.state.as_str() {
+            "deferred" => true,
+            "queued" | "running" => false,
+            _ => continue,
+        };
+        let start = Instant::now();
+        let t = if deferred {
+            c.activate_stage(api::GetStageRequest { id: t.id })
+                .await
+                .map_err(status_err)?
+                .into_inner()
+        } else {
+            t
+        };
+        let label = format!("stage {} (task {})", t.direction, t.id);
+        let done = wait_stage(c, t, &label, ctx.args.quiet, || false).await?;
+        let ok = done.state == "done";
+        rep.phase(
+            if deferred {
+                "stage at job end"
+            } else {
+                "job's stage"
+            },
+            format!(
+                "task {} {}: {} files, {}{}",
+                done.id,
+                done.direction,
+                done.files_done,
+                format_bytes(done.bytes_done),
+                rate(done.bytes_done, done.seconds)
+            ),
+            start,
+            ok,
+        );
+        if !ok && done.direction == "out" {
+            failures.push(format!(
+                "stage task {} (started by the job): {}",
+                done.id,
+                crate::job_stage::failure_message(&done)
+            ));
+            failures.extend(failure_lines(&done.failures_json));
+        }
+    }
+    Ok(failures)
+}
+
+/// The job's PATH: a directory holding only this `surge` (so `surge stage`, `surge exec` work
+/// in every job), then the caller's PATH.
+fn job_path(run_dir: &Path, surge_exe: &Path) -> anyhow::Result<String> {
+    let bin = run_dir.join("bin");
+    std::fs::create_dir_all(&bin).with_context(|| format!("cannot create {}", bin.display()))?;
+    let link = bin.join("surge");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(surge_exe, &link)
+        .with_context(|| format!("cannot create {}", link.display()))?;
+    let rest = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    Ok(format!("{}:{rest}", bin.display()))
 }
 
 fn rate(bytes: u64, seconds: f64) -> String {

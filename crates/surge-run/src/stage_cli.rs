@@ -2,16 +2,14 @@
 //! `dw_stage_file_in`, `dw_query_file_stage`, `dw_wait_file_stage` are the model), and `surge
 //! stage copy` for direct copies by hand.
 
-use crate::nodes::NodesFile;
+use crate::job_stage::{self, JobItem, JobStager, When};
 use crate::progress::wait_stage;
-use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use surge_api::v1 as api;
 use surge_core::format_bytes;
-use surge_manager::cli::{connect, runtime, status_err};
+use surge_manager::cli::runtime;
 use surge_manager::views;
-use surge_stage::{ItemKind, StageItem};
+use surge_stage::{Direction, ItemKind};
 
 /// Copy between the PFS and a burst-buffer instance.
 ///
@@ -21,6 +19,7 @@ use surge_stage::{ItemKind, StageItem};
 /// Examples:
 ///   surge stage in  /pfs/proj/big.dat $DW_JOB_STRIPED/big.dat
 ///   surge stage out --directory $DW_JOB_STRIPED/results /pfs/proj/results --wait
+///   surge stage out --at-job-end $DW_JOB_STRIPED/checkpoint.h5 /pfs/proj/checkpoint.h5
 ///   surge stage wait
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
@@ -37,12 +36,25 @@ pub enum StageCommand {
     Out(InOut),
     /// Show stage tasks of this job (all, or the given ids).
     Status {
+        /// Task ids (default: every task of this job).
         tasks: Vec<u64>,
+        /// Print the tasks as JSON (the format of the manager's `/v1/stages`).
         #[arg(long)]
         json: bool,
     },
     /// Wait for stage tasks of this job (all, or the given ids); fails if any failed.
-    Wait { tasks: Vec<u64> },
+    /// Deferred tasks (`out --at-job-end`) are not waited for: they run when the job ends.
+    Wait {
+        /// Task ids (default: every task of this job).
+        tasks: Vec<u64>,
+    },
+    /// Terminate stage tasks: a deferred one never runs, a running one stops (files not
+    /// finished are removed).
+    Cancel {
+        /// Task ids.
+        #[arg(required = true)]
+        tasks: Vec<u64>,
+    },
     /// Copy directly between the PFS and an instance (by hand: no job, no manager).
     Copy(surge_stage::cli::CopyArgs),
 }
@@ -57,8 +69,13 @@ pub struct InOut {
     #[arg(long)]
     pub directory: bool,
     /// Wait for the copy to finish (with progress) instead of returning its task id.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "at_job_end")]
     pub wait: bool,
+    /// Stage-out only: copy when the job ends (after its script exits, before its instances
+    /// are released) instead of now; DataWarp's DW_STAGE_AT_JOB_END.
+    #[arg(long)]
+    pub at_job_end: bool,
+    /// Print the task as JSON instead of its id.
     #[arg(long)]
     pub json: bool,
 }
@@ -67,25 +84,18 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
     if let StageCommand::Copy(a) = args.command {
         return surge_stage::cli::run_copy(a);
     }
-    let nodes = NodesFile::from_env()?;
     runtime()?.block_on(async move {
-        let mut c = connect(&nodes.manager).await?;
+        let mut js = JobStager::from_env().await?;
+        let selected = |all: Vec<surge_api::v1::StageTask>, ids: &[u64]| -> Vec<_> {
+            all.into_iter()
+                .filter(|t| ids.is_empty() || ids.contains(&t.id))
+                .collect()
+        };
         match args.command {
-            StageCommand::In(a) => return start(&mut c, &nodes, "in", a).await,
-            StageCommand::Out(a) => return start(&mut c, &nodes, "out", a).await,
+            StageCommand::In(a) => return start(&mut js, Direction::In, a).await,
+            StageCommand::Out(a) => return start(&mut js, Direction::Out, a).await,
             StageCommand::Status { tasks, json } => {
-                let all = c
-                    .list_stages(api::ListStagesRequest {
-                        session: nodes.session,
-                    })
-                    .await
-                    .map_err(status_err)?
-                    .into_inner()
-                    .tasks;
-                let shown: Vec<_> = all
-                    .into_iter()
-                    .filter(|t| tasks.is_empty() || tasks.contains(&t.id))
-                    .collect();
+                let shown = selected(js.tasks().await?, &tasks);
                 if json {
                     println!(
                         "{}",
@@ -95,12 +105,12 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
                     );
                 } else {
                     println!(
-                        "{:>6} {:<4} {:<8} {:>14} {:>22} {:>8}  error",
+                        "{:>6} {:<4} {:<9} {:>14} {:>22} {:>8}  error",
                         "task", "dir", "state", "files", "bytes", "seconds"
                     );
                     for t in shown {
                         println!(
-                            "{:>6} {:<4} {:<8} {:>14} {:>22} {:>8.2}  {}",
+                            "{:>6} {:<4} {:<9} {:>14} {:>22} {:>8.2}  {}",
                             t.id,
                             t.direction,
                             t.state,
@@ -117,28 +127,30 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
                 }
             }
             StageCommand::Wait { tasks } => {
-                let all = c
-                    .list_stages(api::ListStagesRequest {
-                        session: nodes.session,
-                    })
-                    .await
-                    .map_err(status_err)?
-                    .into_inner()
-                    .tasks;
                 let mut failed = 0;
-                for t in all
-                    .into_iter()
-                    .filter(|t| tasks.is_empty() || tasks.contains(&t.id))
-                {
+                for t in selected(js.tasks().await?, &tasks) {
+                    if t.state == "deferred" || t.state == "cancelled" {
+                        continue;
+                    }
                     let label = format!("stage {} task {}", t.direction, t.id);
-                    let done = wait_stage(&mut c, t, &label, false, || false).await?;
+                    let done = wait_stage(js.manager(), t, &label, false, || false).await?;
                     if done.state != "done" {
                         failed += 1;
-                        eprintln!("surge stage: task {} failed: {}", done.id, done.error);
+                        eprintln!(
+                            "surge stage: task {} failed: {}",
+                            done.id,
+                            job_stage::failure_message(&done)
+                        );
                     }
                 }
                 if failed > 0 {
                     return Ok(ExitCode::FAILURE);
+                }
+            }
+            StageCommand::Cancel { tasks } => {
+                for id in tasks {
+                    let t = js.cancel(id).await?;
+                    println!("task {} {}", t.id, t.state);
                 }
             }
             StageCommand::Copy(_) => unreachable!("handled above"),
@@ -147,62 +159,53 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-async fn start(
-    c: &mut surge_api::v1::manager_client::ManagerClient<tonic::transport::Channel>,
-    nodes: &NodesFile,
-    direction: &str,
-    a: InOut,
-) -> anyhow::Result<ExitCode> {
-    let (inst_side, pfs_side) = if direction == "in" {
-        (&a.destination, &a.source)
-    } else {
-        (&a.source, &a.destination)
+async fn start(js: &mut JobStager, direction: Direction, a: InOut) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        !(a.at_job_end && direction == Direction::In),
+        "--at-job-end is for stage-outs: a stage-in at the end of the job would be lost"
+    );
+    let (bb, pfs) = match direction {
+        Direction::In => (a.destination, a.source),
+        Direction::Out => (a.source, a.destination),
     };
-    let (mount, inner) = nodes.locate(inst_side).with_context(|| {
-        format!(
-            "{} is not in a burst-buffer mount of this job (mounts: {})",
-            inst_side.display(),
-            nodes
-                .nodes
-                .iter()
-                .flat_map(|n| n.mounts.iter().map(|m| m.path.display().to_string()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    let pfs = std::path::absolute(pfs_side)
-        .with_context(|| format!("bad path {}", pfs_side.display()))?;
-    let item = StageItem {
+    let item = JobItem {
         kind: if a.directory {
             ItemKind::Directory
         } else {
             ItemKind::File
         },
+        bb,
         pfs,
-        instance_path: inner,
     };
-    let t = c
-        .start_stage(api::StartStageRequest {
-            session: nodes.session,
-            instance: mount.instance,
-            namespace: mount.ns,
-            direction: direction.into(),
-            items_json: serde_json::to_string(&[item])?,
-            workers: 0,
-            checksum: false,
-        })
-        .await
-        .map_err(status_err)?
-        .into_inner();
+    let when = if a.at_job_end {
+        When::AtJobEnd
+    } else {
+        When::Now
+    };
+    let mut tasks = js.start(direction, &[item], when, 0).await?;
+    let t = tasks
+        .pop()
+        .ok_or_else(|| anyhow::anyhow!("the manager started no task"))?;
     let t = if a.wait {
-        wait_stage(c, t, &format!("stage {direction}"), false, || false).await?
+        wait_stage(
+            js.manager(),
+            t,
+            &format!("stage {}", direction.as_str()),
+            false,
+            || false,
+        )
+        .await?
     } else {
         t
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&views::stage_json(&t))?);
     } else if t.state == "failed" {
-        eprintln!("surge stage: task {} failed: {}", t.id, t.error);
+        eprintln!(
+            "surge stage: task {} failed: {}",
+            t.id,
+            job_stage::failure_message(&t)
+        );
     } else {
         println!("{}", t.id);
     }

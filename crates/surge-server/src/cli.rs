@@ -45,8 +45,8 @@ pub struct ServerArgs {
     #[arg(long)]
     pub id: Option<String>,
 
-    /// Once listening, write {"id", "addrs", "pid"} as JSON to this file (for scripts and tests
-    /// that start servers on port 0).
+    /// Once listening, write {"id", "addrs", "pid", "metrics"} as JSON to this file (for
+    /// scripts and tests that start servers on port 0).
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
 
@@ -57,6 +57,11 @@ pub struct ServerArgs {
     /// Pool to register in (with --manager).
     #[arg(long, default_value = "default", requires = "manager")]
     pub pool: String,
+
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port; the
+    /// ready file then names it as "metrics").
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -64,6 +69,9 @@ struct Ready {
     id: String,
     addrs: Vec<String>,
     pid: u32,
+    /// Where `GET /metrics` is served, with --metrics.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics: Option<String>,
 }
 
 /// A server running in this process (its listener threads run until the process exits).
@@ -159,6 +167,10 @@ pub fn run(
         args.unix.as_deref(),
         args.id.clone(),
     )?;
+    let metrics = match &args.metrics {
+        Some(m) => Some(crate::metrics::serve(running.registry.clone(), m)?.to_string()),
+        None => None,
+    };
     if let Some(f) = &args.ready_file {
         write_json_atomic(
             f,
@@ -166,6 +178,7 @@ pub fn run(
                 id: running.registry.id.clone(),
                 addrs: running.addrs.clone(),
                 pid: std::process::id(),
+                metrics,
             },
         )
         .with_context(|| format!("cannot write {}", f.display()))?;

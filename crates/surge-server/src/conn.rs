@@ -191,6 +191,7 @@ pub fn handle(
 /// Serves one connection until the peer closes it or sends something unparseable.
 pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, peer: String) {
     debug!("connection from {peer}");
+    let _counted = crate::metrics::connection();
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut payload = Vec::new();
     let mut out = Vec::new();
@@ -208,11 +209,16 @@ pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, pee
                         recall_waits.push((*instance, *ns, session));
                     }
                 }
+                let started = std::time::Instant::now();
+                let name = frame.request.name();
                 let resp = handle(&reg, session, frame.request, &payload, &mut out);
+                let failed = matches!(resp, Response::Error(_));
                 if let Response::Error(e) = &resp {
                     debug!("{peer}: request {id} (op {op}) failed: {e}");
                 }
-                if let Err(e) = codec::write_response(&mut writer, op, id, &resp, &out) {
+                let written = codec::write_response(&mut writer, op, id, &resp, &out);
+                crate::metrics::request(name, started.elapsed(), payload.len(), out.len(), failed);
+                if let Err(e) = written {
                     debug!("{peer}: cannot reply: {e}");
                     break;
                 }

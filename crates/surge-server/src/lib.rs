@@ -5,11 +5,13 @@
 //!
 //! Everything it hosts is recorded on its devices ([`registry`]) and recovered on restart, so an
 //! instance's data and namespace survive `kill -9` followed by a restart on the same directories.
+//! [`metrics`] serves Prometheus metrics on request.
 
 pub mod cli;
 pub mod conn;
 pub mod mds;
 pub mod meta;
+pub mod metrics;
 pub mod registry;
 pub mod store;
 

@@ -200,8 +200,12 @@ impl Fragment {
             return Err(ErrorReply::new(
                 ErrorCode::NoSpace,
                 format!(
-                    "fragment {} of instance {} cannot take {len} more bytes ({} of {} bytes used)",
-                    self.index, self.instance, before, self.capacity
+                    "fragment {} of instance {} cannot take {} more ({} of {} used)",
+                    self.index,
+                    self.instance,
+                    surge_core::format_bytes(len),
+                    surge_core::format_bytes(before),
+                    surge_core::format_bytes(self.capacity)
                 ),
             ));
         }

@@ -14,6 +14,7 @@
 //! - [`verify`] compares the files of a plan with their copies (xxh3 per chunk).
 //! - [`Progress`] is a set of counters a caller polls; [`ProgressRenderer`] draws them on a
 //!   terminal (a live bar) or as one log line per second.
+//! - [`ns`] resolves and lists instance paths over the native client.
 //! - [`cli`] is `surge stage` (today `surge stage copy`, the direct copy for admins and
 //!   benchmarks).
 //!
@@ -23,7 +24,7 @@
 pub mod cli;
 mod copy;
 mod names;
-mod ns;
+pub mod ns;
 mod pfs;
 mod plan;
 mod progress;

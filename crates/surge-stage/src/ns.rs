@@ -1,6 +1,7 @@
 //! Path-level helpers over the inode-based [`InstanceClient`]: resolving `/a/b/c`, listing a
 //! whole directory, removing a file and its data. Instance paths are kept as `PathBuf`s (their
-//! bytes are the names the metadata service stores).
+//! bytes are the names the metadata service stores). The staging engine and the Python
+//! package's native instance API (`surge-py`) use them.
 
 use crate::StageError;
 use std::os::unix::ffi::OsStrExt;
@@ -11,13 +12,13 @@ use surge_proto::{Attr, DirEntry, KeepOpen, Unlinked};
 use tracing::warn;
 
 /// The root directory of every namespace.
-pub(crate) const ROOT: Ino = 1;
+pub const ROOT: Ino = 1;
 /// Entries asked per directory page (the metadata service's maximum).
 const READDIR_PAGE: u32 = 4096;
 
 /// Parses an instance path: absolute, `.` and repeated `/` dropped, `..` refused (it could
 /// leave the namespace).
-pub(crate) fn parse_instance_path(p: &str) -> Result<PathBuf, StageError> {
+pub fn parse_instance_path(p: &str) -> Result<PathBuf, StageError> {
     if !p.starts_with('/') {
         return Err(StageError::BadPath {
             path: p.to_string(),
@@ -42,12 +43,12 @@ pub(crate) fn parse_instance_path(p: &str) -> Result<PathBuf, StageError> {
 }
 
 /// The last component of a path as bytes (empty for `/`).
-pub(crate) fn file_name(p: &Path) -> &[u8] {
+pub fn file_name(p: &Path) -> &[u8] {
     p.file_name().map(|n| n.as_bytes()).unwrap_or_default()
 }
 
 /// Looks up every component of an absolute instance path (symlinks are not followed).
-pub(crate) async fn resolve(client: &InstanceClient, path: &Path) -> Result<Attr, ClientError> {
+pub async fn resolve(client: &InstanceClient, path: &Path) -> Result<Attr, ClientError> {
     let mut attr = client.getattr(ROOT).await?;
     for c in path.components() {
         if let Component::Normal(n) = c {
@@ -58,7 +59,7 @@ pub(crate) async fn resolve(client: &InstanceClient, path: &Path) -> Result<Attr
 }
 
 /// Every entry of a directory (all pages), with attributes when `plus`.
-pub(crate) async fn list_dir(
+pub async fn list_dir(
     client: &InstanceClient,
     ino: Ino,
     plus: bool,
@@ -79,7 +80,7 @@ pub(crate) async fn list_dir(
 }
 
 /// Frees the data of an inode whose last name went away (by unlink or by a rename over it).
-pub(crate) async fn drop_unlinked(client: &InstanceClient, u: Unlinked) {
+pub async fn drop_unlinked(client: &InstanceClient, u: Unlinked) {
     if !u.orphaned {
         return;
     }
@@ -97,17 +98,13 @@ pub(crate) async fn drop_unlinked(client: &InstanceClient, u: Unlinked) {
 }
 
 /// Removes a file (or symlink) and its data.
-pub(crate) async fn remove(
-    client: &InstanceClient,
-    parent: Ino,
-    name: &[u8],
-) -> Result<(), ClientError> {
+pub async fn remove(client: &InstanceClient, parent: Ino, name: &[u8]) -> Result<(), ClientError> {
     let u = client.unlink(parent, name, KeepOpen::Only(vec![])).await?;
     drop_unlinked(client, u).await;
     Ok(())
 }
 
-pub(crate) fn is_errno(e: &ClientError, errno: i32) -> bool {
+pub fn is_errno(e: &ClientError, errno: i32) -> bool {
     e.errno() == errno
 }
 
