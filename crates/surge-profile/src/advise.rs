@@ -9,8 +9,6 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use surge_core::peaks::Peaks;
 
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-
 /// How the pipelines' I/O overlaps in time, which decides how many share one fragment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -158,18 +156,7 @@ fn parent(path: &str) -> String {
     }
 }
 
-/// Formats a byte count as a capacity the directive parser reads back exactly (or rounded up
-/// to a MiB): `200GiB`, `1792MiB`.
-pub fn capacity_text(bytes: u64) -> String {
-    const MIB: u64 = 1 << 20;
-    const GIB_U: u64 = 1 << 30;
-    let bytes = bytes.max(1);
-    if bytes % GIB_U == 0 {
-        format!("{}GiB", bytes / GIB_U)
-    } else {
-        format!("{}MiB", bytes.div_ceil(MIB))
-    }
-}
+pub use surge_core::capacity_text;
 
 /// A path as a directive value: quoted as a whole when it has whitespace (the parser's rule:
 /// the quote opens right after `=` and closes the word; no escapes inside).
@@ -654,6 +641,8 @@ mod tests {
     use super::*;
     use crate::model::{Counters, Process, Source};
     use surge_core::peaks::{MetadataDetail, ProcsAtPeak, PEAKS_SCHEMA};
+
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
     fn peaks() -> Peaks {
         Peaks {
