@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Surge needs on a fresh Debian machine: FUSE 3, the protobuf compiler (for the
-# manager's gRPC API), fio and strace (benchmarks and profiler tests), and a C compiler (the
-# profiler's interposition library). Idempotent and quiet when everything is there.
+# manager's gRPC API), fio and strace (benchmarks and profiler tests), a C compiler (the
+# profiler's interposition library) and Open MPI (the MPI-IO benchmark backend). Idempotent and
+# quiet when everything is there.
 set -euo pipefail
 
 need=()
@@ -16,6 +17,9 @@ have jq          || need+=(jq)
 have gcc         || need+=(gcc)
 have make        || need+=(make)
 have sqlite3     || need+=(sqlite3)
+# MPI-IO: `surge bench io --backend mpiio` and the MPI jobs `surge tune` tunes.
+have mpicc       || need+=(libopenmpi-dev)
+have mpirun      || need+=(openmpi-bin)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && have apt-get; then

@@ -149,17 +149,7 @@ pub fn looks_like_mpi(text: &str) -> bool {
         .any(|w| matches!(w, "mpirun" | "mpiexec" | "srun") || w == "mpiio")
 }
 
-/// Open MPI's ROMIO component (`romio321`), if Open MPI is installed.
-fn ompi_romio() -> Option<String> {
-    let out = std::process::Command::new("ompi_info").output().ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains("MCA io:"))
-        .filter_map(|l| l.split("MCA io:").nth(1))
-        .filter_map(|r| r.split_whitespace().next())
-        .find(|c| c.starts_with("romio"))
-        .map(str::to_string)
-}
+use surge_bench::mpiio::ompi_romio;
 
 fn walk(p: &Path, acc: &mut (u64, u64, i64)) {
     use std::os::unix::fs::MetadataExt;
