@@ -8,12 +8,9 @@ use std::process::Command;
 const SURGE: &str = env!("CARGO_BIN_EXE_surge");
 
 fn mpi_missing() -> Option<&'static str> {
-    for tool in ["mpicc", "mpirun"] {
-        if Command::new(tool).arg("--version").output().is_err() {
-            return Some(tool);
-        }
-    }
-    None
+    ["mpicc", "mpirun"]
+        .into_iter()
+        .find(|tool| Command::new(tool).arg("--version").output().is_err())
 }
 
 fn bench(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> (bool, Value, String) {
