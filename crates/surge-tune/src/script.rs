@@ -5,10 +5,11 @@
 //! - **fragments / access mode**: the `#DW jobdw` line is rewritten (capacity = fragments x
 //!   granularity); a change of access mode renames `$DW_JOB_STRIPED` <-> `$DW_JOB_PRIVATE`
 //!   (and `SURGE_JOB_*`) throughout the script, since both name the job instance.
-//! - **hybrid placement**: a stage directive whose PFS side stays on the PFS is dropped, and the
-//!   block links its instance path to the PFS path (`ln -sfn`), so the job's paths still work.
+//! - **hybrid placement**: a stage_in whose source stays on the PFS is dropped, and the block
+//!   links its instance path to the PFS path (`ln -sfn`), so the job's paths still work.
 //! - **PFS only**: no `#DW jobdw` and no stage directives of the job instance; the job's
-//!   variable names a directory on the PFS and every staged path is linked.
+//!   variable names a directory on the PFS, every staged input is linked, and each stage_out
+//!   becomes a copy made when the job exits (a `trap ... EXIT`).
 //! - **MPI-IO hints**: a ROMIO hints file written by the block and named by `ROMIO_HINTS`; with
 //!   Open MPI, `OMPI_MCA_io` selects its ROMIO component (its default, OMPIO, ignores the file).
 
@@ -95,29 +96,34 @@ fn absolute(p: &str, cwd: &Path) -> String {
     }
 }
 
-/// Shell lines putting a symlink to the PFS side where a stage directive would have copied.
+/// Shell lines putting a symlink to the PFS side where a stage_in would have copied.
 fn link_lines(s: &surge_core::directives::StageDirective, var: &str, cwd: &Path) -> Vec<String> {
     let pfs = absolute(pfs_side(s), cwd);
-    let rest = instance_rest(s);
-    let inst = format!("\"${{{var}}}\"/{}", sh_quote(&rest));
-    let mut out = Vec::new();
-    if s.direction == StageDirection::Out {
-        // The job writes through the link: its target directory must exist.
-        let dir = if s.kind == StageKind::Directory {
-            pfs.clone()
-        } else {
-            Path::new(&pfs)
-                .parent()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "/".into())
-        };
-        out.push(format!("mkdir -p {}", sh_quote(&dir)));
-    }
-    out.push(format!(
+    let inst = format!("\"${{{var}}}\"/{}", sh_quote(&instance_rest(s)));
+    vec![format!(
         "mkdir -p \"$(dirname {inst})\" && ln -sfn {} {inst}",
         sh_quote(&pfs)
-    ));
-    out
+    )]
+}
+
+/// The copy a stage_out would have made, as a shell command run when the job exits (PFS
+/// only: the job writes into the PFS directory standing in for the instance).
+fn copy_out(s: &surge_core::directives::StageDirective, var: &str, cwd: &Path) -> String {
+    let pfs = absolute(pfs_side(s), cwd);
+    let inst = format!("\"${{{var}}}\"/{}", sh_quote(&instance_rest(s)));
+    if s.kind == StageKind::Directory {
+        format!("mkdir -p {0} && cp -a {inst}/. {0}/", sh_quote(&pfs))
+    } else {
+        let dir = Path::new(&pfs)
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "/".into());
+        format!(
+            "mkdir -p {} && cp -a {inst} {}",
+            sh_quote(&dir),
+            sh_quote(&pfs)
+        )
+    }
 }
 
 fn job_var(mode: &str) -> &'static str {
@@ -184,16 +190,27 @@ pub fn render(text: &str, config: &Config, ctx: &RenderContext) -> anyhow::Resul
                 .unwrap_or_default()
         ));
     }
+    let mut at_exit = Vec::new();
     for s in d.stage_in.iter().chain(d.stage_out.iter()) {
         if !is_job_instance(&s.instance) {
             continue;
         }
-        if config.pfs_only() || config.on_pfs.contains(pfs_side(s)) {
+        let out = s.direction == StageDirection::Out;
+        if config.pfs_only() || (!out && config.on_pfs.contains(pfs_side(s))) {
             for i in span(&lines, s.line) {
                 drop[i] = true;
             }
-            block.extend(link_lines(s, var, ctx.cwd));
+            if out {
+                at_exit.push(copy_out(s, var, ctx.cwd));
+            } else {
+                block.extend(link_lines(s, var, ctx.cwd));
+            }
         }
+    }
+    if !at_exit.is_empty() {
+        // stage_out's copy, when the job ends (as stage_out: also after a failure).
+        let cmds = at_exit.join("; ");
+        block.push(format!("trap {} EXIT", sh_quote(&cmds)));
     }
     if !config.hints.is_empty() {
         block.push("export ROMIO_HINTS=\"${TMPDIR:-/tmp}/surge-tune-romio-hints.$$\"".to_string());
@@ -318,7 +335,12 @@ set -e\n\
             out.contains("ln -sfn '/home/u/inputs' \"${DW_JOB_STRIPED}\"/'in'"),
             "{out}"
         );
-        assert!(out.contains("mkdir -p '/pfs/results'"));
-        assert!(out.contains("ln -sfn '/pfs/results' \"${DW_JOB_STRIPED}\"/'out'"));
+        // The stage_out is a copy when the job exits.
+        assert!(
+            out.contains(
+                "trap 'mkdir -p '\\''/pfs/results'\\'' && cp -a \"${DW_JOB_STRIPED}\"/'\\''out'\\''/. '\\''/pfs/results'\\''/' EXIT"
+            ),
+            "{out}"
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | fragments | 0 (PFS only), doubling from what the stage-in needs up to `--max-fragments` | `#DW jobdw capacity=` (fragments x granularity) |
 //! | access mode | striped, private | `#DW jobdw access_mode=` (and `$DW_JOB_STRIPED`/`$DW_JOB_PRIVATE` in the script) |
-//! | hybrid placement | each staged path on the BB or left on the PFS | the stage directive dropped, a symlink in its place |
+//! | hybrid placement | each staged input on the BB or left on the PFS | the stage_in dropped, a symlink in its place |
 //! | MPI-IO hints | unset or each value of `--hint KEY=V1,V2` | a ROMIO hints file named by `ROMIO_HINTS` |
 //!
 //! Stripe size is not a dimension: Surge sets it per instance in the manager's API, but no
@@ -250,8 +250,10 @@ pub fn build(
     }
 
     // Hybrid placement: the smallest staged paths first (ExPBB: small shared files on the PFS).
+    // Only inputs: an output left on the PFS through a link is lost if the job replaces the
+    // link (unlink and create, as SQLite's and many writers' "remove the old file" do).
     let mut cands: Vec<HybridCandidate> = job_stages(d)
-        .filter(|s| linkable(s))
+        .filter(|s| linkable(s) && s.direction == surge_core::directives::StageDirection::In)
         .map(|s| HybridCandidate {
             pfs_path: pfs_side(s).to_string(),
             direction: if s.direction == surge_core::directives::StageDirection::In {
