@@ -160,6 +160,29 @@ fn swarp_advice_runs_as_printed() {
         std::fs::read(data.join("out/image00.resamp.fits")).unwrap() == expected,
         "the job's staged-out result differs from the stage run on the PFS"
     );
+
+    // The performance-target line, in place of the #DW jobdw one, runs with the peaks.
+    let first = a["directives"][0].as_str().unwrap();
+    let target = a["target_directive"].as_str().unwrap();
+    let script = std::fs::read_to_string(&job)
+        .unwrap()
+        .replacen(first, target, 1);
+    std::fs::write(&job, script).unwrap();
+    std::fs::remove_dir_all(data.join("out")).unwrap();
+    let out = surge_in(fast.path(), w.path())
+        .arg("run")
+        .arg("--peaks")
+        .arg(w.path().join("peaks.json"))
+        .arg(&job)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("promise"),
+        "{}",
+        text(&out)
+    );
+    assert!(data.join("out/image00.resamp.fits").is_file());
 }
 
 #[test]

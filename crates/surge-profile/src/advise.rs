@@ -94,6 +94,10 @@ pub struct Advice {
     /// The job's directive lines: they parse with Surge's own parser and run under
     /// `surge run` as printed (after the setup job, when there is one).
     pub directives: Vec<String>,
+    /// The `#SURGE jobdw` performance-target line that can replace `directives[0]` (the
+    /// `#DW jobdw`): the pipelines' aggregate demand and the capacity their data needs; `surge
+    /// run --peaks` sizes it from the calibrated peaks.
+    pub target_directive: String,
     /// Lines of a setup job to run once before `directives` (creates the software-environment
     /// instance and stages the `--env-list` into it); empty without `--env-list`.
     pub setup_directives: Vec<String>,
@@ -481,13 +485,12 @@ pub fn advise(p: &Profile, peaks: &Peaks, req: &AdviseRequest) -> Advice {
             s.kind
         ));
     }
-    notes.push(format!(
-        "performance target of {n} pipeline(s): {} and {} metadata operations (their average \
-         demand; a `#SURGE jobdw bandwidth=... metadata=...` allocation is not accepted by this \
-         version's parser, so the fragments above carry it)",
+    let target_directive = format!(
+        "#SURGE jobdw bandwidth={} metadata={} capacity={} access_mode={access_mode}",
         rate_bytes(target_bw),
-        rate_ops(target_md)
-    ));
+        rate_ops(target_md),
+        capacity_text(capacity_needed)
+    );
     if !data_paths_given {
         notes.push(
             "no --data-path was given to surge profile: stage lists are guessed from paths \
@@ -523,6 +526,7 @@ pub fn advise(p: &Profile, peaks: &Peaks, req: &AdviseRequest) -> Advice {
         software_environment: env,
         software_environment_bytes: env_bytes,
         directives,
+        target_directive,
         setup_directives,
         notes,
         summary,
@@ -627,6 +631,12 @@ pub fn render(a: &Advice) -> String {
     for d in &a.directives {
         let _ = writeln!(o, "{d}");
     }
+    let _ = writeln!(
+        o,
+        "\nOr, instead of the #DW jobdw line, by performance target (the pipelines' average \
+         demand; `surge run --peaks PEAKS` sizes it from the calibrated peaks of one fragment):"
+    );
+    let _ = writeln!(o, "{}", a.target_directive);
     if !a.notes.is_empty() {
         let _ = writeln!(o, "\nNotes:");
         for n in &a.notes {
@@ -833,6 +843,12 @@ mod tests {
         ));
         let text = render(&a);
         assert!(!text.contains("Loose"), "{text}");
+        // The performance-target line replaces the #DW jobdw one and parses too.
+        let alt = job.replacen(&a.directives[0], &a.target_directive, 1);
+        let d = surge_core::directives::parse_script("job.sh", &alt)
+            .unwrap_or_else(|e| panic!("{e}\n{alt}"));
+        let t = d.jobdw.unwrap().targets.expect("targets");
+        assert!(t.bandwidth.is_some() && t.metadata.is_some());
         assert!(a.directives.iter().all(|d| !d.starts_with("#SURGE")));
     }
 

@@ -1,6 +1,7 @@
 //! The job lifecycle without a scheduler: `surge run job.sh` ([`run`]) with the embedded default
 //! ([`embedded`]), the translation of stage directives ([`jobplan`]), `surge exec` on emulated
-//! nodes ([`exec`]) and `surge stage` from inside a job ([`stage_cli`]).
+//! nodes ([`exec`]), `surge stage` from inside a job ([`stage_cli`]) and the sizing of
+//! `#SURGE jobdw` performance targets ([`targets`]).
 
 pub mod embedded;
 pub mod exec;
@@ -9,3 +10,4 @@ pub mod nodes;
 pub mod progress;
 pub mod run;
 pub mod stage_cli;
+pub mod targets;
