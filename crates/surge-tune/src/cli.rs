@@ -317,7 +317,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "surge tune: {script_name}: {} configurations in {} dimension(s); {} earlier run(s) \
              of this job, inputs and pool in {}",
-            space.size(),
+            space.all().len(),
             space.dimensions.len(),
             earlier.len(),
             db.display()
@@ -455,7 +455,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
                 }
             )
         },
-        space_size: space.size(),
+        space_size: space.all().len() as u64,
         new_runs: outcome.new_runs,
         reused_runs: outcome.reused_runs,
         budget_exhausted: outcome.budget_exhausted,

@@ -8,7 +8,8 @@
 //!    always measured: they are what the result is compared with.
 //! 2. **Coordinate descent**: along each dimension in that order, every value is run with the
 //!    others fixed at the best so far, and the best is kept; a second pass runs if the first
-//!    changed anything. The knobs of a burst buffer are nearly separable (fragments set
+//!    changed anything. A move that wins by less than 15% is a close call: both ends are run
+//!    again and compared by median first. The knobs of a burst buffer are nearly separable (fragments set
 //!    bandwidth, the access mode sets metadata, placement and hints act on their own files),
 //!    which is why this finds the optimum of the product in the sum of the dimensions' sizes.
 //! 3. **Successive halving** against noise: the best few configurations are run again, the
@@ -25,6 +26,9 @@ use std::time::Instant;
 /// The least relative gain for which the descent moves to another configuration (smaller
 /// differences are run-to-run noise on a shared machine).
 pub const MIN_GAIN: f64 = 0.03;
+
+/// Below this relative gap the descent runs both configurations again before moving.
+pub const DUEL_GAP: f64 = 0.15;
 
 /// Runs a configuration once (a real `surge run` in `surge tune`).
 pub trait Measure {
@@ -286,6 +290,16 @@ impl<'a, M: Measure> Search<'a, M> {
                         .chain(std::iter::once(&current))
                         .filter(|c| !c.pfs_only()),
                 ) {
+                    // A close call is run again (a duel of medians) before the descent moves:
+                    // one run each is at the mercy of a busy machine.
+                    if let (Some(x), Some(y)) = (self.score(&b), self.score(&current)) {
+                        if b != current && x < y && x > y * (1.0 - DUEL_GAP) {
+                            let runs = self.used_of(&b).len().max(2);
+                            if !self.ensure(&b, runs)? || !self.ensure(&current, runs)? {
+                                break 'passes;
+                            }
+                        }
+                    }
                     // A move must beat the current point by more than run-to-run noise.
                     let better = match (self.score(&b), self.score(&current)) {
                         (Some(x), Some(y)) => x < y * (1.0 - MIN_GAIN),

@@ -313,7 +313,8 @@ pub fn build(
 }
 
 impl Space {
-    /// Number of configurations (the exhaustive sweep).
+    /// The product of the dimensions' sizes (PFS-only points counted once per combination of
+    /// the other knobs; [`Space::all`] collapses them).
     pub fn size(&self) -> u64 {
         self.dimensions
             .iter()
