@@ -69,7 +69,7 @@ pub struct TuneArgs {
     /// Do not try running on the PFS only (and do not report the comparison).
     #[arg(long)]
     pub no_pfs_only: bool,
-    /// How many staged paths (the smallest first) may be tried on the PFS.
+    /// How many staged inputs (the smallest first) may be tried left on the PFS.
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub hybrid_candidates: usize,
     /// An MPI-IO hint to search: KEY=V1,V2,... (unset is always tried). Repeatable; replaces
