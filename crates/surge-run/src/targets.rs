@@ -98,7 +98,8 @@ pub async fn resolve(
 }
 
 /// Measures the promise on the job's mount: `surge bench io` with as many processes as the
-/// calibration needed per fragment, 8 MiB transfers, fsync before close; returns the JSON
+/// calibration needed per fragment, 8 MiB transfers, fsync before close, page cache dropped
+/// before reading; returns the JSON
 /// `{write_bytes_per_s, read_bytes_per_s, promised_bytes_per_s}` and a one-line summary.
 pub fn measure(mount: &Path, r: &Resolved) -> anyhow::Result<(serde_json::Value, String)> {
     let exe = std::env::current_exe().context("cannot find the surge executable")?;
@@ -110,7 +111,9 @@ pub fn measure(mount: &Path, r: &Resolved) -> anyhow::Result<(serde_json::Value,
     let out = std::process::Command::new(exe)
         .args(["bench", "io"])
         .arg(mount)
-        .args(["--json", "--fsync", "-t", "8MiB"])
+        // fsync before close and the page cache dropped before reading: the storage, not
+        // this host's memory, is measured.
+        .args(["--json", "--fsync", "--drop-cache", "-t", "8MiB"])
         .args(["-n", &procs.to_string(), "-b", &block.to_string()])
         .output()
         .context("cannot run surge bench io on the mount")?;
