@@ -470,13 +470,13 @@ async fn job(
 
     // `#SURGE jobdw`: the targets become a capacity, or the job is refused here.
     let mut sized = None;
-    if let Some(j) = &d.jobdw {
+    let job_pool = d.jobdw.as_ref().map(|j| pool_for(&j.pool, rep));
+    if let (Some(j), Some(pool)) = (&d.jobdw, &job_pool) {
         let t = Instant::now();
-        let pool = pool_for(&j.pool, rep);
         if let Some(r) = crate::targets::resolve(
             &mut c,
             j,
-            &pool,
+            pool,
             nodes,
             ctx.args.peaks.as_deref(),
             ctx.script_name,
@@ -499,7 +499,7 @@ async fn job(
             .as_ref()
             .map_or(j.capacity, |r| r.capacity.max(j.capacity)),
         access_mode: j.access_mode.as_str().into(),
-        pool: pool_for(&j.pool, rep),
+        pool: job_pool.clone().unwrap_or_default(),
         persistent_name: String::new(),
         nodes,
         owner_uid: uid,
