@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Surge needs on a fresh Debian machine: FUSE 3, the protobuf compiler (for the
 # manager's gRPC API), fio and strace (benchmarks and profiler tests), a C compiler (the
-# profiler's interposition library), gfortran (the libdatawarp tests build Fortran programs) and
-# Chromium (the dashboard test renders the page headless). Idempotent and quiet when everything
-# is there.
+# profiler's interposition library), gfortran (the libdatawarp tests build Fortran programs),
+# Chromium (the dashboard test renders the page headless) and Open MPI (the MPI-IO benchmark
+# backend). Idempotent and quiet when everything is there.
 set -euo pipefail
 
 need=()
@@ -22,6 +22,9 @@ have make        || need+=(make)
 have sqlite3     || need+=(sqlite3)
 # fsx and fsstress (xfstests, built from ../shared/tools/fs-suites) include <xfs/xfs.h>.
 [ -f /usr/include/xfs/xfs.h ] || need+=(xfslibs-dev)
+# MPI-IO: `surge bench io --backend mpiio` and the MPI jobs `surge tune` tunes.
+have mpicc       || need+=(libopenmpi-dev)
+have mpirun      || need+=(openmpi-bin)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && have apt-get; then

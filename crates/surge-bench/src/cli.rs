@@ -79,13 +79,19 @@ pub struct CommonArgs {
     /// Keep the benchmark files instead of removing them (IOR -k); the report says where.
     #[arg(long, short = 'k')]
     pub keep: bool,
-    /// Storage interface to drive (IOR's -a). `posix` uses the kernel file system path.
-    #[arg(long, default_value = "posix", value_parser = clap::builder::PossibleValuesParser::new(BACKENDS))]
+    /// Storage interface to drive (IOR's -a). `posix` uses the kernel file system path;
+    /// `mpiio` (io only) runs MPI ranks under mpirun doing MPI-IO, with $ROMIO_HINTS.
+    #[arg(long, default_value = "posix", value_parser = clap::builder::PossibleValuesParser::new(BACKENDS.iter().copied().chain(["mpiio"])))]
     pub backend: String,
 }
 
 impl CommonArgs {
     fn context(&self) -> anyhow::Result<RunContext> {
+        if self.backend == "mpiio" {
+            anyhow::bail!(
+                "the mpiio backend runs `surge bench io` only (md, sweep and calibrate use posix)"
+            );
+        }
         let backend = backend::by_name(&self.backend)
             .ok_or_else(|| anyhow!("unknown backend '{}'", self.backend))?;
         Ok(RunContext {
@@ -166,7 +172,9 @@ impl IoOptions {
 #[command(after_help = "Examples:\n  \
 surge bench io /dev/shm --procs 2 --transfer 8MiB --block 512MiB -i 3\n  \
 surge bench io /tmp --direct --random --transfer 4KiB --block 256MiB --procs 2\n  \
-surge bench io /mnt/bb --shared-file --segments 4 --verify --json")]
+surge bench io /mnt/bb --shared-file --segments 4 --verify --json\n  \
+surge bench io /mnt/bb --backend mpiio --procs 4 --shared-file --collective -t 1MiB -b 16MiB\n  \
+ROMIO_HINTS=hints OMPI_MCA_io=romio321 surge bench io /mnt/bb --backend mpiio -n 4 --shared-file -c")]
 pub struct IoArgs {
     /// Directory to benchmark in (a subdirectory is created and removed).
     pub path: PathBuf,
@@ -182,6 +190,10 @@ pub struct IoArgs {
     /// Separate processes started together behind a barrier (IOR's MPI ranks).
     #[arg(long, short = 'n', default_value_t = 1)]
     pub procs: u32,
+    /// With --backend mpiio: collective I/O (MPI_File_write_at_all, IOR -c) instead of
+    /// independent.
+    #[arg(long, short = 'c')]
+    pub collective: bool,
     #[command(flatten)]
     pub io: IoOptions,
     #[command(flatten)]
@@ -373,6 +385,14 @@ fn cmd_io(a: IoArgs) -> anyhow::Result<ExitCode> {
         ..IoParams::default()
     };
     a.io.apply(&mut p);
+    if a.common.backend == "mpiio" {
+        let r = crate::mpiio::run_io_mpiio(&a.path, &p, a.collective, a.common.keep)?;
+        return finish_report(&r, a.common.json);
+    }
+    anyhow::ensure!(
+        !a.collective,
+        "--collective is MPI-IO's collective I/O: use it with --backend mpiio"
+    );
     let ctx = a.common.context()?;
     let r = run_io(&ctx, &a.path, &p)?;
     finish_report(&r, a.common.json)

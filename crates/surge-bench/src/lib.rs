@@ -7,6 +7,7 @@
 //! - [`layout`], [`ior`], [`mdtest`]: what one process does in one phase; pure arithmetic plus a
 //!   plain I/O loop over preallocated buffers.
 //! - [`workers`]: separate processes behind a barrier, reporting their own clocks.
+//! - [`mpiio`]: the MPI-IO backend of `io` (IOR's aiori-MPIIO): MPI ranks under mpirun.
 //! - [`run`]: one benchmark end to end (checks, directories, repetitions, cleanup).
 //! - [`sweep`], [`calibrate`]: many runs over process counts; curves, plots, peaks.
 //! - [`report`], [`plot`]: text tables, CSV and SVG.
@@ -22,6 +23,7 @@ pub mod histogram;
 pub mod ior;
 pub mod layout;
 pub mod mdtest;
+pub mod mpiio;
 pub mod plot;
 pub mod progress;
 pub mod report;

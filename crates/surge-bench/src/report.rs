@@ -89,7 +89,12 @@ pub fn report_text(r: &Report) -> String {
         "surge bench {kind}: {} ({}, {} backend) on {}, {}",
         r.path, r.fs_type, r.backend, r.host, r.started_at
     );
-    out += &params_text(&r.params);
+    let api = if r.backend == "mpiio" {
+        "api=MPIIO"
+    } else {
+        "api=POSIX"
+    };
+    out += &params_text(&r.params).replacen("api=POSIX", api, 1);
     match &r.params {
         Job::Io(_) => {
             let _ = writeln!(

@@ -52,6 +52,8 @@ enum Command {
     Profile(surge_profile::cli::ProfileArgs),
     /// Turn a profile and calibrated peaks into an allocation and #DW lines.
     Advise(surge_profile::cli::AdviseArgs),
+    /// Tune a job's burst buffer by running it: fragments, access mode, placement, MPI-IO hints.
+    Tune(surge_tune::cli::TuneArgs),
     /// Simulate compute nodes, burst buffers and the PFS (Liu et al.'s CODES model).
     Sim(surge_sim::cli::SimArgs),
 }
@@ -185,6 +187,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => surge_bench::cli::run(a),
         Command::Profile(a) => surge_profile::cli::run_profile(a),
         Command::Advise(a) => surge_profile::cli::run_advise(a),
+        Command::Tune(a) => surge_tune::cli::run(a),
         Command::Sim(a) => surge_sim::cli::run(a),
     };
     match result {

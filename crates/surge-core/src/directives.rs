@@ -66,6 +66,22 @@ pub struct JobDw {
     pub capacity: u64,
     /// The pool to allocate from; `None` means the manager's default pool.
     pub pool: Option<String>,
+    /// Performance targets of a `#SURGE jobdw` (Daley §5.3): the allocation is sized to meet
+    /// them from the pool's calibrated peaks. `None` for `#DW jobdw`. With targets, `capacity`
+    /// is the capacity asked for, 0 when only targets were given.
+    #[serde(default)]
+    pub targets: Option<Targets>,
+}
+
+/// What a `#SURGE jobdw` asks of its allocation, per second, for the whole job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Targets {
+    /// Bytes per second (read and write: the lower of the two peaks is what is promised).
+    pub bandwidth: Option<u64>,
+    /// I/O operations per second (4 KiB, read and write).
+    pub iops: Option<u64>,
+    /// Metadata operations per second (create, stat, remove).
+    pub metadata: Option<u64>,
 }
 
 /// `#DW persistentdw name=X`: attach an existing persistent instance to the job.
@@ -942,6 +958,22 @@ const JOBDW: Spec = Spec {
     example: "#DW jobdw type=scratch access_mode=striped capacity=100GiB",
 };
 
+const SURGE_JOBDW: Spec = Spec {
+    name: "jobdw",
+    required: &[],
+    optional: &[
+        "type",
+        "access_mode",
+        "capacity",
+        "pool",
+        "bandwidth",
+        "iops",
+        "metadata",
+    ],
+    flags: &[],
+    example: "#SURGE jobdw bandwidth=4GiB/s metadata=50k/s capacity=100GiB",
+};
+
 const PERSISTENTDW: Spec = Spec {
     name: "persistentdw",
     required: &["name"],
@@ -1146,12 +1178,14 @@ impl<'a> Parser<'a> {
                     format!("`{word}` is a `#DW` directive: write `#DW {word} ...`"),
                 )
             }
+            (Prefix::Surge, "jobdw") => self.jobdw(&ctx),
             (Prefix::Surge, word) => self.sink.error(
                 raw.line,
                 ctx.text,
                 format!(
-                    "`#SURGE {word}` is not supported yet: Surge's own directives (such as \
-                     performance targets) are later work; use the `#DW` directives"
+                    "unknown directive `#SURGE {word}`; Surge's own directives are: jobdw \
+                     (performance targets, e.g. `{}`)",
+                    SURGE_JOBDW.example
                 ),
             ),
             (prefix, word) => {
@@ -1314,16 +1348,57 @@ impl<'a> Parser<'a> {
                 ctx.raw.line,
                 &ctx.text,
                 format!(
-                    "a job has at most one `#DW jobdw` (the first is on line {first}); to use \
-                     more storage, attach persistent instances with `#DW persistentdw`"
+                    "a job has at most one `#DW jobdw` or `#SURGE jobdw` (the first is on line \
+                     {first}); to use more storage, attach persistent instances with \
+                     `#DW persistentdw`"
                 ),
             );
         }
-        let args = self.args(ctx, &JOBDW);
-        let kind = self.value(args.get("type"), parse_instance_type);
-        let access_mode = self.value(args.get("access_mode"), parse_access_mode);
-        let capacity = self.value(args.get("capacity"), parse_capacity);
+        // `#SURGE jobdw`: performance targets; type and access mode default to DataWarp's
+        // usual scratch/striped, capacity to what the targets need.
+        let surge = ctx.raw.prefix == Prefix::Surge;
+        let args = self.args(ctx, if surge { &SURGE_JOBDW } else { &JOBDW });
+        let kind = match args.get("type") {
+            None if surge => Some(InstanceType::Scratch),
+            t => self.value(t, parse_instance_type),
+        };
+        let access_mode = match args.get("access_mode") {
+            None if surge => Some(AccessMode::Striped),
+            t => self.value(t, parse_access_mode),
+        };
+        let capacity = match args.get("capacity") {
+            None if surge => Some(0),
+            t => self.value(t, parse_capacity),
+        };
         let pool = self.value(args.get("pool"), parse_pool);
+        let targets = if surge {
+            let t = Targets {
+                bandwidth: self.value(args.get("bandwidth"), |v| {
+                    parse_target(v, "bandwidth", "4GiB/s")
+                }),
+                iops: self.value(args.get("iops"), |v| parse_target(v, "iops", "200k/s")),
+                metadata: self.value(args.get("metadata"), |v| {
+                    parse_target(v, "metadata", "50k/s")
+                }),
+            };
+            let named = ["bandwidth", "iops", "metadata", "capacity"]
+                .iter()
+                .any(|k| args.contains_key(k));
+            if !named && !ctx.raw.broken && !ctx.incomplete {
+                self.sink.error(
+                    ctx.raw.line,
+                    &ctx.text,
+                    format!(
+                        "`#SURGE jobdw` needs at least one of bandwidth=, iops=, metadata= or \
+                         capacity=, as in `{}`",
+                        SURGE_JOBDW.example
+                    ),
+                );
+            }
+            Some(t)
+        } else {
+            None
+        };
         let ok = self.sink.errors.len() == errors_before && !ctx.raw.broken;
         match (kind, access_mode, capacity) {
             (Some(kind), Some(access_mode), Some(capacity)) if ok => {
@@ -1333,6 +1408,7 @@ impl<'a> Parser<'a> {
                     access_mode,
                     capacity,
                     pool,
+                    targets,
                 });
             }
             _ if first.is_none() => self.jobdw_unread = true,
@@ -1620,6 +1696,17 @@ fn parse_access_mode(v: &str) -> Result<AccessMode, String> {
             "unknown access_mode `{v}`{}; expected access_mode=striped or access_mode=private",
             hint(v, &["striped", "private", "ldbalance"])
         )),
+    }
+}
+
+/// A performance target: a rate (`4GiB/s`, `200k/s`) more than zero.
+fn parse_target(v: &str, key: &str, example: &str) -> Result<u64, String> {
+    match crate::units::parse_rate(v) {
+        Ok(0) => Err(format!(
+            "{key} must be more than zero, e.g. {key}={example}"
+        )),
+        Ok(r) => Ok(r),
+        Err(e) => Err(format!("bad {key}: {e}")),
     }
 }
 

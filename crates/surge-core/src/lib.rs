@@ -14,4 +14,4 @@ pub mod units;
 
 pub use ids::{FileId, Ino, InstanceId, NamespaceId};
 pub use layout::{Layout, Piece};
-pub use units::{format_bytes, parse_rate, parse_size, ParseUnitError};
+pub use units::{capacity_text, format_bytes, parse_rate, parse_size, ParseUnitError};

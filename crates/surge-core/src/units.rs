@@ -123,6 +123,19 @@ pub fn parse_rate(text: &str) -> Result<u64, ParseUnitError> {
     parse_size(body)
 }
 
+/// Formats a byte count as a directive capacity that [`parse_size`] reads back exactly (or
+/// rounded up to a MiB): `200GiB`, `1792MiB`.
+pub fn capacity_text(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    let bytes = bytes.max(1);
+    if bytes.is_multiple_of(GIB) {
+        format!("{}GiB", bytes / GIB)
+    } else {
+        format!("{}MiB", bytes.div_ceil(MIB))
+    }
+}
+
 /// Formats bytes with binary units, e.g. `1.5 GiB`, `512 B`.
 pub fn format_bytes(bytes: u64) -> String {
     const NAMES: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];

@@ -79,6 +79,7 @@ fn expbb_listing8_with_slurm_continuations_stages_a_directory_in_and_out() {
             access_mode: AccessMode::Striped,
             capacity: 12704 * GIB,
             pool: None,
+            targets: None,
         })
     );
     assert_eq!(
@@ -225,6 +226,7 @@ fn jobdw_with_every_key_is_read() {
             access_mode: AccessMode::Private,
             capacity: 2 << 40,
             pool: Some("nvme".to_string()),
+            targets: None,
         })
     );
 }
@@ -1059,13 +1061,35 @@ fn an_unknown_bb_directive_lists_the_bb_directives() {
 }
 
 #[test]
-fn surge_directives_are_not_supported_yet() {
-    let e = the_error(
-        "#SURGE jobdw bandwidth=4GiB/s capacity=100GiB\n",
-        1,
-        "#SURGE jobdw bandwidth=4GiB/s capacity=100GiB",
+fn surge_jobdw_reads_performance_targets_with_striped_scratch_defaults() {
+    let d = parse("#SURGE jobdw bandwidth=4GiB/s metadata=50k/s capacity=100GiB pool=nvme\n");
+    let j = d.jobdw.expect("a job instance");
+    assert_eq!(j.kind, InstanceType::Scratch);
+    assert_eq!(j.access_mode, AccessMode::Striped);
+    assert_eq!(j.capacity, 100 * GIB);
+    assert_eq!(j.pool.as_deref(), Some("nvme"));
+    let t = j.targets.expect("targets");
+    assert_eq!(t.bandwidth, Some(4 * GIB));
+    assert_eq!(t.metadata, Some(50_000));
+    assert_eq!(t.iops, None);
+    // Targets alone: the capacity is left to what they need.
+    let d = parse("#SURGE jobdw iops=200k/s access_mode=private\n");
+    let j = d.jobdw.unwrap();
+    assert_eq!((j.capacity, j.access_mode), (0, AccessMode::Private));
+    assert_eq!(j.targets.unwrap().iops, Some(200_000));
+    assert!(
+        parse("#DW jobdw type=scratch access_mode=striped capacity=1GiB\n")
+            .jobdw
+            .unwrap()
+            .targets
+            .is_none()
     );
-    assert_says(&e, &["`#SURGE jobdw` is not supported yet"]);
+}
+
+#[test]
+fn other_surge_directives_are_unknown() {
+    let e = the_error("#SURGE stagein x=1\n", 1, "#SURGE stagein x=1");
+    assert_says(&e, &["unknown directive `#SURGE stagein`", "jobdw"]);
 }
 
 #[test]

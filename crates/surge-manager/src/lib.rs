@@ -5,6 +5,7 @@
 //! - [`stage`]: stage tasks, run with the `surge-stage` engine.
 //! - [`service`]: the gRPC API (`surge-api`); [`http`]: the JSON read API; [`views`]: the
 //!   JSON shape both the HTTP API and `--json` print; [`metrics`]: Prometheus `/metrics`.
+//! - [`targets`]: performance-target allocation: fragments from calibrated peaks.
 //! - [`cli`]: the daemon and the commands that talk to it.
 
 pub mod cli;
@@ -15,4 +16,5 @@ pub mod placement;
 pub mod service;
 pub mod stage;
 pub mod state;
+pub mod targets;
 pub mod views;

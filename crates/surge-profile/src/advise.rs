@@ -9,8 +9,6 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use surge_core::peaks::Peaks;
 
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-
 /// How the pipelines' I/O overlaps in time, which decides how many share one fragment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -21,6 +19,16 @@ pub enum Coupling {
     Loose,
 }
 
+impl Coupling {
+    /// The words a report prints (not the enum's name).
+    pub fn label(self) -> &'static str {
+        match self {
+            Coupling::Tight => "pipelines doing I/O at the same time",
+            Coupling::Loose => "pipelines doing I/O at different times",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct AdviseRequest {
     pub pipelines: u64,
@@ -28,6 +36,11 @@ pub struct AdviseRequest {
     pub granularity_bytes: u64,
     pub small_file_bytes: u64,
     pub coupling: Coupling,
+    /// Where the list of software-environment files will be written (`--env-list`): with it,
+    /// the advice includes a setup job that stages them into a persistent instance, and the
+    /// job attaches that instance. Without it, no line refers to an instance that no job
+    /// creates.
+    pub env_list: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,7 +88,19 @@ pub struct Advice {
     /// instance staged once (Daley §5.3-5.4).
     pub software_environment: Vec<String>,
     pub software_environment_bytes: u64,
+    /// Name of the persistent instance for the software environment (a valid
+    /// `#DW persistentdw` name).
+    pub software_environment_instance: String,
+    /// The job's directive lines: they parse with Surge's own parser and run under
+    /// `surge run` as printed (after the setup job, when there is one).
     pub directives: Vec<String>,
+    /// The `#SURGE jobdw` performance-target line that can replace `directives[0]` (the
+    /// `#DW jobdw`): the pipelines' aggregate demand and the capacity their data needs; `surge
+    /// run --peaks` sizes it from the calibrated peaks.
+    pub target_directive: String,
+    /// Lines of a setup job to run once before `directives` (creates the software-environment
+    /// instance and stages the `--env-list` into it); empty without `--env-list`.
+    pub setup_directives: Vec<String>,
     pub notes: Vec<String>,
     pub summary: Summary,
 }
@@ -102,7 +127,11 @@ fn is_software(f: &FileStats) -> bool {
     .iter()
     .any(|s| p.contains(s))
         || p.ends_with(".so")
-        || p.contains(".so.");
+        || p.contains(".so.")
+        // Python sources: the interpreter stats them to validate the bytecode it reads, so
+        // they go with the bytecode.
+        || p.ends_with(".py")
+        || p.ends_with(".pyc");
     pattern && f.counters.bytes_written_total() == 0
 }
 
@@ -131,9 +160,51 @@ fn parent(path: &str) -> String {
     }
 }
 
-/// Formats a byte count as a capacity DataWarp accepts (GiB, rounded up).
-fn gib(bytes: f64) -> String {
-    format!("{}GiB", (bytes / GIB).ceil().max(1.0) as u64)
+pub use surge_core::capacity_text;
+
+/// A path as a directive value: quoted as a whole when it has whitespace (the parser's rule:
+/// the quote opens right after `=` and closes the word; no escapes inside).
+pub fn directive_value(path: &str) -> String {
+    if !path.chars().any(char::is_whitespace) {
+        path.to_string()
+    } else if !path.contains('"') {
+        format!("\"{path}\"")
+    } else {
+        format!("'{path}'")
+    }
+}
+
+/// A persistent-instance name the parser accepts (`check_persistent_name`): a letter, then
+/// letters, digits or `_`, at most 64 characters, derived from the stage name.
+pub fn persistent_name_for(stage: &str, suffix: &str) -> String {
+    let mut name: String = stage
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        name.insert_str(0, "s_");
+    }
+    let room = 64 - suffix.len() - 1;
+    name.truncate(room);
+    format!("{name}_{suffix}")
+}
+
+/// The `type=list` file staging the software environment: one `SOURCE DESTINATION` line per
+/// file, the destination being the file's absolute path made relative (so the tree keeps its
+/// shape under the instance).
+pub fn env_list_text(a: &Advice) -> String {
+    let mut out = String::from(
+        "# surge advise: software-environment files, staged once into a persistent instance\n",
+    );
+    for f in &a.software_environment {
+        let rel = f.trim_start_matches('/');
+        out.push_str(&format!(
+            "{} {}\n",
+            directive_value(f),
+            directive_value(rel)
+        ));
+    }
+    out
 }
 
 /// Formats a rate the way `surge_core::parse_rate` reads it.
@@ -337,54 +408,89 @@ pub fn advise(p: &Profile, peaks: &Peaks, req: &AdviseRequest) -> Advice {
     } else {
         "$DW_JOB_STRIPED"
     };
-    let env_name = format!(
-        "{}-env",
-        p.stage
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            })
-            .collect::<String>()
-    );
+    let env_name = persistent_name_for(&p.stage, "env");
+    // One capacity, said once: what the fragments give (the capacity need is inside it).
+    let capacity = fragments.saturating_mul(granularity);
     let mut directives = vec![format!(
         "#DW jobdw type=scratch access_mode={access_mode} capacity={}",
-        gib(fragments as f64 * granularity as f64)
+        capacity_text(capacity)
     )];
-    directives.push(format!(
-        "#SURGE jobdw bandwidth={} metadata={} capacity={}",
-        rate_bytes(target_bw),
-        rate_ops(target_md),
-        gib(capacity_needed as f64)
-    ));
+    let mut setup_directives = Vec::new();
     if !env.is_empty() {
-        directives.push(format!("#DW persistentdw name={env_name}"));
+        match &req.env_list {
+            Some(list) => {
+                let env_var = format!("$DW_PERSISTENT_STRIPED_{env_name}");
+                let env_capacity = env_bytes.div_ceil(granularity).max(1) * granularity;
+                setup_directives.push(format!(
+                    "#BB create_persistent name={env_name} capacity={} access_mode=striped \
+                     type=scratch",
+                    capacity_text(env_capacity)
+                ));
+                setup_directives.push(format!("#DW persistentdw name={env_name}"));
+                setup_directives.push(format!(
+                    "#DW stage_in type=list source={} destination={env_var}",
+                    directive_value(list)
+                ));
+                directives.push(format!("#DW persistentdw name={env_name}"));
+                notes.push(format!(
+                    "{} software-environment files ({}) were read: the setup job stages them once \
+                     into the persistent instance {env_name}, which every job attaches (Daley \
+                     §5.3); point the job at it, e.g. PYTHONPATH under \
+                     $DW_PERSISTENT_STRIPED_{env_name} (the list is {list})",
+                    env.len(),
+                    surge_core::format_bytes(env_bytes),
+                ));
+            }
+            None => notes.push(format!(
+                "{} software-environment files ({}) were read: a persistent instance staged once \
+                 and shared by every job serves them from the burst buffer (Daley §5.3); give \
+                 --env-list FILE for the setup job that creates it",
+                env.len(),
+                surge_core::format_bytes(env_bytes),
+            )),
+        }
     }
+    let mut used_names: Vec<String> = Vec::new();
+    let mut unique = |path: &str, fallback: &str| -> String {
+        let base = path
+            .rsplit('/')
+            .next()
+            .filter(|n| !n.is_empty())
+            .unwrap_or(fallback)
+            .to_string();
+        let mut name = base.clone();
+        let mut k = 2;
+        while used_names.contains(&name) {
+            name = format!("{base}-{k}");
+            k += 1;
+        }
+        used_names.push(name.clone());
+        name
+    };
     for s in &stage_in {
-        let name = s.path.rsplit('/').next().unwrap_or("in");
+        let name = unique(&s.path, "in");
         directives.push(format!(
-            "#DW stage_in source={} destination={var}/{name} type={}",
-            s.path, s.kind
+            "#DW stage_in source={} destination={} type={}",
+            directive_value(&s.path),
+            directive_value(&format!("{var}/{name}")),
+            s.kind
         ));
     }
     for s in &stage_out {
-        let name = s.path.rsplit('/').next().unwrap_or("out");
+        let name = unique(&s.path, "out");
         directives.push(format!(
-            "#DW stage_out source={var}/{name} destination={} type={}",
-            s.path, s.kind
+            "#DW stage_out source={} destination={} type={}",
+            directive_value(&format!("{var}/{name}")),
+            directive_value(&s.path),
+            s.kind
         ));
     }
-    if !env.is_empty() {
-        notes.push(format!(
-            "{} software-environment files ({}) were read: stage them once into a persistent \
-             instance shared by every job (`#BB create_persistent name={env_name} capacity={} \
-             access_mode=ldbalance type=scratch` in a setup job, Daley §5.3)",
-            env.len(),
-            surge_core::format_bytes(env_bytes),
-            gib(env_bytes as f64)
-        ));
-    }
+    let target_directive = format!(
+        "#SURGE jobdw bandwidth={} metadata={} capacity={} access_mode={access_mode}",
+        rate_bytes(target_bw),
+        rate_ops(target_md),
+        capacity_text(capacity_needed)
+    );
     if !data_paths_given {
         notes.push(
             "no --data-path was given to surge profile: stage lists are guessed from paths \
@@ -412,9 +518,16 @@ pub fn advise(p: &Profile, peaks: &Peaks, req: &AdviseRequest) -> Advice {
         keep_on_pfs,
         stage_in,
         stage_out,
+        software_environment_instance: if env.is_empty() {
+            String::new()
+        } else {
+            env_name
+        },
         software_environment: env,
         software_environment_bytes: env_bytes,
         directives,
+        target_directive,
+        setup_directives,
         notes,
         summary,
     }
@@ -427,11 +540,11 @@ pub fn render(a: &Advice) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "surge advise: stage {} ({}), {} pipeline(s), {:?} coupling\n",
+        "surge advise: stage {} ({}), {} pipeline(s), sized for {}\n",
         a.stage,
         a.verdict.label(),
         a.pipelines,
-        a.coupling
+        a.coupling.label()
     );
     let _ = writeln!(o, "Capacity and fragments (Daley §5.2)");
     let _ = writeln!(
@@ -505,10 +618,25 @@ pub fn render(a: &Advice) -> String {
             fb(a.software_environment_bytes)
         );
     }
+    if !a.setup_directives.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nSetup job, run once (creates the software-environment instance):"
+        );
+        for d in &a.setup_directives {
+            let _ = writeln!(o, "{d}");
+        }
+    }
     let _ = writeln!(o, "\nJob script lines:");
     for d in &a.directives {
         let _ = writeln!(o, "{d}");
     }
+    let _ = writeln!(
+        o,
+        "\nOr, instead of the #DW jobdw line, by performance target (the pipelines' average \
+         demand; `surge run --peaks PEAKS` sizes it from the calibrated peaks of one fragment):"
+    );
+    let _ = writeln!(o, "{}", a.target_directive);
     if !a.notes.is_empty() {
         let _ = writeln!(o, "\nNotes:");
         for n in &a.notes {
@@ -523,6 +651,8 @@ mod tests {
     use super::*;
     use crate::model::{Counters, Process, Source};
     use surge_core::peaks::{MetadataDetail, ProcsAtPeak, PEAKS_SCHEMA};
+
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
     fn peaks() -> Peaks {
         Peaks {
@@ -600,6 +730,7 @@ mod tests {
                 granularity_bytes: 200 * GIB as u64,
                 small_file_bytes: 1 << 20,
                 coupling: Coupling::Tight,
+                env_list: None,
             },
         );
         assert_eq!(a.verdict, Bound::BandwidthBound);
@@ -645,9 +776,89 @@ mod tests {
                 granularity_bytes: 200 * GIB as u64,
                 small_file_bytes: 1 << 20,
                 coupling: Coupling::Tight,
+                env_list: None,
             },
         );
         assert_eq!(a.keep_on_pfs.len(), 1);
         assert_eq!(a.keep_on_pfs[0].path, "/data/namelist.input");
+    }
+
+    /// A stage named like a workflow step (dashes, a leading digit), with a software
+    /// environment, inputs whose names collide and a path with a space: every line advise
+    /// prints parses with the directive parser as printed.
+    #[test]
+    fn printed_lines_parse_with_surges_own_parser() {
+        let mut p = swarp();
+        p.stage = "1st py-stage".into();
+        p.data_paths = vec!["/data".into()];
+        let lib = file(
+            "/opt/conda/lib/python3.11/site-packages/numpy/core.so",
+            Counters {
+                opens: 1,
+                reads: 4,
+                bytes_read: 1 << 20,
+                size_seen: 1 << 20,
+                first_read_ns: 1,
+                ..Counters::default()
+            },
+            1,
+        );
+        p.files.push(lib);
+        let mut twin = p.files[0].clone();
+        twin.path = "/data/other run/img.fits".into();
+        p.files.push(twin);
+        let a = advise(
+            &p,
+            &peaks(),
+            &AdviseRequest {
+                pipelines: 3,
+                pipelines_per_node: 1,
+                granularity_bytes: 256 << 20,
+                small_file_bytes: 1 << 20,
+                coupling: Coupling::Loose,
+                env_list: Some("/home/u/env list.txt".into()),
+            },
+        );
+        let job = format!("#!/bin/bash\n{}\ntrue\n", a.directives.join("\n"));
+        let d = surge_core::directives::parse_script("job.sh", &job)
+            .unwrap_or_else(|e| panic!("{e}\n{job}"));
+        let jobdw = d.jobdw.expect("a jobdw");
+        assert_eq!(jobdw.capacity, a.fragments * (256 << 20));
+        assert_eq!(d.persistentdw.len(), 1);
+        assert_eq!(d.stage_in.len(), 2, "{job}");
+        assert_ne!(d.stage_in[0].destination, d.stage_in[1].destination);
+        assert!(
+            surge_core::directives::check_persistent_name(&a.software_environment_instance).is_ok(),
+            "{}",
+            a.software_environment_instance
+        );
+        let setup = format!("#!/bin/bash\n{}\ntrue\n", a.setup_directives.join("\n"));
+        let s = surge_core::directives::parse_script("setup.sh", &setup)
+            .unwrap_or_else(|e| panic!("{e}\n{setup}"));
+        assert_eq!(s.create_persistent.len(), 1);
+        assert_eq!(s.stage_in[0].source, "/home/u/env list.txt");
+        assert!(env_list_text(&a).contains(
+            "/opt/conda/lib/python3.11/site-packages/numpy/core.so \
+             opt/conda/lib/python3.11/site-packages/numpy/core.so"
+        ));
+        let text = render(&a);
+        assert!(!text.contains("Loose"), "{text}");
+        // The performance-target line replaces the #DW jobdw one and parses too.
+        let alt = job.replacen(&a.directives[0], &a.target_directive, 1);
+        let d = surge_core::directives::parse_script("job.sh", &alt)
+            .unwrap_or_else(|e| panic!("{e}\n{alt}"));
+        let t = d.jobdw.unwrap().targets.expect("targets");
+        assert!(t.bandwidth.is_some() && t.metadata.is_some());
+        assert!(a.directives.iter().all(|d| !d.starts_with("#SURGE")));
+    }
+
+    #[test]
+    fn capacities_are_printed_exactly() {
+        assert_eq!(capacity_text(200 << 30), "200GiB");
+        assert_eq!(capacity_text(7 * (256 << 20)), "1792MiB");
+        assert_eq!(capacity_text(1), "1MiB");
+        assert_eq!(persistent_name_for("py-stage", "env"), "py_stage_env");
+        assert_eq!(persistent_name_for("9x", "env"), "s_9x_env");
+        assert_eq!(persistent_name_for(&"a".repeat(100), "env").len(), 64);
     }
 }

@@ -92,10 +92,16 @@ calibrated peaks of one fragment (`surge bench calibrate`), and advises an alloc
 --pipelines copies of the stage: how many fragments capacity needs and how many performance needs \
 (Daley §5.2: performance usually wins), the access mode (private when metadata-bound, §4.3), which \
 small shared files to keep on the PFS (ExPBB's hybrid rule), what to stage in and out, a persistent \
-instance for the software environment, and the #DW / #SURGE lines to paste into the job script.",
+instance for the software environment, and the #DW lines to paste into the job script.\n\n\
+Every line printed under \"Job script lines\" parses with Surge's directive parser and runs under \
+`surge run` as printed (the body of the job, which runs the stage on $DW_JOB_STRIPED or \
+$DW_JOB_PRIVATE, is yours). With --env-list, the software environment the stage read (Python \
+packages, shared libraries) is written to that list file and a setup job to run once is printed: \
+it creates a persistent instance and stages the list into it; the job then attaches it.",
     after_help = "Examples:\n  \
 surge advise camp.json --peaks bb-peaks.json --pipelines 64\n  \
-surge advise swarp.json --peaks bb-peaks.json --pipelines 16 --coupling loose --json"
+surge advise swarp.json --peaks bb-peaks.json --pipelines 16 --coupling loose --json\n  \
+surge advise camp.json --peaks bb-peaks.json --granularity 256MiB --env-list camp-env.list"
 )]
 pub struct AdviseArgs {
     /// The profile (surge profile -o), or an strace / Darshan log.
@@ -114,8 +120,9 @@ pub struct AdviseArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub pipelines_per_node: u64,
 
-    /// Fragment size of the pool (DataWarp on Cori: 200GiB).
-    #[arg(long, default_value = "200GiB", value_parser = parse_size_arg, value_name = "SIZE")]
+    /// Fragment size of the pool (DataWarp on Cori: 200GiB; `surge run`'s embedded pool reads
+    /// the same SURGE_GRANULARITY, default there 256MiB).
+    #[arg(long, env = "SURGE_GRANULARITY", default_value = "200GiB", value_parser = parse_size_arg, value_name = "SIZE")]
     pub granularity: u64,
 
     /// Files below this size that several processes share are candidates for the PFS.
@@ -126,6 +133,11 @@ pub struct AdviseArgs {
     /// does not overlap (one pipeline's demand averaged over its run).
     #[arg(long, value_enum, default_value = "tight")]
     pub coupling: Coupling,
+
+    /// Write the software-environment files the stage read to this stage list (type=list)
+    /// and print the setup job that stages it into a persistent instance.
+    #[arg(long, value_name = "FILE")]
+    pub env_list: Option<PathBuf>,
 
     /// Print the advice as JSON.
     #[arg(long)]
@@ -324,8 +336,18 @@ pub fn run_advise(args: AdviseArgs) -> anyhow::Result<ExitCode> {
             granularity_bytes: args.granularity,
             small_file_bytes: args.small_file,
             coupling: args.coupling,
+            env_list: args.env_list.as_deref().map(absolute),
         },
     );
+    if let Some(list) = &args.env_list {
+        if !a.software_environment.is_empty() {
+            write_file(
+                list,
+                &crate::advise::env_list_text(&a),
+                "software-environment list",
+            )?;
+        }
+    }
     if args.json {
         println!(
             "{}",

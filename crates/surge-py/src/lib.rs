@@ -266,6 +266,10 @@ fn attr_json(a: &surge_proto::Attr) -> String {
         FileKind::Dir => "directory",
         FileKind::Symlink => "symlink",
         FileKind::File => "file",
+        FileKind::Fifo => "fifo",
+        FileKind::Socket => "socket",
+        FileKind::CharDev => "char-device",
+        FileKind::BlockDev => "block-device",
     };
     serde_json::json!({
         "ino": a.ino, "kind": kind, "mode": a.perm, "nlink": a.nlink, "uid": a.uid,

@@ -1,7 +1,8 @@
 //! The job lifecycle without a scheduler: `surge run job.sh` ([`run`]) with the embedded default
 //! ([`embedded`]), the translation of stage directives ([`jobplan`]), `surge exec` on emulated
-//! nodes ([`exec`]) and `surge stage` from inside a job ([`stage_cli`], over the library of
-//! [`job_stage`], which libdatawarp's compatibility library shares).
+//! nodes ([`exec`]), `surge stage` from inside a job ([`stage_cli`], over the library of
+//! [`job_stage`], which libdatawarp's compatibility library shares) and the sizing of
+//! `#SURGE jobdw` performance targets ([`targets`]).
 
 pub mod embedded;
 pub mod exec;
@@ -11,3 +12,4 @@ pub mod nodes;
 pub mod progress;
 pub mod run;
 pub mod stage_cli;
+pub mod targets;

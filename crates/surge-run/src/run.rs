@@ -78,6 +78,14 @@ pub struct RunArgs {
     /// Embedded: capacity of each server (default: 80% of the fast tier's free space, shared).
     #[arg(long, env = "SURGE_SERVER_CAPACITY", value_parser = surge_core::sys::size_arg)]
     pub server_capacity: Option<u64>,
+    /// Calibrated peaks of one fragment (`surge bench calibrate`): what `#SURGE jobdw`
+    /// performance targets are sized from.
+    #[arg(long, env = "SURGE_PEAKS", value_name = "PEAKS.json")]
+    pub peaks: Option<PathBuf>,
+    /// With `#SURGE jobdw`: measure the promised bandwidth on the job's mount (a short `surge
+    /// bench io`) before the job runs; the report has promised vs measured.
+    #[arg(long)]
+    pub measure_targets: bool,
     /// Write a JSON report of the phases (times, bytes, exit status) to this file.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
@@ -218,7 +226,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(j) = &directives.jobdw {
         let var = job_var(j.access_mode);
         let need = in_bytes.get(&var).copied().unwrap_or(0);
-        if need > j.capacity {
+        // A `#SURGE jobdw` with targets only is sized later (and must hold the stage-in).
+        if need > j.capacity && !(j.targets.is_some() && j.capacity == 0) {
             eprintln!(
                 "{script_name}:{}: stage-in of {} does not fit the job instance of {}: nothing \
                  was allocated and nothing ran",
@@ -347,6 +356,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "session": outcome.as_ref().ok().and_then(|o| o.session),
             "kept_instance": outcome.as_ref().ok().and_then(|o| o.kept_instance),
             "stage_out_failures": outcome.as_ref().map(|o| o.stage_out_failures.clone()).unwrap_or_default(),
+            "targets": outcome.as_ref().ok().and_then(|o| o.targets.clone()),
             "phases": rep.phases,
             "error": outcome.as_ref().err().map(|e| format!("{e:#}")),
         });
@@ -391,6 +401,8 @@ struct Outcome {
     session: Option<u64>,
     kept_instance: Option<u64>,
     stage_out_failures: Vec<String>,
+    /// `#SURGE jobdw`: what was promised and why, and what was measured.
+    targets: Option<serde_json::Value>,
 }
 
 /// An instance the job uses, by the variable that names it in the script.
@@ -487,12 +499,38 @@ async fn job(
         }
     }
 
+    // `#SURGE jobdw`: the targets become a capacity, or the job is refused here.
+    let mut sized = None;
+    let job_pool = d.jobdw.as_ref().map(|j| pool_for(&j.pool, rep));
+    if let (Some(j), Some(pool)) = (&d.jobdw, &job_pool) {
+        let t = Instant::now();
+        if let Some(r) = crate::targets::resolve(
+            &mut c,
+            j,
+            pool,
+            nodes,
+            ctx.args.peaks.as_deref(),
+            ctx.script_name,
+        )
+        .await?
+        {
+            rep.phase("size", r.detail(), t, true);
+            for w in &r.sizing.why {
+                rep.note(&format!("  {w}"));
+            }
+            sized = Some(r);
+        }
+    }
+    let mut targets_json = sized.as_ref().map(|r| r.json());
+
     // The session: job instance and attached persistent instances.
     let t = Instant::now();
     let job_req = d.jobdw.as_ref().map(|j| api::CreateInstanceRequest {
-        capacity: j.capacity,
+        capacity: sized
+            .as_ref()
+            .map_or(j.capacity, |r| r.capacity.max(j.capacity)),
         access_mode: j.access_mode.as_str().into(),
-        pool: pool_for(&j.pool, rep),
+        pool: job_pool.clone().unwrap_or_default(),
         persistent_name: String::new(),
         nodes,
         owner_uid: uid,
@@ -721,6 +759,21 @@ async fn job(
         );
     }
 
+    if let (Some(r), true) = (&sized, ctx.args.measure_targets) {
+        let t = Instant::now();
+        let mount = nodes_file.nodes[0]
+            .mounts
+            .iter()
+            .find(|m| m.instance == session.job_instance)
+            .map(|m| m.path.clone())
+            .context("the job instance is not mounted")?;
+        let (measured, line) = crate::targets::measure(&mount, r)?;
+        rep.phase("measure", line, t, true);
+        if let Some(serde_json::Value::Object(o)) = targets_json.as_mut() {
+            o.insert("measured".into(), measured);
+        }
+    }
+
     // The job.
     let t = Instant::now();
     let mut job_status = None;
@@ -901,6 +954,7 @@ async fn job(
         session: Some(session.id),
         kept_instance,
         stage_out_failures,
+        targets: targets_json,
     })
 }
 

@@ -1,0 +1,139 @@
+//! `surge tune` end to end (issue 18, item 5): a tiny job tuned with a tiny budget through real
+//! `surge run`s (embedded manager and servers, FUSE mounts), the tuned script run as written,
+//! and the history: a second call on the same job, inputs and pool runs nothing new; changed
+//! inputs are another problem.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn surge_in(fast: &Path, cwd: &Path) -> Command {
+    let mut c = Command::new(SURGE);
+    c.current_dir(cwd)
+        .env("SURGE_FAST_DIR", fast)
+        .env("SURGE_SERVERS", "2")
+        .env("SURGE_SERVER_CAPACITY", "512MiB")
+        .env("SURGE_GRANULARITY", "64MiB")
+        .env("SURGE_TUNE_DB", cwd.join("tune.db"))
+        .env_remove("SURGE_MANAGER")
+        .env_remove("SURGE_STATE_DIR");
+    c
+}
+
+const JOB: &str = "#!/bin/bash
+#DW jobdw type=scratch access_mode=striped capacity=64MiB
+#DW stage_in type=directory source=in destination=$DW_JOB_STRIPED/in
+#DW stage_in type=file source=namelist destination=$DW_JOB_STRIPED/namelist
+#DW stage_out type=directory source=$DW_JOB_STRIPED/out destination=results
+set -e
+mkdir -p $DW_JOB_STRIPED/out
+for i in 1 2; do cat $DW_JOB_STRIPED/namelist $DW_JOB_STRIPED/in/f$i > $DW_JOB_STRIPED/out/g$i; done
+";
+
+fn tune(fast: &Path, w: &Path, runs: &str) -> Value {
+    let out = surge_in(fast, w)
+        .args([
+            "tune",
+            "job.sh",
+            "--json",
+            "--max-fragments",
+            "2",
+            "--runs",
+            runs,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+}
+
+#[test]
+fn tune_runs_the_job_writes_a_runnable_script_and_remembers_every_run() {
+    if skip_without_fuse("tune_runs_the_job_writes_a_runnable_script_and_remembers_every_run") {
+        return;
+    }
+    let fast = Scratch::new("tune-fast");
+    let w = Scratch::new("tune-work");
+    std::fs::create_dir(w.path().join("in")).unwrap();
+    for i in 1..=2 {
+        std::fs::write(w.path().join(format!("in/f{i}")), vec![i as u8; 50_000]).unwrap();
+    }
+    std::fs::write(w.path().join("namelist"), "&params n=1 /\n").unwrap();
+    std::fs::write(w.path().join("job.sh"), JOB).unwrap();
+
+    let first = tune(fast.path(), w.path(), "20");
+    let new = first["new_runs"].as_u64().unwrap();
+    assert!((3..=12).contains(&new), "{new} new runs");
+    assert_eq!(first["budget_exhausted"], false);
+    assert_eq!(first["reused_runs"], 0);
+    // The references are measured: the job as written and the PFS only.
+    assert!(
+        first["as_written"]["median_s"].as_f64().is_some(),
+        "{}",
+        first["as_written"]
+    );
+    assert!(
+        first["pfs_only"]["median_s"].as_f64().is_some(),
+        "{}",
+        first["pfs_only"]
+    );
+    let runs = first["runs"].as_array().unwrap();
+    assert_eq!(runs.len() as u64, new);
+    assert!(runs.iter().all(|r| r["ok"] == true), "{runs:?}");
+    let html = std::fs::read_to_string(w.path().join("job.tune.html")).unwrap();
+    assert!(html.contains("<svg") && html.contains("Speed-up"), "{html}");
+
+    // The tuned script runs under surge run as written.
+    let tuned = w.path().join("job.tuned.sh");
+    assert_eq!(first["tuned_script"], "job.tuned.sh");
+    std::fs::remove_dir_all(w.path().join("results")).unwrap();
+    let out = surge_in(fast.path(), w.path())
+        .arg("run")
+        .arg(&tuned)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let mut expect = b"&params n=1 /\n".to_vec();
+    expect.extend(vec![2u8; 50_000]);
+    assert_eq!(std::fs::read(w.path().join("results/g2")).unwrap(), expect);
+
+    // Same job, inputs and pool: everything comes from the history.
+    let second = tune(fast.path(), w.path(), "20");
+    assert_eq!(second["new_runs"], 0, "{}", second["trace"]);
+    assert_eq!(second["reused_runs"].as_u64().unwrap(), new);
+    assert_eq!(second["best"]["key"], first["best"]["key"]);
+
+    // Changed inputs are another problem: the history of the old ones does not apply.
+    std::fs::write(w.path().join("in/f1"), vec![9u8; 60_000]).unwrap();
+    let third = tune(fast.path(), w.path(), "1");
+    assert_eq!(third["new_runs"], 1);
+    assert_eq!(third["reused_runs"], 0);
+    assert_eq!(third["budget_exhausted"], true);
+}
+
+#[test]
+fn tune_refuses_a_job_without_a_burst_buffer_and_names_the_fix() {
+    let w = Scratch::new("tune-nobb");
+    std::fs::write(w.path().join("job.sh"), "#!/bin/sh\necho hi\n").unwrap();
+    let out = surge_in(w.path(), w.path())
+        .args(["tune", "job.sh"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no `#DW jobdw`") && err.contains("#DW jobdw type=scratch"),
+        "{err}"
+    );
+}
