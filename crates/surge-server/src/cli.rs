@@ -58,6 +58,12 @@ pub struct ServerArgs {
     #[arg(long, default_value = "default", requires = "manager")]
     pub pool: String,
 
+    /// Room each namespace's metadata store keeps on its device for when the device fills
+    /// before the quota (a full device then refuses data, never an acknowledged create); 0
+    /// keeps none.
+    #[arg(long, value_name = "SIZE", value_parser = surge_core::sys::size_arg, default_value = "16MiB")]
+    pub metadata_reserve: u64,
+
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free port; the
     /// ready file then names it as "metrics").
     #[arg(long, value_name = "HOST:PORT")]
@@ -160,6 +166,7 @@ pub fn run(
     on_ready: impl FnOnce(&ServerArgs, &Running),
 ) -> anyhow::Result<ExitCode> {
     let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM]);
+    crate::reserve::set_size(args.metadata_reserve);
     let running = start(
         args.devices.clone(),
         args.capacity,

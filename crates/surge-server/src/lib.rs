@@ -13,6 +13,7 @@ pub mod mds;
 pub mod meta;
 pub mod metrics;
 pub mod registry;
+pub mod reserve;
 pub mod store;
 
 pub use registry::Registry;

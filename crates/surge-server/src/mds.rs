@@ -28,6 +28,8 @@ pub struct Namespace {
     leases: Mutex<Leases>,
     /// Signalled when a lease is recalled, released or dropped.
     lease_change: Condvar,
+    /// Room kept on the device for this store (see [`crate::reserve`]).
+    reserve: crate::reserve::Reserve,
 }
 
 /// A session's leases last while it waits for recalls, or did so this recently.
@@ -133,6 +135,7 @@ impl Namespace {
             conn: Mutex::new(Some(conn)),
             leases: Mutex::new(Leases::default()),
             lease_change: Condvar::new(),
+            reserve: crate::reserve::Reserve::open(dir),
         })
     }
 
@@ -164,9 +167,21 @@ impl Namespace {
             };
             if blocked.is_empty() {
                 if let Request::LeaseDir { ino, change, .. } = req {
+                    // No creates answered behind while the device is full: each must meet
+                    // the full device itself.
                     return Response::Lease {
-                        granted: self.grant(conn, session, ino, change),
+                        granted: !self.reserve.given_back()
+                            && self.grant(conn, session, ino, change),
                     };
+                }
+                if matches!(req, Request::AllocInodes { .. }) && self.reserve.given_back() {
+                    return Response::Error(ErrorReply::new(
+                        ErrorCode::NoSpace,
+                        format!(
+                            "{}: no inode numbers for creates made behind while the device is full",
+                            meta::STORE_FULL
+                        ),
+                    ));
                 }
                 return self.execute(conn, &req);
             }
@@ -313,8 +328,20 @@ impl Namespace {
     }
 
     fn execute(&self, conn: &mut Connection, req: &Request) -> Response {
-        match run(conn, req) {
+        let mut result = run(conn, req);
+        // The device is full: give the reserve back and commit with its room (what a mount
+        // acknowledged must not be lost for want of a few pages).
+        if store_full(&result) && self.reserve.release() {
+            result = run(conn, req);
+        } else if !is_read_only(req) {
+            self.reserve.retake_if_room();
+        }
+        match result {
             Ok(r) => r,
+            Err(e) if meta::is_full(&e) => Response::Error(ErrorReply::new(
+                ErrorCode::NoSpace,
+                format!("{}: {e}", meta::STORE_FULL),
+            )),
             Err(e) => {
                 error!(
                     "namespace {}/{}: metadata transaction failed: {e}",
@@ -345,6 +372,17 @@ fn report_orphans(conn: &Connection, instance: InstanceId, ns: NamespaceId) {
         ),
         Ok(_) => {}
         Err(e) => warn!("namespace {instance}/{}: cannot list orphans: {e}", ns.0),
+    }
+}
+
+/// True when a request failed because the store's device is full.
+fn store_full(r: &rusqlite::Result<Response>) -> bool {
+    match r {
+        Err(e) => meta::is_full(e),
+        Ok(Response::Error(e)) => {
+            e.code == ErrorCode::NoSpace && e.message.starts_with(meta::STORE_FULL)
+        }
+        Ok(_) => false,
     }
 }
 

@@ -56,7 +56,18 @@ fn err(code: ErrorCode, msg: impl Into<String>) -> ErrorReply {
 }
 
 fn db_err(e: rusqlite::Error) -> ErrorReply {
+    if is_full(&e) {
+        return err(ErrorCode::NoSpace, format!("{STORE_FULL}: {e}"));
+    }
     err(ErrorCode::Io, format!("metadata store: {e}"))
+}
+
+/// How a [`NoSpace`](ErrorCode::NoSpace) of the store itself (not of a quota) begins.
+pub const STORE_FULL: &str = "metadata store: device full";
+
+/// True when SQLite could not write because the device is full.
+pub fn is_full(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
 }
 
 fn kind_code(k: FileKind) -> i64 {

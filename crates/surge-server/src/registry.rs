@@ -105,8 +105,13 @@ impl Registry {
             None if idfile.exists() => read_json::<ServerFile>(&idfile)?.id,
             None => new_id(),
         };
-        write_json_atomic(&idfile, &ServerFile { id: id.clone() })
-            .with_context(|| format!("cannot write {}", idfile.display()))?;
+        // Written only when it changes: a server restarted on a full device must come up.
+        let unchanged =
+            idfile.exists() && read_json::<ServerFile>(&idfile).is_ok_and(|f| f.id == id);
+        if !unchanged {
+            write_json_atomic(&idfile, &ServerFile { id: id.clone() })
+                .with_context(|| format!("cannot write {}", idfile.display()))?;
+        }
         let reg = Registry {
             id,
             capacity,

@@ -194,6 +194,7 @@ impl Fragment {
             return Ok(0);
         }
         let growth = len.div_ceil(BLOCK) * BLOCK + BLOCK;
+        crate::reserve::data_may_grow(&self.dir, growth)?;
         let before = self.used.fetch_add(growth, Ordering::Relaxed);
         if before + growth > self.capacity {
             self.used.fetch_sub(growth, Ordering::Relaxed);

@@ -106,12 +106,28 @@ impl Cluster {
     /// With extra arguments for every `surge server`.
     pub fn start_with(bin: &Path, n: usize, capacity_each: &str, extra: &[&str]) -> Cluster {
         let scratch = Scratch::new("cluster");
-        let servers = (0..n)
-            .map(|i| {
+        let devices: Vec<PathBuf> = (0..n)
+            .map(|i| scratch.path().join(format!("bb{i}")))
+            .collect();
+        Cluster::start_on(bin, scratch, &devices, capacity_each, extra)
+    }
+
+    /// One server per directory of `devices` (e.g. on a file system of a chosen size).
+    pub fn start_on(
+        bin: &Path,
+        scratch: Scratch,
+        devices: &[PathBuf],
+        capacity_each: &str,
+        extra: &[&str],
+    ) -> Cluster {
+        let servers = devices
+            .iter()
+            .enumerate()
+            .map(|(i, device)| {
                 let mut s = Server {
                     child: None,
                     bin: bin.to_path_buf(),
-                    device: scratch.path().join(format!("bb{i}")),
+                    device: device.clone(),
                     addr: String::new(),
                     unix: scratch.path().join(format!("bb{i}.sock")),
                     capacity: capacity_each.to_string(),

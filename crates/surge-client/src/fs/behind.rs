@@ -48,7 +48,13 @@ pub(super) struct Behind {
     /// Requests waiting for the queue to empty (`Fs::barrier`): the sender stops gathering.
     waiting: AtomicUsize,
     urgent: Notify,
+    /// When the metadata server last could not make a batch for want of space: creates are
+    /// not made behind for a while after (each meets the full device itself, as ENOSPC).
+    no_space_at: Mutex<Option<Instant>>,
 }
+
+/// How long creates are not made behind after the metadata server found its device full.
+const NO_SPACE_PAUSE: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct BehindState {
@@ -101,6 +107,13 @@ impl Behind {
     /// Wakes the sender (after [`push`](Self::push), with the listing unlocked).
     pub fn kick(&self) {
         self.work.notify_one();
+    }
+
+    /// False for a while after the metadata server could not make a batch for want of space.
+    pub fn may_create(&self) -> bool {
+        self.no_space_at
+            .lock()
+            .is_none_or(|t| t.elapsed() >= NO_SPACE_PAUSE)
     }
 
     /// True when nothing is behind.
@@ -163,7 +176,7 @@ async fn send_behind(b: Arc<Behind>, client: Arc<InstanceClient>, listings: Arc<
             st.queue.drain(..n).collect()
         };
         let n = batch.len();
-        send_batch(&client, &listings, batch).await;
+        send_batch(&b, &client, &listings, batch).await;
         if b.count.fetch_sub(n, Ordering::AcqRel) == n {
             b.idle.notify_waiters();
         }
@@ -178,7 +191,7 @@ fn op_name(op: &BatchOp) -> String {
 }
 
 /// Sends one batch (retrying a failed connection a few times) and finishes each change.
-async fn send_batch(client: &InstanceClient, listings: &Listings, batch: Vec<Queued>) {
+async fn send_batch(b: &Behind, client: &InstanceClient, listings: &Listings, batch: Vec<Queued>) {
     let ops: Vec<BatchOp> = batch.iter().map(|q| q.op.clone()).collect();
     let mut delay = Duration::from_millis(1);
     let mut attempt = 0;
@@ -202,6 +215,9 @@ async fn send_batch(client: &InstanceClient, listings: &Listings, batch: Vec<Que
                 if (attempt < BATCH_RETRIES && retryable(&e))
                     || (no_space(&e) && sent.elapsed() < NO_SPACE_RETRY) =>
             {
+                if no_space(&e) {
+                    *b.no_space_at.lock() = Some(Instant::now());
+                }
                 warn!(
                     "changes behind: {} changes not sent ({e}); retrying in {delay:?}",
                     batch.len()

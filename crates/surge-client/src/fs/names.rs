@@ -60,13 +60,15 @@ impl Fs {
         gid: u32,
         flags: i32,
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
-        let behind =
-            if self.listings.listed(parent) && (self.creates_behind || self.leased(parent).await) {
-                self.ensure_inos().await;
-                self.create_behind(parent, name, perm, uid, gid)
-            } else {
-                None
-            };
+        let behind = if self.listings.listed(parent)
+            && self.behind.may_create()
+            && (self.creates_behind || self.leased(parent).await)
+        {
+            self.ensure_inos().await;
+            self.create_behind(parent, name, perm, uid, gid)
+        } else {
+            None
+        };
         let made = match behind {
             Some(a) => Ok(a),
             None => self.make(parent, name, NewNode::File, perm, uid, gid).await,
