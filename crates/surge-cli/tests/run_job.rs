@@ -420,6 +420,81 @@ fn private_namespaces_are_per_node_and_striped_ones_are_shared() {
     );
 }
 
+/// `access_mode=private` with a `stage_out` of `$DW_JOB_PRIVATE/out`: every node's files reach
+/// the PFS (node 1's were lost before: only namespace 0 was staged out, and the run said
+/// nothing); a path two nodes both wrote is refused before anything is copied, names the path
+/// and keeps the instance.
+#[test]
+fn private_stage_out_takes_every_nodes_files_and_refuses_collisions() {
+    if skip_without_fuse("private_stage_out_takes_every_nodes_files_and_refuses_collisions") {
+        return;
+    }
+    let j = Job::new("privout");
+    let path = format!(
+        "{}:{}",
+        Path::new(SURGE).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |name: &str, body: &str| {
+        let script = j.script(
+            name,
+            &format!(
+                "#!/bin/bash\n#DW jobdw type=scratch access_mode=private capacity=128MiB\n\
+                 #DW stage_out type=directory source=$DW_JOB_PRIVATE/out destination={name}.results\n\
+                 set -e\n{body}"
+            ),
+        );
+        let report = j.path(&format!("{name}.report.json"));
+        let out = j
+            .command()
+            .env("PATH", &path)
+            .args(["run", "--nodes", "2", "--report"])
+            .arg(&report)
+            .arg(&script)
+            .output()
+            .unwrap();
+        let rep: serde_json::Value = std::fs::read_to_string(&report)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(serde_json::Value::Null);
+        (out, rep)
+    };
+    let (out, _) = run(
+        "merge",
+        "mkdir -p $DW_JOB_PRIVATE/out/sub && echo zero > $DW_JOB_PRIVATE/out/sub/node0.txt\n\
+         surge exec --node 1 -- sh -c 'mkdir -p \"$DW_JOB_PRIVATE/out/sub\" && echo one > \"$DW_JOB_PRIVATE/out/sub/node1.txt\"'\n",
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(j.path("merge.results/sub/node0.txt")).unwrap(),
+        "zero\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(j.path("merge.results/sub/node1.txt")).unwrap(),
+        "one\n",
+        "node 1's output reached the PFS"
+    );
+    let (out, rep) = run(
+        "clash",
+        "mkdir -p $DW_JOB_PRIVATE/out && echo zero > $DW_JOB_PRIVATE/out/same.txt\n\
+         surge exec --node 1 -- sh -c 'mkdir -p \"$DW_JOB_PRIVATE/out\" && echo one > \"$DW_JOB_PRIVATE/out/same.txt\"'\n",
+    );
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("same.txt") && err.contains("nodes [0, 1]"),
+        "{err}"
+    );
+    assert!(
+        !j.path("clash.results/same.txt").exists(),
+        "nothing half-copied"
+    );
+    assert!(
+        rep["kept_instance"].as_u64().is_some(),
+        "instance kept: {rep}"
+    );
+}
+
 /// A script that would leave a marker if it ran.
 fn rejected(tag: &str, directives: &str, want: &[&str]) {
     let j = Job::new(tag);

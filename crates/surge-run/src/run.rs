@@ -414,6 +414,69 @@ struct Used {
     private: bool,
 }
 
+/// The stage-out of `items` from instance `u`, per namespace: one for a striped instance; for a
+/// private one, each node's namespace with the items it holds (all of them staged to the same
+/// destinations, the nodes' trees merged). A destination two nodes would both write is refused
+/// before anything is copied (the lines say which and why), so no node's output silently
+/// replaces another's; an item no node holds stays with node 0, whose stage then says it is
+/// missing.
+async fn out_per_namespace(
+    u: &Used,
+    nodes: u32,
+    items: &[surge_stage::StageItem],
+) -> Result<Vec<(u32, Vec<surge_stage::StageItem>)>, Vec<String>> {
+    if !u.private || nodes <= 1 {
+        return Ok(vec![(0, items.to_vec())]);
+    }
+    let clients = (0..nodes)
+        .map(|ns| InstanceClient::new(u.desc.clone(), NamespaceId(ns)).map(std::sync::Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| vec![format!("stage out of {}: {e}", u.var)])?;
+    let held = surge_stage::merge::private_outputs(&clients, items)
+        .await
+        .map_err(|e| vec![format!("stage out of {}: {e}", u.var)])?;
+    if !held.conflicts.is_empty() {
+        let mut lines: Vec<String> = held
+            .conflicts
+            .iter()
+            .take(20)
+            .map(|(path, nodes)| {
+                format!(
+                    "stage out of {} (access_mode=private): {} would be written by nodes {:?};                      each node's namespace goes to the same destination, so give the nodes'                      outputs different names or directories",
+                    u.var,
+                    path.display(),
+                    nodes
+                )
+            })
+            .collect();
+        if held.conflicts.len() > 20 {
+            lines.push(format!(
+                "stage out of {}: {} more paths written by several nodes",
+                u.var,
+                held.conflicts.len() - 20
+            ));
+        }
+        lines.push(format!(
+            "stage out of {}: nothing of it was staged out; the instance is kept",
+            u.var
+        ));
+        return Err(lines);
+    }
+    let mut per_node: Vec<(u32, Vec<surge_stage::StageItem>)> = held
+        .items
+        .into_iter()
+        .enumerate()
+        .map(|(k, v)| (k as u32, v))
+        .collect();
+    for item in items {
+        if per_node.iter().all(|(_, v)| !v.contains(item)) {
+            per_node[0].1.push(item.clone());
+        }
+    }
+    per_node.retain(|(_, v)| !v.is_empty());
+    Ok(per_node)
+}
+
 fn interrupted(sig: &Signals) -> bool {
     sig.interrupted.load(Ordering::SeqCst)
 }
@@ -832,41 +895,55 @@ async fn job(
                         ));
                         continue;
                     };
-                    let t = Instant::now();
-                    let task = c
-                        .start_stage(api::StartStageRequest {
-                            session: session.id,
-                            instance: u.id,
-                            namespace: 0,
-                            direction: "out".into(),
-                            items_json: serde_json::to_string(&g.items)?,
-                            workers: 0,
-                            checksum: false,
-                            deferred: false,
-                        })
-                        .await
-                        .map_err(status_err)?
-                        .into_inner();
-                    let done =
-                        wait_stage(&mut c, task, "stage out", ctx.args.quiet, || false).await?;
-                    let ok = done.state == "done";
-                    rep.phase(
-                        "stage out",
-                        format!(
-                            "{}: {} files, {}{}",
-                            g.instance,
-                            done.files_done,
-                            format_bytes(done.bytes_done),
-                            rate(done.bytes_done, done.seconds)
-                        ),
-                        t,
-                        ok,
-                    );
-                    if !ok {
-                        if !done.error.is_empty() {
-                            stage_out_failures.push(done.error.clone());
+                    let per_node = match out_per_namespace(u, nodes, &g.items).await {
+                        Ok(p) => p,
+                        Err(lines) => {
+                            stage_out_failures.extend(lines);
+                            continue;
                         }
-                        stage_out_failures.extend(failure_lines(&done.failures_json));
+                    };
+                    for (ns, items) in per_node {
+                        let t = Instant::now();
+                        let task = c
+                            .start_stage(api::StartStageRequest {
+                                session: session.id,
+                                instance: u.id,
+                                namespace: ns,
+                                direction: "out".into(),
+                                items_json: serde_json::to_string(&items)?,
+                                workers: 0,
+                                checksum: false,
+                                deferred: false,
+                            })
+                            .await
+                            .map_err(status_err)?
+                            .into_inner();
+                        let done =
+                            wait_stage(&mut c, task, "stage out", ctx.args.quiet, || false).await?;
+                        let ok = done.state == "done";
+                        rep.phase(
+                            "stage out",
+                            format!(
+                                "{}{}: {} files, {}{}",
+                                g.instance,
+                                if u.private {
+                                    format!(" (node {ns})")
+                                } else {
+                                    String::new()
+                                },
+                                done.files_done,
+                                format_bytes(done.bytes_done),
+                                rate(done.bytes_done, done.seconds)
+                            ),
+                            t,
+                            ok,
+                        );
+                        if !ok {
+                            if !done.error.is_empty() {
+                                stage_out_failures.push(done.error.clone());
+                            }
+                            stage_out_failures.extend(failure_lines(&done.failures_json));
+                        }
                     }
                 }
             }

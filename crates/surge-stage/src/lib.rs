@@ -23,6 +23,7 @@
 
 pub mod cli;
 mod copy;
+pub mod merge;
 mod names;
 pub mod ns;
 mod pfs;
