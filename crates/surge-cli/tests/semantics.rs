@@ -130,17 +130,33 @@ fn truncate_shrinks_and_extends_with_zeros() {
 
 #[test]
 fn fsync_and_fdatasync_succeed_and_keep_data() {
-    let Some((_c, m)) = setup("fsync_and_fdatasync_succeed_and_keep_data") else {
+    if skip_without_fuse("fsync_and_fdatasync_succeed_and_keep_data") {
         return;
-    };
+    }
+    let c = cluster(2, "1GiB");
+    let id = c.create_instance("1GiB", "64KiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let other = Mount::new(&c, id, 0);
+    let data: Vec<u8> = (0..500_000u32).map(|i| (i % 251) as u8).collect();
     let mut f = File::create(m.path("f")).unwrap();
-    f.write_all(&vec![3u8; 500_000]).unwrap();
+    f.write_all(&data).unwrap();
     f.sync_data().unwrap();
+    // After fdatasync, before close, another node reads every byte back.
+    assert_eq!(
+        std::fs::read(other.path("f")).unwrap(),
+        data,
+        "after fdatasync"
+    );
+    f.write_all_at(b"tail", 500_000).unwrap();
     f.sync_all().unwrap();
-    // After fsync the size is visible to a stat from anywhere, before close.
-    assert_eq!(std::fs::metadata(m.path("f")).unwrap().len(), 500_000);
-    let d = File::open(&m.dir).unwrap();
-    d.sync_all().unwrap();
+    let back = std::fs::read(other.path("f")).unwrap();
+    assert_eq!(back.len(), 500_004, "after fsync the size is everybody's");
+    assert_eq!(&back[500_000..], b"tail");
+    // fsync of a directory: the names made there are the metadata server's.
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::write(m.path("d/x"), b"x").unwrap();
+    File::open(m.path("d")).unwrap().sync_all().unwrap();
+    assert_eq!(std::fs::read(other.path("d/x")).unwrap(), b"x");
 }
 
 #[test]
