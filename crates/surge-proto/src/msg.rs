@@ -190,6 +190,12 @@ pub enum NewNode {
         kind: FileKind,
         rdev: u32,
     },
+    /// A regular file whose size is recorded as `size` from the start (a hole until written):
+    /// what a copier makes before it writes, so that if it dies half-way, removing the file
+    /// removes every byte it wrote.
+    SizedFile {
+        size: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

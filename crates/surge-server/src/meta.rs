@@ -335,8 +335,13 @@ impl Ops<'_> {
                 format!("{} exists", String::from_utf8_lossy(name)),
             ));
         }
+        let mut size = 0;
         let (kind, target, nlink, rdev) = match node {
             NewNode::File => (FileKind::File, None, 1, 0),
+            NewNode::SizedFile { size: s } => {
+                size = *s;
+                (FileKind::File, None, 1, 0)
+            }
             NewNode::Dir => (FileKind::Dir, None, 2, 0),
             NewNode::Symlink { target } => {
                 if target.is_empty() || target.len() > 4096 {
@@ -362,7 +367,7 @@ impl Ops<'_> {
             }
         };
         let (gid, perm) = new_node_group_and_perm(&p, kind, gid, perm);
-        let size = target.map_or(0, |t| t.len() as u64);
+        let size = target.map_or(size, |t| t.len() as u64);
         if let Some(ino) = ino {
             if ino <= ROOT_INO || self.find(ino)?.is_some() {
                 return Err(err(

@@ -844,11 +844,12 @@ async fn small_file_in(
     data: Vec<u8>,
 ) -> Result<u64, String> {
     let size = data.len() as u64;
+    // The size is recorded before any byte is written (see `NewNode::SizedFile`).
     let (ino, tmp) = create_temp_in(
         ctx,
         parent,
         name,
-        NewNode::File,
+        NewNode::SizedFile { size },
         meta.perm,
         ctx.owner_in(Some(&meta)),
     )
@@ -889,7 +890,7 @@ async fn large_file_in(
         ctx,
         parent,
         name,
-        NewNode::File,
+        NewNode::SizedFile { size },
         meta.perm,
         ctx.owner_in(Some(&meta)),
     )

@@ -423,6 +423,64 @@ async fn an_interrupted_stage_leaves_no_complete_looking_file_and_the_next_run_c
     assert!(d.is_empty(), "{}", d.join("\n"));
 }
 
+/// A stage-in stopped hard (kill -9 of `surge stage copy`, here: its future dropped) and what
+/// arrived then removed as `rm -rf` through a mount removes it (unlink, then the data of the
+/// recorded size): no byte stays held. Before, the temporaries' recorded size was 0 until
+/// they were complete, so their objects were never removed (1,684 MiB held in an empty
+/// namespace, later stages failing with ENOSPC).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_stage_in_removed_by_hand_leaves_no_space_held() {
+    let c = Cluster::start("orphans", 2, 512 * MIB, CHUNK).await;
+    let src = c.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..3 {
+        fs::write(src.join(format!("big{i}")), bytes(i, (48 * CHUNK) as usize)).unwrap();
+    }
+    for i in 0..50 {
+        fs::write(src.join(format!("s{i:03}")), bytes(1000 + i, 3000)).unwrap();
+    }
+    let o = StageOptions {
+        workers: 2,
+        ..opts()
+    };
+    let p = plan(&c.client, Direction::In, &[dir_item(&src, "/in")])
+        .await
+        .unwrap();
+    let progress = Arc::new(Progress::new());
+    let task = {
+        let (client, p, o, progress) = (c.client.clone(), p.clone(), o.clone(), progress.clone());
+        tokio::spawn(async move { execute(client, &p, &o, progress).await })
+    };
+    wait_for_bytes(&progress, &task, 20 * CHUNK).await;
+    task.abort();
+    let _ = task.await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let used = || -> u64 {
+        (0..2)
+            .map(|i| {
+                c.servers[i as usize]
+                    .registry
+                    .fragment(c.instance, i)
+                    .expect("fragment")
+                    .used()
+            })
+            .sum()
+    };
+    assert!(used() > 10 * CHUNK, "the stage wrote data: {}", used());
+    // rm -rf /in
+    let in_ino = c.client.lookup(1, b"in").await.unwrap().ino;
+    for e in surge_stage::ns::list_dir(&c.client, in_ino, false)
+        .await
+        .unwrap()
+    {
+        surge_stage::ns::remove(&c.client, in_ino, &e.name)
+            .await
+            .unwrap();
+    }
+    c.client.rmdir(1, b"in").await.unwrap();
+    assert_eq!(used(), 0, "space held by objects of removed files");
+}
+
 /// Waits until a running stage has copied `n` bytes; fails if it ends first or takes long.
 async fn wait_for_bytes<T>(progress: &Progress, task: &tokio::task::JoinHandle<T>, n: u64) {
     let start = std::time::Instant::now();
