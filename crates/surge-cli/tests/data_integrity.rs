@@ -1,12 +1,16 @@
 //! Data integrity through a real mount over real servers: an fsx-style random exerciser checks
-//! every read against an in-memory model while writing at random offsets and sizes across
-//! stripe boundaries, truncating, extending and reopening. Replay a failure with
+//! every read against an in-memory model while doing every operation fsx does (so a clone
+//! without `../shared/tools/fs-suites` still covers them): writes and reads at random offsets
+//! and sizes across stripe boundaries, truncates (by descriptor and by path), close and reopen,
+//! fallocate (allocate, KEEP_SIZE, punch hole), mmap reads and shared mmap writes, O_DIRECT
+//! reads and writes, copy_file_range, fsync and fdatasync. Replay a failure with
 //! SURGE_TEST_SEED=<seed printed below>.
 
 mod common;
 use common::*;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 fn check_read(f: &File, model: &[u8], off: u64, len: usize, ctx: &str) {
@@ -59,9 +63,16 @@ fn exercise(cluster_servers: usize, stripe: &str, ops: usize, max_file: u64) {
             .expect("open")
     };
     let mut f = open();
+    let mut history = Vec::new();
     for op in 0..ops {
-        let ctx = format!("seed {seed} op {op}");
-        match rng.below(12) {
+        let kind = rng.below(20);
+        history.push(kind);
+        // The last operations' kinds (see the match below), for the failure message.
+        let ctx = format!(
+            "seed {seed} op {op} (kinds of the last ops: {:?})",
+            &history[history.len().saturating_sub(10)..]
+        );
+        match kind {
             0..=4 => {
                 let off = rng.below(max_file);
                 let len = 1 + rng.below(300 * 1024) as usize;
@@ -97,7 +108,7 @@ fn exercise(cluster_servers: usize, stripe: &str, ops: usize, max_file: u64) {
                 let md = std::fs::metadata(&path).expect("stat");
                 assert_eq!(md.len(), model.len() as u64, "{ctx}: stat size while open");
             }
-            _ => {
+            11 => {
                 // Truncate by path on a second handle, then keep using the first.
                 let size = rng.below(max_file);
                 OpenOptions::new()
@@ -107,6 +118,158 @@ fn exercise(cluster_servers: usize, stripe: &str, ops: usize, max_file: u64) {
                     .set_len(size)
                     .expect("truncate");
                 model.resize(size as usize, 0);
+            }
+            12..=14 => {
+                // fallocate: allocate (extends), KEEP_SIZE (no change), punch hole (zeros).
+                let off = rng.below(max_file);
+                let len = 1 + rng.below(256 * 1024);
+                let mode = match rng.below(3) {
+                    0 => 0,
+                    1 => libc::FALLOC_FL_KEEP_SIZE,
+                    _ => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                };
+                // SAFETY: fallocate on a descriptor owned by `f`.
+                let rc = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
+                assert_eq!(
+                    rc,
+                    0,
+                    "{ctx}: fallocate {mode:#x} {off}+{len}: {}",
+                    std::io::Error::last_os_error()
+                );
+                let end = (off + len) as usize;
+                if mode == 0 && end > model.len() {
+                    model.resize(end, 0);
+                } else if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+                    let from = (off as usize).min(model.len());
+                    let to = end.min(model.len());
+                    model[from..to].fill(0);
+                }
+            }
+            15 | 16 if !model.is_empty() => {
+                // mmap: a shared mapping of the whole file; read a range, or write one and
+                // msync it.
+                let len = model.len();
+                let write = rng.below(2) == 1;
+                let prot = libc::PROT_READ | if write { libc::PROT_WRITE } else { 0 };
+                // SAFETY: a fresh shared mapping of `len` bytes of `f`, unmapped below.
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        prot,
+                        libc::MAP_SHARED,
+                        f.as_raw_fd(),
+                        0,
+                    )
+                };
+                assert_ne!(
+                    p,
+                    libc::MAP_FAILED,
+                    "{ctx}: mmap: {}",
+                    std::io::Error::last_os_error()
+                );
+                // SAFETY: the mapping covers `len` bytes and lives until munmap.
+                let map = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
+                let off = rng.below(len as u64) as usize;
+                let n = (1 + rng.below(128 * 1024) as usize).min(len - off);
+                if write {
+                    let mut data = vec![0u8; n];
+                    rng.fill(&mut data);
+                    map[off..off + n].copy_from_slice(&data);
+                    model[off..off + n].copy_from_slice(&data);
+                    // SAFETY: the mapping made above.
+                    assert_eq!(
+                        unsafe { libc::msync(p, len, libc::MS_SYNC) },
+                        0,
+                        "{ctx}: msync"
+                    );
+                } else {
+                    assert!(
+                        map[off..off + n] == model[off..off + n],
+                        "{ctx}: mmap read at {off}+{n}"
+                    );
+                }
+                // SAFETY: the mapping made above, not used after.
+                unsafe { libc::munmap(p, len) };
+            }
+            17 => {
+                // O_DIRECT on a second descriptor: 4 KiB aligned offsets, lengths, buffers.
+                use std::os::unix::fs::OpenOptionsExt;
+                let d = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&path)
+                    .expect("open O_DIRECT");
+                let off = rng.below(max_file / 4096) * 4096;
+                let blocks = 1 + rng.below(32) as usize;
+                let layout = std::alloc::Layout::from_size_align(blocks * 4096, 4096).unwrap();
+                // SAFETY: a non-zero layout; freed below.
+                let buf = unsafe { std::alloc::alloc_zeroed(layout) };
+                assert!(!buf.is_null());
+                // SAFETY: `buf` holds `blocks * 4096` bytes until dealloc.
+                let b = unsafe { std::slice::from_raw_parts_mut(buf, blocks * 4096) };
+                if rng.below(2) == 0 {
+                    rng.fill(b);
+                    d.write_all_at(b, off)
+                        .unwrap_or_else(|e| panic!("{ctx}: O_DIRECT write: {e}"));
+                    let end = off as usize + b.len();
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[off as usize..end].copy_from_slice(b);
+                } else {
+                    let n = d
+                        .read_at(b, off)
+                        .unwrap_or_else(|e| panic!("{ctx}: O_DIRECT read: {e}"));
+                    let want = model.len().saturating_sub(off as usize).min(b.len());
+                    assert_eq!(n, want, "{ctx}: O_DIRECT read length at {off}");
+                    if n > 0 {
+                        let o = off as usize;
+                        assert!(b[..n] == model[o..o + n], "{ctx}: O_DIRECT read at {off}");
+                    }
+                }
+                // SAFETY: allocated above with this layout.
+                unsafe { std::alloc::dealloc(buf, layout) };
+            }
+            18 if model.len() > 2 => {
+                // copy_file_range within the file, source and destination not overlapping.
+                let len = model.len() as u64;
+                let src = rng.below(len / 2);
+                let n = 1 + rng.below((len / 2 - src).clamp(1, 256 * 1024));
+                let dst = len / 2 + rng.below(max_file.saturating_sub(len / 2).max(1));
+                let (mut off_in, mut off_out) = (src as i64, dst as i64);
+                // SAFETY: both offsets are ours; the same open file on both sides.
+                let r = unsafe {
+                    libc::copy_file_range(
+                        f.as_raw_fd(),
+                        &mut off_in,
+                        f.as_raw_fd(),
+                        &mut off_out,
+                        n as usize,
+                        0,
+                    )
+                };
+                assert!(
+                    r >= 0,
+                    "{ctx}: copy_file_range: {}",
+                    std::io::Error::last_os_error()
+                );
+                let r = r as usize;
+                let data = model[src as usize..src as usize + r].to_vec();
+                let end = dst as usize + r;
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[dst as usize..end].copy_from_slice(&data);
+            }
+            _ => {
+                if rng.below(2) == 0 {
+                    f.sync_all().unwrap_or_else(|e| panic!("{ctx}: fsync: {e}"));
+                } else {
+                    f.sync_data()
+                        .unwrap_or_else(|e| panic!("{ctx}: fdatasync: {e}"));
+                }
             }
         }
     }

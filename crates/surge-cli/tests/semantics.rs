@@ -963,6 +963,42 @@ fn fallocate_reserves_extends_and_punches_holes() {
     assert_eq!(back[hole as usize], 0);
 }
 
+/// Names are bytes: any byte but `/` and NUL, not UTF-8 included, through create, readdir,
+/// rename and unlink.
+#[test]
+fn names_are_bytes() {
+    let Some((_c, m)) = setup("names_are_bytes") else {
+        return;
+    };
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let names: [&[u8]; 4] = [
+        b"caf\xe9",
+        b"\xff\xfe\x01\x7f",
+        b"tab\tand\nnewline",
+        b"\xe2\x98\x83",
+    ];
+    for n in names {
+        std::fs::write(m.dir.join(OsStr::from_bytes(n)), n).unwrap();
+    }
+    let mut listed: Vec<Vec<u8>> = std::fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .collect();
+    listed.sort();
+    let mut want: Vec<Vec<u8>> = names.iter().map(|n| n.to_vec()).collect();
+    want.sort();
+    assert_eq!(listed, want);
+    for n in names {
+        assert_eq!(std::fs::read(m.dir.join(OsStr::from_bytes(n))).unwrap(), n);
+    }
+    let to = m.dir.join(OsStr::from_bytes(b"renamed-\xe9"));
+    std::fs::rename(m.dir.join(OsStr::from_bytes(names[0])), &to).unwrap();
+    assert_eq!(std::fs::read(&to).unwrap(), names[0]);
+    std::fs::remove_file(&to).unwrap();
+    assert_eq!(std::fs::read_dir(&m.dir).unwrap().count(), names.len() - 1);
+}
+
 /// A path component over 255 bytes is ENAMETOOLONG for every operation, lookup included (the
 /// kernel looks each component up first), not ENOENT; 255 bytes work.
 #[test]

@@ -481,6 +481,38 @@ async fn an_interrupted_stage_in_removed_by_hand_leaves_no_space_held() {
     assert_eq!(used(), 0, "space held by objects of removed files");
 }
 
+/// Names are bytes: names that are not UTF-8 (Latin-1 from an old code, raw bytes) come back
+/// the same through stage-in and stage-out, for files and directories.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_are_not_utf8_round_trip() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let c = Cluster::start("bytes", 2, 256 * MIB, CHUNK).await;
+    let src = c.path().join("src");
+    let latin1 = OsStr::from_bytes(b"caf\xe9");
+    let raw = OsStr::from_bytes(b"\xff\xfe-bytes\x01.dat");
+    fs::create_dir_all(src.join(latin1)).unwrap();
+    fs::write(src.join(latin1).join(raw), b"data under a non-UTF-8 path").unwrap();
+    fs::write(src.join(raw), bytes(7, 3 * CHUNK as usize)).unwrap();
+    let before = snapshot(&src);
+    let r = stage(&c.client, Direction::In, &[dir_item(&src, "/in")], &opts()).await;
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    let mut names = instance_names(&c.client, "/in").await;
+    names.sort();
+    let mut want = vec![
+        PathBuf::from(raw),
+        PathBuf::from(latin1),
+        PathBuf::from(latin1).join(raw),
+    ];
+    want.sort();
+    assert_eq!(names, want);
+    let out = c.path().join("out");
+    let r = stage(&c.client, Direction::Out, &[dir_item(&out, "/in")], &opts()).await;
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    let d = diff(&without_atimes(before), &without_atimes(snapshot(&out)));
+    assert!(d.is_empty(), "{}", d.join("\n"));
+}
+
 /// Waits until a running stage has copied `n` bytes; fails if it ends first or takes long.
 async fn wait_for_bytes<T>(progress: &Progress, task: &tokio::task::JoinHandle<T>, n: u64) {
     let start = std::time::Instant::now();

@@ -15,12 +15,17 @@ impl Fs {
         self.listings.drop_dir(ino);
         self.barrier().await;
         let mut set = set;
+        // No commit of this inode may be in flight while its size changes.
+        let _size = match set.size {
+            Some(_) => Some(self.size_lock(ino).lock().await),
+            None => None,
+        };
         let old_size = match (set.size, self.inodes.open_size(ino)) {
             (None, _) => 0,
             (Some(_), Some(_)) => {
                 // Commit pending writes first, so the recorded size is not raised again by a
                 // later commit of bytes the truncate removed.
-                self.commit(ino).await?;
+                self.commit_locked(ino).await?;
                 self.inodes.size(ino)
             }
             (Some(_), None) => self.client.getattr(ino).await.map_err(stale)?.size,
@@ -183,6 +188,12 @@ impl Fs {
 
     /// Sends this node's size and mtime of `ino` to the metadata server if writes are pending.
     pub(super) async fn commit(&self, ino: Ino) -> FsResult<()> {
+        let _size = self.size_lock(ino).lock().await;
+        self.commit_locked(ino).await
+    }
+
+    /// [`commit`](Self::commit) with the inode's size lock held by the caller.
+    async fn commit_locked(&self, ino: Ino) -> FsResult<()> {
         let Some((size, mtime)) = self.inodes.take_pending(ino) else {
             return Ok(());
         };

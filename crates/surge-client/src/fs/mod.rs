@@ -25,9 +25,10 @@
 //! - [`files`] (open, read, write, fsync, close) and [`names`] (lookup, create, unlink, rename,
 //!   readdir) are the operations, built on the parts.
 //!
-//! Lock order (never take an earlier lock while holding a later one): `listings` ->
-//! `inodes` -> (`open_inos`, `inos`, the `behind` queue); `handles`, `fresh_dirs` and the
-//! lease set are taken alone.
+//! Lock order (never take an earlier lock while holding a later one): an inode's size lock
+//! (async, held across the round trips of a commit or truncate) -> `listings` -> `inodes` ->
+//! (`open_inos`, `inos`, the `behind` queue); `handles`, `fresh_dirs` and the lease set are
+//! taken alone.
 
 mod behind;
 mod files;
@@ -155,7 +156,14 @@ pub struct Fs {
     inos: Mutex<std::ops::Range<Ino>>,
     /// The metadata server refused to reserve inode numbers (creates are not made behind).
     inos_refused: AtomicBool,
+    /// Size changes of one inode sent to the metadata server one at a time (striped by inode
+    /// number): a commit is `size = max(size, sent)`, so one computed before a truncate and
+    /// arriving after it would undo the truncate.
+    size_locks: Vec<tokio::sync::Mutex<()>>,
 }
+
+/// Stripes of [`Fs::size_locks`].
+const SIZE_LOCKS: usize = 64;
 
 impl Fs {
     /// `fresh_dir_ttl`: how long directory attributes returned with this node's own changes
@@ -179,7 +187,15 @@ impl Fs {
             creates_behind,
             inos: Mutex::new(0..0),
             inos_refused: AtomicBool::new(false),
+            size_locks: (0..SIZE_LOCKS)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
         }
+    }
+
+    /// The lock serializing size changes of `ino` (see `size_locks`).
+    fn size_lock(&self, ino: Ino) -> &tokio::sync::Mutex<()> {
+        &self.size_locks[(ino as usize) % SIZE_LOCKS]
     }
 
     pub fn client(&self) -> &Arc<InstanceClient> {
