@@ -114,10 +114,29 @@ pub struct MountArgs {
     /// Once mounted, write {"mountpoint", "pid"} as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
+
+    /// Write the requests this mount sent to its servers, per operation, as JSON to this file
+    /// ({"dumps": N, "requests": {"Lookup": n, ...}}) on SIGUSR1 and at unmount: what a
+    /// cache saves, counted.
+    #[arg(long, value_name = "FILE")]
+    pub stats_file: Option<PathBuf>,
+}
+
+/// Writes the mount's request counts to `path` (the `dumps`-th time).
+fn write_stats(path: &std::path::Path, client: &InstanceClient, dumps: u64) {
+    let text = serde_json::json!({
+        "dumps": dumps,
+        "requests": client.counts().snapshot(),
+    });
+    let tmp = path.with_extension("tmp");
+    let r = std::fs::write(&tmp, text.to_string()).and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = r {
+        tracing::warn!("cannot write {}: {e}", path.display());
+    }
 }
 
 pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
-    let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM]);
+    let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGUSR1]);
     let rt = runtime()?;
     let desc = rt.block_on(args.source.load())?;
     let client = InstanceClient::new(desc, NamespaceId(args.ns))?;
@@ -145,13 +164,27 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     }
     // Wait for a signal or for someone else to unmount.
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(surge_core::sys::wait_signal(&sigs));
+    std::thread::spawn(move || loop {
+        if tx.send(surge_core::sys::wait_signal(&sigs)).is_err() {
+            break;
+        }
     });
+    let client = mounted.client.clone();
+    let mut dumps = 0;
     loop {
         if let Ok(sig) = rx.recv_timeout(Duration::from_millis(200)) {
+            if sig == libc::SIGUSR1 {
+                if let Some(f) = &args.stats_file {
+                    dumps += 1;
+                    write_stats(f, &client, dumps);
+                }
+                continue;
+            }
             tracing::info!("signal {sig}: unmounting {}", args.mountpoint.display());
             mounted.unmount()?;
+            if let Some(f) = &args.stats_file {
+                write_stats(f, &client, dumps + 1);
+            }
             break;
         }
         if mounted.is_finished() {

@@ -44,6 +44,8 @@ pub fn is_root() -> bool {
 /// A mounted file system; dropping it does not unmount (call [`Mounted::unmount`]).
 pub struct Mounted {
     pub mountpoint: PathBuf,
+    /// The instance client the mount sends its requests with (its request counts).
+    pub client: Arc<InstanceClient>,
     unmounter: fuser::SessionUnmounter,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
@@ -110,7 +112,8 @@ pub fn mount(
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
 
-    let fs = Arc::new(Fs::new(Arc::new(client), opts.ttl.attr, opts.ttl.entry));
+    let client = Arc::new(client);
+    let fs = Arc::new(Fs::new(client.clone(), opts.ttl.attr, opts.ttl.entry));
     let notifier = Arc::new(OnceLock::new());
     let adapter = FuseAdapter::new(
         fs,
@@ -134,6 +137,7 @@ pub fn mount(
     info!("mounted on {}", mountpoint.display());
     Ok(Mounted {
         mountpoint: mountpoint.to_path_buf(),
+        client,
         unmounter,
         thread: Some(thread),
     })

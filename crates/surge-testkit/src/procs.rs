@@ -201,6 +201,8 @@ pub struct Mount {
     pub child: Option<Child>,
     pub dir: PathBuf,
     scratch: Scratch,
+    /// Request-count dumps read so far (see [`Mount::requests`]).
+    dumps: std::cell::Cell<u64>,
 }
 
 impl Mount {
@@ -226,6 +228,8 @@ impl Mount {
                 "--ready-file",
             ])
             .arg(&ready)
+            .arg("--stats-file")
+            .arg(scratch.path().join("stats.json"))
             .args(extra)
             .arg(&dir)
             .stdout(Stdio::null())
@@ -236,6 +240,7 @@ impl Mount {
             child: Some(child),
             dir,
             scratch,
+            dumps: std::cell::Cell::new(0),
         };
         let start = Instant::now();
         let ok = loop {
@@ -264,6 +269,34 @@ impl Mount {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.scratch.path().join("mount.log")).unwrap_or_default()
+    }
+
+    /// The requests this mount has sent to its servers so far, per operation (`surge mount
+    /// --stats-file`, dumped on SIGUSR1): what its caches saved, counted.
+    pub fn requests(&self) -> std::collections::BTreeMap<String, u64> {
+        let child = self.child.as_ref().expect("the mount is running");
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+        let file = self.scratch.path().join("stats.json");
+        let want = self.dumps.get() + 1;
+        let v = wait_for(
+            "the mount's request counts",
+            Duration::from_secs(10),
+            || {
+                let v: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&file).ok()?).ok()?;
+                (v["dumps"].as_u64()? >= want).then_some(v)
+            },
+        );
+        self.dumps.set(v["dumps"].as_u64().unwrap_or(want));
+        v["requests"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub fn unmount(&mut self) {
