@@ -20,6 +20,9 @@ have gfortran    || need+=(gfortran)
 have chromium    || need+=(chromium)
 have make        || need+=(make)
 have sqlite3     || need+=(sqlite3)
+# MUNGE authenticates every client of the manager (munged, mungekey, libmunge to link).
+have munged      || need+=(munge)
+[ -f /usr/include/munge.h ] || need+=(libmunge-dev)
 # fsx and fsstress (xfstests, built from ../shared/tools/fs-suites) include <xfs/xfs.h>.
 [ -f /usr/include/xfs/xfs.h ] || need+=(xfslibs-dev)
 # MPI-IO: `surge bench io --backend mpiio` and the MPI jobs `surge tune` tunes.
