@@ -142,7 +142,7 @@ impl Token {
 
     pub fn from_text(s: &str) -> Result<Token, AuthError> {
         let s = s.trim();
-        if s.len() % 2 != 0 {
+        if !s.len().is_multiple_of(2) {
             return Err(AuthError::Token("odd number of hex digits".into()));
         }
         (0..s.len())
