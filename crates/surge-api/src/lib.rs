@@ -1,7 +1,108 @@
 //! The control plane's gRPC API: what the CLI, `surge run` and servers use to talk to
 //! `surge manager`. Generated from `proto/surge.proto`; see that file for the meaning of each
 //! call. Bulk data never goes through this API (DESIGN §3).
+//!
+//! Every call carries a fresh MUNGE credential ([`Munge`], header [`MUNGE_HEADER`]); the
+//! manager takes the caller's uid and gid from it. [`connect`] gives a client that does so.
 
 pub mod v1 {
     tonic::include_proto!("surge.v1");
+}
+
+use std::path::PathBuf;
+use std::time::Duration;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+/// The metadata key carrying a call's MUNGE credential.
+pub const MUNGE_HEADER: &str = "x-surge-munge";
+
+/// Adds a fresh MUNGE credential (from the munged at `socket`) to every call.
+#[derive(Clone, Debug)]
+pub struct Munge {
+    pub socket: PathBuf,
+}
+
+impl tonic::service::Interceptor for Munge {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let cred = surge_auth::munge::encode(&self.socket)
+            .map_err(|e| tonic::Status::unauthenticated(e.to_string()))?;
+        let value = cred
+            .parse()
+            .map_err(|_| tonic::Status::internal("a MUNGE credential is not header-safe"))?;
+        req.metadata_mut().insert(MUNGE_HEADER, value);
+        Ok(req)
+    }
+}
+
+/// A client of the manager whose calls are authenticated with MUNGE.
+pub type Client = v1::manager_client::ManagerClient<InterceptedService<Channel, Munge>>;
+
+/// Errors of [`connect`].
+#[derive(Debug)]
+pub struct ConnectError(pub String);
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// The munged socket a client uses: `$SURGE_MUNGE_SOCKET`; else the system's when it exists;
+/// else that of the embedded default (`surge run` with no manager starts a munged of its own in
+/// `$SURGE_FAST_DIR`, default `/dev/shm/surge-$USER`, under `run/munge/`) when it exists.
+pub fn munge_socket() -> PathBuf {
+    if std::env::var_os(surge_auth::munge::SOCKET_ENV).is_some() {
+        return surge_auth::munge::socket();
+    }
+    let system = PathBuf::from(surge_auth::munge::SYSTEM_SOCKET);
+    if system.exists() {
+        return system;
+    }
+    let fast = std::env::var_os("SURGE_FAST_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            // SAFETY: getuid has no preconditions.
+            let uid = unsafe { libc::getuid() };
+            let user = std::env::var("USER")
+                .ok()
+                .filter(|u| !u.is_empty())
+                .or_else(|| surge_auth::user_name(uid))
+                .unwrap_or_else(|| format!("uid{uid}"));
+            PathBuf::from(format!("/dev/shm/surge-{user}"))
+        });
+    let embedded = fast.join("run/munge/munge.socket");
+    if embedded.exists() {
+        embedded
+    } else {
+        system
+    }
+}
+
+/// Connects to the manager at `addr` (`host:port`), authenticating every call with the munged
+/// of [`munge_socket`].
+pub async fn connect(addr: &str) -> Result<Client, ConnectError> {
+    connect_with(addr, munge_socket()).await
+}
+
+/// [`connect`] with the munged at `socket`.
+pub async fn connect_with(addr: &str, socket: PathBuf) -> Result<Client, ConnectError> {
+    let url = if addr.starts_with("http://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    let ch = tonic::transport::Endpoint::from_shared(url)
+        .map_err(|e| ConnectError(format!("'{addr}' is not a manager address: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| ConnectError(format!("cannot reach the manager at {addr}: {e}")))?;
+    Ok(v1::manager_client::ManagerClient::with_interceptor(
+        ch,
+        Munge { socket },
+    ))
 }

@@ -143,6 +143,17 @@ pub fn answers(socket: &Path) -> bool {
     socket.exists() && encode(socket).is_ok()
 }
 
+/// `name` on the PATH, else in the sbin directories where Debian puts munged and mungekey
+/// (often not on a user's PATH).
+fn program(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 /// A munged of our own (for `surge run` on a host without one, and for tests): its key, socket,
 /// pid, log and seed files in one directory (0700). Stopped when dropped.
 pub struct Daemon {
@@ -162,7 +173,7 @@ impl Daemon {
             .map_err(|err| e(format!("cannot create {}: {err}", dir.display())))?;
         let key = dir.join("munge.key");
         if !key.exists() {
-            let out = Command::new("mungekey")
+            let out = Command::new(program("mungekey"))
                 .arg("--create")
                 .arg(format!("--keyfile={}", key.display()))
                 .output()
@@ -180,7 +191,17 @@ impl Daemon {
         }
         let socket = dir.join("munge.socket");
         let _ = std::fs::remove_file(&socket);
-        let child = Command::new("munged")
+        let mut cmd = Command::new(program("munged"));
+        // It dies with the thread that started it (a killed `surge run` leaves none behind).
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = cmd
             .args(["--foreground", "--force"])
             .arg(format!("--socket={}", socket.display()))
             .arg(format!("--key-file={}", key.display()))

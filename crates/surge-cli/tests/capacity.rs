@@ -80,7 +80,7 @@ fn writing_past_capacity_gives_enospc_and_keeps_what_was_written() {
 #[test]
 fn an_instance_larger_than_a_server_offers_is_refused_and_nothing_is_left_behind() {
     let c = cluster(2, "64MiB");
-    let out = std::process::Command::new(SURGE)
+    let out = surge_command()
         .args([
             "instance",
             "create",

@@ -56,7 +56,7 @@ fn the_dashboard_shows_a_running_jobs_instance_and_stage_progress() {
     let c = cluster(2, "1GiB");
     let ready = s.path().join("m.ready");
     let _m = ChildGuard(
-        Command::new(SURGE)
+        surge_command()
             .args([
                 "manager",
                 "--listen",
@@ -102,6 +102,7 @@ fn the_dashboard_shows_a_running_jobs_instance_and_stage_progress() {
         Command::new(SURGE)
             .current_dir(work.path())
             .env("SURGE_MANAGER", &grpc)
+            .env("SURGE_MUNGE_SOCKET", surge_testkit::munge_socket())
             .args(["run", "dashjob.sh"])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(work.path().join("run.log")).unwrap())

@@ -153,7 +153,7 @@ impl Deployment {
         let mut children = Vec::new();
         let log = |n: &str| std::fs::File::create(dir.path().join(n)).unwrap();
         children.push(ChildGuard(
-            Command::new(SURGE)
+            surge_command()
                 .args([
                     "manager",
                     "--listen",
@@ -177,7 +177,7 @@ impl Deployment {
         for i in 0..servers {
             let r = dir.path().join(format!("s{i}.ready"));
             children.push(ChildGuard(
-                Command::new(SURGE)
+                surge_command()
                     .arg("server")
                     .arg("--device")
                     .arg(dir.path().join(format!("bb{i}")))
@@ -302,7 +302,7 @@ fn manager_and_servers_export_metrics_that_move_with_the_work() {
     );
     // A request that fails is counted as an error (an instance that does not exist).
     let errors_before = sum_over(&s1, "surge_server_request_errors_total", &[]);
-    let bad = Command::new(SURGE)
+    let bad = surge_command()
         .args([
             "instance",
             "show",
@@ -358,6 +358,7 @@ fn manager_and_servers_export_metrics_that_move_with_the_work() {
         let o = Command::new(SURGE)
             .current_dir(work.path())
             .env("SURGE_MANAGER", &d.manager)
+            .env("SURGE_MUNGE_SOCKET", surge_testkit::munge_socket())
             .args(["run", "job.sh"])
             .output()
             .unwrap();

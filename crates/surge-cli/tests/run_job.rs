@@ -601,7 +601,7 @@ fn the_manager_keeps_its_state_across_a_restart() {
         let ready = s.path().join("ready");
         let _ = std::fs::remove_file(&ready);
         let child = ChildGuard(
-            Command::new(SURGE)
+            surge_command()
                 .args([
                     "manager",
                     "--listen",
@@ -826,7 +826,7 @@ fn surge_run_uses_a_configured_manager_and_its_servers() {
     let c = cluster(2, "1GiB");
     let ready = s.path().join("ready");
     let _m = ChildGuard(
-        Command::new(SURGE)
+        surge_command()
             .args([
                 "manager",
                 "--listen",
@@ -860,6 +860,7 @@ fn surge_run_uses_a_configured_manager_and_its_servers() {
     let out = j
         .command()
         .env("SURGE_MANAGER", &addr)
+            .env("SURGE_MUNGE_SOCKET", surge_testkit::munge_socket())
         .arg("run")
         .arg(&script)
         .output()

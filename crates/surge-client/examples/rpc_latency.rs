@@ -2,6 +2,7 @@
 //! `stat` or `create` costs on the wire and in the metadata service.
 //!
 //! cargo run --release -p surge-client --example rpc_latency -- SERVER_ADDR INSTANCE_ID [N]
+//! (with the cluster key readable: $SURGE_KEY_FILE or /etc/surge/surge.key)
 
 use std::time::Instant;
 use surge_client::InstanceClient;
@@ -20,7 +21,9 @@ async fn main() -> anyhow::Result<()> {
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(10_000);
-    let c = InstanceClient::connect(&args[1], InstanceId(args[2].parse()?), NamespaceId(0)).await?;
+    let instance: u64 = args[2].parse()?;
+    let token = surge_client::auth::for_instance(None, instance, None)?;
+    let c = InstanceClient::connect(&args[1], InstanceId(instance), NamespaceId(0), token).await?;
     c.getattr(1).await?;
     println!("through the async pool:");
     run(&c, n).await?;

@@ -2,12 +2,15 @@
 //! use to turn a placement decision into fragments and namespaces on real servers.
 //!
 //! Placement (which servers, how much capacity on each) is the caller's decision; this module
-//! only carries it out, all-or-nothing: a failure part-way destroys what was created.
+//! only carries it out, all-or-nothing: a failure part-way destroys what was created. Every
+//! call presents a capability: an administrator's (`Rights::Admin`, made with the cluster key)
+//! for everything but `describe`, which an instance's own capability answers too.
 
 use crate::conn::ServerPool;
 use crate::error::{ClientError, Result};
 use futures::future::join_all;
 use surge_core::{InstanceId, NamespaceId};
+use surge_auth::Token;
 use surge_proto::{
     FragmentRef, InstanceDescriptor, NamespaceRef, Request, Response, ServerRef, ServerStatus,
 };
@@ -61,12 +64,12 @@ impl InstancePlan {
     }
 }
 
-fn pool(server: &ServerRef) -> Result<ServerPool> {
-    ServerPool::new(server.clone(), 1)
+fn pool(server: &ServerRef, token: &Token) -> Result<ServerPool> {
+    Ok(ServerPool::new(server.clone(), 1)?.with_token(std::sync::Arc::new(token.clone())))
 }
 
-async fn call_ok(server: &ServerRef, req: Request) -> Result<()> {
-    match pool(server)?.call(&req, &[]).await?.0 {
+async fn call_ok(server: &ServerRef, token: &Token, req: Request) -> Result<()> {
+    match pool(server, token)?.call(&req, &[]).await?.0 {
         Response::Ok => Ok(()),
         other => Err(ClientError::Protocol {
             server: server.id.clone(),
@@ -77,12 +80,12 @@ async fn call_ok(server: &ServerRef, req: Request) -> Result<()> {
 }
 
 /// Status of the server at `addr` (`host:port` or `unix:/path`).
-pub async fn status(addr: &str) -> Result<ServerStatus> {
+pub async fn status(addr: &str, token: &Token) -> Result<ServerStatus> {
     let s = ServerRef {
         id: addr.to_string(),
         addrs: vec![addr.to_string()],
     };
-    match pool(&s)?.call(&Request::Status, &[]).await?.0 {
+    match pool(&s, token)?.call(&Request::Status, &[]).await?.0 {
         Response::Status(st) => Ok(st),
         other => Err(ClientError::Protocol {
             server: addr.to_string(),
@@ -94,8 +97,8 @@ pub async fn status(addr: &str) -> Result<ServerStatus> {
 
 /// A reference to the server at `addr`: its id, the address used to reach it first, then its
 /// other listening addresses (a Unix socket is used by clients on the same host).
-pub async fn server_ref(addr: &str) -> Result<ServerRef> {
-    let st = status(addr).await?;
+pub async fn server_ref(addr: &str, token: &Token) -> Result<ServerRef> {
+    let st = status(addr, token).await?;
     let mut addrs = vec![addr.to_string()];
     for a in st.addrs {
         if a.starts_with("unix:") && !addrs.contains(&a) {
@@ -106,12 +109,16 @@ pub async fn server_ref(addr: &str) -> Result<ServerRef> {
 }
 
 /// The descriptor of `instance`, from any server that holds a piece of it.
-pub async fn describe(addr: &str, instance: InstanceId) -> Result<InstanceDescriptor> {
+pub async fn describe(
+    addr: &str,
+    instance: InstanceId,
+    token: &Token,
+) -> Result<InstanceDescriptor> {
     let s = ServerRef {
         id: addr.to_string(),
         addrs: vec![addr.to_string()],
     };
-    match pool(&s)?
+    match pool(&s, token)?
         .call(&Request::Describe { instance }, &[])
         .await?
         .0
@@ -127,11 +134,12 @@ pub async fn describe(addr: &str, instance: InstanceId) -> Result<InstanceDescri
 
 /// Creates every fragment and namespace of the plan; on failure removes what was created and
 /// returns the first error.
-pub async fn create_instance(plan: &InstancePlan) -> Result<InstanceDescriptor> {
+pub async fn create_instance(plan: &InstancePlan, token: &Token) -> Result<InstanceDescriptor> {
     let desc = plan.descriptor();
     let frag_calls = desc.fragments.iter().map(|f| {
         call_ok(
             &f.server,
+            token,
             Request::CreateFragment {
                 instance: desc.instance,
                 fragment: f.index,
@@ -145,6 +153,7 @@ pub async fn create_instance(plan: &InstancePlan) -> Result<InstanceDescriptor> 
         let ns_calls = desc.namespaces.iter().map(|n| {
             call_ok(
                 &n.server,
+                token,
                 Request::CreateNamespace {
                     instance: desc.instance,
                     ns: n.ns,
@@ -160,7 +169,7 @@ pub async fn create_instance(plan: &InstancePlan) -> Result<InstanceDescriptor> 
     match first_err {
         None => Ok(desc),
         Some(e) => {
-            let _ = destroy_instance(&desc).await;
+            let _ = destroy_instance(&desc, token).await;
             Err(e)
         }
     }
@@ -168,10 +177,11 @@ pub async fn create_instance(plan: &InstancePlan) -> Result<InstanceDescriptor> 
 
 /// Destroys every namespace and fragment of an instance (idempotent: missing pieces are fine).
 /// Returns the first error after trying them all.
-pub async fn destroy_instance(desc: &InstanceDescriptor) -> Result<()> {
+pub async fn destroy_instance(desc: &InstanceDescriptor, token: &Token) -> Result<()> {
     let ns_calls = desc.namespaces.iter().map(|n| {
         call_ok(
             &n.server,
+            token,
             Request::DestroyNamespace {
                 instance: desc.instance,
                 ns: n.ns,
@@ -181,6 +191,7 @@ pub async fn destroy_instance(desc: &InstanceDescriptor) -> Result<()> {
     let frag_calls = desc.fragments.iter().map(|f| {
         call_ok(
             &f.server,
+            token,
             Request::DestroyFragment {
                 instance: desc.instance,
                 fragment: f.index,

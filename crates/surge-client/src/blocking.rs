@@ -108,7 +108,38 @@ pub fn is_inline() -> bool {
     INLINE.with(|c| c.get())
 }
 
-fn connect(server: &ServerRef) -> Result<Conn, ClientError> {
+/// A new connection to `server`, authenticated with `token` when there is one.
+fn connect(server: &ServerRef, token: Option<&surge_auth::Token>) -> Result<Conn, ClientError> {
+    let mut conn = connect_stream(server)?;
+    if let Some(t) = token {
+        let req = Request::Authenticate {
+            token: t.bytes().to_vec(),
+        };
+        let id = conn.next_id;
+        conn.next_id += 1;
+        match codec::call_blocking(&mut conn.stream, id, 0, &req, &[]) {
+            Ok(f) => match f.response {
+                Response::Ok => {}
+                Response::Error(e) => {
+                    return Err(ClientError::Remote {
+                        server: server.id.clone(),
+                        error: e,
+                    })
+                }
+                other => {
+                    return Err(ClientError::transport(
+                        &server.id,
+                        format!("Authenticate answered {other:?}"),
+                    ))
+                }
+            },
+            Err(e) => return Err(ClientError::transport(&server.id, format!("Authenticate: {e}"))),
+        }
+    }
+    Ok(conn)
+}
+
+fn connect_stream(server: &ServerRef) -> Result<Conn, ClientError> {
     let mut last = String::from("no usable address");
     for a in &server.addrs {
         let addr: Addr = match a.parse() {
@@ -155,25 +186,40 @@ fn idempotent(req: &Request) -> bool {
 }
 
 /// Sends `req` to `server` for client session `session` and waits for the reply, on this
-/// thread's connection to it.
-pub fn call(server: &ServerRef, session: u32, req: &Request) -> Result<Response, ClientError> {
+/// thread's connection to it (opened with capability `token`).
+pub fn call(
+    server: &ServerRef,
+    session: u32,
+    token: Option<&surge_auth::Token>,
+    req: &Request,
+) -> Result<Response, ClientError> {
+    // One connection per server and capability (two mounts of one process never share one).
+    let key = match token {
+        Some(t) => {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            t.bytes().hash(&mut h);
+            format!("{}#{:x}", server.id, h.finish())
+        }
+        None => server.id.clone(),
+    };
     for attempt in 0..2 {
         let result = CONNS.with(|c| {
             let mut conns = c.borrow_mut();
             if conns
-                .get(&server.id)
+                .get(&key)
                 .is_some_and(|c| c.used.elapsed() > CHECK_IDLE && !c.open())
             {
                 tracing::debug!(
                     "{}: idle connection closed by the server; reconnecting",
                     server.id
                 );
-                conns.remove(&server.id);
+                conns.remove(&key);
             }
-            if !conns.contains_key(&server.id) {
-                conns.insert(server.id.clone(), connect(server)?);
+            if !conns.contains_key(&key) {
+                conns.insert(key.clone(), connect(server, token)?);
             }
-            let Some(conn) = conns.get_mut(&server.id) else {
+            let Some(conn) = conns.get_mut(&key) else {
                 return Err(ClientError::transport(&server.id, "no connection".into()));
             };
             let id = conn.next_id;
@@ -184,7 +230,7 @@ pub fn call(server: &ServerRef, session: u32, req: &Request) -> Result<Response,
                     Ok(f.response)
                 }
                 Err(e) => {
-                    conns.remove(&server.id);
+                    conns.remove(&key);
                     Err(ClientError::transport(
                         &server.id,
                         format!("{}: {e}", req.name()),

@@ -29,35 +29,74 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// Where an instance's descriptor comes from.
+/// Where an instance's descriptor, and the capability to use it, come from.
 #[derive(clap::Args, Debug, Clone)]
 pub struct InstanceSource {
-    /// Any server holding a piece of the instance (host:port or unix:/path).
-    #[arg(long, value_name = "ADDR", required_unless_present = "descriptor")]
+    /// The manager (host:port; default $SURGE_MANAGER): it gives the instance's descriptor and
+    /// a capability for its servers to whoever may use it (checked with MUNGE). Without a
+    /// manager the capability is made with the cluster key, which only root and the service
+    /// user can read.
+    #[arg(long, value_name = "HOST:PORT", env = "SURGE_MANAGER")]
+    pub manager: Option<String>,
+
+    /// Any server holding a piece of the instance (host:port or unix:/path), when there is no
+    /// manager.
+    #[arg(long, value_name = "ADDR")]
     pub server: Option<String>,
 
-    /// The instance id (with --server).
-    #[arg(long, value_name = "ID", required_unless_present = "descriptor")]
+    /// The instance id.
+    #[arg(long, value_name = "ID")]
     pub instance: Option<u64>,
+
+    /// A persistent instance by name (with a manager).
+    #[arg(long, value_name = "NAME", conflicts_with = "instance")]
+    pub persistent: Option<String>,
 
     /// Read the instance descriptor from this JSON file instead (as printed by
     /// `surge instance create --json`).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["server", "instance"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["server", "instance", "manager"])]
     pub descriptor: Option<PathBuf>,
+
+    /// The cluster key, to make a capability without a manager (default $SURGE_KEY_FILE, else
+    /// /etc/surge/surge.key).
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
 impl InstanceSource {
-    pub async fn load(&self) -> anyhow::Result<InstanceDescriptor> {
+    /// The descriptor and a capability for namespace `ns` (or every namespace).
+    pub async fn resolve(
+        &self,
+        ns: Option<u32>,
+    ) -> anyhow::Result<(InstanceDescriptor, surge_auth::Token)> {
         if let Some(f) = &self.descriptor {
             let text = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?;
-            return serde_json::from_slice(&text)
-                .with_context(|| format!("{} is not an instance descriptor", f.display()));
+            let desc: InstanceDescriptor = serde_json::from_slice(&text)
+                .with_context(|| format!("{} is not an instance descriptor", f.display()))?;
+            let token = crate::auth::for_instance(self.key_file.as_deref(), desc.instance.0, ns)?;
+            return Ok((desc, token));
+        }
+        if let (Some(m), None) = (&self.manager, &self.server) {
+            let persistent = self.persistent.clone().unwrap_or_default();
+            anyhow::ensure!(
+                self.instance.is_some() || !persistent.is_empty(),
+                "give --instance ID or --persistent NAME"
+            );
+            return crate::auth::from_manager(m, self.instance.unwrap_or(0), &persistent, ns)
+                .await
+                .with_context(|| format!("manager {m}"));
         }
         match (&self.server, self.instance) {
-            (Some(s), Some(i)) => Ok(admin::describe(s, InstanceId(i))
-                .await
-                .with_context(|| format!("cannot describe instance {i} from {s}"))?),
-            _ => anyhow::bail!("give --server and --instance, or --descriptor"),
+            (Some(s), Some(i)) => {
+                let token = crate::auth::for_instance(self.key_file.as_deref(), i, ns)?;
+                let desc = admin::describe(s, InstanceId(i), &token)
+                    .await
+                    .with_context(|| format!("cannot describe instance {i} from {s}"))?;
+                Ok((desc, token))
+            }
+            _ => anyhow::bail!(
+                "give --manager (or SURGE_MANAGER) and --instance, --server and --instance, or                  --descriptor"
+            ),
         }
     }
 }
@@ -138,8 +177,8 @@ fn write_stats(path: &std::path::Path, client: &InstanceClient, dumps: u64) {
 pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGUSR1]);
     let rt = runtime()?;
-    let desc = rt.block_on(args.source.load())?;
-    let client = InstanceClient::new(desc, NamespaceId(args.ns))?;
+    let (desc, token) = rt.block_on(args.source.resolve(Some(args.ns)))?;
+    let client = InstanceClient::new(desc, NamespaceId(args.ns), token)?;
     // Fail early with a clear message if the metadata server is not reachable.
     rt.block_on(client.getattr(1))
         .with_context(|| format!("cannot reach the metadata server of namespace {}", args.ns))?;
@@ -238,6 +277,10 @@ pub enum InstanceCommand {
         /// Print the descriptor as JSON (usable with `surge mount --descriptor`).
         #[arg(long)]
         json: bool,
+        /// The cluster key (default $SURGE_KEY_FILE, else /etc/surge/surge.key): creating
+        /// instances on servers by hand is for administrators (users ask the manager).
+        #[arg(long, value_name = "FILE")]
+        key_file: Option<PathBuf>,
     },
     /// Show an instance's descriptor.
     Show {
@@ -290,7 +333,8 @@ fn parse_owner(s: &str) -> anyhow::Result<(u32, u32)> {
     ))
 }
 
-/// Show what servers hold: fragments, namespaces, capacity and use (asks the servers directly).
+/// Show what servers hold: fragments, namespaces, capacity and use (asks the servers directly,
+/// with an administrator's capability made with the cluster key).
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
     /// Server addresses (host:port or unix:/path).
@@ -299,15 +343,23 @@ pub struct StatusArgs {
     /// Print each server's status as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The cluster key (default $SURGE_KEY_FILE, else /etc/surge/surge.key).
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
 pub fn run_status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let StatusArgs { servers, json } = args;
+    let StatusArgs {
+        servers,
+        json,
+        key_file,
+    } = args;
+    let token = crate::auth::admin(key_file.as_deref())?;
     runtime()?.block_on(async move {
         let mut all = Vec::new();
         for s in &servers {
             all.push(
-                admin::status(s)
+                admin::status(s, &token)
                     .await
                     .with_context(|| format!("server {s}"))?,
             );
@@ -361,14 +413,16 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                 name,
                 owner,
                 json,
+                key_file,
             } => {
+                let token = crate::auth::admin(key_file.as_deref())?;
                 anyhow::ensure!(capacity > 0, "--capacity must be positive");
                 anyhow::ensure!(stripe_size >= 4096, "--stripe-size must be at least 4KiB");
                 anyhow::ensure!(nodes >= 1, "--nodes must be at least 1");
                 let mut refs = Vec::new();
                 for s in &servers {
                     refs.push(
-                        admin::server_ref(s)
+                        admin::server_ref(s, &token)
                             .await
                             .with_context(|| format!("server {s}"))?,
                     );
@@ -397,7 +451,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                     root_gid: gid,
                     root_perm: 0o755,
                 };
-                let desc = admin::create_instance(&plan).await?;
+                let desc = admin::create_instance(&plan, &token).await?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&desc)?);
                 } else {
@@ -405,7 +459,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                 }
             }
             InstanceCommand::Show { source, json } => {
-                let desc = source.load().await?;
+                let (desc, _) = source.resolve(None).await?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&desc)?);
                 } else {
@@ -413,8 +467,9 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                 }
             }
             InstanceCommand::Destroy { source } => {
-                let desc = source.load().await?;
-                admin::destroy_instance(&desc).await?;
+                let (desc, _) = source.resolve(None).await?;
+                let token = crate::auth::admin(source.key_file.as_deref())?;
+                admin::destroy_instance(&desc, &token).await?;
                 println!("destroyed instance {}", desc.instance);
             }
         }

@@ -151,6 +151,8 @@ pub struct ServerPool {
     slots: Vec<tokio::sync::Mutex<Option<Arc<Connection>>>>,
     next: AtomicUsize,
     session: u32,
+    /// The capability every connection of the pool presents first.
+    token: Option<Arc<surge_auth::Token>>,
 }
 
 impl ServerPool {
@@ -173,7 +175,18 @@ impl ServerPool {
                 .collect(),
             next: AtomicUsize::new(0),
             session: 0,
+            token: None,
         })
+    }
+
+    /// The pool's connections present `token` (a capability) before anything else.
+    pub fn with_token(mut self, token: Arc<surge_auth::Token>) -> ServerPool {
+        self.token = Some(token);
+        self
+    }
+
+    pub fn token(&self) -> Option<&surge_auth::Token> {
+        self.token.as_deref()
     }
 
     /// The pool's requests act for client session `session` (frame header).
@@ -193,7 +206,29 @@ impl ServerPool {
         let mut last = None;
         for addr in &self.addrs {
             match Connection::open(&*self.transport, addr, &self.server.id, self.session).await {
-                Ok(c) => return Ok(c),
+                Ok(c) => {
+                    if let Some(t) = &self.token {
+                        let req = Request::Authenticate {
+                            token: t.bytes().to_vec(),
+                        };
+                        match c.call(&req, &[]).await? {
+                            (Response::Ok, _) => {}
+                            (Response::Error(e), _) => {
+                                return Err(ClientError::Remote {
+                                    server: self.server.id.clone(),
+                                    error: e,
+                                })
+                            }
+                            (other, _) => {
+                                return Err(ClientError::transport(
+                                    &self.server.id,
+                                    format!("Authenticate answered {other:?}"),
+                                ))
+                            }
+                        }
+                    }
+                    return Ok(c);
+                }
                 Err(e) => last = Some(e),
             }
         }

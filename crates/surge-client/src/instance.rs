@@ -110,7 +110,7 @@ macro_rules! expect {
         let req = $req;
         $self.counts.note(&req);
         let resp = if crate::blocking::is_inline() {
-            crate::blocking::call(&$pool.server, $pool.session(), &req)?
+            crate::blocking::call(&$pool.server, $pool.session(), $pool.token(), &req)?
         } else {
             $pool.call(&req, &[]).await?.0
         };
@@ -135,16 +135,25 @@ macro_rules! metadata_call {
 }
 
 impl InstanceClient {
-    /// Connects to namespace `ns` of an instance described by `desc`.
-    pub fn new(desc: InstanceDescriptor, ns: NamespaceId) -> Result<InstanceClient> {
+    /// Connects to namespace `ns` of an instance described by `desc`, presenting capability
+    /// `token` to its servers.
+    pub fn new(
+        desc: InstanceDescriptor,
+        ns: NamespaceId,
+        token: surge_auth::Token,
+    ) -> Result<InstanceClient> {
         let session = new_session();
+        let token = Arc::new(token);
         let mut pools: HashMap<String, Arc<ServerPool>> = HashMap::new();
         let mut pool_for = |s: &ServerRef| -> Result<Arc<ServerPool>> {
             if let Some(p) = pools.get(&s.id) {
                 return Ok(p.clone());
             }
-            let p =
-                Arc::new(ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?.with_session(session));
+            let p = Arc::new(
+                ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?
+                    .with_session(session)
+                    .with_token(token.clone()),
+            );
             pools.insert(s.id.clone(), p.clone());
             Ok(p)
         };
@@ -191,9 +200,10 @@ impl InstanceClient {
         server: &str,
         instance: InstanceId,
         ns: NamespaceId,
+        token: surge_auth::Token,
     ) -> Result<InstanceClient> {
-        let desc = crate::admin::describe(server, instance).await?;
-        Self::new(desc, ns)
+        let desc = crate::admin::describe(server, instance, &token).await?;
+        Self::new(desc, ns, token)
     }
 
     pub fn instance(&self) -> InstanceId {

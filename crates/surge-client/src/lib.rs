@@ -5,9 +5,11 @@
 //! - [`fs`]: the file-system core (POSIX semantics, open files, close-to-open) with no FUSE types.
 //! - [`fuse`]: the thin `fuser` adapter over the core; [`mount`]: mounting it.
 //! - [`admin`]: creating and destroying instances on servers.
+//! - [`auth`]: where a command gets the capability it presents to servers.
 //! - [`conn`]: pipelined connections and per-server pools.
 
 pub mod admin;
+pub mod auth;
 pub mod blocking;
 pub mod cli;
 pub mod conn;

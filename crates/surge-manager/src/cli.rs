@@ -12,10 +12,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use surge_api::v1 as api;
-use surge_api::v1::manager_client::ManagerClient;
 use surge_api::v1::manager_server::ManagerServer;
 use surge_core::format_bytes;
-use tonic::transport::Channel;
 use tracing::info;
 
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -59,6 +57,18 @@ pub struct ManagerArgs {
     /// Once listening, write {"grpc", "http", "pid"} as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
+    /// The cluster key shared with the servers (0600; default $SURGE_KEY_FILE, else
+    /// /etc/surge/surge.key): the manager signs capabilities with it.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Members of this group (gid) administer Surge like root and the manager's own user:
+    /// register servers, create pools, see and act on every user's instances and sessions.
+    #[arg(long, value_name = "GID")]
+    pub admin_group: Option<u32>,
+    /// The munged socket that checks callers' MUNGE credentials (default $SURGE_MUNGE_SOCKET,
+    /// else the system's /run/munge/munge.socket.2).
+    #[arg(long, value_name = "PATH")]
+    pub munge_socket: Option<PathBuf>,
 }
 
 pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
@@ -68,9 +78,29 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("cannot create {}", parent.display()))?;
         }
+        let key_file = args
+            .key_file
+            .clone()
+            .unwrap_or_else(surge_auth::Key::default_path);
+        let key = surge_auth::Key::load(&key_file)?;
+        let munge_socket = args
+            .munge_socket
+            .clone()
+            .unwrap_or_else(surge_auth::munge::socket);
+        anyhow::ensure!(
+            surge_auth::munge::answers(&munge_socket),
+            "no munged answers at {}: the manager takes who its callers are from MUNGE (start              munged, or name its socket with --munge-socket)",
+            munge_socket.display()
+        );
         let core = Arc::new(
-            Core::open(&args.state, &args.pool, args.granularity)
-                .with_context(|| format!("cannot open manager state {}", args.state.display()))?,
+            Core::open(
+                &args.state,
+                &args.pool,
+                args.granularity,
+                key,
+                args.admin_group,
+            )
+            .with_context(|| format!("cannot open manager state {}", args.state.display()))?,
         );
         let stages = Arc::new(Stages::new(core.clone()));
         let grpc = tokio::net::TcpListener::bind(&args.listen)
@@ -123,7 +153,10 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
             info!("shutting down");
         };
         tonic::transport::Server::builder()
-            .add_service(ManagerServer::new(svc))
+            .add_service(ManagerServer::with_interceptor(
+                svc,
+                crate::service::authenticate(munge_socket),
+            ))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await
             .context("gRPC server failed")?;
@@ -155,19 +188,9 @@ impl ManagerAddr {
     }
 }
 
-pub async fn connect(addr: &str) -> anyhow::Result<ManagerClient<Channel>> {
-    let url = if addr.starts_with("http://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    let ch = tonic::transport::Endpoint::from_shared(url.clone())
-        .with_context(|| format!("'{addr}' is not a manager address"))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .with_context(|| format!("cannot reach the manager at {addr}"))?;
-    Ok(ManagerClient::new(ch))
+/// A client of the manager at `addr` whose calls carry MUNGE credentials.
+pub async fn connect(addr: &str) -> anyhow::Result<surge_api::Client> {
+    Ok(surge_api::connect(addr).await?)
 }
 
 /// Turns a gRPC error into the manager's own message.
@@ -390,6 +413,10 @@ pub enum PersistentCommand {
         /// The pool to allocate from (default: the manager's default pool).
         #[arg(long, default_value = "")]
         pool: String,
+        /// Let members of your group use it too (attach it, stage into and out of it, mount
+        /// it); by default only you and administrators may.
+        #[arg(long)]
+        share_with_group: bool,
         /// Print the created instance as JSON.
         #[arg(long)]
         json: bool,
@@ -419,6 +446,7 @@ pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
                 capacity,
                 access_mode,
                 pool,
+                share_with_group,
                 json,
             } => {
                 // SAFETY: getuid/getgid have no preconditions.
@@ -433,6 +461,7 @@ pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
                         owner_uid: uid,
                         owner_gid: gid,
                         stripe_size: 0,
+                        share_with_group,
                     })
                     .await
                     .map_err(status_err)?

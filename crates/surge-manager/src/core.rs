@@ -15,6 +15,9 @@ use surge_proto::{Request, ServerRef, ServerStatus};
 use thiserror::Error;
 use tracing::{info, warn};
 
+/// How long a capability the manager gives lasts (longer than any job may run).
+const CAPABILITY_SECS: i64 = 14 * 24 * 3600;
+
 /// Missed liveness checks after which a server is marked down.
 const MISSES_DOWN: u32 = 3;
 
@@ -30,6 +33,8 @@ pub enum ManagerError {
     NoSpace(String),
     #[error("{0}")]
     Unavailable(String),
+    #[error("{0}")]
+    Denied(String),
     #[error("state database: {0}")]
     Db(#[from] rusqlite::Error),
 }
@@ -53,6 +58,8 @@ pub struct InstanceRequest {
     pub owner_uid: u32,
     pub owner_gid: u32,
     pub stripe_size: u64,
+    /// Members of the owner's group may use it too.
+    pub group_shared: bool,
 }
 
 /// A pool with its servers and space, for listings.
@@ -68,6 +75,11 @@ pub struct PoolUsage {
 pub struct Core {
     pub store: Mutex<Store>,
     pub default_pool: String,
+    /// The cluster key: the manager signs its own (administrator's) capabilities and those it
+    /// gives users with it (see `surge_auth`).
+    key: surge_auth::Key,
+    /// Who may administer (besides root and the manager's own user).
+    admin_group: Option<u32>,
     /// Last status of each server (by id), from registration and liveness checks.
     status: Mutex<HashMap<String, ServerStatus>>,
     misses: Mutex<HashMap<String, u32>>,
@@ -76,7 +88,13 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn open(state: &Path, default_pool: &str, granularity: u64) -> anyhow::Result<Core> {
+    pub fn open(
+        state: &Path,
+        default_pool: &str,
+        granularity: u64,
+        key: surge_auth::Key,
+        admin_group: Option<u32>,
+    ) -> anyhow::Result<Core> {
         let store = Store::open(state)?;
         if store.pool(default_pool)?.is_none() {
             store.upsert_pool(default_pool, granularity)?;
@@ -94,10 +112,69 @@ impl Core {
         Ok(Core {
             store: Mutex::new(store),
             default_pool: default_pool.to_string(),
+            key,
+            admin_group,
             status: Mutex::new(HashMap::new()),
             misses: Mutex::new(HashMap::new()),
             alloc: tokio::sync::Mutex::new(()),
         })
+    }
+
+    // --- who is who ---
+
+    /// The manager's own capability for its servers (administration).
+    pub fn admin_token(&self) -> surge_auth::Token {
+        surge_auth::Token::admin(&self.key, surge_auth::Caller::me(), 3600)
+    }
+
+    /// True for root, the manager's own user and members of its admin group.
+    pub fn is_admin(&self, c: &surge_auth::Caller) -> bool {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        c.uid == 0 || c.uid == me || self.admin_group.is_some_and(|g| c.in_group(g))
+    }
+
+    /// True when `c` may use (attach, stage into and out of, mount, destroy) instance `inst`:
+    /// its owner or an administrator; for a persistent instance, also members of its group
+    /// when it is shared with the group.
+    pub fn may_use(&self, c: &surge_auth::Caller, inst: &InstanceRow) -> bool {
+        self.is_admin(c)
+            || c.uid == inst.owner_uid
+            || (inst.group_shared && c.in_group(inst.owner_gid))
+    }
+
+    /// Refuses `c` the use of `inst` unless [`may_use`](Self::may_use).
+    pub fn check_use(&self, c: &surge_auth::Caller, inst: &InstanceRow) -> MResult<()> {
+        if self.may_use(c, inst) {
+            return Ok(());
+        }
+        Err(ManagerError::Denied(format!(
+            "instance {} ({}) belongs to uid {}: uid {} may not use it",
+            inst.id, inst.name, inst.owner_uid, c.uid
+        )))
+    }
+
+    /// A capability for instance `inst` (namespace `ns`, or all) for `c`, valid as long as
+    /// jobs may run.
+    pub fn capability(
+        &self,
+        c: &surge_auth::Caller,
+        inst: &InstanceRow,
+        ns: Option<u32>,
+    ) -> MResult<(surge_auth::Token, i64)> {
+        self.check_use(c, inst)?;
+        let expires = surge_auth::token::now() + CAPABILITY_SECS;
+        let t = surge_auth::Token::mint(
+            &self.key,
+            &surge_auth::Claims {
+                instance: inst.id,
+                ns,
+                caller: c.clone(),
+                rights: surge_auth::Rights::Instance,
+                expires,
+            },
+        );
+        Ok((t, expires))
     }
 
     // --- pools ---
@@ -128,7 +205,7 @@ impl Core {
                 "pool '{pool}' does not exist"
             )));
         }
-        let st = admin::status(addr).await.map_err(|e| {
+        let st = admin::status(addr, &self.admin_token()).await.map_err(|e| {
             ManagerError::Unavailable(format!("cannot reach server at {addr}: {e}"))
         })?;
         let mut addrs = st.addrs.clone();
@@ -254,7 +331,7 @@ impl Core {
                 if a.starts_with("unix:") && !Path::new(&a[5..]).exists() {
                     continue;
                 }
-                if let Ok(st) = admin::status(a).await {
+                if let Ok(st) = admin::status(a, &self.admin_token()).await {
                     status = Some(st);
                     break;
                 }
@@ -423,6 +500,7 @@ impl Core {
                 nodes,
                 owner_uid: req.owner_uid,
                 owner_gid: req.owner_gid,
+                group_shared: req.group_shared,
                 state: "creating".into(),
                 created: now(),
                 descriptor: surge_proto::InstanceDescriptor {
@@ -461,7 +539,7 @@ impl Core {
             root_gid: req.owner_gid,
             root_perm: 0o755,
         };
-        match admin::create_instance(&plan).await {
+        match admin::create_instance(&plan, &self.admin_token()).await {
             Ok(desc) => {
                 let store = self.store.lock();
                 store.finish_instance(id, &name, &desc)?;
@@ -545,7 +623,7 @@ impl Core {
                 inst.id, inst.name
             )));
         }
-        admin::destroy_instance(&inst.descriptor)
+        admin::destroy_instance(&inst.descriptor, &self.admin_token())
             .await
             .map_err(|e| {
                 ManagerError::Unavailable(format!("cannot destroy instance {}: {e}", inst.id))

@@ -1,11 +1,17 @@
 //! The gRPC face of the manager: translates API messages to [`Core`] calls and errors to gRPC
 //! status codes (so `surge` can print the manager's own message).
+//!
+//! Every call was authenticated with MUNGE before it gets here ([`authenticate`]): the caller
+//! is in the request's extensions, and each call checks what that caller may do
+//! (docs/SECURITY.md): administration is for root, the manager's user and its admin group;
+//! an instance, a session and its stage tasks are their owner's (and an administrator's).
 
 use crate::core::{Core, InstanceRequest, ManagerError};
 use crate::stage::Stages;
 use crate::views;
 use std::sync::Arc;
 use surge_api::v1 as api;
+use surge_auth::Caller;
 use surge_api::v1::manager_server::Manager;
 use tonic::{Request, Response, Status};
 
@@ -17,6 +23,7 @@ pub struct Service {
 impl From<ManagerError> for Status {
     fn from(e: ManagerError) -> Status {
         match e {
+            ManagerError::Denied(m) => Status::permission_denied(m),
             ManagerError::NotFound(m) => Status::not_found(m),
             ManagerError::Invalid(m) => Status::invalid_argument(m),
             ManagerError::Busy(m) => Status::failed_precondition(m),
@@ -45,7 +52,42 @@ pub fn instance_request(r: &api::CreateInstanceRequest) -> InstanceRequest {
         owner_uid: r.owner_uid,
         owner_gid: r.owner_gid,
         stripe_size: r.stripe_size,
+        group_shared: r.share_with_group,
     }
+}
+
+/// The tonic interceptor of the manager's API: takes the caller from the call's MUNGE
+/// credential (decoded by the munged at `socket`), or refuses the call.
+pub fn authenticate(
+    socket: std::path::PathBuf,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |mut req: Request<()>| {
+        let cred = req
+            .metadata()
+            .get(surge_api::MUNGE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                Status::unauthenticated(
+                    "no MUNGE credential: the manager takes who you are from MUNGE (use the                      `surge` commands, which send one; is munged running?)",
+                )
+            })?;
+        let (uid, gid) = surge_auth::munge::decode(cred, &socket)
+            .map_err(|e| Status::unauthenticated(e.to_string()))?;
+        req.extensions_mut().insert(Caller::of(uid, gid));
+        Ok(req)
+    }
+}
+
+/// The caller of `req`, put there by [`authenticate`].
+fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+    req.extensions()
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("the call was not authenticated"))
+}
+
+fn denied(m: String) -> Status {
+    Status::permission_denied(m)
 }
 
 type Res<T> = Result<Response<T>, Status>;
@@ -53,6 +95,8 @@ type Res<T> = Result<Response<T>, Status>;
 #[tonic::async_trait]
 impl Manager for Service {
     async fn register_server(&self, req: Request<api::RegisterServerRequest>) -> Res<api::Server> {
+        let c = caller(&req)?;
+        self.admin(&c, "register a server")?;
         let r = req.into_inner();
         let row = self.core.register_server(&r.addr, &r.pool).await?;
         let servers = self.core.servers()?;
@@ -74,6 +118,8 @@ impl Manager for Service {
     }
 
     async fn create_pool(&self, req: Request<api::CreatePoolRequest>) -> Res<api::Pool> {
+        let c = caller(&req)?;
+        self.admin(&c, "create a pool")?;
         let r = req.into_inner();
         self.core.create_pool(&r.name, r.granularity)?;
         let usage = self.core.pool_usage()?;
@@ -93,30 +139,43 @@ impl Manager for Service {
         &self,
         req: Request<api::CreateInstanceRequest>,
     ) -> Res<api::Instance> {
-        let r = instance_request(req.get_ref());
+        let c = caller(&req)?;
+        let mut r = instance_request(req.get_ref());
+        (r.owner_uid, r.owner_gid) = self.owner(&c, r.owner_uid, r.owner_gid)?;
         let inst = self.core.create_instance(&r).await?;
         Ok(Response::new(views::instance(&self.core, &inst)))
     }
 
     async fn get_instance(&self, req: Request<api::GetInstanceRequest>) -> Res<api::Instance> {
+        let c = caller(&req)?;
         let r = req.into_inner();
         let inst = self.core.instance(r.id, &r.persistent_name)?;
+        self.core.check_use(&c, &inst)?;
         Ok(Response::new(views::instance(&self.core, &inst)))
     }
 
-    async fn list_instances(&self, _req: Request<api::Empty>) -> Res<api::InstanceList> {
+    async fn list_instances(&self, req: Request<api::Empty>) -> Res<api::InstanceList> {
+        let c = caller(&req)?;
         let instances = self
             .core
             .instances()?
             .iter()
+            .filter(|i| self.core.may_use(&c, i))
             .map(|i| views::instance(&self.core, i))
             .collect();
         Ok(Response::new(api::InstanceList { instances }))
     }
 
     async fn destroy_instance(&self, req: Request<api::DestroyInstanceRequest>) -> Res<api::Empty> {
+        let c = caller(&req)?;
         let r = req.into_inner();
         let inst = self.core.instance(r.id, &r.persistent_name)?;
+        if !self.core.is_admin(&c) && c.uid != inst.owner_uid {
+            return Err(denied(format!(
+                "instance {} ({}) belongs to uid {}: only its owner or an administrator may                  destroy it",
+                inst.id, inst.name, inst.owner_uid
+            )));
+        }
         if !r.hurry {
             self.stages.wait_idle(inst.id).await;
         }
@@ -125,26 +184,37 @@ impl Manager for Service {
     }
 
     async fn create_session(&self, req: Request<api::CreateSessionRequest>) -> Res<api::Session> {
+        let c = caller(&req)?;
         let r = req.into_inner();
+        let (uid, gid) = self.owner(&c, r.owner_uid, r.owner_gid)?;
+        // The persistent instances it attaches must be the owner's to use.
+        let owner = Caller::of(uid, gid);
+        for name in &r.persistent {
+            let inst = self.core.instance(0, name)?;
+            self.core.check_use(&owner, &inst)?;
+        }
         let job = r.job_instance.as_ref().map(instance_request).map(|mut i| {
-            i.owner_uid = r.owner_uid;
-            i.owner_gid = r.owner_gid;
+            i.owner_uid = uid;
+            i.owner_gid = gid;
             i
         });
         let s = self
             .core
-            .create_session(&r.job, r.owner_uid, r.owner_gid, job, &r.persistent)
+            .create_session(&r.job, uid, gid, job, &r.persistent)
             .await?;
         Ok(Response::new(views::session(&self.core, &s)))
     }
 
     async fn get_session(&self, req: Request<api::GetSessionRequest>) -> Res<api::Session> {
-        let s = self.core.session(req.into_inner().id)?;
+        let c = caller(&req)?;
+        let s = self.own_session(&c, req.into_inner().id)?;
         Ok(Response::new(views::session(&self.core, &s)))
     }
 
     async fn end_session(&self, req: Request<api::EndSessionRequest>) -> Res<api::Session> {
+        let c = caller(&req)?;
         let r = req.into_inner();
+        self.own_session(&c, r.id)?;
         self.stages.cancel_deferred(r.id)?;
         let s = self
             .core
@@ -153,30 +223,41 @@ impl Manager for Service {
         Ok(Response::new(views::session(&self.core, &s)))
     }
 
-    async fn list_sessions(&self, _req: Request<api::Empty>) -> Res<api::SessionList> {
+    async fn list_sessions(&self, req: Request<api::Empty>) -> Res<api::SessionList> {
+        let c = caller(&req)?;
+        let admin = self.core.is_admin(&c);
         let sessions = self
             .core
             .sessions()?
             .iter()
+            .filter(|s| admin || s.owner_uid == c.uid)
             .map(|s| views::session(&self.core, s))
             .collect();
         Ok(Response::new(api::SessionList { sessions }))
     }
 
     async fn start_stage(&self, req: Request<api::StartStageRequest>) -> Res<api::StageTask> {
-        let t = self.stages.start(req.into_inner()).await?;
+        let c = caller(&req)?;
+        let r = req.into_inner();
+        self.own_session(&c, r.session)?;
+        let t = self.stages.start(r).await?;
         Ok(Response::new(views::stage(&t)))
     }
 
     async fn get_stage(&self, req: Request<api::GetStageRequest>) -> Res<api::StageTask> {
+        let c = caller(&req)?;
         let t = self.stages.get(req.into_inner().id)?;
+        self.own_session(&c, t.session)?;
         Ok(Response::new(views::stage(&t)))
     }
 
     async fn list_stages(&self, req: Request<api::ListStagesRequest>) -> Res<api::StageTaskList> {
+        let c = caller(&req)?;
+        let session = req.into_inner().session;
+        self.own_session(&c, session)?;
         let tasks = self
             .stages
-            .list(req.into_inner().session)?
+            .list(session)?
             .iter()
             .map(views::stage)
             .collect();
@@ -184,12 +265,18 @@ impl Manager for Service {
     }
 
     async fn activate_stage(&self, req: Request<api::GetStageRequest>) -> Res<api::StageTask> {
-        let t = self.stages.activate(req.into_inner().id).await?;
+        let c = caller(&req)?;
+        let id = req.into_inner().id;
+        self.own_session(&c, self.stages.get(id)?.session)?;
+        let t = self.stages.activate(id).await?;
         Ok(Response::new(views::stage(&t)))
     }
 
     async fn cancel_stage(&self, req: Request<api::GetStageRequest>) -> Res<api::StageTask> {
-        let t = self.stages.cancel(req.into_inner().id).await?;
+        let c = caller(&req)?;
+        let id = req.into_inner().id;
+        self.own_session(&c, self.stages.get(id)?.session)?;
+        let t = self.stages.cancel(id).await?;
         Ok(Response::new(views::stage(&t)))
     }
 
@@ -197,9 +284,71 @@ impl Manager for Service {
         &self,
         req: Request<api::SetStageConcurrencyRequest>,
     ) -> Res<api::Empty> {
+        let c = caller(&req)?;
         let r = req.into_inner();
+        self.own_session(&c, r.session)?;
         self.stages
             .set_concurrency(r.session, r.instance, r.concurrency)?;
         Ok(Response::new(api::Empty {}))
+    }
+
+    async fn get_capability(
+        &self,
+        req: Request<api::GetCapabilityRequest>,
+    ) -> Res<api::Capability> {
+        let c = caller(&req)?;
+        let r = req.into_inner();
+        let inst = self.core.instance(r.instance, &r.persistent_name)?;
+        let ns = (!r.all_namespaces).then_some(r.namespace);
+        let (token, expires) = self.core.capability(&c, &inst, ns)?;
+        Ok(Response::new(api::Capability {
+            token: token.to_text(),
+            descriptor_json: serde_json::to_string(&inst.descriptor)
+                .map_err(|e| Status::internal(e.to_string()))?,
+            expires,
+        }))
+    }
+}
+
+impl Service {
+    fn admin(&self, c: &Caller, what: &str) -> Result<(), Status> {
+        if self.core.is_admin(c) {
+            Ok(())
+        } else {
+            Err(denied(format!(
+                "uid {} may not {what}: only root, the manager's user and its admin group may",
+                c.uid
+            )))
+        }
+    }
+
+    /// The owner of something `c` creates: `c`, unless an administrator names another user
+    /// (the scheduler acting for a job's owner). A user naming someone else is refused.
+    fn owner(&self, c: &Caller, uid: u32, gid: u32) -> Result<(u32, u32), Status> {
+        let named = uid != 0 || gid != 0;
+        if self.core.is_admin(c) && named {
+            return Ok((uid, gid));
+        }
+        if named && uid != c.uid {
+            return Err(denied(format!(
+                "uid {} may not create for uid {uid}",
+                c.uid
+            )));
+        }
+        let gid = if named && c.in_group(gid) { gid } else { c.gid };
+        Ok((c.uid, gid))
+    }
+
+    /// Session `id`, if `c` owns it (or administers).
+    fn own_session(&self, c: &Caller, id: u64) -> Result<crate::state::SessionRow, Status> {
+        let s = self.core.session(id)?;
+        if self.core.is_admin(c) || s.owner_uid == c.uid {
+            Ok(s)
+        } else {
+            Err(denied(format!(
+                "session {id} belongs to uid {}, not to uid {}",
+                s.owner_uid, c.uid
+            )))
+        }
     }
 }

@@ -7,6 +7,12 @@
 //! A task can also be recorded `deferred` (DataWarp's stage at job end): it is checked like any
 //! other but neither planned nor copied until [`Stages::activate`]; [`Stages::cancel`] ends a
 //! deferred, queued or running task, and the end of its session cancels what is still deferred.
+//!
+//! Each task is planned and copied by a worker process (`surge stage worker`, see
+//! `surge_stage::worker`) running with the uid, gid and groups of the session's owner: the
+//! manager never opens a user's path with its own rights (docs/SECURITY.md), so a stage-in
+//! reads only what the owner may read and a stage-out writes only where the owner may write.
+//! The worker gets a capability for the instance made for the owner.
 
 use crate::core::{namespace_for, Core, MResult, ManagerError};
 use crate::state::StageRow;
@@ -15,9 +21,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use surge_api::v1 as api;
-use surge_client::InstanceClient;
-use surge_core::NamespaceId;
-use surge_stage::{Direction, Progress, StageItem, StageOptions};
+use surge_stage::worker::{Event, Task};
+use surge_stage::{Direction, ProgressSnapshot, StageItem, StageOptions};
 use tracing::{info, warn};
 
 /// How long [`Stages::cancel`] waits for a running task to stop.
@@ -34,17 +39,46 @@ fn parse_direction(d: &str) -> MResult<Direction> {
     }
 }
 
-/// What a task copies, and how.
+/// What a task copies, how, and for whom.
 struct Work {
     desc: surge_proto::InstanceDescriptor,
     direction: Direction,
     items: Vec<StageItem>,
     opts: StageOptions,
+    /// The session's owner: the worker runs as this user.
+    owner: surge_auth::Caller,
+    /// A capability for the instance's servers, for the owner.
+    token: surge_auth::Token,
+}
+
+/// A task's worker, while it runs.
+#[derive(Default)]
+struct Live {
+    snap: Mutex<Option<ProgressSnapshot>>,
+    /// The worker's pid once started (0 before).
+    pid: std::sync::atomic::AtomicU32,
+    cancelled: std::sync::atomic::AtomicBool,
+}
+
+impl Live {
+    /// Asks the worker to stop (SIGTERM; at once if it has not started yet).
+    fn cancel(&self) {
+        self.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
+        let pid = self.pid.load(std::sync::atomic::Ordering::SeqCst);
+        if pid != 0 {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 struct Running {
     instance: u64,
-    progress: Arc<Progress>,
+    live: Arc<Live>,
 }
 
 /// Files in flight when neither the request nor the instance says.
@@ -54,6 +88,8 @@ pub const MAX_STAGE_CONCURRENCY: u32 = 256;
 
 pub struct Stages {
     core: Arc<Core>,
+    /// The `surge` binary, whose `stage worker` runs each task.
+    exe: std::path::PathBuf,
     running: Mutex<HashMap<u64, Running>>,
     /// Files in flight for tasks of an instance that do not say (dw_set_stage_concurrency).
     concurrency: Mutex<HashMap<u64, usize>>,
@@ -63,6 +99,7 @@ impl Stages {
     pub fn new(core: Arc<Core>) -> Stages {
         Stages {
             core,
+            exe: std::env::current_exe().unwrap_or_else(|_| "surge".into()),
             running: Mutex::new(HashMap::new()),
             concurrency: Mutex::new(HashMap::new()),
         }
@@ -177,17 +214,30 @@ impl Stages {
             return Ok(row);
         }
         let opts = self.options(&inst, req.workers, req.checksum);
-        Ok(self
-            .launch(
-                row,
-                Work {
-                    desc: inst.descriptor.clone(),
-                    direction,
-                    items,
-                    opts,
-                },
-            )
-            .await)
+        let work = self.work(&row, &inst, direction, items, opts)?;
+        Ok(self.launch(row, work).await)
+    }
+
+    /// What the worker of `row` gets: the task, and a capability for the session's owner.
+    fn work(
+        &self,
+        row: &StageRow,
+        inst: &crate::state::InstanceRow,
+        direction: Direction,
+        items: Vec<StageItem>,
+        opts: StageOptions,
+    ) -> MResult<Work> {
+        let session = self.core.session(row.session)?;
+        let owner = surge_auth::Caller::of(session.owner_uid, session.owner_gid);
+        let (token, _) = self.core.capability(&owner, inst, Some(row.ns))?;
+        Ok(Work {
+            desc: inst.descriptor.clone(),
+            direction,
+            items,
+            opts,
+            owner,
+            token,
+        })
     }
 
     /// Starts a deferred task.
@@ -209,17 +259,8 @@ impl Stages {
         self.core.store.lock().update_stage(&row)?;
         info!("stage task {id} ({}): activated", row.direction);
         let opts = self.options(&inst, 0, false);
-        Ok(self
-            .launch(
-                row,
-                Work {
-                    desc: inst.descriptor.clone(),
-                    direction,
-                    items,
-                    opts,
-                },
-            )
-            .await)
+        let work = self.work(&row, &inst, direction, items, opts)?;
+        Ok(self.launch(row, work).await)
     }
 
     /// Terminates a task: a deferred or queued one is marked cancelled, a running one is asked
@@ -244,7 +285,7 @@ impl Stages {
             }
             "running" => {
                 if let Some(r) = self.running.lock().get(&id) {
-                    r.progress.cancel();
+                    r.live.cancel();
                 }
                 let start = std::time::Instant::now();
                 while self.running.lock().contains_key(&id) {
@@ -279,159 +320,208 @@ impl Stages {
         Ok(n)
     }
 
-    /// Plans and copies a recorded task on its own thread; answers once it is planned.
-    async fn launch(self: &Arc<Self>, mut row: StageRow, work: Work) -> StageRow {
-        // Cancellable from now on, planning included.
-        let progress = Arc::new(Progress::new());
+    /// Starts the worker of a recorded task; answers once it is planned (or failed planning).
+    async fn launch(self: &Arc<Self>, row: StageRow, work: Work) -> StageRow {
+        let live = Arc::new(Live::default());
         self.running.lock().insert(
             row.id,
             Running {
                 instance: row.instance,
-                progress: progress.clone(),
+                live: live.clone(),
             },
         );
-        // Each task plans and copies on its own thread and runtime (with its own connections),
-        // apart from the API's runtime, so a large stage never slows the manager's answers. The
-        // caller gets the task back once it is planned (or failed planning).
         let (planned_tx, planned_rx) = tokio::sync::oneshot::channel::<StageRow>();
         let this = self.clone();
-        let mut task_row = row.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("stage-{}", row.id))
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        this.finish(
-                            &mut task_row,
-                            "failed",
-                            format!("cannot start a runtime: {e}"),
-                        );
-                        this.running.lock().remove(&task_row.id);
-                        let _ = planned_tx.send(task_row);
-                        return;
-                    }
-                };
-                rt.block_on(this.run_task(task_row, work, progress, planned_tx));
-            });
-        if let Err(e) = spawned {
-            self.finish(
-                &mut row,
-                "failed",
-                format!("cannot start a stage thread: {e}"),
-            );
-            self.running.lock().remove(&row.id);
-            return row;
-        }
+        let fallback = row.clone();
+        tokio::spawn(async move { this.run_task(row, work, live, planned_tx).await });
         match planned_rx.await {
             Ok(r) => r,
-            Err(_) => {
-                let mut r = self.get(row.id).unwrap_or(row);
-                if r.state == "running" {
-                    self.finish(
-                        &mut r,
-                        "failed",
-                        "the stage task stopped while planning".into(),
-                    );
-                }
-                r
+            Err(_) => self.get(fallback.id).unwrap_or(fallback),
+        }
+    }
+
+    /// The worker process of a task, as `owner`: the task on its stdin, events on its stdout.
+    fn spawn_worker(
+        &self,
+        task: &Task,
+        owner: &surge_auth::Caller,
+    ) -> Result<tokio::process::Child, String> {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let mut cmd = tokio::process::Command::new(&self.exe);
+        cmd.args(["stage", "worker"])
+            .current_dir("/")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        if owner.uid != me {
+            if me != 0 {
+                return Err(format!(
+                    "the manager runs as uid {me} and cannot copy as uid {} (run it as root to                      serve other users' jobs)",
+                    owner.uid
+                ));
+            }
+            let (uid, gid) = (owner.uid, owner.gid);
+            let groups: Vec<libc::gid_t> = owner.groups.clone();
+            // SAFETY: between fork and exec only async-signal-safe system calls run, on data
+            // prepared before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
             }
         }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {} stage worker: {e}", self.exe.display()))?;
+        let text = serde_json::to_vec(task).map_err(|e| e.to_string())?;
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| "the stage worker has no stdin".to_string())?;
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = stdin.write_all(&text).await;
+        });
+        Ok(child)
     }
 
     async fn run_task(
         self: Arc<Self>,
         mut row: StageRow,
         work: Work,
-        progress: Arc<Progress>,
+        live: Arc<Live>,
         planned: tokio::sync::oneshot::Sender<StageRow>,
     ) {
+        use tokio::io::AsyncBufReadExt;
         let Work {
             desc,
             direction,
             items,
             opts,
+            owner,
+            token,
         } = work;
-        let planning = async {
-            let client = InstanceClient::new(desc, NamespaceId(row.ns))
-                .map(Arc::new)
-                .map_err(|e| ("failed", format!("instance {}: {e}", row.instance)))?;
-            let plan = surge_stage::plan(&client, direction, &items)
-                .await
-                .map_err(|e| ("failed", e.to_string()))?;
-            if direction == Direction::In {
-                surge_stage::check_fits(&client, &plan)
-                    .await
-                    .map_err(|e| ("failed", e.to_string()))?;
-            }
-            if progress.is_cancelled() {
-                return Err(("cancelled", TERMINATED.to_string()));
-            }
-            Ok((client, plan))
+        let task = Task {
+            desc,
+            ns: row.ns,
+            token: token.to_text(),
+            direction,
+            items,
+            opts,
         };
-        let (client, plan) = match planning.await {
-            Ok(x) => x,
-            Err((state, msg)) => {
-                self.finish(&mut row, state, msg);
+        let mut planned = Some(planned);
+        let mut child = match self.spawn_worker(&task, &owner) {
+            Ok(c) => c,
+            Err(e) => {
+                self.finish(&mut row, "failed", e);
                 self.running.lock().remove(&row.id);
-                let _ = planned.send(row);
+                if let Some(p) = planned.take() {
+                    let _ = p.send(row);
+                }
                 return;
             }
         };
-        row.files_total = plan.files;
-        row.bytes_total = plan.bytes;
-        let _ = self.core.store.lock().update_stage(&row);
-        let _ = planned.send(row.clone());
-        let result = surge_stage::execute(client, &plan, &opts, progress.clone()).await;
-        let snap = progress.snapshot();
-        row.files_done = snap.files_done;
-        row.bytes_done = snap.bytes_done;
-        row.seconds = snap.elapsed.as_secs_f64();
-        match result {
-            _ if progress.is_cancelled() => {
-                if let Ok(report) = &result {
-                    row.files_done = report.files;
-                    row.bytes_done = report.bytes;
-                }
-                info!("stage task {} ({}): terminated", row.id, row.direction);
-                self.finish(&mut row, "cancelled", TERMINATED.into());
+        live.pid.store(
+            child.id().unwrap_or(0),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        if live.is_cancelled() {
+            live.cancel();
+        }
+        let Some(stdout) = child.stdout.take() else {
+            self.finish(&mut row, "failed", "the stage worker has no stdout".into());
+            self.running.lock().remove(&row.id);
+            if let Some(p) = planned.take() {
+                let _ = p.send(row);
             }
-            Ok(report) => {
-                row.files_done = report.files;
-                row.bytes_done = report.bytes;
-                row.seconds = report.seconds;
-                row.failures_json =
-                    serde_json::to_string(&report.failures).unwrap_or_else(|_| "[]".into());
-                if report.ok() {
-                    info!(
-                        "stage task {} ({}): {} files, {} in {:.2} s",
-                        row.id,
-                        row.direction,
-                        report.files,
-                        surge_core::format_bytes(report.bytes),
-                        report.seconds
-                    );
-                    self.finish(&mut row, "done", String::new());
-                } else {
-                    let n = report.failures.len();
-                    warn!(
-                        "stage task {} ({}): {n} files failed",
-                        row.id, row.direction
-                    );
-                    self.finish(
-                        &mut row,
-                        "failed",
-                        format!("{n} file(s) could not be copied"),
-                    );
+            return;
+        };
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut ended = false;
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Ok(ev) = serde_json::from_str::<Event>(&line) else {
+                warn!("stage task {}: unreadable worker output: {line}", row.id);
+                continue;
+            };
+            match ev {
+                Event::Planned { files, bytes } => {
+                    row.files_total = files;
+                    row.bytes_total = bytes;
+                    let _ = self.core.store.lock().update_stage(&row);
+                    if let Some(p) = planned.take() {
+                        let _ = p.send(row.clone());
+                    }
+                }
+                Event::Progress(s) => {
+                    row.files_done = s.files_done;
+                    row.bytes_done = s.bytes_done;
+                    row.seconds = s.elapsed.as_secs_f64();
+                    *live.snap.lock() = Some(s);
+                }
+                Event::Done(report) => {
+                    ended = true;
+                    self.done(&mut row, report);
+                }
+                Event::Cancelled => {
+                    ended = true;
+                    info!("stage task {} ({}): terminated", row.id, row.direction);
+                    self.finish(&mut row, "cancelled", TERMINATED.into());
+                }
+                Event::Failed(msg) => {
+                    ended = true;
+                    self.finish(&mut row, "failed", msg);
                 }
             }
-            Err(e) => self.finish(&mut row, "failed", e.to_string()),
+        }
+        let status = child.wait().await;
+        if !ended {
+            let why = match status {
+                Ok(st) if live.is_cancelled() => format!("{TERMINATED} ({st})"),
+                Ok(st) => format!("the stage worker stopped ({st}) before reporting"),
+                Err(e) => format!("the stage worker was lost: {e}"),
+            };
+            let state = if live.is_cancelled() {
+                "cancelled"
+            } else {
+                "failed"
+            };
+            self.finish(&mut row, state, why);
         }
         self.running.lock().remove(&row.id);
+        if let Some(p) = planned.take() {
+            let _ = p.send(row);
+        }
+    }
+
+    /// Records the report of a finished copy.
+    fn done(&self, row: &mut StageRow, report: surge_stage::StageReport) {
+        row.files_done = report.files;
+        row.bytes_done = report.bytes;
+        row.seconds = report.seconds;
+        row.failures_json = serde_json::to_string(&report.failures).unwrap_or_else(|_| "[]".into());
+        if report.ok() {
+            info!(
+                "stage task {} ({}): {} files, {} in {:.2} s",
+                row.id,
+                row.direction,
+                report.files,
+                surge_core::format_bytes(report.bytes),
+                report.seconds
+            );
+            self.finish(row, "done", String::new());
+        } else {
+            let n = report.failures.len();
+            warn!("stage task {} ({}): {n} files failed", row.id, row.direction);
+            self.finish(row, "failed", format!("{n} file(s) could not be copied"));
+        }
     }
 
     /// A task, with live progress while it runs.
@@ -448,7 +538,9 @@ impl Stages {
 
     fn overlay(&self, row: &mut StageRow) {
         if let Some(r) = self.running.lock().get(&row.id) {
-            let s = r.progress.snapshot();
+            let Some(s) = r.live.snap.lock().clone() else {
+                return;
+            };
             row.files_done = s.files_done;
             row.bytes_done = s.bytes_done;
             row.seconds = s.elapsed.as_secs_f64();

@@ -47,6 +47,8 @@ pub struct InstanceRow {
     pub state: String,
     pub created: i64,
     pub descriptor: InstanceDescriptor,
+    /// Members of the owner's group may use it too (persistent instances shared by a group).
+    pub group_shared: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -125,6 +127,17 @@ impl Store {
                 bytes_done INTEGER NOT NULL, seconds REAL NOT NULL, failures TEXT NOT NULL,
                 error TEXT NOT NULL, created INTEGER NOT NULL);",
         )?;
+        // Databases made before instances could be shared with a group.
+        let has_shared: bool = db.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('instances') WHERE name = 'group_shared'",
+            [],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has_shared {
+            db.execute_batch(
+                "ALTER TABLE instances ADD COLUMN group_shared INTEGER NOT NULL DEFAULT 0",
+            )?;
+        }
         // Instance ids name fragments on servers, which outlive a manager whose state was
         // deleted: start a fresh database at a random offset so ids are not reused.
         let empty: bool = db
@@ -267,19 +280,20 @@ impl Store {
                     Box::new(e),
                 )
             })?,
+            group_shared: r.get::<_, i64>(13)? != 0,
         })
     }
 
     const INSTANCE_COLS: &'static str =
         "id, name, kind, persistent_name, access_mode, pool, capacity, nodes, \
-         owner_uid, owner_gid, state, created, descriptor";
+         owner_uid, owner_gid, state, created, descriptor, group_shared";
 
     /// Reserves an id for a new instance (the row is completed by [`Store::finish_instance`]).
     pub fn new_instance_id(&self, row: &InstanceRow) -> R<u64> {
         self.db.execute(
             "INSERT INTO instances(name, kind, persistent_name, access_mode, pool, capacity, nodes,
-                owner_uid, owner_gid, state, created, descriptor)
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,'creating',?10,'null')",
+                owner_uid, owner_gid, state, created, descriptor, group_shared)
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,'creating',?10,'null',?11)",
             params![
                 row.name,
                 row.kind,
@@ -290,7 +304,8 @@ impl Store {
                 i64::from(row.nodes),
                 i64::from(row.owner_uid),
                 i64::from(row.owner_gid),
-                now()
+                now(),
+                row.group_shared
             ],
         )?;
         Ok(self.db.last_insert_rowid() as u64)
@@ -614,6 +629,7 @@ mod tests {
             state: "active".into(),
             created: 0,
             descriptor: desc(0),
+            group_shared: false,
         }
     }
 

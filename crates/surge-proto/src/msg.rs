@@ -544,6 +544,12 @@ pub enum Request {
         ino: Ino,
         name: Vec<u8>,
     },
+    /// The first request on every connection: a capability (`surge_auth::Token`) signed with
+    /// the cluster's key, naming what the connection may touch and for whom. Until one is
+    /// accepted, every other request is refused with `Denied`.
+    Authenticate {
+        token: Vec<u8>,
+    },
 }
 
 /// Longest extended attribute name, in bytes (Linux's `XATTR_NAME_MAX`).
@@ -712,6 +718,8 @@ pub enum ErrorCode {
     Loop,
     /// No such extended attribute.
     NoData,
+    /// Not authenticated, or not allowed by the connection's capability.
+    Denied,
 }
 
 impl ErrorCode {
@@ -736,6 +744,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => libc::EOPNOTSUPP,
             ErrorCode::Loop => libc::ELOOP,
             ErrorCode::NoData => libc::ENODATA,
+            ErrorCode::Denied => libc::EACCES,
         }
     }
 
@@ -814,6 +823,7 @@ impl Request {
             Request::ListXattr { .. } => 51,
             Request::SetXattr { .. } => 52,
             Request::RemoveXattr { .. } => 53,
+            Request::Authenticate { .. } => 7,
         }
     }
 
@@ -862,6 +872,7 @@ impl Request {
             Request::ListXattr { .. } => "ListXattr",
             Request::SetXattr { .. } => "SetXattr",
             Request::RemoveXattr { .. } => "RemoveXattr",
+            Request::Authenticate { .. } => "Authenticate",
         }
     }
 

@@ -293,18 +293,31 @@ impl Instance {
                 Ok(id) => (id, String::new()),
                 Err(_) => (0, instance.clone()),
             };
-            let i = c
-                .get_instance(api::GetInstanceRequest {
-                    id,
+            // The manager gives the descriptor and a capability for its servers, if this
+            // user may use the instance (checked with MUNGE).
+            let cap = c
+                .get_capability(api::GetCapabilityRequest {
+                    instance: id,
                     persistent_name: name,
+                    namespace: ns,
+                    all_namespaces: false,
                 })
                 .await
-                .map_err(|s| os_error(libc::ENOENT, s.message()))?
+                .map_err(|s| {
+                    let errno = if s.code() == tonic::Code::PermissionDenied {
+                        libc::EACCES
+                    } else {
+                        libc::ENOENT
+                    };
+                    os_error(errno, s.message())
+                })?
                 .into_inner();
-            let desc: surge_proto::InstanceDescriptor = serde_json::from_str(&i.descriptor_json)
-                .map_err(|e| os_error(libc::EIO, format!("instance {}: {e}", i.id)))?;
-            let client =
-                InstanceClient::new(desc, NamespaceId(ns)).map_err(|e| client_err(&instance, e))?;
+            let desc: surge_proto::InstanceDescriptor = serde_json::from_str(&cap.descriptor_json)
+                .map_err(|e| os_error(libc::EIO, format!("instance {instance}: {e}")))?;
+            let token = surge_auth::Token::from_text(&cap.token)
+                .map_err(|e| os_error(libc::EIO, e.to_string()))?;
+            let client = InstanceClient::new(desc, NamespaceId(ns), token)
+                .map_err(|e| client_err(&instance, e))?;
             Ok(Instance {
                 client: std::sync::Arc::new(client),
             })

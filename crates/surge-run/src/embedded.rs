@@ -8,7 +8,12 @@
 //! state/manager.db     the manager's state (persistent instances survive between runs)
 //! bb<i>/               device of server i;  bb<i>.sock its Unix socket
 //! logs/                manager.log, server-<i>.log
+//! run/surge.key        the cluster key of this run (0600), shared by manager and servers
+//! run/munge/           a munged of our own when the host runs none (its socket authenticates
+//!                      every call to the manager, as on a cluster)
 //! ```
+//!
+//! The directory is private to its user (0700): data at rest is reached through mounts only.
 
 use anyhow::Context;
 use std::fs::File;
@@ -123,9 +128,27 @@ pub struct Embedded {
     pub http: Option<String>,
     pub fast_dir: PathBuf,
     pub servers: usize,
+    /// The munged socket every call to the manager is authenticated with.
+    pub munge_socket: PathBuf,
+    /// The cluster key file of this run.
+    pub key_file: PathBuf,
     manager_child: Option<Child>,
     server_children: Vec<Child>,
+    /// Our own munged, when the host runs none (stopped last).
+    munged: Option<surge_auth::munge::Daemon>,
     _lock: File,
+}
+
+/// The munged to use: the system's (or `$SURGE_MUNGE_SOCKET`'s) when it answers, else one of
+/// our own with its files in `dir`.
+fn munge(dir: &Path) -> anyhow::Result<(PathBuf, Option<surge_auth::munge::Daemon>)> {
+    let socket = surge_auth::munge::socket();
+    if surge_auth::munge::answers(&socket) {
+        return Ok((socket, None));
+    }
+    let d = surge_auth::munge::Daemon::start(dir)
+        .context("the embedded manager authenticates its callers with MUNGE")?;
+    Ok((d.socket.clone(), Some(d)))
 }
 
 /// The user's name for default directory names.
@@ -218,9 +241,17 @@ impl Embedded {
                 fast.display()
             );
         }
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(fast, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("cannot make {} private", fast.display()))?;
+        }
         let run = fast.join("run");
         let _ = std::fs::remove_dir_all(&run);
         std::fs::create_dir_all(&run)?;
+        let key_file = run.join("surge.key");
+        surge_auth::Key::create(&key_file)?;
+        let (munge_socket, munged) = munge(&run.join("munge"))?;
 
         // Manager.
         let mlog = logs.join("manager.log");
@@ -239,6 +270,10 @@ impl Embedded {
         .arg(opts.granularity.to_string())
         .arg("--ready-file")
         .arg(&mready)
+        .arg("--key-file")
+        .arg(&key_file)
+        .arg("--munge-socket")
+        .arg(&munge_socket)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(File::create(&mlog)?);
@@ -253,8 +288,11 @@ impl Embedded {
             http,
             fast_dir: fast.clone(),
             servers: opts.servers,
+            munge_socket: munge_socket.clone(),
+            key_file: key_file.clone(),
             manager_child: Some(mchild),
             server_children: Vec::new(),
+            munged,
             _lock: lock,
         };
 
@@ -286,6 +324,9 @@ impl Embedded {
                     &capacity.to_string(),
                 ])
                 .args(["--manager", &manager])
+                .arg("--key-file")
+                .arg(&key_file)
+                .env(surge_auth::munge::SOCKET_ENV, &munge_socket)
                 .arg("--ready-file")
                 .arg(&ready)
                 .stdin(Stdio::null())
@@ -315,6 +356,7 @@ impl Embedded {
             unsafe { libc::kill(m[0].id() as i32, libc::SIGTERM) };
             reap(&mut m, grace);
         }
+        drop(self.munged.take());
     }
 }
 

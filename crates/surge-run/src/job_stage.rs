@@ -11,10 +11,8 @@ use crate::nodes::{MountInfo, NodesFile};
 use crate::progress::wait_stage;
 use std::path::{Path, PathBuf};
 use surge_api::v1 as api;
-use surge_api::v1::manager_client::ManagerClient;
 use surge_manager::cli::connect;
 use surge_stage::{Direction, ItemKind, StageItem};
-use tonic::transport::Channel;
 
 /// Why a staging call from inside a job failed. [`JobStageError::errno`] is the errno a C
 /// caller gets (libdatawarp returns `-errno`).
@@ -191,7 +189,7 @@ fn pending(t: &api::StageTask) -> bool {
 /// A connection to the manager of the job this process runs in.
 pub struct JobStager {
     nodes: NodesFile,
-    mgr: ManagerClient<Channel>,
+    mgr: surge_api::Client,
 }
 
 impl JobStager {
@@ -217,7 +215,7 @@ impl JobStager {
     }
 
     /// The manager connection (to follow a task with [`wait_stage`]).
-    pub fn manager(&mut self) -> &mut ManagerClient<Channel> {
+    pub fn manager(&mut self) -> &mut surge_api::Client {
         &mut self.mgr
     }
 

@@ -4,10 +4,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 use surge_api::v1 as api;
-use surge_api::v1::manager_client::ManagerClient;
 use surge_core::format_bytes;
 use surge_manager::cli::status_err;
-use tonic::transport::Channel;
 
 fn line(label: &str, t: &api::StageTask) -> String {
     let pct = if t.bytes_total > 0 {
@@ -33,7 +31,7 @@ fn line(label: &str, t: &api::StageTask) -> String {
 
 /// Polls task `t` until it ends; `stop` lets a caller give up (e.g. on Ctrl-C).
 pub async fn wait_stage(
-    c: &mut ManagerClient<Channel>,
+    c: &mut surge_api::Client,
     mut t: api::StageTask,
     label: &str,
     quiet: bool,

@@ -412,6 +412,8 @@ struct Used {
     id: u64,
     desc: InstanceDescriptor,
     private: bool,
+    /// A capability for the instance's servers (every namespace), from the manager.
+    token: surge_auth::Token,
 }
 
 /// The stage-out of `items` from instance `u`, per namespace: one for a striped instance; for a
@@ -429,7 +431,10 @@ async fn out_per_namespace(
         return Ok(vec![(0, items.to_vec())]);
     }
     let clients = (0..nodes)
-        .map(|ns| InstanceClient::new(u.desc.clone(), NamespaceId(ns)).map(std::sync::Arc::new))
+        .map(|ns| {
+            InstanceClient::new(u.desc.clone(), NamespaceId(ns), u.token.clone())
+                .map(std::sync::Arc::new)
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| vec![format!("stage out of {}: {e}", u.var)])?;
     let held = surge_stage::merge::private_outputs(&clients, items)
@@ -532,6 +537,7 @@ async fn job(
                 owner_uid: uid,
                 owner_gid: gid,
                 stripe_size: 0,
+                share_with_group: false,
             })
             .await;
         match r {
@@ -599,6 +605,7 @@ async fn job(
         owner_uid: uid,
         owner_gid: gid,
         stripe_size: 0,
+        share_with_group: false,
     });
     let job_name = ctx
         .args
@@ -637,11 +644,22 @@ async fn job(
         } else {
             DwVariable::PersistentStriped(i.name.clone())
         };
+        let cap = c
+            .get_capability(api::GetCapabilityRequest {
+                instance: i.id,
+                persistent_name: String::new(),
+                namespace: 0,
+                all_namespaces: true,
+            })
+            .await
+            .map_err(status_err)?
+            .into_inner();
         used.push(Used {
             var,
             id: i.id,
             private: i.access_mode == "private",
             desc,
+            token: surge_auth::Token::from_text(&cap.token)?,
         });
     }
     let detail = match session
@@ -771,7 +789,7 @@ async fn job(
             };
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
-            let client = InstanceClient::new(u.desc.clone(), NamespaceId(ns))?;
+            let client = InstanceClient::new(u.desc.clone(), NamespaceId(ns), u.token.clone())?;
             let m = mount::mount(client, rt.clone(), &dir, &opts)?;
             alloc.mounts.push(m);
             let path = dir.display().to_string();
@@ -801,6 +819,11 @@ async fn job(
         env.insert("SURGE_NODES".into(), nodes.to_string());
         env.insert("SURGE_SESSION".into(), session.id.to_string());
         env.insert("SURGE_MANAGER".into(), ctx.manager.to_string());
+        // The munged the job's own calls to the manager are authenticated with.
+        env.insert(
+            surge_auth::munge::SOCKET_ENV.into(),
+            surge_api::munge_socket().display().to_string(),
+        );
         if let Some(h) = ctx.manager_http {
             env.insert("SURGE_MANAGER_HTTP".into(), h.to_string());
         }
@@ -1041,7 +1064,7 @@ async fn job(
 async fn finish_job_stages(
     ctx: &Ctx<'_>,
     rep: &mut Reporter,
-    c: &mut surge_api::v1::manager_client::ManagerClient<tonic::transport::Channel>,
+    c: &mut surge_api::Client,
     session: u64,
 ) -> anyhow::Result<Vec<String>> {
     let tasks = c

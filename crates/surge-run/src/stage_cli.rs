@@ -57,6 +57,10 @@ pub enum StageCommand {
     },
     /// Copy directly between the PFS and an instance (by hand: no job, no manager).
     Copy(surge_stage::cli::CopyArgs),
+    /// Run one stage task given as JSON on stdin, reporting as JSON lines (what the manager
+    /// starts, as the task's owner, for each stage task).
+    #[command(hide = true)]
+    Worker,
 }
 
 #[derive(clap::Args, Debug)]
@@ -81,6 +85,9 @@ pub struct InOut {
 }
 
 pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
+    if let StageCommand::Worker = args.command {
+        return surge_stage::worker::run();
+    }
     if let StageCommand::Copy(a) = args.command {
         return surge_stage::cli::run_copy(a);
     }
@@ -153,7 +160,7 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
                     println!("task {} {}", t.id, t.state);
                 }
             }
-            StageCommand::Copy(_) => unreachable!("handled above"),
+            StageCommand::Copy(_) | StageCommand::Worker => unreachable!("handled above"),
         }
         Ok(ExitCode::SUCCESS)
     })

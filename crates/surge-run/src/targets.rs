@@ -8,12 +8,10 @@
 use anyhow::Context;
 use std::path::Path;
 use surge_api::v1 as api;
-use surge_api::v1::manager_client::ManagerClient;
 use surge_core::directives::JobDw;
 use surge_core::peaks::Peaks;
 use surge_manager::cli::status_err;
 use surge_manager::targets::{describe, size, Sizing};
-use tonic::transport::Channel;
 
 /// The allocation a `#SURGE jobdw` resolved to.
 #[derive(Clone, Debug)]
@@ -44,7 +42,7 @@ impl Resolved {
 
 /// Sizes the job instance of a `#SURGE jobdw`; `None` for a `#DW jobdw`.
 pub async fn resolve(
-    c: &mut ManagerClient<Channel>,
+    c: &mut surge_api::Client,
     j: &JobDw,
     pool: &str,
     nodes: u32,

@@ -58,6 +58,12 @@ pub struct ServerArgs {
     #[arg(long, default_value = "default", requires = "manager")]
     pub pool: String,
 
+    /// The cluster key (shared with the manager; 0600, readable by the service user only):
+    /// every connection must present a capability signed with it. Default: $SURGE_KEY_FILE,
+    /// else /etc/surge/surge.key.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+
     /// Room each namespace's metadata store keeps on its device for when the device fills
     /// before the quota (a full device then refuses data, never an acknowledged create); 0
     /// keeps none.
@@ -106,6 +112,7 @@ pub fn start(
     listen: &str,
     unix: Option<&std::path::Path>,
     id: Option<String>,
+    key: surge_auth::Key,
 ) -> anyhow::Result<Running> {
     let capacity = match capacity {
         Some(c) => c,
@@ -120,7 +127,7 @@ pub fn start(
             total
         }
     };
-    let reg = Arc::new(Registry::open(devices.clone(), capacity, id)?);
+    let reg = Arc::new(Registry::open(devices.clone(), capacity, id, key)?);
     let tcp = std::net::TcpListener::bind(listen)
         .with_context(|| format!("cannot listen on {listen}"))?;
     let mut addrs = vec![tcp.local_addr()?.to_string()];
@@ -167,12 +174,21 @@ pub fn run(
 ) -> anyhow::Result<ExitCode> {
     let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM]);
     crate::reserve::set_size(args.metadata_reserve);
+    // Everything this server makes (objects, metadata stores) is its user's alone.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0o077) };
+    let key_file = args
+        .key_file
+        .clone()
+        .unwrap_or_else(surge_auth::Key::default_path);
+    let key = surge_auth::Key::load(&key_file)?;
     let running = start(
         args.devices.clone(),
         args.capacity,
         &args.listen,
         args.unix.as_deref(),
         args.id.clone(),
+        key,
     )?;
     let metrics = match &args.metrics {
         Some(m) => Some(crate::metrics::serve(running.registry.clone(), m)?.to_string()),

@@ -197,6 +197,8 @@ pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, pee
     let mut out = Vec::new();
     // Sessions that waited for lease recalls here: their leases go when this connection does.
     let mut recall_waits: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
+    // What this connection may do, once it presented a capability.
+    let mut grant: Option<surge_auth::Claims> = None;
     loop {
         match codec::read_request(&mut reader, &mut payload) {
             Ok(None) => break,
@@ -204,6 +206,34 @@ pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, pee
                 let op = frame.header.opcode;
                 let id = frame.header.request_id;
                 let session = frame.header.session;
+                if let Request::Authenticate { token } = &frame.request {
+                    let resp = match crate::access::authenticate(&reg.key, token) {
+                        Ok(claims) => {
+                            debug!(
+                                "{peer}: acts for uid {} ({:?}, instance {})",
+                                claims.caller.uid, claims.rights, claims.instance
+                            );
+                            grant = Some(claims);
+                            Response::Ok
+                        }
+                        Err(e) => {
+                            warn!("{peer}: capability refused: {e}");
+                            Response::Error(e)
+                        }
+                    };
+                    if codec::write_response(&mut writer, op, id, &resp, &[]).is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                if let Err(e) = crate::access::allowed(grant.as_ref(), &frame.request) {
+                    debug!("{peer}: request {id} (op {op}) refused: {e}");
+                    let resp = Response::Error(e);
+                    if codec::write_response(&mut writer, op, id, &resp, &[]).is_err() {
+                        break;
+                    }
+                    continue;
+                }
                 if let Request::WaitRecall { instance, ns, .. } = &frame.request {
                     if session != 0 && !recall_waits.contains(&(*instance, *ns, session)) {
                         recall_waits.push((*instance, *ns, session));

@@ -7,6 +7,7 @@
 //! instance's data and namespace survive `kill -9` followed by a restart on the same directories.
 //! [`metrics`] serves Prometheus metrics on request.
 
+pub mod access;
 pub mod cli;
 pub mod conn;
 pub mod mds;

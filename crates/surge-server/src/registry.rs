@@ -48,6 +48,8 @@ struct NamespaceFile {
 
 pub struct Registry {
     pub id: String,
+    /// The cluster key: connections present capabilities signed with it (see `access`).
+    pub key: surge_auth::Key,
     pub capacity: u64,
     pub devices: Vec<PathBuf>,
     /// Listening addresses, set once the listeners are bound.
@@ -93,11 +95,18 @@ impl Registry {
         devices: Vec<PathBuf>,
         capacity: u64,
         id: Option<String>,
+        key: surge_auth::Key,
     ) -> anyhow::Result<Registry> {
         anyhow::ensure!(!devices.is_empty(), "a server needs at least one --device");
         for d in &devices {
             std::fs::create_dir_all(d.join("instances"))
                 .with_context(|| format!("cannot use device directory {}", d.display()))?;
+            // Data at rest is the service user's: users reach it only through mounts, which
+            // enforce the stored modes and owners.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).with_context(
+                || format!("cannot make device directory {} private", d.display()),
+            )?;
         }
         let idfile = devices[0].join("surge-server.json");
         let id = match id {
@@ -114,6 +123,7 @@ impl Registry {
         }
         let reg = Registry {
             id,
+            key,
             capacity,
             devices,
             addrs: RwLock::new(Vec::new()),

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use surge_client::InstanceClient;
-use surge_core::{format_bytes, InstanceId, NamespaceId};
+use surge_core::{format_bytes, NamespaceId};
 
 /// Copy data between the parallel file system and burst-buffer instances.
 #[derive(clap::Args, Debug)]
@@ -65,13 +65,10 @@ fn parse_owner(s: &str) -> Result<(u32, u32), String> {
 #[command(verbatim_doc_comment)]
 #[command(group(clap::ArgGroup::new("direction").required(true).args(["stage_in", "stage_out"])))]
 pub struct CopyArgs {
-    /// Any server holding a piece of the instance (host:port or unix:/path).
-    #[arg(long, value_name = "ADDR")]
-    pub server: String,
-
-    /// The instance id.
-    #[arg(long, value_name = "ID")]
-    pub instance: u64,
+    /// The instance: through the manager (--manager or SURGE_MANAGER, which checks with MUNGE
+    /// that you may use it), or --server with the cluster key (administrators).
+    #[command(flatten)]
+    pub source: surge_client::cli::InstanceSource,
 
     /// Namespace: 0 for a striped instance; the compute node's index for a private one.
     #[arg(long, default_value_t = 0)]
@@ -223,17 +220,10 @@ pub fn run_copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
 async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     let direction = args.direction();
     let label = format!("stage {}", direction.as_str());
-    let client = InstanceClient::connect(
-        &args.server,
-        InstanceId(args.instance),
-        NamespaceId(args.ns),
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "cannot reach instance {} (namespace {}) through {}",
-            args.instance, args.ns, args.server
-        )
+    let (desc, token) = args.source.resolve(Some(args.ns)).await?;
+    let instance = desc.instance;
+    let client = InstanceClient::new(desc, NamespaceId(args.ns), token).with_context(|| {
+        format!("cannot use instance {instance} (namespace {})", args.ns)
     })?;
     let client = Arc::new(client);
     let item = args.item();

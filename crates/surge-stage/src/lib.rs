@@ -30,6 +30,7 @@ mod pfs;
 mod plan;
 mod progress;
 mod verify;
+pub mod worker;
 
 pub use copy::{check_fits, execute};
 pub use names::{is_temp_name, TEMP_PREFIX};

@@ -74,13 +74,19 @@ impl Cluster {
                     "127.0.0.1:0",
                     Some(&sock),
                     None,
+                    crate::key(),
                 )
                 .expect("start a server"),
             );
         }
+        let admin_token = crate::admin_token();
         let mut refs = Vec::new();
         for s in &servers {
-            refs.push(admin::server_ref(s.tcp_addr()).await.expect("server ref"));
+            refs.push(
+                admin::server_ref(s.tcp_addr(), &admin_token)
+                    .await
+                    .expect("server ref"),
+            );
         }
         let instance = InstanceId(1000 + u64::from(fastrand::u32(..)));
         // SAFETY: geteuid/getegid have no preconditions.
@@ -106,10 +112,17 @@ impl Cluster {
             root_gid: gid,
             root_perm: 0o755,
         };
-        let desc = admin::create_instance(&plan)
+        let desc = admin::create_instance(&plan, &admin_token)
             .await
             .expect("create instance");
-        let client = Arc::new(InstanceClient::new(desc.clone(), NamespaceId(0)).expect("client"));
+        let client = Arc::new(
+            InstanceClient::new(
+                desc.clone(),
+                NamespaceId(0),
+                crate::instance_token(instance.0),
+            )
+            .expect("client"),
+        );
         Cluster {
             servers,
             client,
@@ -121,7 +134,14 @@ impl Cluster {
 
     /// A new client of namespace `ns` (its own connections and session, as another node).
     pub fn new_client(&self, ns: u32) -> Arc<InstanceClient> {
-        Arc::new(InstanceClient::new(self.desc.clone(), NamespaceId(ns)).expect("client"))
+        Arc::new(
+            InstanceClient::new(
+                self.desc.clone(),
+                NamespaceId(ns),
+                crate::instance_token(self.instance.0),
+            )
+            .expect("client"),
+        )
     }
 
     pub fn path(&self) -> &std::path::Path {

@@ -12,6 +12,81 @@
 pub mod inproc;
 pub mod procs;
 
+/// The cluster key of this test process (one for all its servers and commands; see
+/// `surge_auth::key`), made on first use in a private directory under the system's temporary
+/// directory. Processes the kit starts get it as `SURGE_KEY_FILE`.
+pub fn key_file() -> &'static Path {
+    static KEY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("surge-test-key-{}", std::process::id()));
+        let p = dir.join("surge.key");
+        let _ = std::fs::remove_dir_all(&dir);
+        surge_auth::Key::create(&p).expect("make the test cluster key");
+        p
+    })
+}
+
+/// The socket of a munged for this test process's managers and their clients (started on first
+/// use on a thread of its own, so it lives, and dies, with the process).
+pub fn munge_socket() -> &'static Path {
+    static SOCKET: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    SOCKET.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("surge-test-munge-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("test-munged".into())
+            .spawn(move || {
+                let d = surge_auth::munge::Daemon::start(&dir);
+                let _ = tx.send(d.as_ref().map(|d| d.socket.clone()).map_err(|e| e.to_string()));
+                // munged dies with this thread (PDEATHSIG): keep it for the process's life.
+                let _keep = d;
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("start the test munged thread");
+        match rx.recv() {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => panic!("cannot start munged for the tests: {e} (make setup installs it)"),
+            Err(_) => panic!("the test munged thread died"),
+        }
+    })
+}
+
+/// A `surge` command for tests that talk to a manager of their own: the process's cluster key
+/// and munged.
+pub fn surge_command(bin: &Path) -> Command {
+    let mut c = Command::new(bin);
+    c.env("SURGE_KEY_FILE", key_file())
+        .env(surge_auth::munge::SOCKET_ENV, munge_socket());
+    c
+}
+
+/// The cluster key of this test process.
+pub fn key() -> surge_auth::Key {
+    surge_auth::Key::load(key_file()).expect("load the test cluster key")
+}
+
+/// An administrator's capability made with this process's key.
+pub fn admin_token() -> surge_auth::Token {
+    surge_auth::Token::admin(&key(), surge_auth::Caller::me(), 3600)
+}
+
+/// A capability for `instance` (every namespace) for this process's user.
+pub fn instance_token(instance: u64) -> surge_auth::Token {
+    surge_auth::Token::mint(
+        &key(),
+        &surge_auth::Claims {
+            instance,
+            ns: None,
+            caller: surge_auth::Caller::me(),
+            rights: surge_auth::Rights::Instance,
+            expires: surge_auth::token::now() + 3600,
+        },
+    )
+}
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};

@@ -28,6 +28,7 @@ impl Server {
             .open(&self.log)
             .expect("server log");
         let child = Command::new(&self.bin)
+            .env("SURGE_KEY_FILE", crate::key_file())
             .args(["server", "--device"])
             .arg(&self.device)
             .args(["--capacity", &self.capacity, "--listen", listen, "--unix"])
@@ -186,7 +187,11 @@ impl Cluster {
 
 /// Runs `BIN ARGS`, panicking with its output if it fails; returns stdout.
 pub fn run(bin: &Path, args: &[&str]) -> String {
-    let out = Command::new(bin).args(args).output().expect("run surge");
+    let out = crate::surge_command(bin)
+        .env_remove("SURGE_MANAGER")
+        .args(args)
+        .output()
+        .expect("run surge");
     assert!(
         out.status.success(),
         "surge {args:?} failed: {}\n{}",
@@ -217,6 +222,8 @@ impl Mount {
         let ready = scratch.path().join("ready");
         let log = std::fs::File::create(scratch.path().join("mount.log")).expect("mount log");
         let child = Command::new(&cluster.bin)
+            .env("SURGE_KEY_FILE", crate::key_file())
+            .env_remove("SURGE_MANAGER")
             .args([
                 "mount",
                 "--server",

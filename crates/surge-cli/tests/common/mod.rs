@@ -18,6 +18,12 @@ pub fn cluster(n: usize, capacity_each: &str) -> Cluster {
     Cluster::start(std::path::Path::new(SURGE), n, capacity_each)
 }
 
+/// A `surge` command with the test process's cluster key and munged (for tests that start a
+/// manager of their own).
+pub fn surge_command() -> std::process::Command {
+    surge_testkit::surge_command(std::path::Path::new(SURGE))
+}
+
 /// Runs `surge ARGS`, panicking with its output if it fails; returns stdout.
 pub fn surge(args: &[&str]) -> String {
     surge_testkit::procs::run(std::path::Path::new(SURGE), args)

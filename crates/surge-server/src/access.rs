@@ -1,0 +1,210 @@
+//! What a connection may do (docs/SECURITY.md): nothing until it presents a capability signed
+//! with the cluster key ([`surge_auth::Token`], see [`authenticate`]), then only what the
+//! capability covers ([`allowed`]): one instance (or one namespace of it) for one user, or
+//! everything for the manager and administrators. A user's creates carry their own uid and one
+//! of their groups; only root gives files away.
+
+use surge_auth::{Claims, Key, Rights, Token};
+use surge_proto::{BatchOp, ErrorCode, ErrorReply, Request};
+
+fn denied(msg: impl Into<String>) -> ErrorReply {
+    ErrorReply::new(ErrorCode::Denied, msg)
+}
+
+/// Checks a capability presented with `Authenticate`.
+pub fn authenticate(key: &Key, token: &[u8]) -> Result<Claims, ErrorReply> {
+    Token::from_bytes(token.to_vec())
+        .verify(key, surge_auth::token::now())
+        .map_err(|e| denied(e.to_string()))
+}
+
+/// The instance and namespace a request is about (`None` for server administration).
+fn scope(req: &Request) -> Option<(u64, Option<u32>)> {
+    use Request::*;
+    Some(match req {
+        Describe { instance } => (instance.0, None),
+        Write { instance, file, .. }
+        | Read { instance, file, .. }
+        | TruncateObject { instance, file, .. }
+        | RemoveObject { instance, file, .. }
+        | SyncObject { instance, file, .. }
+        | LocalObject { instance, file, .. }
+        | ObjectChanged { instance, file, .. }
+        | AllocateObject { instance, file, .. } => (instance.0, Some(file.ns.0)),
+        FragmentUsage { instance, .. } => (instance.0, None),
+        other => {
+            let (instance, ns) = other.namespace()?;
+            (instance.0, Some(ns.0))
+        }
+    })
+}
+
+/// The user `grant` acts for may make a node owned by `uid` and `gid`.
+fn may_own(grant: &Claims, uid: u32, gid: u32) -> Result<(), ErrorReply> {
+    let c = &grant.caller;
+    if c.is_root() || grant.rights == Rights::Admin {
+        return Ok(());
+    }
+    if uid != c.uid {
+        return Err(denied(format!(
+            "uid {} may not make files owned by uid {uid}",
+            c.uid
+        )));
+    }
+    if !c.in_group(gid) {
+        return Err(denied(format!(
+            "uid {} is not in group {gid}",
+            c.uid
+        )));
+    }
+    Ok(())
+}
+
+/// Whether a connection holding `grant` may send `req`.
+pub fn allowed(grant: Option<&Claims>, req: &Request) -> Result<(), ErrorReply> {
+    let Some(grant) = grant else {
+        return Err(denied(format!(
+            "{}: this connection has not presented a capability (Authenticate first; `surge` \
+             gets one from the manager, or makes one with the cluster key)",
+            req.name()
+        )));
+    };
+    match scope(req) {
+        None => {
+            if grant.rights != Rights::Admin {
+                return Err(denied(format!(
+                    "{} is for the manager and administrators",
+                    req.name()
+                )));
+            }
+        }
+        Some((instance, ns)) => {
+            if !grant.covers(instance, ns) {
+                return Err(denied(format!(
+                    "{} of instance {instance}{}: the capability is for instance {}{}",
+                    req.name(),
+                    ns.map(|n| format!(" namespace {n}")).unwrap_or_default(),
+                    grant.instance,
+                    grant.ns.map(|n| format!(" namespace {n}")).unwrap_or_default(),
+                )));
+            }
+        }
+    }
+    match req {
+        Request::Create { uid, gid, .. } => may_own(grant, *uid, *gid),
+        Request::NamespaceBatch { ops, .. } => ops.iter().try_for_each(|op| match op {
+            BatchOp::CreateFile { uid, gid, .. } => may_own(grant, *uid, *gid),
+            BatchOp::Unlink { .. } => Ok(()),
+        }),
+        Request::SetAttr { set, .. } => {
+            let c = &grant.caller;
+            if c.is_root() || grant.rights == Rights::Admin {
+                return Ok(());
+            }
+            if set.uid.is_some_and(|u| u != c.uid) {
+                return Err(denied("only root gives files to another user"));
+            }
+            match set.gid {
+                Some(g) if !c.in_group(g) => {
+                    Err(denied(format!("uid {} is not in group {g}", c.uid)))
+                }
+                _ => Ok(()),
+            }
+        }
+        Request::CreateNamespace { .. }
+        | Request::DestroyNamespace { .. }
+        | Request::CreateFragment { .. }
+        | Request::DestroyFragment { .. }
+            if grant.rights != Rights::Admin =>
+        {
+            Err(denied(format!(
+                "{} is for the manager and administrators",
+                req.name()
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use surge_auth::Caller;
+    use surge_core::{FileId, Ino, InstanceId, NamespaceId};
+
+    fn user(instance: u64, ns: Option<u32>) -> Claims {
+        Claims {
+            instance,
+            ns,
+            caller: Caller {
+                uid: 1001,
+                gid: 1001,
+                groups: vec![1001, 50],
+            },
+            rights: Rights::Instance,
+            expires: i64::MAX,
+        }
+    }
+
+    fn read(instance: u64) -> Request {
+        Request::Read {
+            instance: InstanceId(instance),
+            fragment: 0,
+            file: FileId {
+                ns: NamespaceId(0),
+                ino: 5 as Ino,
+            },
+            offset: 0,
+            len: 10,
+        }
+    }
+
+    fn create(uid: u32, gid: u32) -> Request {
+        Request::Create {
+            instance: InstanceId(7),
+            ns: NamespaceId(0),
+            parent: 1,
+            name: b"f".to_vec(),
+            node: surge_proto::NewNode::File,
+            perm: 0o644,
+            uid,
+            gid,
+        }
+    }
+
+    #[test]
+    fn nothing_without_a_capability_and_only_the_instance_it_names() {
+        assert_eq!(allowed(None, &read(7)).unwrap_err().code, ErrorCode::Denied);
+        let g = user(7, None);
+        assert!(allowed(Some(&g), &read(7)).is_ok());
+        assert!(allowed(Some(&g), &read(8)).is_err(), "another instance");
+        assert!(allowed(Some(&g), &Request::Status).is_err(), "administration");
+        let admin = Claims {
+            rights: Rights::Admin,
+            ..user(0, None)
+        };
+        assert!(allowed(Some(&admin), &Request::Status).is_ok());
+        assert!(allowed(Some(&admin), &read(8)).is_ok());
+        let one_ns = user(7, Some(1));
+        assert!(allowed(Some(&one_ns), &read(7)).is_err(), "namespace 0's file");
+    }
+
+    #[test]
+    fn a_user_creates_files_of_their_own_only() {
+        let g = user(7, None);
+        assert!(allowed(Some(&g), &create(1001, 1001)).is_ok());
+        assert!(allowed(Some(&g), &create(1001, 50)).is_ok(), "a group of theirs");
+        assert!(allowed(Some(&g), &create(0, 0)).is_err(), "owner spoofed");
+        assert!(allowed(Some(&g), &create(1001, 0)).is_err(), "group spoofed");
+    }
+
+    #[test]
+    fn a_key_signs_what_servers_accept() {
+        let k = Key::generate().unwrap();
+        let t = Token::mint(&k, &user(7, None));
+        assert_eq!(authenticate(&k, t.bytes()).unwrap(), user(7, None));
+        let other = Key::generate().unwrap();
+        assert!(authenticate(&other, t.bytes()).is_err());
+        assert!(authenticate(&k, b"garbage").is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! `surge stage worker`: one stage task, run as the task's owner.
+//!
+//! The manager starts a worker per task with the owner's uid, gid and supplementary groups
+//! (docs/SECURITY.md: the manager never opens a user's path with its own rights), so a
+//! stage-in reads only what the owner may read and a stage-out writes only where the owner may
+//! write. The worker reads its [`Task`] as one JSON document on stdin and writes [`Event`]s as
+//! JSON lines on stdout: the plan (or why planning failed), progress every 200 ms, and the
+//! report. SIGTERM (the task terminated) stops it at its next chunk, files not finished
+//! removed, as an interrupted `surge stage copy`.
+
+use crate::{Direction, Progress, ProgressSnapshot, StageItem, StageOptions, StageReport};
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use surge_client::InstanceClient;
+use surge_core::NamespaceId;
+
+/// What a worker copies.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Task {
+    pub desc: surge_proto::InstanceDescriptor,
+    pub ns: u32,
+    /// A capability for the instance's servers (`surge_auth::Token` as text), for the owner.
+    pub token: String,
+    pub direction: Direction,
+    pub items: Vec<StageItem>,
+    pub opts: StageOptions,
+}
+
+/// What a worker says, one JSON line each.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Event {
+    /// Planned: this many files and bytes to copy.
+    Planned { files: u64, bytes: u64 },
+    Progress(ProgressSnapshot),
+    /// The copy ended (failed files, if any, in the report).
+    Done(StageReport),
+    /// Terminated (SIGTERM) before or while copying.
+    Cancelled,
+    /// Planning or the copy failed as a whole (missing source, no space, ...).
+    Failed(String),
+}
+
+fn say(e: &Event) {
+    let mut out = std::io::stdout().lock();
+    if let Ok(line) = serde_json::to_string(e) {
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+}
+
+/// Runs the task on stdin (the `surge stage worker` command).
+pub fn run() -> anyhow::Result<ExitCode> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .context("cannot read the task on stdin")?;
+    let task: Task = serde_json::from_str(&text).context("the task on stdin is not valid")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let ok = rt.block_on(work(task));
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn work(task: Task) -> bool {
+    let progress = Arc::new(Progress::new());
+    {
+        // SIGTERM: stop at the next chunk.
+        let p = progress.clone();
+        tokio::spawn(async move {
+            if let Ok(mut term) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            {
+                term.recv().await;
+                p.cancel();
+            }
+        });
+    }
+    let planning = async {
+        let token = surge_auth::Token::from_text(&task.token).map_err(|e| e.to_string())?;
+        let client = InstanceClient::new(task.desc.clone(), NamespaceId(task.ns), token)
+            .map(Arc::new)
+            .map_err(|e| format!("instance {}: {e}", task.desc.instance))?;
+        let plan = crate::plan(&client, task.direction, &task.items)
+            .await
+            .map_err(|e| e.to_string())?;
+        if task.direction == Direction::In {
+            crate::check_fits(&client, &plan)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok::<_, String>((client, plan))
+    };
+    let (client, plan) = match planning.await {
+        Ok(x) => x,
+        Err(e) => {
+            say(&Event::Failed(e));
+            return false;
+        }
+    };
+    if progress.is_cancelled() {
+        say(&Event::Cancelled);
+        return false;
+    }
+    say(&Event::Planned {
+        files: plan.files,
+        bytes: plan.bytes,
+    });
+    let ticker = {
+        let p = progress.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                say(&Event::Progress(p.snapshot()));
+            }
+        })
+    };
+    let result = crate::execute(client, &plan, &task.opts, progress.clone()).await;
+    ticker.abort();
+    say(&Event::Progress(progress.snapshot()));
+    match result {
+        _ if progress.is_cancelled() => {
+            say(&Event::Cancelled);
+            false
+        }
+        Ok(report) => {
+            let ok = report.ok();
+            say(&Event::Done(report));
+            ok
+        }
+        Err(e) => {
+            say(&Event::Failed(e.to_string()));
+            false
+        }
+    }
+}
