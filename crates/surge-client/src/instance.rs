@@ -38,6 +38,22 @@ fn new_session() -> u32 {
 /// Connections kept per server.
 const CONNECTIONS_PER_SERVER: usize = 4;
 
+/// How an [`InstanceClient`] waits for its servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// How long a request waits for its reply (and a mount's request for the changes queued
+    /// before it); `None`: forever (NFS's "hard"). Default [`crate::conn::DEFAULT_DEADLINE`].
+    pub deadline: Option<std::time::Duration>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            deadline: Some(crate::conn::DEFAULT_DEADLINE),
+        }
+    }
+}
+
 /// Capacity and use of an instance, and its inode count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Usage {
@@ -110,7 +126,7 @@ macro_rules! expect {
         let req = $req;
         $self.counts.note(&req);
         let resp = if crate::blocking::is_inline() {
-            crate::blocking::call(&$pool.server, $pool.session(), &req)?
+            crate::blocking::call(&$pool.server, $pool.session(), $pool.deadline(), &req)?
         } else {
             $pool.call(&req, &[]).await?.0
         };
@@ -137,14 +153,26 @@ macro_rules! metadata_call {
 impl InstanceClient {
     /// Connects to namespace `ns` of an instance described by `desc`.
     pub fn new(desc: InstanceDescriptor, ns: NamespaceId) -> Result<InstanceClient> {
+        Self::with_options(desc, ns, ClientOptions::default())
+    }
+
+    /// [`new`](Self::new) with `opts`.
+    pub fn with_options(
+        desc: InstanceDescriptor,
+        ns: NamespaceId,
+        opts: ClientOptions,
+    ) -> Result<InstanceClient> {
         let session = new_session();
         let mut pools: HashMap<String, Arc<ServerPool>> = HashMap::new();
         let mut pool_for = |s: &ServerRef| -> Result<Arc<ServerPool>> {
             if let Some(p) = pools.get(&s.id) {
                 return Ok(p.clone());
             }
-            let p =
-                Arc::new(ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?.with_session(session));
+            let p = Arc::new(
+                ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?
+                    .with_session(session)
+                    .with_deadline(opts.deadline),
+            );
             pools.insert(s.id.clone(), p.clone());
             Ok(p)
         };
@@ -198,6 +226,11 @@ impl InstanceClient {
 
     pub fn instance(&self) -> InstanceId {
         self.desc.instance
+    }
+
+    /// How long a request waits for its reply (`None`: forever).
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        self.mds.deadline()
     }
 
     /// The requests this client sent so far, per operation.
@@ -287,12 +320,27 @@ impl InstanceClient {
         Ok(self.unlink_in(parent, name, keep).await?.0)
     }
 
-    metadata_call!(
-        /// Changes made behind the application (see [`Request::NamespaceBatch`]): one result
-        /// per change.
-        namespace_batch(this, ops: Vec<BatchOp>) -> Vec<std::result::Result<BatchDone, ErrorReply>>,
-        Request::NamespaceBatch { instance: this.instance(), ns: this.ns, ops },
-        Response::BatchDone(r) => r);
+    /// Changes made behind the application (see [`Request::NamespaceBatch`]): one result per
+    /// change. Sent through the async pool and waited for without a deadline: a batch that
+    /// timed out may still be made by a server that was only stopped, and sending it again
+    /// would make each change twice (no application waits on it: requests that wait for the
+    /// queue have the deadline). A server that died closes the connection; one whose host
+    /// vanished is found out by TCP keepalive.
+    pub async fn namespace_batch(
+        &self,
+        ops: Vec<BatchOp>,
+    ) -> Result<Vec<std::result::Result<BatchDone, ErrorReply>>> {
+        let req = Request::NamespaceBatch {
+            instance: self.instance(),
+            ns: self.ns,
+            ops,
+        };
+        self.counts.note(&req);
+        match self.mds.call_within(&req, &[], None).await?.0 {
+            Response::BatchDone(r) => Ok(r),
+            other => Err(self.unexpected(&self.mds.server, &req, other)),
+        }
+    }
 
     metadata_call!(
         /// Reserves `count` inode numbers for creates made behind the application; returns

@@ -52,6 +52,8 @@ pub struct Registry {
     pub devices: Vec<PathBuf>,
     /// Listening addresses, set once the listeners are bound.
     pub addrs: RwLock<Vec<String>>,
+    /// The bounds this server's connections are served within (`Status` reports them).
+    pub limits: RwLock<surge_proto::Limits>,
     fragments: RwLock<HashMap<(InstanceId, u32), Arc<Fragment>>>,
     namespaces: RwLock<HashMap<(InstanceId, NamespaceId), Arc<Namespace>>>,
     descriptors: RwLock<HashMap<InstanceId, InstanceDescriptor>>,
@@ -117,6 +119,7 @@ impl Registry {
             capacity,
             devices,
             addrs: RwLock::new(Vec::new()),
+            limits: RwLock::new(crate::admission::ConnLimits::default().wire()),
             fragments: RwLock::new(HashMap::new()),
             namespaces: RwLock::new(HashMap::new()),
             descriptors: RwLock::new(HashMap::new()),
@@ -477,6 +480,7 @@ impl Registry {
                 .collect(),
             fragments,
             namespaces,
+            limits: self.limits.read().clone(),
         }
     }
 
