@@ -2,60 +2,13 @@
 //! an error reply or a closed connection, never a crash or a hang of the server.
 
 mod common;
+use common::wire::{alive, closed, connect, error_code, read_response};
 use common::*;
 use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
 use surge_core::{FileId, InstanceId, NamespaceId};
 use surge_proto::codec::{encode, frame_prefix};
-use surge_proto::frame::{Header, HEADER_LEN, MAX_PAYLOAD};
+use surge_proto::frame::{Header, MAX_PAYLOAD};
 use surge_proto::{ErrorCode, Request, Response};
-
-fn connect(addr: &str) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
-/// Reads one response frame; None if the server closed the connection.
-fn read_response(s: &mut TcpStream) -> Option<(Header, Response)> {
-    let mut hb = [0u8; HEADER_LEN];
-    if s.read_exact(&mut hb).is_err() {
-        return None;
-    }
-    let h = Header::decode(&hb).expect("server sent a valid header");
-    let mut meta = vec![0u8; h.meta_len as usize];
-    s.read_exact(&mut meta).unwrap();
-    let mut payload = vec![0u8; h.payload_len as usize];
-    s.read_exact(&mut payload).unwrap();
-    Some((
-        h,
-        surge_proto::codec::decode(&meta).expect("decodable response"),
-    ))
-}
-
-fn closed(s: &mut TcpStream) -> bool {
-    let mut b = [0u8; 1];
-    matches!(s.read(&mut b), Ok(0))
-}
-
-fn error_code(r: Option<(Header, Response)>) -> ErrorCode {
-    match r {
-        Some((_, Response::Error(e))) => e.code,
-        other => panic!("expected an error reply, got {other:?}"),
-    }
-}
-
-fn alive(addr: &str) {
-    let mut s = connect(addr);
-    let meta = encode(&Request::Status);
-    s.write_all(&frame_prefix(Request::Status.opcode(), 1, &meta, 0))
-        .unwrap();
-    match read_response(&mut s) {
-        Some((_, Response::Status(_))) => {}
-        other => panic!("server did not answer Status: {other:?}"),
-    }
-}
 
 #[test]
 fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
