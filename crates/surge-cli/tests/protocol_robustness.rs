@@ -2,60 +2,13 @@
 //! an error reply or a closed connection, never a crash or a hang of the server.
 
 mod common;
+use common::wire::{alive, closed, connect, error_code, read_response};
 use common::*;
 use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
 use surge_core::{FileId, InstanceId, NamespaceId};
 use surge_proto::codec::{encode, frame_prefix};
-use surge_proto::frame::{Header, HEADER_LEN, MAX_PAYLOAD};
+use surge_proto::frame::{Header, MAX_PAYLOAD};
 use surge_proto::{ErrorCode, Request, Response};
-
-fn connect(addr: &str) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
-/// Reads one response frame; None if the server closed the connection.
-fn read_response(s: &mut TcpStream) -> Option<(Header, Response)> {
-    let mut hb = [0u8; HEADER_LEN];
-    if s.read_exact(&mut hb).is_err() {
-        return None;
-    }
-    let h = Header::decode(&hb).expect("server sent a valid header");
-    let mut meta = vec![0u8; h.meta_len as usize];
-    s.read_exact(&mut meta).unwrap();
-    let mut payload = vec![0u8; h.payload_len as usize];
-    s.read_exact(&mut payload).unwrap();
-    Some((
-        h,
-        surge_proto::codec::decode(&meta).expect("decodable response"),
-    ))
-}
-
-fn closed(s: &mut TcpStream) -> bool {
-    let mut b = [0u8; 1];
-    matches!(s.read(&mut b), Ok(0))
-}
-
-fn error_code(r: Option<(Header, Response)>) -> ErrorCode {
-    match r {
-        Some((_, Response::Error(e))) => e.code,
-        other => panic!("expected an error reply, got {other:?}"),
-    }
-}
-
-fn alive(addr: &str) {
-    let mut s = connect(addr);
-    let meta = encode(&Request::Status);
-    s.write_all(&frame_prefix(Request::Status.opcode(), 1, &meta, 0))
-        .unwrap();
-    match read_response(&mut s) {
-        Some((_, Response::Status(_))) => {}
-        other => panic!("server did not answer Status: {other:?}"),
-    }
-}
 
 #[test]
 fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
@@ -240,4 +193,102 @@ fn fuzzed_frames_never_crash_the_server() {
         "server crashed:\n{}",
         c.server_logs()
     );
+}
+
+/// What a stranger on the network gets: connections that present no capability, a forged one,
+/// an expired one or one for another instance are refused on every request, and a large frame
+/// before a capability is refused before it is read.
+#[test]
+fn strangers_get_nothing_without_a_valid_capability() {
+    use common::wire::{authenticate, call, connect_anonymous};
+    let c = cluster(1, "1GiB");
+    let addr = c.servers[0].addr.clone();
+    let id = c.create_instance("64MiB", "1MiB", &[]);
+    let other = c.create_instance("64MiB", "1MiB", &[]);
+    let getattr = |instance: u64| Request::GetAttr {
+        instance: InstanceId(instance),
+        ns: NamespaceId(0),
+        ino: 1,
+    };
+    let denied = |r: Response| match r {
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::Denied, "{e}");
+            e.message
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+
+    // Nothing presented: every request refused, Status too.
+    let mut s = connect_anonymous(&addr);
+    let m = denied(call(&mut s, 1, &getattr(id), &[]).0);
+    assert!(m.contains("Authenticate"), "{m}");
+    denied(call(&mut s, 2, &Request::Status, &[]).0);
+
+    // A capability signed with another key, one that expired, one whose bytes were changed.
+    let claims = surge_auth::Claims {
+        instance: id,
+        ns: None,
+        caller: surge_auth::Caller::me(),
+        rights: surge_auth::Rights::Admin,
+        expires: surge_auth::token::now() + 3600,
+    };
+    let scratch = Scratch::new("keys");
+    let foreign = surge_auth::Key::create(&scratch.path().join("k")).unwrap();
+    let expired = surge_auth::Claims {
+        expires: surge_auth::token::now() - 1,
+        ..claims.clone()
+    };
+    let mut tampered = surge_testkit::instance_token(id).bytes().to_vec();
+    let n = tampered.len();
+    tampered[n / 2] ^= 1;
+    for (what, token) in [
+        (
+            "foreign key",
+            surge_auth::Token::mint(&foreign, &claims).bytes().to_vec(),
+        ),
+        (
+            "expired",
+            surge_auth::Token::mint(&surge_testkit::key(), &expired)
+                .bytes()
+                .to_vec(),
+        ),
+        ("tampered", tampered),
+    ] {
+        let mut s = connect_anonymous(&addr);
+        let r = call(&mut s, 1, &Request::Authenticate { token }, &[]).0;
+        let m = denied(r);
+        eprintln!("{what}: {m}");
+        denied(call(&mut s, 2, &getattr(id), &[]).0);
+    }
+
+    // A valid capability for one instance: that instance answers, the other does not, and
+    // administration is refused.
+    let mut s = connect_anonymous(&addr);
+    authenticate(&mut s, &surge_testkit::instance_token(id));
+    assert!(matches!(
+        call(&mut s, 1, &getattr(id), &[]).0,
+        Response::Attr(_)
+    ));
+    denied(call(&mut s, 2, &getattr(other), &[]).0);
+    denied(call(&mut s, 3, &Request::Status, &[]).0);
+
+    // A 1 MiB write frame before any capability: refused from its header, connection closed.
+    let mut s = connect_anonymous(&addr);
+    let req = Request::Write {
+        instance: InstanceId(id),
+        fragment: 0,
+        file: FileId {
+            ns: NamespaceId(0),
+            ino: 2,
+        },
+        offset: 0,
+    };
+    s.write_all(&frame_prefix(req.opcode(), 9, &encode(&req), 1 << 20))
+        .unwrap();
+    // The server stops reading after the header: the payload may not all go out.
+    let _ = s.write_all(&[7u8; 64 << 10]);
+    let r = read_response(&mut s);
+    assert_eq!(r.as_ref().map(|r| r.0.request_id), Some(9));
+    assert_eq!(error_code(r), ErrorCode::Denied);
+    alive(&addr);
 }

@@ -860,7 +860,7 @@ fn surge_run_uses_a_configured_manager_and_its_servers() {
     let out = j
         .command()
         .env("SURGE_MANAGER", &addr)
-            .env("SURGE_MUNGE_SOCKET", surge_testkit::munge_socket())
+        .env("SURGE_MUNGE_SOCKET", surge_testkit::munge_socket())
         .arg("run")
         .arg(&script)
         .output()

@@ -9,8 +9,8 @@
 use crate::conn::ServerPool;
 use crate::error::{ClientError, Result};
 use futures::future::join_all;
-use surge_core::{InstanceId, NamespaceId};
 use surge_auth::Token;
+use surge_core::{InstanceId, NamespaceId};
 use surge_proto::{
     FragmentRef, InstanceDescriptor, NamespaceRef, Request, Response, ServerRef, ServerStatus,
 };

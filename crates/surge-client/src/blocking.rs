@@ -6,6 +6,9 @@
 //! measure on that is as much as the round trip itself. So the FUSE threads send metadata
 //! requests themselves, each on its own connection per server, and wait on the socket; data
 //! requests (striped over many servers, many in flight) still go to the runtime.
+//!
+//! Waits are bounded like the pool's (see [`crate::conn`]): connecting, and each read and write
+//! of a request's socket, by the pool's deadline (socket timeouts, set once per connection).
 
 use crate::error::ClientError;
 use std::cell::RefCell;
@@ -13,7 +16,9 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use surge_proto::codec;
+use std::time::Duration;
+use surge_proto::codec::{self, CodecError};
+use surge_proto::frame::CONNECTION_ID;
 use surge_proto::transport::Addr;
 use surge_proto::{Request, Response, ServerRef};
 
@@ -108,9 +113,14 @@ pub fn is_inline() -> bool {
     INLINE.with(|c| c.get())
 }
 
-/// A new connection to `server`, authenticated with `token` when there is one.
-fn connect(server: &ServerRef, token: Option<&surge_auth::Token>) -> Result<Conn, ClientError> {
-    let mut conn = connect_stream(server)?;
+/// A new connection to `server` (see [`connect_stream`]), authenticated with `token` when
+/// there is one.
+fn connect(
+    server: &ServerRef,
+    token: Option<&surge_auth::Token>,
+    deadline: Option<Duration>,
+) -> Result<Conn, ClientError> {
+    let mut conn = connect_stream(server, deadline)?;
     if let Some(t) = token {
         let req = Request::Authenticate {
             token: t.bytes().to_vec(),
@@ -133,13 +143,20 @@ fn connect(server: &ServerRef, token: Option<&surge_auth::Token>) -> Result<Conn
                     ))
                 }
             },
-            Err(e) => return Err(ClientError::transport(&server.id, format!("Authenticate: {e}"))),
+            Err(e) => {
+                return Err(ClientError::transport(
+                    &server.id,
+                    format!("Authenticate: {e}"),
+                ))
+            }
         }
     }
     Ok(conn)
 }
 
-fn connect_stream(server: &ServerRef) -> Result<Conn, ClientError> {
+/// A connection to `server`'s first address that answers, within `deadline`, whose reads and
+/// writes each wait at most `deadline`.
+fn connect_stream(server: &ServerRef, deadline: Option<Duration>) -> Result<Conn, ClientError> {
     let mut last = String::from("no usable address");
     for a in &server.addrs {
         let addr: Addr = match a.parse() {
@@ -150,9 +167,11 @@ fn connect_stream(server: &ServerRef) -> Result<Conn, ClientError> {
             }
         };
         let stream = match &addr {
-            Addr::Unix(p) => UnixStream::connect(p).map(Stream::Unix),
-            Addr::Tcp(hp) => TcpStream::connect(hp.as_str()).and_then(|s| {
+            Addr::Unix(p) => connect_unix(p, deadline).map(Stream::Unix),
+            Addr::Tcp(hp) => connect_tcp(hp, deadline).and_then(|s| {
                 s.set_nodelay(true)?;
+                s.set_read_timeout(deadline)?;
+                s.set_write_timeout(deadline)?;
                 Ok(Stream::Tcp(s))
             }),
         };
@@ -170,6 +189,73 @@ fn connect_stream(server: &ServerRef) -> Result<Conn, ClientError> {
     Err(ClientError::transport(&server.id, last))
 }
 
+fn connect_tcp(hp: &str, deadline: Option<Duration>) -> std::io::Result<TcpStream> {
+    let Some(d) = deadline else {
+        return TcpStream::connect(hp);
+    };
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    for sa in std::net::ToSocketAddrs::to_socket_addrs(hp)? {
+        match TcpStream::connect_timeout(&sa, d) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Connects to a Unix socket within `deadline`. A server that does not accept (stopped) fills
+/// its listen queue, and a blocking connect then waits for room; the kernel bounds that wait
+/// by the socket's send timeout, so it is set before connecting.
+fn connect_unix(path: &std::path::Path, deadline: Option<Duration>) -> std::io::Result<UnixStream> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let Some(d) = deadline else {
+        return UnixStream::connect(path);
+    };
+    // SAFETY: sockaddr_un is plain old data; all zeros is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("socket path {} is too long", path.display()),
+        ));
+    }
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: a new socket; on success its descriptor is owned by the UnixStream at once.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is the socket just made, owned by nothing else.
+    let s = unsafe { UnixStream::from_raw_fd(fd) };
+    s.set_read_timeout(Some(d))?;
+    s.set_write_timeout(Some(d))?;
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the server accepted no connection within {d:?}"),
+            ));
+        }
+        return Err(e);
+    }
+    Ok(s)
+}
+
 /// Requests that can be sent again on a new connection if the old one broke.
 fn idempotent(req: &Request) -> bool {
     matches!(
@@ -185,12 +271,24 @@ fn idempotent(req: &Request) -> bool {
     )
 }
 
+/// How a request on this thread's connection went wrong.
+enum Failed {
+    /// The server closed the connection without reading the request: send it again.
+    Unsent(ClientError),
+    /// Safe to send again only if the request is idempotent (the connection broke).
+    Broken(ClientError),
+    /// Final (a deadline passed, the server refused the connection).
+    Final(ClientError),
+}
+
 /// Sends `req` to `server` for client session `session` and waits for the reply, on this
-/// thread's connection to it (opened with capability `token`).
+/// thread's connection to it (opened with capability `token`), each wait bounded by `deadline`
+/// (`None`: no bound).
 pub fn call(
     server: &ServerRef,
     session: u32,
     token: Option<&surge_auth::Token>,
+    deadline: Option<Duration>,
     req: &Request,
 ) -> Result<Response, ClientError> {
     // One connection per server and capability (two mounts of one process never share one).
@@ -203,7 +301,9 @@ pub fn call(
         }
         None => server.id.clone(),
     };
-    for attempt in 0..2 {
+    let mut broken = 0;
+    let mut unsent = 0;
+    loop {
         let result = CONNS.with(|c| {
             let mut conns = c.borrow_mut();
             if conns
@@ -217,24 +317,55 @@ pub fn call(
                 conns.remove(&key);
             }
             if !conns.contains_key(&key) {
-                conns.insert(key.clone(), connect(server, token)?);
+                conns.insert(
+                    key.clone(),
+                    connect(server, token, deadline).map_err(Failed::Final)?,
+                );
             }
             let Some(conn) = conns.get_mut(&key) else {
-                return Err(ClientError::transport(&server.id, "no connection".into()));
+                return Err(Failed::Final(ClientError::transport(
+                    &server.id,
+                    "no connection".into(),
+                )));
             };
             let id = conn.next_id;
             conn.next_id += 1;
             match codec::call_blocking(&mut conn.stream, id, session, req, &[]) {
+                Ok(f) if f.header.request_id == CONNECTION_ID => {
+                    conns.remove(&key);
+                    match crate::conn::connection_notice(&server.id, f.response) {
+                        e @ ClientError::Unsent { .. } => Err(Failed::Unsent(e)),
+                        e => Err(Failed::Final(e)),
+                    }
+                }
                 Ok(f) => {
                     conn.used = std::time::Instant::now();
                     Ok(f.response)
                 }
                 Err(e) => {
                     conns.remove(&key);
-                    Err(ClientError::transport(
-                        &server.id,
-                        format!("{}: {e}", req.name()),
-                    ))
+                    let timed_out = match &e {
+                        CodecError::Io(io) | CodecError::Stalled(_, io) => matches!(
+                            io.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ),
+                        _ => false,
+                    };
+                    match deadline {
+                        Some(after) if timed_out => {
+                            let e = ClientError::Timeout {
+                                server: server.id.clone(),
+                                request: req.name(),
+                                after,
+                            };
+                            tracing::warn!("{e}; the request fails (EIO)");
+                            Err(Failed::Final(e))
+                        }
+                        _ => Err(Failed::Broken(ClientError::transport(
+                            &server.id,
+                            format!("{}: {e}", req.name()),
+                        ))),
+                    }
                 }
             }
         });
@@ -246,11 +377,15 @@ pub fn call(
                 })
             }
             Ok(r) => return Ok(r),
-            Err(e) if attempt == 0 && idempotent(req) => {
-                tracing::debug!("retrying after a broken connection: {e}");
+            Err(Failed::Unsent(e)) if unsent < 3 => {
+                tracing::debug!("{e}; sending {} again", req.name());
+                unsent += 1;
             }
-            Err(e) => return Err(e),
+            Err(Failed::Broken(e)) if broken == 0 && idempotent(req) => {
+                tracing::debug!("retrying after a broken connection: {e}");
+                broken += 1;
+            }
+            Err(Failed::Unsent(e) | Failed::Broken(e) | Failed::Final(e)) => return Err(e),
         }
     }
-    Err(ClientError::transport(&server.id, "unreachable".into()))
 }

@@ -3,7 +3,7 @@
 
 use crate::admin::{self, InstancePlan};
 use crate::fuse::CacheTimes;
-use crate::instance::InstanceClient;
+use crate::instance::{ClientOptions, InstanceClient};
 use crate::mount::{self, MountOptions};
 use anyhow::Context;
 use std::path::PathBuf;
@@ -11,15 +11,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 use surge_core::{format_bytes, InstanceId, NamespaceId};
 use surge_proto::InstanceDescriptor;
-
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let t = s.trim_end_matches('s');
-    t.parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("'{s}' is not a duration in seconds (e.g. 1s, 0.5)"))
-}
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -124,7 +115,7 @@ pub struct MountArgs {
     /// How long the kernel may cache attributes (seconds). 0 asks the metadata server on every
     /// stat; longer is faster but a stat of a file another node changed shows it later (an
     /// open always sees the latest close).
-    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = surge_core::sys::secs_arg)]
     pub attr_ttl: Duration,
 
     /// How long the kernel may cache names (seconds). A cached name whose file was removed or
@@ -133,7 +124,7 @@ pub struct MountArgs {
     /// absent names and create and unlink files there without waiting for the metadata
     /// server (in a shared namespace while it holds the directory's lease, which the server
     /// recalls before another node looks there). 0 turns both off.
-    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = surge_core::sys::secs_arg)]
     pub entry_ttl: Duration,
 
     /// Threads reading requests from the kernel.
@@ -149,6 +140,18 @@ pub struct MountArgs {
     /// them on the FUSE threads (slower: one more thread wake-up each way; for comparison).
     #[arg(long)]
     pub async_metadata: bool,
+
+    /// How long a request waits for a server (seconds): past it the application's call fails
+    /// with EIO and the mount logs why (a stopped, hung or unreachable server). Changes the
+    /// mount made behind the application are still sent once the server answers again.
+    /// 0: no deadline (as --hard).
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = surge_core::sys::secs_arg)]
+    pub deadline: Duration,
+
+    /// Wait for servers for ever, like an NFS "hard" mount: an application's call blocks
+    /// until the server answers (instead of failing after --deadline).
+    #[arg(long)]
+    pub hard: bool,
 
     /// Once mounted, write {"mountpoint", "pid"} as JSON to this file.
     #[arg(long, value_name = "FILE")]
@@ -178,7 +181,13 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGUSR1]);
     let rt = runtime()?;
     let (desc, token) = rt.block_on(args.source.resolve(Some(args.ns)))?;
-    let client = InstanceClient::new(desc, NamespaceId(args.ns), token)?;
+    let deadline = (!args.hard && !args.deadline.is_zero()).then_some(args.deadline);
+    let client = InstanceClient::with_options(
+        desc,
+        NamespaceId(args.ns),
+        token,
+        ClientOptions { deadline },
+    )?;
     // Fail early with a clear message if the metadata server is not reachable.
     rt.block_on(client.getattr(1))
         .with_context(|| format!("cannot reach the metadata server of namespace {}", args.ns))?;

@@ -1,20 +1,47 @@
 //! Connections to servers. A [`Connection`] multiplexes pipelined requests over one stream
 //! (replies are matched by request id); a [`ServerPool`] keeps a few connections per server,
 //! because a server works through one connection's requests in order, and reconnects when one
-//! breaks (a restarted server).
+//! breaks (a restarted server) or the server closed it for idleness (then requests it had not
+//! read are sent again on a new connection).
+//!
+//! Every wait is bounded by the pool's deadline ([`DEFAULT_DEADLINE`]; `None` waits forever,
+//! `surge mount --hard`): connecting, sending and waiting for the reply. A request past it
+//! fails with [`ClientError::Timeout`] (EIO for an application) and its connection is dropped,
+//! since a server that does not answer one request answers none queued behind it.
 
 use crate::error::ClientError;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use surge_proto::codec;
+use surge_proto::frame::CONNECTION_ID;
 use surge_proto::transport::{Addr, BoxWrite, Transport};
-use surge_proto::{Request, Response, ServerRef, SocketTransport};
+use surge_proto::{ErrorCode, Request, Response, ServerRef, SocketTransport};
 use tokio::sync::oneshot;
-use tracing::debug;
+use tracing::{debug, warn};
 
 type Reply = Result<(Response, Vec<u8>), ClientError>;
+
+/// How long a request waits for its reply unless told otherwise (`surge mount --deadline`).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A server's notice about the connection itself (request id [`CONNECTION_ID`]) as the error
+/// of the requests it leaves unanswered.
+pub(crate) fn connection_notice(server: &str, resp: Response) -> ClientError {
+    match resp {
+        Response::Error(e) if e.code == ErrorCode::IdleClosed => ClientError::Unsent {
+            server: server.to_string(),
+            message: e.message,
+        },
+        Response::Error(e) => ClientError::Remote {
+            server: server.to_string(),
+            error: e,
+        },
+        other => ClientError::transport(server, format!("unexpected notice {other:?}")),
+    }
+}
 
 pub struct Connection {
     server: String,
@@ -24,16 +51,32 @@ pub struct Connection {
     dead: AtomicBool,
     /// The client session its requests act for (frame header; 0 for none).
     session: u32,
+    /// How long a request may take (see the module doc); `None`: no bound.
+    deadline: Option<Duration>,
 }
 
 impl Connection {
+    /// Connects to `addr` (within `deadline`, which also bounds each request on it).
     pub async fn open(
         transport: &dyn Transport,
         addr: &Addr,
         server: &str,
         session: u32,
+        deadline: Option<Duration>,
     ) -> Result<Arc<Connection>, ClientError> {
-        let (mut reader, writer) = transport.connect(addr).await.map_err(|e| {
+        let connecting = transport.connect(addr);
+        let connected = match deadline {
+            Some(d) => tokio::time::timeout(d, connecting)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {d:?}"),
+                    ))
+                }),
+            None => connecting.await,
+        };
+        let (mut reader, writer) = connected.map_err(|e| {
             ClientError::transport(server, format!("cannot connect to {addr}: {e}"))
         })?;
         let conn = Arc::new(Connection {
@@ -43,6 +86,7 @@ impl Connection {
             next_id: AtomicU64::new(1),
             dead: AtomicBool::new(false),
             session,
+            deadline,
         });
         let weak = Arc::downgrade(&conn);
         // If the runtime that runs the reader goes away, the connection is dead: mark it so the
@@ -62,6 +106,13 @@ impl Connection {
                 let frame = codec::read_response(&mut reader).await;
                 let Some(conn) = weak.upgrade() else { break };
                 match frame {
+                    // The server refuses or closes the connection: no request left is answered.
+                    Ok(f) if f.header.request_id == CONNECTION_ID => {
+                        let e = connection_notice(&conn.server, f.response);
+                        debug!("{}: connection closed by the server: {e}", conn.server);
+                        conn.fail_all_with(e);
+                        break;
+                    }
                     Ok(f) => {
                         let tx = conn.pending.lock().remove(&f.header.request_id);
                         match tx {
@@ -85,10 +136,15 @@ impl Connection {
     }
 
     fn fail_all(&self, why: String) {
+        self.fail_all_with(ClientError::transport(&self.server, why));
+    }
+
+    /// Marks the connection dead and fails every request waiting on it with `e`.
+    fn fail_all_with(&self, e: ClientError) {
         self.dead.store(true, Ordering::Release);
         let pending: Vec<_> = self.pending.lock().drain().collect();
         for (_, tx) in pending {
-            let _ = tx.send(Err(ClientError::transport(&self.server, why.clone())));
+            let _ = tx.send(Err(e.clone()));
         }
     }
 
@@ -96,8 +152,39 @@ impl Connection {
         self.dead.load(Ordering::Acquire)
     }
 
-    /// Sends one request and waits for its reply. `payload` is sent as bulk bytes.
+    /// Sends one request and waits for its reply, within the connection's deadline. `payload`
+    /// is sent as bulk bytes.
     pub async fn call(&self, req: &Request, payload: &[u8]) -> Reply {
+        self.call_within(req, payload, self.deadline).await
+    }
+
+    /// [`call`](Self::call) within `deadline` (`None`: no bound). Past it the connection is
+    /// dropped: the requests queued behind this one on the server get no reply either.
+    pub async fn call_within(
+        &self,
+        req: &Request,
+        payload: &[u8],
+        deadline: Option<Duration>,
+    ) -> Reply {
+        let Some(d) = deadline else {
+            return self.call_unbounded(req, payload).await;
+        };
+        match tokio::time::timeout(d, self.call_unbounded(req, payload)).await {
+            Ok(r) => r,
+            Err(_) => {
+                let e = ClientError::Timeout {
+                    server: self.server.clone(),
+                    request: req.name(),
+                    after: d,
+                };
+                warn!("{e}; the connection is dropped and the request fails (EIO)");
+                self.fail_all(format!("connection dropped: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    async fn call_unbounded(&self, req: &Request, payload: &[u8]) -> Reply {
         if self.is_dead() {
             return Err(ClientError::transport(
                 &self.server,
@@ -153,6 +240,7 @@ pub struct ServerPool {
     session: u32,
     /// The capability every connection of the pool presents first.
     token: Option<Arc<surge_auth::Token>>,
+    deadline: Option<Duration>,
 }
 
 impl ServerPool {
@@ -176,6 +264,7 @@ impl ServerPool {
             next: AtomicUsize::new(0),
             session: 0,
             token: None,
+            deadline: Some(DEFAULT_DEADLINE),
         })
     }
 
@@ -187,6 +276,16 @@ impl ServerPool {
 
     pub fn token(&self) -> Option<&surge_auth::Token> {
         self.token.as_deref()
+    }
+
+    /// The pool's requests wait at most `deadline` for their replies (`None`: forever).
+    pub fn with_deadline(mut self, deadline: Option<Duration>) -> ServerPool {
+        self.deadline = deadline;
+        self
+    }
+
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline
     }
 
     /// The pool's requests act for client session `session` (frame header).
@@ -205,7 +304,14 @@ impl ServerPool {
     pub async fn dedicated(&self) -> Result<Arc<Connection>, ClientError> {
         let mut last = None;
         for addr in &self.addrs {
-            match Connection::open(&*self.transport, addr, &self.server.id, self.session).await {
+            let opened = Connection::open(
+                &*self.transport,
+                addr,
+                &self.server.id,
+                self.session,
+                self.deadline,
+            );
+            match opened.await {
                 Ok(c) => {
                     if let Some(t) = &self.token {
                         let req = Request::Authenticate {
@@ -248,10 +354,34 @@ impl ServerPool {
         Ok(c)
     }
 
-    /// Sends a request on one of the pool's connections.
+    /// Sends a request on one of the pool's connections, within the pool's deadline.
     pub async fn call(&self, req: &Request, payload: &[u8]) -> Reply {
-        let conn = self.connection().await?;
-        let r = conn.call(req, payload).await?;
+        self.call_within(req, payload, self.deadline).await
+    }
+
+    /// [`call`](Self::call) within `deadline` (`None`: no bound). A request the server did not
+    /// read because it closed an idle connection is sent again on a new one.
+    pub async fn call_within(
+        &self,
+        req: &Request,
+        payload: &[u8],
+        deadline: Option<Duration>,
+    ) -> Reply {
+        let mut unsent = 0;
+        let r = loop {
+            let conn = self.connection().await?;
+            match conn.call_within(req, payload, deadline).await {
+                Err(ClientError::Unsent { message, .. }) if unsent < 3 => {
+                    debug!(
+                        "{}: {message}; sending {} again",
+                        self.server.id,
+                        req.name()
+                    );
+                    unsent += 1;
+                }
+                r => break r?,
+            }
+        };
         match r {
             (Response::Error(e), _) => Err(ClientError::Remote {
                 server: self.server.id.clone(),

@@ -21,6 +21,21 @@ pub enum ClientError {
     /// A local error with a chosen errno (e.g. a read past the largest offset).
     #[error("{message}")]
     Local { errno: i32, message: String },
+    /// No reply within the client's deadline: the server is stopped, hung or unreachable.
+    /// Whether the request was made is unknown.
+    #[error(
+        "server {server}: no reply to {request} within {after:?} (the server is stopped, hung or \
+         unreachable)"
+    )]
+    Timeout {
+        server: String,
+        request: &'static str,
+        after: std::time::Duration,
+    },
+    /// The server closed the connection without reading the request (it was idle, see
+    /// `ErrorCode::IdleClosed`): the request was not made and may be sent again.
+    #[error("server {server}: {message}")]
+    Unsent { server: String, message: String },
 }
 
 impl ClientError {
@@ -41,7 +56,10 @@ impl ClientError {
     pub fn errno(&self) -> i32 {
         match self {
             ClientError::Remote { error, .. } => error.code.errno(),
-            ClientError::Transport { .. } | ClientError::Protocol { .. } => libc::EIO,
+            ClientError::Transport { .. }
+            | ClientError::Protocol { .. }
+            | ClientError::Timeout { .. }
+            | ClientError::Unsent { .. } => libc::EIO,
             ClientError::Local { errno, .. } => *errno,
         }
     }

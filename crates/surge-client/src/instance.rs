@@ -38,6 +38,22 @@ fn new_session() -> u32 {
 /// Connections kept per server.
 const CONNECTIONS_PER_SERVER: usize = 4;
 
+/// How an [`InstanceClient`] waits for its servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// How long a request waits for its reply (and a mount's request for the changes queued
+    /// before it); `None`: forever (NFS's "hard"). Default [`crate::conn::DEFAULT_DEADLINE`].
+    pub deadline: Option<std::time::Duration>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            deadline: Some(crate::conn::DEFAULT_DEADLINE),
+        }
+    }
+}
+
 /// Capacity and use of an instance, and its inode count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Usage {
@@ -110,7 +126,13 @@ macro_rules! expect {
         let req = $req;
         $self.counts.note(&req);
         let resp = if crate::blocking::is_inline() {
-            crate::blocking::call(&$pool.server, $pool.session(), $pool.token(), &req)?
+            crate::blocking::call(
+                &$pool.server,
+                $pool.session(),
+                $pool.token(),
+                $pool.deadline(),
+                &req,
+            )?
         } else {
             $pool.call(&req, &[]).await?.0
         };
@@ -142,6 +164,16 @@ impl InstanceClient {
         ns: NamespaceId,
         token: surge_auth::Token,
     ) -> Result<InstanceClient> {
+        Self::with_options(desc, ns, token, ClientOptions::default())
+    }
+
+    /// [`new`](Self::new) with `opts`.
+    pub fn with_options(
+        desc: InstanceDescriptor,
+        ns: NamespaceId,
+        token: surge_auth::Token,
+        opts: ClientOptions,
+    ) -> Result<InstanceClient> {
         let session = new_session();
         let token = Arc::new(token);
         let mut pools: HashMap<String, Arc<ServerPool>> = HashMap::new();
@@ -152,7 +184,8 @@ impl InstanceClient {
             let p = Arc::new(
                 ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?
                     .with_session(session)
-                    .with_token(token.clone()),
+                    .with_token(token.clone())
+                    .with_deadline(opts.deadline),
             );
             pools.insert(s.id.clone(), p.clone());
             Ok(p)
@@ -208,6 +241,11 @@ impl InstanceClient {
 
     pub fn instance(&self) -> InstanceId {
         self.desc.instance
+    }
+
+    /// How long a request waits for its reply (`None`: forever).
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        self.mds.deadline()
     }
 
     /// The requests this client sent so far, per operation.
@@ -297,12 +335,27 @@ impl InstanceClient {
         Ok(self.unlink_in(parent, name, keep).await?.0)
     }
 
-    metadata_call!(
-        /// Changes made behind the application (see [`Request::NamespaceBatch`]): one result
-        /// per change.
-        namespace_batch(this, ops: Vec<BatchOp>) -> Vec<std::result::Result<BatchDone, ErrorReply>>,
-        Request::NamespaceBatch { instance: this.instance(), ns: this.ns, ops },
-        Response::BatchDone(r) => r);
+    /// Changes made behind the application (see [`Request::NamespaceBatch`]): one result per
+    /// change. Sent through the async pool and waited for without a deadline: a batch that
+    /// timed out may still be made by a server that was only stopped, and sending it again
+    /// would make each change twice (no application waits on it: requests that wait for the
+    /// queue have the deadline). A server that died closes the connection; one whose host
+    /// vanished is found out by TCP keepalive.
+    pub async fn namespace_batch(
+        &self,
+        ops: Vec<BatchOp>,
+    ) -> Result<Vec<std::result::Result<BatchDone, ErrorReply>>> {
+        let req = Request::NamespaceBatch {
+            instance: self.instance(),
+            ns: self.ns,
+            ops,
+        };
+        self.counts.note(&req);
+        match self.mds.call_within(&req, &[], None).await?.0 {
+            Response::BatchDone(r) => Ok(r),
+            other => Err(self.unexpected(&self.mds.server, &req, other)),
+        }
+    }
 
     metadata_call!(
         /// Reserves `count` inode numbers for creates made behind the application; returns

@@ -20,4 +20,4 @@ pub mod instance;
 pub mod mount;
 
 pub use error::ClientError;
-pub use instance::InstanceClient;
+pub use instance::{ClientOptions, InstanceClient};

@@ -54,3 +54,39 @@ pub fn wait_signal(set: &libc::sigset_t) -> libc::c_int {
 pub fn size_arg(s: &str) -> Result<u64, String> {
     crate::units::parse_size(s).map_err(|e| e.to_string())
 }
+
+/// clap value parser for durations in seconds (`--attr-ttl 10`, `--idle-timeout 0.5s`): a
+/// non-negative number, with an optional `s`.
+pub fn secs_arg(s: &str) -> Result<std::time::Duration, String> {
+    s.trim_end_matches('s')
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0 && *v < 1e12)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(|| format!("'{s}' is not a duration in seconds (e.g. 1s, 0.5)"))
+}
+
+/// Raises this process's soft limit of open files (`RLIMIT_NOFILE`) to its hard limit;
+/// returns the soft limit in force after.
+pub fn raise_nofile_limit() -> std::io::Result<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write and read the one struct on our stack.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                r.rlim_cur = r.rlim_max;
+            }
+        }
+    }
+    Ok(r.rlim_cur)
+}

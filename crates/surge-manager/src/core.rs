@@ -205,9 +205,11 @@ impl Core {
                 "pool '{pool}' does not exist"
             )));
         }
-        let st = admin::status(addr, &self.admin_token()).await.map_err(|e| {
-            ManagerError::Unavailable(format!("cannot reach server at {addr}: {e}"))
-        })?;
+        let st = admin::status(addr, &self.admin_token())
+            .await
+            .map_err(|e| {
+                ManagerError::Unavailable(format!("cannot reach server at {addr}: {e}"))
+            })?;
         let mut addrs = st.addrs.clone();
         // Reach it first as the registrar did if it listens on a wildcard address.
         if !addrs.iter().any(|a| a == addr) {

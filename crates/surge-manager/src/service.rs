@@ -11,8 +11,8 @@ use crate::stage::Stages;
 use crate::views;
 use std::sync::Arc;
 use surge_api::v1 as api;
-use surge_auth::Caller;
 use surge_api::v1::manager_server::Manager;
+use surge_auth::Caller;
 use tonic::{Request, Response, Status};
 
 pub struct Service {

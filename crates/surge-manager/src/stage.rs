@@ -63,7 +63,8 @@ struct Live {
 impl Live {
     /// Asks the worker to stop (SIGTERM; at once if it has not started yet).
     fn cancel(&self) {
-        self.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.cancelled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let pid = self.pid.load(std::sync::atomic::Ordering::SeqCst);
         if pid != 0 {
             // SAFETY: signalling our own child.
@@ -429,10 +430,8 @@ impl Stages {
                 return;
             }
         };
-        live.pid.store(
-            child.id().unwrap_or(0),
-            std::sync::atomic::Ordering::SeqCst,
-        );
+        live.pid
+            .store(child.id().unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
         if live.is_cancelled() {
             live.cancel();
         }
@@ -519,7 +518,10 @@ impl Stages {
             self.finish(row, "done", String::new());
         } else {
             let n = report.failures.len();
-            warn!("stage task {} ({}): {n} files failed", row.id, row.direction);
+            warn!(
+                "stage task {} ({}): {n} files failed",
+                row.id, row.direction
+            );
             self.finish(row, "failed", format!("{n} file(s) could not be copied"));
         }
     }

@@ -1,7 +1,7 @@
 //! Reading and writing whole frames, blocking (the server's per-connection threads) and async
 //! (the client's tokio connections).
 
-use crate::frame::{FrameError, Header, HEADER_LEN, RESPONSE_BIT};
+use crate::frame::{FrameError, Header, HEADER_LEN, READ_STEP, RESPONSE_BIT};
 use crate::msg::{ErrorCode, ErrorReply, Request, Response};
 use serde::{de::DeserializeOwned, Serialize};
 use std::io::{self, IoSlice, Read, Write};
@@ -18,8 +18,42 @@ pub enum CodecError {
     Frame(#[from] FrameError),
     #[error("undecodable message: {0}")]
     Decode(#[from] postcard::Error),
+    /// No frame began within the stream's idle timeout (see [`Waits`]).
+    #[error("idle: {0}")]
+    Idle(io::Error),
+    /// A frame began but did not arrive whole within the stream's frame timeout.
+    #[error("frame cut off in its {0}: {1}")]
+    Stalled(&'static str, io::Error),
     #[error("{0}")]
     Io(#[from] io::Error),
+}
+
+/// Where a frame reader is, told to the stream under it so that the stream can bound its
+/// waits: the server's sockets wait up to an idle timeout for a frame to begin and up to a
+/// frame timeout for a begun frame to end ([`crate::transport::Polled`]). A wait that runs out
+/// fails with [`io::ErrorKind::TimedOut`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Between frames: waiting for the first byte of the next one.
+    Idle,
+    /// Inside a frame whose first byte has arrived.
+    Frame,
+}
+
+/// A byte stream that is told the reader's [`Phase`].
+pub trait Waits {
+    fn waiting(&mut self, phase: Phase);
+}
+
+/// In-memory frames never wait.
+impl Waits for &[u8] {
+    fn waiting(&mut self, _: Phase) {}
+}
+
+impl<R: Waits> Waits for std::io::BufReader<R> {
+    fn waiting(&mut self, phase: Phase) {
+        self.get_mut().waiting(phase)
+    }
 }
 
 impl CodecError {
@@ -30,6 +64,9 @@ impl CodecError {
             CodecError::Frame(FrameError::Version { .. }) => ErrorCode::Version,
             CodecError::Frame(FrameError::PayloadTooLarge(_)) => ErrorCode::TooLarge,
             CodecError::Frame(FrameError::MetaTooLarge(_)) => ErrorCode::TooLarge,
+            CodecError::Frame(FrameError::Anonymous(_)) => ErrorCode::Denied,
+            CodecError::Idle(_) => ErrorCode::IdleClosed,
+            CodecError::Stalled(..) => ErrorCode::TimedOut,
             _ => ErrorCode::Malformed,
         }
     }
@@ -116,35 +153,101 @@ fn read_exact_or_eof<R: Read>(
     Ok(true)
 }
 
+/// Reads a frame's header: the wait for its first byte is an idle wait, the rest of the frame
+/// is inside it (see [`Phase`]). `Ok(false)` on a clean EOF before the first byte.
+fn read_header<R: Read + Waits>(r: &mut R, hb: &mut [u8; HEADER_LEN]) -> Result<bool, CodecError> {
+    r.waiting(Phase::Idle);
+    let first = loop {
+        match r.read(&mut hb[..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => return Err(CodecError::Idle(e)),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    r.waiting(Phase::Frame);
+    if !read_exact_or_eof(r, &mut hb[first..], "header").map_err(|e| stalled(e, "header"))?
+        && first < HEADER_LEN
+    {
+        return Err(CodecError::Truncated("header"));
+    }
+    Ok(true)
+}
+
+/// A timed-out read inside a frame is a stalled frame.
+fn stalled(e: CodecError, what: &'static str) -> CodecError {
+    match e {
+        CodecError::Io(e) if e.kind() == io::ErrorKind::TimedOut => CodecError::Stalled(what, e),
+        e => e,
+    }
+}
+
+/// Reads `len` bytes into `buf` (which ends up `len` long). Its memory grows by at most
+/// [`READ_STEP`] beyond the bytes that arrived: a peer that announces a large frame and
+/// stalls holds little; a buffer already large enough (reused across frames) is filled in
+/// place.
+pub fn read_stepwise<R: Read>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    len: usize,
+    what: &'static str,
+) -> Result<(), CodecError> {
+    buf.truncate(len);
+    let mut got = 0;
+    while got < len {
+        if got == buf.len() {
+            buf.resize(got + (len - got).min(READ_STEP), 0);
+        }
+        match r.read(&mut buf[got..]) {
+            Ok(0) => return Err(CodecError::Truncated(what)),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(stalled(e.into(), what)),
+        }
+    }
+    Ok(())
+}
+
 /// A received request frame (blocking side).
 pub struct RequestFrame {
     pub header: Header,
     pub request: Request,
 }
 
-/// Reads one request frame; its payload goes into `payload` (resized, reused across calls so
-/// large writes do not allocate). `Ok(None)` on a clean close. A header that fails validation is
-/// returned as `Err((Some(request_id), error))` so the caller can reply before closing.
-pub fn read_request<R: Read>(
+/// Reads one request frame; its payload goes into `payload` (reused across calls so large
+/// writes do not allocate; memory is taken as the bytes arrive, not when a length is
+/// announced). `Ok(None)` on a clean close. A frame that fails after its header is returned as
+/// `Err((Some(request_id), error))` so the caller can reply before closing.
+pub fn read_request<R: Read + Waits>(
     r: &mut R,
     payload: &mut Vec<u8>,
 ) -> Result<Option<RequestFrame>, (Option<u64>, CodecError)> {
+    read_request_within(r, payload, None)
+}
+
+/// [`read_request`], refusing (before reading it) a frame whose message and payload together
+/// exceed `limit` bytes (see [`crate::frame::MAX_ANONYMOUS`]).
+pub fn read_request_within<R: Read + Waits>(
+    r: &mut R,
+    payload: &mut Vec<u8>,
+    limit: Option<u64>,
+) -> Result<Option<RequestFrame>, (Option<u64>, CodecError)> {
     let mut hb = [0u8; HEADER_LEN];
-    match read_exact_or_eof(r, &mut hb, "header") {
+    match read_header(r, &mut hb) {
         Ok(true) => {}
         Ok(false) => return Ok(None),
         Err(e) => return Err((None, e)),
     }
     let header = Header::decode(&hb).map_err(|(id, e)| (Some(id), CodecError::Frame(e)))?;
     let id = Some(header.request_id);
-    let mut meta = vec![0u8; header.meta_len as usize];
-    if !read_exact_or_eof(r, &mut meta, "message").map_err(|e| (id, e))? && !meta.is_empty() {
-        return Err((id, CodecError::Truncated("message")));
+    let size = header.meta_len as u64 + header.payload_len as u64;
+    if limit.is_some_and(|l| size > l) {
+        return Err((id, CodecError::Frame(FrameError::Anonymous(size))));
     }
-    payload.resize(header.payload_len as usize, 0);
-    if !read_exact_or_eof(r, payload, "payload").map_err(|e| (id, e))? && !payload.is_empty() {
-        return Err((id, CodecError::Truncated("payload")));
-    }
+    let mut meta = Vec::new();
+    read_stepwise(r, &mut meta, header.meta_len as usize, "message").map_err(|e| (id, e))?;
+    read_stepwise(r, payload, header.payload_len as usize, "payload").map_err(|e| (id, e))?;
     let request = decode::<Request>(&meta).map_err(|e| (id, e))?;
     Ok(Some(RequestFrame { header, request }))
 }
@@ -189,20 +292,31 @@ pub async fn read_response<R: AsyncRead + Unpin>(r: &mut R) -> Result<ResponseFr
         got += n;
     }
     let header = Header::decode(&hb).map_err(|(_, e)| CodecError::Frame(e))?;
-    let mut meta = vec![0u8; header.meta_len as usize];
-    r.read_exact(&mut meta)
-        .await
-        .map_err(|_| CodecError::Truncated("message"))?;
-    let mut payload = vec![0u8; header.payload_len as usize];
-    r.read_exact(&mut payload)
-        .await
-        .map_err(|_| CodecError::Truncated("payload"))?;
+    let meta = read_async(r, header.meta_len as usize, "message").await?;
+    let payload = read_async(r, header.payload_len as usize, "payload").await?;
     let response = decode::<Response>(&meta)?;
     Ok(ResponseFrame {
         header,
         response,
         payload,
     })
+}
+
+/// Reads `len` bytes into a new buffer whose pages are touched only as the bytes arrive.
+async fn read_async<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: usize,
+    what: &'static str,
+) -> Result<Vec<u8>, CodecError> {
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        match (&mut *r).take(want).read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return Err(CodecError::Truncated(what)),
+            Ok(_) => {}
+        }
+    }
+    Ok(buf)
 }
 
 /// Writes one request frame to an async stream.
@@ -240,14 +354,10 @@ pub fn call_blocking<S: Read + Write>(
         return Err(CodecError::Closed);
     }
     let header = Header::decode(&hb).map_err(|(_, e)| CodecError::Frame(e))?;
-    let mut meta = vec![0u8; header.meta_len as usize];
-    if !read_exact_or_eof(s, &mut meta, "message")? && !meta.is_empty() {
-        return Err(CodecError::Truncated("message"));
-    }
-    let mut payload = vec![0u8; header.payload_len as usize];
-    if !read_exact_or_eof(s, &mut payload, "payload")? && !payload.is_empty() {
-        return Err(CodecError::Truncated("payload"));
-    }
+    let mut meta = Vec::new();
+    read_stepwise(s, &mut meta, header.meta_len as usize, "message")?;
+    let mut payload = Vec::new();
+    read_stepwise(s, &mut payload, header.payload_len as usize, "payload")?;
     let response = decode::<Response>(&meta)?;
     Ok(ResponseFrame {
         header,

@@ -13,14 +13,25 @@ use thiserror::Error;
 
 pub const MAGIC: [u8; 4] = *b"SRGE";
 /// Bumped on any incompatible change of the header or of the messages.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const HEADER_LEN: usize = 32;
 /// Set in the opcode of every response.
 pub const RESPONSE_BIT: u16 = 0x8000;
-/// Largest encoded message we accept. Messages are small (a readdir page is the largest).
+/// Largest encoded message we accept. Messages are small (a readdir page of 4096 entries with
+/// attributes, the largest, is about 1.3 MiB).
 pub const MAX_META: u32 = 4 << 20;
-/// Largest bulk payload we accept in one frame.
-pub const MAX_PAYLOAD: u32 = 64 << 20;
+/// Largest read or write of one request: a `Read` asks for at most this many bytes and a
+/// `Write` carries at most this many (clients send 8 MiB at most, `surge-client` `MAX_PIECE`).
+pub const MAX_IO: u32 = 16 << 20;
+/// Largest bulk payload we accept in one frame: one read's or one write's bytes.
+pub const MAX_PAYLOAD: u32 = MAX_IO;
+/// A frame's message and payload are read in steps of at most this many bytes, so a peer that
+/// announces a large frame and stalls holds this much memory, not what it announced.
+pub const READ_STEP: usize = 1 << 20;
+/// The request id of a frame about the connection rather than a request: a server that refuses
+/// a connection (`ErrorCode::ConnectionLimit`) or closes an idle one (`ErrorCode::IdleClosed`)
+/// says so in a response with this id. Clients number their requests from 1.
+pub const CONNECTION_ID: u64 = 0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
@@ -44,7 +55,18 @@ pub enum FrameError {
     MetaTooLarge(u32),
     #[error("payload of {0} bytes exceeds the {MAX_PAYLOAD}-byte limit")]
     PayloadTooLarge(u32),
+    /// A frame larger than [`MAX_ANONYMOUS`] on a connection that has not authenticated.
+    #[error(
+        "frame of {0} bytes on a connection that has not presented a capability (at most \
+         {MAX_ANONYMOUS} bytes before Authenticate)"
+    )]
+    Anonymous(u64),
 }
+
+/// The largest frame (message and payload) a server reads from a connection that has not yet
+/// presented a capability: an `Authenticate` and a few small requests fit, and a stranger's
+/// connections cannot make the server hold [`MAX_PAYLOAD`] each.
+pub const MAX_ANONYMOUS: u64 = 64 * 1024;
 
 impl Header {
     pub fn request(opcode: u16, request_id: u64, meta_len: u32, payload_len: u32) -> Header {

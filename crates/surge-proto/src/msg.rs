@@ -276,6 +276,49 @@ pub struct ServerStatus {
     pub fragments: Vec<FragmentStatus>,
     /// (instance, namespace) pairs this server is the metadata server of.
     pub namespaces: Vec<(InstanceId, NamespaceId)>,
+    /// The bounds this server enforces on frames and connections.
+    pub limits: Limits,
+}
+
+/// The bounds a server enforces (docs/DATAPLANE.md, "Bounds"), as `Status` reports them so
+/// that any client can size its requests and keep its connections busy enough.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Largest encoded message of a frame, in bytes ([`crate::frame::MAX_META`]).
+    pub max_meta: u32,
+    /// Largest payload of a frame, in bytes ([`crate::frame::MAX_PAYLOAD`]).
+    pub max_payload: u32,
+    /// Largest `Read` length and `Write` payload, in bytes ([`crate::frame::MAX_IO`]).
+    pub max_io: u32,
+    /// Connections served at once (beyond it, new ones are refused with `ConnectionLimit`).
+    pub max_connections: u32,
+    /// Connections served at once from one peer (a TCP address; a uid on the Unix socket).
+    pub max_connections_per_peer: u32,
+    /// A connection with no request for this long is closed (`IdleClosed`); 0: never.
+    pub idle_timeout_ms: u64,
+    /// A frame must arrive whole within this long of its first byte, and a reply must be
+    /// taken by the peer within this long; the connection is closed otherwise.
+    pub frame_timeout_ms: u64,
+}
+
+impl Limits {
+    /// The frame limits of this protocol version with the given connection bounds.
+    pub fn new(
+        max_connections: u32,
+        max_connections_per_peer: u32,
+        idle_timeout: std::time::Duration,
+        frame_timeout: std::time::Duration,
+    ) -> Limits {
+        Limits {
+            max_meta: crate::frame::MAX_META,
+            max_payload: crate::frame::MAX_PAYLOAD,
+            max_io: crate::frame::MAX_IO,
+            max_connections,
+            max_connections_per_peer,
+            idle_timeout_ms: idle_timeout.as_millis() as u64,
+            frame_timeout_ms: frame_timeout.as_millis() as u64,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -720,6 +763,16 @@ pub enum ErrorCode {
     NoData,
     /// Not authenticated, or not allowed by the connection's capability.
     Denied,
+    // Added after the others to keep their encoding.
+    /// The server refuses the connection: it serves as many as it may, in total or from this
+    /// peer (sent with request id `frame::CONNECTION_ID`, then the connection is closed).
+    ConnectionLimit,
+    /// The server closes the connection, idle too long: it read no request after its last
+    /// reply, so a request the client sent meanwhile was not made and may be sent again on a
+    /// new connection (sent with request id `frame::CONNECTION_ID`).
+    IdleClosed,
+    /// A frame did not arrive whole within the server's frame timeout.
+    TimedOut,
 }
 
 impl ErrorCode {
@@ -745,6 +798,7 @@ impl ErrorCode {
             ErrorCode::Loop => libc::ELOOP,
             ErrorCode::NoData => libc::ENODATA,
             ErrorCode::Denied => libc::EACCES,
+            ErrorCode::ConnectionLimit | ErrorCode::IdleClosed | ErrorCode::TimedOut => libc::EIO,
         }
     }
 

@@ -66,6 +66,7 @@ impl Transport for SocketTransport {
                     let s = tokio::net::TcpStream::connect(hp.as_str()).await?;
                     // Requests are small and latency-bound; never wait to coalesce them.
                     s.set_nodelay(true)?;
+                    keepalive(&s)?;
                     let (r, w) = s.into_split();
                     Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
                 }
@@ -77,6 +78,35 @@ impl Transport for SocketTransport {
             }
         })
     }
+}
+
+/// Turns on TCP keepalive: a connection to a host that vanished (no close, no reset) fails
+/// after about a minute of silence, instead of waiting for ever for a reply that has no
+/// deadline (see `surge-client` `namespace_batch`). A stopped server's kernel still answers.
+pub fn keepalive(s: &impl std::os::fd::AsRawFd) -> io::Result<()> {
+    let fd = s.as_raw_fd();
+    for (level, opt, val) in [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 30),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 10),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+    ] {
+        let v: libc::c_int = val;
+        // SAFETY: setting an int option on the caller's open socket from our stack.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// How long a thread polls a socket before sleeping in `read` when it expects data soon (a
@@ -119,12 +149,16 @@ pub fn peek(fd: std::os::fd::RawFd) -> io::Result<usize> {
     }
 }
 
-/// Polls (without blocking) until `fd` has data to read or `max` has passed.
-pub fn poll_readable(fd: std::os::fd::RawFd, max: std::time::Duration) {
+/// Polls (without blocking) until `fd` has data to read or `max` has passed; true when data
+/// (or the peer's close) is there.
+pub fn poll_readable(fd: std::os::fd::RawFd, max: std::time::Duration) -> bool {
     let start = std::time::Instant::now();
-    while start.elapsed() < max {
+    loop {
         if peek(fd).is_ok() {
-            return;
+            return true;
+        }
+        if start.elapsed() >= max {
+            return false;
         }
         // Give the CPU to any other runnable thread (on a machine with few cores that is
         // often the very thread that will answer); with none, this is a cheap spin.
@@ -133,13 +167,118 @@ pub fn poll_readable(fd: std::os::fd::RawFd, max: std::time::Duration) {
     }
 }
 
-/// A blocking stream whose reads poll briefly before sleeping (see [`POLL_BEFORE_SLEEP`]).
-pub struct Polled<S>(pub S);
+/// Sleeps until `fd` is readable (data, the peer's close, an error) or `timeout` has passed;
+/// false when it passed.
+pub fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) -> io::Result<bool> {
+    let until = std::time::Instant::now() + timeout;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        // Rounded up, so a wait never ends before its time; at most ~24 days per call.
+        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on the stack, for the call's duration.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n > 0 {
+            return Ok(true);
+        }
+        if n == 0 {
+            if std::time::Instant::now() >= until {
+                return Ok(false);
+            }
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
 
-impl<S: std::io::Read + std::os::fd::AsRawFd> std::io::Read for Polled<S> {
+/// A blocking socket of the server's, whose reads poll briefly before sleeping (see
+/// [`POLL_BEFORE_SLEEP`]) and whose sleeps are bounded: by an idle timeout while the frame
+/// reader waits for a frame to begin, by a frame timeout once one began (see
+/// [`crate::codec::Waits`]). A wait that runs out fails with `TimedOut`.
+pub struct Polled<S> {
+    pub inner: S,
+    idle: Option<std::time::Duration>,
+    frame: Option<std::time::Duration>,
+    /// When the current frame must be whole; `None` between frames.
+    deadline: Option<std::time::Instant>,
+    in_frame: bool,
+}
+
+impl<S> Polled<S> {
+    /// Waits without bounds.
+    pub fn new(inner: S) -> Polled<S> {
+        Polled::bounded(inner, None, None)
+    }
+
+    /// Waits up to `idle` for a frame to begin and up to `frame` for it to end.
+    pub fn bounded(
+        inner: S,
+        idle: Option<std::time::Duration>,
+        frame: Option<std::time::Duration>,
+    ) -> Polled<S> {
+        Polled {
+            inner,
+            idle,
+            frame,
+            deadline: None,
+            in_frame: false,
+        }
+    }
+
+    /// How long the next read may sleep.
+    fn wait(&self) -> Option<std::time::Duration> {
+        if self.in_frame {
+            self.deadline
+                .map(|d| d.saturating_duration_since(std::time::Instant::now()))
+        } else {
+            self.idle
+        }
+    }
+}
+
+impl<S> crate::codec::Waits for Polled<S> {
+    fn waiting(&mut self, phase: crate::codec::Phase) {
+        match phase {
+            crate::codec::Phase::Idle => {
+                self.in_frame = false;
+                self.deadline = None;
+            }
+            crate::codec::Phase::Frame if !self.in_frame => {
+                self.in_frame = true;
+                self.deadline = self.frame.map(|f| std::time::Instant::now() + f);
+            }
+            crate::codec::Phase::Frame => {}
+        }
+    }
+}
+
+impl<S: std::io::Read + std::os::fd::AsFd> std::io::Read for Polled<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        poll_readable(self.0.as_raw_fd(), poll_budget("server"));
-        self.0.read(buf)
+        use std::os::fd::AsRawFd;
+        let fd = self.inner.as_fd().as_raw_fd();
+        if !poll_readable(fd, poll_budget("server")) {
+            if let Some(wait) = self.wait() {
+                if !wait_readable(fd, wait)? {
+                    let what = if self.in_frame {
+                        format!(
+                            "frame not whole within {:?} of its first byte",
+                            self.frame.unwrap_or_default()
+                        )
+                    } else {
+                        format!("no request for {:?}", self.idle.unwrap_or_default())
+                    };
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, what));
+                }
+            }
+        }
+        self.inner.read(buf)
     }
 }
 

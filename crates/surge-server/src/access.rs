@@ -52,10 +52,7 @@ fn may_own(grant: &Claims, uid: u32, gid: u32) -> Result<(), ErrorReply> {
         )));
     }
     if !c.in_group(gid) {
-        return Err(denied(format!(
-            "uid {} is not in group {gid}",
-            c.uid
-        )));
+        return Err(denied(format!("uid {} is not in group {gid}", c.uid)));
     }
     Ok(())
 }
@@ -85,7 +82,10 @@ pub fn allowed(grant: Option<&Claims>, req: &Request) -> Result<(), ErrorReply> 
                     req.name(),
                     ns.map(|n| format!(" namespace {n}")).unwrap_or_default(),
                     grant.instance,
-                    grant.ns.map(|n| format!(" namespace {n}")).unwrap_or_default(),
+                    grant
+                        .ns
+                        .map(|n| format!(" namespace {n}"))
+                        .unwrap_or_default(),
                 )));
             }
         }
@@ -178,7 +178,10 @@ mod tests {
         let g = user(7, None);
         assert!(allowed(Some(&g), &read(7)).is_ok());
         assert!(allowed(Some(&g), &read(8)).is_err(), "another instance");
-        assert!(allowed(Some(&g), &Request::Status).is_err(), "administration");
+        assert!(
+            allowed(Some(&g), &Request::Status).is_err(),
+            "administration"
+        );
         let admin = Claims {
             rights: Rights::Admin,
             ..user(0, None)
@@ -186,16 +189,25 @@ mod tests {
         assert!(allowed(Some(&admin), &Request::Status).is_ok());
         assert!(allowed(Some(&admin), &read(8)).is_ok());
         let one_ns = user(7, Some(1));
-        assert!(allowed(Some(&one_ns), &read(7)).is_err(), "namespace 0's file");
+        assert!(
+            allowed(Some(&one_ns), &read(7)).is_err(),
+            "namespace 0's file"
+        );
     }
 
     #[test]
     fn a_user_creates_files_of_their_own_only() {
         let g = user(7, None);
         assert!(allowed(Some(&g), &create(1001, 1001)).is_ok());
-        assert!(allowed(Some(&g), &create(1001, 50)).is_ok(), "a group of theirs");
+        assert!(
+            allowed(Some(&g), &create(1001, 50)).is_ok(),
+            "a group of theirs"
+        );
         assert!(allowed(Some(&g), &create(0, 0)).is_err(), "owner spoofed");
-        assert!(allowed(Some(&g), &create(1001, 0)).is_err(), "group spoofed");
+        assert!(
+            allowed(Some(&g), &create(1001, 0)).is_err(),
+            "group spoofed"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `surge server` flags and the process's main loop.
 
+use crate::admission::{self, Admission, ConnLimits};
 use crate::conn;
 use crate::registry::{write_json_atomic, Registry};
 use anyhow::Context;
@@ -7,6 +8,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 use tracing::info;
 
 /// Run a burst-buffer server: store fragments of instances on fast-tier directories and serve
@@ -74,6 +76,44 @@ pub struct ServerArgs {
     /// ready file then names it as "metrics").
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
+
+    /// Most client connections served at once (each is a thread and a file descriptor). Also
+    /// bounded by the open-file limit, whose soft value is raised to the hard one at start:
+    /// 256 descriptors are kept for files. Beyond it a new connection is refused with a
+    /// clear error (ConnectionLimit), after the connection silent longest (no request for 1 s
+    /// or more since it connected) has been closed to make room, if there is one.
+    #[arg(long, value_name = "N", default_value_t = admission::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: u32,
+
+    /// Most connections served at once from one peer: a TCP client address, or a uid on the
+    /// Unix socket. A mount holds about 8 connections to each server.
+    #[arg(long, value_name = "N", default_value_t = admission::DEFAULT_MAX_PER_PEER)]
+    pub max_connections_per_peer: u32,
+
+    /// Close a connection that sent no request for this long (seconds; 0: never). The client
+    /// is told first (IdleClosed) and reconnects on its next request, sending again any
+    /// request it sent meanwhile.
+    #[arg(long, value_name = "SECS", default_value = "300", value_parser = surge_core::sys::secs_arg)]
+    pub idle_timeout: Duration,
+
+    /// Close a connection whose frame (a request's header, message and payload; at most
+    /// 16 MiB) does not arrive whole within this long of its first byte, or that does not
+    /// take its reply within this long (seconds; 0: no bound).
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = surge_core::sys::secs_arg)]
+    pub frame_timeout: Duration,
+}
+
+impl ServerArgs {
+    /// The connection bounds the flags ask for.
+    pub fn conn_limits(&self) -> ConnLimits {
+        let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
+        ConnLimits {
+            max_connections: self.max_connections,
+            max_per_peer: self.max_connections_per_peer,
+            idle_timeout: nonzero(self.idle_timeout),
+            frame_timeout: nonzero(self.frame_timeout),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -104,8 +144,9 @@ impl Running {
     }
 }
 
-/// Opens the devices, recovers what they hold and starts listening. Used by `surge server` and
-/// by tests and tools that need a real server inside their own process.
+/// Opens the devices, recovers what they hold and starts listening, with the default
+/// connection bounds. Used by tests and tools that need a real server inside their own
+/// process.
 pub fn start(
     devices: Vec<PathBuf>,
     capacity: Option<u64>,
@@ -114,6 +155,30 @@ pub fn start(
     id: Option<String>,
     key: surge_auth::Key,
 ) -> anyhow::Result<Running> {
+    start_with(
+        devices,
+        capacity,
+        listen,
+        unix,
+        id,
+        key,
+        ConnLimits::default(),
+    )
+}
+
+/// [`start`] with connection bounds `limits` (lowered to what the open-file limit allows,
+/// whose soft value is first raised to the hard one). Used by `surge server`.
+pub fn start_with(
+    devices: Vec<PathBuf>,
+    capacity: Option<u64>,
+    listen: &str,
+    unix: Option<&std::path::Path>,
+    id: Option<String>,
+    key: surge_auth::Key,
+    limits: ConnLimits,
+) -> anyhow::Result<Running> {
+    let nofile = surge_core::sys::raise_nofile_limit().context("cannot read RLIMIT_NOFILE")?;
+    let admission = Admission::new(limits.within_nofile(nofile)?);
     let capacity = match capacity {
         Some(c) => c,
         None => {
@@ -128,14 +193,15 @@ pub fn start(
         }
     };
     let reg = Arc::new(Registry::open(devices.clone(), capacity, id, key)?);
+    *reg.limits.write() = admission.limits().wire();
     let tcp = std::net::TcpListener::bind(listen)
         .with_context(|| format!("cannot listen on {listen}"))?;
     let mut addrs = vec![tcp.local_addr()?.to_string()];
     {
-        let reg = reg.clone();
+        let (reg, admission) = (reg.clone(), admission.clone());
         std::thread::Builder::new()
             .name("accept-tcp".into())
-            .spawn(move || conn::accept_tcp(reg, tcp))?;
+            .spawn(move || conn::accept_tcp(reg, admission, tcp))?;
     }
     if let Some(path) = unix {
         if let Some(parent) = path.parent() {
@@ -150,15 +216,21 @@ pub fn start(
         let reg = reg.clone();
         std::thread::Builder::new()
             .name("accept-unix".into())
-            .spawn(move || conn::accept_unix(reg, ul))?;
+            .spawn(move || conn::accept_unix(reg, admission, ul))?;
     }
     *reg.addrs.write() = addrs.clone();
+    let l = reg.limits.read().clone();
     info!(
-        "surge server {} listening on {} ({} capacity, devices {:?})",
+        "surge server {} listening on {} ({} capacity, devices {:?}); at most {} connections, \
+         {} per peer, idle timeout {} ms, frame timeout {} ms (0: none)",
         reg.id,
         addrs.join(", "),
         surge_core::format_bytes(capacity),
-        devices
+        devices,
+        l.max_connections,
+        l.max_connections_per_peer,
+        l.idle_timeout_ms,
+        l.frame_timeout_ms
     );
     Ok(Running {
         registry: reg,
@@ -182,13 +254,14 @@ pub fn run(
         .clone()
         .unwrap_or_else(surge_auth::Key::default_path);
     let key = surge_auth::Key::load(&key_file)?;
-    let running = start(
+    let running = start_with(
         args.devices.clone(),
         args.capacity,
         &args.listen,
         args.unix.as_deref(),
         args.id.clone(),
         key,
+        args.conn_limits(),
     )?;
     let metrics = match &args.metrics {
         Some(m) => Some(crate::metrics::serve(running.registry.clone(), m)?.to_string()),

@@ -1,5 +1,7 @@
 //! Connections: one thread per client connection, reading request frames in order and answering
-//! each with one response frame.
+//! each with one response frame, within the bounds of [`crate::admission`] (how many
+//! connections) and of the connection's socket (how long a frame may take, how long a
+//! connection may stay idle: see `surge_proto::transport::Polled`).
 //!
 //! Blocking threads rather than an async runtime: a connection's requests are short file or
 //! metadata operations, a thread wakes directly on its socket, and the request and reply buffers
@@ -7,14 +9,18 @@
 //! parallelism by opening several connections. A malformed frame is answered with an error when
 //! its request id is known and the connection is closed; it never takes the server down.
 
+use crate::admission::{Admission, Peer, Ticket};
 use crate::registry::Registry;
 use std::io::{BufReader, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
+use std::time::Duration;
 use surge_core::{Ino, InstanceId, NamespaceId};
 use surge_proto::codec::{self, CodecError};
+use surge_proto::frame::CONNECTION_ID;
 use surge_proto::transport::Polled;
 use surge_proto::{BatchDone, ErrorCode, ErrorReply, Request, Response};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 /// Answers one request acting for client `session` (frame header; 0 for none). Read data is
 /// placed in `out` and sent as the payload.
@@ -188,21 +194,47 @@ pub fn handle(
     r.unwrap_or_else(Response::Error)
 }
 
-/// Serves one connection until the peer closes it or sends something unparseable.
-pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, peer: String) {
+/// How a connection's service ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The peer closed it, or it failed.
+    Closed,
+    /// No request came within the idle timeout: the peer was told (`IdleClosed`).
+    Idle,
+}
+
+/// Serves one connection until the peer closes it, sends something unparseable, stalls in the
+/// middle of a frame or stays idle past the bounds of `stream` (see [`codec::Waits`]).
+/// `ticket` is told when the first request has come (see [`Ticket::spoke`]).
+pub fn serve<S: Read + codec::Waits>(
+    reg: Arc<Registry>,
+    stream: S,
+    mut writer: impl Write,
+    peer: String,
+    ticket: Option<&Ticket>,
+) -> Ended {
     debug!("connection from {peer}");
     let _counted = crate::metrics::connection();
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut payload = Vec::new();
     let mut out = Vec::new();
+    let mut spoke = false;
+    let mut ended = Ended::Closed;
     // Sessions that waited for lease recalls here: their leases go when this connection does.
     let mut recall_waits: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
     // What this connection may do, once it presented a capability.
     let mut grant: Option<surge_auth::Claims> = None;
     loop {
-        match codec::read_request(&mut reader, &mut payload) {
+        let limit = grant.is_none().then_some(surge_proto::frame::MAX_ANONYMOUS);
+        match codec::read_request_within(&mut reader, &mut payload, limit) {
             Ok(None) => break,
             Ok(Some(frame)) => {
+                if !spoke {
+                    spoke = true;
+                    if let Some(t) = ticket {
+                        t.spoke();
+                    }
+                }
                 let op = frame.header.opcode;
                 let id = frame.header.request_id;
                 let session = frame.header.session;
@@ -260,6 +292,20 @@ pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, pee
                     payload = Vec::new();
                 }
             }
+            Err((_, CodecError::Idle(e))) => {
+                // Nothing was read after the last reply: whatever the peer sends from now on
+                // is not made, and the peer may send it again elsewhere.
+                debug!("{peer}: closing an idle connection ({e})");
+                let _ = codec::write_error(
+                    &mut writer,
+                    0,
+                    CONNECTION_ID,
+                    ErrorCode::IdleClosed,
+                    format!("server closes this connection: {e}"),
+                );
+                ended = Ended::Idle;
+                break;
+            }
             Err((id, e)) => {
                 match &e {
                     CodecError::Io(ioe) if ioe.kind() == std::io::ErrorKind::ConnectionReset => {
@@ -280,50 +326,156 @@ pub fn serve<S: Read>(reg: Arc<Registry>, stream: S, mut writer: impl Write, pee
         }
     }
     debug!("connection from {peer} closed");
+    ended
 }
 
-/// Accepts TCP connections forever, one thread each.
-pub fn accept_tcp(reg: Arc<Registry>, listener: std::net::TcpListener) {
+/// How long a connection closed for idleness is kept (reading and dropping whatever comes) so
+/// that the peer reads the `IdleClosed` notice before the close, not a reset.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// A socket the server serves connections on.
+trait Socket: AsFd + Send + 'static
+where
+    for<'a> &'a Self: Read + Write,
+{
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()>;
+}
+
+impl Socket for std::net::TcpStream {
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        std::net::TcpStream::set_write_timeout(self, t)
+    }
+}
+
+impl Socket for std::os::unix::net::UnixStream {
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        std::os::unix::net::UnixStream::set_write_timeout(self, t)
+    }
+}
+
+/// Admits connection `s` of `peer` and serves it on a thread of its own, or refuses it.
+fn admit<S: Socket>(reg: &Arc<Registry>, admission: &Arc<Admission>, s: S, peer: Peer, name: String)
+where
+    for<'a> &'a S: Read + Write,
+{
+    let fd = s.as_fd().as_raw_fd();
+    let ticket = match admission.admit(peer, fd) {
+        Ok(t) => t,
+        Err(why) => return refuse(s, why),
+    };
+    let limits = admission.limits().clone();
+    // A peer that does not take its replies cannot hold the thread past the frame timeout.
+    let _ = s.set_write_timeout(limits.frame_timeout);
+    let reg = reg.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("conn-{name}"))
+        .spawn(move || {
+            let stream = Polled::bounded(&s, limits.idle_timeout, limits.frame_timeout);
+            let ended = serve(reg, stream, &s, name, Some(&ticket));
+            if ended == Ended::Idle {
+                linger(s.as_fd().as_raw_fd());
+            }
+            // The ticket goes before the socket closes (see `Ticket`).
+            drop(ticket);
+            drop(s);
+        });
+    if let Err(e) = spawned {
+        warn!("cannot start a connection thread: {e}");
+    }
+}
+
+/// Tells a refused peer why (`ConnectionLimit`, request id `CONNECTION_ID`) and closes.
+fn refuse<S: Socket>(s: S, why: String)
+where
+    for<'a> &'a S: Read + Write,
+{
+    let fd = s.as_fd().as_raw_fd();
+    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = codec::write_error(
+        &mut &s,
+        0,
+        CONNECTION_ID,
+        ErrorCode::ConnectionLimit,
+        format!("connection refused: {why}"),
+    );
+    // What the peer sent already is dropped, so closing does not reset the connection
+    // before the peer reads why.
+    drain(fd);
+}
+
+/// Shuts the sending side of `fd` and reads what comes until the peer closes or [`LINGER`]
+/// has passed.
+fn linger(fd: RawFd) {
+    // SAFETY: `fd` is the caller's open socket.
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+    let until = std::time::Instant::now() + LINGER;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || !matches!(surge_proto::transport::wait_readable(fd, left), Ok(true)) {
+            return;
+        }
+        if drain(fd) == 0 {
+            return;
+        }
+    }
+}
+
+/// Reads and drops what is queued on `fd` without waiting; returns the bytes read (0 also when
+/// the peer closed).
+fn drain(fd: RawFd) -> usize {
+    let mut buf = [0u8; 4096];
+    let mut total = 0;
+    loop {
+        // SAFETY: reading into our stack buffer from the caller's open socket, not waiting.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            return total;
+        }
+        total += n as usize;
+    }
+}
+
+/// Accepts TCP connections forever, one thread each, within the bounds of `admission`.
+pub fn accept_tcp(reg: Arc<Registry>, admission: Arc<Admission>, listener: std::net::TcpListener) {
     for conn in listener.incoming() {
         match conn {
             Ok(s) => {
                 let _ = s.set_nodelay(true);
-                let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                let Ok(w) = s.try_clone() else { continue };
-                let reg = reg.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("conn-{peer}"))
-                    .spawn(move || serve(reg, Polled(s), w, peer));
-                if let Err(e) = spawned {
-                    warn!("cannot start a connection thread: {e}");
-                }
+                let addr = s.peer_addr().ok();
+                let peer = addr.map_or(Peer::Unknown, |a| Peer::Ip(a.ip()));
+                let name = addr.map(|a| a.to_string()).unwrap_or_default();
+                admit(&reg, &admission, s, peer, name);
             }
-            Err(e) => {
-                warn!("accept failed: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
+            Err(e) => accept_failed(&e),
         }
     }
 }
 
-/// Accepts Unix-socket connections forever, one thread each.
-pub fn accept_unix(reg: Arc<Registry>, listener: std::os::unix::net::UnixListener) {
+/// Accepts Unix-socket connections forever, one thread each, within the bounds of
+/// `admission` (a peer is a uid).
+pub fn accept_unix(
+    reg: Arc<Registry>,
+    admission: Arc<Admission>,
+    listener: std::os::unix::net::UnixListener,
+) {
     for conn in listener.incoming() {
         match conn {
             Ok(s) => {
-                let Ok(w) = s.try_clone() else { continue };
-                let reg = reg.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("conn-unix".into())
-                    .spawn(move || serve(reg, Polled(s), w, "unix".into()));
-                if let Err(e) = spawned {
-                    warn!("cannot start a connection thread: {e}");
-                }
+                let peer = Peer::of_unix(s.as_fd().as_raw_fd());
+                let name = match &peer {
+                    Peer::Uid(u) => format!("unix-uid{u}"),
+                    _ => "unix".into(),
+                };
+                admit(&reg, &admission, s, peer, name);
             }
-            Err(e) => {
-                info!("unix accept failed: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
+            Err(e) => accept_failed(&e),
         }
     }
+}
+
+/// An accept that failed: out of descriptors (the bounds keep a reserve, so only when
+/// something else took them) or a connection gone before it was accepted.
+fn accept_failed(e: &std::io::Error) {
+    warn!("accept failed: {e}");
+    std::thread::sleep(Duration::from_millis(50));
 }

@@ -1,13 +1,15 @@
 //! `surge server`: a burst-buffer node. It owns fast-tier directories ("devices") and a capacity,
 //! hosts fragments of instances ([`store`]: chunk reads and writes on object files) and the
 //! metadata service of the namespaces it is metadata server for ([`mds`], [`meta`]: an embedded
-//! SQLite store), and speaks the `surge-proto` protocol over TCP and Unix sockets ([`conn`]).
+//! SQLite store), and speaks the `surge-proto` protocol over TCP and Unix sockets ([`conn`]),
+//! within bounds on connections, frames and waits ([`admission`]).
 //!
 //! Everything it hosts is recorded on its devices ([`registry`]) and recovered on restart, so an
 //! instance's data and namespace survive `kill -9` followed by a restart on the same directories.
 //! [`metrics`] serves Prometheus metrics on request.
 
 pub mod access;
+pub mod admission;
 pub mod cli;
 pub mod conn;
 pub mod mds;

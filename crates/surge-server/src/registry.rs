@@ -54,6 +54,8 @@ pub struct Registry {
     pub devices: Vec<PathBuf>,
     /// Listening addresses, set once the listeners are bound.
     pub addrs: RwLock<Vec<String>>,
+    /// The bounds this server's connections are served within (`Status` reports them).
+    pub limits: RwLock<surge_proto::Limits>,
     fragments: RwLock<HashMap<(InstanceId, u32), Arc<Fragment>>>,
     namespaces: RwLock<HashMap<(InstanceId, NamespaceId), Arc<Namespace>>>,
     descriptors: RwLock<HashMap<InstanceId, InstanceDescriptor>>,
@@ -104,9 +106,8 @@ impl Registry {
             // Data at rest is the service user's: users reach it only through mounts, which
             // enforce the stored modes and owners.
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).with_context(
-                || format!("cannot make device directory {} private", d.display()),
-            )?;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("cannot make device directory {} private", d.display()))?;
         }
         let idfile = devices[0].join("surge-server.json");
         let id = match id {
@@ -127,6 +128,7 @@ impl Registry {
             capacity,
             devices,
             addrs: RwLock::new(Vec::new()),
+            limits: RwLock::new(crate::admission::ConnLimits::default().wire()),
             fragments: RwLock::new(HashMap::new()),
             namespaces: RwLock::new(HashMap::new()),
             descriptors: RwLock::new(HashMap::new()),
@@ -487,6 +489,7 @@ impl Registry {
                 .collect(),
             fragments,
             namespaces,
+            limits: self.limits.read().clone(),
         }
     }
 

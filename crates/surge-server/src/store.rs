@@ -234,6 +234,7 @@ impl Fragment {
 
     /// Reads up to `len` bytes at `offset` into `out` (cleared first). Shorter when the object
     /// ends there; a missing object reads as empty (a file never written on this fragment).
+    /// A `len` over the protocol's read limit is refused before anything is allocated.
     pub fn read(
         &self,
         file: FileId,
@@ -242,6 +243,15 @@ impl Fragment {
         out: &mut Vec<u8>,
     ) -> Result<(), ErrorReply> {
         out.clear();
+        if len > surge_proto::frame::MAX_IO {
+            return Err(ErrorReply::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "read of {len} bytes exceeds the {}-byte limit of one request",
+                    surge_proto::frame::MAX_IO
+                ),
+            ));
+        }
         let Some(obj) = self.object(file, false)? else {
             return Ok(());
         };

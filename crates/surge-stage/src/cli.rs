@@ -222,9 +222,8 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     let label = format!("stage {}", direction.as_str());
     let (desc, token) = args.source.resolve(Some(args.ns)).await?;
     let instance = desc.instance;
-    let client = InstanceClient::new(desc, NamespaceId(args.ns), token).with_context(|| {
-        format!("cannot use instance {instance} (namespace {})", args.ns)
-    })?;
+    let client = InstanceClient::new(desc, NamespaceId(args.ns), token)
+        .with_context(|| format!("cannot use instance {instance} (namespace {})", args.ns))?;
     let client = Arc::new(client);
     let item = args.item();
     let plan = plan(&client, direction, std::slice::from_ref(&item)).await?;

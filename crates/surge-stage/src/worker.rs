@@ -35,7 +35,10 @@ pub struct Task {
 #[serde(rename_all = "snake_case")]
 pub enum Event {
     /// Planned: this many files and bytes to copy.
-    Planned { files: u64, bytes: u64 },
+    Planned {
+        files: u64,
+        bytes: u64,
+    },
     Progress(ProgressSnapshot),
     /// The copy ended (failed files, if any, in the report).
     Done(StageReport),

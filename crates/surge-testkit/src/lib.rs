@@ -38,7 +38,11 @@ pub fn munge_socket() -> &'static Path {
             .name("test-munged".into())
             .spawn(move || {
                 let d = surge_auth::munge::Daemon::start(&dir);
-                let _ = tx.send(d.as_ref().map(|d| d.socket.clone()).map_err(|e| e.to_string()));
+                let _ = tx.send(
+                    d.as_ref()
+                        .map(|d| d.socket.clone())
+                        .map_err(|e| e.to_string()),
+                );
                 // munged dies with this thread (PDEATHSIG): keep it for the process's life.
                 let _keep = d;
                 loop {

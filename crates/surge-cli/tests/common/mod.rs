@@ -4,6 +4,8 @@
 
 #![allow(dead_code, unused_imports)]
 
+pub mod wire;
+
 pub use surge_testkit::procs::{Mount, Server};
 pub use surge_testkit::{
     fuse_unavailable, seed, skip_without_fuse, wait_for, ChildGuard, Rng, Scratch,

@@ -13,7 +13,7 @@ impl Fs {
         self.fresh_dirs.forget(ino);
         // A directory's mode (setgid) and owner are copied into files made behind.
         self.listings.drop_dir(ino);
-        self.barrier().await;
+        self.barrier().await?;
         let mut set = set;
         // No commit of this inode may be in flight while its size changes.
         let _size = match set.size {
@@ -62,7 +62,7 @@ impl Fs {
     }
 
     pub async fn open(&self, ino: Ino) -> FsResult<Opened> {
-        self.barrier().await;
+        self.barrier().await?;
         let a = self.client.getattr(ino).await.map_err(stale)?;
         if a.kind == FileKind::Dir {
             return Err(FsError::new(libc::EISDIR, "is a directory"));
@@ -198,7 +198,7 @@ impl Fs {
             return Ok(());
         };
         // The file may have been made behind: the server must know it first.
-        self.barrier().await;
+        self.barrier().await?;
         match self
             .client
             .commit_write(ino, size, TimeSet::At(mtime))
@@ -266,7 +266,10 @@ impl Fs {
     }
 
     async fn purge(&self, ino: Ino, size: u64) {
-        self.barrier().await;
+        if let Err(e) = self.barrier().await {
+            warn!("could not remove the data of unlinked inode {ino}: {e}");
+            return;
+        }
         if let Err(e) = self.client.purge(ino, size).await {
             warn!("could not remove the data of unlinked inode {ino}: {e}");
         }

@@ -41,7 +41,9 @@ impl Fs {
             }
         }
         // The server's counter is the one expected here once nothing is behind.
-        self.barrier().await;
+        if self.barrier().await.is_err() {
+            return false;
+        }
         let Some(change) = self.listings.lock().get(parent).map(|l| l.dir.change) else {
             return false;
         };

@@ -202,14 +202,39 @@ impl Fs {
         &self.client
     }
 
-    /// Waits until nothing is behind (see [`Behind`]).
-    async fn barrier(&self) {
-        self.behind.wait_empty().await;
+    /// Waits until nothing is behind (see [`Behind`]), at most the client's deadline: past it
+    /// the request that waits fails with EIO (the queue is still sent when the metadata
+    /// server answers again).
+    async fn barrier(&self) -> FsResult<()> {
+        if self.behind.is_empty() {
+            return Ok(());
+        }
+        let Some(d) = self.client.deadline() else {
+            self.behind.wait_empty().await;
+            return Ok(());
+        };
+        if tokio::time::timeout(d, self.behind.wait_empty())
+            .await
+            .is_err()
+        {
+            let e = FsError::new(
+                libc::EIO,
+                format!(
+                    "changes made behind were not taken by the metadata server within {d:?} \
+                     (stopped, hung or unreachable); the request that waits for them fails"
+                ),
+            );
+            tracing::warn!("{e}");
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Called when the file system is unmounted: commit what is pending.
     pub async fn shutdown(&self) {
-        self.barrier().await;
+        if let Err(e) = self.barrier().await {
+            tracing::warn!("unmount: {e}");
+        }
         for ino in self.inodes.dirty() {
             if let Err(e) = self.commit(ino).await {
                 tracing::warn!("unmount: could not commit inode {ino}: {e}");

@@ -32,7 +32,7 @@ impl Fs {
         {
             return Err(FsError::new(libc::ENOENT, "no such entry"));
         }
-        self.barrier().await;
+        self.barrier().await?;
         let a = self.client.lookup(parent, name).await?;
         Ok(self.observe(a, true))
     }
@@ -46,7 +46,7 @@ impl Fs {
         if let Some(a) = self.fresh_dirs.take(ino) {
             return Ok(self.observe(a, false));
         }
-        self.barrier().await;
+        self.barrier().await?;
         let a = self.client.getattr(ino).await.map_err(stale)?;
         Ok(self.observe(a, false))
     }
@@ -131,7 +131,7 @@ impl Fs {
         gid: u32,
     ) -> FsResult<Attr> {
         let is_dir = matches!(node, NewNode::Dir);
-        self.barrier().await;
+        self.barrier().await?;
         match self
             .client
             .create_in(parent, name, node, perm, uid, gid)
@@ -212,7 +212,7 @@ impl Fs {
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> FsResult<Attr> {
         self.fresh_dirs.forget(new_parent);
         self.listings.drop_dir(new_parent);
-        self.barrier().await;
+        self.barrier().await?;
         let a = self.client.link(ino, new_parent, new_name).await?;
         Ok(self.observe(a, true))
     }
@@ -225,7 +225,7 @@ impl Fs {
         if self.unlink_behind(parent, name) {
             return Ok(());
         }
-        self.barrier().await;
+        self.barrier().await?;
         let (u, dir) = self
             .client
             .unlink_in(parent, name, self.inodes.keep_open())
@@ -238,7 +238,7 @@ impl Fs {
     }
 
     pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        self.barrier().await;
+        self.barrier().await?;
         let dir = self
             .client
             .rmdir(parent, name)
@@ -263,7 +263,7 @@ impl Fs {
         self.fresh_dirs.clear();
         self.listings.drop_dir(parent);
         self.listings.drop_dir(new_parent);
-        self.barrier().await;
+        self.barrier().await?;
         let replaced = self
             .client
             .rename(
@@ -285,7 +285,7 @@ impl Fs {
     /// `.`, 2 after `..`, and an entry's offset is its metadata cursor + 2. This node's changes
     /// made behind reach the server first, so a listing shows them.
     pub async fn readdir(&self, ino: Ino, offset: u64) -> FsResult<Vec<DirItem>> {
-        self.barrier().await;
+        self.barrier().await?;
         let mut out = Vec::new();
         if offset == 0 {
             out.push(DirItem {
@@ -315,13 +315,13 @@ impl Fs {
     }
 
     pub async fn statfs(&self) -> FsResult<Usage> {
-        self.barrier().await;
+        self.barrier().await?;
         Ok(self.client.usage().await?)
     }
 
     /// `fsync` of a directory: the changes this node answered early are made.
     pub async fn fsyncdir(&self) -> FsResult<()> {
-        self.barrier().await;
+        self.barrier().await?;
         Ok(())
     }
 

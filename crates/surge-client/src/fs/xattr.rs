@@ -63,14 +63,14 @@ impl Fs {
         if let Some(e) = self.getxattr_here(name) {
             return Err(e);
         }
-        self.barrier().await;
+        self.barrier().await?;
         self.client.get_xattr(ino, name).await.map_err(stale)
     }
 
     /// The names of `ino`'s extended attributes as `listxattr(2)` returns them: each followed
     /// by a NUL byte.
     pub async fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        self.barrier().await;
+        self.barrier().await?;
         let names = self.client.list_xattr(ino).await.map_err(stale)?;
         let mut out = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
         for n in names {
@@ -95,7 +95,7 @@ impl Fs {
             .ok()
             .filter(|f| f & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) as u32 == 0)
             .ok_or_else(|| FsError::new(libc::EINVAL, format!("setxattr flags {flags:#x}")))?;
-        self.barrier().await;
+        self.barrier().await?;
         let a = self
             .client
             .set_xattr(ino, name, value, flags)
@@ -110,7 +110,7 @@ impl Fs {
             Namespace::Stored => {}
             _ => return Err(not_supported(name)),
         }
-        self.barrier().await;
+        self.barrier().await?;
         let a = self.client.remove_xattr(ino, name).await.map_err(stale)?;
         self.observe(a, false);
         Ok(())
