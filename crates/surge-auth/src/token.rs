@@ -24,6 +24,9 @@ pub enum Rights {
     /// Everything on the servers: creating and destroying fragments and namespaces, every
     /// instance's data, status (the manager and administrators).
     Admin,
+    /// Reading the manager's HTTP API as the caller (their own sessions, instances and stage
+    /// tasks; everything for administrators). Servers refuse it.
+    View,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +48,7 @@ impl Claims {
     pub fn covers(&self, instance: u64, ns: Option<u32>) -> bool {
         match self.rights {
             Rights::Admin => true,
+            Rights::View => false,
             Rights::Instance => {
                 self.instance == instance
                     && match (self.ns, ns) {

@@ -42,6 +42,8 @@ enum Command {
     Session(surge_manager::cli::SessionArgs),
     /// Run the control plane (pools, servers, instances, sessions, stage tasks).
     Manager(surge_manager::cli::ManagerArgs),
+    /// Print the web dashboard's URL, with a token that shows you your own jobs.
+    Dashboard(surge_manager::cli::DashboardArgs),
     /// Run a burst-buffer server, or query/register servers.
     Server(ServerCmd),
     /// Mount an instance's namespace as a POSIX directory (FUSE).
@@ -168,6 +170,7 @@ fn main() -> ExitCode {
         Command::Pool(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_pool),
         Command::Session(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_session),
         Command::Manager(a) => surge_manager::cli::run_manager(a),
+        Command::Dashboard(a) => surge_manager::cli::run_dashboard(a),
         Command::Server(ServerCmd { sub: Some(s), .. }) => match s {
             ServerSub::Status(a) => surge_client::cli::run_status(a),
             ServerSub::Register(a) => surge_manager::cli::run_register(a),

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use surge_core::{FileId, InstanceId, NamespaceId};
 use surge_proto::codec::{encode, frame_prefix};

@@ -116,7 +116,19 @@ fn the_dashboard_shows_a_running_jobs_instance_and_stage_progress() {
         serde_json::from_str(&surge(&["session", "ls", "--json", "--manager", &grpc])).unwrap();
     let instance = sessions[0]["job_instance"].as_u64().unwrap().to_string();
 
-    let url = format!("http://{http}/");
+    // Without a view token the page shows pools and servers, not the job, and says why.
+    let anonymous = headless(browser, &format!("http://{http}/"), &["--dump-dom"]);
+    let anonymous = String::from_utf8_lossy(&anonymous.stdout).to_string();
+    assert!(
+        !anonymous.contains("dashjob.sh") && anonymous.contains("Your jobs are not shown"),
+        "{anonymous}"
+    );
+    // `surge dashboard` prints the URL with the caller's view token.
+    let url = surge(&["dashboard", "--manager", &grpc]).trim().to_string();
+    assert!(
+        url.starts_with(&format!("http://{http}/#token=")),
+        "{url}"
+    );
     let dom = headless(browser, &url, &["--dump-dom"]);
     let dom = String::from_utf8_lossy(&dom.stdout).to_string();
     let shown = |what: &str| assert!(dom.contains(what), "the page shows {what:?}:\n{dom}");

@@ -672,18 +672,29 @@ fn the_manager_keeps_its_state_across_a_restart() {
         p[0]["fragments"], 2,
         "100 MiB at 64 MiB granularity: 2 fragments on 2 servers"
     );
-    // The JSON/HTTP read API serves the same view.
+    // The JSON/HTTP read API serves the same view to its owner (with a view token), and
+    // nothing to a caller who does not say who they are.
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(&http).unwrap();
-    write!(
-        s,
-        "GET /v1/instances HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    let get = |auth: &str| {
+        let mut s = std::net::TcpStream::connect(&http).unwrap();
+        write!(
+            s,
+            "GET /v1/instances HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        resp
+    };
+    let view: serde_json::Value =
+        serde_json::from_str(&surge(&["dashboard", "--json", "--manager", &addr])).unwrap();
+    let token = view["token"].as_str().unwrap();
+    let resp = get(&format!("Authorization: Bearer {token}\r\n"));
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     assert!(resp.contains("\"survivor\""), "{resp}");
+    let resp = get("");
+    assert!(resp.starts_with("HTTP/1.1 401"), "{resp}");
+    assert!(!resp.contains("survivor") && resp.contains("MUNGE"), "{resp}");
     surge(&["persistent", "destroy", "survivor", "--manager", &addr]);
     let listing: serde_json::Value = serde_json::from_str(&surge(
         &[
@@ -767,7 +778,8 @@ fn staging_from_inside_a_job_with_surge_stage() {
         "job.sh",
         "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=128MiB\nset -e\n\
          exec 3<>/dev/tcp/${SURGE_MANAGER_HTTP%:*}/${SURGE_MANAGER_HTTP##*:}\n\
-         printf 'GET /v1/sessions HTTP/1.0\\r\\n\\r\\n' >&3\n\
+         printf 'GET /v1/sessions HTTP/1.0\\r\\nAuthorization: MUNGE %s\\r\\n\\r\\n' \
+         \"$(munge -n -S $SURGE_MUNGE_SOCKET)\" >&3\n\
          cat <&3 > sessions.http\n\
          id=$(surge stage in input.dat $DW_JOB_STRIPED/input.dat)\n\
          surge stage in --directory --wait tree $DW_JOB_STRIPED/tree > /dev/null\n\

@@ -86,7 +86,8 @@ impl InstanceSource {
                 Ok((desc, token))
             }
             _ => anyhow::bail!(
-                "give --manager (or SURGE_MANAGER) and --instance, --server and --instance, or                  --descriptor"
+                "give --manager (or SURGE_MANAGER) and --instance, --server and --instance, or \
+                 --descriptor"
             ),
         }
     }

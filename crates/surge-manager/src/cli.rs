@@ -89,7 +89,8 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(surge_auth::munge::socket);
         anyhow::ensure!(
             surge_auth::munge::answers(&munge_socket),
-            "no munged answers at {}: the manager takes who its callers are from MUNGE (start              munged, or name its socket with --munge-socket)",
+            "no munged answers at {}: the manager takes who its callers are from MUNGE (start \
+             munged, or name its socket with --munge-socket)",
             munge_socket.display()
         );
         let core = Arc::new(
@@ -113,7 +114,7 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
                 .await
                 .with_context(|| format!("cannot listen on {h}"))?;
             http_addr = Some(l.local_addr()?);
-            let router = crate::http::router(core.clone(), stages.clone());
+            let router = crate::http::router(core.clone(), stages.clone(), munge_socket.clone());
             tokio::spawn(async move {
                 if let Err(e) = axum::serve(l, router).await {
                     tracing::error!("HTTP API stopped: {e}");
@@ -140,7 +141,11 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
             std::fs::write(f, text.to_string())
                 .with_context(|| format!("cannot write {}", f.display()))?;
         }
-        let svc = Service { core, stages };
+        let svc = Service {
+            core,
+            stages,
+            http: http_addr.map(|a| a.to_string()),
+        };
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
         let shutdown = async {
             let mut term =
@@ -590,4 +595,75 @@ pub fn register_in_background(manager: String, addr: String, pool: String) {
             }
         }
     });
+}
+
+/// Print the URL of the manager's web dashboard, with a view token that shows you your own
+/// sessions, instances and stage tasks (administrators: everyone's) for 12 hours. Open it in a
+/// browser; keep it to yourself (it reads as you). Scripts can send the token themselves:
+/// `curl -H "Authorization: Bearer $(surge dashboard --json | jq -r .token)" http://.../v1/sessions`.
+#[derive(clap::Args, Debug)]
+pub struct DashboardArgs {
+    #[command(flatten)]
+    pub addr: ManagerAddr,
+    /// Print {"url", "token", "expires"} as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `http://host:port/#token=...` for a manager reached at `grpc` whose HTTP API is bound to
+/// `http` (a wildcard address is replaced by the host `grpc` names).
+pub fn dashboard_url(grpc: &str, http: &str, token: &str) -> String {
+    let grpc_host = grpc
+        .trim_start_matches("http://")
+        .rsplit_once(':')
+        .map(|(h, _)| h)
+        .unwrap_or(grpc);
+    let (host, port) = http.rsplit_once(':').unwrap_or((http, "80"));
+    let host = match host {
+        "0.0.0.0" | "[::]" | "" => grpc_host,
+        h => h,
+    };
+    format!("http://{host}:{port}/#token={token}")
+}
+
+pub fn run_dashboard(args: DashboardArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async move {
+        let addr = args.addr.get()?;
+        let mut c = connect(addr).await?;
+        let v = c
+            .get_view_token(api::Empty {})
+            .await
+            .map_err(status_err)?
+            .into_inner();
+        anyhow::ensure!(
+            !v.http.is_empty(),
+            "the manager at {addr} serves no HTTP API (start it with --http HOST:PORT)"
+        );
+        let url = dashboard_url(addr, &v.http, &v.token);
+        if args.json {
+            print_json(&serde_json::json!({
+                "url": url,
+                "token": v.token,
+                "expires": v.expires,
+            }))?;
+        } else {
+            println!("{url}");
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[cfg(test)]
+mod dashboard_tests {
+    #[test]
+    fn the_dashboard_url_names_a_host_the_caller_can_reach() {
+        assert_eq!(
+            super::dashboard_url("bb1:7060", "0.0.0.0:7061", "ab"),
+            "http://bb1:7061/#token=ab"
+        );
+        assert_eq!(
+            super::dashboard_url("bb1:7060", "10.0.0.5:7061", "ab"),
+            "http://10.0.0.5:7061/#token=ab"
+        );
+    }
 }

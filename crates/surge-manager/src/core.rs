@@ -15,6 +15,8 @@ use surge_proto::{Request, ServerRef, ServerStatus};
 use thiserror::Error;
 use tracing::{info, warn};
 
+/// How long a view token of the HTTP API is valid (12 hours).
+pub const VIEW_SECS: i64 = 12 * 3600;
 /// How long a capability the manager gives lasts (longer than any job may run).
 const CAPABILITY_SECS: i64 = 14 * 24 * 3600;
 
@@ -175,6 +177,37 @@ impl Core {
             },
         );
         Ok((t, expires))
+    }
+
+    /// A token that lets `c` read the HTTP API as themselves (a browser cannot speak MUNGE):
+    /// valid [`VIEW_SECS`].
+    pub fn view_token(&self, c: &surge_auth::Caller) -> (surge_auth::Token, i64) {
+        let expires = surge_auth::token::now() + VIEW_SECS;
+        let t = surge_auth::Token::mint(
+            &self.key,
+            &surge_auth::Claims {
+                instance: 0,
+                ns: None,
+                caller: c.clone(),
+                rights: surge_auth::Rights::View,
+                expires,
+            },
+        );
+        (t, expires)
+    }
+
+    /// The caller a token presented to the HTTP API stands for (a view token, or an
+    /// administrator's capability).
+    pub fn viewer(&self, token: &surge_auth::Token) -> MResult<surge_auth::Caller> {
+        let claims = token
+            .verify(&self.key, surge_auth::token::now())
+            .map_err(|e| ManagerError::Denied(e.to_string()))?;
+        match claims.rights {
+            surge_auth::Rights::View | surge_auth::Rights::Admin => Ok(claims.caller),
+            surge_auth::Rights::Instance => Err(ManagerError::Denied(
+                "an instance capability is not a view token (`surge dashboard` prints one)".into(),
+            )),
+        }
     }
 
     // --- pools ---

@@ -2,12 +2,18 @@
 //! `/v1/instances`, `/v1/instances/{id}`, `/v1/sessions`, `/v1/stages`. Same JSON as `--json`.
 //! `GET /metrics` serves Prometheus metrics ([`crate::metrics`]); `GET /` the web dashboard
 //! (`dashboard.html`: one page whose script polls the JSON API every 2 s).
+//!
+//! Who asks (docs/SECURITY.md): pools, servers and metrics are for anyone, as `sinfo` is;
+//! instances, sessions and stage tasks only for a caller who says who they are, with
+//! `Authorization: MUNGE <credential>` (`curl -H "Authorization: MUNGE $(munge -n)"`) or
+//! `Authorization: Bearer <view token>` (`surge dashboard` prints a URL carrying one), and then
+//! only their own (administrators see all), as `squeue` and `dwstat` do with privacy options.
 
 use crate::core::{Core, ManagerError};
 use crate::stage::Stages;
 use crate::views;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use axum::Router;
@@ -18,24 +24,82 @@ use std::sync::Arc;
 struct AppState {
     core: Arc<Core>,
     stages: Arc<Stages>,
+    /// The munged that decodes callers' credentials.
+    munge: std::path::PathBuf,
 }
 
-struct HttpError(ManagerError);
+enum HttpError {
+    Manager(ManagerError),
+    /// The request said nothing (or nothing valid) about who sent it.
+    Unauthenticated(String),
+}
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        let code = match &self.0 {
-            ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
-            ManagerError::Invalid(_) => StatusCode::BAD_REQUEST,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        let (code, text) = match &self {
+            HttpError::Manager(e) => (
+                match e {
+                    ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
+                    ManagerError::Invalid(_) => StatusCode::BAD_REQUEST,
+                    ManagerError::Denied(_) => StatusCode::FORBIDDEN,
+                    _ => StatusCode::INTERNAL_SERVER_ERROR,
+                },
+                e.to_string(),
+            ),
+            HttpError::Unauthenticated(m) => (StatusCode::UNAUTHORIZED, m.clone()),
         };
-        (code, Json(json!({ "error": self.0.to_string() }))).into_response()
+        let mut r = (code, Json(json!({ "error": text }))).into_response();
+        if code == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"surge\""),
+            );
+        }
+        r
     }
 }
 
 impl From<ManagerError> for HttpError {
     fn from(e: ManagerError) -> Self {
-        HttpError(e)
+        HttpError::Manager(e)
+    }
+}
+
+/// Who sent `headers`: from `Authorization: MUNGE <credential>` or `Authorization: Bearer
+/// <view token>`; refused when neither is there or valid.
+async fn viewer(s: &AppState, headers: &HeaderMap) -> Result<surge_auth::Caller, HttpError> {
+    const HOW: &str = "say who you are: `Authorization: MUNGE <credential>` (curl -H \
+                       \"Authorization: MUNGE $(munge -n)\") or `Authorization: Bearer <token>` \
+                       (`surge dashboard` prints a URL with one)";
+    let Some(value) = headers.get(axum::http::header::AUTHORIZATION) else {
+        return Err(HttpError::Unauthenticated(format!(
+            "sessions, instances and stage tasks are shown to their owners: {HOW}"
+        )));
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| HttpError::Unauthenticated(format!("unreadable Authorization: {HOW}")))?;
+    let (scheme, cred) = value.trim().split_once(' ').unwrap_or((value, ""));
+    match scheme.to_ascii_lowercase().as_str() {
+        "munge" => {
+            let (cred, socket) = (cred.trim().to_string(), s.munge.clone());
+            let decoded =
+                tokio::task::spawn_blocking(move || surge_auth::munge::decode(&cred, &socket))
+                    .await
+                    .map_err(|e| HttpError::Unauthenticated(e.to_string()))?;
+            let (uid, gid) = decoded.map_err(|e| HttpError::Unauthenticated(e.to_string()))?;
+            Ok(surge_auth::Caller::of(uid, gid))
+        }
+        "bearer" => {
+            let token = surge_auth::Token::from_text(cred.trim())
+                .map_err(|e| HttpError::Unauthenticated(format!("bad token: {e}")))?;
+            s.core
+                .viewer(&token)
+                .map_err(|e| HttpError::Unauthenticated(e.to_string()))
+        }
+        other => Err(HttpError::Unauthenticated(format!(
+            "Authorization scheme {other:?} is not known here: {HOW}"
+        ))),
     }
 }
 
@@ -61,36 +125,56 @@ async fn servers(State(s): State<AppState>) -> HResult {
     Ok(Json(Value::Array(v)))
 }
 
-async fn instances(State(s): State<AppState>) -> HResult {
+async fn instances(State(s): State<AppState>, headers: HeaderMap) -> HResult {
+    let c = viewer(&s, &headers).await?;
     let v: Vec<Value> = s
         .core
         .instances()?
         .iter()
+        .filter(|i| s.core.may_use(&c, i))
         .map(|i| views::instance_json(&views::instance(&s.core, i)))
         .collect();
     Ok(Json(Value::Array(v)))
 }
 
-async fn instance(State(s): State<AppState>, Path(id): Path<u64>) -> HResult {
+async fn instance(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<u64>) -> HResult {
+    let c = viewer(&s, &headers).await?;
     let i = s.core.instance(id, "")?;
+    s.core.check_use(&c, &i)?;
     Ok(Json(views::instance_json(&views::instance(&s.core, &i))))
 }
 
-async fn sessions(State(s): State<AppState>) -> HResult {
+async fn sessions(State(s): State<AppState>, headers: HeaderMap) -> HResult {
+    let c = viewer(&s, &headers).await?;
+    let admin = s.core.is_admin(&c);
     let v: Vec<Value> = s
         .core
         .sessions()?
         .iter()
+        .filter(|x| admin || x.owner_uid == c.uid)
         .map(|x| views::session_json(&views::session(&s.core, x)))
         .collect();
     Ok(Json(Value::Array(v)))
 }
 
-async fn list_stages(State(s): State<AppState>) -> HResult {
+async fn list_stages(State(s): State<AppState>, headers: HeaderMap) -> HResult {
+    let c = viewer(&s, &headers).await?;
+    let mine: Option<std::collections::HashSet<u64>> = match s.core.is_admin(&c) {
+        true => None,
+        false => Some(
+            s.core
+                .sessions()?
+                .iter()
+                .filter(|x| x.owner_uid == c.uid)
+                .map(|x| x.id)
+                .collect(),
+        ),
+    };
     let v: Vec<Value> = s
         .stages
         .list(0)?
         .iter()
+        .filter(|t| mine.as_ref().is_none_or(|m| m.contains(&t.session)))
         .map(|t| views::stage_json(&views::stage(t)))
         .collect();
     Ok(Json(Value::Array(v)))
@@ -115,7 +199,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     }
 }
 
-pub fn router(core: Arc<Core>, stages: Arc<Stages>) -> Router {
+pub fn router(core: Arc<Core>, stages: Arc<Stages>, munge: std::path::PathBuf) -> Router {
     Router::new()
         .route("/v1/pools", get(pools))
         .route("/v1/servers", get(servers))
@@ -126,5 +210,9 @@ pub fn router(core: Arc<Core>, stages: Arc<Stages>) -> Router {
         .route("/metrics", get(metrics))
         .route("/", get(dashboard))
         .route("/dashboard", get(dashboard))
-        .with_state(AppState { core, stages })
+        .with_state(AppState {
+            core,
+            stages,
+            munge,
+        })
 }

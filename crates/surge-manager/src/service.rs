@@ -18,6 +18,8 @@ use tonic::{Request, Response, Status};
 pub struct Service {
     pub core: Arc<Core>,
     pub stages: Arc<Stages>,
+    /// Where the HTTP API listens, if it does.
+    pub http: Option<String>,
 }
 
 impl From<ManagerError> for Status {
@@ -68,7 +70,8 @@ pub fn authenticate(
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| {
                 Status::unauthenticated(
-                    "no MUNGE credential: the manager takes who you are from MUNGE (use the                      `surge` commands, which send one; is munged running?)",
+                    "no MUNGE credential: the manager takes who you are from MUNGE (use the `surge` \
+                     commands, which send one; is munged running?)",
                 )
             })?;
         let (uid, gid) = surge_auth::munge::decode(cred, &socket)
@@ -172,7 +175,8 @@ impl Manager for Service {
         let inst = self.core.instance(r.id, &r.persistent_name)?;
         if !self.core.is_admin(&c) && c.uid != inst.owner_uid {
             return Err(denied(format!(
-                "instance {} ({}) belongs to uid {}: only its owner or an administrator may                  destroy it",
+                "instance {} ({}) belongs to uid {}: only its owner or an administrator may \
+                 destroy it",
                 inst.id, inst.name, inst.owner_uid
             )));
         }
@@ -306,6 +310,16 @@ impl Manager for Service {
             descriptor_json: serde_json::to_string(&inst.descriptor)
                 .map_err(|e| Status::internal(e.to_string()))?,
             expires,
+        }))
+    }
+
+    async fn get_view_token(&self, req: Request<api::Empty>) -> Res<api::ViewToken> {
+        let c = caller(&req)?;
+        let (token, expires) = self.core.view_token(&c);
+        Ok(Response::new(api::ViewToken {
+            token: token.to_text(),
+            expires,
+            http: self.http.clone().unwrap_or_default(),
         }))
     }
 }

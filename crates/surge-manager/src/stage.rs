@@ -359,7 +359,8 @@ impl Stages {
         if owner.uid != me {
             if me != 0 {
                 return Err(format!(
-                    "the manager runs as uid {me} and cannot copy as uid {} (run it as root to                      serve other users' jobs)",
+                    "the manager runs as uid {me} and cannot copy as uid {} (run it as root to \
+                     serve other users' jobs)",
                     owner.uid
                 ));
             }

@@ -447,7 +447,9 @@ async fn out_per_namespace(
             .take(20)
             .map(|(path, nodes)| {
                 format!(
-                    "stage out of {} (access_mode=private): {} would be written by nodes {:?};                      each node's namespace goes to the same destination, so give the nodes'                      outputs different names or directories",
+                    "stage out of {} (access_mode=private): {} would be written by nodes {:?}; \
+                     each node's namespace goes to the same destination, so give the nodes' \
+                     outputs different names or directories",
                     u.var,
                     path.display(),
                     nodes

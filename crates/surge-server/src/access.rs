@@ -13,9 +13,15 @@ fn denied(msg: impl Into<String>) -> ErrorReply {
 
 /// Checks a capability presented with `Authenticate`.
 pub fn authenticate(key: &Key, token: &[u8]) -> Result<Claims, ErrorReply> {
-    Token::from_bytes(token.to_vec())
+    let claims = Token::from_bytes(token.to_vec())
         .verify(key, surge_auth::token::now())
-        .map_err(|e| denied(e.to_string()))
+        .map_err(|e| denied(e.to_string()))?;
+    if claims.rights == Rights::View {
+        return Err(denied(
+            "a view token is for the manager's HTTP API, not for the servers",
+        ));
+    }
+    Ok(claims)
 }
 
 /// The instance and namespace a request is about (`None` for server administration).
