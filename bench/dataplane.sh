@@ -19,11 +19,15 @@
 # ratios surge/raw, pll/raw and surge/pll.
 #
 # Usage: bench/dataplane.sh [--reps N] [--servers N] [--size MiB] [--files N] [--runtime S] [--json FILE]
+#                           [--md-only]   (only the metadata tests)
+# SURGE=path/to/surge picks the binary (default target/release/surge), e.g. one built from an
+# older commit to compare two versions in alternating runs. The servers get a cluster key made
+# for the run (SURGE_KEY_FILE).
 # Needs root (FUSE mounts, dropping caches), fio, gcc and libfuse3-dev (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPS=3 SERVERS=2 SIZE_MB=1024 FILES=10000 RUNTIME=5 JSON=""
+REPS=3 SERVERS=2 SIZE_MB=1024 FILES=10000 RUNTIME=5 JSON="" MD_ONLY=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --reps) REPS=$2; shift 2 ;;
@@ -32,16 +36,20 @@ while [ $# -gt 0 ]; do
         --files) FILES=$2; shift 2 ;;
         --runtime) RUNTIME=$2; shift 2 ;;
         --json) JSON=$2; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        --md-only) MD_ONLY=1; shift ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
 [ "$(id -u)" -eq 0 ] || { echo "dataplane.sh: needs root (FUSE mounts)" >&2; exit 1; }
 for c in fio gcc pkg-config; do command -v $c >/dev/null || { echo "missing $c: run scripts/setup.sh" >&2; exit 1; }; done
 
-SURGE=target/release/surge
-[ -x $SURGE ] || cargo build --release -p surge-cli
+SURGE=${SURGE:-target/release/surge}
+[ -x "$SURGE" ] || cargo build --release -p surge-cli
 WORK=$(mktemp -d /tmp/surge-dataplane.XXXXXX)
+# The servers' cluster key (32 random bytes, 0600); the commands below make capabilities with it.
+(umask 077; head -c 32 /dev/urandom >"$WORK/surge.key")
+export SURGE_KEY_FILE="$WORK/surge.key"
 SHM=/dev/shm/surge-dataplane-$$
 mkdir -p "$SHM" "$WORK/bin"
 PIDS=()
@@ -129,10 +137,11 @@ md_run() { # TARGET PROCS -> "create stat unlink"
 TESTS=("seqwrite-1:write:8M:1" "seqwrite-2:write:8M:2" "seqwritenp-1:writenp:8M:1" "seqwritenp-2:writenp:8M:2" "seqread-1:read:8M:1" "seqread-2:read:8M:2"
        "randread4k-1:randread:4k:1" "randread4k-2:randread:4k:2" "randwrite4k-1:randwrite:4k:1" "randwrite4k-2:randwrite:4k:2")
 declare -A R
+[ "$MD_ONLY" -eq 0 ] || TESTS=()
 # Warm up: first writes to fresh memory are slow on this VM.
-for t in "${TARGETS[@]}"; do fio_run "$t" warm write 8M 1 >/dev/null; done
+[ "$MD_ONLY" -eq 1 ] || for t in "${TARGETS[@]}"; do fio_run "$t" warm write 8M 1 >/dev/null; done
 for rep in $(seq 1 "$REPS"); do
-    for spec in "${TESTS[@]}"; do
+    for spec in ${TESTS[@]+"${TESTS[@]}"}; do
         IFS=: read -r name rw bs jobs <<<"$spec"
         for t in "${TARGETS[@]}"; do
             v=$(fio_run "$t" "$name" "$rw" "$bs" "$jobs")
@@ -155,6 +164,7 @@ done
 median() { tr ' ' '\n' | { grep -v '^$' || true; } | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 ROWS=(seqwrite-1 seqwrite-2 seqwritenp-1 seqwritenp-2 seqread-1 seqread-2 randread4k-1 randread4k-2 randwrite4k-1 randwrite4k-2
       create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
+[ "$MD_ONLY" -eq 0 ] || ROWS=(create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
 printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll plld surge1 surgeN surgeP s1/raw sN/raw pll/raw s1/pll sN/pll sP/pll s1/plld sN/plld sP/plld
 JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"results\": {"
 first=1

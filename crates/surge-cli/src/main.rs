@@ -44,6 +44,8 @@ enum Command {
     Manager(surge_manager::cli::ManagerArgs),
     /// Print the web dashboard's URL, with a token that shows you your own jobs.
     Dashboard(surge_manager::cli::DashboardArgs),
+    /// The cluster key shared by the manager and its servers (create it at install).
+    Key(surge_manager::cli::KeyArgs),
     /// Run a burst-buffer server, or query/register servers.
     Server(ServerCmd),
     /// Mount an instance's namespace as a POSIX directory (FUSE).
@@ -171,6 +173,7 @@ fn main() -> ExitCode {
         Command::Session(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_session),
         Command::Manager(a) => surge_manager::cli::run_manager(a),
         Command::Dashboard(a) => surge_manager::cli::run_dashboard(a),
+        Command::Key(a) => surge_manager::cli::run_key(a),
         Command::Server(ServerCmd { sub: Some(s), .. }) => match s {
             ServerSub::Status(a) => surge_client::cli::run_status(a),
             ServerSub::Register(a) => surge_manager::cli::run_register(a),

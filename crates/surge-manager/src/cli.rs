@@ -667,3 +667,45 @@ mod dashboard_tests {
         );
     }
 }
+
+/// The cluster key: 32 random bytes the manager and its servers share to sign and check the
+/// capabilities clients present to servers. Create it once at install, as the service user
+/// (root), and copy it to every burst-buffer node with the same owner and mode 0600 (e.g.
+/// `install -m 0600 surge.key /etc/surge/`). Anyone who can read it can read every instance.
+#[derive(clap::Args, Debug)]
+pub struct KeyArgs {
+    #[command(subcommand)]
+    pub command: KeyCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum KeyCommand {
+    /// Create a new key file (0600, its directory 0700); an existing file is never overwritten.
+    Create {
+        /// Where (default $SURGE_KEY_FILE, else /etc/surge/surge.key).
+        #[arg(long, value_name = "FILE")]
+        key_file: Option<PathBuf>,
+    },
+    /// Check that a key file exists, loads, and is readable by its owner only.
+    Check {
+        /// Which (default $SURGE_KEY_FILE, else /etc/surge/surge.key).
+        #[arg(long, value_name = "FILE")]
+        key_file: Option<PathBuf>,
+    },
+}
+
+pub fn run_key(args: KeyArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        KeyCommand::Create { key_file } => {
+            let p = key_file.unwrap_or_else(surge_auth::Key::default_path);
+            surge_auth::Key::create(&p)?;
+            println!("created {} (0600): copy it to every server node", p.display());
+        }
+        KeyCommand::Check { key_file } => {
+            let p = key_file.unwrap_or_else(surge_auth::Key::default_path);
+            surge_auth::Key::load(&p)?;
+            println!("{}: a valid key, readable by its owner only", p.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,454 @@
+//! The attacks of issue 14, made by an unprivileged local user against a root-run Surge (a
+//! manager with its HTTP API, two servers, root's persistent instance, mount and job session):
+//! each must fail with an error that says why, and the owner doing the same thing must succeed,
+//! so the test cannot pass because everything is broken. Needs root (to make the user and run
+//! the daemons as root) and /dev/fuse (root's mount).
+
+mod common;
+use common::wire::{call, connect_anonymous};
+use common::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+use surge_core::{InstanceId, NamespaceId};
+use surge_proto::{ErrorCode, Request, Response};
+
+const USER: &str = "surge-attacker";
+
+/// The attacker's uid and gid, making the user if needed (`useradd`).
+fn attacker() -> (u32, u32) {
+    let id = |flag: &str| {
+        Command::new("id")
+            .args([flag, USER])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<u32>().ok())
+    };
+    if id("-u").is_none() {
+        let o = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER])
+            .output()
+            .expect("run useradd");
+        assert!(o.status.success(), "useradd: {}", text(&o));
+    }
+    (id("-u").expect("uid"), id("-g").expect("gid"))
+}
+
+/// A directory `uid` owns, readable by everyone (so root's tools can look in).
+fn dir_of(parent: &Path, name: &str, uid: u32, gid: u32) -> PathBuf {
+    let d = parent.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    std::os::unix::fs::chown(&d, Some(uid), Some(gid)).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// `surge ARGS` as `uid`:`gid` (no supplementary groups), in `cwd`, pointing at the test's
+/// munged and key file (which the attacker cannot read: naming it does not help).
+fn surge_as(uid: u32, gid: u32, cwd: &Path, args: &[&str]) -> Output {
+    let mut c = surge_command();
+    c.current_dir(cwd)
+        .env("HOME", cwd)
+        .env_remove("SURGE_MANAGER")
+        .args(args)
+        .stdin(Stdio::null());
+    if uid != 0 {
+        c.uid(uid).gid(gid);
+    }
+    c.output().expect("run surge")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Panics unless `o` failed with `why` in its message.
+fn refused(row: &str, o: &Output, why: &[&str]) {
+    let t = text(o);
+    assert!(!o.status.success(), "{row}: the attack succeeded\n{t}");
+    assert!(
+        why.iter().any(|w| t.contains(w)),
+        "{row}: refused without saying why (expected one of {why:?})\n{t}"
+    );
+    eprintln!("refused as it should be: {row}");
+}
+
+fn ok(row: &str, o: &Output) -> String {
+    assert!(o.status.success(), "{row}: the owner failed\n{}", text(o));
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+fn http_get(addr: &str, path: &str, auth: Option<&str>) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let auth = auth
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    r
+}
+
+fn munge_as(uid: u32, gid: u32) -> String {
+    let mut c = Command::new("munge");
+    c.args(["-n", "-S"]).arg(surge_testkit::munge_socket());
+    if uid != 0 {
+        c.uid(uid).gid(gid);
+    }
+    let o = c.output().expect("run munge");
+    assert!(o.status.success(), "munge: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// A nodes.json (what `surge run` writes for `surge stage` inside a job) naming `session`, whose
+/// instance `instance` is "mounted" at `mnt`; the run directory that holds it.
+fn run_dir(at: &Path, manager: &str, session: u64, instance: u64, mnt: &Path) -> PathBuf {
+    let d = at.join(format!("run-{session}"));
+    std::fs::create_dir_all(&d).unwrap();
+    let nodes = serde_json::json!({
+        "session": session,
+        "manager": manager,
+        "run_dir": d,
+        "nodes": [{"node": 0, "env": {}, "mounts": [
+            {"path": mnt, "instance": instance, "ns": 0, "var": "DW_JOB_STRIPED"}
+        ]}],
+    });
+    std::fs::write(d.join("nodes.json"), nodes.to_string()).unwrap();
+    d
+}
+
+fn stage_as(uid: u32, gid: u32, cwd: &Path, run: &Path, args: &[&str]) -> Output {
+    let mut c = surge_command();
+    c.current_dir(cwd)
+        .env("HOME", cwd)
+        .env("SURGE_RUN_DIR", run)
+        .env_remove("SURGE_MANAGER")
+        .arg("stage")
+        .args(args)
+        .stdin(Stdio::null());
+    if uid != 0 {
+        c.uid(uid).gid(gid);
+    }
+    c.output().expect("run surge stage")
+}
+
+#[test]
+fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "SKIPPED an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything: needs \
+             root (to make a user and run Surge's daemons as root); CI runs as root"
+        );
+        return;
+    }
+    if skip_without_fuse("an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything") {
+        return;
+    }
+    let (uid, gid) = attacker();
+    // Everything under one world-traversable directory; root's secrets in a 0700 one.
+    let top = Scratch::new("attacks");
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = dir_of(top.path(), "home", uid, gid);
+    let rootonly = top.path().join("rootonly");
+    std::fs::create_dir_all(&rootonly).unwrap();
+    std::fs::set_permissions(&rootonly, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret = rootonly.join("secret.txt");
+    std::fs::write(&secret, b"root's secret\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // A root file others can see but not read: only opening it can refuse them.
+    let visible = top.path().join("visible-secret.txt");
+    std::fs::write(&visible, b"root's visible secret\n").unwrap();
+    std::fs::set_permissions(&visible, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let rootwork = top.path().join("rootwork");
+    std::fs::create_dir_all(&rootwork).unwrap();
+    std::fs::write(home.join("evil.txt"), b"attacker's bytes\n").unwrap();
+    std::os::unix::fs::chown(home.join("evil.txt"), Some(uid), Some(gid)).unwrap();
+
+    // Root's Surge: two servers, a manager with its HTTP API.
+    let c = cluster(2, "1GiB");
+    let ready = top.path().join("m.ready");
+    let _m = ChildGuard(
+        surge_command()
+            .args(["manager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .args(["--granularity", "64MiB", "--state"])
+            .arg(top.path().join("m.db"))
+            .arg("--ready-file")
+            .arg(&ready)
+            .stderr(std::fs::File::create(top.path().join("manager.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let v: serde_json::Value = wait_for("manager", Duration::from_secs(20), || {
+        serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
+    });
+    let m = v["grpc"].as_str().unwrap().to_string();
+    let http = v["http"].as_str().unwrap().to_string();
+    for s in &c.servers {
+        surge(&["server", "register", &s.addr, "--manager", &m]);
+    }
+    let server = c.servers[0].addr.clone();
+
+    // Root's persistent instance with root's 0600 file in it, mounted by root.
+    ok(
+        "root creates a persistent instance",
+        &surge_as(0, 0, &rootwork, &["persistent", "create", "rootpers", "--capacity", "128MiB", "--manager", &m]),
+    );
+    let rootpers: serde_json::Value = serde_json::from_str(&surge(&[
+        "persistent", "ls", "--json", "--manager", &m,
+    ]))
+    .unwrap();
+    let rootpers_id = rootpers[0]["id"].as_u64().unwrap();
+    let rootpers_s = rootpers_id.to_string();
+    let mnt = dir_of(top.path(), "rootmnt", 0, 0);
+    let mount_ready = top.path().join("mount.ready");
+    let _mount = ChildGuard(
+        surge_command()
+            .args(["mount", "--manager", &m, "--persistent", "rootpers", "--ready-file"])
+            .arg(&mount_ready)
+            .arg(&mnt)
+            .stderr(std::fs::File::create(top.path().join("mount.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("root's mount", Duration::from_secs(20), || {
+        mount_ready.exists().then_some(())
+    });
+    std::fs::write(mnt.join("secret.txt"), b"root's data\n").unwrap();
+    std::fs::set_permissions(mnt.join("secret.txt"), std::fs::Permissions::from_mode(0o600))
+        .unwrap();
+
+    // Row 1: read root's 0600 file through root's mount.
+    let mut cat = Command::new("cat");
+    cat.arg(mnt.join("secret.txt")).uid(uid).gid(gid);
+    refused(
+        "read root's 0600 file through root's mount",
+        &cat.output().unwrap(),
+        &["Permission denied"],
+    );
+    assert_eq!(std::fs::read(mnt.join("secret.txt")).unwrap(), b"root's data\n");
+
+    // Row 2: copy root's instance out, through the manager and without it.
+    let stolen = home.join("stolen");
+    refused(
+        "stage copy --out of root's instance through the manager",
+        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--out", "/", stolen.to_str().unwrap()]),
+        &["belongs to uid 0"],
+    );
+    refused(
+        "stage copy --out of root's instance straight from its servers",
+        &surge_as(uid, gid, &home, &["stage", "copy", "--server", &server, "--instance", &rootpers_s, "--out", "/", stolen.to_str().unwrap()]),
+        &["Permission denied", "permission denied"],
+    );
+    assert!(!stolen.join("secret.txt").exists());
+    let copy = rootwork.join("copy");
+    ok(
+        "root copies its instance out",
+        &surge_as(0, 0, &rootwork, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--out", "/", copy.to_str().unwrap()]),
+    );
+    assert_eq!(std::fs::read(copy.join("secret.txt")).unwrap(), b"root's data\n");
+
+    // Row 3: a client of its own speaking the data protocol (Lookup, then Read).
+    let mut s = connect_anonymous(&server);
+    let lookup = Request::Lookup {
+        instance: InstanceId(rootpers_id),
+        ns: NamespaceId(0),
+        parent: 1,
+        name: b"secret.txt".to_vec(),
+    };
+    match call(&mut s, 1, &lookup, &[]).0 {
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::Denied, "{e}");
+            assert!(e.message.contains("capability"), "{e}");
+        }
+        other => panic!("a raw Lookup of root's file was answered: {other:?}"),
+    }
+    eprintln!("refused as it should be: a raw-protocol Lookup of root's file");
+
+    // Row 4: overwrite root's file with an owner of one's choosing; in one's own instance,
+    // files owned by root.
+    refused(
+        "stage copy --in over root's file",
+        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--owner", "0:0", "--in", "evil.txt", "/secret.txt"]),
+        &["belongs to uid 0"],
+    );
+    ok(
+        "the attacker creates a persistent instance of their own",
+        &surge_as(uid, gid, &home, &["persistent", "create", "attpers", "--capacity", "64MiB", "--manager", &m]),
+    );
+    refused(
+        "stage copy --in --owner 0:0 into one's own instance",
+        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "attpers", "--owner", "0:0", "--in", "evil.txt", "/setuid-me"]),
+        &["may not make files owned by uid 0"],
+    );
+    ok(
+        "the attacker stages into their own instance as themselves",
+        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "attpers", "--in", "evil.txt", "/mine.txt"]),
+    );
+    assert_eq!(std::fs::read(mnt.join("secret.txt")).unwrap(), b"root's data\n");
+
+    // Row 5: destroy root's instances.
+    refused(
+        "persistent destroy of root's instance",
+        &surge_as(uid, gid, &home, &["persistent", "destroy", "rootpers", "--manager", &m]),
+        &["belongs to uid 0"],
+    );
+    refused(
+        "instance destroy on root's servers",
+        &surge_as(uid, gid, &home, &["instance", "destroy", "--server", &server, "--instance", &rootpers_s]),
+        &["Permission denied", "permission denied"],
+    );
+    assert_eq!(
+        std::fs::read(mnt.join("secret.txt")).unwrap(),
+        b"root's data\n",
+        "root's mount still works"
+    );
+    ok(
+        "the attacker destroys their own instance",
+        &surge_as(uid, gid, &home, &["persistent", "destroy", "attpers", "--manager", &m]),
+    );
+
+    // Rows 6 and 7: stage root's files in, and one's bytes over root's files, through the
+    // manager: a session of root's (found on the HTTP API), and a session of one's own (made
+    // by the scheduler, root, for the attacker as for any job).
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let session = |owner: u32, group: u32, job: &str| -> (u64, u64) {
+        rt.block_on(async {
+            let mut api = surge_api::connect_with(&m, surge_testkit::munge_socket().to_path_buf())
+                .await
+                .unwrap();
+            let s = api
+                .create_session(surge_api::v1::CreateSessionRequest {
+                    job: job.into(),
+                    owner_uid: owner,
+                    owner_gid: group,
+                    job_instance: Some(surge_api::v1::CreateInstanceRequest {
+                        capacity: 64 << 20,
+                        access_mode: "striped".into(),
+                        nodes: 1,
+                        owner_uid: owner,
+                        owner_gid: group,
+                        ..Default::default()
+                    }),
+                    persistent: vec![],
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            (s.id, s.job_instance)
+        })
+    };
+    let (root_session, root_inst) = session(0, 0, "rootjob.sh");
+    let (att_session, att_inst) = session(uid, gid, "attackerjob.sh");
+
+    // The HTTP API: nothing without saying who one is; one's own sessions only.
+    let anon = http_get(&http, "/v1/sessions", None);
+    assert!(anon.starts_with("HTTP/1.1 401") && !anon.contains("rootjob"), "{anon}");
+    let theirs = http_get(&http, "/v1/sessions", Some(&format!("MUNGE {}", munge_as(uid, gid))));
+    assert!(theirs.starts_with("HTTP/1.1 200"), "{theirs}");
+    assert!(theirs.contains("attackerjob.sh") && !theirs.contains("rootjob"), "{theirs}");
+    let roots = http_get(&http, "/v1/sessions", Some(&format!("MUNGE {}", munge_as(0, 0))));
+    assert!(roots.contains("rootjob.sh") && roots.contains("attackerjob.sh"), "{roots}");
+    eprintln!("refused as it should be: root's sessions on the HTTP API");
+
+    let fake_mnt = top.path().join("fakemnt");
+    let root_run = run_dir(&home, &m, root_session, root_inst, &fake_mnt);
+    let target = format!("{}/x", fake_mnt.display());
+    refused(
+        "stage in through root's session",
+        &stage_as(uid, gid, &home, &root_run, &["in", "--wait", secret.to_str().unwrap(), &target]),
+        &["belongs to uid 0"],
+    );
+    let att_run = run_dir(&home, &m, att_session, att_inst, &fake_mnt);
+    refused(
+        "stage in of root's 0600 file in one's own session",
+        &stage_as(uid, gid, &home, &att_run, &["in", "--wait", visible.to_str().unwrap(), &target]),
+        &["Permission denied", "permission denied"],
+    );
+    ok(
+        "the attacker stages their own file in",
+        &stage_as(uid, gid, &home, &att_run, &["in", "--wait", "evil.txt", &target]),
+    );
+    let planted = rootonly.join("planted");
+    refused(
+        "stage out of one's bytes into a root-only directory",
+        &stage_as(uid, gid, &home, &att_run, &["out", "--wait", &target, planted.to_str().unwrap()]),
+        &["Permission denied", "permission denied"],
+    );
+    assert!(!planted.exists(), "the attacker's bytes reached {}", planted.display());
+    let root_run_own = run_dir(&rootwork, &m, root_session, root_inst, &fake_mnt);
+    ok(
+        "root stages its own file in",
+        &stage_as(0, 0, &rootwork, &root_run_own, &["in", "--wait", secret.to_str().unwrap(), &target]),
+    );
+    ok(
+        "root stages it out into its directory",
+        &stage_as(0, 0, &rootwork, &root_run_own, &["out", "--wait", &target, rootonly.join("back").to_str().unwrap()]),
+    );
+    assert_eq!(std::fs::read(rootonly.join("back")).unwrap(), b"root's secret\n");
+
+    // Row 8: a server of one's own joining root's pool.
+    let dev = dir_of(&home, "dev", uid, gid);
+    let o = surge_as(uid, gid, &home, &["server", "--device", dev.to_str().unwrap(), "--capacity", "64MiB", "--listen", "127.0.0.1:0", "--manager", &m]);
+    refused("a server of one's own, with the cluster key's path", &o, &["Permission denied", "permission denied"]);
+    let own_key = home.join("own.key");
+    surge_auth::Key::create(&own_key).unwrap();
+    std::os::unix::fs::chown(&own_key, Some(uid), Some(gid)).unwrap();
+    let log = home.join("rogue.log");
+    let mut rogue = surge_command();
+    rogue
+        .current_dir(&home)
+        .args(["server", "--device", dev.to_str().unwrap(), "--capacity", "64MiB", "--listen", "127.0.0.1:0", "--manager", &m, "--key-file", own_key.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .uid(uid)
+        .gid(gid);
+    let _rogue = ChildGuard(rogue.spawn().unwrap());
+    let why = wait_for("the rogue server's refusal", Duration::from_secs(20), || {
+        let t = std::fs::read_to_string(&log).ok()?;
+        t.contains("may not register").then_some(t)
+    });
+    assert!(why.contains("only root"), "{why}");
+    let servers: serde_json::Value =
+        serde_json::from_str(&surge(&["pool", "ls", "--json", "--manager", &m])).unwrap();
+    assert_eq!(servers[0]["servers"], 2, "the pool still has root's 2 servers only: {servers}");
+    eprintln!("refused as it should be: a server of one's own joining the pool");
+
+    // Row 9: the fast-tier directories: nothing in them readable by others.
+    for s in &c.servers {
+        let mut bad = Vec::new();
+        let mut stack = vec![s.device.clone()];
+        while let Some(d) = stack.pop() {
+            let md = std::fs::symlink_metadata(&d).unwrap();
+            if md.mode() & 0o077 != 0 {
+                bad.push(format!("{} {:o}", d.display(), md.mode() & 0o7777));
+            }
+            if md.is_dir() {
+                stack.extend(std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()));
+            }
+        }
+        assert!(bad.is_empty(), "readable by others: {bad:#?}");
+        let mut grep = Command::new("grep");
+        grep.args(["-r", "root's data"]).arg(&s.device).uid(uid).gid(gid);
+        let o = grep.output().unwrap();
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("root's data"),
+            "grep -r found root's data: {}",
+            text(&o)
+        );
+        refused("grep -r of the fast tier", &o, &["Permission denied"]);
+    }
+}
