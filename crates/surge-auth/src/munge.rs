@@ -162,8 +162,15 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts munged with its files in `dir` (a key is made there the first time).
+    /// Starts munged with its files in `dir` (a key is made there the first time), its socket
+    /// there too: only `dir`'s owner (and root) can reach it.
     pub fn start(dir: &Path) -> Result<Daemon, AuthError> {
+        Self::start_with_socket(dir, &dir.join("munge.socket"))
+    }
+
+    /// [`start`](Self::start) with the socket at `socket` (whose directory decides who can
+    /// reach it: every user, for a munged serving a host).
+    pub fn start_with_socket(dir: &Path, socket: &Path) -> Result<Daemon, AuthError> {
         use std::os::unix::fs::DirBuilderExt;
         let e = |m: String| AuthError::Munge(m);
         std::fs::DirBuilder::new()
@@ -189,7 +196,7 @@ impl Daemon {
                 )));
             }
         }
-        let socket = dir.join("munge.socket");
+        let socket = socket.to_path_buf();
         let _ = std::fs::remove_file(&socket);
         let mut cmd = Command::new(program("munged"));
         // It dies with the thread that started it (a killed `surge run` leaves none behind).

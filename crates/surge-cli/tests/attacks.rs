@@ -78,7 +78,7 @@ fn refused(row: &str, o: &Output, why: &[&str]) {
         why.iter().any(|w| t.contains(w)),
         "{row}: refused without saying why (expected one of {why:?})\n{t}"
     );
-    eprintln!("refused as it should be: {row}");
+    eprintln!("refused as it should be: {row}: {}", String::from_utf8_lossy(&o.stderr).trim());
 }
 
 fn ok(row: &str, o: &Output) -> String {
@@ -245,19 +245,19 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     let stolen = home.join("stolen");
     refused(
         "stage copy --out of root's instance through the manager",
-        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--out", "/", stolen.to_str().unwrap()]),
+        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--out", "--directory", "/", stolen.to_str().unwrap()]),
         &["belongs to uid 0"],
     );
     refused(
         "stage copy --out of root's instance straight from its servers",
-        &surge_as(uid, gid, &home, &["stage", "copy", "--server", &server, "--instance", &rootpers_s, "--out", "/", stolen.to_str().unwrap()]),
+        &surge_as(uid, gid, &home, &["stage", "copy", "--server", &server, "--instance", &rootpers_s, "--out", "--directory", "/", stolen.to_str().unwrap()]),
         &["Permission denied", "permission denied"],
     );
     assert!(!stolen.join("secret.txt").exists());
     let copy = rootwork.join("copy");
     ok(
         "root copies its instance out",
-        &surge_as(0, 0, &rootwork, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--out", "/", copy.to_str().unwrap()]),
+        &surge_as(0, 0, &rootwork, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--out", "--directory", "/", copy.to_str().unwrap()]),
     );
     assert_eq!(std::fs::read(copy.join("secret.txt")).unwrap(), b"root's data\n");
 
@@ -364,15 +364,35 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     assert!(roots.contains("rootjob.sh") && roots.contains("attackerjob.sh"), "{roots}");
     eprintln!("refused as it should be: root's sessions on the HTTP API");
 
-    let fake_mnt = top.path().join("fakemnt");
-    let root_run = run_dir(&home, &m, root_session, root_inst, &fake_mnt);
-    let target = format!("{}/x", fake_mnt.display());
+    // Both jobs' instances mounted (by root, as `surge run` or the scheduler would, with
+    // allow_other: the kernel checks permissions for each user).
+    let job_mount = |inst: u64, name: &str| -> (PathBuf, ChildGuard) {
+        let dir = dir_of(top.path(), name, 0, 0);
+        let ready = top.path().join(format!("{name}.ready"));
+        let g = ChildGuard(
+            surge_command()
+                .args(["mount", "--manager", &m, "--instance", &inst.to_string(), "--ready-file"])
+                .arg(&ready)
+                .arg(&dir)
+                .stderr(std::fs::File::create(top.path().join(format!("{name}.log"))).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        wait_for("a job mount", Duration::from_secs(20), || ready.exists().then_some(()));
+        (dir, g)
+    };
+    let (root_mnt, _root_mount) = job_mount(root_inst, "rootjob");
+    let (att_mnt, _att_mount) = job_mount(att_inst, "attjob");
+    std::fs::set_permissions(&att_mnt, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let root_run = run_dir(&home, &m, root_session, root_inst, &root_mnt);
+    let target = format!("{}/x", root_mnt.display());
     refused(
         "stage in through root's session",
         &stage_as(uid, gid, &home, &root_run, &["in", "--wait", secret.to_str().unwrap(), &target]),
         &["belongs to uid 0"],
     );
-    let att_run = run_dir(&home, &m, att_session, att_inst, &fake_mnt);
+    let target = format!("{}/x", att_mnt.display());
+    let att_run = run_dir(&home, &m, att_session, att_inst, &att_mnt);
     refused(
         "stage in of root's 0600 file in one's own session",
         &stage_as(uid, gid, &home, &att_run, &["in", "--wait", visible.to_str().unwrap(), &target]),
@@ -389,7 +409,8 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
         &["Permission denied", "permission denied"],
     );
     assert!(!planted.exists(), "the attacker's bytes reached {}", planted.display());
-    let root_run_own = run_dir(&rootwork, &m, root_session, root_inst, &fake_mnt);
+    let root_run_own = run_dir(&rootwork, &m, root_session, root_inst, &root_mnt);
+    let target = format!("{}/x", root_mnt.display());
     ok(
         "root stages its own file in",
         &stage_as(0, 0, &rootwork, &root_run_own, &["in", "--wait", secret.to_str().unwrap(), &target]),

@@ -21,6 +21,7 @@ pub fn key_file() -> &'static Path {
         let dir = std::env::temp_dir().join(format!("surge-test-key-{}", std::process::id()));
         let p = dir.join("surge.key");
         let _ = std::fs::remove_dir_all(&dir);
+        remove_stale("surge-test-key-");
         surge_auth::Key::create(&p).expect("make the test cluster key");
         p
     })
@@ -33,11 +34,28 @@ pub fn munge_socket() -> &'static Path {
     SOCKET.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("surge-test-munge-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        remove_stale("surge-test-munge-");
+        // The socket is every user's (tests run commands as other users), its key the test's.
+        let public = dir.join("socket");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("test-munged".into())
             .spawn(move || {
-                let d = surge_auth::munge::Daemon::start(&dir);
+                use std::os::unix::fs::PermissionsExt;
+                let d = std::fs::create_dir_all(&public)
+                    .and_then(|_| {
+                        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+                    })
+                    .and_then(|_| {
+                        std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o755))
+                    })
+                    .map_err(|e| surge_auth::AuthError::Munge(e.to_string()))
+                    .and_then(|_| {
+                        surge_auth::munge::Daemon::start_with_socket(
+                            &dir.join("private"),
+                            &public.join("munge.socket"),
+                        )
+                    });
                 let _ = tx.send(
                     d.as_ref()
                         .map(|d| d.socket.clone())
@@ -65,6 +83,22 @@ pub fn surge_command(bin: &Path) -> Command {
     c.env("SURGE_KEY_FILE", key_file())
         .env(surge_auth::munge::SOCKET_ENV, munge_socket());
     c
+}
+
+/// Removes `/tmp/<prefix><pid>` directories of test processes that are gone.
+fn remove_stale(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name.strip_prefix(prefix).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// The cluster key of this test process.
