@@ -25,11 +25,22 @@ fn attacker() -> (u32, u32) {
             .output()
             .ok()
             .filter(|o| o.status.success())
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<u32>().ok())
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+            })
     };
     if id("-u").is_none() {
         let o = Command::new("useradd")
-            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER])
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ])
             .output()
             .expect("run useradd");
         assert!(o.status.success(), "useradd: {}", text(&o));
@@ -78,7 +89,10 @@ fn refused(row: &str, o: &Output, why: &[&str]) {
         why.iter().any(|w| t.contains(w)),
         "{row}: refused without saying why (expected one of {why:?})\n{t}"
     );
-    eprintln!("refused as it should be: {row}: {}", String::from_utf8_lossy(&o.stderr).trim());
+    eprintln!(
+        "refused as it should be: {row}: {}",
+        String::from_utf8_lossy(&o.stderr).trim()
+    );
 }
 
 fn ok(row: &str, o: &Output) -> String {
@@ -183,7 +197,13 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     let ready = top.path().join("m.ready");
     let _m = ChildGuard(
         surge_command()
-            .args(["manager", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .args([
+                "manager",
+                "--listen",
+                "127.0.0.1:0",
+                "--http",
+                "127.0.0.1:0",
+            ])
             .args(["--granularity", "64MiB", "--state"])
             .arg(top.path().join("m.db"))
             .arg("--ready-file")
@@ -205,19 +225,37 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     // Root's persistent instance with root's 0600 file in it, mounted by root.
     ok(
         "root creates a persistent instance",
-        &surge_as(0, 0, &rootwork, &["persistent", "create", "rootpers", "--capacity", "128MiB", "--manager", &m]),
+        &surge_as(
+            0,
+            0,
+            &rootwork,
+            &[
+                "persistent",
+                "create",
+                "rootpers",
+                "--capacity",
+                "128MiB",
+                "--manager",
+                &m,
+            ],
+        ),
     );
-    let rootpers: serde_json::Value = serde_json::from_str(&surge(&[
-        "persistent", "ls", "--json", "--manager", &m,
-    ]))
-    .unwrap();
+    let rootpers: serde_json::Value =
+        serde_json::from_str(&surge(&["persistent", "ls", "--json", "--manager", &m])).unwrap();
     let rootpers_id = rootpers[0]["id"].as_u64().unwrap();
     let rootpers_s = rootpers_id.to_string();
     let mnt = dir_of(top.path(), "rootmnt", 0, 0);
     let mount_ready = top.path().join("mount.ready");
     let _mount = ChildGuard(
         surge_command()
-            .args(["mount", "--manager", &m, "--persistent", "rootpers", "--ready-file"])
+            .args([
+                "mount",
+                "--manager",
+                &m,
+                "--persistent",
+                "rootpers",
+                "--ready-file",
+            ])
             .arg(&mount_ready)
             .arg(&mnt)
             .stderr(std::fs::File::create(top.path().join("mount.log")).unwrap())
@@ -228,8 +266,11 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
         mount_ready.exists().then_some(())
     });
     std::fs::write(mnt.join("secret.txt"), b"root's data\n").unwrap();
-    std::fs::set_permissions(mnt.join("secret.txt"), std::fs::Permissions::from_mode(0o600))
-        .unwrap();
+    std::fs::set_permissions(
+        mnt.join("secret.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
 
     // Row 1: read root's 0600 file through root's mount.
     let mut cat = Command::new("cat");
@@ -239,27 +280,81 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
         &cat.output().unwrap(),
         &["Permission denied"],
     );
-    assert_eq!(std::fs::read(mnt.join("secret.txt")).unwrap(), b"root's data\n");
+    assert_eq!(
+        std::fs::read(mnt.join("secret.txt")).unwrap(),
+        b"root's data\n"
+    );
 
     // Row 2: copy root's instance out, through the manager and without it.
     let stolen = home.join("stolen");
     refused(
         "stage copy --out of root's instance through the manager",
-        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--out", "--directory", "/", stolen.to_str().unwrap()]),
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &[
+                "stage",
+                "copy",
+                "--manager",
+                &m,
+                "--persistent",
+                "rootpers",
+                "--out",
+                "--directory",
+                "/",
+                stolen.to_str().unwrap(),
+            ],
+        ),
         &["belongs to uid 0"],
     );
     refused(
         "stage copy --out of root's instance straight from its servers",
-        &surge_as(uid, gid, &home, &["stage", "copy", "--server", &server, "--instance", &rootpers_s, "--out", "--directory", "/", stolen.to_str().unwrap()]),
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &[
+                "stage",
+                "copy",
+                "--server",
+                &server,
+                "--instance",
+                &rootpers_s,
+                "--out",
+                "--directory",
+                "/",
+                stolen.to_str().unwrap(),
+            ],
+        ),
         &["Permission denied", "permission denied"],
     );
     assert!(!stolen.join("secret.txt").exists());
     let copy = rootwork.join("copy");
     ok(
         "root copies its instance out",
-        &surge_as(0, 0, &rootwork, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--out", "--directory", "/", copy.to_str().unwrap()]),
+        &surge_as(
+            0,
+            0,
+            &rootwork,
+            &[
+                "stage",
+                "copy",
+                "--manager",
+                &m,
+                "--persistent",
+                "rootpers",
+                "--out",
+                "--directory",
+                "/",
+                copy.to_str().unwrap(),
+            ],
+        ),
     );
-    assert_eq!(std::fs::read(copy.join("secret.txt")).unwrap(), b"root's data\n");
+    assert_eq!(
+        std::fs::read(copy.join("secret.txt")).unwrap(),
+        b"root's data\n"
+    );
 
     // Row 3: a client of its own speaking the data protocol (Lookup, then Read).
     let mut s = connect_anonymous(&server);
@@ -282,33 +377,115 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     // files owned by root.
     refused(
         "stage copy --in over root's file",
-        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "rootpers", "--owner", "0:0", "--in", "evil.txt", "/secret.txt"]),
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &[
+                "stage",
+                "copy",
+                "--manager",
+                &m,
+                "--persistent",
+                "rootpers",
+                "--owner",
+                "0:0",
+                "--in",
+                "evil.txt",
+                "/secret.txt",
+            ],
+        ),
         &["belongs to uid 0"],
     );
     ok(
         "the attacker creates a persistent instance of their own",
-        &surge_as(uid, gid, &home, &["persistent", "create", "attpers", "--capacity", "64MiB", "--manager", &m]),
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &[
+                "persistent",
+                "create",
+                "attpers",
+                "--capacity",
+                "64MiB",
+                "--manager",
+                &m,
+            ],
+        ),
     );
     refused(
         "stage copy --in --owner 0:0 into one's own instance",
-        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "attpers", "--owner", "0:0", "--in", "evil.txt", "/setuid-me"]),
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &[
+                "stage",
+                "copy",
+                "--manager",
+                &m,
+                "--persistent",
+                "attpers",
+                "--owner",
+                "0:0",
+                "--in",
+                "evil.txt",
+                "/setuid-me",
+            ],
+        ),
         &["may not make files owned by uid 0"],
     );
     ok(
         "the attacker stages into their own instance as themselves",
-        &surge_as(uid, gid, &home, &["stage", "copy", "--manager", &m, "--persistent", "attpers", "--in", "evil.txt", "/mine.txt"]),
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &[
+                "stage",
+                "copy",
+                "--manager",
+                &m,
+                "--persistent",
+                "attpers",
+                "--in",
+                "evil.txt",
+                "/mine.txt",
+            ],
+        ),
     );
-    assert_eq!(std::fs::read(mnt.join("secret.txt")).unwrap(), b"root's data\n");
+    assert_eq!(
+        std::fs::read(mnt.join("secret.txt")).unwrap(),
+        b"root's data\n"
+    );
 
     // Row 5: destroy root's instances.
     refused(
         "persistent destroy of root's instance",
-        &surge_as(uid, gid, &home, &["persistent", "destroy", "rootpers", "--manager", &m]),
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &["persistent", "destroy", "rootpers", "--manager", &m],
+        ),
         &["belongs to uid 0"],
     );
     refused(
         "instance destroy on root's servers",
-        &surge_as(uid, gid, &home, &["instance", "destroy", "--server", &server, "--instance", &rootpers_s]),
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &[
+                "instance",
+                "destroy",
+                "--server",
+                &server,
+                "--instance",
+                &rootpers_s,
+            ],
+        ),
         &["Permission denied", "permission denied"],
     );
     assert_eq!(
@@ -318,7 +495,12 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     );
     ok(
         "the attacker destroys their own instance",
-        &surge_as(uid, gid, &home, &["persistent", "destroy", "attpers", "--manager", &m]),
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &["persistent", "destroy", "attpers", "--manager", &m],
+        ),
     );
 
     // Rows 6 and 7: stage root's files in, and one's bytes over root's files, through the
@@ -356,12 +538,29 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
 
     // The HTTP API: nothing without saying who one is; one's own sessions only.
     let anon = http_get(&http, "/v1/sessions", None);
-    assert!(anon.starts_with("HTTP/1.1 401") && !anon.contains("rootjob"), "{anon}");
-    let theirs = http_get(&http, "/v1/sessions", Some(&format!("MUNGE {}", munge_as(uid, gid))));
+    assert!(
+        anon.starts_with("HTTP/1.1 401") && !anon.contains("rootjob"),
+        "{anon}"
+    );
+    let theirs = http_get(
+        &http,
+        "/v1/sessions",
+        Some(&format!("MUNGE {}", munge_as(uid, gid))),
+    );
     assert!(theirs.starts_with("HTTP/1.1 200"), "{theirs}");
-    assert!(theirs.contains("attackerjob.sh") && !theirs.contains("rootjob"), "{theirs}");
-    let roots = http_get(&http, "/v1/sessions", Some(&format!("MUNGE {}", munge_as(0, 0))));
-    assert!(roots.contains("rootjob.sh") && roots.contains("attackerjob.sh"), "{roots}");
+    assert!(
+        theirs.contains("attackerjob.sh") && !theirs.contains("rootjob"),
+        "{theirs}"
+    );
+    let roots = http_get(
+        &http,
+        "/v1/sessions",
+        Some(&format!("MUNGE {}", munge_as(0, 0))),
+    );
+    assert!(
+        roots.contains("rootjob.sh") && roots.contains("attackerjob.sh"),
+        "{roots}"
+    );
     eprintln!("refused as it should be: root's sessions on the HTTP API");
 
     // Both jobs' instances mounted (by root, as `surge run` or the scheduler would, with
@@ -371,14 +570,23 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
         let ready = top.path().join(format!("{name}.ready"));
         let g = ChildGuard(
             surge_command()
-                .args(["mount", "--manager", &m, "--instance", &inst.to_string(), "--ready-file"])
+                .args([
+                    "mount",
+                    "--manager",
+                    &m,
+                    "--instance",
+                    &inst.to_string(),
+                    "--ready-file",
+                ])
                 .arg(&ready)
                 .arg(&dir)
                 .stderr(std::fs::File::create(top.path().join(format!("{name}.log"))).unwrap())
                 .spawn()
                 .unwrap(),
         );
-        wait_for("a job mount", Duration::from_secs(20), || ready.exists().then_some(()));
+        wait_for("a job mount", Duration::from_secs(20), || {
+            ready.exists().then_some(())
+        });
         (dir, g)
     };
     let (root_mnt, _root_mount) = job_mount(root_inst, "rootjob");
@@ -388,43 +596,110 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     let target = format!("{}/x", root_mnt.display());
     refused(
         "stage in through root's session",
-        &stage_as(uid, gid, &home, &root_run, &["in", "--wait", secret.to_str().unwrap(), &target]),
+        &stage_as(
+            uid,
+            gid,
+            &home,
+            &root_run,
+            &["in", "--wait", secret.to_str().unwrap(), &target],
+        ),
         &["belongs to uid 0"],
     );
     let target = format!("{}/x", att_mnt.display());
     let att_run = run_dir(&home, &m, att_session, att_inst, &att_mnt);
     refused(
         "stage in of root's 0600 file in one's own session",
-        &stage_as(uid, gid, &home, &att_run, &["in", "--wait", visible.to_str().unwrap(), &target]),
+        &stage_as(
+            uid,
+            gid,
+            &home,
+            &att_run,
+            &["in", "--wait", visible.to_str().unwrap(), &target],
+        ),
         &["Permission denied", "permission denied"],
     );
     ok(
         "the attacker stages their own file in",
-        &stage_as(uid, gid, &home, &att_run, &["in", "--wait", "evil.txt", &target]),
+        &stage_as(
+            uid,
+            gid,
+            &home,
+            &att_run,
+            &["in", "--wait", "evil.txt", &target],
+        ),
     );
     let planted = rootonly.join("planted");
     refused(
         "stage out of one's bytes into a root-only directory",
-        &stage_as(uid, gid, &home, &att_run, &["out", "--wait", &target, planted.to_str().unwrap()]),
+        &stage_as(
+            uid,
+            gid,
+            &home,
+            &att_run,
+            &["out", "--wait", &target, planted.to_str().unwrap()],
+        ),
         &["Permission denied", "permission denied"],
     );
-    assert!(!planted.exists(), "the attacker's bytes reached {}", planted.display());
+    assert!(
+        !planted.exists(),
+        "the attacker's bytes reached {}",
+        planted.display()
+    );
     let root_run_own = run_dir(&rootwork, &m, root_session, root_inst, &root_mnt);
     let target = format!("{}/x", root_mnt.display());
     ok(
         "root stages its own file in",
-        &stage_as(0, 0, &rootwork, &root_run_own, &["in", "--wait", secret.to_str().unwrap(), &target]),
+        &stage_as(
+            0,
+            0,
+            &rootwork,
+            &root_run_own,
+            &["in", "--wait", secret.to_str().unwrap(), &target],
+        ),
     );
     ok(
         "root stages it out into its directory",
-        &stage_as(0, 0, &rootwork, &root_run_own, &["out", "--wait", &target, rootonly.join("back").to_str().unwrap()]),
+        &stage_as(
+            0,
+            0,
+            &rootwork,
+            &root_run_own,
+            &[
+                "out",
+                "--wait",
+                &target,
+                rootonly.join("back").to_str().unwrap(),
+            ],
+        ),
     );
-    assert_eq!(std::fs::read(rootonly.join("back")).unwrap(), b"root's secret\n");
+    assert_eq!(
+        std::fs::read(rootonly.join("back")).unwrap(),
+        b"root's secret\n"
+    );
 
     // Row 8: a server of one's own joining root's pool.
     let dev = dir_of(&home, "dev", uid, gid);
-    let o = surge_as(uid, gid, &home, &["server", "--device", dev.to_str().unwrap(), "--capacity", "64MiB", "--listen", "127.0.0.1:0", "--manager", &m]);
-    refused("a server of one's own, with the cluster key's path", &o, &["Permission denied", "permission denied"]);
+    let o = surge_as(
+        uid,
+        gid,
+        &home,
+        &[
+            "server",
+            "--device",
+            dev.to_str().unwrap(),
+            "--capacity",
+            "64MiB",
+            "--listen",
+            "127.0.0.1:0",
+            "--manager",
+            &m,
+        ],
+    );
+    refused(
+        "a server of one's own, with the cluster key's path",
+        &o,
+        &["Permission denied", "permission denied"],
+    );
     let own_key = home.join("own.key");
     surge_auth::Key::create(&own_key).unwrap();
     std::os::unix::fs::chown(&own_key, Some(uid), Some(gid)).unwrap();
@@ -432,20 +707,39 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     let mut rogue = surge_command();
     rogue
         .current_dir(&home)
-        .args(["server", "--device", dev.to_str().unwrap(), "--capacity", "64MiB", "--listen", "127.0.0.1:0", "--manager", &m, "--key-file", own_key.to_str().unwrap()])
+        .args([
+            "server",
+            "--device",
+            dev.to_str().unwrap(),
+            "--capacity",
+            "64MiB",
+            "--listen",
+            "127.0.0.1:0",
+            "--manager",
+            &m,
+            "--key-file",
+            own_key.to_str().unwrap(),
+        ])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .uid(uid)
         .gid(gid);
     let _rogue = ChildGuard(rogue.spawn().unwrap());
-    let why = wait_for("the rogue server's refusal", Duration::from_secs(20), || {
-        let t = std::fs::read_to_string(&log).ok()?;
-        t.contains("may not register").then_some(t)
-    });
+    let why = wait_for(
+        "the rogue server's refusal",
+        Duration::from_secs(20),
+        || {
+            let t = std::fs::read_to_string(&log).ok()?;
+            t.contains("may not register").then_some(t)
+        },
+    );
     assert!(why.contains("only root"), "{why}");
     let servers: serde_json::Value =
         serde_json::from_str(&surge(&["pool", "ls", "--json", "--manager", &m])).unwrap();
-    assert_eq!(servers[0]["servers"], 2, "the pool still has root's 2 servers only: {servers}");
+    assert_eq!(
+        servers[0]["servers"], 2,
+        "the pool still has root's 2 servers only: {servers}"
+    );
     eprintln!("refused as it should be: a server of one's own joining the pool");
 
     // Row 9: the fast-tier directories: nothing in them readable by others.
@@ -463,7 +757,10 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
         }
         assert!(bad.is_empty(), "readable by others: {bad:#?}");
         let mut grep = Command::new("grep");
-        grep.args(["-r", "root's data"]).arg(&s.device).uid(uid).gid(gid);
+        grep.args(["-r", "root's data"])
+            .arg(&s.device)
+            .uid(uid)
+            .gid(gid);
         let o = grep.output().unwrap();
         assert!(
             !String::from_utf8_lossy(&o.stdout).contains("root's data"),

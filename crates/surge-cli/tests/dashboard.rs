@@ -125,10 +125,7 @@ fn the_dashboard_shows_a_running_jobs_instance_and_stage_progress() {
     );
     // `surge dashboard` prints the URL with the caller's view token.
     let url = surge(&["dashboard", "--manager", &grpc]).trim().to_string();
-    assert!(
-        url.starts_with(&format!("http://{http}/#token=")),
-        "{url}"
-    );
+    assert!(url.starts_with(&format!("http://{http}/#token=")), "{url}");
     let dom = headless(browser, &url, &["--dump-dom"]);
     let dom = String::from_utf8_lossy(&dom.stdout).to_string();
     let shown = |what: &str| assert!(dom.contains(what), "the page shows {what:?}:\n{dom}");

@@ -694,7 +694,10 @@ fn the_manager_keeps_its_state_across_a_restart() {
     assert!(resp.contains("\"survivor\""), "{resp}");
     let resp = get("");
     assert!(resp.starts_with("HTTP/1.1 401"), "{resp}");
-    assert!(!resp.contains("survivor") && resp.contains("MUNGE"), "{resp}");
+    assert!(
+        !resp.contains("survivor") && resp.contains("MUNGE"),
+        "{resp}"
+    );
     surge(&["persistent", "destroy", "survivor", "--manager", &addr]);
     let listing: serde_json::Value = serde_json::from_str(&surge(
         &[

@@ -699,7 +699,10 @@ pub fn run_key(args: KeyArgs) -> anyhow::Result<ExitCode> {
         KeyCommand::Create { key_file } => {
             let p = key_file.unwrap_or_else(surge_auth::Key::default_path);
             surge_auth::Key::create(&p)?;
-            println!("created {} (0600): copy it to every server node", p.display());
+            println!(
+                "created {} (0600): copy it to every server node",
+                p.display()
+            );
         }
         KeyCommand::Check { key_file } => {
             let p = key_file.unwrap_or_else(surge_auth::Key::default_path);

@@ -84,7 +84,7 @@ impl EmbeddedOptions {
 /// state that `surge run` keeps there.
 pub enum CommandManager {
     Running(String),
-    Started(Embedded),
+    Started(Box<Embedded>),
 }
 
 impl CommandManager {
@@ -92,7 +92,9 @@ impl CommandManager {
         if let Some(addr) = running_manager(&opts.fast_dir) {
             return Ok(CommandManager::Running(addr));
         }
-        Ok(CommandManager::Started(Embedded::start(opts, surge)?))
+        Ok(CommandManager::Started(Box::new(Embedded::start(
+            opts, surge,
+        )?)))
     }
 
     /// The manager's gRPC address.

@@ -15,7 +15,15 @@ struct Cli {
 fn copy_args(server: &str, instance: u64, rest: &[&str]) -> CopyArgs {
     let id = instance.to_string();
     let key = surge_testkit::key_file().to_str().unwrap().to_string();
-    let mut v = vec!["copy", "--server", server, "--instance", &id, "--key-file", &key];
+    let mut v = vec![
+        "copy",
+        "--server",
+        server,
+        "--instance",
+        &id,
+        "--key-file",
+        &key,
+    ];
     v.extend_from_slice(rest);
     Cli::try_parse_from(v).expect("arguments").copy
 }
