@@ -194,32 +194,9 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
 
     // Root's Surge: two servers, a manager with its HTTP API.
     let c = cluster(2, "1GiB");
-    let ready = top.path().join("m.ready");
-    let _m = ChildGuard(
-        surge_command()
-            .args([
-                "manager",
-                "--listen",
-                "127.0.0.1:0",
-                "--http",
-                "127.0.0.1:0",
-            ])
-            .args(["--granularity", "64MiB", "--state"])
-            .arg(top.path().join("m.db"))
-            .arg("--ready-file")
-            .arg(&ready)
-            .stderr(std::fs::File::create(top.path().join("manager.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let v: serde_json::Value = wait_for("manager", Duration::from_secs(20), || {
-        serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
-    });
-    let m = v["grpc"].as_str().unwrap().to_string();
-    let http = v["http"].as_str().unwrap().to_string();
-    for s in &c.servers {
-        surge(&["server", "register", &s.addr, "--manager", &m]);
-    }
+    let manager = Manager::start(top.path());
+    manager.register(&c);
+    let (m, http) = (manager.grpc.clone(), manager.http.clone());
     let server = c.servers[0].addr.clone();
 
     // Root's persistent instance with root's 0600 file in it, mounted by root.
@@ -244,27 +221,26 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
         serde_json::from_str(&surge(&["persistent", "ls", "--json", "--manager", &m])).unwrap();
     let rootpers_id = rootpers[0]["id"].as_u64().unwrap();
     let rootpers_s = rootpers_id.to_string();
-    let mnt = dir_of(top.path(), "rootmnt", 0, 0);
-    let mount_ready = top.path().join("mount.ready");
-    let _mount = ChildGuard(
-        surge_command()
-            .args([
-                "mount",
-                "--manager",
-                &m,
-                "--persistent",
-                "rootpers",
-                "--ready-file",
-            ])
-            .arg(&mount_ready)
-            .arg(&mnt)
-            .stderr(std::fs::File::create(top.path().join("mount.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for("root's mount", Duration::from_secs(20), || {
-        mount_ready.exists().then_some(())
-    });
+    let mount = |m: &str, which: &[&str], name: &str| -> (PathBuf, ChildGuard) {
+        let dir = dir_of(top.path(), name, 0, 0);
+        let ready = top.path().join(format!("{name}.ready"));
+        let g = ChildGuard(
+            surge_command()
+                .args(["mount", "--manager", m])
+                .args(which)
+                .arg("--ready-file")
+                .arg(&ready)
+                .arg(&dir)
+                .stderr(std::fs::File::create(top.path().join(format!("{name}.log"))).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        wait_for("a mount", Duration::from_secs(20), || {
+            ready.exists().then_some(())
+        });
+        (dir, g)
+    };
+    let (mnt, _mount) = mount(&m, &["--persistent", "rootpers"], "rootmnt");
     std::fs::write(mnt.join("secret.txt"), b"root's data\n").unwrap();
     std::fs::set_permissions(
         mnt.join("secret.txt"),
@@ -565,32 +541,8 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
 
     // Both jobs' instances mounted (by root, as `surge run` or the scheduler would, with
     // allow_other: the kernel checks permissions for each user).
-    let job_mount = |inst: u64, name: &str| -> (PathBuf, ChildGuard) {
-        let dir = dir_of(top.path(), name, 0, 0);
-        let ready = top.path().join(format!("{name}.ready"));
-        let g = ChildGuard(
-            surge_command()
-                .args([
-                    "mount",
-                    "--manager",
-                    &m,
-                    "--instance",
-                    &inst.to_string(),
-                    "--ready-file",
-                ])
-                .arg(&ready)
-                .arg(&dir)
-                .stderr(std::fs::File::create(top.path().join(format!("{name}.log"))).unwrap())
-                .spawn()
-                .unwrap(),
-        );
-        wait_for("a job mount", Duration::from_secs(20), || {
-            ready.exists().then_some(())
-        });
-        (dir, g)
-    };
-    let (root_mnt, _root_mount) = job_mount(root_inst, "rootjob");
-    let (att_mnt, _att_mount) = job_mount(att_inst, "attjob");
+    let (root_mnt, _root_mount) = mount(&m, &["--instance", &root_inst.to_string()], "rootjob");
+    let (att_mnt, _att_mount) = mount(&m, &["--instance", &att_inst.to_string()], "attjob");
     std::fs::set_permissions(&att_mnt, std::fs::Permissions::from_mode(0o777)).unwrap();
     let root_run = run_dir(&home, &m, root_session, root_inst, &root_mnt);
     let target = format!("{}/x", root_mnt.display());

@@ -54,38 +54,9 @@ fn the_dashboard_shows_a_running_jobs_instance_and_stage_progress() {
     };
     let s = Scratch::new("dash");
     let c = cluster(2, "1GiB");
-    let ready = s.path().join("m.ready");
-    let _m = ChildGuard(
-        surge_command()
-            .args([
-                "manager",
-                "--listen",
-                "127.0.0.1:0",
-                "--http",
-                "127.0.0.1:0",
-            ])
-            .args([
-                "--granularity",
-                "64MiB",
-                "--liveness-interval",
-                "0.2",
-                "--state",
-            ])
-            .arg(s.path().join("m.db"))
-            .arg("--ready-file")
-            .arg(&ready)
-            .stderr(std::fs::File::create(s.path().join("manager.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let v: serde_json::Value = wait_for("manager", Duration::from_secs(20), || {
-        serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
-    });
-    let grpc = v["grpc"].as_str().unwrap().to_string();
-    let http = v["http"].as_str().unwrap().to_string();
-    for srv in &c.servers {
-        surge(&["server", "register", &srv.addr, "--manager", &grpc]);
-    }
+    let manager = Manager::start(s.path());
+    manager.register(&c);
+    let (grpc, http) = (manager.grpc.clone(), manager.http.clone());
 
     // A job that stages 12 MiB in, then waits until the test is done looking.
     let work = Scratch::new("dashjob");

@@ -152,27 +152,9 @@ impl Deployment {
         let dir = Scratch::new("metrics");
         let mut children = Vec::new();
         let log = |n: &str| std::fs::File::create(dir.path().join(n)).unwrap();
-        children.push(ChildGuard(
-            surge_command()
-                .args([
-                    "manager",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--http",
-                    "127.0.0.1:0",
-                ])
-                .args(["--granularity", "64MiB", "--liveness-interval", "0.2"])
-                .arg("--state")
-                .arg(dir.path().join("m.db"))
-                .arg("--ready-file")
-                .arg(dir.path().join("m.ready"))
-                .stderr(log("manager.log"))
-                .spawn()
-                .unwrap(),
-        ));
-        let m = ready(&dir.path().join("m.ready"));
-        let manager = m["grpc"].as_str().unwrap().to_string();
-        let manager_http = m["http"].as_str().unwrap().to_string();
+        let mgr = Manager::start(dir.path());
+        children.push(mgr.child);
+        let (manager, manager_http) = (mgr.grpc, mgr.http);
         let mut addrs = Vec::new();
         for i in 0..servers {
             let r = dir.path().join(format!("s{i}.ready"));

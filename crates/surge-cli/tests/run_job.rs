@@ -596,38 +596,10 @@ fn a_stage_in_larger_than_the_instance_fails_before_copying() {
 fn the_manager_keeps_its_state_across_a_restart() {
     let s = Scratch::new("mgr");
     let c = cluster(2, "1GiB");
-    let state = s.path().join("m.db");
     let start_manager = || {
-        let ready = s.path().join("ready");
-        let _ = std::fs::remove_file(&ready);
-        let child = ChildGuard(
-            surge_command()
-                .args([
-                    "manager",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--http",
-                    "127.0.0.1:0",
-                    "--granularity",
-                    "64MiB",
-                    "--state",
-                ])
-                .arg(&state)
-                .arg("--ready-file")
-                .arg(&ready)
-                .stderr(std::fs::File::create(s.path().join("manager.log")).unwrap())
-                .spawn()
-                .unwrap(),
-        );
-        let v: serde_json::Value =
-            wait_for("manager ready", std::time::Duration::from_secs(20), || {
-                serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
-            });
-        (
-            child,
-            v["grpc"].as_str().unwrap().to_string(),
-            v["http"].as_str().unwrap().to_string(),
-        )
+        let m = Manager::start(s.path());
+        let (grpc, http) = (m.grpc.clone(), m.http.clone());
+        (m, grpc, http)
     };
     let (m, addr, _) = start_manager();
     for srv in &c.servers {
@@ -839,33 +811,9 @@ fn surge_run_uses_a_configured_manager_and_its_servers() {
     }
     let s = Scratch::new("cfgmgr");
     let c = cluster(2, "1GiB");
-    let ready = s.path().join("ready");
-    let _m = ChildGuard(
-        surge_command()
-            .args([
-                "manager",
-                "--listen",
-                "127.0.0.1:0",
-                "--granularity",
-                "64MiB",
-                "--liveness-interval",
-                "0.2",
-                "--state",
-            ])
-            .arg(s.path().join("m.db"))
-            .arg("--ready-file")
-            .arg(&ready)
-            .stderr(std::fs::File::create(s.path().join("manager.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let v: serde_json::Value = wait_for("manager", std::time::Duration::from_secs(20), || {
-        serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
-    });
-    let addr = v["grpc"].as_str().unwrap().to_string();
-    for srv in &c.servers {
-        surge(&["server", "register", &srv.addr, "--manager", &addr]);
-    }
+    let _m = Manager::start(s.path());
+    _m.register(&c);
+    let addr = _m.grpc.clone();
     let j = Job::new("cfg");
     let script = j.script(
         "job.sh",

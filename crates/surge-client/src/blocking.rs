@@ -122,34 +122,12 @@ fn connect(
 ) -> Result<Conn, ClientError> {
     let mut conn = connect_stream(server, deadline)?;
     if let Some(t) = token {
-        let req = Request::Authenticate {
-            token: t.bytes().to_vec(),
-        };
         let id = conn.next_id;
         conn.next_id += 1;
-        match codec::call_blocking(&mut conn.stream, id, 0, &req, &[]) {
-            Ok(f) => match f.response {
-                Response::Ok => {}
-                Response::Error(e) => {
-                    return Err(ClientError::Remote {
-                        server: server.id.clone(),
-                        error: e,
-                    })
-                }
-                other => {
-                    return Err(ClientError::transport(
-                        &server.id,
-                        format!("Authenticate answered {other:?}"),
-                    ))
-                }
-            },
-            Err(e) => {
-                return Err(ClientError::transport(
-                    &server.id,
-                    format!("Authenticate: {e}"),
-                ))
-            }
-        }
+        let req = crate::conn::authenticate(t);
+        let f = codec::call_blocking(&mut conn.stream, id, 0, &req, &[])
+            .map_err(|e| ClientError::transport(&server.id, format!("Authenticate: {e}")))?;
+        crate::conn::authenticated(&server.id, f.response)?;
     }
     Ok(conn)
 }

@@ -29,6 +29,28 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// A server's notice about the connection itself (request id [`CONNECTION_ID`]) as the error
 /// of the requests it leaves unanswered.
+/// The request presenting capability `t`, the first on every connection.
+pub(crate) fn authenticate(t: &surge_auth::Token) -> Request {
+    Request::Authenticate {
+        token: t.bytes().to_vec(),
+    }
+}
+
+/// What the server answered to [`authenticate`]: `Ok`, or why not.
+pub(crate) fn authenticated(server: &str, resp: Response) -> Result<(), ClientError> {
+    match resp {
+        Response::Ok => Ok(()),
+        Response::Error(e) => Err(ClientError::Remote {
+            server: server.to_string(),
+            error: e,
+        }),
+        other => Err(ClientError::transport(
+            server,
+            format!("Authenticate answered {other:?}"),
+        )),
+    }
+}
+
 pub(crate) fn connection_notice(server: &str, resp: Response) -> ClientError {
     match resp {
         Response::Error(e) if e.code == ErrorCode::IdleClosed => ClientError::Unsent {
@@ -314,24 +336,8 @@ impl ServerPool {
             match opened.await {
                 Ok(c) => {
                     if let Some(t) = &self.token {
-                        let req = Request::Authenticate {
-                            token: t.bytes().to_vec(),
-                        };
-                        match c.call(&req, &[]).await? {
-                            (Response::Ok, _) => {}
-                            (Response::Error(e), _) => {
-                                return Err(ClientError::Remote {
-                                    server: self.server.id.clone(),
-                                    error: e,
-                                })
-                            }
-                            (other, _) => {
-                                return Err(ClientError::transport(
-                                    &self.server.id,
-                                    format!("Authenticate answered {other:?}"),
-                                ))
-                            }
-                        }
+                        let (resp, _) = c.call(&authenticate(t), &[]).await?;
+                        authenticated(&self.server.id, resp)?;
                     }
                     return Ok(c);
                 }

@@ -26,6 +26,54 @@ pub fn surge_command() -> std::process::Command {
     surge_testkit::surge_command(std::path::Path::new(SURGE))
 }
 
+/// A `surge manager` of a test: gRPC and HTTP on loopback, 64 MiB granularity, liveness checks
+/// every 0.2 s, its state in `dir/m.db`, its log in `dir/manager.log`. Killed when dropped.
+pub struct Manager {
+    pub child: ChildGuard,
+    pub grpc: String,
+    pub http: String,
+}
+
+impl Manager {
+    pub fn start(dir: &std::path::Path) -> Manager {
+        let ready = dir.join("m.ready");
+        let _ = std::fs::remove_file(&ready);
+        let child = ChildGuard(
+            surge_command()
+                .args([
+                    "manager",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--http",
+                    "127.0.0.1:0",
+                ])
+                .args(["--granularity", "64MiB", "--liveness-interval", "0.2"])
+                .arg("--state")
+                .arg(dir.join("m.db"))
+                .arg("--ready-file")
+                .arg(&ready)
+                .stderr(std::fs::File::create(dir.join("manager.log")).expect("manager log"))
+                .spawn()
+                .expect("start surge manager"),
+        );
+        let v: serde_json::Value = wait_for("manager", std::time::Duration::from_secs(20), || {
+            serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
+        });
+        Manager {
+            child,
+            grpc: v["grpc"].as_str().expect("grpc address").to_string(),
+            http: v["http"].as_str().expect("http address").to_string(),
+        }
+    }
+
+    /// Registers `cluster`'s servers with this manager.
+    pub fn register(&self, cluster: &Cluster) {
+        for srv in &cluster.servers {
+            surge(&["server", "register", &srv.addr, "--manager", &self.grpc]);
+        }
+    }
+}
+
 /// Runs `surge ARGS`, panicking with its output if it fails; returns stdout.
 pub fn surge(args: &[&str]) -> String {
     surge_testkit::procs::run(std::path::Path::new(SURGE), args)
