@@ -465,7 +465,11 @@ pub fn failure_message(t: &api::StageTask) -> String {
         .iter()
         .find(|(_, e)| e.contains("(os error "))
         .or(all.first())
-        .map(|(path, error)| format!("{path}: {error}"));
+        .map(|(path, error)| match path.is_empty() {
+            // The copy's top (a destination directory that cannot be made or used).
+            true => error.clone(),
+            false => format!("{path}: {error}"),
+        });
     match (t.error.is_empty(), first) {
         (false, Some(f)) => format!("{}; first: {f}", t.error),
         (false, None) => t.error.clone(),
