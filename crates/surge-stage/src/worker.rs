@@ -133,6 +133,12 @@ async fn work(task: Task) -> bool {
     ticker.abort();
     say(&Event::Progress(progress.snapshot()));
     match result {
+        // Every file made before the termination came: the copy is whole, and is reported
+        // as done (reporting it terminated would leave files behind a task said to be gone).
+        Ok(report) if report.ok() && report.files >= plan.files => {
+            say(&Event::Done(report));
+            true
+        }
         _ if progress.is_cancelled() => {
             say(&Event::Cancelled);
             false
