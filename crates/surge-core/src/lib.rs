@@ -5,6 +5,7 @@
 //!
 //! Nothing here does I/O; it is the part of Surge that can be unit-tested exhaustively.
 
+pub mod addr;
 pub mod directives;
 pub mod ids;
 pub mod layout;

@@ -305,6 +305,16 @@ pub enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
+    /// End a session by hand (a job whose `surge run` or scheduler is gone): its deferred
+    /// stage-outs are cancelled and its job instance destroyed. Yours only, unless you
+    /// administer the manager.
+    End {
+        /// The session's id (`surge session ls`).
+        id: u64,
+        /// Keep the job instance (e.g. to copy its files out by hand) instead of destroying it.
+        #[arg(long)]
+        keep_instance: bool,
+    },
 }
 
 fn age(t: i64) -> String {
@@ -319,7 +329,41 @@ fn age(t: i64) -> String {
 pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
         let mut c = connect(args.addr.get()?).await?;
-        let SessionCommand::Ls { all, json } = args.command;
+        let (all, json) = match args.command {
+            SessionCommand::Ls { all, json } => (all, json),
+            SessionCommand::End { id, keep_instance } => {
+                let before = c
+                    .get_session(api::GetSessionRequest { id })
+                    .await
+                    .map_err(status_err)?
+                    .into_inner();
+                if before.state != "active" {
+                    println!("session {id} ({}) is already {}", before.job, before.state);
+                    return Ok(ExitCode::SUCCESS);
+                }
+                let s = c
+                    .end_session(api::EndSessionRequest {
+                        id,
+                        keep_job_instance: keep_instance,
+                        state: String::new(),
+                    })
+                    .await
+                    .map_err(status_err)?
+                    .into_inner();
+                println!(
+                    "session {} ({}) {}{}",
+                    s.id,
+                    s.job,
+                    s.state,
+                    if keep_instance && s.job_instance != 0 {
+                        format!("; job instance {} kept", s.job_instance)
+                    } else {
+                        String::new()
+                    }
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+        };
         let sessions: Vec<_> = c
             .list_sessions(api::Empty {})
             .await

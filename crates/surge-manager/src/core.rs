@@ -238,15 +238,19 @@ impl Core {
                 "pool '{pool}' does not exist"
             )));
         }
+        if let Some(why) = surge_core::addr::unroutable(addr) {
+            return Err(ManagerError::Invalid(format!("cannot register {why}")));
+        }
         let st = admin::status(addr, &self.admin_token())
             .await
             .map_err(|e| {
                 ManagerError::Unavailable(format!("cannot reach server at {addr}: {e}"))
             })?;
+        // What the server says it listens on, less what clients elsewhere cannot use, and the
+        // address it was registered with.
         let mut addrs = st.addrs.clone();
-        // Reach it first as the registrar did if it listens on a wildcard address.
+        addrs.retain(|a| surge_core::addr::unroutable(a).is_none());
         if !addrs.iter().any(|a| a == addr) {
-            addrs.retain(|a| !a.starts_with("0.0.0.0:") && !a.starts_with("[::]:"));
             addrs.push(addr.to_string());
         }
         let row = ServerRow {

@@ -52,6 +52,12 @@ pub struct ServerArgs {
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
 
+    /// The address other hosts reach this server on (HOST or HOST:PORT; the listening port when
+    /// none is given): what it registers with the manager and gives clients. Needed when
+    /// --listen is a wildcard (0.0.0.0 or [::]) and the server registers with a manager.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub advertise: Option<String>,
+
     /// Register with this manager (host:port) once listening, retrying until it answers.
     #[arg(long, value_name = "HOST:PORT")]
     pub manager: Option<String>,
@@ -134,6 +140,21 @@ pub struct Running {
 }
 
 impl Running {
+    /// Advertises `advertise` (see [`surge_core::addr::advertised`]) instead of the TCP
+    /// address the listener is bound to, to the manager and to clients.
+    pub fn advertise(&mut self, advertise: &str) -> anyhow::Result<()> {
+        let adv = surge_core::addr::advertised(advertise, self.tcp_addr());
+        if let Some(why) = surge_core::addr::unroutable(&adv) {
+            anyhow::bail!("--advertise {advertise}: {why}");
+        }
+        for a in self.addrs.iter_mut().filter(|a| !a.starts_with("unix:")) {
+            *a = adv.clone();
+        }
+        *self.registry.addrs.write() = self.addrs.clone();
+        info!("advertising {adv}");
+        Ok(())
+    }
+
     /// The TCP address (`host:port`).
     pub fn tcp_addr(&self) -> &str {
         self.addrs
@@ -254,7 +275,7 @@ pub fn run(
         .clone()
         .unwrap_or_else(surge_auth::Key::default_path);
     let key = surge_auth::Key::load(&key_file)?;
-    let running = start_with(
+    let mut running = start_with(
         args.devices.clone(),
         args.capacity,
         &args.listen,
@@ -263,6 +284,15 @@ pub fn run(
         key,
         args.conn_limits(),
     )?;
+    match &args.advertise {
+        Some(a) => running.advertise(a)?,
+        None if args.manager.is_some() => {
+            if let Some(why) = surge_core::addr::unroutable(running.tcp_addr()) {
+                anyhow::bail!("cannot register with the manager: {why}");
+            }
+        }
+        None => {}
+    }
     let metrics = match &args.metrics {
         Some(m) => Some(crate::metrics::serve(running.registry.clone(), m)?.to_string()),
         None => None,
