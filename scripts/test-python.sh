@@ -16,7 +16,9 @@ done
 
 $CARGO build -p surge-cli
 rm -rf target/wheels
-python3 -m maturin build --quiet -m crates/surge-py/Cargo.toml --out target/wheels
+# The extension links the system's libmunge (MUNGE authenticates every client of the manager):
+# the wheel is for this host, so it is not repaired into a self-contained manylinux one.
+python3 -m maturin build --quiet --auditwheel skip -m crates/surge-py/Cargo.toml --out target/wheels
 [ -x target/py-venv/bin/python ] || python3 -m venv --system-site-packages target/py-venv
 target/py-venv/bin/python -m pip install --quiet --force-reinstall --no-deps target/wheels/*.whl
 # From outside the source tree, so `import surge` finds the installed wheel.
