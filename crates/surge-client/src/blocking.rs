@@ -10,6 +10,7 @@
 //! Waits are bounded like the pool's (see [`crate::conn`]): connecting, and each read and write
 //! of a request's socket, by the pool's deadline (socket timeouts, set once per connection).
 
+use crate::conn::ServerPool;
 use crate::error::ClientError;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -259,48 +260,35 @@ enum Failed {
     Final(ClientError),
 }
 
-/// Sends `req` to `server` for client session `session` and waits for the reply, on this
-/// thread's connection to it (opened with capability `token`), each wait bounded by `deadline`
-/// (`None`: no bound).
-pub fn call(
-    server: &ServerRef,
-    session: u32,
-    token: Option<&surge_auth::Token>,
-    deadline: Option<Duration>,
-    req: &Request,
-) -> Result<Response, ClientError> {
-    // One connection per server and capability (two mounts of one process never share one).
-    let key = match token {
-        Some(t) => {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            t.bytes().hash(&mut h);
-            format!("{}#{:x}", server.id, h.finish())
-        }
-        None => server.id.clone(),
-    };
+/// Sends `req` to `pool`'s server for the pool's client session and waits for the reply, on
+/// this thread's connection to it (opened with the pool's capability), each wait bounded by
+/// the pool's deadline (`None`: no bound).
+pub fn call(pool: &ServerPool, req: &Request) -> Result<Response, ClientError> {
+    let (server, session, token, deadline) =
+        (&pool.server, pool.session(), pool.token(), pool.deadline());
+    let key = pool.inline_key();
     let mut broken = 0;
     let mut unsent = 0;
     loop {
         let result = CONNS.with(|c| {
             let mut conns = c.borrow_mut();
             if conns
-                .get(&key)
+                .get(key)
                 .is_some_and(|c| c.used.elapsed() > CHECK_IDLE && !c.open())
             {
                 tracing::debug!(
                     "{}: idle connection closed by the server; reconnecting",
                     server.id
                 );
-                conns.remove(&key);
+                conns.remove(key);
             }
-            if !conns.contains_key(&key) {
+            if !conns.contains_key(key) {
                 conns.insert(
-                    key.clone(),
+                    key.to_string(),
                     connect(server, token, deadline).map_err(Failed::Final)?,
                 );
             }
-            let Some(conn) = conns.get_mut(&key) else {
+            let Some(conn) = conns.get_mut(key) else {
                 return Err(Failed::Final(ClientError::transport(
                     &server.id,
                     "no connection".into(),
@@ -310,7 +298,7 @@ pub fn call(
             conn.next_id += 1;
             match codec::call_blocking(&mut conn.stream, id, session, req, &[]) {
                 Ok(f) if f.header.request_id == CONNECTION_ID => {
-                    conns.remove(&key);
+                    conns.remove(key);
                     match crate::conn::connection_notice(&server.id, f.response) {
                         e @ ClientError::Unsent { .. } => Err(Failed::Unsent(e)),
                         e => Err(Failed::Final(e)),
@@ -321,7 +309,7 @@ pub fn call(
                     Ok(f.response)
                 }
                 Err(e) => {
-                    conns.remove(&key);
+                    conns.remove(key);
                     let timed_out = match &e {
                         CodecError::Io(io) | CodecError::Stalled(_, io) => matches!(
                             io.kind(),

@@ -263,6 +263,9 @@ pub struct ServerPool {
     /// The capability every connection of the pool presents first.
     token: Option<Arc<surge_auth::Token>>,
     deadline: Option<Duration>,
+    /// The key of a FUSE thread's own connection for this pool ([`crate::blocking::call`]):
+    /// one per server and capability, so two mounts of one process never share one.
+    inline_key: String,
 }
 
 impl ServerPool {
@@ -277,7 +280,6 @@ impl ServerPool {
     ) -> Result<ServerPool, ClientError> {
         let addrs = usable_addrs(&server)?;
         Ok(ServerPool {
-            server,
             addrs,
             transport,
             slots: (0..connections.max(1))
@@ -285,6 +287,8 @@ impl ServerPool {
                 .collect(),
             next: AtomicUsize::new(0),
             session: 0,
+            inline_key: server.id.clone(),
+            server,
             token: None,
             deadline: Some(DEFAULT_DEADLINE),
         })
@@ -292,8 +296,16 @@ impl ServerPool {
 
     /// The pool's connections present `token` (a capability) before anything else.
     pub fn with_token(mut self, token: Arc<surge_auth::Token>) -> ServerPool {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        token.bytes().hash(&mut h);
+        self.inline_key = format!("{}#{:x}", self.server.id, h.finish());
         self.token = Some(token);
         self
+    }
+
+    pub(crate) fn inline_key(&self) -> &str {
+        &self.inline_key
     }
 
     pub fn token(&self) -> Option<&surge_auth::Token> {

@@ -126,13 +126,7 @@ macro_rules! expect {
         let req = $req;
         $self.counts.note(&req);
         let resp = if crate::blocking::is_inline() {
-            crate::blocking::call(
-                &$pool.server,
-                $pool.session(),
-                $pool.token(),
-                $pool.deadline(),
-                &req,
-            )?
+            crate::blocking::call(&$pool, &req)?
         } else {
             $pool.call(&req, &[]).await?.0
         };
