@@ -191,6 +191,7 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     std::fs::create_dir_all(&rootwork).unwrap();
     std::fs::write(home.join("evil.txt"), b"attacker's bytes\n").unwrap();
     std::os::unix::fs::chown(home.join("evil.txt"), Some(uid), Some(gid)).unwrap();
+    let attacker = |args: &[&str]| surge_as(uid, gid, &home, args);
 
     // Root's Surge: two servers, a manager with its HTTP API.
     let c = cluster(2, "1GiB");
@@ -265,44 +266,34 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     let stolen = home.join("stolen");
     refused(
         "stage copy --out of root's instance through the manager",
-        &surge_as(
-            uid,
-            gid,
-            &home,
-            &[
-                "stage",
-                "copy",
-                "--manager",
-                &m,
-                "--persistent",
-                "rootpers",
-                "--out",
-                "--directory",
-                "/",
-                stolen.to_str().unwrap(),
-            ],
-        ),
+        &attacker(&[
+            "stage",
+            "copy",
+            "--manager",
+            &m,
+            "--persistent",
+            "rootpers",
+            "--out",
+            "--directory",
+            "/",
+            stolen.to_str().unwrap(),
+        ]),
         &["belongs to uid 0"],
     );
     refused(
         "stage copy --out of root's instance straight from its servers",
-        &surge_as(
-            uid,
-            gid,
-            &home,
-            &[
-                "stage",
-                "copy",
-                "--server",
-                &server,
-                "--instance",
-                &rootpers_s,
-                "--out",
-                "--directory",
-                "/",
-                stolen.to_str().unwrap(),
-            ],
-        ),
+        &attacker(&[
+            "stage",
+            "copy",
+            "--server",
+            &server,
+            "--instance",
+            &rootpers_s,
+            "--out",
+            "--directory",
+            "/",
+            stolen.to_str().unwrap(),
+        ]),
         &["Permission denied", "permission denied"],
     );
     assert!(!stolen.join("secret.txt").exists());
@@ -353,83 +344,63 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     // files owned by root.
     refused(
         "stage copy --in over root's file",
-        &surge_as(
-            uid,
-            gid,
-            &home,
-            &[
-                "stage",
-                "copy",
-                "--manager",
-                &m,
-                "--persistent",
-                "rootpers",
-                "--owner",
-                "0:0",
-                "--in",
-                "evil.txt",
-                "/secret.txt",
-            ],
-        ),
+        &attacker(&[
+            "stage",
+            "copy",
+            "--manager",
+            &m,
+            "--persistent",
+            "rootpers",
+            "--owner",
+            "0:0",
+            "--in",
+            "evil.txt",
+            "/secret.txt",
+        ]),
         &["belongs to uid 0"],
     );
     ok(
         "the attacker creates a persistent instance of their own",
-        &surge_as(
-            uid,
-            gid,
-            &home,
-            &[
-                "persistent",
-                "create",
-                "attpers",
-                "--capacity",
-                "64MiB",
-                "--manager",
-                &m,
-            ],
-        ),
+        &attacker(&[
+            "persistent",
+            "create",
+            "attpers",
+            "--capacity",
+            "64MiB",
+            "--manager",
+            &m,
+        ]),
     );
     refused(
         "stage copy --in --owner 0:0 into one's own instance",
-        &surge_as(
-            uid,
-            gid,
-            &home,
-            &[
-                "stage",
-                "copy",
-                "--manager",
-                &m,
-                "--persistent",
-                "attpers",
-                "--owner",
-                "0:0",
-                "--in",
-                "evil.txt",
-                "/setuid-me",
-            ],
-        ),
+        &attacker(&[
+            "stage",
+            "copy",
+            "--manager",
+            &m,
+            "--persistent",
+            "attpers",
+            "--owner",
+            "0:0",
+            "--in",
+            "evil.txt",
+            "/setuid-me",
+        ]),
         &["may not make files owned by uid 0"],
     );
     ok(
         "the attacker stages into their own instance as themselves",
-        &surge_as(
-            uid,
-            gid,
-            &home,
-            &[
-                "stage",
-                "copy",
-                "--manager",
-                &m,
-                "--persistent",
-                "attpers",
-                "--in",
-                "evil.txt",
-                "/mine.txt",
-            ],
-        ),
+        &attacker(&[
+            "stage",
+            "copy",
+            "--manager",
+            &m,
+            "--persistent",
+            "attpers",
+            "--in",
+            "evil.txt",
+            "/mine.txt",
+        ]),
     );
     assert_eq!(
         std::fs::read(mnt.join("secret.txt")).unwrap(),
@@ -439,29 +410,19 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     // Row 5: destroy root's instances.
     refused(
         "persistent destroy of root's instance",
-        &surge_as(
-            uid,
-            gid,
-            &home,
-            &["persistent", "destroy", "rootpers", "--manager", &m],
-        ),
+        &attacker(&["persistent", "destroy", "rootpers", "--manager", &m]),
         &["belongs to uid 0"],
     );
     refused(
         "instance destroy on root's servers",
-        &surge_as(
-            uid,
-            gid,
-            &home,
-            &[
-                "instance",
-                "destroy",
-                "--server",
-                &server,
-                "--instance",
-                &rootpers_s,
-            ],
-        ),
+        &attacker(&[
+            "instance",
+            "destroy",
+            "--server",
+            &server,
+            "--instance",
+            &rootpers_s,
+        ]),
         &["Permission denied", "permission denied"],
     );
     assert_eq!(
@@ -471,12 +432,7 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     );
     ok(
         "the attacker destroys their own instance",
-        &surge_as(
-            uid,
-            gid,
-            &home,
-            &["persistent", "destroy", "attpers", "--manager", &m],
-        ),
+        &attacker(&["persistent", "destroy", "attpers", "--manager", &m]),
     );
 
     // Rows 6 and 7: stage root's files in, and one's bytes over root's files, through the
@@ -631,22 +587,17 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
 
     // Row 8: a server of one's own joining root's pool.
     let dev = dir_of(&home, "dev", uid, gid);
-    let o = surge_as(
-        uid,
-        gid,
-        &home,
-        &[
-            "server",
-            "--device",
-            dev.to_str().unwrap(),
-            "--capacity",
-            "64MiB",
-            "--listen",
-            "127.0.0.1:0",
-            "--manager",
-            &m,
-        ],
-    );
+    let o = attacker(&[
+        "server",
+        "--device",
+        dev.to_str().unwrap(),
+        "--capacity",
+        "64MiB",
+        "--listen",
+        "127.0.0.1:0",
+        "--manager",
+        &m,
+    ]);
     refused(
         "a server of one's own, with the cluster key's path",
         &o,
