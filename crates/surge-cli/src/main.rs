@@ -30,6 +30,10 @@ enum Command {
     Run(surge_run::run::RunArgs),
     /// Run a command on an emulated compute node of the running job (like srun).
     Exec(surge_run::exec::ExecArgs),
+    /// A job's burst-buffer phases for a workload manager (Slurm's burst_buffer/lua hooks).
+    Bb(surge_run::bb::BbArgs),
+    /// The compute-node agent: mounts job instances on this host when the manager asks (root).
+    Agent(surge_run::agent::AgentArgs),
     /// Stage files between the PFS and burst-buffer instances.
     Stage(surge_run::stage_cli::StageArgs),
     /// Persistent instances: create, list, destroy.
@@ -146,12 +150,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let daemon = matches!(
         cli.command,
-        Command::Manager(_) | Command::Mount(_) | Command::Server(ServerCmd { sub: None, .. })
+        Command::Manager(_)
+            | Command::Mount(_)
+            | Command::Agent(_)
+            | Command::Server(ServerCmd { sub: None, .. })
     );
     init_logging(cli.verbose, daemon);
     let result = match cli.command {
         Command::Run(a) => surge_run::run::run(a),
         Command::Exec(a) => surge_run::exec::run_exec(a),
+        Command::Bb(a) => surge_run::bb::run(a),
+        Command::Agent(a) => surge_run::agent::run(a),
         Command::Stage(a) => surge_run::stage_cli::run_stage(a),
         Command::Persistent(a) => {
             with_manager(a, |a| &mut a.addr, surge_manager::cli::run_persistent)

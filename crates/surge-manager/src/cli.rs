@@ -69,6 +69,11 @@ pub struct ManagerArgs {
     /// else the system's /run/munge/munge.socket.2).
     #[arg(long, value_name = "PATH")]
     pub munge_socket: Option<PathBuf>,
+    /// Where compute-node agents (`surge agent`) mount job instances on their hosts:
+    /// DIR/<session>/job and DIR/<session>/persistent/<name> (what `surge bb paths` exports
+    /// as $DW_JOB_STRIPED, ...).
+    #[arg(long, value_name = "DIR", default_value = "/run/surge/jobs")]
+    pub mount_root: String,
 }
 
 pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
@@ -145,6 +150,8 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
             core,
             stages,
             http: http_addr.map(|a| a.to_string()),
+            agents: Arc::new(crate::agents::Agents::default()),
+            mount_root: args.mount_root.trim_end_matches('/').to_string(),
         };
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
         let shutdown = async {

@@ -87,6 +87,9 @@ pub struct Core {
     misses: Mutex<HashMap<String, u32>>,
     /// Serializes placement decisions so two allocations never count the same free space.
     alloc: tokio::sync::Mutex<()>,
+    /// Serializes creations of sessions with an external id, so a phase run twice at once
+    /// makes one session.
+    alloc_session: tokio::sync::Mutex<()>,
 }
 
 impl Core {
@@ -119,6 +122,7 @@ impl Core {
             status: Mutex::new(HashMap::new()),
             misses: Mutex::new(HashMap::new()),
             alloc: tokio::sync::Mutex::new(()),
+            alloc_session: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -683,13 +687,46 @@ impl Core {
         gid: u32,
         job_instance: Option<InstanceRequest>,
         persistent: &[String],
+        external: Option<&str>,
+    ) -> MResult<SessionRow> {
+        // A workload manager's phase re-run after a crash: the session it made is the answer.
+        if let Some(ext) = external {
+            let _one = self.alloc_session.lock().await;
+            if let Some(id) = self.store.lock().session_of(ext)? {
+                let s = self.session(id)?;
+                if s.state == "active" {
+                    if s.owner_uid != uid {
+                        return Err(ManagerError::Denied(format!(
+                            "job {ext} has session {id} of uid {}, not uid {uid}",
+                            s.owner_uid
+                        )));
+                    }
+                    return Ok(s);
+                }
+            }
+            return self
+                .create_session_now(job, uid, gid, job_instance, persistent, external)
+                .await;
+        }
+        self.create_session_now(job, uid, gid, job_instance, persistent, None)
+            .await
+    }
+
+    async fn create_session_now(
+        &self,
+        job: &str,
+        uid: u32,
+        gid: u32,
+        job_instance: Option<InstanceRequest>,
+        persistent: &[String],
+        external: Option<&str>,
     ) -> MResult<SessionRow> {
         // Check the names first so a typo allocates nothing.
         let mut attach = Vec::new();
         for name in persistent {
             attach.push(self.instance(0, name)?.id);
         }
-        let sid = self.store.lock().create_session(job, uid, gid)?;
+        let sid = self.store.lock().create_session(job, uid, gid, external)?;
         if let Some(req) = job_instance {
             match self.create_instance(&req).await {
                 Ok(inst) => self.store.lock().set_session_instance(sid, inst.id)?,
@@ -717,6 +754,27 @@ impl Core {
 
     pub fn sessions(&self) -> MResult<Vec<SessionRow>> {
         Ok(self.store.lock().sessions()?)
+    }
+
+    /// The newest session of a workload manager's job.
+    pub fn session_of(&self, external: &str) -> MResult<SessionRow> {
+        let id = self
+            .store
+            .lock()
+            .session_of(external)?
+            .ok_or_else(|| ManagerError::NotFound(format!("job {external} has no session")))?;
+        self.session(id)
+    }
+
+    pub fn set_phase(
+        &self,
+        id: u64,
+        phase: &str,
+        hosts: Option<&[String]>,
+        mount: bool,
+    ) -> MResult<SessionRow> {
+        self.store.lock().set_phase(id, phase, hosts, mount)?;
+        self.session(id)
     }
 
     /// Ends a session; its job instance is destroyed unless `keep` (a failed stage-out keeps

@@ -8,6 +8,7 @@
 //! - [`targets`]: performance-target allocation: fragments from calibrated peaks.
 //! - [`cli`]: the daemon and the commands that talk to it.
 
+pub mod agents;
 pub mod cli;
 pub mod core;
 pub mod http;

@@ -20,6 +20,9 @@ pub struct Service {
     pub stages: Arc<Stages>,
     /// Where the HTTP API listens, if it does.
     pub http: Option<String>,
+    /// Compute-node agents and where they mount job instances.
+    pub agents: Arc<crate::agents::Agents>,
+    pub mount_root: String,
 }
 
 impl From<ManagerError> for Status {
@@ -202,17 +205,77 @@ impl Manager for Service {
             i.owner_gid = gid;
             i
         });
+        let external = Some(r.external_id.as_str()).filter(|e| !e.is_empty());
         let s = self
             .core
-            .create_session(&r.job, uid, gid, job, &r.persistent)
+            .create_session(&r.job, uid, gid, job, &r.persistent, external)
             .await?;
-        Ok(Response::new(views::session(&self.core, &s)))
+        Ok(Response::new(self.session_view(&s)))
+    }
+
+    async fn find_session(&self, req: Request<api::FindSessionRequest>) -> Res<api::Session> {
+        let c = caller(&req)?;
+        let r = req.into_inner();
+        let s = self.core.session_of(&r.external_id)?;
+        let s = self.own_session(&c, s.id)?;
+        Ok(Response::new(self.session_view(&s)))
+    }
+
+    async fn set_session_phase(
+        &self,
+        req: Request<api::SetSessionPhaseRequest>,
+    ) -> Res<api::Session> {
+        let c = caller(&req)?;
+        let r = req.into_inner();
+        let s = self.own_session(&c, r.id)?;
+        if r.mount && s.state != "active" {
+            return Err(Status::failed_precondition(format!(
+                "session {} is {}: nothing to mount",
+                s.id, s.state
+            )));
+        }
+        let hosts = (!r.hosts.is_empty()).then_some(r.hosts.as_slice());
+        if let Some(h) = hosts {
+            if let Some(bad) = h.iter().find(|h| h.is_empty() || h.contains('/')) {
+                return Err(Status::invalid_argument(format!("bad host name {bad:?}")));
+            }
+        }
+        let s = self.core.set_phase(r.id, &r.phase, hosts, r.mount)?;
+        Ok(Response::new(self.session_view(&s)))
+    }
+
+    async fn agent_sync(&self, req: Request<api::AgentSyncRequest>) -> Res<api::AgentSyncReply> {
+        let c = caller(&req)?;
+        self.admin(&c, "run an agent")?;
+        let r = req.into_inner();
+        if r.host.is_empty() {
+            return Err(Status::invalid_argument("an agent must name its host"));
+        }
+        self.agents.record(&r.host, r.mounts, r.failed);
+        let mounts = crate::agents::wanted(&self.core, &self.mount_root, &r.host)?;
+        Ok(Response::new(api::AgentSyncReply {
+            mounts,
+            mount_root: self.mount_root.clone(),
+        }))
+    }
+
+    async fn list_agents(&self, req: Request<api::Empty>) -> Res<api::AgentList> {
+        let c = caller(&req)?;
+        self.admin(&c, "list agents")?;
+        let mut agents = self.agents.list();
+        for a in &mut agents {
+            for m in a.mounts.iter_mut().chain(a.failed.iter_mut()) {
+                m.token.clear();
+                m.descriptor_json.clear();
+            }
+        }
+        Ok(Response::new(api::AgentList { agents }))
     }
 
     async fn get_session(&self, req: Request<api::GetSessionRequest>) -> Res<api::Session> {
         let c = caller(&req)?;
         let s = self.own_session(&c, req.into_inner().id)?;
-        Ok(Response::new(views::session(&self.core, &s)))
+        Ok(Response::new(self.session_view(&s)))
     }
 
     async fn end_session(&self, req: Request<api::EndSessionRequest>) -> Res<api::Session> {
@@ -224,7 +287,7 @@ impl Manager for Service {
             .core
             .end_session(r.id, r.keep_job_instance, &r.state)
             .await?;
-        Ok(Response::new(views::session(&self.core, &s)))
+        Ok(Response::new(self.session_view(&s)))
     }
 
     async fn list_sessions(&self, req: Request<api::Empty>) -> Res<api::SessionList> {
@@ -235,7 +298,7 @@ impl Manager for Service {
             .sessions()?
             .iter()
             .filter(|s| admin || s.owner_uid == c.uid)
-            .map(|s| views::session(&self.core, s))
+            .map(|s| self.session_view(s))
             .collect();
         Ok(Response::new(api::SessionList { sessions }))
     }
@@ -325,6 +388,12 @@ impl Manager for Service {
 }
 
 impl Service {
+    fn session_view(&self, s: &crate::state::SessionRow) -> api::Session {
+        let mut v = views::session(&self.core, s);
+        v.mount_root = self.mount_root.clone();
+        v
+    }
+
     fn admin(&self, c: &Caller, what: &str) -> Result<(), Status> {
         if self.core.is_admin(c) {
             Ok(())

@@ -64,6 +64,14 @@ pub struct SessionRow {
     pub job_instance: Option<u64>,
     /// Attached persistent instances.
     pub persistent: Vec<u64>,
+    /// A workload manager's job id ("slurm:1234").
+    pub external: Option<String>,
+    /// The last burst-buffer phase run.
+    pub phase: String,
+    /// The job's hosts, in node order.
+    pub hosts: Vec<String>,
+    /// Agents should have the session's instances mounted on `hosts`.
+    pub mount: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -136,6 +144,20 @@ impl Store {
         if !has_shared {
             db.execute_batch(
                 "ALTER TABLE instances ADD COLUMN group_shared INTEGER NOT NULL DEFAULT 0",
+            )?;
+        }
+        // Databases made before sessions had burst-buffer phases.
+        let has_phase: bool = db.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'phase'",
+            [],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has_phase {
+            db.execute_batch(
+                "ALTER TABLE sessions ADD COLUMN external TEXT;
+                 ALTER TABLE sessions ADD COLUMN phase TEXT NOT NULL DEFAULT '';
+                 ALTER TABLE sessions ADD COLUMN hosts TEXT NOT NULL DEFAULT '[]';
+                 ALTER TABLE sessions ADD COLUMN mount INTEGER NOT NULL DEFAULT 0;",
             )?;
         }
         // Instance ids name fragments on servers, which outlive a manager whose state was
@@ -398,13 +420,50 @@ impl Store {
 
     // --- sessions ---
 
-    pub fn create_session(&self, job: &str, uid: u32, gid: u32) -> R<u64> {
+    pub fn create_session(&self, job: &str, uid: u32, gid: u32, external: Option<&str>) -> R<u64> {
         self.db.execute(
-            "INSERT INTO sessions(job, owner_uid, owner_gid, state, created, ended, job_instance)
-             VALUES (?1, ?2, ?3, 'active', ?4, 0, NULL)",
-            params![job, i64::from(uid), i64::from(gid), now()],
+            "INSERT INTO sessions(job, owner_uid, owner_gid, state, created, ended, job_instance,
+                                  external)
+             VALUES (?1, ?2, ?3, 'active', ?4, 0, NULL, ?5)",
+            params![job, i64::from(uid), i64::from(gid), now(), external],
         )?;
         Ok(self.db.last_insert_rowid() as u64)
+    }
+
+    /// The newest session of a workload manager's job.
+    pub fn session_of(&self, external: &str) -> R<Option<u64>> {
+        self.db
+            .query_row(
+                "SELECT id FROM sessions WHERE external = ?1 ORDER BY id DESC LIMIT 1",
+                [external],
+                |r| r.get::<_, i64>(0).map(|v| v as u64),
+            )
+            .optional()
+    }
+
+    pub fn set_phase(
+        &self,
+        session: u64,
+        phase: &str,
+        hosts: Option<&[String]>,
+        mount: bool,
+    ) -> R<()> {
+        match hosts {
+            Some(h) => self.db.execute(
+                "UPDATE sessions SET phase = ?2, hosts = ?3, mount = ?4 WHERE id = ?1",
+                params![
+                    session as i64,
+                    phase,
+                    serde_json::to_string(h).unwrap_or_else(|_| "[]".into()),
+                    mount
+                ],
+            )?,
+            None => self.db.execute(
+                "UPDATE sessions SET phase = ?2, mount = ?3 WHERE id = ?1",
+                params![session as i64, phase, mount],
+            )?,
+        };
+        Ok(())
     }
 
     pub fn set_session_instance(&self, session: u64, instance: u64) -> R<()> {
@@ -442,6 +501,10 @@ impl Store {
             ended: r.get(6)?,
             job_instance: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
             persistent: Vec::new(),
+            external: r.get(8)?,
+            phase: r.get(9)?,
+            hosts: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
+            mount: r.get(11)?,
         })
     }
 
@@ -459,7 +522,8 @@ impl Store {
         let s = self
             .db
             .query_row(
-                "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance
+                "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
+                        external, phase, hosts, mount
                  FROM sessions WHERE id = ?1",
                 [id as i64],
                 |r| self.session_from_row(r),
@@ -476,7 +540,8 @@ impl Store {
 
     pub fn sessions(&self) -> R<Vec<SessionRow>> {
         let mut st = self.db.prepare(
-            "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance
+            "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
+                    external, phase, hosts, mount
              FROM sessions ORDER BY id",
         )?;
         let mut out = st
@@ -642,7 +707,7 @@ mod tests {
             s.upsert_pool("default", 1 << 30).unwrap();
             let iid = s.new_instance_id(&row()).unwrap();
             s.finish_instance(iid, "keep", &desc(iid)).unwrap();
-            let sid = s.create_session("job.sh", 1, 1).unwrap();
+            let sid = s.create_session("job.sh", 1, 1, None).unwrap();
             s.attach(sid, iid).unwrap();
             (iid, sid)
         };

@@ -70,6 +70,12 @@ pub fn session(core: &Core, s: &SessionRow) -> api::Session {
         persistent: s.persistent.clone(),
         instances,
         owner_uid: s.owner_uid,
+        owner_gid: s.owner_gid,
+        external_id: s.external.clone().unwrap_or_default(),
+        phase: s.phase.clone(),
+        hosts: s.hosts.clone(),
+        mount: s.mount,
+        mount_root: String::new(),
     }
 }
 
@@ -125,6 +131,7 @@ pub fn session_json(s: &api::Session) -> Value {
         "id": s.id, "job": s.job, "state": s.state, "created": s.created, "ended": s.ended,
         "owner_uid": s.owner_uid,
         "job_instance": if s.job_instance == 0 { Value::Null } else { json!(s.job_instance) },
+        "external_id": s.external_id, "phase": s.phase, "hosts": s.hosts, "mount": s.mount,
         "persistent": s.persistent,
     })
 }

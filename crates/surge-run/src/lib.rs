@@ -4,6 +4,8 @@
 //! [`job_stage`], which libdatawarp's compatibility library shares) and the sizing of
 //! `#SURGE jobdw` performance targets ([`targets`]).
 
+pub mod agent;
+pub mod bb;
 pub mod embedded;
 pub mod exec;
 pub mod job_stage;

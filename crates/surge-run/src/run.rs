@@ -622,6 +622,7 @@ async fn job(
             owner_gid: gid,
             job_instance: job_req,
             persistent: d.persistentdw.iter().map(|p| p.name.clone()).collect(),
+            external_id: String::new(),
         })
         .await
         .map_err(|e| {

@@ -1,0 +1,334 @@
+//! `surge agent`: the compute-node agent (root, one per compute host; the role DVS played for
+//! DataWarp). It mounts job instances on its host when the manager wants them there (a job's
+//! `pre_run`) and unmounts them when it no longer does (`post_run`, `teardown`, a session
+//! ended by hand or by reconciliation).
+//!
+//! It pulls: every `--interval` it reports its mounts (and the ones it failed to make) and
+//! gets back the wanted ones. Nothing is kept across restarts: at start, mounts left under
+//! the mount root by an agent that died (their FUSE daemon is gone: "transport endpoint is not
+//! connected") are detached, and the wanted ones are made again.
+
+use anyhow::Context;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use surge_api::v1 as api;
+use surge_client::mount::{self, MountOptions, Mounted};
+use surge_client::InstanceClient;
+use surge_core::NamespaceId;
+use surge_manager::cli::{connect, status_err};
+use surge_proto::InstanceDescriptor;
+use tracing::{info, warn};
+
+/// Run the compute-node agent: mount job instances on this host when the manager asks.
+///
+/// Runs as root (FUSE mounts other users use need it). The mounts are made at the paths the
+/// manager names (its --mount-root, default /run/surge/jobs/<session>/job), owned by the
+/// job's user, and answered by this process: keep it running (a supervisor restarts it; on
+/// restart it cleans up and remounts what is still wanted).
+///
+/// Example:
+///   surge agent --manager mgr:7060 --host "$(hostname)"
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct AgentArgs {
+    /// The manager (default $SURGE_MANAGER).
+    #[arg(long, env = "SURGE_MANAGER", value_name = "HOST:PORT")]
+    pub manager: String,
+    /// This host's name as the workload manager calls it (Slurm's node name); default: the
+    /// host name.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Seconds between syncs with the manager.
+    #[arg(long, default_value_t = 0.5)]
+    pub interval: f64,
+    /// FUSE threads per mount.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+}
+
+type Key = (u64, u64);
+
+struct Held {
+    mounted: Mounted,
+    spec: api::AgentMount,
+}
+
+pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        mount::is_root(),
+        "surge agent must run as root: it makes FUSE mounts for the jobs' users"
+    );
+    let host = match &args.host {
+        Some(h) => h.clone(),
+        None => hostname()?,
+    };
+    let set = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is a valid signal set blocked in every thread.
+            unsafe { libc::sigwait(&set, &mut sig) };
+            stop.store(true, Ordering::SeqCst);
+        });
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let mut held: HashMap<Key, Held> = HashMap::new();
+    let mut failed: HashMap<Key, api::AgentMount> = HashMap::new();
+    let mut cleaned = false;
+    let mut last_error: Option<String> = None;
+    info!(%host, manager = %args.manager, "agent started");
+    while !stop.load(Ordering::SeqCst) {
+        let mounts: Vec<api::AgentMount> = held.values().map(|h| report(&h.spec)).collect();
+        let reply = rt.block_on(async {
+            let mut m = connect(&args.manager).await?;
+            let r = m
+                .agent_sync(api::AgentSyncRequest {
+                    host: host.clone(),
+                    mounts,
+                    failed: failed.values().cloned().collect(),
+                })
+                .await
+                .map_err(status_err)?;
+            anyhow::Ok(r.into_inner())
+        });
+        let reply = match reply {
+            Ok(r) => {
+                if last_error.take().is_some() {
+                    info!("manager {} answers again", args.manager);
+                }
+                r
+            }
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if last_error.as_deref() != Some(&msg) {
+                    warn!("cannot sync with the manager {}: {msg}", args.manager);
+                    last_error = Some(msg);
+                }
+                std::thread::sleep(Duration::from_secs_f64(args.interval.max(0.1)));
+                continue;
+            }
+        };
+        if !cleaned {
+            cleanup_stale(Path::new(&reply.mount_root));
+            cleaned = true;
+        }
+        let wanted: HashMap<Key, api::AgentMount> = reply
+            .mounts
+            .into_iter()
+            .map(|m| ((m.session, m.instance), m))
+            .collect();
+        // Unmount what is no longer wanted (or died).
+        let gone: Vec<Key> = held
+            .iter()
+            .filter(|(k, h)| !wanted.contains_key(k) || h.mounted.is_finished())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in gone {
+            if let Some(h) = held.remove(&k) {
+                let path = h.mounted.mountpoint.clone();
+                match h.mounted.unmount() {
+                    Ok(()) => info!("unmounted {}", path.display()),
+                    Err(e) => {
+                        warn!("{e:#}; detaching it");
+                        detach(&path);
+                    }
+                }
+                remove_dirs(&path, Path::new(&reply.mount_root));
+            }
+        }
+        failed.retain(|k, _| wanted.contains_key(k));
+        // Mount what is wanted and not there (a failure is reported, and retried each sync).
+        for (k, spec) in wanted {
+            if held.contains_key(&k) {
+                continue;
+            }
+            match mount_one(&spec, rt.handle().clone(), args.threads) {
+                Ok(mounted) => {
+                    info!(
+                        "mounted instance {} (session {}, namespace {}) at {} for uid {}",
+                        spec.instance, spec.session, spec.namespace, spec.path, spec.owner_uid
+                    );
+                    failed.remove(&k);
+                    held.insert(k, Held { mounted, spec });
+                }
+                Err(e) => {
+                    let error = format!("{e:#}");
+                    if failed.get(&k).map(|f| &f.error) != Some(&error) {
+                        warn!("cannot mount {}: {error}", spec.path);
+                    }
+                    let mut f = report(&spec);
+                    f.error = error;
+                    failed.insert(k, f);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_secs_f64(args.interval.max(0.05)));
+    }
+    info!("stopping: unmounting {} mount(s)", held.len());
+    for (_, h) in held.drain() {
+        let path = h.mounted.mountpoint.clone();
+        if h.mounted.unmount().is_err() {
+            detach(&path);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What the agent tells the manager about a mount (no secrets back).
+fn report(spec: &api::AgentMount) -> api::AgentMount {
+    api::AgentMount {
+        descriptor_json: String::new(),
+        token: String::new(),
+        ..spec.clone()
+    }
+}
+
+fn mount_one(
+    spec: &api::AgentMount,
+    rt: tokio::runtime::Handle,
+    threads: usize,
+) -> anyhow::Result<Mounted> {
+    let desc: InstanceDescriptor =
+        serde_json::from_str(&spec.descriptor_json).context("bad instance descriptor")?;
+    let token = surge_auth::Token::from_text(&spec.token)?;
+    let path = PathBuf::from(&spec.path);
+    anyhow::ensure!(
+        path.is_absolute(),
+        "mount path {} is not absolute",
+        spec.path
+    );
+    // A mount point left by a dead agent answers ENOTCONN: detach it first.
+    if std::fs::metadata(&path).is_err() && std::fs::symlink_metadata(&path).is_ok() {
+        detach(&path);
+    }
+    std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
+    let client = InstanceClient::new(desc, NamespaceId(spec.namespace), token)?;
+    let opts = MountOptions {
+        threads: threads.max(1),
+        allow_other: true,
+        ..MountOptions::default()
+    };
+    mount::mount(client, rt, &path, &opts)
+}
+
+fn detach(path: &Path) {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            warn!("cannot detach {}: {e}", path.display());
+        }
+    }
+}
+
+/// Removes the mount point and its empty parents up to (not including) `root`.
+fn remove_dirs(path: &Path, root: &Path) {
+    let mut p = Some(path);
+    while let Some(d) = p {
+        if d == root || !d.starts_with(root) || std::fs::remove_dir(d).is_err() {
+            break;
+        }
+        p = d.parent();
+    }
+}
+
+/// Detaches every FUSE mount under `root` (left by an agent that died) and removes the empty
+/// directories.
+fn cleanup_stale(root: &Path) {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut stale: Vec<PathBuf> = Vec::new();
+    for line in text.lines() {
+        // id parent major:minor root mountpoint options ... - fstype source super
+        let f: Vec<&str> = line.split(' ').collect();
+        let Some(mp) = f.get(4) else { continue };
+        let mp = PathBuf::from(unescape(mp));
+        let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next());
+        if mp.starts_with(root) && mp != root && fstype.is_some_and(|t| t.starts_with("fuse")) {
+            stale.push(mp);
+        }
+    }
+    // Deepest first.
+    stale.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in stale {
+        warn!("detaching {} (left by a previous agent)", p.display());
+        detach(&p);
+        remove_dirs(&p, root);
+    }
+    if let Ok(rd) = std::fs::read_dir(root) {
+        for e in rd.flatten() {
+            let _ = remove_tree_of_empty_dirs(&e.path());
+        }
+    }
+}
+
+fn remove_tree_of_empty_dirs(p: &Path) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(p)?.is_dir() {
+        for e in std::fs::read_dir(p)? {
+            remove_tree_of_empty_dirs(&e?.path())?;
+        }
+        std::fs::remove_dir(p)?;
+    }
+    Ok(())
+}
+
+/// `/proc/self/mountinfo` escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hostname() -> anyhow::Result<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for its length.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        anyhow::bail!("gethostname: {}", std::io::Error::last_os_error());
+    }
+    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end])
+        .split('.')
+        .next()
+        .unwrap_or("")
+        .to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape(r"/run/a\040b"), "/run/a b");
+        assert_eq!(unescape(r"/x\134y"), r"/x\y");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+}

@@ -1,0 +1,1009 @@
+//! `surge bb <phase>`: the burst-buffer phases a workload manager calls for a job (Slurm's
+//! `burst_buffer/lua` hooks in `contrib/slurm/burst_buffer.lua`), each an idempotent step of
+//! the job's session, which the manager keeps (its `phase`, hosts and wanted mounts):
+//!
+//! | phase      | Slurm hook            | does                                                        |
+//! |------------|-----------------------|-------------------------------------------------------------|
+//! | validate   | slurm_bb_job_process  | parses the script; errors name the line (sbatch refuses it) |
+//! | pools      | slurm_bb_pools        | pools, granularity and free space as Slurm's JSON          |
+//! | setup      | slurm_bb_setup        | creates persistent instances, opens the session, allocates |
+//! | data_in    | slurm_bb_data_in      | stages in (a task already done is not redone)             |
+//! | paths      | slurm_bb_paths        | writes DW_JOB_STRIPED=... for the job's environment        |
+//! | pre_run    | slurm_bb_pre_run      | asks the agents of the job's hosts to mount, waits for it  |
+//! | post_run   | slurm_bb_post_run     | asks them to unmount, waits for it                         |
+//! | data_out   | slurm_bb_data_out     | stages out (also the job's deferred stage-outs)            |
+//! | teardown   | slurm_bb_job_teardown | unmounts, ends the session (keeps the job instance if a    |
+//! |            |                       | stage-out failed), destroys `#BB destroy_persistent`       |
+//!
+//! Each phase finds the session by the job's id (`slurm:<id>`), so any phase may be re-run
+//! after a crash of the manager, the hook or the controller, and teardown after anything.
+
+use crate::jobplan::{self, StageGroup};
+use crate::progress::wait_stage;
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use surge_api::v1 as api;
+use surge_client::InstanceClient;
+use surge_core::directives::{parse_script, Directives, DwVariable};
+use surge_core::{format_bytes, NamespaceId};
+use surge_manager::cli::{connect, status_err};
+use surge_proto::InstanceDescriptor;
+
+/// Run one burst-buffer phase of a job for a workload manager (Slurm's burst_buffer/lua).
+///
+/// Every phase is idempotent and finds the job's session by --job-id, so a hook may be re-run
+/// after any crash. Output on stdout/stderr is what the hook reports to Slurm; the exit status
+/// is 0 on success. The manager is --manager or $SURGE_MANAGER; callers authenticate with
+/// MUNGE (SlurmUser must be in the manager's --admin-group to act for the job's owner).
+///
+/// Example (what contrib/slurm/burst_buffer.lua runs):
+///   surge bb validate job.sh
+///   surge bb setup --job-id 42 --uid 1001 --gid 1001 --nodes 2 --script job.sh
+///   surge bb data_in --job-id 42 --script job.sh --workdir /home/alice
+///   surge bb paths --job-id 42 --script job.sh --path-file /var/spool/.../path
+///   surge bb pre_run --job-id 42 --script job.sh --hosts c1,c2
+///   surge bb post_run --job-id 42 --script job.sh
+///   surge bb data_out --job-id 42 --script job.sh --workdir /home/alice
+///   surge bb teardown --job-id 42 --script job.sh [--hurry]
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct BbArgs {
+    #[command(subcommand)]
+    pub phase: Phase,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Phase {
+    /// Parse a job script's #DW/#BB directives; print the errors (with file:line) and exit 1
+    /// if any.
+    Validate {
+        script: PathBuf,
+        /// Print the directives as JSON when they are valid.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The manager's pools as Slurm's burst_buffer/lua wants them:
+    /// {"pools":[{"id","quantity","granularity","free"}]}.
+    Pools(Common),
+    /// Create the script's persistent instances and the job's session (allocates its job
+    /// instance, attaches `#DW persistentdw` instances).
+    Setup {
+        #[command(flatten)]
+        c: Job,
+        /// The job's owner.
+        #[arg(long)]
+        uid: u32,
+        #[arg(long)]
+        gid: u32,
+        /// Nodes of the job (a private instance has one namespace per node).
+        #[arg(long, default_value_t = 1)]
+        nodes: u32,
+    },
+    /// Stage the script's stage_in directives into the job's instances.
+    #[command(name = "data_in", alias = "data-in")]
+    DataIn {
+        #[command(flatten)]
+        c: Job,
+        /// Relative stage paths are relative to this directory (the job's working directory).
+        #[arg(long, default_value = "/")]
+        workdir: PathBuf,
+    },
+    /// Write the job's environment variables (DW_JOB_STRIPED=... one per line) to a file.
+    Paths {
+        #[command(flatten)]
+        c: Job,
+        #[arg(long, value_name = "FILE")]
+        path_file: PathBuf,
+    },
+    /// Have the agents of the job's hosts mount its instances; wait until they have.
+    #[command(name = "pre_run", alias = "pre-run")]
+    PreRun {
+        #[command(flatten)]
+        c: Job,
+        /// The job's hosts in node order (comma-separated; node i of a private instance gets
+        /// namespace i).
+        #[arg(long, value_delimiter = ',', required = true)]
+        hosts: Vec<String>,
+        /// Seconds to wait for the agents.
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
+    },
+    /// Have the agents unmount the job's instances (every close reaches the servers); wait.
+    #[command(name = "post_run", alias = "post-run")]
+    PostRun {
+        #[command(flatten)]
+        c: Job,
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
+    },
+    /// Stage the script's stage_out directives (and the job's deferred stage-outs) out.
+    #[command(name = "data_out", alias = "data-out")]
+    DataOut {
+        #[command(flatten)]
+        c: Job,
+        #[arg(long, default_value = "/")]
+        workdir: PathBuf,
+    },
+    /// Unmount, end the session (the job instance is kept if a stage-out failed), destroy the
+    /// script's `#BB destroy_persistent` instances. Succeeds when there is nothing left.
+    Teardown {
+        #[command(flatten)]
+        c: Job,
+        /// The job was cancelled: stop its stage tasks, do not wait long for agents.
+        #[arg(long)]
+        hurry: bool,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Common {
+    /// The manager (default $SURGE_MANAGER).
+    #[arg(long, env = "SURGE_MANAGER", value_name = "HOST:PORT")]
+    pub manager: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Job {
+    #[command(flatten)]
+    pub common: Common,
+    /// The workload manager's job id.
+    #[arg(long)]
+    pub job_id: String,
+    /// The job's script (its directives are read again in each phase).
+    #[arg(long)]
+    pub script: PathBuf,
+    /// Prefix of the job id in the manager (sessions are "<prefix>:<id>").
+    #[arg(long, default_value = "slurm")]
+    pub scheduler: String,
+}
+
+impl Job {
+    fn external(&self) -> String {
+        format!("{}:{}", self.scheduler, self.job_id)
+    }
+    fn directives(&self) -> anyhow::Result<(String, Directives)> {
+        let name = self.script.display().to_string();
+        let text = std::fs::read_to_string(&self.script)
+            .with_context(|| format!("cannot read job script {name}"))?;
+        match parse_script(&name, &text) {
+            Ok(d) => Ok((name, d)),
+            Err(errs) => anyhow::bail!(
+                "{}",
+                errs.0
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ),
+        }
+    }
+}
+
+pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
+    if let Phase::Validate { script, json } = &args.phase {
+        return validate(script, *json);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        match args.phase {
+            Phase::Validate { .. } => unreachable!("handled above"),
+            Phase::Pools(c) => pools(&c).await,
+            Phase::Setup { c, uid, gid, nodes } => setup(&c, uid, gid, nodes).await,
+            Phase::DataIn { c, workdir } => data_in(&c, &workdir).await,
+            Phase::Paths { c, path_file } => paths(&c, &path_file).await,
+            Phase::PreRun { c, hosts, timeout } => pre_run(&c, hosts, timeout).await,
+            Phase::PostRun { c, timeout } => post_run(&c, timeout).await,
+            Phase::DataOut { c, workdir } => data_out(&c, &workdir).await,
+            Phase::Teardown { c, hurry } => teardown(&c, hurry).await,
+        }
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn validate(script: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let name = script.display().to_string();
+    let text = std::fs::read_to_string(script)
+        .with_context(|| format!("cannot read job script {name}"))?;
+    if let Some((n, _)) = text.lines().enumerate().find(|(_, l)| l.ends_with('\r')) {
+        println!(
+            "{name}:{}: the script has Windows (CRLF) line endings; convert it with \
+             `sed -i 's/\\r$//' {name}`",
+            n + 1
+        );
+        return Ok(ExitCode::from(1));
+    }
+    match parse_script(&name, &text) {
+        Ok(d) => {
+            for w in &d.warnings {
+                eprintln!(
+                    "{}:{}: warning: `{}`: {}",
+                    w.file, w.line, w.text, w.message
+                );
+            }
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "jobdw": d.jobdw.as_ref().map(|j| serde_json::json!({
+                            "capacity": j.capacity,
+                            "access_mode": j.access_mode.as_str(),
+                            "pool": j.pool,
+                        })),
+                        "persistentdw": d.persistentdw.iter().map(|p| &p.name).collect::<Vec<_>>(),
+                        "stage_in": d.stage_in.len(),
+                        "stage_out": d.stage_out.len(),
+                    })
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errs) => {
+            for e in &errs.0 {
+                println!("{e}");
+            }
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+async fn pools(c: &Common) -> anyhow::Result<()> {
+    let mut m = connect(&c.manager).await?;
+    let pools = m
+        .list_pools(api::Empty {})
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .pools;
+    let out: Vec<serde_json::Value> = pools
+        .iter()
+        .map(|p| {
+            let g = p.granularity.max(1);
+            serde_json::json!({
+                "id": p.name,
+                "granularity": g,
+                "quantity": p.capacity / g,
+                "free": p.free / g,
+            })
+        })
+        .collect();
+    println!("{}", serde_json::json!({ "pools": out }));
+    Ok(())
+}
+
+async fn find(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<Option<api::Session>> {
+    match m
+        .find_session(api::FindSessionRequest {
+            external_id: job.external(),
+        })
+        .await
+    {
+        Ok(s) => Ok(Some(s.into_inner())),
+        Err(e) if e.code() == tonic::Code::NotFound => Ok(None),
+        Err(e) => Err(status_err(e)),
+    }
+}
+
+async fn session(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<api::Session> {
+    let s = find(m, job).await?.with_context(|| {
+        format!(
+            "job {} has no burst-buffer session (was setup run?)",
+            job.job_id
+        )
+    })?;
+    anyhow::ensure!(
+        s.state == "active",
+        "job {}: session {} is {}",
+        job.job_id,
+        s.id,
+        s.state
+    );
+    Ok(s)
+}
+
+async fn set_phase(
+    m: &mut surge_api::Client,
+    s: &api::Session,
+    phase: &str,
+    hosts: Vec<String>,
+    mount: bool,
+) -> anyhow::Result<api::Session> {
+    Ok(m.set_session_phase(api::SetSessionPhaseRequest {
+        id: s.id,
+        phase: phase.into(),
+        hosts,
+        mount,
+    })
+    .await
+    .map_err(status_err)?
+    .into_inner())
+}
+
+async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> {
+    let (name, d) = job.directives()?;
+    let mut m = connect(&job.common.manager).await?;
+    if let Some(s) = find(&mut m, job).await?.filter(|s| s.state == "active") {
+        println!("job {}: session {} (already set up)", job.job_id, s.id);
+        return Ok(());
+    }
+    for cp in &d.create_persistent {
+        let r = m
+            .create_instance(api::CreateInstanceRequest {
+                capacity: cp.capacity,
+                access_mode: "striped".into(),
+                pool: cp.pool.clone().unwrap_or_default(),
+                persistent_name: cp.name.clone(),
+                nodes: 1,
+                owner_uid: uid,
+                owner_gid: gid,
+                stripe_size: 0,
+                share_with_group: false,
+            })
+            .await;
+        match r {
+            Ok(_) => println!("created persistent instance {}", cp.name),
+            // Re-run after a crash: the instance is there, and the job's owner's.
+            Err(e) if e.code() == tonic::Code::AlreadyExists || e.message().contains("exists") => {
+                let i = m
+                    .get_instance(api::GetInstanceRequest {
+                        id: 0,
+                        persistent_name: cp.name.clone(),
+                    })
+                    .await
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "{name}:{}: #BB create_persistent name={}: {}",
+                            cp.line,
+                            cp.name,
+                            e.message()
+                        )
+                    })?
+                    .into_inner();
+                anyhow::ensure!(
+                    i.owner_uid == uid,
+                    "{name}:{}: #BB create_persistent name={}: a persistent instance of that \
+                     name belongs to uid {}",
+                    cp.line,
+                    cp.name,
+                    i.owner_uid
+                );
+            }
+            Err(e) => anyhow::bail!(
+                "{name}:{}: #BB create_persistent name={}: {}",
+                cp.line,
+                cp.name,
+                e.message()
+            ),
+        }
+    }
+    let job_req = d.jobdw.as_ref().map(|j| api::CreateInstanceRequest {
+        capacity: j.capacity,
+        access_mode: j.access_mode.as_str().into(),
+        pool: j.pool.clone().unwrap_or_default(),
+        persistent_name: String::new(),
+        nodes: nodes.max(1),
+        owner_uid: uid,
+        owner_gid: gid,
+        stripe_size: 0,
+        share_with_group: false,
+    });
+    let s = m
+        .create_session(api::CreateSessionRequest {
+            job: job.external(),
+            owner_uid: uid,
+            owner_gid: gid,
+            job_instance: job_req,
+            persistent: d.persistentdw.iter().map(|p| p.name.clone()).collect(),
+            external_id: job.external(),
+        })
+        .await
+        .map_err(|e| {
+            let line = d.jobdw.as_ref().map(|j| j.line).unwrap_or(0);
+            anyhow::anyhow!(
+                "{name}:{line}: cannot allocate the burst buffer: {}",
+                e.message()
+            )
+        })?
+        .into_inner();
+    set_phase(&mut m, &s, "setup", Vec::new(), false).await?;
+    let job_inst = s.instances.iter().find(|i| i.id == s.job_instance);
+    println!(
+        "job {}: session {}{}",
+        job.job_id,
+        s.id,
+        job_inst.map_or(String::new(), |i| format!(
+            ", job instance {} {} ({} fragments)",
+            format_bytes(i.capacity),
+            i.access_mode,
+            i.fragments
+        ))
+    );
+    Ok(())
+}
+
+/// The session's instance a `$DW_...` variable names.
+fn instance_of<'a>(s: &'a api::Session, var: &DwVariable) -> Option<&'a api::Instance> {
+    match var {
+        DwVariable::PersistentStriped(n) => s.instances.iter().find(|i| &i.name == n),
+        _ => s.instances.iter().find(|i| i.id == s.job_instance),
+    }
+}
+
+fn private(i: &api::Instance) -> bool {
+    i.access_mode == "private"
+}
+
+/// Runs a stage task unless the same one (instance, namespace, direction, items) already
+/// ran to the end in this session; waits for one already running. Idempotent.
+async fn stage_once(
+    m: &mut surge_api::Client,
+    s: &api::Session,
+    inst: u64,
+    ns: u32,
+    direction: &str,
+    items_json: String,
+) -> anyhow::Result<api::StageTask> {
+    let tasks = m
+        .list_stages(api::ListStagesRequest { session: s.id })
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .tasks;
+    let same = tasks.into_iter().rev().find(|t| {
+        t.instance == inst
+            && t.namespace == ns
+            && t.direction == direction
+            && t.items_json == items_json
+    });
+    let task = match same {
+        Some(t) if t.state == "done" => return Ok(t),
+        Some(t) if t.state == "running" || t.state == "queued" => t,
+        _ => m
+            .start_stage(api::StartStageRequest {
+                session: s.id,
+                instance: inst,
+                namespace: ns,
+                direction: direction.into(),
+                items_json,
+                workers: 0,
+                checksum: false,
+                deferred: false,
+            })
+            .await
+            .map_err(status_err)?
+            .into_inner(),
+    };
+    wait_stage(m, task, &format!("stage {direction}"), true, || false).await
+}
+
+fn failure_lines(t: &api::StageTask) -> Vec<String> {
+    let mut out = Vec::new();
+    if !t.error.is_empty() {
+        out.push(t.error.clone());
+    }
+    out.extend(
+        crate::job_stage::failures(t)
+            .into_iter()
+            .map(|(p, e)| format!("{p}: {e}")),
+    );
+    out
+}
+
+async fn data_in(job: &Job, workdir: &Path) -> anyhow::Result<()> {
+    let (name, d) = job.directives()?;
+    let mut m = connect(&job.common.manager).await?;
+    let s = session(&mut m, job).await?;
+    let s = set_phase(&mut m, &s, "data_in", Vec::new(), false).await?;
+    let plan = jobplan::stage_in(&d, &name, workdir).map_err(|e| anyhow::anyhow!(e.join("\n")))?;
+    for g in &plan.groups {
+        let inst = instance_of(&s, &g.instance)
+            .with_context(|| format!("{name}: {} is not an instance of this job", g.instance))?;
+        let namespaces = if private(inst) {
+            (0..inst.nodes.max(1)).collect()
+        } else {
+            vec![0]
+        };
+        for ns in namespaces {
+            let t = Instant::now();
+            let done = stage_once(
+                &mut m,
+                &s,
+                inst.id,
+                ns,
+                "in",
+                serde_json::to_string(&g.items)?,
+            )
+            .await?;
+            if done.state != "done" {
+                anyhow::bail!(
+                    "stage-in from {name}:{:?} failed: {}",
+                    g.lines,
+                    failure_lines(&done).join("; ")
+                );
+            }
+            println!(
+                "stage in {}{}: {} files, {} in {:.1} s",
+                g.instance,
+                if private(inst) {
+                    format!(" (node {ns})")
+                } else {
+                    String::new()
+                },
+                done.files_done,
+                format_bytes(done.bytes_done),
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Where the agents mount instance `i` of session `s`.
+fn mount_path(s: &api::Session, i: &api::Instance) -> String {
+    if i.id == s.job_instance {
+        format!("{}/{}/job", s.mount_root, s.id)
+    } else {
+        format!("{}/{}/persistent/{}", s.mount_root, s.id, i.name)
+    }
+}
+
+async fn paths(job: &Job, path_file: &Path) -> anyhow::Result<()> {
+    let mut m = connect(&job.common.manager).await?;
+    let s = session(&mut m, job).await?;
+    let mut text = String::new();
+    for i in &s.instances {
+        let path = mount_path(&s, i);
+        let (dw, surge) = if i.id == s.job_instance {
+            if private(i) {
+                (
+                    DwVariable::JobPrivate.env_name(),
+                    "SURGE_JOB_PRIVATE".to_string(),
+                )
+            } else {
+                (
+                    DwVariable::JobStriped.env_name(),
+                    "SURGE_JOB_STRIPED".to_string(),
+                )
+            }
+        } else {
+            (
+                DwVariable::PersistentStriped(i.name.clone()).env_name(),
+                format!("SURGE_PERSISTENT_{}", i.name),
+            )
+        };
+        text.push_str(&format!("{dw}={path}\n{surge}={path}\n"));
+    }
+    if s.job_instance != 0 {
+        text.push_str(&format!("SURGE_JOB_INSTANCE={}\n", s.job_instance));
+    }
+    text.push_str(&format!(
+        "SURGE_SESSION={}\nSURGE_MANAGER={}\n",
+        s.id, job.common.manager
+    ));
+    std::fs::write(path_file, text)
+        .with_context(|| format!("cannot write {}", path_file.display()))?;
+    set_phase(&mut m, &s, "paths", Vec::new(), false).await?;
+    Ok(())
+}
+
+/// How many of the session's mounts each host's agent reports, and what failed.
+async fn mount_state(
+    m: &mut surge_api::Client,
+    s: &api::Session,
+) -> anyhow::Result<(Vec<(String, Option<usize>)>, Vec<String>)> {
+    let agents = m
+        .list_agents(api::Empty {})
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .agents;
+    let mut per_host = Vec::new();
+    let mut errors = Vec::new();
+    for h in &s.hosts {
+        match agents.iter().find(|a| &a.host == h && a.alive) {
+            None => per_host.push((h.clone(), None)),
+            Some(a) => {
+                per_host.push((
+                    h.clone(),
+                    Some(a.mounts.iter().filter(|x| x.session == s.id).count()),
+                ));
+                errors.extend(
+                    a.failed
+                        .iter()
+                        .filter(|x| x.session == s.id)
+                        .map(|x| format!("{h}: cannot mount {}: {}", x.path, x.error)),
+                );
+            }
+        }
+    }
+    Ok((per_host, errors))
+}
+
+async fn pre_run(job: &Job, hosts: Vec<String>, timeout: f64) -> anyhow::Result<()> {
+    let mut m = connect(&job.common.manager).await?;
+    let s = session(&mut m, job).await?;
+    let hosts: Vec<String> = hosts
+        .into_iter()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .collect();
+    let s = set_phase(&mut m, &s, "pre_run", hosts, true).await?;
+    let want = s.instances.len();
+    if want == 0 {
+        return Ok(());
+    }
+    let t = Instant::now();
+    loop {
+        let (per_host, errors) = mount_state(&mut m, &s).await?;
+        if !errors.is_empty() {
+            anyhow::bail!("{}", errors.join("\n"));
+        }
+        if per_host.iter().all(|(_, n)| n.is_some_and(|n| n >= want)) {
+            println!(
+                "job {}: {want} instance(s) mounted on {} in {:.1} s",
+                job.job_id,
+                s.hosts.join(","),
+                t.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        if t.elapsed().as_secs_f64() > timeout {
+            let missing: Vec<String> = per_host
+                .iter()
+                .filter(|(_, n)| !n.is_some_and(|n| n >= want))
+                .map(|(h, n)| match n {
+                    None => format!("{h} (no live agent: is `surge agent` running there?)"),
+                    Some(n) => format!("{h} ({n} of {want} mounted)"),
+                })
+                .collect();
+            anyhow::bail!(
+                "job {}: not mounted after {timeout} s on {}",
+                job.job_id,
+                missing.join(", ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Asks for the unmounts and waits until every live agent has none of the session's mounts.
+/// Dead agents are not waited for (the manager and a restarted agent clean up after them).
+async fn unmount(
+    m: &mut surge_api::Client,
+    s: &api::Session,
+    phase: &str,
+    timeout: f64,
+) -> anyhow::Result<()> {
+    let s = set_phase(m, s, phase, Vec::new(), false).await?;
+    let t = Instant::now();
+    loop {
+        let (per_host, _) = mount_state(m, &s).await?;
+        let left: Vec<&String> = per_host
+            .iter()
+            .filter(|(_, n)| n.is_some_and(|n| n > 0))
+            .map(|(h, _)| h)
+            .collect();
+        for (h, n) in &per_host {
+            if n.is_none() && t.elapsed() < Duration::from_millis(250) {
+                eprintln!(
+                    "warning: no live agent on {h}: its mounts of session {} are not waited for",
+                    s.id
+                );
+            }
+        }
+        if left.is_empty() {
+            return Ok(());
+        }
+        if t.elapsed().as_secs_f64() > timeout {
+            anyhow::bail!(
+                "session {}: still mounted on {:?} after {timeout} s",
+                s.id,
+                left
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn post_run(job: &Job, timeout: f64) -> anyhow::Result<()> {
+    let mut m = connect(&job.common.manager).await?;
+    let s = session(&mut m, job).await?;
+    unmount(&mut m, &s, "post_run", timeout).await
+}
+
+/// Reads a stage_out list file that lives in an instance, without a mount.
+async fn read_in_instance(
+    m: &mut surge_api::Client,
+    i: &api::Instance,
+    ns: u32,
+    inner: &str,
+) -> anyhow::Result<String> {
+    let desc: InstanceDescriptor = serde_json::from_str(&i.descriptor_json)
+        .with_context(|| format!("instance {}: bad descriptor", i.id))?;
+    let cap = m
+        .get_capability(api::GetCapabilityRequest {
+            instance: i.id,
+            persistent_name: String::new(),
+            namespace: ns,
+            all_namespaces: false,
+        })
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    let client = InstanceClient::new(
+        desc,
+        NamespaceId(ns),
+        surge_auth::Token::from_text(&cap.token)?,
+    )?;
+    let attr = surge_stage::ns::resolve(&client, Path::new(inner)).await?;
+    let data = client.read(attr.ino, 0, attr.size).await?;
+    String::from_utf8(data).with_context(|| format!("{inner} is not text"))
+}
+
+async fn data_out(job: &Job, workdir: &Path) -> anyhow::Result<()> {
+    let (name, d) = job.directives()?;
+    let mut m = connect(&job.common.manager).await?;
+    let s = session(&mut m, job).await?;
+    let s = set_phase(&mut m, &s, "data_out", Vec::new(), false).await?;
+    // The list files of `type=list` are read from node 0's namespace.
+    let mut lists = std::collections::HashMap::new();
+    for sd in d
+        .stage_out
+        .iter()
+        .filter(|x| x.kind == surge_core::directives::StageKind::List)
+    {
+        let r = match instance_of(&s, &sd.instance) {
+            Some(i) => match jobplan::instance_path(&sd.source, &sd.instance) {
+                Ok(p) => read_in_instance(&mut m, i, 0, &p)
+                    .await
+                    .map_err(|e| format!("{e:#}")),
+                Err(e) => Err(e),
+            },
+            None => Err(format!("{} is not an instance of this job", sd.instance)),
+        };
+        lists.insert(sd.line, r);
+    }
+    let groups: anyhow::Result<Vec<StageGroup>> =
+        jobplan::stage_out(&d, &name, workdir, |sd| match lists.get(&sd.line) {
+            Some(Ok(t)) => Ok(t.clone()),
+            Some(Err(e)) => Err(std::io::Error::other(e.clone())),
+            None => Err(std::io::Error::other("not read")),
+        })
+        .map_err(|e| anyhow::anyhow!(e.join("\n")));
+    let mut failures = Vec::new();
+    match groups {
+        Err(e) => failures.push(format!("{e:#}")),
+        Ok(groups) => {
+            for g in groups {
+                let Some(inst) = instance_of(&s, &g.instance) else {
+                    failures.push(format!(
+                        "{name}: {} is not an instance of this job",
+                        g.instance
+                    ));
+                    continue;
+                };
+                let per_ns = per_namespace(&mut m, inst, &g).await;
+                let per_ns = match per_ns {
+                    Ok(p) => p,
+                    Err(lines) => {
+                        failures.extend(lines);
+                        continue;
+                    }
+                };
+                for (ns, items) in per_ns {
+                    let t = Instant::now();
+                    let done = stage_once(
+                        &mut m,
+                        &s,
+                        inst.id,
+                        ns,
+                        "out",
+                        serde_json::to_string(&items)?,
+                    )
+                    .await?;
+                    if done.state == "done" {
+                        println!(
+                            "stage out {}{}: {} files, {} in {:.1} s",
+                            g.instance,
+                            if private(inst) {
+                                format!(" (node {ns})")
+                            } else {
+                                String::new()
+                            },
+                            done.files_done,
+                            format_bytes(done.bytes_done),
+                            t.elapsed().as_secs_f64()
+                        );
+                    } else {
+                        failures.extend(failure_lines(&done));
+                    }
+                }
+            }
+        }
+    }
+    // What the job itself left: pending tasks and deferred stage-outs.
+    let tasks = m
+        .list_stages(api::ListStagesRequest { session: s.id })
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .tasks;
+    for t in tasks {
+        let t = match t.state.as_str() {
+            "deferred" => m
+                .activate_stage(api::GetStageRequest { id: t.id })
+                .await
+                .map_err(status_err)?
+                .into_inner(),
+            "queued" | "running" => t,
+            _ => continue,
+        };
+        let done = wait_stage(&mut m, t, "job's stage", true, || false).await?;
+        if done.state != "done" && done.direction == "out" {
+            failures.push(format!(
+                "stage task {} (started by the job): {}",
+                done.id,
+                crate::job_stage::failure_message(&done)
+            ));
+        }
+    }
+    if failures.is_empty() {
+        return Ok(());
+    }
+    // Teardown keeps the job instance of a session whose stage-out failed.
+    set_phase(&mut m, &s, "data_out_failed", Vec::new(), false).await?;
+    anyhow::bail!(
+        "stage-out failed; the job instance is kept (recover with `surge stage copy --out`):\n{}",
+        failures.join("\n")
+    )
+}
+
+/// A stage-out group per namespace: one for a striped instance; for a private one, the items
+/// each node's namespace holds (collisions refused, as `surge run` does).
+async fn per_namespace(
+    m: &mut surge_api::Client,
+    inst: &api::Instance,
+    g: &StageGroup,
+) -> Result<Vec<(u32, Vec<surge_stage::StageItem>)>, Vec<String>> {
+    if !private(inst) || inst.nodes <= 1 {
+        return Ok(vec![(0, g.items.clone())]);
+    }
+    let err = |e: String| vec![format!("stage out of {}: {e}", g.instance)];
+    let desc: InstanceDescriptor =
+        serde_json::from_str(&inst.descriptor_json).map_err(|e| err(e.to_string()))?;
+    let cap = m
+        .get_capability(api::GetCapabilityRequest {
+            instance: inst.id,
+            persistent_name: String::new(),
+            namespace: 0,
+            all_namespaces: true,
+        })
+        .await
+        .map_err(|e| err(e.message().to_string()))?
+        .into_inner();
+    let token = surge_auth::Token::from_text(&cap.token).map_err(|e| err(e.to_string()))?;
+    let clients = (0..inst.nodes)
+        .map(|ns| {
+            InstanceClient::new(desc.clone(), NamespaceId(ns), token.clone())
+                .map(std::sync::Arc::new)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(e.to_string()))?;
+    let held = surge_stage::merge::private_outputs(&clients, &g.items)
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    if !held.conflicts.is_empty() {
+        return Err(held
+            .conflicts
+            .iter()
+            .take(20)
+            .map(|(p, nodes)| {
+                format!(
+                    "stage out of {} (access_mode=private): {} would be written by nodes {nodes:?}",
+                    g.instance,
+                    p.display()
+                )
+            })
+            .collect());
+    }
+    let mut per: Vec<(u32, Vec<surge_stage::StageItem>)> = held
+        .items
+        .into_iter()
+        .enumerate()
+        .map(|(k, v)| (k as u32, v))
+        .collect();
+    for item in &g.items {
+        if per.iter().all(|(_, v)| !v.contains(item)) {
+            per[0].1.push(item.clone());
+        }
+    }
+    per.retain(|(_, v)| !v.is_empty());
+    Ok(per)
+}
+
+async fn teardown(job: &Job, hurry: bool) -> anyhow::Result<()> {
+    let directives = job.directives();
+    let mut m = connect(&job.common.manager).await?;
+    let Some(s) = find(&mut m, job).await? else {
+        println!("job {}: no session: nothing to tear down", job.job_id);
+        return Ok(());
+    };
+    if s.state == "active" {
+        // Unmount first: a mount of a destroyed instance would answer ESTALE to the job.
+        if s.mount || !s.hosts.is_empty() {
+            if let Err(e) = unmount(&mut m, &s, "teardown", if hurry { 10.0 } else { 60.0 }).await {
+                eprintln!("warning: {e:#}");
+            }
+        } else {
+            set_phase(&mut m, &s, "teardown", Vec::new(), false).await?;
+        }
+        if hurry {
+            let tasks = m
+                .list_stages(api::ListStagesRequest { session: s.id })
+                .await
+                .map_err(status_err)?
+                .into_inner()
+                .tasks;
+            for t in tasks
+                .iter()
+                .filter(|t| t.state == "running" || t.state == "queued")
+            {
+                let _ = m.cancel_stage(api::GetStageRequest { id: t.id }).await;
+            }
+        }
+        let keep = s.phase == "data_out_failed";
+        let ended = m
+            .end_session(api::EndSessionRequest {
+                id: s.id,
+                keep_job_instance: keep,
+                state: if keep {
+                    "stage-out-failed".into()
+                } else if hurry {
+                    "cancelled".into()
+                } else {
+                    "ended".into()
+                },
+            })
+            .await
+            .map_err(status_err)?
+            .into_inner();
+        println!(
+            "job {}: session {} {}{}",
+            job.job_id,
+            ended.id,
+            ended.state,
+            if keep {
+                format!("; job instance {} KEPT (stage-out failed)", s.job_instance)
+            } else {
+                String::new()
+            }
+        );
+    }
+    // Persistent instances the script destroys (after the job, as DataWarp does).
+    if let Ok((name, d)) = directives {
+        for dp in &d.destroy_persistent {
+            match m
+                .destroy_instance(api::DestroyInstanceRequest {
+                    id: 0,
+                    persistent_name: dp.name.clone(),
+                    hurry: dp.hurry || hurry,
+                })
+                .await
+            {
+                Ok(_) => println!("destroyed persistent instance {}", dp.name),
+                Err(e) if e.code() == tonic::Code::NotFound => {}
+                Err(e) => anyhow::bail!(
+                    "{name}:{}: #BB destroy_persistent name={}: {}",
+                    dp.line,
+                    dp.name,
+                    e.message()
+                ),
+            }
+        }
+    }
+    Ok(())
+}
