@@ -75,3 +75,87 @@ fn a_session_is_ended_by_hand_with_or_without_its_instance() {
     let out = surge(&["session", "end", &gone.to_string(), "--manager", &m.grpc]);
     assert!(out.contains("already ended"), "{out}");
 }
+
+/// A `surge run` killed with SIGKILL mid-job never ends its session: the manager notices the
+/// process is gone and ends it, destroying the job instance (nothing stays allocated).
+#[test]
+fn the_session_of_a_killed_surge_run_is_ended_by_the_manager() {
+    let dir = Scratch::new("sessions-reconcile");
+    let c = cluster(2, "1GiB");
+    let m = Manager::start(dir.path());
+    m.register(&c);
+    let script = dir.path().join("job.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\n\
+         echo started > \"$DW_JOB_STRIPED/x\"; sleep 60\n",
+    )
+    .unwrap();
+    let mut run = ChildGuard(
+        surge_command()
+            .args(["run", "--quiet", "--manager", &m.grpc])
+            .arg(&script)
+            .stderr(std::fs::File::create(dir.path().join("run.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let active = |m: &Manager| -> Vec<serde_json::Value> {
+        let v: serde_json::Value =
+            serde_json::from_str(&surge(&["session", "ls", "--json", "--manager", &m.grpc]))
+                .unwrap();
+        v.as_array().unwrap().clone()
+    };
+    let s = wait_for(
+        "the job's session",
+        std::time::Duration::from_secs(30),
+        || active(&m).into_iter().next(),
+    );
+    let inst = s["job_instance"].as_u64().unwrap();
+    assert!(
+        s["external_id"].as_str().unwrap().starts_with("run:"),
+        "{s}"
+    );
+    assert!(instances(&m).contains(&inst));
+    let pid = run.0.id();
+    let run_dir = std::env::temp_dir()
+        .join(format!("surge-{}", surge_run::embedded::user_name()))
+        .join(format!("session-{}-{pid}", s["id"].as_u64().unwrap()));
+    wait_for(
+        "the job's mount",
+        std::time::Duration::from_secs(20),
+        || run_dir.join("node-0/job/x").exists().then_some(()),
+    );
+    run.0.kill().unwrap();
+    let _ = run.0.wait();
+    wait_for(
+        "the session ended",
+        std::time::Duration::from_secs(20),
+        || active(&m).is_empty().then_some(()),
+    );
+    assert!(!instances(&m).contains(&inst), "{:?}", instances(&m));
+    let all = surge(&["session", "ls", "--all", "--manager", &m.grpc]);
+    assert!(all.contains("abandoned"), "{all}");
+    let log = std::fs::read_to_string(dir.path().join("manager.log")).unwrap();
+    assert!(log.contains("is gone"), "{log}");
+
+    // Its dead mount and run directory are removed by the next `surge run`.
+    assert!(run_dir.exists());
+    std::fs::write(
+        &script,
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\ntrue\n",
+    )
+    .unwrap();
+    let out = surge_command()
+        .args(["run", "--quiet", "--manager", &m.grpc])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !run_dir.exists(),
+        "{} is still there: {err}",
+        run_dir.display()
+    );
+    assert!(err.contains("was killed"), "{err}");
+}

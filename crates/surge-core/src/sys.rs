@@ -90,3 +90,19 @@ pub fn raise_nofile_limit() -> std::io::Result<u64> {
     }
     Ok(r.rlim_cur)
 }
+
+/// This host's name up to the first dot (what Slurm and `surge run` sessions call it); empty if
+/// the kernel does not say.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for its length.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end])
+        .split('.')
+        .next()
+        .unwrap_or("")
+        .to_string()
+}

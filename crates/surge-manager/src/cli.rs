@@ -74,6 +74,10 @@ pub struct ManagerArgs {
     /// as $DW_JOB_STRIPED, ...).
     #[arg(long, value_name = "DIR", default_value = "/run/surge/jobs")]
     pub mount_root: String,
+    /// Seconds between checks for sessions whose `surge run` died (they are ended; a job
+    /// instance whose stage-out failed is kept). Also done at start.
+    #[arg(long, default_value_t = 30.0)]
+    pub reconcile_interval: f64,
 }
 
 pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
@@ -129,6 +133,11 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
         spawn_liveness(
             core.clone(),
             Duration::from_secs_f64(args.liveness_interval.max(0.1)),
+        );
+        // Sessions of `surge run`s that died: at start, then every --reconcile-interval.
+        crate::core::spawn_reconcile(
+            core.clone(),
+            Duration::from_secs_f64(args.reconcile_interval.max(0.1)),
         );
         info!(
             "surge manager listening on {grpc_addr} (gRPC){}; state {}",
@@ -387,22 +396,29 @@ pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         println!(
-            "{:>6} {:<24} {:<18} {:>6} {:>12} {:<}",
-            "id", "job", "state", "age", "job inst", "persistent"
+            "{:>6} {:<24} {:<18} {:<16} {:>6} {:>12} {:<12} {:<}",
+            "id", "job", "state", "phase", "age", "job inst", "persistent", "hosts"
         );
         for s in sessions {
             println!(
-                "{:>6} {:<24} {:<18} {:>6} {:>12} {:?}",
+                "{:>6} {:<24} {:<18} {:<16} {:>6} {:>12} {:<12} {}{}",
                 s.id,
                 s.job,
                 s.state,
+                if s.phase.is_empty() { "-" } else { &s.phase },
                 age(s.created),
                 if s.job_instance == 0 {
                     "-".to_string()
                 } else {
                     s.job_instance.to_string()
                 },
-                s.persistent
+                format!("{:?}", s.persistent),
+                if s.hosts.is_empty() {
+                    "-".to_string()
+                } else {
+                    s.hosts.join(",")
+                },
+                if s.mount { " (mounted)" } else { "" }
             );
         }
         Ok(ExitCode::SUCCESS)

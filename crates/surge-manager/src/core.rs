@@ -815,3 +815,92 @@ pub fn spawn_liveness(core: Arc<Core>, every: std::time::Duration) {
         }
     });
 }
+
+/// The external id of a session `surge run` (process `pid` on `host`) owns:
+/// "run:<host>:<pid>:<start>", the start time telling a reused pid apart.
+pub fn run_external_id(host: &str, pid: u32) -> String {
+    format!("run:{host}:{pid}:{}", process_start(pid).unwrap_or(0))
+}
+
+/// When process `pid` started (clock ticks after boot, /proc/PID/stat field 22).
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count fields after its closing paren.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// True when the `surge run` a session's external id names is known to be gone: it ran on
+/// `host` (this one) and no process with its pid and start time exists. Sessions of other
+/// hosts or of workload managers are never judged here.
+pub fn run_is_gone(external: &str, host: &str) -> bool {
+    let mut f = external.splitn(4, ':');
+    if f.next() != Some("run") || f.next() != Some(host) {
+        return false;
+    }
+    let (Some(Ok(pid)), Some(Ok(start))) = (
+        f.next().map(str::parse::<u32>),
+        f.next().map(str::parse::<u64>),
+    ) else {
+        return false;
+    };
+    process_start(pid) != Some(start)
+}
+
+impl Core {
+    /// Ends the active sessions whose `surge run` died without ending them (kill -9, a crash,
+    /// a lost manager): their job instance is destroyed, unless the session's stage-out had
+    /// failed (then it is kept, with the state saying why). Returns what it ended.
+    pub async fn reconcile(&self, host: &str) -> Vec<(u64, String)> {
+        let sessions = match self.sessions() {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("reconcile: {e}");
+                return Vec::new();
+            }
+        };
+        let mut ended = Vec::new();
+        for s in sessions.into_iter().filter(|s| s.state == "active") {
+            let Some(ext) = s.external.as_deref() else {
+                continue;
+            };
+            if !run_is_gone(ext, host) {
+                continue;
+            }
+            let keep = s.phase == "data_out_failed";
+            let state = if keep {
+                "stage-out-failed"
+            } else {
+                "abandoned"
+            };
+            match self.end_session(s.id, keep, state).await {
+                Ok(_) => {
+                    warn!(
+                        "session {} ({}): its surge run ({ext}) is gone: ended ({state}{})",
+                        s.id,
+                        s.job,
+                        if keep { ", job instance kept" } else { "" }
+                    );
+                    ended.push((s.id, state.to_string()));
+                }
+                Err(e) => warn!(
+                    "session {}: its surge run is gone, but ending it failed: {e}",
+                    s.id
+                ),
+            }
+        }
+        ended
+    }
+}
+
+/// Reconciles at start and then every `every`.
+pub fn spawn_reconcile(core: Arc<Core>, every: std::time::Duration) {
+    let host = surge_core::sys::hostname();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            core.reconcile(&host).await;
+        }
+    });
+}

@@ -64,7 +64,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     );
     let host = match &args.host {
         Some(h) => h.clone(),
-        None => hostname()?,
+        None => {
+            let h = surge_core::sys::hostname();
+            anyhow::ensure!(!h.is_empty(), "cannot read the host name: give --host");
+            h
+        }
     };
     let set = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
     let stop = Arc::new(AtomicBool::new(false));
@@ -305,20 +309,6 @@ fn unescape(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hostname() -> anyhow::Result<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is valid for its length.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        anyhow::bail!("gethostname: {}", std::io::Error::last_os_error());
-    }
-    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
-    Ok(String::from_utf8_lossy(&buf[..end])
-        .split('.')
-        .next()
-        .unwrap_or("")
-        .to_string())
 }
 
 #[cfg(test)]

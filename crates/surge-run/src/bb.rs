@@ -60,7 +60,17 @@ pub enum Phase {
     /// if any.
     Validate {
         script: PathBuf,
+        /// The name messages give the script (Slurm passes a copy in its state directory).
+        #[arg(long)]
+        name: Option<String>,
         /// Print the directives as JSON when they are valid.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The compute-node agents the manager hears from, with their mounts.
+    Agents {
+        #[command(flatten)]
+        c: Common,
         #[arg(long)]
         json: bool,
     },
@@ -164,9 +174,10 @@ impl Job {
         format!("{}:{}", self.scheduler, self.job_id)
     }
     fn directives(&self) -> anyhow::Result<(String, Directives)> {
-        let name = self.script.display().to_string();
         let text = std::fs::read_to_string(&self.script)
-            .with_context(|| format!("cannot read job script {name}"))?;
+            .with_context(|| format!("cannot read job script {}", self.script.display()))?;
+        // Slurm passes a copy in its state directory: name the job instead.
+        let name = format!("job {} script", self.job_id);
         match parse_script(&name, &text) {
             Ok(d) => Ok((name, d)),
             Err(errs) => anyhow::bail!(
@@ -182,8 +193,8 @@ impl Job {
 }
 
 pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
-    if let Phase::Validate { script, json } = &args.phase {
-        return validate(script, *json);
+    if let Phase::Validate { script, json, name } = &args.phase {
+        return validate(script, name.as_deref(), *json);
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -193,6 +204,7 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
         match args.phase {
             Phase::Validate { .. } => unreachable!("handled above"),
             Phase::Pools(c) => pools(&c).await,
+            Phase::Agents { c, json } => agents(&c, json).await,
             Phase::Setup { c, uid, gid, nodes } => setup(&c, uid, gid, nodes).await,
             Phase::DataIn { c, workdir } => data_in(&c, &workdir).await,
             Phase::Paths { c, path_file } => paths(&c, &path_file).await,
@@ -205,8 +217,8 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn validate(script: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let name = script.display().to_string();
+fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
+    let name = name.map_or_else(|| script.display().to_string(), str::to_string);
     let text = std::fs::read_to_string(script)
         .with_context(|| format!("cannot read job script {name}"))?;
     if let Some((n, _)) = text.lines().enumerate().find(|(_, l)| l.ends_with('\r')) {
@@ -272,6 +284,47 @@ async fn pools(c: &Common) -> anyhow::Result<()> {
         })
         .collect();
     println!("{}", serde_json::json!({ "pools": out }));
+    Ok(())
+}
+
+async fn agents(c: &Common, json: bool) -> anyhow::Result<()> {
+    let mut m = connect(&c.manager).await?;
+    let agents = m
+        .list_agents(api::Empty {})
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .agents;
+    if json {
+        let v: Vec<serde_json::Value> = agents
+            .iter()
+            .map(|a| {
+                serde_json::json!({
+                    "host": a.host, "alive": a.alive, "last_seen": a.last_seen,
+                    "mounts": a.mounts.iter().map(|m| serde_json::json!({
+                        "session": m.session, "instance": m.instance, "namespace": m.namespace,
+                        "path": m.path, "owner_uid": m.owner_uid})).collect::<Vec<_>>(),
+                    "failed": a.failed.iter().map(|m| serde_json::json!({
+                        "session": m.session, "path": m.path, "error": m.error})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:<6} {:>7} {:>7}",
+        "host", "state", "mounts", "failed"
+    );
+    for a in &agents {
+        println!(
+            "{:<16} {:<6} {:>7} {:>7}",
+            a.host,
+            if a.alive { "alive" } else { "dead" },
+            a.mounts.len(),
+            a.failed.len()
+        );
+    }
     Ok(())
 }
 

@@ -622,7 +622,11 @@ async fn job(
             owner_gid: gid,
             job_instance: job_req,
             persistent: d.persistentdw.iter().map(|p| p.name.clone()).collect(),
-            external_id: String::new(),
+            // The manager ends the session if this process dies without ending it.
+            external_id: surge_manager::core::run_external_id(
+                &surge_core::sys::hostname(),
+                std::process::id(),
+            ),
         })
         .await
         .map_err(|e| {
@@ -765,9 +769,9 @@ async fn job(
 
     // Mount on every node.
     let t = Instant::now();
-    let run_dir = std::env::temp_dir()
-        .join(format!("surge-{}", user_name()))
-        .join(format!("session-{}-{}", session.id, std::process::id()));
+    let runs = std::env::temp_dir().join(format!("surge-{}", user_name()));
+    clean_stale_runs(&runs);
+    let run_dir = runs.join(format!("session-{}-{}", session.id, std::process::id()));
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     alloc.run_dir = Some(run_dir.clone());
@@ -1122,6 +1126,58 @@ async fn finish_job_stages(
         }
     }
     Ok(failures)
+}
+
+/// Removes what `surge run`s killed before their cleanup left under `runs`
+/// (`session-<id>-<pid>` of a pid that is gone): their mounts, dead since their FUSE daemon
+/// died ("transport endpoint is not connected"), are detached first.
+fn clean_stale_runs(runs: &Path) {
+    let Ok(rd) = std::fs::read_dir(runs) else {
+        return;
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name
+            .strip_prefix("session-")
+            .and_then(|r| r.rsplit('-').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if !gone {
+            continue;
+        }
+        let dir = e.path();
+        let mut mounts: Vec<&str> = mountinfo
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|mp| Path::new(mp).starts_with(&dir))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mp in mounts {
+            if mount::is_root() {
+                if let Ok(c) = std::ffi::CString::new(mp) {
+                    // SAFETY: c is a valid NUL-terminated path.
+                    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+                }
+            } else {
+                let _ = std::process::Command::new("fusermount3")
+                    .args(["-u", "-z", mp])
+                    .status();
+            }
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => eprintln!(
+                "surge run: removed {} left by a surge run (pid {pid}) that was killed",
+                dir.display()
+            ),
+            Err(e) => eprintln!("surge run: cannot remove {}: {e}", dir.display()),
+        }
+    }
 }
 
 /// The job's PATH: a directory holding only this `surge` (so `surge stage`, `surge exec` work

@@ -48,6 +48,7 @@ impl Manager {
                     "127.0.0.1:0",
                 ])
                 .args(["--granularity", "64MiB", "--liveness-interval", "0.2"])
+                .args(["--reconcile-interval", "0.3"])
                 .arg("--state")
                 .arg(dir.join("m.db"))
                 .arg("--ready-file")

@@ -1,0 +1,262 @@
+#!/bin/bash
+# A whole Surge + Slurm cluster on one machine, as a recipe an admin can read (run as root).
+#
+#   testbed.sh up                  bring it up (idempotent)
+#   testbed.sh down                take it down (idempotent; leaves nothing behind)
+#   testbed.sh sbatch USER SCRIPT [SBATCH-ARGS...]
+#                                  submit SCRIPT as USER, wait for the job to end, print
+#                                  "job ID STATE EXITCODE OUTPUT-PATH"
+#   testbed.sh status              hosts, daemons, Surge sessions and agents
+#
+# Hosts are network namespaces joined by a bridge (all Surge and Slurm traffic crosses veths):
+#
+#   root netns ("sgctl", 10.78.0.1): munged, slurmctld (own UTS name), surge manager;
+#                                    the "PFS" is $TB/pfs (a directory every host sees)
+#   sg-bb1/sg-bb2 (10.78.0.21/.22):  surge server each, fast tier /dev/shm/surge-tb/bbN
+#   sg-c1/sg-c2 (10.78.0.11/.12):    slurmd + surge agent, each host with its own UTS name
+#                                    (sgc1/sgc2) and its own mount namespace, so a mount the
+#                                    agent of sgc1 makes is seen by sgc1's jobs only
+#
+# Settings (environment): SURGE (the surge executable; default: the one on PATH, else this
+# repository's target/release/surge), TB_USER (the submit user created by `up`, default
+# sgbbuser). Slurm 22.05 from Debian (slurm-wlm, munge, lua5.3) is installed if missing.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+TB=/run/surge-tb
+export SLURM_CONF=$TB/etc/slurm.conf
+TAG="# surge-tb"
+COMPUTE="c1 c2"
+BBS="bb1 bb2"
+declare -A IP=([ctl]=10.78.0.1 [c1]=10.78.0.11 [c2]=10.78.0.12 [bb1]=10.78.0.21 [bb2]=10.78.0.22)
+MANAGER=${IP[ctl]}:7060
+TB_USER=${TB_USER:-sgbbuser}
+
+die() { echo "testbed: $*" >&2; exit 1; }
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+stop_pid() { # SIGTERM, up to 10 s, then SIGKILL
+    local p=$1
+    kill -0 "$p" 2>/dev/null || return 0
+    kill "$p" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.2; done
+    kill -9 "$p" 2>/dev/null || true
+}
+wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
+    local t=$1 what=$2; shift 2
+    for _ in $(seq 1 $((t * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+    die "timed out after ${t}s waiting for $what"
+}
+surge_exe() {
+    if [ -n "${SURGE:-}" ]; then echo "$SURGE"
+    elif command -v surge >/dev/null; then command -v surge
+    else echo "$HERE/../../target/release/surge"; fi
+}
+# A host's network namespace (and, for compute hosts, its mount namespace).
+on() { # on HOST COMMAND...
+    local h=$1; shift
+    case $h in
+        c*) nsenter --net=/run/netns/sg-$h --mount=$TB/ns/$h.mnt "$@" ;;
+        *) nsenter --net=/run/netns/sg-$h "$@" ;;
+    esac
+}
+# Start a daemon in the background with its pid in $TB/NAME.pid and its log in $TB/log.
+daemon() { # daemon NAME COMMAND...
+    local name=$1; shift
+    alive $TB/$name.pid && return 0
+    setsid "$@" </dev/null >>$TB/log/$name.log 2>&1 &
+    echo $! > $TB/$name.pid
+}
+
+up() {
+    [ "$(id -u)" = 0 ] || die "run as root"
+    local t0; t0=$(date +%s.%N)
+    # 0. packages
+    if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v lua5.3 >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge lua5.3 >/dev/null
+    fi
+    local exe; exe=$(surge_exe)
+    [ -x "$exe" ] || die "no surge executable at $exe (build it: make release, or set SURGE=)"
+
+    # 1. runtime tree: config, logs, state, the PFS, outputs; surge where SlurmUser can run it
+    mkdir -p $TB/etc $TB/log $TB/state $TB/spool/sgc1 $TB/spool/sgc2 $TB/bin $TB/ns $TB/pfs $TB/out
+    chmod 755 $TB $TB/spool $TB/spool/* $TB/bin
+    chmod 1777 $TB/pfs $TB/out
+    install -m 755 "$exe" $TB/bin/surge
+    sed -e "s/@CTL_IP@/${IP[ctl]}/; s/@C1_IP@/${IP[c1]}/; s/@C2_IP@/${IP[c2]}/" \
+        "$HERE/testbed/slurm.conf" > $TB/etc/slurm.conf
+    install -m 644 "$HERE/burst_buffer.conf" $TB/etc/burst_buffer.conf
+    sed -e "s|@SURGE@|$TB/bin/surge|; s|@MANAGER@|$MANAGER|; s|@SLURM_CONF@|$SLURM_CONF|" \
+        "$HERE/burst_buffer.lua" > $TB/etc/burst_buffer.lua
+    chown slurm:slurm $TB/log $TB/state
+    touch $TB/log/slurmctld.log && chown slurm:slurm $TB/log/slurmctld.log
+
+    # 2. names
+    [ -e $TB/hosts.orig ] || cp -p /etc/hosts $TB/hosts.orig
+    [ -z "$(tail -c1 /etc/hosts)" ] || echo >> /etc/hosts
+    for h in ctl c1 c2 bb1 bb2; do
+        grep -q "^${IP[$h]} sg$h $TAG\$" /etc/hosts || echo "${IP[$h]} sg$h $TAG" >> /etc/hosts
+    done
+
+    # 3. network: a bridge in the root netns, a veth per host namespace
+    if ! ip link show sgbr0 >/dev/null 2>&1; then
+        ip link add sgbr0 type bridge
+        ip addr add ${IP[ctl]}/24 dev sgbr0
+    fi
+    ip link set sgbr0 up
+    for h in $COMPUTE $BBS; do
+        ip netns list | grep -qw "^sg-$h" || ip netns add sg-$h
+        if ! ip link show sg$h >/dev/null 2>&1; then
+            ip link add sg$h type veth peer name eth0 netns sg-$h
+            ip link set sg$h master sgbr0
+            ip -n sg-$h addr add ${IP[$h]}/24 dev eth0
+        fi
+        ip link set sg$h up
+        ip -n sg-$h link set lo up
+        ip -n sg-$h link set eth0 up
+    done
+
+    # 4. a mount namespace per compute host, kept in $TB/ns/<host>.mnt (slave: sees the
+    #    machine's later mounts, its own stay its own)
+    if ! mountpoint -q $TB/ns; then
+        mount --bind $TB/ns $TB/ns
+        mount --make-private $TB/ns
+    fi
+    for h in $COMPUTE; do
+        if ! nsenter --mount=$TB/ns/$h.mnt true 2>/dev/null; then
+            touch $TB/ns/$h.mnt
+            unshare --mount=$TB/ns/$h.mnt --propagation slave true
+        fi
+    done
+
+    # 5. munged (Slurm and Surge both authenticate with it)
+    if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+        mkdir -p /run/munge /var/log/munge /var/lib/munge
+        chown munge:munge /run/munge /var/log/munge /var/lib/munge
+        [ -s /etc/munge/munge.key ] || { /usr/sbin/mungekey --create 2>/dev/null || \
+            dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null; \
+            chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key; }
+        runuser -u munge -- /usr/sbin/munged
+        wait_for 10 munged sh -c 'munge -n | unmunge'
+        cp /run/munge/munged.pid $TB/munged.pid
+    fi
+
+    # 6. Surge: key, manager (admin group: SlurmUser's, the hooks act for the jobs' owners),
+    #    servers on the BB hosts, agents on the compute hosts
+    [ -s $TB/etc/surge.key ] || $TB/bin/surge key create --key-file $TB/etc/surge.key >/dev/null
+    daemon manager $TB/bin/surge manager --state $TB/state-surge/manager.db --listen $MANAGER \
+        --key-file $TB/etc/surge.key --admin-group "$(id -g slurm)" --pool nvme \
+        --granularity 64MiB --mount-root /run/surge/jobs
+    wait_for 20 "the surge manager" $TB/bin/surge pool --manager $MANAGER ls
+    for b in $BBS; do
+        mkdir -p /dev/shm/surge-tb/$b
+        daemon server-$b nsenter --net=/run/netns/sg-$b $TB/bin/surge server --device /dev/shm/surge-tb/$b --capacity 4GiB \
+            --listen 0.0.0.0:7070 --advertise ${IP[$b]}:7070 --manager $MANAGER --pool nvme \
+            --key-file $TB/etc/surge.key
+    done
+    wait_for 20 "2 servers up in pool nvme" sh -c \
+        "$TB/bin/surge pool --manager $MANAGER ls --json | grep -Eq '\"servers_up\": *2'"
+    for c in $COMPUTE; do
+        daemon agent-$c nsenter --net=/run/netns/sg-$c --mount=$TB/ns/$c.mnt $TB/bin/surge agent --manager $MANAGER --host sg$c
+    done
+
+    # 7. Slurm: slurmctld (UTS name sgctl), a slurmd per compute host in its namespaces
+    if ! alive $TB/slurmctld.pid; then
+        unshare --uts sh -c 'hostname sgctl && exec /usr/sbin/slurmctld'
+    fi
+    for c in $COMPUTE; do
+        if ! alive $TB/slurmd.sg$c.pid; then
+            on $c unshare --uts sh -c "hostname sg$c && exec /usr/sbin/slurmd"
+        fi
+    done
+
+    # 8. the submit user (root may not use burst buffers)
+    if ! id "$TB_USER" >/dev/null 2>&1; then
+        useradd -m -s /bin/bash "$TB_USER"
+        echo "$TB_USER" > $TB/user.created
+    fi
+
+    wait_for 30 "both compute nodes idle" sh -c '[ "$(sinfo -h -N -t idle -o %N | sort -u | wc -l)" -ge 2 ]'
+    wait_for 20 "both agents alive" sh -c \
+        "[ \$($TB/bin/surge bb agents --manager $MANAGER | grep -c ' alive') -ge 2 ]"
+    awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "testbed up in %.1f s; export SLURM_CONF=%s SURGE_MANAGER=%s\n", b-a, "'$SLURM_CONF'", "'$MANAGER'"}'
+}
+
+down() {
+    [ "$(id -u)" = 0 ] || die "run as root"
+    [ -f $SLURM_CONF ] && timeout 10 scancel --quiet $(squeue -h -o %i 2>/dev/null) 2>/dev/null || true
+    for c in $COMPUTE; do
+        [ -s $TB/slurmd.sg$c.pid ] && stop_pid "$(cat $TB/slurmd.sg$c.pid)"
+    done
+    [ -s $TB/slurmctld.pid ] && stop_pid "$(cat $TB/slurmctld.pid)"
+    for c in $COMPUTE; do [ -s $TB/agent-$c.pid ] && stop_pid "$(cat $TB/agent-$c.pid)"; done
+    for b in $BBS; do [ -s $TB/server-$b.pid ] && stop_pid "$(cat $TB/server-$b.pid)"; done
+    [ -s $TB/manager.pid ] && stop_pid "$(cat $TB/manager.pid)"
+    # Anything left inside the host namespaces (slurmstepd, job tasks).
+    for h in $COMPUTE $BBS; do
+        if ip netns list | grep -qw "^sg-$h"; then
+            for p in $(ip netns pids sg-$h); do stop_pid "$p"; done
+        fi
+    done
+    # FUSE mounts left in the compute hosts' mount namespaces, then the namespaces.
+    for c in $COMPUTE; do
+        if [ -e $TB/ns/$c.mnt ] && nsenter --mount=$TB/ns/$c.mnt true 2>/dev/null; then
+            nsenter --mount=$TB/ns/$c.mnt sh -c \
+                'grep " /run/surge/jobs/" /proc/self/mountinfo | cut -d" " -f5 | sort -r | xargs -r -n1 umount -l' || true
+            umount $TB/ns/$c.mnt 2>/dev/null || true
+        fi
+    done
+    mountpoint -q $TB/ns && umount $TB/ns
+    if [ -s $TB/munged.pid ]; then stop_pid "$(cat $TB/munged.pid)"; fi
+    for h in $COMPUTE $BBS; do
+        ip link del sg$h 2>/dev/null || true
+        ip netns list | grep -qw "^sg-$h" && ip netns del sg-$h
+    done
+    ip link del sgbr0 2>/dev/null || true
+    if grep -q " $TAG\$" /etc/hosts; then
+        local tmp; tmp=$(mktemp)
+        grep -v " $TAG\$" /etc/hosts > "$tmp"; cat "$tmp" > /etc/hosts; rm -f "$tmp"
+    fi
+    if [ -s $TB/user.created ]; then userdel -r "$(cat $TB/user.created)" 2>/dev/null || true; fi
+    rm -rf $TB /dev/shm/surge-tb
+    echo "testbed down"
+}
+
+# Submit SCRIPT as USER from the submit host, wait until the job has left the queue, print
+# its final state, exit code and output file.
+submit() {
+    local user=$1 script=$2; shift 2
+    local id
+    id=$(runuser -u "$user" -- env SLURM_CONF=$SLURM_CONF sbatch --parsable \
+        --output=$TB/out/%j.out -D $TB/pfs "$@" "$script") || return 1
+    id=${id%%;*}
+    local state=""
+    for _ in $(seq 1 900); do
+        state=$(scontrol show job "$id" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+        case $state in
+            COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE) break ;;
+        esac
+        sleep 0.2
+    done
+    # The burst buffer is torn down after the job's state is final: wait for the teardown.
+    for _ in $(seq 1 300); do
+        squeue -h -j "$id" 2>/dev/null | grep -q . || break
+        sleep 0.2
+    done
+    local code
+    code=$(scontrol show job "$id" 2>/dev/null | sed -n 's/.* ExitCode=\([0-9:]*\).*/\1/p')
+    echo "job $id $state ${code:-?} $TB/out/$id.out"
+}
+
+status() {
+    sinfo -N 2>/dev/null || true
+    $TB/bin/surge session --manager $MANAGER ls || true
+    $TB/bin/surge bb agents --manager $MANAGER || true
+    $TB/bin/surge pool --manager $MANAGER ls || true
+}
+
+case "${1:-}" in
+    up) up ;;
+    down) down ;;
+    sbatch) shift; [ $# -ge 2 ] || die "usage: testbed.sh sbatch USER SCRIPT [SBATCH-ARGS...]"; submit "$@" ;;
+    status) status ;;
+    *) sed -n '2,22p' "$0"; exit 2 ;;
+esac
