@@ -32,7 +32,12 @@ MANAGER=${IP[ctl]}:7060
 TB_USER=${TB_USER:-sgbbuser}
 
 die() { echo "testbed: $*" >&2; exit 1; }
-alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# pidfile -> running? (a killed daemon may linger as a zombie until reaped: not running)
+alive() {
+    [ -s "$1" ] || return 1
+    local p; p=$(cat "$1")
+    kill -0 "$p" 2>/dev/null && ! sed 's/.*) //' /proc/"$p"/stat 2>/dev/null | grep -q '^Z'
+}
 stop_pid() { # SIGTERM, up to 10 s, then SIGKILL
     local p=$1
     kill -0 "$p" 2>/dev/null || return 0
@@ -120,10 +125,14 @@ up() {
         mount --bind $TB/ns $TB/ns
         mount --make-private $TB/ns
     fi
+    #    Each gets its own /run/surge (a host's own /run on a real machine): mount points made
+    #    by one host's agent are directories no other host sees.
     for h in $COMPUTE; do
         if ! nsenter --mount=$TB/ns/$h.mnt true 2>/dev/null; then
             touch $TB/ns/$h.mnt
             unshare --mount=$TB/ns/$h.mnt --propagation slave true
+            nsenter --mount=$TB/ns/$h.mnt sh -c \
+                'mkdir -p /run/surge && mount -t tmpfs -o mode=755,size=64m surge-run /run/surge'
         fi
     done
 
@@ -174,7 +183,7 @@ up() {
         echo "$TB_USER" > $TB/user.created
     fi
 
-    wait_for 30 "both compute nodes idle" sh -c '[ "$(sinfo -h -N -t idle -o %N | sort -u | wc -l)" -ge 2 ]'
+    wait_for 30 "both compute nodes up" sh -c '[ "$(sinfo -h -N -t idle,alloc,mix,comp -o %N | sort -u | wc -l)" -ge 2 ]'
     wait_for 20 "both agents alive" sh -c \
         "[ \$($TB/bin/surge bb agents --manager $MANAGER | grep -c ' alive') -ge 2 ]"
     awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "testbed up in %.1f s; export SLURM_CONF=%s SURGE_MANAGER=%s\n", b-a, "'$SLURM_CONF'", "'$MANAGER'"}'
@@ -200,7 +209,7 @@ down() {
     for c in $COMPUTE; do
         if [ -e $TB/ns/$c.mnt ] && nsenter --mount=$TB/ns/$c.mnt true 2>/dev/null; then
             nsenter --mount=$TB/ns/$c.mnt sh -c \
-                'grep " /run/surge/jobs/" /proc/self/mountinfo | cut -d" " -f5 | sort -r | xargs -r -n1 umount -l' || true
+                'grep " /run/surge/" /proc/self/mountinfo | cut -d" " -f5 | sort -r | xargs -r -n1 umount -l' || true
             umount $TB/ns/$c.mnt 2>/dev/null || true
         fi
     done

@@ -1,0 +1,394 @@
+//! Surge under a real Slurm (slurmctld, two slurmd, munged; burst_buffer/lua calling
+//! `surge bb`) on the many-host test bed of `contrib/slurm/testbed.sh`: hosts are network
+//! namespaces, compute hosts have their own mount namespaces and `surge agent`s, the BB
+//! servers run on hosts of their own. DataWarp scripts are submitted with `sbatch` by a
+//! non-root user, exactly as `testbed.sh sbatch` does for an admin.
+//!
+//! Needs root, `ip netns` and /dev/fuse (and Slurm 22.05, which the test bed installs).
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const TB: &str = "/run/surge-tb";
+const MANAGER: &str = "10.78.0.1:7060";
+const USER: &str = "sgbbuser";
+
+fn testbed() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/slurm/testbed.sh")
+}
+
+/// A command with the test bed's environment (the system munged, not the test kit's).
+fn cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(program);
+    c.env_remove("SURGE_MUNGE_SOCKET")
+        .env_remove("SURGE_KEY_FILE")
+        .env("SURGE", SURGE)
+        .env("SLURM_CONF", format!("{TB}/etc/slurm.conf"));
+    c
+}
+
+fn sh(script: &str) -> (bool, String) {
+    let out = cmd("bash").args(["-c", script]).output().expect("bash");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn ok(script: &str) -> String {
+    let (good, out) = sh(script);
+    assert!(good, "`{script}` failed:\n{out}");
+    out
+}
+
+fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (network namespaces, slurmd and agents need root)".into());
+    }
+    if let Some(why) = fuse_unavailable() {
+        return Some(why);
+    }
+    let probe = "surge-tb-probe";
+    let (good, out) = sh(&format!("ip netns add {probe} && ip netns del {probe}"));
+    if !good {
+        return Some(format!("cannot create network namespaces: {out}"));
+    }
+    None
+}
+
+/// The test bed, brought down (also when the test fails) so nothing stays behind.
+struct Bed;
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if std::env::var("SURGE_KEEP_TESTBED").is_ok_and(|v| v == "1") {
+            eprintln!("SURGE_KEEP_TESTBED=1: the test bed stays up");
+            return;
+        }
+        let (_, out) = sh(&format!("{} down", testbed().display()));
+        eprintln!("{out}");
+    }
+}
+
+struct Job {
+    id: u64,
+    state: String,
+    output: String,
+}
+
+/// `testbed.sh sbatch USER SCRIPT` with `script` written to the PFS.
+fn sbatch(name: &str, script: &str, extra: &[&str]) -> Job {
+    let path = format!("{TB}/pfs/{name}");
+    std::fs::write(&path, script).unwrap();
+    let out = ok(&format!(
+        "{} sbatch {USER} {path} {}",
+        testbed().display(),
+        extra.join(" ")
+    ));
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("job "))
+        .unwrap_or_else(|| panic!("no job line in:\n{out}"));
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let output = std::fs::read_to_string(f[4]).unwrap_or_default();
+    Job {
+        id: f[1].parse().unwrap(),
+        state: f[2].to_string(),
+        output,
+    }
+}
+
+fn surge_tb(args: &str) -> String {
+    ok(&format!("{SURGE} {args}"))
+}
+
+/// Nothing of any job is left: no active session, no instance, no mount on either compute
+/// host (as the agents say and as the hosts' mount tables say).
+fn nothing_left(after: &str) {
+    // Slurm reports a job's final state before its teardown hook has finished: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let sessions: serde_json::Value =
+            serde_json::from_str(&surge_tb(&format!("session --manager {MANAGER} ls --json")))
+                .unwrap();
+        let instances: serde_json::Value = serde_json::from_str(&surge_tb(&format!(
+            "instance ls --json --manager {MANAGER}"
+        )))
+        .unwrap();
+        let kept: Vec<&serde_json::Value> = instances
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["kind"] != "persistent")
+            .collect();
+        let agents: serde_json::Value =
+            serde_json::from_str(&surge_tb(&format!("bb agents --manager {MANAGER} --json")))
+                .unwrap();
+        let mounted: usize = agents
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["mounts"].as_array().map_or(0, |m| m.len()))
+            .sum();
+        let (_, fuse) = sh(&format!(
+            "for c in c1 c2; do nsenter --mount={TB}/ns/$c.mnt grep ' /run/surge/jobs/' /proc/self/mountinfo; done"
+        ));
+        if sessions.as_array().is_some_and(|s| s.is_empty())
+            && kept.is_empty()
+            && mounted == 0
+            && fuse.trim().is_empty()
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{after}: left behind: sessions {sessions}; instances {instances}; agents {agents}; \
+             mount tables:\n{fuse}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn write_pfs(rel: &str, bytes: &[u8]) {
+    let p = Path::new(TB).join("pfs").join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, bytes).unwrap();
+    ok(&format!(
+        "chown -R {USER} {TB}/pfs/{}",
+        rel.split('/').next().unwrap()
+    ));
+}
+
+fn slurmctld_log() -> String {
+    std::fs::read_to_string(format!("{TB}/log/slurmctld.log")).unwrap_or_default()
+}
+
+/// Waits until job `id` is RUNNING.
+fn wait_running(id: &str) {
+    wait_for(
+        &format!("job {id} running"),
+        Duration::from_secs(60),
+        || {
+            let (_, st) = sh(&format!("squeue -h -j {id} -o %T"));
+            (st.trim() == "RUNNING").then_some(())
+        },
+    );
+}
+
+fn submit(name: &str, script: &str) -> String {
+    let path = format!("{TB}/pfs/{name}");
+    std::fs::write(&path, script).unwrap();
+    ok(&format!(
+        "runuser -u {USER} -- env SLURM_CONF=$SLURM_CONF sbatch --parsable -o {TB}/out/%j.out -D {TB}/pfs {path}"
+    ))
+    .trim()
+    .to_string()
+}
+
+/// Waits until job `id` has left the queue (its teardown done); returns its final state.
+fn wait_gone(id: &str) -> String {
+    wait_for(&format!("job {id} gone"), Duration::from_secs(120), || {
+        let (_, q) = sh(&format!("squeue -h -j {id} -o %T"));
+        q.trim().is_empty().then_some(())
+    });
+    let (_, s) = sh(&format!("scontrol show job {id}"));
+    s.split_whitespace()
+        .find_map(|w| w.strip_prefix("JobState="))
+        .unwrap_or("?")
+        .to_string()
+}
+
+#[test]
+fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
+    if let Some(why) = unavailable() {
+        if std::env::var("SURGE_SKIP_SLURM").is_ok_and(|v| v == "1") {
+            eprintln!("SKIPPED slurm test bed: {why} (SURGE_SKIP_SLURM=1)");
+            return;
+        }
+        panic!("the Slurm test bed needs {why}; set SURGE_SKIP_SLURM=1 to skip it");
+    }
+    let _ = sh(&format!("{} down", testbed().display()));
+    let t = Instant::now();
+    let _bed = Bed;
+    let up = ok(&format!("{} up", testbed().display()));
+    eprintln!("{up}(took {:.1} s)", t.elapsed().as_secs_f64());
+
+    // 1. Striped, 2 nodes: stage in a directory, both nodes read it and write, stage out.
+    let mut rng = Rng(seed() | 1);
+    let mut data = vec![0u8; 6 << 20];
+    rng.fill(&mut data);
+    write_pfs("in1/data", &data);
+    let job = sbatch(
+        "striped.sh",
+        &format!(
+            "#!/bin/bash\n#SBATCH -N 2\n\
+             #DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme\n\
+             #DW stage_in type=directory source={TB}/pfs/in1 destination=$DW_JOB_STRIPED/in\n\
+             #DW stage_out type=directory source=$DW_JOB_STRIPED/out destination={TB}/pfs/out1\n\
+             set -e\n\
+             echo \"striped at $DW_JOB_STRIPED on $(hostname) as $(id -un)\"\n\
+             mkdir -p $DW_JOB_STRIPED/out\n\
+             srun -N 2 sh -c 'cp $DW_JOB_STRIPED/in/data $DW_JOB_STRIPED/out/data.$(hostname)'\n\
+             srun -N 2 sh -c 'ls $DW_JOB_STRIPED/out > /dev/null; hostname > $DW_JOB_STRIPED/out/host.$(hostname)'\n"
+        ),
+        &[],
+    );
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    assert!(job.output.contains("on sgc1 as sgbbuser"), "{}", job.output);
+    for h in ["sgc1", "sgc2"] {
+        let got = std::fs::read(format!("{TB}/pfs/out1/data.{h}")).unwrap();
+        assert!(got == data, "data.{h} differs from the staged-in file");
+        assert_eq!(
+            std::fs::read_to_string(format!("{TB}/pfs/out1/host.{h}")).unwrap(),
+            format!("{h}\n")
+        );
+    }
+    nothing_left("striped job");
+
+    // 2. Private, 2 nodes: each node's namespace staged out to the same directory.
+    let job = sbatch(
+        "private.sh",
+        &format!(
+            "#!/bin/bash\n#SBATCH -N 2\n\
+             #DW jobdw type=scratch access_mode=private capacity=1GiB pool=nvme\n\
+             #DW stage_out type=directory source=$DW_JOB_PRIVATE/out destination={TB}/pfs/out2\n\
+             srun -N 2 sh -c 'mkdir -p $DW_JOB_PRIVATE/out && n=$(ls $DW_JOB_PRIVATE/out | wc -l) && echo $n > $DW_JOB_PRIVATE/out/seen.$(hostname)'\n"
+        ),
+        &[],
+    );
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    for h in ["sgc1", "sgc2"] {
+        // Each node saw only its own namespace (empty when it listed it).
+        assert_eq!(
+            std::fs::read_to_string(format!("{TB}/pfs/out2/seen.{h}")).unwrap(),
+            "0\n"
+        );
+    }
+    nothing_left("private job");
+
+    // 3. A bad directive is refused at sbatch, with its line.
+    std::fs::write(
+        format!("{TB}/pfs/bad.sh"),
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme\n\
+         #DW stage_in type=file source=/x destinaton=$DW_JOB_STRIPED/x\nhostname\n",
+    )
+    .unwrap();
+    let (good, out) = sh(&format!(
+        "runuser -u {USER} -- env SLURM_CONF=$SLURM_CONF sbatch {TB}/pfs/bad.sh"
+    ));
+    assert!(!good, "{out}");
+    assert!(
+        out.contains("batch script:3") && out.contains("destinaton"),
+        "{out}"
+    );
+    nothing_left("refused job");
+
+    // 4. A stage-in that fails keeps the job from running; nothing stays allocated.
+    let id = submit(
+        "missing.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme\n\
+             #DW stage_in type=file source={TB}/pfs/nope destination=$DW_JOB_STRIPED/x\n\
+             echo RAN\n"
+        ),
+    );
+    let reason = wait_for("the stage-in failure", Duration::from_secs(60), || {
+        let (_, r) = sh(&format!("squeue -h -j {id} -o %r"));
+        r.contains("data_in").then_some(r)
+    });
+    assert!(
+        reason.contains("script:3") && reason.contains("nope"),
+        "{reason}"
+    );
+    wait_for("its teardown", Duration::from_secs(30), || {
+        slurmctld_log()
+            .contains(&format!("surge bb teardown job={id}"))
+            .then_some(())
+    });
+    ok(&format!("scancel {id}"));
+    wait_gone(&id);
+    assert!(!std::path::Path::new(&format!("{TB}/out/{id}.out")).exists());
+    nothing_left("failed stage-in");
+
+    // 5. scancel of a running job: stage-out and teardown still run, nothing stays.
+    let long = format!(
+        "#!/bin/bash\n#SBATCH -N 2\n\
+         #DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme\n\
+         #DW stage_out type=directory source=$DW_JOB_STRIPED/out destination={TB}/pfs/OUT\n\
+         mkdir -p $DW_JOB_STRIPED/out\n\
+         srun -N 2 sh -c 'echo before > $DW_JOB_STRIPED/out/before.$(hostname)'\n\
+         touch {TB}/pfs/OUT.ready\n\
+         while [ ! -e {TB}/pfs/OUT.go ]; do sleep 0.2; done\n\
+         srun -N 2 sh -c 'echo after > $DW_JOB_STRIPED/out/after.$(hostname)'\n"
+    );
+    let id = submit("cancel.sh", &long.replace("OUT", "out5"));
+    wait_running(&id);
+    wait_for("job 5 ready", Duration::from_secs(60), || {
+        Path::new(&format!("{TB}/pfs/out5.ready"))
+            .exists()
+            .then_some(())
+    });
+    ok(&format!("scancel {id}"));
+    let state = wait_gone(&id);
+    assert_eq!(state, "CANCELLED");
+    nothing_left("scancel");
+    for h in ["sgc1", "sgc2"] {
+        assert!(Path::new(&format!("{TB}/pfs/out5/before.{h}")).exists());
+    }
+
+    // 6. kill -9 of an agent mid-job: restarted, it cleans up and mounts again; the job
+    //    completes on both hosts.
+    let id = submit("agent.sh", &long.replace("OUT", "out6"));
+    wait_for("job 6 ready", Duration::from_secs(60), || {
+        Path::new(&format!("{TB}/pfs/out6.ready"))
+            .exists()
+            .then_some(())
+    });
+    ok(&format!("kill -9 $(cat {TB}/agent-c2.pid)"));
+    ok(&format!("{} up", testbed().display()));
+    // The restarted agent detaches the dead mount and mounts the job's instance again.
+    wait_for("sgc2 mounted again", Duration::from_secs(30), || {
+        let agents: serde_json::Value =
+            serde_json::from_str(&surge_tb(&format!("bb agents --manager {MANAGER} --json")))
+                .ok()?;
+        let a = agents
+            .as_array()?
+            .iter()
+            .find(|a| a["host"] == "sgc2")?
+            .clone();
+        (a["alive"] == true && a["mounts"].as_array()?.len() == 1).then_some(())
+    });
+    std::fs::write(format!("{TB}/pfs/out6.go"), "").unwrap();
+    assert_eq!(wait_gone(&id), "COMPLETED", "{}", slurmctld_log());
+    for f in ["before.sgc1", "before.sgc2", "after.sgc1", "after.sgc2"] {
+        assert!(
+            Path::new(&format!("{TB}/pfs/out6/{f}")).exists(),
+            "{f} was not staged out"
+        );
+    }
+    nothing_left("agent killed");
+
+    // 7. kill -9 of the manager mid-job: restarted, the job completes and is torn down.
+    let id = submit("manager.sh", &long.replace("OUT", "out7"));
+    wait_for("job 7 ready", Duration::from_secs(60), || {
+        Path::new(&format!("{TB}/pfs/out7.ready"))
+            .exists()
+            .then_some(())
+    });
+    ok(&format!("kill -9 $(cat {TB}/manager.pid)"));
+    ok(&format!("{} up", testbed().display()));
+    std::fs::write(format!("{TB}/pfs/out7.go"), "").unwrap();
+    assert_eq!(wait_gone(&id), "COMPLETED", "{}", slurmctld_log());
+    for f in ["before.sgc1", "after.sgc2"] {
+        assert!(
+            Path::new(&format!("{TB}/pfs/out7/{f}")).exists(),
+            "{f} was not staged out"
+        );
+    }
+    nothing_left("manager killed");
+}
