@@ -407,6 +407,13 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
         b"root's data\n"
     );
 
+    // The agents' view (where every job is mounted, and with what) is the administrators'.
+    refused(
+        "listing the compute-node agents and their mounts",
+        &attacker(&["bb", "agents", "--manager", &m]),
+        &["may not list agents"],
+    );
+
     // Row 5: destroy root's instances.
     refused(
         "persistent destroy of root's instance",
@@ -458,6 +465,7 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
                         ..Default::default()
                     }),
                     persistent: vec![],
+                    ..Default::default()
                 })
                 .await
                 .unwrap()

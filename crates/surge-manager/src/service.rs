@@ -228,6 +228,11 @@ impl Manager for Service {
         let c = caller(&req)?;
         let r = req.into_inner();
         let s = self.own_session(&c, r.id)?;
+        // Where a job's instances are mounted is the scheduler's say, not the user's: agents
+        // make root mounts on the hosts named.
+        if r.mount || !r.hosts.is_empty() {
+            self.admin(&c, "have agents mount a session")?;
+        }
         if r.mount && s.state != "active" {
             return Err(Status::failed_precondition(format!(
                 "session {} is {}: nothing to mount",

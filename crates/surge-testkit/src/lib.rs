@@ -251,7 +251,20 @@ pub fn seed() -> u64 {
 pub struct ChildGuard(pub Child);
 
 impl Drop for ChildGuard {
+    /// SIGTERM first, so a `surge mount` unmounts (a SIGKILLed one leaves a dead mount behind),
+    /// then SIGKILL after 3 s.
     fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+            unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(3) {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
