@@ -20,18 +20,19 @@ local function q(s)
 	return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
--- Runs a shell command; returns ok, its output (stdout and stderr). The exit status is read
--- from the output: Lua 5.1's close() of a pipe does not give it.
+-- Runs a shell command; returns ok, its output (stdout and stderr), and how long it took in
+-- ms. The exit status is read from the output: Lua 5.1's close() of a pipe does not give it.
 local function sh(cmd)
-	local p = io.popen("(" .. cmd .. ") 2>&1; echo \"surge-exit=$?\"")
+	local p = io.popen("t0=$(date +%s%N); (" .. cmd .. ") 2>&1; rc=$?; "
+		.. "echo \"surge-ms=$(( ($(date +%s%N) - t0) / 1000000 )) surge-exit=$rc\"")
 	if not p then
-		return false, "cannot run " .. cmd
+		return false, "cannot run " .. cmd, 0
 	end
 	local out = p:read("*a") or ""
 	p:close()
-	local code = out:match("surge%-exit=(%d+)%s*$")
-	out = out:gsub("surge%-exit=%d+%s*$", ""):gsub("%s+$", "")
-	return code == "0", out
+	local ms, code = out:match("surge%-ms=(%d+) surge%-exit=(%d+)%s*$")
+	out = out:gsub("surge%-ms=%d+ surge%-exit=%d+%s*$", ""):gsub("%s+$", "")
+	return code == "0", out, tonumber(ms) or 0
 end
 
 local function surge(phase, job_id, job_script, extra)
@@ -45,14 +46,12 @@ local function surge(phase, job_id, job_script, extra)
 	if extra then
 		cmd = cmd .. " " .. extra
 	end
-	local ok, out = sh(cmd)
+	local ok, out, ms = sh(cmd)
 	if ok then
-		if out ~= "" then
-			slurm.log_info("surge bb %s job=%s: %s", phase, tostring(job_id), out)
-		end
+		slurm.log_info("surge bb %s job=%s (%d ms): %s", phase, tostring(job_id), ms, out)
 		return slurm.SUCCESS, out
 	end
-	slurm.log_error("surge bb %s job=%s failed: %s", phase, tostring(job_id), out)
+	slurm.log_error("surge bb %s job=%s failed (%d ms): %s", phase, tostring(job_id), ms, out)
 	return slurm.ERROR, out
 end
 

@@ -26,6 +26,8 @@ struct Seen {
 #[derive(Default)]
 pub struct Agents {
     seen: Mutex<HashMap<String, Seen>>,
+    /// Woken when what some agent should mount may have changed (phases, ended sessions).
+    pub changed: tokio::sync::Notify,
 }
 
 /// Where instance `var` of a session is mounted under `root` on its hosts.
@@ -37,6 +39,11 @@ pub fn mount_path(root: &str, session: u64, persistent_name: Option<&str>) -> St
 }
 
 impl Agents {
+    /// What agents should mount may have changed: wake their long polls.
+    pub fn poke(&self) {
+        self.changed.notify_waiters();
+    }
+
     pub fn record(&self, host: &str, mounts: Vec<api::AgentMount>, failed: Vec<api::AgentMount>) {
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -117,6 +124,16 @@ fn session_mounts(
         });
     }
     Ok(out)
+}
+
+/// True when `have` (what an agent reports) is exactly the set of `want`.
+pub fn same_mounts(have: &[api::AgentMount], want: &[api::AgentMount]) -> bool {
+    let key = |m: &api::AgentMount| (m.session, m.instance, m.namespace, m.path.clone());
+    let mut a: Vec<_> = have.iter().map(key).collect();
+    let mut b: Vec<_> = want.iter().map(key).collect();
+    a.sort();
+    b.sort();
+    a == b
 }
 
 /// How far the mounts of session `s` are: the hosts that have all of them, the errors agents

@@ -246,6 +246,7 @@ impl Manager for Service {
             }
         }
         let s = self.core.set_phase(r.id, &r.phase, hosts, r.mount)?;
+        self.agents.poke();
         Ok(Response::new(self.session_view(&s)))
     }
 
@@ -256,8 +257,18 @@ impl Manager for Service {
         if r.host.is_empty() {
             return Err(Status::invalid_argument("an agent must name its host"));
         }
+        let wait = std::time::Duration::from_millis(u64::from(r.wait_ms.min(30_000)));
+        let have = r.mounts.clone();
+        let unchanged_failures = r.failed.is_empty();
         self.agents.record(&r.host, r.mounts, r.failed);
-        let mounts = crate::agents::wanted(&self.core, &self.mount_root, &r.host)?;
+        let changed = self.agents.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let mut mounts = crate::agents::wanted(&self.core, &self.mount_root, &r.host)?;
+        if !wait.is_zero() && unchanged_failures && crate::agents::same_mounts(&have, &mounts) {
+            let _ = tokio::time::timeout(wait, changed).await;
+            mounts = crate::agents::wanted(&self.core, &self.mount_root, &r.host)?;
+        }
         Ok(Response::new(api::AgentSyncReply {
             mounts,
             mount_root: self.mount_root.clone(),
@@ -292,6 +303,7 @@ impl Manager for Service {
             .core
             .end_session(r.id, r.keep_job_instance, &r.state)
             .await?;
+        self.agents.poke();
         Ok(Response::new(self.session_view(&s)))
     }
 

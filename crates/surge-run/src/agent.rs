@@ -3,8 +3,9 @@
 //! `pre_run`) and unmounts them when it no longer does (`post_run`, `teardown`, a session
 //! ended by hand or by reconciliation).
 //!
-//! It pulls: every `--interval` it reports its mounts (and the ones it failed to make) and
-//! gets back the wanted ones. Nothing is kept across restarts: at start, mounts left under
+//! It pulls: it reports its mounts (and the ones it failed to make) and gets back the wanted
+//! ones; the manager holds the answer (a long poll, at most `--interval`) until they differ, so
+//! a job's pre_run is answered within milliseconds. Nothing is kept across restarts: at start, mounts left under
 //! the mount root by an agent that died (their FUSE daemon is gone: "transport endpoint is not
 //! connected") are detached, and the wanted ones are made again.
 
@@ -42,8 +43,9 @@ pub struct AgentArgs {
     /// host name.
     #[arg(long)]
     pub host: Option<String>,
-    /// Seconds between syncs with the manager.
-    #[arg(long, default_value_t = 0.5)]
+    /// Longest wait between syncs with the manager (it answers at once when a job wants
+    /// mounts here; this bounds how stale the manager's view of this host gets).
+    #[arg(long, default_value_t = 5.0)]
     pub interval: f64,
     /// FUSE threads per mount.
     #[arg(long, default_value_t = 2)]
@@ -90,6 +92,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let mut failed: HashMap<Key, api::AgentMount> = HashMap::new();
     let mut cleaned = false;
     let mut last_error: Option<String> = None;
+    // Report at once after a change (the scheduler waits for it), else wait for one.
+    let mut report_now = true;
     info!(%host, manager = %args.manager, "agent started");
     while !stop.load(Ordering::SeqCst) {
         let mounts: Vec<api::AgentMount> = held.values().map(|h| report(&h.spec)).collect();
@@ -100,6 +104,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                     host: host.clone(),
                     mounts,
                     failed: failed.values().cloned().collect(),
+                    wait_ms: if report_now {
+                        0
+                    } else {
+                        (args.interval.max(0.05) * 1000.0) as u32
+                    },
                 })
                 .await
                 .map_err(status_err)?;
@@ -118,10 +127,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                     warn!("cannot sync with the manager {}: {msg}", args.manager);
                     last_error = Some(msg);
                 }
-                std::thread::sleep(Duration::from_secs_f64(args.interval.max(0.1)));
+                std::thread::sleep(Duration::from_secs_f64(args.interval.clamp(0.1, 1.0)));
                 continue;
             }
         };
+        report_now = false;
         if !cleaned {
             cleanup_stale(Path::new(&reply.mount_root));
             cleaned = true;
@@ -138,6 +148,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             .map(|(k, _)| *k)
             .collect();
         for k in gone {
+            report_now = true;
             if let Some(h) = held.remove(&k) {
                 let path = h.mounted.mountpoint.clone();
                 match h.mounted.unmount() {
@@ -156,6 +167,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             if held.contains_key(&k) {
                 continue;
             }
+            report_now = true;
             match mount_one(&spec, rt.handle().clone(), args.threads) {
                 Ok(mounted) => {
                     info!(
@@ -176,7 +188,10 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        std::thread::sleep(Duration::from_secs_f64(args.interval.max(0.05)));
+        // A mount that keeps failing is retried once a second, not in a tight loop.
+        if !failed.is_empty() {
+            std::thread::sleep(Duration::from_secs(1));
+        }
     }
     info!("stopping: unmounting {} mount(s)", held.len());
     for (_, h) in held.drain() {

@@ -719,7 +719,7 @@ async fn pre_run(job: &Job, hosts: Vec<String>, timeout: f64) -> anyhow::Result<
                 missing.join(", ")
             );
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -758,7 +758,7 @@ async fn unmount(
                 left
             );
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
