@@ -385,17 +385,12 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
     }
     for cp in &d.create_persistent {
         let r = m
-            .create_instance(api::CreateInstanceRequest {
-                capacity: cp.capacity,
-                access_mode: "striped".into(),
-                pool: cp.pool.clone().unwrap_or_default(),
-                persistent_name: cp.name.clone(),
-                nodes: 1,
-                owner_uid: uid,
-                owner_gid: gid,
-                stripe_size: 0,
-                share_with_group: false,
-            })
+            .create_instance(persistent_request(
+                cp,
+                cp.pool.clone().unwrap_or_default(),
+                uid,
+                gid,
+            ))
             .await;
         match r {
             Ok(_) => println!("created persistent instance {}", cp.name),
@@ -478,6 +473,26 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// The instance a `#BB create_persistent` line asks for, for its owner.
+pub fn persistent_request(
+    cp: &surge_core::directives::CreatePersistent,
+    pool: String,
+    uid: u32,
+    gid: u32,
+) -> api::CreateInstanceRequest {
+    api::CreateInstanceRequest {
+        capacity: cp.capacity,
+        access_mode: "striped".into(),
+        pool,
+        persistent_name: cp.name.clone(),
+        nodes: 1,
+        owner_uid: uid,
+        owner_gid: gid,
+        stripe_size: 0,
+        share_with_group: false,
+    }
+}
+
 /// The session's instance a `$DW_...` variable names.
 fn instance_of<'a>(s: &'a api::Session, var: &DwVariable) -> Option<&'a api::Instance> {
     match var {
@@ -533,6 +548,29 @@ async fn stage_once(
     wait_stage(m, task, &format!("stage {direction}"), true, || false).await
 }
 
+/// "stage in $DW_JOB_STRIPED (node 1): 3 files, 20 MiB in 0.2 s".
+fn stage_line(
+    direction: &str,
+    g: &StageGroup,
+    inst: &api::Instance,
+    ns: u32,
+    done: &api::StageTask,
+    t: Instant,
+) -> String {
+    format!(
+        "stage {direction} {}{}: {} files, {} in {:.1} s",
+        g.instance,
+        if private(inst) {
+            format!(" (node {ns})")
+        } else {
+            String::new()
+        },
+        done.files_done,
+        format_bytes(done.bytes_done),
+        t.elapsed().as_secs_f64()
+    )
+}
+
 fn failure_lines(t: &api::StageTask) -> Vec<String> {
     let mut out = Vec::new();
     if !t.error.is_empty() {
@@ -578,18 +616,7 @@ async fn data_in(job: &Job, workdir: &Path) -> anyhow::Result<()> {
                     failure_lines(&done).join("; ")
                 );
             }
-            println!(
-                "stage in {}{}: {} files, {} in {:.1} s",
-                g.instance,
-                if private(inst) {
-                    format!(" (node {ns})")
-                } else {
-                    String::new()
-                },
-                done.files_done,
-                format_bytes(done.bytes_done),
-                t.elapsed().as_secs_f64()
-            );
+            println!("{}", stage_line("in", g, inst, ns, &done, t));
         }
     }
     Ok(())
@@ -859,18 +886,7 @@ async fn data_out(job: &Job, workdir: &Path) -> anyhow::Result<()> {
                     )
                     .await?;
                     if done.state == "done" {
-                        println!(
-                            "stage out {}{}: {} files, {} in {:.1} s",
-                            g.instance,
-                            if private(inst) {
-                                format!(" (node {ns})")
-                            } else {
-                                String::new()
-                            },
-                            done.files_done,
-                            format_bytes(done.bytes_done),
-                            t.elapsed().as_secs_f64()
-                        );
+                        println!("{}", stage_line("out", &g, inst, ns, &done, t));
                     } else {
                         failures.extend(failure_lines(&done));
                     }
@@ -939,43 +955,69 @@ async fn per_namespace(
         .map_err(|e| err(e.message().to_string()))?
         .into_inner();
     let token = surge_auth::Token::from_text(&cap.token).map_err(|e| err(e.to_string()))?;
-    let clients = (0..inst.nodes)
+    split_private(&g.instance, &desc, &token, inst.nodes, &g.items).await
+}
+
+/// The stage-out of `items` from a private instance of `nodes` namespaces, per namespace: each
+/// node's namespace with the items it holds (all of them staged to the same destinations, the
+/// nodes' trees merged). A destination two nodes would both write is refused before anything
+/// is copied (the lines say which and why), so no node's output silently replaces another's;
+/// an item no node holds stays with node 0, whose stage then says it is missing.
+pub async fn split_private(
+    var: &DwVariable,
+    desc: &InstanceDescriptor,
+    token: &surge_auth::Token,
+    nodes: u32,
+    items: &[surge_stage::StageItem],
+) -> Result<Vec<(u32, Vec<surge_stage::StageItem>)>, Vec<String>> {
+    let clients = (0..nodes)
         .map(|ns| {
             InstanceClient::new(desc.clone(), NamespaceId(ns), token.clone())
                 .map(std::sync::Arc::new)
         })
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(e.to_string()))?;
-    let held = surge_stage::merge::private_outputs(&clients, &g.items)
+        .map_err(|e| vec![format!("stage out of {var}: {e}")])?;
+    let held = surge_stage::merge::private_outputs(&clients, items)
         .await
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| vec![format!("stage out of {var}: {e}")])?;
     if !held.conflicts.is_empty() {
-        return Err(held
+        let mut lines: Vec<String> = held
             .conflicts
             .iter()
             .take(20)
-            .map(|(p, nodes)| {
+            .map(|(path, nodes)| {
                 format!(
-                    "stage out of {} (access_mode=private): {} would be written by nodes {nodes:?}",
-                    g.instance,
-                    p.display()
+                    "stage out of {var} (access_mode=private): {} would be written by nodes \
+                     {nodes:?}; each node's namespace goes to the same destination, so give the \
+                     nodes' outputs different names or directories",
+                    path.display(),
                 )
             })
-            .collect());
+            .collect();
+        if held.conflicts.len() > 20 {
+            lines.push(format!(
+                "stage out of {var}: {} more paths written by several nodes",
+                held.conflicts.len() - 20
+            ));
+        }
+        lines.push(format!(
+            "stage out of {var}: nothing of it was staged out; the instance is kept"
+        ));
+        return Err(lines);
     }
-    let mut per: Vec<(u32, Vec<surge_stage::StageItem>)> = held
+    let mut per_node: Vec<(u32, Vec<surge_stage::StageItem>)> = held
         .items
         .into_iter()
         .enumerate()
         .map(|(k, v)| (k as u32, v))
         .collect();
-    for item in &g.items {
-        if per.iter().all(|(_, v)| !v.contains(item)) {
-            per[0].1.push(item.clone());
+    for item in items {
+        if per_node.iter().all(|(_, v)| !v.contains(item)) {
+            per_node[0].1.push(item.clone());
         }
     }
-    per.retain(|(_, v)| !v.is_empty());
-    Ok(per)
+    per_node.retain(|(_, v)| !v.is_empty());
+    Ok(per_node)
 }
 
 async fn teardown(job: &Job, hurry: bool) -> anyhow::Result<()> {

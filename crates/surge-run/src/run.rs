@@ -416,12 +416,7 @@ struct Used {
     token: surge_auth::Token,
 }
 
-/// The stage-out of `items` from instance `u`, per namespace: one for a striped instance; for a
-/// private one, each node's namespace with the items it holds (all of them staged to the same
-/// destinations, the nodes' trees merged). A destination two nodes would both write is refused
-/// before anything is copied (the lines say which and why), so no node's output silently
-/// replaces another's; an item no node holds stays with node 0, whose stage then says it is
-/// missing.
+/// The stage-out of `items` from instance `u`, per namespace (see [`crate::bb::split_private`]).
 async fn out_per_namespace(
     u: &Used,
     nodes: u32,
@@ -430,58 +425,7 @@ async fn out_per_namespace(
     if !u.private || nodes <= 1 {
         return Ok(vec![(0, items.to_vec())]);
     }
-    let clients = (0..nodes)
-        .map(|ns| {
-            InstanceClient::new(u.desc.clone(), NamespaceId(ns), u.token.clone())
-                .map(std::sync::Arc::new)
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| vec![format!("stage out of {}: {e}", u.var)])?;
-    let held = surge_stage::merge::private_outputs(&clients, items)
-        .await
-        .map_err(|e| vec![format!("stage out of {}: {e}", u.var)])?;
-    if !held.conflicts.is_empty() {
-        let mut lines: Vec<String> = held
-            .conflicts
-            .iter()
-            .take(20)
-            .map(|(path, nodes)| {
-                format!(
-                    "stage out of {} (access_mode=private): {} would be written by nodes {:?}; \
-                     each node's namespace goes to the same destination, so give the nodes' \
-                     outputs different names or directories",
-                    u.var,
-                    path.display(),
-                    nodes
-                )
-            })
-            .collect();
-        if held.conflicts.len() > 20 {
-            lines.push(format!(
-                "stage out of {}: {} more paths written by several nodes",
-                u.var,
-                held.conflicts.len() - 20
-            ));
-        }
-        lines.push(format!(
-            "stage out of {}: nothing of it was staged out; the instance is kept",
-            u.var
-        ));
-        return Err(lines);
-    }
-    let mut per_node: Vec<(u32, Vec<surge_stage::StageItem>)> = held
-        .items
-        .into_iter()
-        .enumerate()
-        .map(|(k, v)| (k as u32, v))
-        .collect();
-    for item in items {
-        if per_node.iter().all(|(_, v)| !v.contains(item)) {
-            per_node[0].1.push(item.clone());
-        }
-    }
-    per_node.retain(|(_, v)| !v.is_empty());
-    Ok(per_node)
+    crate::bb::split_private(&u.var, &u.desc, &u.token, nodes, items).await
 }
 
 fn interrupted(sig: &Signals) -> bool {
@@ -530,17 +474,12 @@ async fn job(
     for cp in &d.create_persistent {
         let t = Instant::now();
         let r = c
-            .create_instance(api::CreateInstanceRequest {
-                capacity: cp.capacity,
-                access_mode: "striped".into(),
-                pool: pool_for(&cp.pool, rep),
-                persistent_name: cp.name.clone(),
-                nodes: 1,
-                owner_uid: uid,
-                owner_gid: gid,
-                stripe_size: 0,
-                share_with_group: false,
-            })
+            .create_instance(crate::bb::persistent_request(
+                cp,
+                pool_for(&cp.pool, rep),
+                uid,
+                gid,
+            ))
             .await;
         match r {
             Ok(i) => {
