@@ -12,14 +12,16 @@
 #
 #   root netns ("sgctl", 10.78.0.1): munged, slurmctld (own UTS name), surge manager;
 #                                    the "PFS" is $TB/pfs (a directory every host sees)
-#   sg-bb1/sg-bb2 (10.78.0.21/.22):  surge server each, fast tier /dev/shm/surge-tb/bbN
+#   sg-bb1/sg-bb2 (10.78.0.21/.22):  surge server and surge mover each (fast tier
+#                                    /dev/shm/surge-tb/bbN; the movers run the stage tasks)
 #   sg-c1/sg-c2 (10.78.0.11/.12):    slurmd + surge agent, each host with its own UTS name
 #                                    (sgc1/sgc2) and its own mount namespace, so a mount the
 #                                    agent of sgc1 makes is seen by sgc1's jobs only
 #
 # Settings (environment): SURGE (the surge executable; default: the one on PATH, else this
 # repository's target/release/surge), TB_USER (the submit user created by `up`, default
-# sgbbuser). Slurm 22.05 from Debian (slurm-wlm, munge, lua5.3) is installed if missing.
+# sgbbuser), TB_DEADLINE (seconds a job's I/O waits for an unreachable server before EIO,
+# default 10; surge agent's own default is 60). Slurm 22.05 from Debian (slurm-wlm, munge, lua5.3) is installed if missing.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 TB=/run/surge-tb
@@ -163,8 +165,13 @@ up() {
     done
     wait_for 20 "2 servers up in pool nvme" sh -c \
         "$TB/bin/surge pool --manager $MANAGER ls --json | grep -Eq '\"servers_up\": *2'"
+    # Data movers on the BB hosts (they see the PFS): the manager only schedules stage tasks.
+    for b in $BBS; do
+        daemon mover-$b nsenter --net=/run/netns/sg-$b $TB/bin/surge mover --manager $MANAGER --host sg$b
+    done
     for c in $COMPUTE; do
-        daemon agent-$c nsenter --net=/run/netns/sg-$c --mount=$TB/ns/$c.mnt $TB/bin/surge agent --manager $MANAGER --host sg$c
+        daemon agent-$c nsenter --net=/run/netns/sg-$c --mount=$TB/ns/$c.mnt $TB/bin/surge agent --manager $MANAGER --host sg$c \
+            --deadline "${TB_DEADLINE:-10}"
     done
 
     # 7. Slurm: slurmctld (UTS name sgctl), a slurmd per compute host in its namespaces
@@ -197,6 +204,7 @@ down() {
     done
     [ -s $TB/slurmctld.pid ] && stop_pid "$(cat $TB/slurmctld.pid)"
     for c in $COMPUTE; do [ -s $TB/agent-$c.pid ] && stop_pid "$(cat $TB/agent-$c.pid)"; done
+    for b in $BBS; do [ -s $TB/mover-$b.pid ] && stop_pid "$(cat $TB/mover-$b.pid)"; done
     for b in $BBS; do [ -s $TB/server-$b.pid ] && stop_pid "$(cat $TB/server-$b.pid)"; done
     [ -s $TB/manager.pid ] && stop_pid "$(cat $TB/manager.pid)"
     # Anything left inside the host namespaces (slurmstepd, job tasks).

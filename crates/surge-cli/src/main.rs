@@ -34,6 +34,8 @@ enum Command {
     Bb(surge_run::bb::BbArgs),
     /// The compute-node agent: mounts job instances on this host when the manager asks (root).
     Agent(surge_run::agent::AgentArgs),
+    /// A data mover: runs the manager's stage tasks on this host (root, PFS mounted).
+    Mover(surge_run::mover::MoverArgs),
     /// Stage files between the PFS and burst-buffer instances.
     Stage(surge_run::stage_cli::StageArgs),
     /// Persistent instances: create, list, destroy.
@@ -153,6 +155,7 @@ fn main() -> ExitCode {
         Command::Manager(_)
             | Command::Mount(_)
             | Command::Agent(_)
+            | Command::Mover(_)
             | Command::Server(ServerCmd { sub: None, .. })
     );
     init_logging(cli.verbose, daemon);
@@ -161,6 +164,7 @@ fn main() -> ExitCode {
         Command::Exec(a) => surge_run::exec::run_exec(a),
         Command::Bb(a) => surge_run::bb::run(a),
         Command::Agent(a) => surge_run::agent::run(a),
+        Command::Mover(a) => surge_run::mover::run(a),
         Command::Stage(a) => surge_run::stage_cli::run_stage(a),
         Command::Persistent(a) => {
             with_manager(a, |a| &mut a.addr, surge_manager::cli::run_persistent)

@@ -249,6 +249,9 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
         );
     }
     nothing_left("striped job");
+    // The copies ran on the data movers of the BB hosts, not on the manager's host.
+    let mlog = std::fs::read_to_string(format!("{TB}/log/manager.log")).unwrap_or_default();
+    assert!(mlog.contains("runs on data mover sgbb"), "{mlog}");
 
     // 2. Private, 2 nodes: each node's namespace staged out to the same directory.
     let job = sbatch(
@@ -391,4 +394,33 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
         );
     }
     nothing_left("manager killed");
+
+    // 8. The link between a compute host and the BB hosts is cut mid-job (blackhole routes on
+    //    sgc2): its I/O fails with EIO after the agents' deadline (the test bed's 10 s) instead
+    //    of hanging, the job fails, its teardown does not wait for ever, and once the link is
+    //    back nothing is left.
+    let id = submit("cut.sh", &long.replace("OUT", "out8"));
+    wait_for("job 8 ready", Duration::from_secs(60), || {
+        Path::new(&format!("{TB}/pfs/out8.ready"))
+            .exists()
+            .then_some(())
+    });
+    let cut = "for ip in 10.78.0.21 10.78.0.22; do ip -n sg-c2 route add blackhole $ip/32; done";
+    let heal = "for ip in 10.78.0.21 10.78.0.22; do ip -n sg-c2 route del blackhole $ip/32; done";
+    ok(cut);
+    let t = Instant::now();
+    std::fs::write(format!("{TB}/pfs/out8.go"), "").unwrap();
+    let state = wait_gone(&id);
+    let took = t.elapsed();
+    ok(heal);
+    let output = std::fs::read_to_string(format!("{TB}/out/{id}.out")).unwrap_or_default();
+    assert_eq!(state, "FAILED", "{output}");
+    assert!(
+        output.contains("Input/output error") || output.contains("I/O error"),
+        "{output}"
+    );
+    assert!(took < Duration::from_secs(90), "the cut job took {took:?}");
+    // sgc1's output still reached the PFS.
+    assert!(Path::new(&format!("{TB}/pfs/out8/after.sgc1")).exists());
+    nothing_left("link cut");
 }

@@ -78,6 +78,10 @@ pub struct ManagerArgs {
     /// instance whose stage-out failed is kept). Also done at start.
     #[arg(long, default_value_t = 30.0)]
     pub reconcile_interval: f64,
+    /// Where stage tasks run: on data movers (`surge mover` on hosts that mount the PFS) when
+    /// one is alive, else here (auto); always here (local); only on movers (movers).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub stage_on: crate::stage::StageOn,
 }
 
 pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
@@ -112,7 +116,7 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
             )
             .with_context(|| format!("cannot open manager state {}", args.state.display()))?,
         );
-        let stages = Arc::new(Stages::new(core.clone()));
+        let stages = Arc::new(Stages::with(core.clone(), args.stage_on));
         let grpc = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;

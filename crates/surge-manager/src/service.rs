@@ -14,6 +14,7 @@ use surge_api::v1 as api;
 use surge_api::v1::manager_server::Manager;
 use surge_auth::Caller;
 use tonic::{Request, Response, Status};
+use tracing::info;
 
 pub struct Service {
     pub core: Arc<Core>,
@@ -272,6 +273,73 @@ impl Manager for Service {
         Ok(Response::new(api::AgentSyncReply {
             mounts,
             mount_root: self.mount_root.clone(),
+        }))
+    }
+
+    async fn mover_poll(&self, req: Request<api::MoverPollRequest>) -> Res<api::MoverPollReply> {
+        let c = caller(&req)?;
+        self.admin(&c, "run a data mover")?;
+        let r = req.into_inner();
+        if r.host.is_empty() {
+            return Err(Status::invalid_argument("a data mover must name its host"));
+        }
+        let movers = &self.stages.movers;
+        movers.seen(&r.host);
+        let wait = std::time::Duration::from_millis(u64::from(r.wait_ms.min(30_000)));
+        let start = std::time::Instant::now();
+        loop {
+            let woken = movers.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let tasks = movers.take(&r.host, r.free_slots as usize);
+            let cancel = self.stages.cancelled_on(&r.running);
+            let left = wait.saturating_sub(start.elapsed());
+            if !tasks.is_empty() || !cancel.is_empty() || left.is_zero() {
+                for (id, _, _) in &tasks {
+                    info!("stage task {id}: runs on data mover {}", r.host);
+                }
+                return Ok(Response::new(api::MoverPollReply {
+                    tasks: tasks
+                        .into_iter()
+                        .map(|(id, task_json, owner)| api::MoverTask {
+                            id,
+                            task_json,
+                            uid: owner.uid,
+                            gid: owner.gid,
+                            groups: owner.groups.clone(),
+                        })
+                        .collect(),
+                    cancel,
+                }));
+            }
+            // Terminations are looked for at least once a second.
+            let _ = tokio::time::timeout(left.min(std::time::Duration::from_secs(1)), woken).await;
+            movers.seen(&r.host);
+        }
+    }
+
+    async fn mover_event(&self, req: Request<api::MoverEventRequest>) -> Res<api::MoverEventReply> {
+        let c = caller(&req)?;
+        self.admin(&c, "run a data mover")?;
+        let r = req.into_inner();
+        let movers = &self.stages.movers;
+        movers.seen(&r.host);
+        let msg =
+            if r.exited {
+                crate::stage::MoverMsg::Exited(r.exit_status)
+            } else {
+                crate::stage::MoverMsg::Event(serde_json::from_str(&r.event_json).map_err(|e| {
+                    Status::invalid_argument(format!("unreadable worker event: {e}"))
+                })?)
+            };
+        if !movers.deliver(&r.host, r.task, msg) {
+            return Err(Status::not_found(format!(
+                "stage task {} is not running on {}",
+                r.task, r.host
+            )));
+        }
+        Ok(Response::new(api::MoverEventReply {
+            cancel: !self.stages.cancelled_on(&[r.task]).is_empty(),
         }))
     }
 

@@ -82,6 +82,222 @@ struct Running {
     live: Arc<Live>,
 }
 
+/// Where stage tasks run (`surge manager --stage-on`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StageOn {
+    /// On a data mover when at least one is alive, else on the manager's host.
+    Auto,
+    /// Always on the manager's host.
+    Local,
+    /// Only on data movers (tasks wait for one).
+    Movers,
+}
+
+/// A mover not heard from for this long is lost: its tasks fail.
+pub const MOVER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// What a mover said about a task.
+pub enum MoverMsg {
+    Event(Event),
+    /// The worker exited (its status).
+    Exited(String),
+}
+
+/// The mover a task was given to (None while queued) and where its events go.
+type Feed = (Option<String>, tokio::sync::mpsc::UnboundedSender<MoverMsg>);
+
+struct Queued {
+    id: u64,
+    task_json: String,
+    owner: surge_auth::Caller,
+}
+
+/// Data movers (`surge mover`): the tasks waiting for one, and where each runs.
+#[derive(Default)]
+pub struct Movers {
+    seen: Mutex<HashMap<String, std::time::Instant>>,
+    queue: Mutex<std::collections::VecDeque<Queued>>,
+    /// Task -> (the mover running it, where its events go).
+    feeds: Mutex<HashMap<u64, Feed>>,
+    /// Woken when a task is queued.
+    pub wake: tokio::sync::Notify,
+}
+
+impl Movers {
+    pub fn any_alive(&self) -> bool {
+        self.seen
+            .lock()
+            .values()
+            .any(|t| t.elapsed() < MOVER_TIMEOUT)
+    }
+
+    fn alive(&self, host: &str) -> bool {
+        self.seen
+            .lock()
+            .get(host)
+            .is_some_and(|t| t.elapsed() < MOVER_TIMEOUT)
+    }
+
+    pub fn seen(&self, host: &str) {
+        self.seen
+            .lock()
+            .insert(host.to_string(), std::time::Instant::now());
+    }
+
+    fn enqueue(
+        &self,
+        id: u64,
+        task_json: String,
+        owner: &surge_auth::Caller,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<MoverMsg> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.feeds.lock().insert(id, (None, tx));
+        self.queue.lock().push_back(Queued {
+            id,
+            task_json,
+            owner: owner.clone(),
+        });
+        self.wake.notify_waiters();
+        rx
+    }
+
+    /// Up to `n` queued tasks for mover `host`: (id, task JSON, owner).
+    pub fn take(&self, host: &str, n: usize) -> Vec<(u64, String, surge_auth::Caller)> {
+        let mut q = self.queue.lock();
+        let mut feeds = self.feeds.lock();
+        let mut out = Vec::new();
+        while out.len() < n {
+            let Some(t) = q.pop_front() else { break };
+            if let Some(f) = feeds.get_mut(&t.id) {
+                f.0 = Some(host.to_string());
+                out.push((t.id, t.task_json, t.owner));
+            }
+        }
+        out
+    }
+
+    /// Passes what mover `host` said about task `id` on; false when the task is not its.
+    pub fn deliver(&self, host: &str, id: u64, msg: MoverMsg) -> bool {
+        let mut feeds = self.feeds.lock();
+        let Some((Some(h), tx)) = feeds.get(&id) else {
+            return false;
+        };
+        if h != host {
+            return false;
+        }
+        let exited = matches!(msg, MoverMsg::Exited(_));
+        let _ = tx.send(msg);
+        if exited {
+            feeds.remove(&id);
+        }
+        true
+    }
+
+    /// The mover a task was given to, if any.
+    fn host_of(&self, id: u64) -> Option<String> {
+        self.feeds.lock().get(&id).and_then(|f| f.0.clone())
+    }
+
+    /// Forgets task `id`; true if it was still waiting for a mover.
+    fn drop_task(&self, id: u64) -> bool {
+        self.feeds.lock().remove(&id);
+        let mut q = self.queue.lock();
+        let before = q.len();
+        q.retain(|t| t.id != id);
+        q.len() != before
+    }
+}
+
+/// A running task's worker: a child of the manager, or a worker on a data mover.
+enum Source {
+    Local {
+        child: Box<tokio::process::Child>,
+        lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    },
+    Mover {
+        id: u64,
+        rx: tokio::sync::mpsc::UnboundedReceiver<MoverMsg>,
+        /// Set when the worker is known to have ended (or been lost).
+        status: Option<Result<String, String>>,
+        since: std::time::Instant,
+    },
+}
+
+impl Source {
+    /// The worker's next event; None once it has ended.
+    async fn next(&mut self, movers: &Movers, live: &Live) -> Option<Event> {
+        match self {
+            Source::Local { lines, .. } => loop {
+                let line = lines.next_line().await.ok()??;
+                match serde_json::from_str::<Event>(&line) {
+                    Ok(ev) => return Some(ev),
+                    Err(_) => warn!("unreadable stage worker output: {line}"),
+                }
+            },
+            Source::Mover {
+                id,
+                rx,
+                status,
+                since,
+            } => loop {
+                if status.is_some() {
+                    return None;
+                }
+                match tokio::time::timeout(Duration::from_secs(1), rx.recv()).await {
+                    Ok(Some(MoverMsg::Event(ev))) => return Some(ev),
+                    Ok(Some(MoverMsg::Exited(st))) => {
+                        *status = Some(Ok(st));
+                        return None;
+                    }
+                    Ok(None) => {
+                        *status = Some(Err("its data mover went away".into()));
+                        return None;
+                    }
+                    Err(_) => match movers.host_of(*id) {
+                        None if live.is_cancelled() => {
+                            movers.drop_task(*id);
+                            *status = Some(Ok("before a data mover took it".into()));
+                            return None;
+                        }
+                        None if !movers.any_alive() && since.elapsed() > MOVER_TIMEOUT => {
+                            movers.drop_task(*id);
+                            *status = Some(Err(format!(
+                                "no data mover is alive (none for {} s): start `surge mover` \
+                                 on hosts that mount the PFS",
+                                MOVER_TIMEOUT.as_secs()
+                            )));
+                            return None;
+                        }
+                        Some(h) if !movers.alive(&h) => {
+                            movers.drop_task(*id);
+                            *status = Some(Err(format!(
+                                "data mover {h} was lost (not heard from for {} s)",
+                                MOVER_TIMEOUT.as_secs()
+                            )));
+                            return None;
+                        }
+                        _ => {}
+                    },
+                }
+            },
+        }
+    }
+
+    /// How the worker ended.
+    async fn end(self) -> Result<String, String> {
+        match self {
+            Source::Local { mut child, .. } => child
+                .wait()
+                .await
+                .map(|st| st.to_string())
+                .map_err(|e| e.to_string()),
+            Source::Mover { status, .. } => {
+                status.unwrap_or_else(|| Err("its data mover stopped reporting".into()))
+            }
+        }
+    }
+}
+
 /// Files in flight when neither the request nor the instance says.
 const DEFAULT_WORKERS: usize = 32;
 /// The most files in flight an instance's stage concurrency may ask for.
@@ -94,16 +310,33 @@ pub struct Stages {
     running: Mutex<HashMap<u64, Running>>,
     /// Files in flight for tasks of an instance that do not say (dw_set_stage_concurrency).
     concurrency: Mutex<HashMap<u64, usize>>,
+    pub movers: Movers,
+    pub stage_on: StageOn,
 }
 
 impl Stages {
     pub fn new(core: Arc<Core>) -> Stages {
+        Stages::with(core, StageOn::Local)
+    }
+
+    pub fn with(core: Arc<Core>, stage_on: StageOn) -> Stages {
         Stages {
             core,
             exe: std::env::current_exe().unwrap_or_else(|_| "surge".into()),
             running: Mutex::new(HashMap::new()),
             concurrency: Mutex::new(HashMap::new()),
+            movers: Movers::default(),
+            stage_on,
         }
+    }
+
+    /// Tasks of mover `host` that were terminated (it stops their workers).
+    pub fn cancelled_on(&self, ids: &[u64]) -> Vec<u64> {
+        let running = self.running.lock();
+        ids.iter()
+            .copied()
+            .filter(|id| running.get(id).is_some_and(|r| r.live.is_cancelled()))
+            .collect()
     }
 
     fn session_uses(&self, session: u64, instance: u64) -> MResult<()> {
@@ -341,58 +574,56 @@ impl Stages {
         }
     }
 
-    /// The worker process of a task, as `owner`: the task on its stdin, events on its stdout.
-    fn spawn_worker(
+    /// Where a task's worker runs: on a data mover when one is alive (or `--stage-on
+    /// movers`), else here.
+    fn on_mover(&self) -> bool {
+        match self.stage_on {
+            StageOn::Local => false,
+            StageOn::Movers => true,
+            StageOn::Auto => self.movers.any_alive(),
+        }
+    }
+
+    /// Starts the worker of `task` here or hands it to the movers.
+    fn start_worker(
         &self,
+        id: u64,
         task: &Task,
         owner: &surge_auth::Caller,
-    ) -> Result<tokio::process::Child, String> {
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
-        let mut cmd = tokio::process::Command::new(&self.exe);
-        cmd.args(["stage", "worker"])
-            .current_dir("/")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true);
-        if owner.uid != me {
-            if me != 0 {
-                return Err(format!(
-                    "the manager runs as uid {me} and cannot copy as uid {} (run it as root to \
-                     serve other users' jobs)",
-                    owner.uid
-                ));
-            }
-            let (uid, gid) = (owner.uid, owner.gid);
-            let groups: Vec<libc::gid_t> = owner.groups.clone();
-            // SAFETY: between fork and exec only async-signal-safe system calls run, on data
-            // prepared before the fork.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                        || libc::setgid(gid) != 0
-                        || libc::setuid(uid) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+        live: &Live,
+    ) -> Result<Source, String> {
+        if self.on_mover() {
+            let task_json = serde_json::to_string(task).map_err(|e| e.to_string())?;
+            let rx = self.movers.enqueue(id, task_json, owner);
+            info!("stage task {id}: queued for a data mover");
+            return Ok(Source::Mover {
+                id,
+                rx,
+                status: None,
+                since: std::time::Instant::now(),
+            });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {} stage worker: {e}", self.exe.display()))?;
-        let text = serde_json::to_vec(task).map_err(|e| e.to_string())?;
-        let mut stdin = child
-            .stdin
+        let mut child = surge_stage::worker::spawn(
+            &self.exe,
+            task,
+            owner.uid,
+            owner.gid,
+            owner.groups.clone(),
+        )?;
+        live.pid
+            .store(child.id().unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+        if live.is_cancelled() {
+            live.cancel();
+        }
+        let stdout = child
+            .stdout
             .take()
-            .ok_or_else(|| "the stage worker has no stdin".to_string())?;
-        tokio::spawn(async move {
-            use tokio::io::AsyncWriteExt;
-            let _ = stdin.write_all(&text).await;
-        });
-        Ok(child)
+            .ok_or_else(|| "the stage worker has no stdout".to_string())?;
+        use tokio::io::AsyncBufReadExt;
+        Ok(Source::Local {
+            child: Box::new(child),
+            lines: tokio::io::BufReader::new(stdout).lines(),
+        })
     }
 
     async fn run_task(
@@ -402,7 +633,6 @@ impl Stages {
         live: Arc<Live>,
         planned: tokio::sync::oneshot::Sender<StageRow>,
     ) {
-        use tokio::io::AsyncBufReadExt;
         let Work {
             desc,
             direction,
@@ -420,8 +650,8 @@ impl Stages {
             opts,
         };
         let mut planned = Some(planned);
-        let mut child = match self.spawn_worker(&task, &owner) {
-            Ok(c) => c,
+        let mut source = match self.start_worker(row.id, &task, &owner, &live) {
+            Ok(s) => s,
             Err(e) => {
                 self.finish(&mut row, "failed", e);
                 self.running.lock().remove(&row.id);
@@ -431,26 +661,8 @@ impl Stages {
                 return;
             }
         };
-        live.pid
-            .store(child.id().unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
-        if live.is_cancelled() {
-            live.cancel();
-        }
-        let Some(stdout) = child.stdout.take() else {
-            self.finish(&mut row, "failed", "the stage worker has no stdout".into());
-            self.running.lock().remove(&row.id);
-            if let Some(p) = planned.take() {
-                let _ = p.send(row);
-            }
-            return;
-        };
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
         let mut ended = false;
-        while let Ok(Some(line)) = lines.next_line().await {
-            let Ok(ev) = serde_json::from_str::<Event>(&line) else {
-                warn!("stage task {}: unreadable worker output: {line}", row.id);
-                continue;
-            };
+        while let Some(ev) = source.next(&self.movers, &live).await {
             match ev {
                 Event::Planned { files, bytes } => {
                     row.files_total = files;
@@ -481,7 +693,7 @@ impl Stages {
                 }
             }
         }
-        let status = child.wait().await;
+        let status = source.end().await;
         if !ended {
             let why = match status {
                 Ok(st) if live.is_cancelled() => format!("{TERMINATED} ({st})"),

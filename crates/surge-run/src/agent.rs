@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use surge_api::v1 as api;
 use surge_client::mount::{self, MountOptions, Mounted};
-use surge_client::InstanceClient;
+use surge_client::{ClientOptions, InstanceClient};
 use surge_core::NamespaceId;
 use surge_manager::cli::{connect, status_err};
 use surge_proto::InstanceDescriptor;
@@ -50,6 +50,10 @@ pub struct AgentArgs {
     /// FUSE threads per mount.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// How long a job's request waits for a server (seconds) before its call fails with EIO
+    /// (a stopped server, a cut link); 0: for ever, like an NFS "hard" mount.
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = surge_core::sys::secs_arg)]
+    pub deadline: Duration,
 }
 
 type Key = (u64, u64);
@@ -168,7 +172,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             report_now = true;
-            match mount_one(&spec, rt.handle().clone(), args.threads) {
+            match mount_one(&spec, rt.handle().clone(), args.threads, args.deadline) {
                 Ok(mounted) => {
                     info!(
                         "mounted instance {} (session {}, namespace {}) at {} for uid {}",
@@ -216,6 +220,7 @@ fn mount_one(
     spec: &api::AgentMount,
     rt: tokio::runtime::Handle,
     threads: usize,
+    deadline: Duration,
 ) -> anyhow::Result<Mounted> {
     let desc: InstanceDescriptor =
         serde_json::from_str(&spec.descriptor_json).context("bad instance descriptor")?;
@@ -231,7 +236,14 @@ fn mount_one(
         detach(&path);
     }
     std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
-    let client = InstanceClient::new(desc, NamespaceId(spec.namespace), token)?;
+    let client = InstanceClient::with_options(
+        desc,
+        NamespaceId(spec.namespace),
+        token,
+        ClientOptions {
+            deadline: (!deadline.is_zero()).then_some(deadline),
+        },
+    )?;
     let opts = MountOptions {
         threads: threads.max(1),
         allow_other: true,

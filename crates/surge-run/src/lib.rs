@@ -10,6 +10,7 @@ pub mod embedded;
 pub mod exec;
 pub mod job_stage;
 pub mod jobplan;
+pub mod mover;
 pub mod nodes;
 pub mod progress;
 pub mod run;

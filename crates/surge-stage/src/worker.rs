@@ -154,3 +154,59 @@ async fn work(task: Task) -> bool {
         }
     }
 }
+
+/// Starts `exe stage worker` for `task` as `uid`/`gid` with supplementary `groups` (dropping
+/// root's rights before exec; a caller that is not root can only start its own user's), the
+/// task written to its stdin; its events come on its stdout. What the manager does for a task
+/// it runs itself and what a data mover (`surge mover`) does for one it is given.
+pub fn spawn(
+    exe: &std::path::Path,
+    task: &Task,
+    uid: u32,
+    gid: u32,
+    groups: Vec<libc::gid_t>,
+) -> Result<tokio::process::Child, String> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["stage", "worker"])
+        .current_dir("/")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    if uid != me {
+        if me != 0 {
+            return Err(format!(
+                "running as uid {me}, cannot copy as uid {uid} (run as root to serve other \
+                 users' jobs)"
+            ));
+        }
+        // SAFETY: between fork and exec only async-signal-safe system calls run, on data
+        // prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {} stage worker: {e}", exe.display()))?;
+    let text = serde_json::to_vec(task).map_err(|e| e.to_string())?;
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| "the stage worker has no stdin".to_string())?;
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _ = stdin.write_all(&text).await;
+    });
+    Ok(child)
+}

@@ -36,6 +36,11 @@ pub struct Manager {
 
 impl Manager {
     pub fn start(dir: &std::path::Path) -> Manager {
+        Manager::start_with(dir, &[])
+    }
+
+    /// [`Manager::start`] with more options.
+    pub fn start_with(dir: &std::path::Path, extra: &[&str]) -> Manager {
         let ready = dir.join("m.ready");
         let _ = std::fs::remove_file(&ready);
         let child = ChildGuard(
@@ -49,6 +54,7 @@ impl Manager {
                 ])
                 .args(["--granularity", "64MiB", "--liveness-interval", "0.2"])
                 .args(["--reconcile-interval", "0.3"])
+                .args(extra)
                 .arg("--state")
                 .arg(dir.join("m.db"))
                 .arg("--ready-file")
