@@ -59,6 +59,7 @@ pub enum Phase {
     /// Parse a job script's #DW/#BB directives; print the errors (with file:line) and exit 1
     /// if any.
     Validate {
+        /// The job script.
         script: PathBuf,
         /// The name messages give the script (Slurm passes a copy in its state directory).
         #[arg(long)]
@@ -71,6 +72,7 @@ pub enum Phase {
     Agents {
         #[command(flatten)]
         c: Common,
+        /// As JSON: [{"host", "alive", "last_seen", "mounts": [...], "failed": [...]}].
         #[arg(long)]
         json: bool,
     },
@@ -82,9 +84,10 @@ pub enum Phase {
     Setup {
         #[command(flatten)]
         c: Job,
-        /// The job's owner.
+        /// The job's owner (Slurm's uid of the job).
         #[arg(long)]
         uid: u32,
+        /// The job's group (Slurm's gid of the job).
         #[arg(long)]
         gid: u32,
         /// Nodes of the job (a private instance has one namespace per node).
@@ -104,6 +107,7 @@ pub enum Phase {
     Paths {
         #[command(flatten)]
         c: Job,
+        /// Slurm's path_file: one NAME=value per line is added to the job's environment.
         #[arg(long, value_name = "FILE")]
         path_file: PathBuf,
     },
@@ -125,6 +129,7 @@ pub enum Phase {
     PostRun {
         #[command(flatten)]
         c: Job,
+        /// Seconds to wait for the agents to unmount.
         #[arg(long, default_value_t = 60.0)]
         timeout: f64,
     },
@@ -133,6 +138,7 @@ pub enum Phase {
     DataOut {
         #[command(flatten)]
         c: Job,
+        /// Relative stage paths are relative to this directory (the job's working directory).
         #[arg(long, default_value = "/")]
         workdir: PathBuf,
     },
