@@ -318,6 +318,34 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     assert!(!std::path::Path::new(&format!("{TB}/out/{id}.out")).exists());
     nothing_left("failed stage-in");
 
+    // 4b. scancel right after submit, and while the stage-in copies: nothing stays.
+    let id = submit(
+        "early.sh",
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme\ntrue\n",
+    );
+    ok(&format!("scancel {id}"));
+    wait_gone(&id);
+    nothing_left("scancel before setup");
+    let big = vec![7u8; 256 << 20];
+    write_pfs("big/data", &big);
+    drop(big);
+    let id = submit(
+        "stagein.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme\n\
+             #DW stage_in type=directory source={TB}/pfs/big destination=$DW_JOB_STRIPED/big\n\
+             echo RAN\n"
+        ),
+    );
+    wait_for("the stage-in", Duration::from_secs(60), || {
+        slurmctld_log()
+            .contains(&format!("surge bb setup job={id}"))
+            .then_some(())
+    });
+    ok(&format!("scancel {id}"));
+    wait_gone(&id);
+    nothing_left("scancel during stage-in");
+
     // 5. scancel of a running job: stage-out and teardown still run, nothing stays.
     let long = format!(
         "#!/bin/bash\n#SBATCH -N 2\n\
@@ -394,6 +422,33 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
         );
     }
     nothing_left("manager killed");
+
+    // 9. Persistent instances through Slurm: one job creates one and writes into it, the next
+    //    reads it and destroys it.
+    let job = sbatch(
+        "pcreate.sh",
+        "#!/bin/bash\n\
+         #DW create_persistent name=tbpers capacity=1GiB access_mode=striped type=scratch pool=nvme\n\
+         #DW persistentdw name=tbpers\n\
+         echo kept > $DW_PERSISTENT_STRIPED_tbpers/note\n",
+        &[],
+    );
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    let job = sbatch(
+        "puse.sh",
+        &format!(
+            "#!/bin/bash\n#DW persistentdw name=tbpers\n#DW destroy_persistent name=tbpers\n\
+             cp $DW_PERSISTENT_STRIPED_tbpers/note {TB}/pfs/note.copy\n"
+        ),
+        &[],
+    );
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    assert_eq!(
+        std::fs::read_to_string(format!("{TB}/pfs/note.copy")).unwrap(),
+        "kept\n"
+    );
+    let left = surge_tb(&format!("instance ls --json --manager {MANAGER}"));
+    assert!(!left.contains("tbpers"), "{left}");
 
     // 8. The link between a compute host and the BB hosts is cut mid-job (blackhole routes on
     //    sgc2): its I/O fails with EIO after the agents' deadline (the test bed's 10 s) instead
