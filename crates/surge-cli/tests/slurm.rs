@@ -437,9 +437,15 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     let job = sbatch(
         "puse.sh",
         &format!(
-            "#!/bin/bash\n#DW persistentdw name=tbpers\n#DW destroy_persistent name=tbpers\n\
+            "#!/bin/bash\n#DW persistentdw name=tbpers\n\
              cp $DW_PERSISTENT_STRIPED_tbpers/note {TB}/pfs/note.copy\n"
         ),
+        &[],
+    );
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    let job = sbatch(
+        "pdestroy.sh",
+        "#!/bin/bash\n#DW destroy_persistent name=tbpers\ntrue\n",
         &[],
     );
     assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
