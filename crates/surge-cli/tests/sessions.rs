@@ -125,6 +125,8 @@ fn the_session_of_a_killed_surge_run_is_ended_by_the_manager() {
         std::time::Duration::from_secs(20),
         || run_dir.join("node-0/job/x").exists().then_some(()),
     );
+    // The manager keeps the job's phase, as for a Slurm job.
+    assert_eq!(active(&m)[0]["phase"], "pre_run", "{:?}", active(&m));
     run.0.kill().unwrap();
     let _ = run.0.wait();
     wait_for(

@@ -429,6 +429,7 @@ impl Stages {
             ns,
             direction: direction.as_str().into(),
             items_json: req.items_json.clone(),
+            origin: req.origin.clone(),
             state: if req.deferred { "deferred" } else { "running" }.into(),
             files_total: 0,
             files_done: 0,

@@ -82,6 +82,8 @@ pub struct StageRow {
     pub ns: u32,
     pub direction: String,
     pub items_json: String,
+    /// A burst-buffer phase that asked for it ("data_in", "data_out"), or "".
+    pub origin: String,
     /// "deferred", "queued", "running", "done", "failed", "cancelled".
     pub state: String,
     pub files_total: u64,
@@ -145,6 +147,15 @@ impl Store {
             db.execute_batch(
                 "ALTER TABLE instances ADD COLUMN group_shared INTEGER NOT NULL DEFAULT 0",
             )?;
+        }
+        // Databases made before stage tasks said who asked for them.
+        let has_origin: bool = db.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('stage_tasks') WHERE name = 'origin'",
+            [],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has_origin {
+            db.execute_batch("ALTER TABLE stage_tasks ADD COLUMN origin TEXT NOT NULL DEFAULT ''")?;
         }
         // Databases made before sessions had burst-buffer phases.
         let has_phase: bool = db.query_row(
@@ -568,8 +579,8 @@ impl Store {
     pub fn create_stage(&self, t: &StageRow) -> R<u64> {
         self.db.execute(
             "INSERT INTO stage_tasks(session, instance, ns, direction, items, state, files_total,
-                files_done, bytes_total, bytes_done, seconds, failures, error, created)
-             VALUES (?1,?2,?3,?4,?5,?6,0,0,0,0,0,'[]','',?7)",
+                files_done, bytes_total, bytes_done, seconds, failures, error, created, origin)
+             VALUES (?1,?2,?3,?4,?5,?6,0,0,0,0,0,'[]','',?7,?8)",
             params![
                 t.session as i64,
                 t.instance as i64,
@@ -577,7 +588,8 @@ impl Store {
                 t.direction,
                 t.items_json,
                 t.state,
-                now()
+                now(),
+                t.origin
             ],
         )?;
         Ok(self.db.last_insert_rowid() as u64)
@@ -619,12 +631,13 @@ impl Store {
             failures_json: r.get(12)?,
             error: r.get(13)?,
             created: r.get(14)?,
+            origin: r.get(15)?,
         })
     }
 
     const STAGE_COLS: &'static str =
         "id, session, instance, ns, direction, items, state, files_total, files_done, \
-         bytes_total, bytes_done, seconds, failures, error, created";
+         bytes_total, bytes_done, seconds, failures, error, created, origin";
 
     pub fn stage(&self, id: u64) -> R<Option<StageRow>> {
         self.db

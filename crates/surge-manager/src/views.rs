@@ -96,6 +96,7 @@ pub fn stage(t: &StageRow) -> api::StageTask {
         created: t.created,
         items_json: t.items_json.clone(),
         namespace: t.ns,
+        origin: t.origin.clone(),
     }
 }
 

@@ -364,7 +364,8 @@ async fn session(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<api::Se
     Ok(s)
 }
 
-async fn set_phase(
+/// Records the phase session `s` is in (hosts and mounts: the scheduler's, see the manager).
+pub async fn set_phase(
     m: &mut surge_api::Client,
     s: &api::Session,
     phase: &str,
@@ -521,14 +522,45 @@ async fn stage_once(
     direction: &str,
     items_json: String,
 ) -> anyhow::Result<api::StageTask> {
+    let origin = format!("data_{direction}");
+    stage_once_in(
+        m,
+        s.id,
+        inst,
+        ns,
+        direction,
+        items_json,
+        &origin,
+        true,
+        || false,
+    )
+    .await
+}
+
+/// [`stage_once`] for session `session` and phase `origin` (only tasks that phase asked for
+/// count: the job's own stage-out of the same file, earlier, does not), with progress on
+/// stderr unless `quiet`; `stop` gives up waiting (Ctrl-C of `surge run`).
+#[allow(clippy::too_many_arguments)]
+pub async fn stage_once_in(
+    m: &mut surge_api::Client,
+    session: u64,
+    inst: u64,
+    ns: u32,
+    direction: &str,
+    items_json: String,
+    origin: &str,
+    quiet: bool,
+    stop: impl Fn() -> bool,
+) -> anyhow::Result<api::StageTask> {
     let tasks = m
-        .list_stages(api::ListStagesRequest { session: s.id })
+        .list_stages(api::ListStagesRequest { session })
         .await
         .map_err(status_err)?
         .into_inner()
         .tasks;
     let same = tasks.into_iter().rev().find(|t| {
-        t.instance == inst
+        t.origin == origin
+            && t.instance == inst
             && t.namespace == ns
             && t.direction == direction
             && t.items_json == items_json
@@ -538,7 +570,7 @@ async fn stage_once(
         Some(t) if t.state == "running" || t.state == "queued" => t,
         _ => m
             .start_stage(api::StartStageRequest {
-                session: s.id,
+                session,
                 instance: inst,
                 namespace: ns,
                 direction: direction.into(),
@@ -546,12 +578,13 @@ async fn stage_once(
                 workers: 0,
                 checksum: false,
                 deferred: false,
+                origin: origin.into(),
             })
             .await
             .map_err(status_err)?
             .into_inner(),
     };
-    wait_stage(m, task, &format!("stage {direction}"), true, || false).await
+    wait_stage(m, task, &format!("stage {direction}"), quiet, stop).await
 }
 
 /// "stage in $DW_JOB_STRIPED (node 1): 3 files, 20 MiB in 0.2 s".

@@ -358,6 +358,7 @@ impl JobStager {
                     workers,
                     checksum: false,
                     deferred: when == When::AtJobEnd,
+                    origin: String::new(),
                 })
                 .await
                 .map_err(JobStageError::Manager)?

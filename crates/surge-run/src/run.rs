@@ -578,6 +578,12 @@ async fn job(
         })?
         .into_inner();
     alloc.session = Some(session.id);
+    // The manager keeps the phase (`surge session ls`), as for a Slurm job's phases.
+    let phase = |c: &mut surge_api::Client, name: &'static str| {
+        let (mut c, s) = (c.clone(), session.clone());
+        async move { crate::bb::set_phase(&mut c, &s, name, Vec::new(), false).await }
+    };
+    phase(&mut c, "setup").await?;
     let mut used: Vec<Used> = Vec::new();
     for i in &session.instances {
         let desc = instance_desc(i)?;
@@ -634,6 +640,9 @@ async fn job(
     rep.phase("allocate", detail, t, true);
 
     // Stage in.
+    if !ctx.in_groups.is_empty() {
+        phase(&mut c, "data_in").await?;
+    }
     for g in ctx.in_groups {
         if interrupted(ctx.sig) {
             anyhow::bail!("interrupted before the job ran");
@@ -651,23 +660,17 @@ async fn job(
         };
         for ns in namespaces {
             let t = Instant::now();
-            let task = c
-                .start_stage(api::StartStageRequest {
-                    session: session.id,
-                    instance: u.id,
-                    namespace: ns,
-                    direction: "in".into(),
-                    items_json: serde_json::to_string(&g.items)?,
-                    workers: 0,
-                    checksum: false,
-                    deferred: false,
-                })
-                .await
-                .map_err(status_err)?
-                .into_inner();
-            let done = wait_stage(&mut c, task, "stage in", ctx.args.quiet, || {
-                interrupted(ctx.sig)
-            })
+            let done = crate::bb::stage_once_in(
+                &mut c,
+                session.id,
+                u.id,
+                ns,
+                "in",
+                serde_json::to_string(&g.items)?,
+                "data_in",
+                ctx.args.quiet,
+                || interrupted(ctx.sig),
+            )
             .await?;
             let ok = done.state == "done";
             rep.phase(
@@ -707,6 +710,7 @@ async fn job(
     }
 
     // Mount on every node.
+    phase(&mut c, "pre_run").await?;
     let t = Instant::now();
     let runs = std::env::temp_dir().join(format!("surge-{}", user_name()));
     clean_stale_runs(&runs);
@@ -837,6 +841,7 @@ async fn job(
     });
 
     // Unmount: the kernel has sent every close by then, so all sizes are committed.
+    phase(&mut c, "post_run").await?;
     let t = Instant::now();
     let n_mounts = alloc.mounts.len();
     for m in alloc.mounts.drain(..) {
@@ -849,6 +854,7 @@ async fn job(
     }
 
     // Stage out (even after a failed job; not after Ctrl-C).
+    phase(&mut c, "data_out").await?;
     let mut stage_out_failures = Vec::new();
     if interrupted(ctx.sig) {
         rep.note("interrupted: no stage-out");
@@ -873,22 +879,18 @@ async fn job(
                     };
                     for (ns, items) in per_node {
                         let t = Instant::now();
-                        let task = c
-                            .start_stage(api::StartStageRequest {
-                                session: session.id,
-                                instance: u.id,
-                                namespace: ns,
-                                direction: "out".into(),
-                                items_json: serde_json::to_string(&items)?,
-                                workers: 0,
-                                checksum: false,
-                                deferred: false,
-                            })
-                            .await
-                            .map_err(status_err)?
-                            .into_inner();
-                        let done =
-                            wait_stage(&mut c, task, "stage out", ctx.args.quiet, || false).await?;
+                        let done = crate::bb::stage_once_in(
+                            &mut c,
+                            session.id,
+                            u.id,
+                            ns,
+                            "out",
+                            serde_json::to_string(&items)?,
+                            "data_out",
+                            ctx.args.quiet,
+                            || false,
+                        )
+                        .await?;
                         let ok = done.state == "done";
                         rep.phase(
                             "stage out",
@@ -922,6 +924,15 @@ async fn job(
 
     // End the session: the job instance goes, unless stage-out failed (its data is the only
     // copy of the results).
+    phase(
+        &mut c,
+        if stage_out_failures.is_empty() {
+            "teardown"
+        } else {
+            "data_out_failed"
+        },
+    )
+    .await?;
     let t = Instant::now();
     let keep = !stage_out_failures.is_empty();
     c.end_session(api::EndSessionRequest {
