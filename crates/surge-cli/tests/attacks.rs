@@ -414,6 +414,34 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
         &["may not list agents"],
     );
 
+    // A scheduler's job id (which every burst-buffer phase finds the job's session by) is the
+    // scheduler's to name: a user taking a future job's id is refused.
+    let script = home.join("squat.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\ntrue\n",
+    )
+    .unwrap();
+    std::os::unix::fs::chown(&script, Some(uid), Some(gid)).unwrap();
+    refused(
+        "opening the session of a future Slurm job",
+        &attacker(&[
+            "bb",
+            "setup",
+            "--manager",
+            &m,
+            "--job-id",
+            "4242",
+            "--uid",
+            &uid.to_string(),
+            "--gid",
+            &gid.to_string(),
+            "--script",
+            script.to_str().unwrap(),
+        ]),
+        &["may not open a session for scheduler job slurm:4242"],
+    );
+
     // Row 5: destroy root's instances.
     refused(
         "persistent destroy of root's instance",

@@ -690,7 +690,8 @@ impl Core {
         external: Option<&str>,
     ) -> MResult<SessionRow> {
         // A workload manager's phase re-run after a crash: the session it made is the answer.
-        if let Some(ext) = external {
+        // (A `surge run`'s id is its own process's: never reused.)
+        if let Some(ext) = external.filter(|e| !e.starts_with("run:")) {
             let _one = self.alloc_session.lock().await;
             if let Some(id) = self.store.lock().session_of(ext)? {
                 let s = self.session(id)?;
@@ -708,7 +709,7 @@ impl Core {
                 .create_session_now(job, uid, gid, job_instance, persistent, external)
                 .await;
         }
-        self.create_session_now(job, uid, gid, job_instance, persistent, None)
+        self.create_session_now(job, uid, gid, job_instance, persistent, external)
             .await
     }
 

@@ -207,6 +207,13 @@ impl Manager for Service {
             i
         });
         let external = Some(r.external_id.as_str()).filter(|e| !e.is_empty());
+        // A scheduler's job id finds the job's session again in every phase: only the
+        // scheduler (an administrator) may name one, or a user could take a future job's id.
+        if let Some(ext) = external {
+            if !ext.starts_with("run:") {
+                self.admin(&c, &format!("open a session for scheduler job {ext}"))?;
+            }
+        }
         let s = self
             .core
             .create_session(&r.job, uid, gid, job, &r.persistent, external)
