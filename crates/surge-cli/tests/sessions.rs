@@ -108,7 +108,12 @@ fn the_session_of_a_killed_surge_run_is_ended_by_the_manager() {
     let s = wait_for(
         "the job's session",
         std::time::Duration::from_secs(30),
-        || active(&m).into_iter().next(),
+        // The session is listed before its job instance is allocated.
+        || {
+            active(&m)
+                .into_iter()
+                .find(|s| s["job_instance"].as_u64().is_some())
+        },
     );
     let inst = s["job_instance"].as_u64().unwrap();
     assert!(
