@@ -15,6 +15,8 @@ local SURGE = "@SURGE@"
 local MANAGER = "@MANAGER@"
 -- slurm.conf, for the squeue/scontrol calls that learn a job's nodes and working directory.
 local SLURM_CONF = "@SLURM_CONF@"
+-- Where `surge bb reconcile` (started by the periodic pools hook) logs the sessions it ends.
+local RECONCILE_LOG = "@RECONCILE_LOG@"
 
 local function q(s)
 	return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
@@ -100,7 +102,19 @@ function slurm_bb_job_process(job_script)
 	return rc, out
 end
 
+-- Ends the Surge sessions of jobs Slurm forgot or ended during stage-in (Slurm calls no
+-- teardown for those). In the background, one at a time (flock on the log): this hook is
+-- called with slurmctld's locks held, and reconcile runs squeue.
+local function reconcile_in_background()
+	local cmd = "SLURM_CONF=" .. q(SLURM_CONF) .. " " .. SURGE .. " bb reconcile --manager " .. q(MANAGER)
+	os.execute("setsid -f flock -n " .. q(RECONCILE_LOG) .. " sh -c "
+		.. q("{ date; " .. cmd .. "; } >> " .. q(RECONCILE_LOG) .. " 2>&1")
+		.. " < /dev/null > /dev/null 2>&1")
+end
+
+-- Called at start and every 30 s by slurmctld.
 function slurm_bb_pools()
+	reconcile_in_background()
 	local rc, out = surge("pools")
 	if rc ~= slurm.SUCCESS then
 		return rc, out

@@ -91,7 +91,7 @@ up() {
     sed -e "s/@CTL_IP@/${IP[ctl]}/; s/@C1_IP@/${IP[c1]}/; s/@C2_IP@/${IP[c2]}/" \
         "$HERE/testbed/slurm.conf" > $TB/etc/slurm.conf
     install -m 644 "$HERE/burst_buffer.conf" $TB/etc/burst_buffer.conf
-    sed -e "s|@SURGE@|$TB/bin/surge|; s|@MANAGER@|$MANAGER|; s|@SLURM_CONF@|$SLURM_CONF|" \
+    sed -e "s|@SURGE@|$TB/bin/surge|; s|@MANAGER@|$MANAGER|; s|@SLURM_CONF@|$SLURM_CONF|; s|@RECONCILE_LOG@|$TB/log/surge-reconcile.log|" \
         "$HERE/burst_buffer.lua" > $TB/etc/burst_buffer.lua
     chown slurm:slurm $TB/log $TB/state
     touch $TB/log/slurmctld.log && chown slurm:slurm $TB/log/slurmctld.log

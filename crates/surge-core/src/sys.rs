@@ -50,6 +50,19 @@ pub fn wait_signal(set: &libc::sigset_t) -> libc::c_int {
     sig
 }
 
+/// Blocks SIGINT, SIGTERM and SIGHUP (call before starting any thread) and returns a flag a
+/// thread sets when one of them arrives: a daemon's loops check it and stop in order.
+pub fn stop_on_signals() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let set = block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        wait_signal(&set);
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    stop
+}
+
 /// clap value parser for sizes (`--capacity 10GiB`), with the units of [`crate::units`].
 pub fn size_arg(s: &str) -> Result<u64, String> {
     crate::units::parse_size(s).map_err(|e| e.to_string())

@@ -82,10 +82,7 @@ impl Agents {
 /// agent mounts as the session's owner would).
 pub fn wanted(core: &Core, root: &str, host: &str) -> MResult<Vec<api::AgentMount>> {
     let mut out = Vec::new();
-    for s in core.sessions()? {
-        if s.state != "active" || !s.mount {
-            continue;
-        }
+    for s in core.active_sessions(true)? {
         let Some(node) = s.hosts.iter().position(|h| h == host) else {
             continue;
         };

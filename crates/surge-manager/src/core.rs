@@ -757,6 +757,11 @@ impl Core {
         Ok(self.store.lock().sessions()?)
     }
 
+    /// Active sessions (only those agents should mount, when `mounted`).
+    pub fn active_sessions(&self, mounted: bool) -> MResult<Vec<SessionRow>> {
+        Ok(self.store.lock().active_sessions(mounted)?)
+    }
+
     /// The newest session of a workload manager's job.
     pub fn session_of(&self, external: &str) -> MResult<SessionRow> {
         let id = self
@@ -853,7 +858,7 @@ impl Core {
     /// a lost manager): their job instance is destroyed, unless the session's stage-out had
     /// failed (then it is kept, with the state saying why). Returns what it ended.
     pub async fn reconcile(&self, host: &str) -> Vec<(u64, String)> {
-        let sessions = match self.sessions() {
+        let sessions = match self.active_sessions(false) {
             Ok(s) => s,
             Err(e) => {
                 warn!("reconcile: {e}");
@@ -861,7 +866,7 @@ impl Core {
             }
         };
         let mut ended = Vec::new();
-        for s in sessions.into_iter().filter(|s| s.state == "active") {
+        for s in sessions {
             let Some(ext) = s.external.as_deref() else {
                 continue;
             };

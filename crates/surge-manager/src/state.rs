@@ -550,11 +550,25 @@ impl Store {
     }
 
     pub fn sessions(&self) -> R<Vec<SessionRow>> {
-        let mut st = self.db.prepare(
+        self.sessions_where("1")
+    }
+
+    /// Active sessions (only those agents should mount, when `mounted`): what the periodic
+    /// reconciliation and every agent sync read, without the history of ended ones.
+    pub fn active_sessions(&self, mounted: bool) -> R<Vec<SessionRow>> {
+        self.sessions_where(if mounted {
+            "state = 'active' AND mount = 1"
+        } else {
+            "state = 'active'"
+        })
+    }
+
+    fn sessions_where(&self, cond: &str) -> R<Vec<SessionRow>> {
+        let mut st = self.db.prepare(&format!(
             "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
                     external, phase, hosts, mount
-             FROM sessions ORDER BY id",
-        )?;
+             FROM sessions WHERE {cond} ORDER BY id"
+        ))?;
         let mut out = st
             .query_map([], |r| self.session_from_row(r))?
             .collect::<R<Vec<_>>>()?;

@@ -13,8 +13,7 @@ use anyhow::Context;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use surge_api::v1 as api;
 use surge_client::mount::{self, MountOptions, Mounted};
@@ -76,17 +75,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             h
         }
     };
-    let set = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: `set` is a valid signal set blocked in every thread.
-            unsafe { libc::sigwait(&set, &mut sig) };
-            stop.store(true, Ordering::SeqCst);
-        });
-    }
+    let stop = surge_core::sys::stop_on_signals();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

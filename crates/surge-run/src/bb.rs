@@ -14,6 +14,7 @@
 //! | data_out   | slurm_bb_data_out     | stages out (also the job's deferred stage-outs)            |
 //! | teardown   | slurm_bb_job_teardown | unmounts, ends the session (keeps the job instance if a    |
 //! |            |                       | stage-out failed), destroys `#BB destroy_persistent`       |
+//! | reconcile  | (from slurm_bb_pools) | ends sessions of jobs Slurm forgot or ended in stage-in    |
 //!
 //! Each phase finds the session by the job's id (`slurm:<id>`), so any phase may be re-run
 //! after a crash of the manager, the hook or the controller, and teardown after anything.
@@ -142,6 +143,31 @@ pub enum Phase {
         #[arg(long, default_value = "/")]
         workdir: PathBuf,
     },
+    /// End the sessions of jobs the workload manager forgot (Slurm calls no teardown for them)
+    /// or that ended during setup or stage-in: unmount, stop their stage tasks, end them as
+    /// "abandoned" (a job instance whose stage-out failed is kept). `burst_buffer.lua` starts
+    /// it in the background from the periodic pools hook; an admin may run it by hand.
+    Reconcile {
+        #[command(flatten)]
+        c: Common,
+        /// Only sessions whose external id is "<scheduler>:<job id>".
+        #[arg(long, default_value = "slurm")]
+        scheduler: String,
+        /// Prints the jobs the workload manager knows, one "JOBID STATE" per line (run with
+        /// sh -c; a failure ends nothing).
+        #[arg(
+            long,
+            value_name = "COMMAND",
+            default_value = "squeue --noheader --all --array --states=all --format='%A %T'"
+        )]
+        jobs_command: String,
+        /// Say what would be ended; end nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// As JSON: [{"job", "session", "phase", "reason", "result"}].
+        #[arg(long)]
+        json: bool,
+    },
     /// Unmount, end the session (the job instance is kept if a stage-out failed), destroy the
     /// script's `#BB destroy_persistent` instances. Succeeds when there is nothing left.
     Teardown {
@@ -218,6 +244,13 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
             Phase::PostRun { c, timeout } => post_run(&c, timeout).await,
             Phase::DataOut { c, workdir } => data_out(&c, &workdir).await,
             Phase::Teardown { c, hurry } => teardown(&c, hurry).await,
+            Phase::Reconcile {
+                c,
+                scheduler,
+                jobs_command,
+                dry_run,
+                json,
+            } => reconcile(&c, &scheduler, &jobs_command, dry_run, json).await,
         }
     })?;
     Ok(ExitCode::SUCCESS)
@@ -1059,6 +1092,156 @@ pub async fn split_private(
     Ok(per_node)
 }
 
+/// Ends an active session of a job: has the agents unmount its instances, stops its stage
+/// tasks when `hurry`, and ends it as `state` (the job instance is kept, and the state says
+/// "stage-out-failed", when its stage-out failed).
+async fn end_job_session(
+    m: &mut surge_api::Client,
+    s: &api::Session,
+    hurry: bool,
+    state: &str,
+) -> anyhow::Result<api::Session> {
+    // Unmount first: a mount of a destroyed instance would answer ESTALE to the job.
+    if s.mount || !s.hosts.is_empty() {
+        if let Err(e) = unmount(m, s, "teardown", if hurry { 10.0 } else { 60.0 }).await {
+            eprintln!("warning: {e:#}");
+        }
+    } else {
+        set_phase(m, s, "teardown", Vec::new(), false).await?;
+    }
+    if hurry {
+        let tasks = m
+            .list_stages(api::ListStagesRequest { session: s.id })
+            .await
+            .map_err(status_err)?
+            .into_inner()
+            .tasks;
+        for t in tasks
+            .iter()
+            .filter(|t| t.state == "running" || t.state == "queued")
+        {
+            let _ = m.cancel_stage(api::GetStageRequest { id: t.id }).await;
+        }
+    }
+    let keep = s.phase == "data_out_failed";
+    Ok(m.end_session(api::EndSessionRequest {
+        id: s.id,
+        keep_job_instance: keep,
+        state: if keep { "stage-out-failed" } else { state }.into(),
+    })
+    .await
+    .map_err(status_err)?
+    .into_inner())
+}
+
+/// Job states after which Slurm runs no more hooks for a job still in stage-in.
+const TERMINAL: &[&str] = &[
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+];
+
+/// Why a session whose job is in `job_state` (None: the workload manager does not know the
+/// job) and whose last phase is `phase` is gone for good, if it is: the job was forgotten (its
+/// teardown will never come), or it ended while in setup or stage-in (Slurm 22.05 kills the
+/// data_in hook of a job cancelled then and calls no teardown for it).
+pub fn gone_reason(phase: &str, job_state: Option<&str>) -> Option<String> {
+    match job_state {
+        None => Some("the workload manager no longer knows the job".into()),
+        Some(st) if TERMINAL.contains(&st) && matches!(phase, "setup" | "data_in") => Some(
+            format!("the job is {st} and its stage-in will not go on (phase {phase})"),
+        ),
+        Some(_) => None,
+    }
+}
+
+/// Parses "JOBID STATE" lines (squeue --format='%A %T').
+fn parse_jobs(out: &str) -> std::collections::HashMap<String, String> {
+    out.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.to_string(), f.next().unwrap_or("").to_string()))
+        })
+        .collect()
+}
+
+async fn reconcile(
+    c: &Common,
+    scheduler: &str,
+    jobs_command: &str,
+    dry_run: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut m = connect(&c.manager).await?;
+    // Sessions first, then the job list: a session opened after the list was taken is not
+    // judged by it.
+    let sessions = m
+        .list_sessions(api::Empty {})
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .sessions;
+    let prefix = format!("{scheduler}:");
+    let ours: Vec<&api::Session> = sessions
+        .iter()
+        .filter(|s| s.state == "active" && s.external_id.starts_with(&prefix))
+        .collect();
+    let mut done = Vec::new();
+    if !ours.is_empty() {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(jobs_command)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run `{jobs_command}`"))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "`{jobs_command}` failed ({}){}; no session was ended",
+            out.status,
+            match String::from_utf8_lossy(&out.stderr).trim() {
+                "" => String::new(),
+                e => format!(": {e}"),
+            }
+        );
+        let jobs = parse_jobs(&String::from_utf8_lossy(&out.stdout));
+        for s in ours {
+            let id = &s.external_id[prefix.len()..];
+            let Some(why) = gone_reason(&s.phase, jobs.get(id).map(String::as_str)) else {
+                continue;
+            };
+            let ended = if dry_run {
+                "would end".to_string()
+            } else {
+                match end_job_session(&mut m, s, true, "abandoned").await {
+                    Ok(e) => e.state,
+                    Err(e) => format!("ending it failed: {e:#}"),
+                }
+            };
+            if !json {
+                println!(
+                    "job {id}: session {} (phase {}): {why}: {ended}",
+                    s.id, s.phase
+                );
+            }
+            done.push(serde_json::json!({
+                "job": id, "session": s.id, "phase": s.phase, "reason": why, "result": ended,
+            }));
+        }
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(done));
+    } else if done.is_empty() {
+        println!("nothing to reconcile");
+    }
+    Ok(())
+}
+
 async fn teardown(job: &Job, hurry: bool) -> anyhow::Result<()> {
     let directives = job.directives();
     let mut m = connect(&job.common.manager).await?;
@@ -1067,44 +1250,9 @@ async fn teardown(job: &Job, hurry: bool) -> anyhow::Result<()> {
         return Ok(());
     };
     if s.state == "active" {
-        // Unmount first: a mount of a destroyed instance would answer ESTALE to the job.
-        if s.mount || !s.hosts.is_empty() {
-            if let Err(e) = unmount(&mut m, &s, "teardown", if hurry { 10.0 } else { 60.0 }).await {
-                eprintln!("warning: {e:#}");
-            }
-        } else {
-            set_phase(&mut m, &s, "teardown", Vec::new(), false).await?;
-        }
-        if hurry {
-            let tasks = m
-                .list_stages(api::ListStagesRequest { session: s.id })
-                .await
-                .map_err(status_err)?
-                .into_inner()
-                .tasks;
-            for t in tasks
-                .iter()
-                .filter(|t| t.state == "running" || t.state == "queued")
-            {
-                let _ = m.cancel_stage(api::GetStageRequest { id: t.id }).await;
-            }
-        }
         let keep = s.phase == "data_out_failed";
-        let ended = m
-            .end_session(api::EndSessionRequest {
-                id: s.id,
-                keep_job_instance: keep,
-                state: if keep {
-                    "stage-out-failed".into()
-                } else if hurry {
-                    "cancelled".into()
-                } else {
-                    "ended".into()
-                },
-            })
-            .await
-            .map_err(status_err)?
-            .into_inner();
+        let ended =
+            end_job_session(&mut m, &s, hurry, if hurry { "cancelled" } else { "ended" }).await?;
         println!(
             "job {}: session {} {}{}",
             job.job_id,
@@ -1140,4 +1288,32 @@ async fn teardown(job: &Job, hurry: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_of_forgotten_jobs_and_of_jobs_ended_in_stage_in_are_gone() {
+        assert!(gone_reason("running", None).is_some());
+        assert!(gone_reason("data_out", None).is_some());
+        assert!(gone_reason("setup", Some("CANCELLED")).is_some());
+        assert!(gone_reason("data_in", Some("FAILED")).is_some());
+        // Slurm still runs stage-out and teardown for these:
+        assert!(gone_reason("pre_run", Some("CANCELLED")).is_none());
+        assert!(gone_reason("post_run", Some("COMPLETED")).is_none());
+        assert!(gone_reason("data_out", Some("CANCELLED")).is_none());
+        // Live jobs are never judged:
+        assert!(gone_reason("setup", Some("PENDING")).is_none());
+        assert!(gone_reason("data_in", Some("RUNNING")).is_none());
+    }
+
+    #[test]
+    fn job_lists_parse() {
+        let j = parse_jobs("12 RUNNING\n13 CANCELLED\n\n 14  PENDING \n");
+        assert_eq!(j.get("12").map(String::as_str), Some("RUNNING"));
+        assert_eq!(j.get("14").map(String::as_str), Some("PENDING"));
+        assert_eq!(j.len(), 3);
+    }
 }

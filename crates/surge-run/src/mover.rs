@@ -53,17 +53,7 @@ pub fn run(args: MoverArgs) -> anyhow::Result<ExitCode> {
         warn!("not root: only this user's stage tasks can run here");
     }
     let exe = std::env::current_exe().context("cannot find the surge executable")?;
-    let set = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: `set` is a valid signal set blocked in every thread.
-            unsafe { libc::sigwait(&set, &mut sig) };
-            stop.store(true, Ordering::SeqCst);
-        });
-    }
+    let stop = surge_core::sys::stop_on_signals();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
