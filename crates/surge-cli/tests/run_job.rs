@@ -527,8 +527,9 @@ fn bad_directives_allocate_nothing_and_run_nothing() {
     );
     rejected(
         "bad3",
-        "#DW jobdw type=scratch access_mode=ldbalance capacity=1GiB",
-        &["job.sh:2", "ldbalance"],
+        "#DW jobdw type=scratch access_mode=ldbalance capacity=1GiB\n\
+         #DW stage_out type=file source=$DW_JOB_LDBAL/x destination=/tmp/x",
+        &["job.sh:3", "read-only"],
     );
     rejected(
         "bad4",

@@ -54,6 +54,8 @@ pub struct FuseAdapter {
     /// Answer metadata requests on the FUSE thread (see `crate::blocking`).
     inline_metadata: bool,
     backing: Arc<BackingCache>,
+    /// Immutable namespaces: the kernel also caches "no such name" for this long.
+    negative_ttl: Option<Duration>,
 }
 
 /// Kernel backing ids of files open in passthrough mode: one per inode, shared by all its
@@ -118,7 +120,15 @@ impl FuseAdapter {
             passthrough,
             inline_metadata,
             backing: Arc::new(BackingCache::default()),
+            negative_ttl: None,
         }
+    }
+
+    /// Lets the kernel cache failed lookups for `ttl` (only for a namespace nobody changes:
+    /// a name created later would stay invisible for that long).
+    pub fn with_negative_cache(mut self, ttl: Duration) -> Self {
+        self.negative_ttl = Some(ttl);
+        self
     }
 }
 
@@ -233,9 +243,31 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
+        let negative = self.negative_ttl;
         self.metadata(async move {
             match fs.lookup(parent.0, &name).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
+                // A negative entry: node id 0 with a timeout (FUSE protocol).
+                Err(e) if e.errno == libc::ENOENT && negative.is_some() => {
+                    let a = FileAttr {
+                        ino: INodeNo(0),
+                        size: 0,
+                        blocks: 0,
+                        atime: SystemTime::UNIX_EPOCH,
+                        mtime: SystemTime::UNIX_EPOCH,
+                        ctime: SystemTime::UNIX_EPOCH,
+                        crtime: SystemTime::UNIX_EPOCH,
+                        kind: FileType::RegularFile,
+                        perm: 0,
+                        nlink: 0,
+                        uid: 0,
+                        gid: 0,
+                        rdev: 0,
+                        flags: 0,
+                        blksize: BLKSIZE,
+                    };
+                    reply.entry(&negative.unwrap_or_default(), &a, Generation(0))
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });

@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use tracing::info;
 
+/// How long the kernel caches names and attributes of an immutable (ldbalance) namespace.
+pub const IMMUTABLE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
 #[derive(Clone, Debug)]
 pub struct MountOptions {
     pub ttl: CacheTimes,
@@ -104,6 +107,19 @@ pub fn mount(
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
     ];
+    // A load-balanced replica is immutable once staged in: mounted read-only, with names and
+    // attributes cached by the kernel for an hour (pages are kept across opens as the
+    // attributes do not change), so a software environment's start-up storm of lookups, stats
+    // and opens is answered by the kernel after the first node process has walked it.
+    let mut opts = opts.clone();
+    if desc.access_mode == "ldbalance" {
+        config.mount_options.push(MountOption::RO);
+        opts.ttl = CacheTimes {
+            entry: IMMUTABLE_TTL,
+            attr: IMMUTABLE_TTL,
+        };
+    }
+    let opts = &opts;
     config.acl = if opts.allow_other {
         SessionACL::All
     } else {
@@ -115,7 +131,7 @@ pub fn mount(
     let client = Arc::new(client);
     let fs = Arc::new(Fs::new(client.clone(), opts.ttl.attr, opts.ttl.entry));
     let notifier = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(
+    let mut adapter = FuseAdapter::new(
         fs,
         rt,
         opts.ttl,
@@ -123,6 +139,9 @@ pub fn mount(
         opts.passthrough,
         opts.inline_metadata,
     );
+    if client.desc.access_mode == "ldbalance" {
+        adapter = adapter.with_negative_cache(IMMUTABLE_TTL);
+    }
     let mut session = Session::new(adapter, mountpoint, &config).with_context(|| {
         format!(
             "cannot mount on {} (is /dev/fuse available?)",

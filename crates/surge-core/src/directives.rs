@@ -145,7 +145,7 @@ pub enum InstanceType {
     Scratch,
 }
 
-/// How compute nodes see an instance. `Ldbalance` (read-only replicas) is later work.
+/// How compute nodes see an instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AccessMode {
@@ -153,6 +153,10 @@ pub enum AccessMode {
     Striped,
     /// One namespace per compute node, each with its own metadata server (`$DW_JOB_PRIVATE`).
     Private,
+    /// Read-only replicas for many readers (software environments): the stage-in is copied
+    /// into every replica, each with its own metadata server, each compute node reads one, and
+    /// mounts cache names, attributes and pages for the instance's lifetime (`$DW_JOB_LDBAL`).
+    Ldbalance,
 }
 
 /// `type=` of a stage directive.
@@ -183,6 +187,8 @@ pub enum DwVariable {
     JobStriped,
     /// `$DW_JOB_PRIVATE`: the job instance, private.
     JobPrivate,
+    /// `$DW_JOB_LDBAL`: the job instance, load-balanced read-only replicas.
+    JobLdbal,
     /// `$DW_PERSISTENT_STRIPED_<name>`: an attached persistent instance.
     PersistentStriped(String),
 }
@@ -292,6 +298,7 @@ impl AccessMode {
         match self {
             AccessMode::Striped => "striped",
             AccessMode::Private => "private",
+            AccessMode::Ldbalance => "ldbalance",
         }
     }
 }
@@ -334,7 +341,17 @@ impl DwVariable {
         match self {
             DwVariable::JobStriped => "DW_JOB_STRIPED".to_string(),
             DwVariable::JobPrivate => "DW_JOB_PRIVATE".to_string(),
+            DwVariable::JobLdbal => "DW_JOB_LDBAL".to_string(),
             DwVariable::PersistentStriped(name) => format!("DW_PERSISTENT_STRIPED_{name}"),
+        }
+    }
+
+    /// The variable of a job instance of access mode `mode`.
+    pub fn of_job(mode: AccessMode) -> DwVariable {
+        match mode {
+            AccessMode::Striped => DwVariable::JobStriped,
+            AccessMode::Private => DwVariable::JobPrivate,
+            AccessMode::Ldbalance => DwVariable::JobLdbal,
         }
     }
 
@@ -1478,6 +1495,17 @@ impl<'a> Parser<'a> {
             StageDirection::Out => (&source, args.get("source")),
         };
         let var = match instance_end {
+            (Some(PathSide::Instance { var, .. }), Some(token))
+                if direction == StageDirection::Out && *var == DwVariable::JobLdbal =>
+            {
+                self.sink.error(
+                    token.line,
+                    &token.raw,
+                    "$DW_JOB_LDBAL is read-only (access_mode=ldbalance: replicas of what was \
+                     staged in); a job cannot write there, so there is nothing to stage out",
+                );
+                None
+            }
             (Some(PathSide::Instance { var, .. }), Some(token)) => {
                 self.stage_refs.push(StageRef {
                     var: var.clone(),
@@ -1525,6 +1553,11 @@ impl<'a> Parser<'a> {
                                         reach it through $DW_PERSISTENT_STRIPED_<name>, while \
                                         private namespaces belong to the compute nodes of one job"
                 .to_string()),
+            AccessMode::Ldbalance => Err("access_mode=ldbalance is for job instances in Surge \
+                                          so far (#DW jobdw ... access_mode=ldbalance, filled by \
+                                          its stage_in); a persistent instance must be \
+                                          access_mode=striped"
+                .to_string()),
         });
         let kind = self.value(args.get("type"), parse_instance_type);
         let pool = self.value(args.get("pool"), parse_pool);
@@ -1571,17 +1604,20 @@ impl<'a> Parser<'a> {
     fn check_across_directives(&mut self) {
         for r in std::mem::take(&mut self.stage_refs) {
             let message = match &r.var {
-                DwVariable::JobStriped | DwVariable::JobPrivate => {
-                    let (wanted, other) = if r.var == DwVariable::JobStriped {
-                        (AccessMode::Striped, DwVariable::JobPrivate)
-                    } else {
-                        (AccessMode::Private, DwVariable::JobStriped)
+                DwVariable::JobStriped | DwVariable::JobPrivate | DwVariable::JobLdbal => {
+                    let wanted = match r.var {
+                        DwVariable::JobPrivate => AccessMode::Private,
+                        DwVariable::JobLdbal => AccessMode::Ldbalance,
+                        _ => AccessMode::Striped,
                     };
                     match &self.out.jobdw {
                         Some(j) if j.access_mode != wanted => Some(format!(
                             "{} is not set: the jobdw on line {} has access_mode={}, which sets \
                              {other}; use {other}, or access_mode={wanted}",
-                            r.var, j.line, j.access_mode
+                            r.var,
+                            j.line,
+                            j.access_mode,
+                            other = DwVariable::of_job(j.access_mode)
                         )),
                         None if self.jobdw_lines.is_empty() => Some(format!(
                             "{} is the job instance, but the script has no `#DW jobdw` to \
@@ -1683,17 +1719,13 @@ fn parse_access_mode(v: &str) -> Result<AccessMode, String> {
     match v {
         "striped" => Ok(AccessMode::Striped),
         "private" => Ok(AccessMode::Private),
-        "ldbalance" => Err(
-            "access_mode=ldbalance is not supported yet: load-balanced read-only \
-                            instances are later work in Surge; use access_mode=striped"
-                .to_string(),
-        ),
+        "ldbalance" => Ok(AccessMode::Ldbalance),
         "striped,private" | "private,striped" => Err(format!(
             "access_mode={v} (both namespaces in one instance) is not supported yet; choose \
              access_mode=striped or access_mode=private"
         )),
         _ => Err(format!(
-            "unknown access_mode `{v}`{}; expected access_mode=striped or access_mode=private",
+            "unknown access_mode `{v}`{}; expected access_mode=striped, private or ldbalance",
             hint(v, &["striped", "private", "ldbalance"])
         )),
     }
@@ -1796,11 +1828,14 @@ fn classify_path(path: &str) -> Result<PathSide, String> {
 }
 
 fn dw_variable(name: &str) -> Result<DwVariable, String> {
-    const EXPECTED: &str = "$DW_JOB_STRIPED, $DW_JOB_PRIVATE or $DW_PERSISTENT_STRIPED_<name>";
+    const EXPECTED: &str =
+        "$DW_JOB_STRIPED, $DW_JOB_PRIVATE, $DW_JOB_LDBAL or $DW_PERSISTENT_STRIPED_<name>";
     if name == "DW_JOB_STRIPED" {
         Ok(DwVariable::JobStriped)
     } else if name == "DW_JOB_PRIVATE" {
         Ok(DwVariable::JobPrivate)
+    } else if name == "DW_JOB_LDBAL" {
+        Ok(DwVariable::JobLdbal)
     } else if let Some(instance) = name.strip_prefix("DW_PERSISTENT_STRIPED_") {
         check_persistent_name(instance)
             .map(|()| DwVariable::PersistentStriped(instance.to_string()))
@@ -1808,7 +1843,7 @@ fn dw_variable(name: &str) -> Result<DwVariable, String> {
     } else if name.is_empty() {
         Err("`$` must be followed by a variable name".to_string())
     } else if name.starts_with("DW_") {
-        let hint = suggest(name, &["DW_JOB_STRIPED", "DW_JOB_PRIVATE"])
+        let hint = suggest(name, &["DW_JOB_STRIPED", "DW_JOB_PRIVATE", "DW_JOB_LDBAL"])
             .map(|s| format!(" (did you mean ${s}?)"))
             .unwrap_or_default();
         Err(format!(

@@ -305,16 +305,35 @@ fn unknown_type_suggests_the_closest() {
 }
 
 #[test]
-fn access_mode_ldbalance_is_rejected_as_later_work() {
+fn access_mode_ldbalance_is_read_only_job_replicas() {
+    let d = parse_script(
+        "job.sh",
+        "#DW jobdw type=scratch access_mode=ldbalance capacity=1GiB\n\
+         #DW stage_in type=directory source=/pfs/env destination=$DW_JOB_LDBAL/env\n",
+    )
+    .unwrap();
+    assert_eq!(d.jobdw.as_ref().unwrap().access_mode, AccessMode::Ldbalance);
+    assert_eq!(d.stage_in[0].instance, DwVariable::JobLdbal);
     let e = the_error(
-        "#DW jobdw type=scratch access_mode=ldbalance capacity=1TiB\n",
+        "#DW jobdw type=scratch access_mode=ldbalance capacity=1GiB\n\
+         #DW stage_out type=directory source=$DW_JOB_LDBAL/out destination=/pfs/out\n",
+        2,
+        "source=$DW_JOB_LDBAL/out",
+    );
+    assert_says(&e, &["read-only"]);
+    let e = the_error(
+        "#DW jobdw type=scratch access_mode=ldbalance capacity=1GiB\n\
+         #DW stage_in type=directory source=/pfs/env destination=$DW_JOB_STRIPED/env\n",
+        2,
+        "destination=$DW_JOB_STRIPED/env",
+    );
+    assert_says(&e, &["access_mode=ldbalance", "$DW_JOB_LDBAL"]);
+    let e = the_error(
+        "#BB create_persistent name=env capacity=1GiB access_mode=ldbalance type=scratch\n",
         1,
         "access_mode=ldbalance",
     );
-    assert_says(
-        &e,
-        &["not supported yet", "later work", "access_mode=striped"],
-    );
+    assert_says(&e, &["job instances", "access_mode=striped"]);
 }
 
 #[test]

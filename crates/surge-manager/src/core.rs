@@ -465,9 +465,9 @@ impl Core {
 
     pub async fn create_instance(&self, req: &InstanceRequest) -> MResult<InstanceRow> {
         let mode = req.access_mode.as_str();
-        if mode != "striped" && mode != "private" {
+        if !matches!(mode, "striped" | "private" | "ldbalance") {
             return Err(ManagerError::Invalid(format!(
-                "access_mode '{mode}' is not supported (striped or private)"
+                "access_mode '{mode}' is not supported (striped, private or ldbalance)"
             )));
         }
         if req.capacity == 0 {
@@ -516,8 +516,19 @@ impl Core {
                     namespaces: namespaces.get(&s.id).copied().unwrap_or(0),
                 })
                 .collect();
-            let ns_count = if mode == "private" { nodes } else { 1 };
-            let placement = placement::place(req.capacity, pool.granularity, &candidates, ns_count)
+            // ldbalance: one read-only replica per node, at most one per server (each has its
+            // own metadata service); the capacity is per replica.
+            let ns_count = match mode {
+                "private" => nodes,
+                "ldbalance" => nodes.min(candidates.len().max(1) as u32),
+                _ => 1,
+            };
+            let reserve = if mode == "ldbalance" {
+                req.capacity.saturating_mul(u64::from(ns_count))
+            } else {
+                req.capacity
+            };
+            let placement = placement::place(reserve, pool.granularity, &candidates, ns_count)
                 .map_err(|e| match e {
                     placement::PlacementError::NoSpace { .. } => {
                         ManagerError::NoSpace(format!("pool '{}': {e}", pool.name))
@@ -802,9 +813,10 @@ impl Core {
     }
 }
 
-/// A namespace index for a node of a session (private: one per node; striped: all on 0).
+/// A namespace index for a node of a session (private: one per node; ldbalance: the node's
+/// replica, spread round-robin; striped: all on 0).
 pub fn namespace_for(inst: &InstanceRow, node: u32) -> NamespaceId {
-    if inst.access_mode == "private" {
+    if inst.access_mode == "private" || inst.access_mode == "ldbalance" {
         NamespaceId(node % inst.descriptor.namespaces.len().max(1) as u32)
     } else {
         NamespaceId(0)

@@ -80,7 +80,8 @@ pub fn offer(
 ) -> Offer {
     let services = match mode {
         AccessMode::Striped => 1.0,
-        AccessMode::Private => f64::from(nodes.max(1)),
+        // ldbalance: one replica per node (capped by the servers; counted here by nodes).
+        AccessMode::Private | AccessMode::Ldbalance => f64::from(nodes.max(1)),
     };
     Offer {
         fragments,
@@ -153,8 +154,8 @@ pub fn size(
                     ops(asked as f64),
                     ops(have)
                 ),
-                AccessMode::Private => format!(
-                    "metadata={} exceeds the {} of {} compute node(s)' private metadata services; \
+                AccessMode::Private | AccessMode::Ldbalance => format!(
+                    "metadata={} exceeds the {} of {} compute node(s)' metadata services; \
                      run on more nodes or lower the target",
                     ops(asked as f64),
                     ops(have),
@@ -165,7 +166,7 @@ pub fn size(
             why.push(format!(
                 "metadata {} asked: {} metadata service(s) give {}",
                 ops(asked as f64),
-                if mode == AccessMode::Private {
+                if mode != AccessMode::Striped {
                     nodes.max(1)
                 } else {
                     1

@@ -545,6 +545,20 @@ fn private(i: &api::Instance) -> bool {
     i.access_mode == "private"
 }
 
+/// The namespaces a stage-in into `i` fills: one per node (private), every replica
+/// (ldbalance), else the one.
+fn stage_in_namespaces(i: &api::Instance) -> Vec<u32> {
+    if private(i) {
+        (0..i.nodes.max(1)).collect()
+    } else if i.access_mode == "ldbalance" {
+        let replicas = serde_json::from_str::<InstanceDescriptor>(&i.descriptor_json)
+            .map_or(1, |d| d.namespaces.len().max(1));
+        (0..replicas as u32).collect()
+    } else {
+        vec![0]
+    }
+}
+
 /// Runs a stage task unless the same one (instance, namespace, direction, items) already
 /// ran to the end in this session; waits for one already running. Idempotent.
 async fn stage_once(
@@ -665,12 +679,7 @@ async fn data_in(job: &Job, workdir: &Path) -> anyhow::Result<()> {
     for g in &plan.groups {
         let inst = instance_of(&s, &g.instance)
             .with_context(|| format!("{name}: {} is not an instance of this job", g.instance))?;
-        let namespaces = if private(inst) {
-            (0..inst.nodes.max(1)).collect()
-        } else {
-            vec![0]
-        };
-        for ns in namespaces {
+        for ns in stage_in_namespaces(inst) {
             let t = Instant::now();
             let done = stage_once(
                 &mut m,
@@ -714,6 +723,11 @@ async fn paths(job: &Job, path_file: &Path) -> anyhow::Result<()> {
                 (
                     DwVariable::JobPrivate.env_name(),
                     "SURGE_JOB_PRIVATE".to_string(),
+                )
+            } else if i.access_mode == "ldbalance" {
+                (
+                    DwVariable::JobLdbal.env_name(),
+                    "SURGE_JOB_LDBAL".to_string(),
                 )
             } else {
                 (

@@ -377,6 +377,7 @@ fn job_var(mode: AccessMode) -> DwVariable {
     match mode {
         AccessMode::Private => DwVariable::JobPrivate,
         AccessMode::Striped => DwVariable::JobStriped,
+        AccessMode::Ldbalance => DwVariable::JobLdbal,
     }
 }
 
@@ -412,6 +413,8 @@ struct Used {
     id: u64,
     desc: InstanceDescriptor,
     private: bool,
+    /// Read-only replicas (ldbalance): the stage-in goes to each, node i reads i mod replicas.
+    replicas: Option<u32>,
     /// A capability for the instance's servers (every namespace), from the manager.
     token: surge_auth::Token,
 }
@@ -590,6 +593,8 @@ async fn job(
         let var = if i.id == session.job_instance {
             if i.access_mode == "private" {
                 DwVariable::JobPrivate
+            } else if i.access_mode == "ldbalance" {
+                DwVariable::JobLdbal
             } else {
                 DwVariable::JobStriped
             }
@@ -610,6 +615,7 @@ async fn job(
             var,
             id: i.id,
             private: i.access_mode == "private",
+            replicas: (i.access_mode == "ldbalance").then_some(desc.namespaces.len().max(1) as u32),
             desc,
             token: surge_auth::Token::from_text(&cap.token)?,
         });
@@ -653,10 +659,10 @@ async fn job(
                 ctx.script_name, g.instance
             )
         })?;
-        let namespaces: Vec<u32> = if u.private {
-            (0..nodes).collect()
-        } else {
-            vec![0]
+        let namespaces: Vec<u32> = match (u.private, u.replicas) {
+            (true, _) => (0..nodes).collect(),
+            (_, Some(r)) => (0..r).collect(),
+            _ => vec![0],
         };
         for ns in namespaces {
             let t = Instant::now();
@@ -678,10 +684,10 @@ async fn job(
                 format!(
                     "{}{}: {} files, {}{}",
                     g.instance,
-                    if u.private {
-                        format!(" (node {ns})")
-                    } else {
-                        String::new()
+                    match (u.private, u.replicas) {
+                        (true, _) => format!(" (node {ns})"),
+                        (_, Some(r)) => format!(" (replica {}/{r})", ns + 1),
+                        _ => String::new(),
                     },
                     done.files_done,
                     format_bytes(done.bytes_done),
@@ -730,7 +736,11 @@ async fn job(
         let mut env = BTreeMap::new();
         let mut mounts = Vec::new();
         for u in &used {
-            let ns = if u.private { node } else { 0 };
+            let ns = match (u.private, u.replicas) {
+                (true, _) => node,
+                (_, Some(r)) => node % r,
+                _ => 0,
+            };
             let dir = match &u.var {
                 DwVariable::PersistentStriped(name) => {
                     run_dir.join(format!("node-{node}/persistent/{name}"))
@@ -750,6 +760,9 @@ async fn job(
                 }
                 DwVariable::JobPrivate => {
                     env.insert("SURGE_JOB_PRIVATE".into(), path.clone());
+                }
+                DwVariable::JobLdbal => {
+                    env.insert("SURGE_JOB_LDBAL".into(), path.clone());
                 }
                 DwVariable::PersistentStriped(n) => {
                     env.insert(format!("SURGE_PERSISTENT_{n}"), path.clone());

@@ -16,7 +16,7 @@
 use crate::space::{instance_rest, pfs_side, Config};
 use std::path::Path;
 use surge_core::directives::{
-    parse_script, AccessMode, Directives, DwVariable, StageDirection, StageKind,
+    parse_script, Directives, DwVariable, StageDirection, StageKind,
 };
 
 /// What rendering needs besides the configuration.
@@ -145,10 +145,7 @@ pub fn render(text: &str, config: &Config, ctx: &RenderContext) -> anyhow::Resul
     let Some(j0) = &original.jobdw else {
         anyhow::bail!("{}: no `#DW jobdw` to tune", ctx.name);
     };
-    let written_mode = match j0.access_mode {
-        AccessMode::Striped => "striped",
-        AccessMode::Private => "private",
-    };
+    let written_mode = j0.access_mode.as_str();
     let mode = if config.pfs_only() {
         written_mode
     } else {

@@ -189,10 +189,7 @@ pub fn build(
         );
     };
     let g = req.granularity.max(1);
-    let mode = match j.access_mode {
-        AccessMode::Striped => "striped",
-        AccessMode::Private => "private",
-    };
+    let mode = j.access_mode.as_str();
     let default = Config {
         fragments: j.capacity.div_ceil(g).max(1),
         mode: mode.into(),
@@ -238,7 +235,12 @@ pub fn build(
         settings: frags.into_iter().map(Setting::Fragments).collect(),
     });
 
-    let mut modes: Vec<String> = req.modes.clone();
+    // A read-only (ldbalance) instance keeps its mode: its job writes nothing there.
+    let mut modes: Vec<String> = if j.access_mode == AccessMode::Ldbalance {
+        Vec::new()
+    } else {
+        req.modes.clone()
+    };
     if !modes.contains(&default.mode) {
         modes.insert(0, default.mode.clone());
     }
