@@ -420,6 +420,57 @@ fn private_namespaces_are_per_node_and_striped_ones_are_shared() {
     );
 }
 
+/// `access_mode=ldbalance`: the stage-in is in every replica, each node mounts its own replica
+/// (node i: replica i mod replicas) read-only, missing names stay missing, writes are refused.
+#[test]
+fn ldbalance_replicas_are_read_only_and_spread_over_nodes() {
+    if skip_without_fuse("ldbalance_replicas_are_read_only_and_spread_over_nodes") {
+        return;
+    }
+    let j = Job::new("ldbal");
+    let path = format!(
+        "{}:{}",
+        Path::new(SURGE).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let env = j.path("env/pkg");
+    std::fs::create_dir_all(&env).unwrap();
+    std::fs::write(env.join("__init__.py"), "").unwrap();
+    for i in 0..40 {
+        std::fs::write(env.join(format!("m{i}.py")), format!("X = {i}\n")).unwrap();
+    }
+    let script = j.script(
+        "ldbal.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=ldbalance capacity=64MiB\n\
+             #DW stage_in type=directory source={} destination=$DW_JOB_LDBAL/env\nset -e\n\
+             surge exec --all -- sh -c '\
+               cd \"$DW_JOB_LDBAL\"; \
+               v=$(PYTHONPATH=env python3 -c \"import pkg.m7 as m; print(m.X)\"); \
+               test ! -e env/pkg/nothing.py && test ! -e env/pkg/nothing.py; \
+               if touch env/new 2>/dev/null; then w=writable; else w=refused; fi; \
+               ns=$(grep \" $DW_JOB_LDBAL \" /proc/self/mountinfo | sed \"s/.* surge:[0-9]*\\/\\([0-9]*\\) .*/\\1/\"); \
+               echo \"$SURGE_NODE $v $w $ns\"' | sort > nodes.txt\n",
+            j.path("env").display()
+        ),
+    );
+    let out = j
+        .command()
+        .env("PATH", &path)
+        .args(["run", "--nodes", "3"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    // The test pool has 2 servers: 2 replicas for 3 nodes, node 2 reads replica 0.
+    assert!(t.contains("replica 2/2"), "{t}");
+    assert_eq!(
+        std::fs::read_to_string(j.path("nodes.txt")).unwrap(),
+        "0 7 refused 0\n1 7 refused 1\n2 7 refused 0\n"
+    );
+}
+
 /// `access_mode=private` with a `stage_out` of `$DW_JOB_PRIVATE/out`: every node's files reach
 /// the PFS (node 1's were lost before: only namespace 0 was staged out, and the run said
 /// nothing); a path two nodes both wrote is refused before anything is copied, names the path
