@@ -31,6 +31,8 @@ pub struct InstancePlan {
     pub root_uid: u32,
     pub root_gid: u32,
     pub root_perm: u16,
+    /// `type=cache`: the PFS directory the instance mirrors (its namespaces keep a journal).
+    pub cache_pfs: Option<String>,
 }
 
 impl InstancePlan {
@@ -60,6 +62,7 @@ impl InstancePlan {
                     server: s.clone(),
                 })
                 .collect(),
+            cache_pfs: self.cache_pfs.clone(),
         }
     }
 }

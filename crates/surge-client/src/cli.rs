@@ -460,6 +460,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                     root_uid: uid,
                     root_gid: gid,
                     root_perm: 0o755,
+                    cache_pfs: None,
                 };
                 let desc = admin::create_instance(&plan, &token).await?;
                 if json {

@@ -71,6 +71,13 @@ pub struct JobDw {
     /// is the capacity asked for, 0 when only targets were given.
     #[serde(default)]
     pub targets: Option<Targets>,
+    /// `type=cache`: the PFS directory the instance mirrors (`pfs=`, absolute).
+    #[serde(default)]
+    pub pfs: Option<String>,
+    /// `type=cache`: DataWarp's `optimization=bandwidth|latency|interactive` (recorded; the
+    /// drain is the same for all three so far).
+    #[serde(default)]
+    pub optimization: Option<String>,
 }
 
 /// What a `#SURGE jobdw` asks of its allocation, per second, for the whole job.
@@ -1426,6 +1433,8 @@ impl<'a> Parser<'a> {
                     capacity,
                     pool,
                     targets,
+                    pfs: None,
+                    optimization: None,
                 });
             }
             _ if first.is_none() => self.jobdw_unread = true,

@@ -80,6 +80,8 @@ fn expbb_listing8_with_slurm_continuations_stages_a_directory_in_and_out() {
             capacity: 12704 * GIB,
             pool: None,
             targets: None,
+            pfs: None,
+            optimization: None,
         })
     );
     assert_eq!(
@@ -227,6 +229,8 @@ fn jobdw_with_every_key_is_read() {
             capacity: 2 << 40,
             pool: Some("nvme".to_string()),
             targets: None,
+            pfs: None,
+            optimization: None,
         })
     );
 }

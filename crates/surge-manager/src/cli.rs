@@ -538,6 +538,7 @@ pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
                         owner_gid: gid,
                         stripe_size: 0,
                         share_with_group,
+                        cache_pfs: String::new(),
                     })
                     .await
                     .map_err(status_err)?

@@ -62,6 +62,8 @@ pub struct InstanceRequest {
     pub stripe_size: u64,
     /// Members of the owner's group may use it too.
     pub group_shared: bool,
+    /// `type=cache`: the PFS directory the instance mirrors.
+    pub cache_pfs: Option<String>,
 }
 
 /// A pool with its servers and space, for listings.
@@ -565,6 +567,7 @@ impl Core {
                     stripe_size: stripe,
                     fragments: vec![],
                     namespaces: vec![],
+                    cache_pfs: None,
                 },
             };
             let id = store.new_instance_id(&row)?;
@@ -592,6 +595,7 @@ impl Core {
             root_uid: req.owner_uid,
             root_gid: req.owner_gid,
             root_perm: 0o755,
+            cache_pfs: req.cache_pfs.clone(),
         };
         match admin::create_instance(&plan, &self.admin_token()).await {
             Ok(desc) => {

@@ -59,6 +59,7 @@ pub fn instance_request(r: &api::CreateInstanceRequest) -> InstanceRequest {
         owner_gid: r.owner_gid,
         stripe_size: r.stripe_size,
         group_shared: r.share_with_group,
+        cache_pfs: (!r.cache_pfs.is_empty()).then(|| r.cache_pfs.clone()),
     }
 }
 

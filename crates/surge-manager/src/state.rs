@@ -703,6 +703,7 @@ mod tests {
             stripe_size: 1,
             fragments: vec![],
             namespaces: vec![],
+            cache_pfs: None,
         }
     }
 

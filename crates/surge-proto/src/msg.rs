@@ -243,6 +243,10 @@ pub struct InstanceDescriptor {
     pub stripe_size: u64,
     pub fragments: Vec<FragmentRef>,
     pub namespaces: Vec<NamespaceRef>,
+    /// `type=cache`: the PFS directory the namespace mirrors; its metadata servers keep a
+    /// journal of changes for the drain to replay there.
+    #[serde(default)]
+    pub cache_pfs: Option<String>,
 }
 
 impl InstanceDescriptor {
@@ -593,6 +597,45 @@ pub enum Request {
     Authenticate {
         token: Vec<u8>,
     },
+    /// A write-behind cache namespace's drain journal: the oldest entries after `after` (at
+    /// most `max`) and how many are pending in all (`Response::DrainBatch`).
+    DrainPoll {
+        instance: InstanceId,
+        ns: NamespaceId,
+        after: u64,
+        max: u32,
+    },
+    /// The journal's entries up to `upto` reached the PFS: forget them.
+    DrainAck {
+        instance: InstanceId,
+        ns: NamespaceId,
+        upto: u64,
+    },
+}
+
+/// One change of a cache namespace, in the order it was made, for the drain to replay on the
+/// PFS. Paths are relative to the namespace's root (and the PFS directory it mirrors), as they
+/// were when the change was made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DrainOp {
+    Mkdir { path: Vec<u8> },
+    /// An empty regular file (its data, if any, comes with a later `Data`).
+    Create { path: Vec<u8> },
+    Symlink { path: Vec<u8>, target: Vec<u8> },
+    /// Inode `ino`'s data changed: copy what it holds when the drain gets to it.
+    Data { ino: Ino, path: Vec<u8> },
+    /// Inode `ino`'s mode, times or size changed.
+    Attr { ino: Ino, path: Vec<u8> },
+    Unlink { path: Vec<u8> },
+    Rmdir { path: Vec<u8> },
+    Rename { from: Vec<u8>, to: Vec<u8> },
+    Link { from: Vec<u8>, to: Vec<u8> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainEntry {
+    pub seq: u64,
+    pub op: DrainOp,
 }
 
 /// Longest extended attribute name, in bytes (Linux's `XATTR_NAME_MAX`).
@@ -734,6 +777,11 @@ pub enum Response {
     Xattr(Vec<u8>),
     /// Reply to `ListXattr`: the names, sorted.
     XattrNames(Vec<Vec<u8>>),
+    /// Reply to `DrainPoll`.
+    DrainBatch {
+        entries: Vec<DrainEntry>,
+        pending: u64,
+    },
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -877,6 +925,8 @@ impl Request {
             Request::ListXattr { .. } => 51,
             Request::SetXattr { .. } => 52,
             Request::RemoveXattr { .. } => 53,
+            Request::DrainPoll { .. } => 54,
+            Request::DrainAck { .. } => 55,
             Request::Authenticate { .. } => 7,
         }
     }
@@ -927,6 +977,8 @@ impl Request {
             Request::SetXattr { .. } => "SetXattr",
             Request::RemoveXattr { .. } => "RemoveXattr",
             Request::Authenticate { .. } => "Authenticate",
+            Request::DrainPoll { .. } => "DrainPoll",
+            Request::DrainAck { .. } => "DrainAck",
         }
     }
 
@@ -954,6 +1006,8 @@ impl Request {
             | Request::ListXattr { instance, ns, .. }
             | Request::SetXattr { instance, ns, .. }
             | Request::RemoveXattr { instance, ns, .. }
+            | Request::DrainPoll { instance, ns, .. }
+            | Request::DrainAck { instance, ns, .. }
             | Request::NamespaceStats { instance, ns } => Some((*instance, *ns)),
             _ => None,
         }

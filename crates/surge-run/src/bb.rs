@@ -478,6 +478,7 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
         owner_gid: gid,
         stripe_size: 0,
         share_with_group: false,
+        cache_pfs: j.pfs.clone().unwrap_or_default(),
     });
     let s = m
         .create_session(api::CreateSessionRequest {
@@ -530,6 +531,7 @@ pub fn persistent_request(
         owner_gid: gid,
         stripe_size: 0,
         share_with_group: false,
+        cache_pfs: String::new(),
     }
 }
 

@@ -550,6 +550,7 @@ async fn job(
         owner_gid: gid,
         stripe_size: 0,
         share_with_group: false,
+        cache_pfs: j.pfs.clone().unwrap_or_default(),
     });
     let job_name = ctx
         .args
@@ -626,10 +627,14 @@ async fn job(
         .find(|i| i.id == session.job_instance)
     {
         Some(i) => format!(
-            "session {}: job instance {} {} ({} fragments){}",
+            "session {}: job instance {} {} ({}{} fragments){}",
             session.id,
             format_bytes(i.capacity),
             i.access_mode,
+            match used.iter().find(|u| u.id == i.id).and_then(|u| u.replicas) {
+                Some(r) => format!("{r} replicas, "),
+                None => String::new(),
+            },
             i.fragments,
             if session.persistent.is_empty() {
                 String::new()

@@ -111,6 +111,7 @@ impl Cluster {
             root_uid: uid,
             root_gid: gid,
             root_perm: 0o755,
+            cache_pfs: None,
         };
         let desc = admin::create_instance(&plan, &admin_token)
             .await
