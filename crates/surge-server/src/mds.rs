@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use surge_core::{Ino, InstanceId, NamespaceId};
-use surge_proto::{BatchOp, FileKind};
+use surge_proto::{BatchOp, DrainOp, FileKind, NewNode};
 use surge_proto::{ErrorCode, ErrorReply, Request, Response};
 use tracing::{error, info, warn};
 
@@ -30,6 +30,8 @@ pub struct Namespace {
     lease_change: Condvar,
     /// Room kept on the device for this store (see [`crate::reserve`]).
     reserve: crate::reserve::Reserve,
+    /// A write-behind cache namespace: every change is journaled for the drain.
+    journal: bool,
 }
 
 /// A session's leases last while it waits for recalls, or did so this recently.
@@ -123,6 +125,7 @@ impl Namespace {
         instance: InstanceId,
         ns: NamespaceId,
         root: (u32, u32, u16),
+        journal: bool,
     ) -> anyhow::Result<Namespace> {
         std::fs::create_dir_all(dir)?;
         let conn = meta::open(&dir.join("meta.db"), root.0, root.1, root.2)?;
@@ -136,6 +139,7 @@ impl Namespace {
             leases: Mutex::new(Leases::default()),
             lease_change: Condvar::new(),
             reserve: crate::reserve::Reserve::open(dir),
+            journal,
         })
     }
 
@@ -328,11 +332,11 @@ impl Namespace {
     }
 
     fn execute(&self, conn: &mut Connection, req: &Request) -> Response {
-        let mut result = run(conn, req);
+        let mut result = run(conn, req, self.journal);
         // The device is full: give the reserve back and commit with its room (what a mount
         // acknowledged must not be lost for want of a few pages).
         if store_full(&result) && self.reserve.release() {
-            result = run(conn, req);
+            result = run(conn, req, self.journal);
         } else if !is_read_only(req) {
             self.reserve.retake_if_room();
         }
@@ -396,7 +400,149 @@ fn is_read_only(req: &Request) -> bool {
             | Request::NamespaceStats { .. }
             | Request::GetXattr { .. }
             | Request::ListXattr { .. }
+            | Request::DrainPoll { .. }
     )
+}
+
+/// A change of a cache namespace as the drain replays it, with the paths it had before the
+/// change (a rename or unlink moves them): computed before the request runs.
+enum Pending {
+    Op(DrainOp),
+    /// Made once the request succeeded (a create's kind, a batch's results).
+    Create { path: Vec<u8> },
+    Batch(Vec<Option<DrainOp>>),
+    Nothing,
+}
+
+fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
+    let child = |p: Ino, n: &[u8]| ops.child_path(p, n);
+    Ok(match req {
+        Request::Create { parent, name, .. } => match child(*parent, name)? {
+            Some(path) => Pending::Create { path },
+            None => Pending::Nothing,
+        },
+        Request::Link {
+            ino,
+            new_parent,
+            new_name,
+            ..
+        } => match (ops.path_of(*ino)?, child(*new_parent, new_name)?) {
+            (Some(from), Some(to)) => Pending::Op(DrainOp::Link { from, to }),
+            _ => Pending::Nothing,
+        },
+        Request::Unlink { parent, name, .. } => match child(*parent, name)? {
+            Some(path) => Pending::Op(DrainOp::Unlink { path }),
+            None => Pending::Nothing,
+        },
+        Request::Rmdir { parent, name, .. } => match child(*parent, name)? {
+            Some(path) => Pending::Op(DrainOp::Rmdir { path }),
+            None => Pending::Nothing,
+        },
+        Request::Rename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            ..
+        } => match (child(*parent, name)?, child(*new_parent, new_name)?) {
+            (Some(from), Some(to)) => Pending::Op(DrainOp::Rename { from, to }),
+            _ => Pending::Nothing,
+        },
+        Request::SetAttr { ino, set, .. } => match ops.path_of(*ino)? {
+            Some(path) if set.size.is_some() => Pending::Op(DrainOp::Data { ino: *ino, path }),
+            Some(path) => Pending::Op(DrainOp::Attr { ino: *ino, path }),
+            None => Pending::Nothing,
+        },
+        Request::CommitWrite { ino, .. } => match ops.path_of(*ino)? {
+            Some(path) => Pending::Op(DrainOp::Data { ino: *ino, path }),
+            None => Pending::Nothing,
+        },
+        Request::NamespaceBatch { ops: batch, .. } => Pending::Batch(
+            batch
+                .iter()
+                .map(|op| match op {
+                    BatchOp::Unlink { parent, name, .. } => {
+                        child(*parent, name).map(|p| p.map(|path| DrainOp::Unlink { path }))
+                    }
+                    BatchOp::CreateFile { parent, name, .. } => {
+                        child(*parent, name).map(|p| p.map(|path| DrainOp::Create { path }))
+                    }
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        _ => Pending::Nothing,
+    })
+}
+
+fn journal_after(
+    ops: &Ops<'_>,
+    req: &Request,
+    pending: Pending,
+    reply: &Response,
+) -> Result<(), ErrorReply> {
+    match pending {
+        Pending::Nothing => Ok(()),
+        Pending::Op(op) => ops.journal(&op),
+        Pending::Create { path } => match req {
+            Request::Create { node, .. } => match node {
+                NewNode::Dir => ops.journal(&DrainOp::Mkdir { path }),
+                NewNode::Symlink { target } => ops.journal(&DrainOp::Symlink {
+                    path,
+                    target: target.clone(),
+                }),
+                NewNode::File => ops.journal(&DrainOp::Create { path }),
+                NewNode::SizedFile { .. } => {
+                    ops.journal(&DrainOp::Create { path: path.clone() })?;
+                    match reply {
+                        Response::Created { attr, .. } => {
+                            ops.journal(&DrainOp::Data { ino: attr.ino, path })
+                        }
+                        _ => Ok(()),
+                    }
+                }
+                // FIFOs, sockets and devices stay on the fast tier.
+                NewNode::Special { .. } => Ok(()),
+            },
+            _ => Ok(()),
+        },
+        Pending::Batch(each) => {
+            let Response::BatchDone(results) = reply else {
+                return Ok(());
+            };
+            for (op, r) in each.into_iter().zip(results) {
+                if let (Some(op), Ok(_)) = (op, r) {
+                    ops.journal(&op)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs `req`, journaling what it changed when `journal` (a cache namespace), in the same
+/// transaction: a change is acknowledged only with its journal entry.
+fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Response, ErrorReply> {
+    match (req, journal) {
+        (Request::DrainPoll { .. } | Request::DrainAck { .. }, false) => Err(ErrorReply::new(
+            ErrorCode::Invalid,
+            "this namespace is not a cache (type=cache) namespace: it has no drain journal",
+        )),
+        (Request::DrainPoll { after, max, .. }, true) => {
+            let (entries, pending) = ops.drain_poll(*after, (*max).clamp(1, 4096))?;
+            Ok(Response::DrainBatch { entries, pending })
+        }
+        (Request::DrainAck { upto, .. }, true) => {
+            ops.drain_ack(*upto)?;
+            Ok(Response::Ok)
+        }
+        (_, false) => execute(ops, req),
+        (_, true) => {
+            let pending = journal_before(ops, req)?;
+            let reply = execute(ops, req)?;
+            journal_after(ops, req, pending, &reply)?;
+            Ok(reply)
+        }
+    }
 }
 
 fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
@@ -489,12 +635,14 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
 }
 
 /// Runs one request in a transaction; a failed request changes nothing.
-fn run(conn: &mut Connection, req: &Request) -> rusqlite::Result<Response> {
+fn run(conn: &mut Connection, req: &Request, journal: bool) -> rusqlite::Result<Response> {
     if is_read_only(req) {
-        return Ok(execute(&Ops { tx: conn }, req).unwrap_or_else(Response::Error));
+        return Ok(
+            execute_journaled(&Ops { tx: conn }, req, journal).unwrap_or_else(Response::Error)
+        );
     }
     let tx = conn.transaction()?;
-    match execute(&Ops { tx: &tx }, req) {
+    match execute_journaled(&Ops { tx: &tx }, req, journal) {
         Ok(r) => {
             tx.commit()?;
             Ok(r)
@@ -560,7 +708,7 @@ mod tests {
     #[test]
     fn a_lease_is_recalled_before_another_session_touches_the_directory() {
         let t = tempfile::tempdir().unwrap();
-        let ns = Arc::new(Namespace::start(t.path(), I, N, (0, 0, 0o755)).unwrap());
+        let ns = Arc::new(Namespace::start(t.path(), I, N, (0, 0, 0o755), false).unwrap());
         let Response::Created { attr: d, .. } = create(&ns, 7, ROOT_INO, "d", NewNode::Dir) else {
             panic!("mkdir");
         };

@@ -154,7 +154,9 @@ pub fn open(
          CREATE INDEX IF NOT EXISTS dentries_by_parent ON dentries(parent, id);
          CREATE TABLE IF NOT EXISTS xattrs(
             ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
-            PRIMARY KEY(ino, name)) WITHOUT ROWID;",
+            PRIMARY KEY(ino, name)) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS drain(
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL);",
     )?;
     // Stores made before directories had a change counter, before special files.
     for column in ["change", "rdev"] {
@@ -192,6 +194,108 @@ pub struct Ops<'a> {
 }
 
 impl Ops<'_> {
+    /// The path of `ino` from the root ("a/b/c"; empty for the root), by its first name.
+    /// `None` for an inode without a name (an open file that was unlinked).
+    pub fn path_of(&self, ino: Ino) -> MetaResult<Option<Vec<u8>>> {
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT_INO {
+            let mut st = self
+                .tx
+                .prepare_cached("SELECT parent, name FROM dentries WHERE ino = ?1 LIMIT 1")
+                .map_err(db_err)?;
+            let Some((parent, name)) = st
+                .query_row([cur as i64], |r| {
+                    Ok((r.get::<_, i64>(0)? as u64, r.get::<_, Vec<u8>>(1)?))
+                })
+                .optional()
+                .map_err(db_err)?
+            else {
+                return Ok(None);
+            };
+            parts.push(name);
+            cur = parent;
+            if parts.len() > 4096 {
+                return Err(err(ErrorCode::Io, format!("inode {ino}: path loops")));
+            }
+        }
+        parts.reverse();
+        Ok(Some(parts.join(&b'/')))
+    }
+
+    /// The path of entry `name` in directory `parent`.
+    pub fn child_path(&self, parent: Ino, name: &[u8]) -> MetaResult<Option<Vec<u8>>> {
+        Ok(self.path_of(parent)?.map(|mut p| {
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(name);
+            p
+        }))
+    }
+
+    /// Appends a change to the drain journal (write-behind cache namespaces). A `Data` of the
+    /// inode the newest entry already names as `Data` at the same path is not repeated.
+    pub fn journal(&self, op: &surge_proto::DrainOp) -> MetaResult<()> {
+        let text = serde_json::to_string(op)
+            .map_err(|e| err(ErrorCode::Io, format!("drain journal: {e}")))?;
+        if matches!(op, surge_proto::DrainOp::Data { .. }) {
+            let last: Option<String> = self
+                .tx
+                .query_row("SELECT op FROM drain ORDER BY seq DESC LIMIT 1", [], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .map_err(db_err)?;
+            if last.as_deref() == Some(text.as_str()) {
+                return Ok(());
+            }
+        }
+        self.tx
+            .prepare_cached("INSERT INTO drain(op) VALUES (?1)")
+            .and_then(|mut st| st.execute([text]))
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Up to `max` journal entries after `after`, and how many entries are pending in all.
+    pub fn drain_poll(
+        &self,
+        after: u64,
+        max: u32,
+    ) -> MetaResult<(Vec<surge_proto::DrainEntry>, u64)> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT seq, op FROM drain WHERE seq > ?1 ORDER BY seq LIMIT ?2")
+            .map_err(db_err)?;
+        let rows = st
+            .query_map(params![after as i64, i64::from(max)], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+            })
+            .map_err(db_err)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, text) = row.map_err(db_err)?;
+            let op = serde_json::from_str(&text).map_err(|e| {
+                err(ErrorCode::Io, format!("drain journal entry {seq}: {e}"))
+            })?;
+            out.push(surge_proto::DrainEntry { seq, op });
+        }
+        let pending: i64 = self
+            .tx
+            .query_row("SELECT COUNT(*) FROM drain", [], |r| r.get(0))
+            .map_err(db_err)?;
+        Ok((out, pending as u64))
+    }
+
+    /// Forgets the journal's entries up to `upto` (they reached the PFS).
+    pub fn drain_ack(&self, upto: u64) -> MetaResult<()> {
+        self.tx
+            .execute("DELETE FROM drain WHERE seq <= ?1", [upto as i64])
+            .map_err(db_err)?;
+        Ok(())
+    }
+
     pub fn getattr(&self, ino: Ino) -> MetaResult<Attr> {
         self.find(ino)?
             .ok_or_else(|| err(ErrorCode::NotFound, format!("inode {ino} does not exist")))

@@ -197,6 +197,7 @@ impl Registry {
             meta.instance,
             meta.ns,
             (meta.root_uid, meta.root_gid, meta.root_perm),
+            meta.descriptor.cache_pfs.is_some(),
         )?;
         self.descriptors
             .write()
@@ -312,7 +313,8 @@ impl Registry {
         let dev = self.least_used_device();
         let dir = Self::instance_dir(&dev, instance).join(format!("ns-{}", ns.0));
         let io = |e: String| err(ErrorCode::Io, format!("{}: {e}", dir.display()));
-        let space = Namespace::start(&dir, instance, ns, root).map_err(|e| io(format!("{e:#}")))?;
+        let space = Namespace::start(&dir, instance, ns, root, descriptor.cache_pfs.is_some())
+            .map_err(|e| io(format!("{e:#}")))?;
         write_json_atomic(
             &dir.join("namespace.json"),
             &NamespaceFile {
