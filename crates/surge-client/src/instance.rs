@@ -394,6 +394,19 @@ impl InstanceClient {
         Request::RemoveXattr { instance: this.instance(), ns: this.ns, ino, name: name.to_vec() },
         Response::Attr(a) => a);
 
+    metadata_call!(
+        /// A cache namespace's drain journal: up to `max` entries after `after`, and how many
+        /// are pending in all.
+        drain_poll(this, after: u64, max: u32) -> (Vec<surge_proto::DrainEntry>, u64),
+        Request::DrainPoll { instance: this.instance(), ns: this.ns, after, max },
+        Response::DrainBatch { entries, pending } => (entries, pending));
+
+    metadata_call!(
+        /// The journal's entries up to `upto` reached the PFS.
+        drain_ack(this, upto: u64) -> (),
+        Request::DrainAck { instance: this.instance(), ns: this.ns, upto },
+        Response::Ok => ());
+
     /// A connection to the metadata server of its own, for [`wait_recall`](Self::wait_recall).
     pub async fn recall_connection(&self) -> Result<Arc<crate::conn::Connection>> {
         self.mds.dedicated().await

@@ -618,18 +618,41 @@ pub enum Request {
 /// were when the change was made.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DrainOp {
-    Mkdir { path: Vec<u8> },
+    Mkdir {
+        path: Vec<u8>,
+    },
     /// An empty regular file (its data, if any, comes with a later `Data`).
-    Create { path: Vec<u8> },
-    Symlink { path: Vec<u8>, target: Vec<u8> },
+    Create {
+        path: Vec<u8>,
+    },
+    Symlink {
+        path: Vec<u8>,
+        target: Vec<u8>,
+    },
     /// Inode `ino`'s data changed: copy what it holds when the drain gets to it.
-    Data { ino: Ino, path: Vec<u8> },
+    Data {
+        ino: Ino,
+        path: Vec<u8>,
+    },
     /// Inode `ino`'s mode, times or size changed.
-    Attr { ino: Ino, path: Vec<u8> },
-    Unlink { path: Vec<u8> },
-    Rmdir { path: Vec<u8> },
-    Rename { from: Vec<u8>, to: Vec<u8> },
-    Link { from: Vec<u8>, to: Vec<u8> },
+    Attr {
+        ino: Ino,
+        path: Vec<u8>,
+    },
+    Unlink {
+        path: Vec<u8>,
+    },
+    Rmdir {
+        path: Vec<u8>,
+    },
+    Rename {
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+    Link {
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

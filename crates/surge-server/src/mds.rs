@@ -409,7 +409,9 @@ fn is_read_only(req: &Request) -> bool {
 enum Pending {
     Op(DrainOp),
     /// Made once the request succeeded (a create's kind, a batch's results).
-    Create { path: Vec<u8> },
+    Create {
+        path: Vec<u8>,
+    },
     Batch(Vec<Option<DrainOp>>),
     Nothing,
 }
@@ -494,9 +496,10 @@ fn journal_after(
                 NewNode::SizedFile { .. } => {
                     ops.journal(&DrainOp::Create { path: path.clone() })?;
                     match reply {
-                        Response::Created { attr, .. } => {
-                            ops.journal(&DrainOp::Data { ino: attr.ino, path })
-                        }
+                        Response::Created { attr, .. } => ops.journal(&DrainOp::Data {
+                            ino: attr.ino,
+                            path,
+                        }),
                         _ => Ok(()),
                     }
                 }

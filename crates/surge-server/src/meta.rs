@@ -276,9 +276,8 @@ impl Ops<'_> {
         let mut out = Vec::new();
         for row in rows {
             let (seq, text) = row.map_err(db_err)?;
-            let op = serde_json::from_str(&text).map_err(|e| {
-                err(ErrorCode::Io, format!("drain journal entry {seq}: {e}"))
-            })?;
+            let op = serde_json::from_str(&text)
+                .map_err(|e| err(ErrorCode::Io, format!("drain journal entry {seq}: {e}")))?;
             out.push(surge_proto::DrainEntry { seq, op });
         }
         let pending: i64 = self

@@ -23,6 +23,7 @@
 
 pub mod cli;
 mod copy;
+pub mod drain;
 pub mod merge;
 mod names;
 pub mod ns;

@@ -22,6 +22,8 @@ pub struct Spec {
     pub access_mode: &'static str,
     /// Namespaces of a private instance.
     pub nodes: u32,
+    /// `type=cache`: the PFS directory the instance mirrors (its namespace keeps a journal).
+    pub cache_pfs: Option<String>,
 }
 
 impl Default for Spec {
@@ -32,6 +34,7 @@ impl Default for Spec {
             stripe_size: 8 << 20,
             access_mode: "striped",
             nodes: 1,
+            cache_pfs: None,
         }
     }
 }
@@ -111,7 +114,7 @@ impl Cluster {
             root_uid: uid,
             root_gid: gid,
             root_perm: 0o755,
-            cache_pfs: None,
+            cache_pfs: spec.cache_pfs.clone(),
         };
         let desc = admin::create_instance(&plan, &admin_token)
             .await

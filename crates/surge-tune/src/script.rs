@@ -15,9 +15,7 @@
 
 use crate::space::{instance_rest, pfs_side, Config};
 use std::path::Path;
-use surge_core::directives::{
-    parse_script, Directives, DwVariable, StageDirection, StageKind,
-};
+use surge_core::directives::{parse_script, Directives, DwVariable, StageDirection, StageKind};
 
 /// What rendering needs besides the configuration.
 #[derive(Clone, Debug)]

@@ -1,0 +1,366 @@
+//! The drain of a write-behind cache instance (`type=cache`): replays its namespace's journal
+//! of changes (kept by the metadata server in the same transaction as each change, see
+//! `surge_proto::DrainOp`) on the PFS directory the instance mirrors, in order, and forgets
+//! each batch only once it is on the PFS. Runs as the instance's owner, on a host that mounts
+//! the PFS.
+//!
+//! Every step is idempotent, so a batch replayed after a crash (of this worker, of a server,
+//! of the host) leaves the PFS as one replay would: a directory or file that exists is kept, a
+//! name already removed or renamed is not an error, and file data is copied as the instance
+//! holds it when the drain gets there (a later change brings its own entry). File data is
+//! written under a temporary name, flushed to stable storage and renamed over its name, so a
+//! reader of the PFS never sees a half-copied file and a crash never loses the old copy.
+
+use std::ffi::OsStr;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use surge_client::{ClientError, InstanceClient};
+use surge_proto::{DrainOp, ErrorCode, FileKind};
+use tracing::{debug, warn};
+
+/// Journal entries asked for at once.
+const BATCH: u32 = 256;
+/// Bytes read from the instance per request when copying a file.
+const CHUNK: u64 = 8 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("drain journal of the cache instance: {0}")]
+    Journal(ClientError),
+    #[error("{path}: {what}: {source}")]
+    Pfs {
+        path: PathBuf,
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{path}: reading it from the instance: {source}")]
+    Instance { path: PathBuf, source: ClientError },
+    #[error("journal entry with a path that leaves the PFS directory: {0:?}")]
+    BadPath(String),
+}
+
+/// Counters a caller may read while a drain runs.
+#[derive(Debug, Default)]
+pub struct DrainStats {
+    /// Journal entries applied and forgotten.
+    pub entries: AtomicU64,
+    /// Files whose data was copied to the PFS.
+    pub files: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Entries pending at the last poll.
+    pub pending: AtomicU64,
+}
+
+/// The PFS path of a journal path (relative, no `.` or `..`).
+fn pfs_path(root: &Path, rel: &[u8]) -> Result<PathBuf, DrainError> {
+    let p = Path::new(OsStr::from_bytes(rel));
+    if p.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(DrainError::BadPath(String::from_utf8_lossy(rel).into()));
+    }
+    Ok(root.join(p))
+}
+
+fn pfs_err<'a>(
+    path: &'a Path,
+    what: &'static str,
+) -> impl FnOnce(std::io::Error) -> DrainError + 'a {
+    move |source| DrainError::Pfs {
+        path: path.to_path_buf(),
+        what,
+        source,
+    }
+}
+
+fn gone(e: &ClientError) -> bool {
+    matches!(e.code(), Some(ErrorCode::NotFound | ErrorCode::Stale))
+}
+
+fn ignore_missing(r: std::io::Result<()>) -> std::io::Result<()> {
+    match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Sets the times of `path` itself (a symbolic link's own, not its target's).
+fn set_times(path: &Path, atime: surge_proto::Timestamp, mtime: surge_proto::Timestamp) {
+    let ts = |t: surge_proto::Timestamp| libc::timespec {
+        tv_sec: t.secs as libc::time_t,
+        tv_nsec: i64::from(t.nsec) as _,
+    };
+    let times = [ts(atime), ts(mtime)];
+    if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) {
+        // SAFETY: `c` is a NUL-terminated path and `times` two valid timespecs.
+        unsafe {
+            libc::utimensat(
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+    }
+}
+
+/// Copies inode `ino`'s data to `dst` (under a temporary name, flushed, renamed over it),
+/// unless `dst` already has its size and mtime. Returns the bytes copied.
+async fn copy_file(client: &InstanceClient, ino: u64, dst: &Path) -> Result<u64, DrainError> {
+    let attr = match client.getattr(ino).await {
+        Ok(a) => a,
+        Err(e) if gone(&e) => return Ok(0),
+        Err(source) => {
+            return Err(DrainError::Instance {
+                path: dst.to_path_buf(),
+                source,
+            })
+        }
+    };
+    if attr.kind != FileKind::File {
+        return Ok(0);
+    }
+    if let Ok(m) = std::fs::symlink_metadata(dst) {
+        use std::os::unix::fs::MetadataExt;
+        if m.is_file()
+            && m.len() == attr.size
+            && m.mtime() == attr.mtime.secs
+            && m.mtime_nsec() == i64::from(attr.mtime.nsec)
+        {
+            return Ok(0);
+        }
+    }
+    let dir = dst.parent().unwrap_or(Path::new("/"));
+    std::fs::create_dir_all(dir).map_err(pfs_err(dir, "cannot create the directory"))?;
+    let name = dst.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.surge-drain"));
+    let mut f = std::fs::File::create(&tmp).map_err(pfs_err(&tmp, "cannot create"))?;
+    let mut off = 0;
+    while off < attr.size {
+        let len = CHUNK.min(attr.size - off);
+        let data = match client.read(ino, off, len).await {
+            Ok(d) => d,
+            Err(e) if gone(&e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Ok(0);
+            }
+            Err(source) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(DrainError::Instance {
+                    path: dst.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        f.write_all(&data).map_err(pfs_err(&tmp, "cannot write"))?;
+        off += len;
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(u32::from(attr.perm)))
+        .map_err(pfs_err(&tmp, "cannot set the mode of"))?;
+    f.sync_all().map_err(pfs_err(&tmp, "cannot flush"))?;
+    drop(f);
+    set_times(&tmp, attr.atime, attr.mtime);
+    std::fs::rename(&tmp, dst).map_err(pfs_err(dst, "cannot rename the copy onto"))?;
+    Ok(attr.size)
+}
+
+/// Applies one journal entry to the PFS directory `root`.
+async fn apply(
+    client: &InstanceClient,
+    root: &Path,
+    op: &DrainOp,
+    stats: &DrainStats,
+) -> Result<(), DrainError> {
+    match op {
+        DrainOp::Mkdir { path } => {
+            let p = pfs_path(root, path)?;
+            std::fs::create_dir_all(&p).map_err(pfs_err(&p, "cannot create the directory"))?;
+        }
+        DrainOp::Create { path } => {
+            let p = pfs_path(root, path)?;
+            if let Some(dir) = p.parent() {
+                std::fs::create_dir_all(dir).map_err(pfs_err(dir, "cannot create"))?;
+            }
+            // Never truncates: a later `Data` brings the content.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&p)
+                .map_err(pfs_err(&p, "cannot create"))?;
+        }
+        DrainOp::Symlink { path, target } => {
+            let p = pfs_path(root, path)?;
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                let _ = std::fs::remove_file(&p);
+            }
+            std::os::unix::fs::symlink(OsStr::from_bytes(target), &p)
+                .map_err(pfs_err(&p, "cannot create the symbolic link"))?;
+        }
+        DrainOp::Data { ino, path } => {
+            let p = pfs_path(root, path)?;
+            let n = copy_file(client, *ino, &p).await?;
+            if n > 0 {
+                stats.files.fetch_add(1, Ordering::Relaxed);
+                stats.bytes.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        DrainOp::Attr { ino, path } => {
+            let p = pfs_path(root, path)?;
+            match (client.getattr(*ino).await, std::fs::symlink_metadata(&p)) {
+                (Ok(a), Ok(m)) => {
+                    if !m.is_symlink() {
+                        std::fs::set_permissions(
+                            &p,
+                            std::fs::Permissions::from_mode(u32::from(a.perm)),
+                        )
+                        .map_err(pfs_err(&p, "cannot set the mode of"))?;
+                    }
+                    set_times(&p, a.atime, a.mtime);
+                }
+                (Ok(_), Err(_)) => {}
+                (Err(e), _) if gone(&e) => {}
+                (Err(source), _) => return Err(DrainError::Instance { path: p, source }),
+            }
+        }
+        DrainOp::Unlink { path } => {
+            let p = pfs_path(root, path)?;
+            ignore_missing(std::fs::remove_file(&p)).map_err(pfs_err(&p, "cannot remove"))?;
+        }
+        DrainOp::Rmdir { path } => {
+            let p = pfs_path(root, path)?;
+            ignore_missing(std::fs::remove_dir(&p))
+                .map_err(pfs_err(&p, "cannot remove the directory"))?;
+        }
+        DrainOp::Rename { from, to } => {
+            let (f, t) = (pfs_path(root, from)?, pfs_path(root, to)?);
+            match std::fs::rename(&f, &t) {
+                Ok(()) => {}
+                // Replayed after a crash: done before, or never made here.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if std::fs::symlink_metadata(&t).is_err() {
+                        debug!(
+                            "drain: rename of {} that the PFS does not have",
+                            f.display()
+                        );
+                    }
+                }
+                Err(e) => {
+                    return Err(DrainError::Pfs {
+                        path: f,
+                        what: "cannot rename",
+                        source: e,
+                    })
+                }
+            }
+        }
+        DrainOp::Link { from, to } => {
+            let (f, t) = (pfs_path(root, from)?, pfs_path(root, to)?);
+            match std::fs::hard_link(&f, &t) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(DrainError::Pfs {
+                        path: t,
+                        what: "cannot link",
+                        source: e,
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Applies the journal until it is empty; returns the entries applied. An entry that fails
+/// stops the pass (and stays in the journal): later changes may depend on it.
+pub async fn drain_pass(
+    client: &InstanceClient,
+    root: &Path,
+    stats: &DrainStats,
+) -> Result<u64, DrainError> {
+    let mut applied = 0;
+    loop {
+        let (entries, pending) = client
+            .drain_poll(0, BATCH)
+            .await
+            .map_err(DrainError::Journal)?;
+        stats.pending.store(pending, Ordering::Relaxed);
+        let Some(last) = entries.last().map(|e| e.seq) else {
+            return Ok(applied);
+        };
+        for e in &entries {
+            apply(client, root, &e.op, stats).await?;
+        }
+        client.drain_ack(last).await.map_err(DrainError::Journal)?;
+        applied += entries.len() as u64;
+        stats
+            .entries
+            .fetch_add(entries.len() as u64, Ordering::Relaxed);
+        stats.pending.store(
+            pending.saturating_sub(entries.len() as u64),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// What a background drain reports back.
+#[derive(Debug, Default)]
+pub struct DrainState {
+    pub stats: DrainStats,
+    /// The last error (the drain retries: a server may come back, the PFS may get room).
+    pub error: parking_lot::Mutex<Option<String>>,
+}
+
+/// Drains in the background until `stop` is set and the journal is empty (or `stop` is set
+/// and `give_up` too): polls every `every` when idle, retries after errors (a server being
+/// restarted, a full PFS), logging each new error once.
+pub async fn drain_loop(
+    client: Arc<InstanceClient>,
+    root: PathBuf,
+    state: Arc<DrainState>,
+    stop: Arc<AtomicBool>,
+    every: Duration,
+) {
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        match drain_pass(&client, &root, &state.stats).await {
+            Ok(_) => {
+                *state.error.lock() = None;
+                if stopping {
+                    return;
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                let mut last = state.error.lock();
+                if last.as_deref() != Some(text.as_str()) {
+                    warn!("drain of {}: {text} (retrying)", root.display());
+                }
+                *last = Some(text);
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_paths_stay_inside_the_pfs_directory() {
+        let root = Path::new("/pfs/dir");
+        assert_eq!(
+            pfs_path(root, b"a/b").unwrap(),
+            PathBuf::from("/pfs/dir/a/b")
+        );
+        assert!(pfs_path(root, b"../etc/passwd").is_err());
+        assert!(pfs_path(root, b"/etc/passwd").is_err());
+        assert!(pfs_path(root, b"a/./b").is_ok_and(|p| p == Path::new("/pfs/dir/a/b")));
+    }
+}

@@ -1,0 +1,196 @@
+//! The drain of a cache instance against real servers (in this process): a tree written into
+//! the instance reaches the PFS directory byte-identical with its modes, mtimes and symlinks;
+//! renames, removals and rewrites made later reach it in order; a journal entry is forgotten
+//! only once it is on the PFS, so a drain that stops (here: a PFS that refuses writes) loses
+//! nothing and the next drain finishes the job.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::sync::Arc;
+use surge_proto::{KeepOpen, NewNode, TimeSet};
+use surge_stage::drain::{drain_pass, DrainStats};
+use surge_stage::{execute, plan, Direction, ItemKind, Progress, StageItem, StageOptions};
+use surge_testkit::inproc::{Cluster, Spec};
+
+async fn cache(tag: &str, pfs: &Path) -> Cluster {
+    Cluster::with(
+        tag,
+        &Spec {
+            servers: 2,
+            capacity: 256 << 20,
+            stripe_size: 1 << 20,
+            cache_pfs: Some(pfs.display().to_string()),
+            ..Spec::default()
+        },
+    )
+    .await
+}
+
+/// Writes the tree at `src` into the instance root (through the staging engine, as a job's
+/// writes through a mount would: creates, data, then attributes).
+async fn write_tree(c: &Cluster, src: &Path) {
+    let items = [StageItem {
+        kind: ItemKind::Directory,
+        pfs: src.to_path_buf(),
+        instance_path: "/".into(),
+    }];
+    let p = plan(&c.client, Direction::In, &items).await.expect("plan");
+    let opts = StageOptions {
+        workers: 4,
+        chunk_size: 1 << 20,
+        ..StageOptions::default()
+    };
+    let r = execute(c.client.clone(), &p, &opts, Arc::new(Progress::new()))
+        .await
+        .expect("execute");
+    assert!(r.ok(), "{r:?}");
+}
+
+#[test]
+fn a_tree_and_later_changes_reach_the_pfs_in_order() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("drain-pfs");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = cache("drain", &pfs).await;
+        let src = c.path().join("src");
+        make_tree(&src, 1 << 20);
+        write_tree(&c, &src).await;
+
+        let stats = DrainStats::default();
+        let n = drain_pass(&c.client, &pfs, &stats).await.expect("drain");
+        assert!(n > 0);
+        let d = differ(&src, &pfs);
+        assert!(d.is_empty(), "PFS differs from what was written: {d:?}");
+        assert!(temps_left(&pfs).is_empty());
+        // Nothing pending: a second pass does nothing.
+        assert_eq!(drain_pass(&c.client, &pfs, &stats).await.unwrap(), 0);
+
+        // Later changes: a rewrite, a rename of a directory, a removal, a new file renamed
+        // over an old one (the editor's save).
+        let root = 1;
+        let top: Vec<String> = std::fs::read_dir(&src)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let dir = top
+            .iter()
+            .find(|n| src.join(n).is_dir())
+            .expect("a directory")
+            .clone();
+        let file = top
+            .iter()
+            .find(|n| src.join(n).is_file() && !src.join(n).is_symlink())
+            .expect("a file")
+            .clone();
+        c.client
+            .rename(root, dir.as_bytes(), root, b"moved", 0, KeepOpen::All)
+            .await
+            .unwrap();
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let a = c
+            .client
+            .create(root, b"new.tmp", NewNode::File, 0o640, uid, gid)
+            .await
+            .unwrap();
+        let body = bytes(7, 300_000);
+        c.client.write(a.ino, 0, &body).await.unwrap();
+        c.client
+            .commit_write(a.ino, body.len() as u64, TimeSet::Now)
+            .await
+            .unwrap();
+        c.client
+            .rename(root, b"new.tmp", root, file.as_bytes(), 0, KeepOpen::All)
+            .await
+            .unwrap();
+        drain_pass(&c.client, &pfs, &stats).await.expect("drain");
+        assert!(!pfs.join(&dir).exists() && pfs.join("moved").is_dir());
+        assert_eq!(std::fs::read(pfs.join(&file)).unwrap(), body);
+        assert!(!pfs.join("new.tmp").exists());
+        let d = differ(&src.join(&dir), &pfs.join("moved"));
+        assert!(d.is_empty(), "{d:?}");
+        assert!(stats.bytes.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    });
+}
+
+#[test]
+fn a_drain_that_fails_keeps_the_journal_and_the_next_one_finishes() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("drain-fail");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = cache("drain-fail", &pfs).await;
+        let src = c.path().join("src");
+        make_tree(&src, 1 << 20);
+        write_tree(&c, &src).await;
+        // The PFS directory is unusable (a file where it should be: refused even to root).
+        let aside = scratch.path().join("pfs.aside");
+        std::fs::rename(&pfs, &aside).unwrap();
+        std::fs::write(&pfs, b"not a directory").unwrap();
+        let stats = DrainStats::default();
+        let e = drain_pass(&c.client, &pfs, &stats).await.unwrap_err();
+        assert!(e.to_string().contains(&pfs.display().to_string()), "{e}");
+        std::fs::remove_file(&pfs).unwrap();
+        std::fs::rename(&aside, &pfs).unwrap();
+        drain_pass(&c.client, &pfs, &stats).await.expect("drain");
+        let d = differ(&src, &pfs);
+        assert!(d.is_empty(), "{d:?}");
+    });
+}
+
+/// [`diff`] without access times (reading the source to write it moved them).
+fn differ(a: &Path, b: &Path) -> Vec<String> {
+    let strip = |p: &Path| {
+        snapshot(p)
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    k,
+                    format!("{v:?}")
+                        .split(", atime")
+                        .next()
+                        .unwrap_or("")
+                        .to_string()
+                        + &format!("{:?}{:?}", v.content, v.target),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let (x, y) = (strip(a), strip(b));
+    x.iter()
+        .filter(|(k, v)| y.get(*k) != Some(v))
+        .map(|(k, v)| format!("{}: {v} != {:?}", k.display(), y.get(k)))
+        .chain(
+            y.keys()
+                .filter(|k| !x.contains_key(*k))
+                .map(|k| format!("{}: extra", k.display())),
+        )
+        .collect()
+}
+
+fn temps_left(root: &Path) -> Vec<std::path::PathBuf> {
+    walk(root)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".surge-drain"))
+        .collect()
+}
+
+fn walk(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
+}
