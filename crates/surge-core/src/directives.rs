@@ -144,12 +144,15 @@ pub struct DestroyPersistent {
 }
 
 /// What an instance does with data. `Cache` (read-through, write-behind to the PFS) is later
-/// work; the parser rejects `type=cache` with a message saying so.
+/// work; `type=cache` mirrors a PFS directory (`pfs=`) with write-behind to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InstanceType {
     /// The job moves data itself, with stage directives or by hand.
     Scratch,
+    /// Mirrors the PFS directory `pfs=`: filled from it before the job, every change drained
+    /// back to it in the background and before the instance goes (`$DW_JOB_STRIPED_CACHE`).
+    Cache,
 }
 
 /// How compute nodes see an instance.
@@ -196,6 +199,8 @@ pub enum DwVariable {
     JobPrivate,
     /// `$DW_JOB_LDBAL`: the job instance, load-balanced read-only replicas.
     JobLdbal,
+    /// `$DW_JOB_STRIPED_CACHE`: the job instance, a striped cache of a PFS directory.
+    JobStripedCache,
     /// `$DW_PERSISTENT_STRIPED_<name>`: an attached persistent instance.
     PersistentStriped(String),
 }
@@ -295,6 +300,7 @@ impl InstanceType {
     pub fn as_str(self) -> &'static str {
         match self {
             InstanceType::Scratch => "scratch",
+            InstanceType::Cache => "cache",
         }
     }
 }
@@ -349,6 +355,7 @@ impl DwVariable {
             DwVariable::JobStriped => "DW_JOB_STRIPED".to_string(),
             DwVariable::JobPrivate => "DW_JOB_PRIVATE".to_string(),
             DwVariable::JobLdbal => "DW_JOB_LDBAL".to_string(),
+            DwVariable::JobStripedCache => "DW_JOB_STRIPED_CACHE".to_string(),
             DwVariable::PersistentStriped(name) => format!("DW_PERSISTENT_STRIPED_{name}"),
         }
     }
@@ -977,7 +984,7 @@ impl Spec {
 const JOBDW: Spec = Spec {
     name: "jobdw",
     required: &["type", "access_mode", "capacity"],
-    optional: &["pool"],
+    optional: &["pool", "pfs", "optimization"],
     flags: &[],
     example: "#DW jobdw type=scratch access_mode=striped capacity=100GiB",
 };
@@ -1041,15 +1048,14 @@ const DESTROY_PERSISTENT: Spec = Spec {
 /// DataWarp options that exist but Surge does not take, with the reason.
 fn unsupported_key(key: &str) -> Option<&'static str> {
     match key {
-        "pfs"
-        | "modified_threshold"
+        "modified_threshold"
         | "read_ahead"
         | "sync_on_close"
         | "sync_to_pfs"
         | "write_window_length"
         | "write_window_multiplier" => Some(
-            "is a DataWarp cache-mode option, and cache instances (type=cache) are later work in \
-             Surge",
+            "is a DataWarp cache-mode option that Surge does not take (its cache drains every \
+             change in the background, in order; see docs/DIRECTIVES.md, type=cache)",
         ),
         "max_mds" => Some("is a DataWarp option that Surge does not support yet"),
         _ => None,
@@ -1395,6 +1401,48 @@ impl<'a> Parser<'a> {
             t => self.value(t, parse_capacity),
         };
         let pool = self.value(args.get("pool"), parse_pool);
+        let pfs = self.value(args.get("pfs"), parse_cache_pfs);
+        let optimization = self.value(args.get("optimization"), |v| match v {
+            "bandwidth" | "latency" | "interactive" => Ok(v.to_string()),
+            _ => Err(format!(
+                "unknown optimization `{v}`{}; expected bandwidth, latency or interactive",
+                hint(v, &["bandwidth", "latency", "interactive"])
+            )),
+        });
+        match (kind, args.get("pfs"), args.get("optimization")) {
+            (Some(InstanceType::Cache), None, _) if !ctx.raw.broken && !ctx.incomplete => {
+                self.sink.error(
+                    ctx.raw.line,
+                    &ctx.text,
+                    "type=cache needs pfs=DIR, the PFS directory the cache mirrors, as in \
+                     `#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/scratch/run`",
+                )
+            }
+            (Some(InstanceType::Scratch), Some(t), _) | (Some(InstanceType::Scratch), _, Some(t)) => {
+                self.sink.error(
+                    t.line,
+                    &t.raw,
+                    format!(
+                        "{}= is for type=cache instances; this one is type=scratch",
+                        t.key.as_deref().unwrap_or("pfs")
+                    ),
+                )
+            }
+            _ => {}
+        }
+        if let (Some(InstanceType::Cache), Some(m)) = (kind, access_mode) {
+            if m != AccessMode::Striped {
+                let t = args.get("access_mode");
+                self.sink.error(
+                    t.map_or(ctx.raw.line, |t| t.line),
+                    t.map_or(ctx.text.clone(), |t| t.raw.clone()),
+                    format!(
+                        "a type=cache instance is access_mode=striped in Surge so far \
+                         ($DW_JOB_STRIPED_CACHE); access_mode={m} caches are not built"
+                    ),
+                );
+            }
+        }
         let targets = if surge {
             let t = Targets {
                 bandwidth: self.value(args.get("bandwidth"), |v| {
@@ -1433,8 +1481,8 @@ impl<'a> Parser<'a> {
                     capacity,
                     pool,
                     targets,
-                    pfs: None,
-                    optimization: None,
+                    pfs,
+                    optimization,
                 });
             }
             _ if first.is_none() => self.jobdw_unread = true,
@@ -1568,7 +1616,12 @@ impl<'a> Parser<'a> {
                                           access_mode=striped"
                 .to_string()),
         });
-        let kind = self.value(args.get("type"), parse_instance_type);
+        let kind = self.value(args.get("type"), |v| match parse_instance_type(v)? {
+            InstanceType::Cache => Err("a persistent instance is type=scratch in Surge so far; \
+                                        type=cache is for job instances (#DW jobdw)"
+                .to_string()),
+            k => Ok(k),
+        });
         let pool = self.value(args.get("pool"), parse_pool);
         if self.sink.errors.len() != errors_before || ctx.raw.broken {
             return;
@@ -1620,6 +1673,11 @@ impl<'a> Parser<'a> {
                         _ => AccessMode::Striped,
                     };
                     match &self.out.jobdw {
+                        Some(j) if j.kind == InstanceType::Cache => Some(format!(
+                            "{} is not set: the jobdw on line {} is type=cache, which sets \
+                             $DW_JOB_STRIPED_CACHE (and fills and drains itself from pfs=)",
+                            r.var, j.line
+                        )),
                         Some(j) if j.access_mode != wanted => Some(format!(
                             "{} is not set: the jobdw on line {} has access_mode={}, which sets \
                              {other}; use {other}, or access_mode={wanted}",
@@ -1637,6 +1695,12 @@ impl<'a> Parser<'a> {
                         _ => None,
                     }
                 }
+                DwVariable::JobStripedCache => Some(
+                    "stage_in and stage_out do not apply to $DW_JOB_STRIPED_CACHE: a type=cache \
+                     instance is filled from its pfs= directory before the job and drains every \
+                     change back to it; stage from and to that directory's files directly"
+                        .to_string(),
+                ),
                 DwVariable::PersistentStriped(name) => {
                     let attached = self.attached.iter().any(|(n, _)| n == name);
                     (!attached && !self.attach_unread).then(|| {
@@ -1711,12 +1775,7 @@ fn repeated(sink: &mut Sink, list: &[(String, usize)], verb: &str, verb_once: &s
 fn parse_instance_type(v: &str) -> Result<InstanceType, String> {
     match v {
         "scratch" => Ok(InstanceType::Scratch),
-        "cache" => Err(
-            "type=cache is not supported yet: cache instances (read-through, \
-                        write-behind to the PFS) are later work in Surge; use type=scratch and \
-                        stage_in/stage_out"
-                .to_string(),
-        ),
+        "cache" => Ok(InstanceType::Cache),
         _ => Err(format!(
             "unknown type `{v}`{}; expected type=scratch",
             hint(v, &["scratch", "cache"])
@@ -1757,6 +1816,28 @@ fn parse_capacity(v: &str) -> Result<u64, String> {
         Ok(bytes) => Ok(bytes),
         Err(e) => Err(format!("bad capacity: {e}")),
     }
+}
+
+/// `pfs=`: an absolute, plain directory path (not `/`).
+fn parse_cache_pfs(v: &str) -> Result<String, String> {
+    let p = std::path::Path::new(v);
+    if !p.is_absolute() {
+        return Err(format!(
+            "pfs={v} is not an absolute path; give the PFS directory the cache mirrors, e.g. \
+             pfs=/lus/scratch/run"
+        ));
+    }
+    if p.components()
+        .any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::CurDir))
+        || v.contains('$')
+        || v.chars().any(char::is_control)
+    {
+        return Err(format!("pfs={v}: write a plain absolute path, without `.`, `..` or `$`"));
+    }
+    if p.parent().is_none() {
+        return Err("pfs=/ would mirror the whole file system; name a directory".to_string());
+    }
+    Ok(v.trim_end_matches('/').to_string())
 }
 
 fn parse_pool(v: &str) -> Result<String, String> {
@@ -1845,6 +1926,8 @@ fn dw_variable(name: &str) -> Result<DwVariable, String> {
         Ok(DwVariable::JobPrivate)
     } else if name == "DW_JOB_LDBAL" {
         Ok(DwVariable::JobLdbal)
+    } else if name == "DW_JOB_STRIPED_CACHE" {
+        Ok(DwVariable::JobStripedCache)
     } else if let Some(instance) = name.strip_prefix("DW_PERSISTENT_STRIPED_") {
         check_persistent_name(instance)
             .map(|()| DwVariable::PersistentStriped(instance.to_string()))

@@ -373,6 +373,9 @@ fn crlf_line(text: &str) -> Option<(usize, &str)> {
         .find_map(|(i, l)| l.strip_suffix('\r').map(|l| (i + 1, l)))
 }
 
+/// A cache drain that makes no progress for this long is given up (the instance is kept).
+const DRAIN_STALL: Duration = Duration::from_secs(60);
+
 fn job_var(mode: AccessMode) -> DwVariable {
     match mode {
         AccessMode::Private => DwVariable::JobPrivate,
@@ -415,6 +418,8 @@ struct Used {
     private: bool,
     /// Read-only replicas (ldbalance): the stage-in goes to each, node i reads i mod replicas.
     replicas: Option<u32>,
+    /// `type=cache`: the PFS directory it mirrors (filled before, drained during and after).
+    cache: Option<PathBuf>,
     /// A capability for the instance's servers (every namespace), from the manager.
     token: surge_auth::Token,
 }
@@ -592,7 +597,9 @@ async fn job(
     for i in &session.instances {
         let desc = instance_desc(i)?;
         let var = if i.id == session.job_instance {
-            if i.access_mode == "private" {
+            if desc.cache_pfs.is_some() {
+                DwVariable::JobStripedCache
+            } else if i.access_mode == "private" {
                 DwVariable::JobPrivate
             } else if i.access_mode == "ldbalance" {
                 DwVariable::JobLdbal
@@ -617,6 +624,7 @@ async fn job(
             id: i.id,
             private: i.access_mode == "private",
             replicas: (i.access_mode == "ldbalance").then_some(desc.namespaces.len().max(1) as u32),
+            cache: desc.cache_pfs.as_ref().map(PathBuf::from),
             desc,
             token: surge_auth::Token::from_text(&cap.token)?,
         });
@@ -649,6 +657,70 @@ async fn job(
         ),
     };
     rep.phase("allocate", detail, t, true);
+
+    // A cache instance is filled from its PFS directory, then its journal starts empty: what
+    // the fill wrote is on the PFS already.
+    for u in used.iter().filter(|u| u.cache.is_some()) {
+        let pfs = u.cache.clone().unwrap_or_default();
+        phase(&mut c, "data_in").await?;
+        let t = Instant::now();
+        std::fs::create_dir_all(&pfs).with_context(|| {
+            format!(
+                "{}: type=cache pfs={}: cannot create the directory",
+                ctx.script_name,
+                pfs.display()
+            )
+        })?;
+        let items = vec![surge_stage::StageItem {
+            kind: surge_stage::ItemKind::Directory,
+            pfs: pfs.clone(),
+            instance_path: "/".into(),
+        }];
+        let done = crate::bb::stage_once_in(
+            &mut c,
+            session.id,
+            u.id,
+            0,
+            "in",
+            serde_json::to_string(&items)?,
+            "data_in",
+            ctx.args.quiet,
+            || interrupted(ctx.sig),
+        )
+        .await?;
+        let ok = done.state == "done";
+        rep.phase(
+            "fill",
+            format!(
+                "{} from {}: {} files, {}{}",
+                u.var,
+                pfs.display(),
+                done.files_done,
+                format_bytes(done.bytes_done),
+                rate(done.bytes_done, done.seconds)
+            ),
+            t,
+            ok,
+        );
+        if !ok {
+            for f in failure_lines(&done.failures_json) {
+                eprintln!("surge run:   {f}");
+            }
+            anyhow::bail!(
+                "filling the cache from {} failed: {}; the job did not run",
+                pfs.display(),
+                if done.error.is_empty() {
+                    "see above".to_string()
+                } else {
+                    done.error.clone()
+                }
+            );
+        }
+        InstanceClient::new(u.desc.clone(), NamespaceId(0), u.token.clone())?
+            .drain_ack(u64::MAX)
+            .await
+            .context("cannot clear the cache's journal after the fill")?;
+    }
 
     // Stage in.
     if !ctx.in_groups.is_empty() {
@@ -769,6 +841,9 @@ async fn job(
                 DwVariable::JobLdbal => {
                     env.insert("SURGE_JOB_LDBAL".into(), path.clone());
                 }
+                DwVariable::JobStripedCache => {
+                    env.insert("SURGE_JOB_STRIPED_CACHE".into(), path.clone());
+                }
                 DwVariable::PersistentStriped(n) => {
                     env.insert(format!("SURGE_PERSISTENT_{n}"), path.clone());
                 }
@@ -828,6 +903,27 @@ async fn job(
         }
     }
 
+    // Cache instances drain in the background while the job runs.
+    let mut drains = Vec::new();
+    for u in used.iter().filter(|u| u.cache.is_some()) {
+        let client = Arc::new(InstanceClient::new(
+            u.desc.clone(),
+            NamespaceId(0),
+            u.token.clone(),
+        )?);
+        let state = Arc::new(surge_stage::drain::DrainState::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let pfs = u.cache.clone().unwrap_or_default();
+        let task = rt.spawn(surge_stage::drain::drain_loop(
+            client,
+            pfs.clone(),
+            state.clone(),
+            stop.clone(),
+            Duration::from_millis(100),
+        ));
+        drains.push((u.var.clone(), pfs, state, stop, task));
+    }
+
     // The job.
     let t = Instant::now();
     let mut job_status = None;
@@ -869,6 +965,46 @@ async fn job(
     }
     if n_mounts > 0 {
         rep.phase("unmount", format!("{n_mounts} mount(s)"), t, true);
+    }
+
+    // Cache instances: every change reaches the PFS before the instance goes; a drain that
+    // stops making progress keeps the instance (its data is the only copy).
+    let mut drain_failures = Vec::new();
+    for (var, pfs, state, stop, task) in drains {
+        let t = Instant::now();
+        stop.store(true, Ordering::SeqCst);
+        let (mut last, mut since) = (u64::MAX, Instant::now());
+        while !task.is_finished() {
+            let done = state.stats.entries.load(Ordering::Relaxed);
+            if done != last {
+                (last, since) = (done, Instant::now());
+            } else if since.elapsed() > DRAIN_STALL {
+                task.abort();
+                drain_failures.push(format!(
+                    "drain of {var} to {} made no progress for {} s: {}; {} change(s) not on \
+                     the PFS",
+                    pfs.display(),
+                    DRAIN_STALL.as_secs(),
+                    state.error.lock().clone().unwrap_or_default(),
+                    state.stats.pending.load(Ordering::Relaxed)
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let st = &state.stats;
+        rep.phase(
+            "drain",
+            format!(
+                "{var} to {}: {} changes, {} files, {}",
+                pfs.display(),
+                st.entries.load(Ordering::Relaxed),
+                st.files.load(Ordering::Relaxed),
+                format_bytes(st.bytes.load(Ordering::Relaxed))
+            ),
+            t,
+            drain_failures.is_empty(),
+        );
     }
 
     // Stage out (even after a failed job; not after Ctrl-C).
@@ -939,6 +1075,7 @@ async fn job(
         }
         stage_out_failures.extend(finish_job_stages(ctx, rep, &mut c, session.id).await?);
     }
+    stage_out_failures.extend(drain_failures);
 
     // End the session: the job instance goes, unless stage-out failed (its data is the only
     // copy of the results).
