@@ -420,6 +420,72 @@ fn private_namespaces_are_per_node_and_striped_ones_are_shared() {
     );
 }
 
+/// `type=cache`: the job sees the PFS directory's files, and after it everything it changed
+/// (new files, a rewrite, a rename, a removal, a new directory) is on the PFS, byte-identical.
+#[test]
+fn a_cache_instance_mirrors_its_pfs_directory_and_drains_every_change() {
+    if skip_without_fuse("a_cache_instance_mirrors_its_pfs_directory_and_drains_every_change") {
+        return;
+    }
+    let j = Job::new("cache");
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(pfs.join("in")).unwrap();
+    let input: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(pfs.join("in/input.dat"), &input).unwrap();
+    std::fs::write(pfs.join("old.txt"), "old\n").unwrap();
+    std::fs::write(pfs.join("gone.txt"), "gone\n").unwrap();
+    let script = j.script(
+        "cache.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=256MiB pfs={}\nset -e\n\
+             c=$DW_JOB_STRIPED_CACHE\n\
+             cmp $c/in/input.dat {}/in/input.dat\n\
+             mkdir -p $c/out/deep\n\
+             for i in 1 2 3; do head -c 2000000 $c/in/input.dat | tail -c $((i * 500000)) > $c/out/deep/part.$i; done\n\
+             echo new > $c/old.txt\n\
+             mv $c/out/deep/part.1 $c/out/first\n\
+             rm $c/gone.txt\n\
+             chmod 600 $c/out/first\n\
+             cd $c && find . -type f | sort | xargs sha256sum > {}/inside.sums\n",
+            pfs.display(),
+            pfs.display(),
+            j.path("").display()
+        ),
+    );
+    let out = j.command().args(["run"]).arg(&script).output().unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("surge run: fill") && t.contains("surge run: drain"),
+        "{t}"
+    );
+    let on_pfs = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("find . -type f ! -name '.*' | sort | xargs sha256sum")
+        .current_dir(&pfs)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&on_pfs.stdout),
+        std::fs::read_to_string(j.path("inside.sums")).unwrap(),
+        "the PFS directory after the job differs from what the job saw"
+    );
+    assert!(!pfs.join("gone.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(pfs.join("old.txt")).unwrap(),
+        "new\n"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(pfs.join("out/first"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+}
+
 /// `access_mode=ldbalance`: the stage-in is in every replica, each node mounts its own replica
 /// (node i: replica i mod replicas) read-only, missing names stay missing, writes are refused.
 #[test]
@@ -574,7 +640,7 @@ fn bad_directives_allocate_nothing_and_run_nothing() {
     rejected(
         "bad2",
         "#DW jobdw type=cache access_mode=striped capacity=1GiB",
-        &["job.sh:2", "cache"],
+        &["job.sh:2", "needs pfs=DIR"],
     );
     rejected(
         "bad3",

@@ -1418,16 +1418,15 @@ impl<'a> Parser<'a> {
                      `#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/scratch/run`",
                 )
             }
-            (Some(InstanceType::Scratch), Some(t), _) | (Some(InstanceType::Scratch), _, Some(t)) => {
-                self.sink.error(
-                    t.line,
-                    &t.raw,
-                    format!(
-                        "{}= is for type=cache instances; this one is type=scratch",
-                        t.key.as_deref().unwrap_or("pfs")
-                    ),
-                )
-            }
+            (Some(InstanceType::Scratch), Some(t), _)
+            | (Some(InstanceType::Scratch), _, Some(t)) => self.sink.error(
+                t.line,
+                &t.raw,
+                format!(
+                    "{}= is for type=cache instances; this one is type=scratch",
+                    t.key.as_deref().unwrap_or("pfs")
+                ),
+            ),
             _ => {}
         }
         if let (Some(InstanceType::Cache), Some(m)) = (kind, access_mode) {
@@ -1827,12 +1826,17 @@ fn parse_cache_pfs(v: &str) -> Result<String, String> {
              pfs=/lus/scratch/run"
         ));
     }
-    if p.components()
-        .any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::CurDir))
-        || v.contains('$')
+    if p.components().any(|c| {
+        matches!(
+            c,
+            std::path::Component::ParentDir | std::path::Component::CurDir
+        )
+    }) || v.contains('$')
         || v.chars().any(char::is_control)
     {
-        return Err(format!("pfs={v}: write a plain absolute path, without `.`, `..` or `$`"));
+        return Err(format!(
+            "pfs={v}: write a plain absolute path, without `.`, `..` or `$`"
+        ));
     }
     if p.parent().is_none() {
         return Err("pfs=/ would mirror the whole file system; name a directory".to_string());

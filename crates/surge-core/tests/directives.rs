@@ -289,13 +289,48 @@ fn zero_capacity_is_an_error() {
 }
 
 #[test]
-fn type_cache_is_rejected_as_later_work() {
+fn type_cache_mirrors_a_pfs_directory() {
+    let d = parse_script(
+        "job.sh",
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run/ optimization=bandwidth\n",
+    )
+    .unwrap();
+    let j = d.jobdw.unwrap();
+    assert_eq!(j.kind, InstanceType::Cache);
+    assert_eq!(j.pfs.as_deref(), Some("/lus/run"));
+    assert_eq!(j.optimization.as_deref(), Some("bandwidth"));
     let e = the_error(
         "#DW jobdw type=cache access_mode=striped capacity=1TiB\n",
         1,
-        "type=cache",
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB",
     );
-    assert_says(&e, &["not supported yet", "later work", "type=scratch"]);
+    assert_says(&e, &["needs pfs=DIR"]);
+    let e = the_error(
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=run\n",
+        1,
+        "pfs=run",
+    );
+    assert_says(&e, &["not an absolute path"]);
+    let e = the_error(
+        "#DW jobdw type=cache access_mode=private capacity=1TiB pfs=/lus/run\n",
+        1,
+        "access_mode=private",
+    );
+    assert_says(&e, &["access_mode=striped", "$DW_JOB_STRIPED_CACHE"]);
+    let e = the_error(
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run\n\
+         #DW stage_out type=directory source=$DW_JOB_STRIPED_CACHE/out destination=/lus/out\n",
+        2,
+        "source=$DW_JOB_STRIPED_CACHE/out",
+    );
+    assert_says(&e, &["do not apply", "pfs="]);
+    let e = the_error(
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run\n\
+         #DW stage_in type=directory source=/lus/in destination=$DW_JOB_STRIPED/in\n",
+        2,
+        "destination=$DW_JOB_STRIPED/in",
+    );
+    assert_says(&e, &["type=cache", "$DW_JOB_STRIPED_CACHE"]);
 }
 
 #[test]
@@ -400,7 +435,7 @@ fn an_unknown_key_is_an_error_with_a_suggestion_and_the_keys_expected() {
         &[
             "unknown key `capcity`",
             "did you mean `capacity`?",
-            "type, access_mode, capacity and pool",
+            "type, access_mode, capacity, pool, pfs and optimization",
         ],
     );
 }
@@ -422,7 +457,13 @@ fn datawarp_cache_options_are_named_as_cache_mode_options() {
         1,
         "pfs=/lus/scratch",
     );
-    assert_says(&e, &["cache-mode option", "later work"]);
+    assert_says(&e, &["pfs= is for type=cache"]);
+    let e = the_error(
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/s sync_on_close=1\n",
+        1,
+        "sync_on_close=1",
+    );
+    assert_says(&e, &["cache-mode option", "drains every change"]);
 }
 
 #[test]
@@ -966,7 +1007,7 @@ fn create_persistent_cache_is_rejected_as_later_work() {
         1,
         "type=cache",
     );
-    assert_says(&e, &["later work"]);
+    assert_says(&e, &["type=scratch", "job instances"]);
 }
 
 #[test]
