@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 SURGE := target/release/surge
 
-.PHONY: setup build release install demo test test-rust test-python lint fmt clean
+.PHONY: setup build release install demo test test-rust test-python test-slowpfs lint fmt clean
 
 setup:
 	@./scripts/setup.sh
@@ -37,8 +37,12 @@ test-rust: setup
 test-python: setup
 	CARGO=$(CARGO) ./scripts/test-python.sh
 
+# The throttled slow-PFS directory benchmarks of type=cache use (contrib/slowpfs; root).
+test-slowpfs:
+	./contrib/slowpfs/test.sh
+
 # The whole test suite, as CI runs it.
-test: lint test-rust test-python
+test: lint test-rust test-python test-slowpfs
 
 fmt:
 	$(CARGO) fmt --all
