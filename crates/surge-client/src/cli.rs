@@ -287,6 +287,10 @@ pub enum InstanceCommand {
         /// Print the descriptor as JSON (usable with `surge mount --descriptor`).
         #[arg(long)]
         json: bool,
+        /// A write-behind cache of this PFS directory (type=cache): every change is journaled
+        /// for `surge stage drain`.
+        #[arg(long, value_name = "DIR")]
+        cache_pfs: Option<PathBuf>,
         /// The cluster key (default $SURGE_KEY_FILE, else /etc/surge/surge.key): creating
         /// instances on servers by hand is for administrators (users ask the manager).
         #[arg(long, value_name = "FILE")]
@@ -423,6 +427,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                 name,
                 owner,
                 json,
+                cache_pfs,
                 key_file,
             } => {
                 let token = crate::auth::admin(key_file.as_deref())?;
@@ -460,7 +465,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                     root_uid: uid,
                     root_gid: gid,
                     root_perm: 0o755,
-                    cache_pfs: None,
+                    cache_pfs: cache_pfs.map(|p| p.display().to_string()),
                 };
                 let desc = admin::create_instance(&plan, &token).await?;
                 if json {

@@ -57,6 +57,8 @@ pub enum StageCommand {
     },
     /// Copy directly between the PFS and an instance (by hand: no job, no manager).
     Copy(surge_stage::cli::CopyArgs),
+    /// Replay a cache instance's journal on its PFS directory (by hand).
+    Drain(surge_stage::cli::DrainArgs),
     /// Run one stage task given as JSON on stdin, reporting as JSON lines (what the manager
     /// starts, as the task's owner, for each stage task).
     #[command(hide = true)]
@@ -90,6 +92,9 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
     }
     if let StageCommand::Copy(a) = args.command {
         return surge_stage::cli::run_copy(a);
+    }
+    if let StageCommand::Drain(a) = args.command {
+        return surge_stage::cli::run_drain(a);
     }
     runtime()?.block_on(async move {
         let mut js = JobStager::from_env().await?;
@@ -160,7 +165,9 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
                     println!("task {} {}", t.id, t.state);
                 }
             }
-            StageCommand::Copy(_) | StageCommand::Worker => unreachable!("handled above"),
+            StageCommand::Copy(_) | StageCommand::Drain(_) | StageCommand::Worker => {
+                unreachable!("handled above")
+            }
         }
         Ok(ExitCode::SUCCESS)
     })

@@ -209,6 +209,101 @@ fn watch_signals(progress: Arc<Progress>) {
     });
 }
 
+/// Replay a cache instance's journal (type=cache) on its PFS directory: what `surge run`
+/// does in the background for a cache job, by hand (a kept instance whose drain failed, or a
+/// test). Runs as you: the PFS directory must be writable by you.
+///
+/// Without --follow, drains until the journal is empty and exits (0), or exits 1 naming the
+/// change that failed (it stays in the journal: run again). With --follow, keeps draining new
+/// changes until SIGINT/SIGTERM, then drains what is left and exits.
+///
+/// Examples:
+///   surge stage drain --manager mgr:7060 --instance 42
+///   surge stage drain --server 127.0.0.1:7001 --instance 42 --pfs /lus/run --follow
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct DrainArgs {
+    /// The instance (see `surge stage copy`).
+    #[command(flatten)]
+    pub source: surge_client::cli::InstanceSource,
+    /// The PFS directory (default: the instance's own pfs=).
+    #[arg(long)]
+    pub pfs: Option<PathBuf>,
+    /// Keep draining until told to stop.
+    #[arg(long)]
+    pub follow: bool,
+    /// Print what was drained as JSON: {"entries","files","bytes","pending"}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let (desc, token) = args.source.resolve(Some(0)).await?;
+        let pfs = match (&args.pfs, &desc.cache_pfs) {
+            (Some(p), _) => p.clone(),
+            (None, Some(p)) => PathBuf::from(p),
+            (None, None) => anyhow::bail!(
+                "instance {} is not a cache (type=cache) instance: it has no journal to drain",
+                desc.instance
+            ),
+        };
+        let client = Arc::new(InstanceClient::new(desc, NamespaceId(0), token)?);
+        let state = Arc::new(crate::drain::DrainState::default());
+        let t = std::time::Instant::now();
+        if args.follow {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let s2 = stop.clone();
+            tokio::spawn(async move {
+                use tokio::signal::unix::{signal, SignalKind};
+                if let (Ok(mut i), Ok(mut t)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                ) {
+                    tokio::select! { _ = i.recv() => {}, _ = t.recv() => {} }
+                }
+                s2.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            crate::drain::drain_loop(
+                client,
+                pfs.clone(),
+                state.clone(),
+                stop,
+                std::time::Duration::from_millis(100),
+            )
+            .await;
+        } else if let Err(e) = crate::drain::drain_pass(&client, &pfs, &state.stats).await {
+            eprintln!("surge stage drain: {e}");
+            return Ok(ExitCode::from(1));
+        }
+        let st = &state.stats;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "entries": load(&st.entries), "files": load(&st.files),
+                    "bytes": load(&st.bytes), "pending": load(&st.pending),
+                })
+            );
+        } else {
+            println!(
+                "drained {} changes to {}: {} files, {} in {:.2} s",
+                load(&st.entries),
+                pfs.display(),
+                load(&st.files),
+                format_bytes(load(&st.bytes)),
+                t.elapsed().as_secs_f64()
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 pub fn run_copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -107,6 +107,13 @@ fn set_times(path: &Path, atime: surge_proto::Timestamp, mtime: surge_proto::Tim
     }
 }
 
+/// Where the copy of `dst` is written before it is renamed onto it (one name per file: a copy
+/// a crash interrupted is overwritten by the next one, or removed with its file's name).
+fn temp_of(dst: &Path) -> PathBuf {
+    let name = dst.file_name().unwrap_or_default().to_string_lossy();
+    dst.with_file_name(format!(".{name}.surge-drain"))
+}
+
 /// Copies inode `ino`'s data to `dst` (under a temporary name, flushed, renamed over it),
 /// unless `dst` already has its size and mtime. Returns the bytes copied.
 async fn copy_file(client: &InstanceClient, ino: u64, dst: &Path) -> Result<u64, DrainError> {
@@ -135,8 +142,7 @@ async fn copy_file(client: &InstanceClient, ino: u64, dst: &Path) -> Result<u64,
     }
     let dir = dst.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir).map_err(pfs_err(dir, "cannot create the directory"))?;
-    let name = dst.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.surge-drain"));
+    let tmp = temp_of(dst);
     let mut f = std::fs::File::create(&tmp).map_err(pfs_err(&tmp, "cannot create"))?;
     let mut off = 0;
     while off < attr.size {
@@ -229,6 +235,7 @@ async fn apply(
         DrainOp::Unlink { path } => {
             let p = pfs_path(root, path)?;
             ignore_missing(std::fs::remove_file(&p)).map_err(pfs_err(&p, "cannot remove"))?;
+            let _ = std::fs::remove_file(temp_of(&p));
         }
         DrainOp::Rmdir { path } => {
             let p = pfs_path(root, path)?;
@@ -237,6 +244,9 @@ async fn apply(
         }
         DrainOp::Rename { from, to } => {
             let (f, t) = (pfs_path(root, from)?, pfs_path(root, to)?);
+            // A copy of the old name a crash interrupted: the name's data now comes with the
+            // new name's entries.
+            let _ = std::fs::remove_file(temp_of(&f));
             match std::fs::rename(&f, &t) {
                 Ok(()) => {}
                 // Replayed after a crash: done before, or never made here.

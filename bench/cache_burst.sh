@@ -1,0 +1,95 @@
+#!/bin/bash
+# A checkpoint burst into a type=cache instance over a throttled slow PFS (contrib/slowpfs),
+# against, in the same run:
+#   scratch - the same burst into a type=scratch instance (what the job would perceive without
+#             write-behind: the bar is cache >= 0.9 of scratch);
+#   pfs     - the same burst written straight to the PFS directory, with fsync (the PFS's own
+#             rate: the bar is drain >= 0.9 of it).
+# The burst: fio, NJOBS processes x SIZE each, 8 MiB sequential writes, file per process.
+# "perceived" is fio's bandwidth inside the job; "drain" is the bytes of the burst over the time
+# from the job's start to the end of the drain (the drain runs while the job runs and after).
+# Sides alternate their order from run to run.
+#
+#   bench/cache_burst.sh [--runs N] [--size 1G] [--jobs 2] [--write-mbps 200] [--read-mbps 400]
+#
+# Needs root (slowpfs, FUSE). SURGE=<surge binary> (default target/release/surge, built if
+# missing). The slow PFS is brought up at /run/surge-slowpfs/pfs and taken down at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400
+while [ $# -gt 0 ]; do
+    case $1 in
+        --runs) RUNS=$2; shift 2 ;;
+        --size) SIZE=$2; shift 2 ;;
+        --jobs) NJOBS=$2; shift 2 ;;
+        --write-mbps) WMBPS=$2; shift 2 ;;
+        --read-mbps) RMBPS=$2; shift 2 ;;
+        -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+        *) echo "cache_burst.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+SURGE=${SURGE:-target/release/surge}
+[ -x "$SURGE" ] || cargo build --release -p surge-cli
+command -v fio >/dev/null || apt-get install -y -qq fio >/dev/null
+PFS=/run/surge-slowpfs/pfs
+contrib/slowpfs/slowpfs.sh up --dir $PFS --size 8G --write-mbps "$WMBPS" --read-mbps "$RMBPS" >/dev/null
+trap 'contrib/slowpfs/slowpfs.sh down --dir $PFS >/dev/null 2>&1 || true' EXIT
+WORK=$(mktemp -d /tmp/surge-cache-burst.XXXXXX)
+FIO="fio --name=ckpt --rw=write --bs=8M --size=$SIZE --numjobs=$NJOBS --group_reporting \
+--end_fsync=0 --output-format=json"
+
+# MiB/s of a fio JSON output's write bandwidth.
+fio_mibs() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["jobs"][0]["write"]["bw_bytes"] / 1048576))' "$1"; }
+# Seconds of a `surge run` phase line ("surge run: drain ... 12.3 s").
+phase_s() { awk -v p="$2" '$0 ~ "surge run: " p " " { v = $(NF - 1) } END { print v + 0 }' "$1"; }
+
+pfs_side() {
+    rm -rf "$PFS/direct"; mkdir -p "$PFS/direct"
+    $FIO --directory="$PFS/direct" --end_fsync=1 > "$WORK/pfs.json"
+    rm -rf "$PFS/direct"
+    fio_mibs "$WORK/pfs.json"
+}
+
+job_side() { # scratch|cache -> "perceived_MiB/s job_s drain_s"
+    local kind=$1 dir var
+    if [ "$kind" = cache ]; then
+        rm -rf "$PFS/run"; mkdir -p "$PFS/run"
+        dir="type=cache access_mode=striped capacity=$((NJOBS * 2 + 1))GiB pfs=$PFS/run"
+        var=DW_JOB_STRIPED_CACHE
+    else
+        dir="type=scratch access_mode=striped capacity=$((NJOBS * 2 + 1))GiB"
+        var=DW_JOB_STRIPED
+    fi
+    cat > "$WORK/job.sh" <<EOF
+#!/bin/bash
+#DW jobdw $dir
+$FIO --directory=\$$var > $WORK/$kind.json
+EOF
+    "$SURGE" run "$WORK/job.sh" 2> "$WORK/$kind.log" >/dev/null
+    echo "$(fio_mibs "$WORK/$kind.json") $(phase_s "$WORK/$kind.log" job) $(phase_s "$WORK/$kind.log" drain)"
+    rm -rf "$PFS/run"
+}
+
+total_mib=$(python3 -c "
+s='$SIZE'; u={'K':1/1024,'M':1,'G':1024}
+print(int(float(s[:-1]) * u[s[-1].upper()] * $NJOBS) if s[-1].isalpha() else int(int(s) / 1048576 * $NJOBS))")
+echo "burst: $NJOBS x $SIZE (8 MiB writes); PFS: $PFS throttled to $WMBPS MiB/s write, $RMBPS MiB/s read"
+printf '%-5s %10s %10s %10s %10s %12s %12s\n' run "pfs MiB/s" "scratch" "cache" "drain" "cache/scr" "drain/pfs"
+R_PERC=() R_DRAIN=()
+for run in $(seq 1 "$RUNS"); do
+    if [ $((run % 2)) -eq 1 ]; then
+        p=$(pfs_side); s=$(job_side scratch); c=$(job_side cache)
+    else
+        c=$(job_side cache); s=$(job_side scratch); p=$(pfs_side)
+    fi
+    read -r s_bw _ _ <<< "$s"
+    read -r c_bw c_job c_drain <<< "$c"
+    drain_bw=$(awk -v m="$total_mib" -v a="$c_job" -v b="$c_drain" 'BEGIN { printf "%.0f", m / (a + b) }')
+    r1=$(awk -v a="$c_bw" -v b="$s_bw" 'BEGIN { printf "%.2f", a / b }')
+    r2=$(awk -v a="$drain_bw" -v b="$p" 'BEGIN { printf "%.2f", a / b }')
+    R_PERC+=("$r1"); R_DRAIN+=("$r2")
+    printf '%-5s %10s %10s %10s %10s %12s %12s\n' "$run" "$p" "$s_bw" "$c_bw" "$drain_bw" "$r1" "$r2"
+done
+med() { printf '%s\n' "$@" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+echo "median: cache perceived / scratch = $(med "${R_PERC[@]}") (bar >= 0.9); drain / PFS = $(med "${R_DRAIN[@]}") (bar >= 0.9)"
+rm -rf "$WORK"
