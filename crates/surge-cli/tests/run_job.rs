@@ -446,7 +446,11 @@ fn a_cache_instance_mirrors_its_pfs_directory_and_drains_every_change() {
              mv $c/out/deep/part.1 $c/out/first\n\
              rm $c/gone.txt\n\
              chmod 600 $c/out/first\n\
+             surge stage wait --drained\n\
+             cmp $c/out/first {}/out/first && test ! -e {}/gone.txt\n\
              cd $c && find . -type f | sort | xargs sha256sum > {}/inside.sums\n",
+            pfs.display(),
+            pfs.display(),
             pfs.display(),
             pfs.display(),
             j.path("").display()

@@ -47,6 +47,11 @@ pub enum StageCommand {
     Wait {
         /// Task ids (default: every task of this job).
         tasks: Vec<u64>,
+        /// Also wait until the job's cache instances (type=cache) have drained every change
+        /// made so far (files closed or fsynced) to their PFS directory: a barrier before
+        /// reading the results on the PFS from elsewhere.
+        #[arg(long)]
+        drained: bool,
     },
     /// Terminate stage tasks: a deferred one never runs, a running one stops (files not
     /// finished are removed).
@@ -138,7 +143,10 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
-            StageCommand::Wait { tasks } => {
+            StageCommand::Wait { tasks, drained } => {
+                if drained {
+                    wait_drained(&mut js).await?;
+                }
                 let mut failed = 0;
                 for t in selected(js.tasks().await?, &tasks) {
                     if t.state == "deferred" || t.state == "cancelled" {
@@ -228,4 +236,57 @@ async fn start(js: &mut JobStager, direction: Direction, a: InOut) -> anyhow::Re
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Waits until every cache instance the job has mounted has an empty drain journal.
+async fn wait_drained(js: &mut JobStager) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let ids: std::collections::BTreeSet<u64> = js
+        .nodes()
+        .nodes
+        .iter()
+        .flat_map(|n| n.mounts.iter().map(|m| m.instance))
+        .collect();
+    for id in ids {
+        let inst = js.instance(id).await?;
+        let desc: surge_proto::InstanceDescriptor = serde_json::from_str(&inst.descriptor_json)
+            .with_context(|| format!("instance {id}: bad descriptor"))?;
+        let Some(pfs) = desc.cache_pfs.clone() else {
+            continue;
+        };
+        let cap = js
+            .manager()
+            .get_capability(surge_api::v1::GetCapabilityRequest {
+                instance: id,
+                persistent_name: String::new(),
+                namespace: 0,
+                all_namespaces: false,
+            })
+            .await
+            .map_err(surge_manager::cli::status_err)?
+            .into_inner();
+        let client = surge_client::InstanceClient::new(
+            desc,
+            surge_core::NamespaceId(0),
+            surge_auth::Token::from_text(&cap.token)?,
+        )?;
+        let t = std::time::Instant::now();
+        let mut told = false;
+        loop {
+            let (_, pending) = client.drain_poll(0, 1).await?;
+            if pending == 0 {
+                break;
+            }
+            if !told && t.elapsed() > std::time::Duration::from_secs(1) {
+                eprintln!("surge stage: waiting for {pending} change(s) to reach {pfs}");
+                told = true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        eprintln!(
+            "surge stage: instance {id} drained to {pfs} ({:.2} s)",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
 }
