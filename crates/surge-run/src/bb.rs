@@ -256,6 +256,21 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A `type=cache` job instance, which the Slurm phases do not fill or drain yet: the message.
+fn slurm_cache(d: &Directives) -> Option<String> {
+    d.jobdw
+        .as_ref()
+        .filter(|j| j.kind == surge_core::directives::InstanceType::Cache)
+        .map(|j| {
+            format!(
+                "{}: `#DW jobdw type=cache`: cache instances run under `surge run` so far; under \
+                 Slurm their fill and drain are not built yet: use type=scratch with \
+                 stage_in/stage_out",
+                j.line
+            )
+        })
+}
+
 fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
     let name = name.map_or_else(|| script.display().to_string(), str::to_string);
     let text = std::fs::read_to_string(script)
@@ -269,6 +284,10 @@ fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<Exi
         return Ok(ExitCode::from(1));
     }
     match parse_script(&name, &text) {
+        Ok(d) if slurm_cache(&d).is_some() => {
+            println!("{name}:{}", slurm_cache(&d).unwrap_or_default());
+            Ok(ExitCode::from(1))
+        }
         Ok(d) => {
             for w in &d.warnings {
                 eprintln!(
@@ -418,6 +437,9 @@ pub async fn set_phase(
 
 async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> {
     let (name, d) = job.directives()?;
+    if let Some(e) = slurm_cache(&d) {
+        anyhow::bail!("{name}:{e}");
+    }
     let mut m = connect(&job.common.manager).await?;
     if let Some(s) = find(&mut m, job).await?.filter(|s| s.state == "active") {
         println!("job {}: session {} (already set up)", job.job_id, s.id);
