@@ -166,3 +166,82 @@ fn the_session_of_a_killed_surge_run_is_ended_by_the_manager() {
     );
     assert!(err.contains("was killed"), "{err}");
 }
+
+/// A killed `surge run` of a `type=cache` job whose drain could not finish (its PFS directory
+/// became unusable): the manager ends the session but keeps the instance ("drain-pending"),
+/// and `surge stage drain` later puts the acknowledged data on the PFS.
+#[test]
+fn a_killed_cache_job_keeps_what_was_not_drained() {
+    if skip_without_fuse("a_killed_cache_job_keeps_what_was_not_drained") {
+        return;
+    }
+    let dir = Scratch::new("sessions-cache");
+    let c = cluster(2, "1GiB");
+    let m = Manager::start(dir.path());
+    m.register(&c);
+    let pfs = dir.path().join("pfs");
+    let aside = dir.path().join("pfs.aside");
+    let written = dir.path().join("written");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let script = dir.path().join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=64MiB pfs={p}\n\
+             mv {p} {a} && touch {p}\n\
+             echo precious > \"$DW_JOB_STRIPED_CACHE/result\"\n\
+             touch {w}; sleep 60\n",
+            p = pfs.display(),
+            a = aside.display(),
+            w = written.display()
+        ),
+    )
+    .unwrap();
+    let mut run = ChildGuard(
+        surge_command()
+            .args(["run", "--quiet", "--manager", &m.grpc])
+            .arg(&script)
+            .stderr(std::fs::File::create(dir.path().join("run.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(
+        "the job's write",
+        std::time::Duration::from_secs(30),
+        || written.exists().then_some(()),
+    );
+    let active = |m: &Manager| -> Vec<serde_json::Value> {
+        let v: serde_json::Value =
+            serde_json::from_str(&surge(&["session", "ls", "--json", "--manager", &m.grpc]))
+                .unwrap();
+        v.as_array().unwrap().clone()
+    };
+    let inst = active(&m)[0]["job_instance"].as_u64().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    run.0.kill().unwrap();
+    let _ = run.0.wait();
+    wait_for(
+        "the session ended",
+        std::time::Duration::from_secs(30),
+        || active(&m).is_empty().then_some(()),
+    );
+    let all = surge(&["session", "ls", "--all", "--manager", &m.grpc]);
+    assert!(all.contains("drain-pending"), "{all}");
+    assert!(instances(&m).contains(&inst), "{:?}", instances(&m));
+    // The PFS is back: the changes the job made reach it by hand.
+    std::fs::remove_file(&pfs).unwrap();
+    std::fs::rename(&aside, &pfs).unwrap();
+    let out = surge(&[
+        "stage",
+        "drain",
+        "--manager",
+        &m.grpc,
+        "--instance",
+        &inst.to_string(),
+    ]);
+    assert!(out.contains("drained"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(pfs.join("result")).unwrap(),
+        "precious\n"
+    );
+}

@@ -805,7 +805,32 @@ impl Core {
         if s.state != "active" {
             return Ok(s);
         }
-        let state = if state.is_empty() { "ended" } else { state };
+        let mut state = if state.is_empty() { "ended" } else { state };
+        let mut keep = keep;
+        // A cache instance whose journal still holds changes keeps them: they are the only
+        // copy of data a job was told was written (`surge stage drain` finishes it).
+        if let (Some(inst), false) = (s.job_instance, keep) {
+            if let Ok(row) = self.instance(inst, "") {
+                match self.undrained(&row).await {
+                    None | Some(Ok(0)) => {}
+                    Some(Ok(n)) => {
+                        warn!(
+                            "session {id}: cache instance {inst} has {n} change(s) not yet on \
+                             its PFS directory: kept (finish with `surge stage drain --instance \
+                             {inst}`)"
+                        );
+                        (keep, state) = (true, "drain-pending");
+                    }
+                    Some(Err(e)) => {
+                        warn!(
+                            "session {id}: cannot tell whether cache instance {inst} is drained \
+                             ({e}): kept"
+                        );
+                        (keep, state) = (true, "drain-pending");
+                    }
+                }
+            }
+        }
         if let (Some(inst), false) = (s.job_instance, keep) {
             match self.destroy_instance(inst, "", Some(id)).await {
                 Ok(()) | Err(ManagerError::NotFound(_)) => {}
@@ -814,6 +839,32 @@ impl Core {
         }
         self.store.lock().end_session(id, state)?;
         self.session(id)
+    }
+}
+
+impl Core {
+    /// Changes of a cache instance not yet drained to its PFS directory (`None`: not a cache
+    /// instance; an error: its metadata server did not answer within 10 s).
+    pub async fn undrained(&self, inst: &InstanceRow) -> Option<Result<u64, String>> {
+        inst.descriptor.cache_pfs.as_ref()?;
+        let client = match surge_client::InstanceClient::with_options(
+            inst.descriptor.clone(),
+            NamespaceId(0),
+            self.admin_token(),
+            surge_client::ClientOptions {
+                deadline: Some(std::time::Duration::from_secs(10)),
+            },
+        ) {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        Some(
+            client
+                .drain_poll(0, 1)
+                .await
+                .map(|(_, pending)| pending)
+                .map_err(|e| e.to_string()),
+        )
     }
 }
 
