@@ -63,21 +63,21 @@ for root, _, files in os.walk(sys.argv[1]):
 EOF
 }
 
-# One timing: ms of `python3 -c 'import ...'` with PYTHONPATH=$1.
-import_ms() {
-    local t0 t1
-    t0=$(date +%s%N)
-    PYTHONPATH=$1 python3 -c "import $IMPORTS" >/dev/null
-    t1=$(date +%s%N)
-    echo $(( (t1 - t0) / 1000000 ))
-}
+# One node's work: the first import, then REPEATS more; prints "NODE first median".
+NODE_LOOP='t() { local a b; a=$(date +%s%N); python3 -c "import $IMPORTS" >/dev/null; b=$(date +%s%N); echo $(( (b - a) / 1000000 )); }
+f=$(t); r=(); for i in $(seq 1 $REPEATS); do r+=($(t)); done
+echo "NODE $f $(printf "%s\n" "${r[@]}" | sort -n | sed -n "$(( (REPEATS + 1) / 2 ))p")"'
 
-# "first median" of a side on a plain directory: one import, then REPEATS more.
+# A side on a plain directory: NODES processes at once (as the nodes of a job would), each
+# with PYTHONPATH=$1; prints "first median" averaged over them.
 plain() {
-    local dir=$1 first rest=()
-    first=$(import_ms "$dir")
-    for _ in $(seq 1 $REPEATS); do rest+=("$(import_ms "$dir")"); done
-    echo "$first $(printf '%s\n' "${rest[@]}" | sort -n | sed -n "$(( (REPEATS + 1) / 2 ))p")"
+    local out; out=$(mktemp /tmp/surge-ldb-plain.XXXXXX)
+    for _ in $(seq 1 "$NODES"); do
+        PYTHONPATH=$1 IMPORTS=$IMPORTS REPEATS=$REPEATS bash -c "$NODE_LOOP" >> "$out" &
+    done
+    wait
+    awk '/^NODE/ { f += $2; m += $3; n++ } END { printf "%d %d\n", f / n, m / n }' "$out"
+    rm -f "$out"
 }
 
 # The same inside a surge run job of access mode $1, on every node at once; prints
@@ -87,18 +87,16 @@ instance() {
     var=DW_JOB_STRIPED; [ "$mode" = ldbalance ] && var=DW_JOB_LDBAL
     job=$(mktemp /tmp/surge-ldb-job.XXXXXX)
     out=$(mktemp /tmp/surge-ldb-out.XXXXXX)
+    printf '%s\n' "$NODE_LOOP" > "$job.node"
     cat > "$job" <<EOF
 #!/bin/bash
 #DW jobdw type=scratch access_mode=$mode capacity=1GiB
 #DW stage_in type=directory source=$PFS destination=\$$var/sp
-surge exec --all bash -c '
-t() { local a b; a=\$(date +%s%N); PYTHONPATH=\$$var/sp python3 -c "import $IMPORTS" >/dev/null; b=\$(date +%s%N); echo \$(( (b - a) / 1000000 )); }
-f=\$(t); r=(); for i in \$(seq 1 $REPEATS); do r+=(\$(t)); done
-echo "NODE \$SURGE_NODE \$f \$(printf "%s\n" "\${r[@]}" | sort -n | sed -n "$(( (REPEATS + 1) / 2 ))p")"' >> $out
+surge exec --all bash -c 'PYTHONPATH=\$$var/sp IMPORTS="$IMPORTS" REPEATS=$REPEATS bash $job.node' >> $out
 EOF
     "$SURGE" run -q --nodes "$NODES" "$job" >/dev/null
-    awk '/^NODE/ { f += $3; m += $4; n++ } END { printf "%d %d\n", f / n, m / n }' "$out"
-    rm -f "$job" "$out"
+    awk '/^NODE/ { f += $2; m += $3; n++ } END { printf "%d %d\n", f / n, m / n }' "$out"
+    rm -f "$job" "$job.node" "$out"
 }
 
 declare -A FIRST MED

@@ -54,7 +54,8 @@ pub struct FuseAdapter {
     /// Answer metadata requests on the FUSE thread (see `crate::blocking`).
     inline_metadata: bool,
     backing: Arc<BackingCache>,
-    /// Immutable namespaces: the kernel also caches "no such name" for this long.
+    /// Immutable namespaces: the kernel also caches "no such name" for this long, and keeps
+    /// directory listings (`FOPEN_CACHE_DIR`).
     negative_ttl: Option<Duration>,
 }
 
@@ -595,6 +596,16 @@ impl Filesystem for FuseAdapter {
                 Err(e) => reply.error(errno(&e)),
             }
         });
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // An immutable namespace's listings never change: the kernel keeps them.
+        let flags = if self.negative_ttl.is_some() {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        reply.opened(FileHandle(0), flags);
     }
 
     fn readdir(
