@@ -8,7 +8,10 @@
 # The burst: fio, NJOBS processes x SIZE each, 8 MiB sequential writes, file per process.
 # "perceived" is fio's bandwidth inside the job; "drain" is the bytes of the burst over the time
 # from the job's start to the end of the drain (the drain runs while the job runs and after).
-# Sides alternate their order from run to run.
+# Sides alternate their order from run to run. Then `surge sim` (bench/sim/one_host.toml,
+# bench/sim/burst.kernel) is given the measured rates (the scratch burst as the burst buffer's
+# write bandwidth, the direct PFS write as the PFS device's) and predicts the perceived
+# bandwidth and the end of the drain; printed against the measured medians (bar: within 20%).
 #
 #   bench/cache_burst.sh [--runs N] [--size 1G] [--jobs 2] [--write-mbps 200] [--read-mbps 400]
 #
@@ -75,7 +78,7 @@ s='$SIZE'; u={'K':1/1024,'M':1,'G':1024}
 print(int(float(s[:-1]) * u[s[-1].upper()] * $NJOBS) if s[-1].isalpha() else int(int(s) / 1048576 * $NJOBS))")
 echo "burst: $NJOBS x $SIZE (8 MiB writes); PFS: $PFS throttled to $WMBPS MiB/s write, $RMBPS MiB/s read"
 printf '%-5s %10s %10s %10s %10s %12s %12s\n' run "pfs MiB/s" "scratch" "cache" "drain" "cache/scr" "drain/pfs"
-R_PERC=() R_DRAIN=()
+R_PERC=() R_DRAIN=() M_PFS=() M_SCR=() M_CACHE=() M_END=()
 for run in $(seq 1 "$RUNS"); do
     if [ $((run % 2)) -eq 1 ]; then
         p=$(pfs_side); s=$(job_side scratch); c=$(job_side cache)
@@ -88,8 +91,22 @@ for run in $(seq 1 "$RUNS"); do
     r1=$(awk -v a="$c_bw" -v b="$s_bw" 'BEGIN { printf "%.2f", a / b }')
     r2=$(awk -v a="$drain_bw" -v b="$p" 'BEGIN { printf "%.2f", a / b }')
     R_PERC+=("$r1"); R_DRAIN+=("$r2")
+    M_PFS+=("$p"); M_SCR+=("$s_bw"); M_CACHE+=("$c_bw")
+    M_END+=("$(awk -v a="$c_job" -v b="$c_drain" 'BEGIN { printf "%.2f", a + b }')")
     printf '%-5s %10s %10s %10s %10s %12s %12s\n' "$run" "$p" "$s_bw" "$c_bw" "$drain_bw" "$r1" "$r2"
 done
 med() { printf '%s\n' "$@" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 echo "median: cache perceived / scratch = $(med "${R_PERC[@]}") (bar >= 0.9); drain / PFS = $(med "${R_DRAIN[@]}") (bar >= 0.9)"
+
+# The model, given this run's rates.
+pfs_m=$(med "${M_PFS[@]}"); scr_m=$(med "${M_SCR[@]}"); cache_m=$(med "${M_CACHE[@]}"); end_m=$(med "${M_END[@]}")
+"$SURGE" sim run bench/sim/one_host.toml bench/sim/burst.kernel --json \
+    --param procs="$NJOBS" --param size="${SIZE}iB" \
+    --set compute.processes_per_node="$NJOBS" \
+    --set burst_buffer.write_bandwidth="${scr_m}MiB/s" \
+    --set storage.lun_bandwidth="${pfs_m}MiB/s" > "$WORK/sim.json"
+read -r sim_perc sim_end <<< "$(python3 -c 'import json,sys
+d = json.load(open(sys.argv[1]))
+print("%.0f %.2f" % (d["apps"][0]["perceived_write_gib_s"] * 1024, d["totals"]["last_drain_s"]))' "$WORK/sim.json")"
+echo "surge sim (burst buffer ${scr_m} MiB/s, PFS ${pfs_m} MiB/s): perceived $sim_perc MiB/s vs measured $cache_m ($(awk -v a="$cache_m" -v b="$sim_perc" 'BEGIN { printf "%.2f", a / b }')); drain ends at $sim_end s vs measured $end_m s ($(awk -v a="$end_m" -v b="$sim_end" 'BEGIN { printf "%.2f", a / b }')) (bar: within 0.8-1.2)"
 rm -rf "$WORK"
