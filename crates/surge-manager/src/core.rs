@@ -860,7 +860,7 @@ impl Core {
         };
         Some(
             client
-                .drain_poll(0, 1)
+                .drain_poll(0, 0)
                 .await
                 .map(|(_, pending)| pending)
                 .map_err(|e| e.to_string()),

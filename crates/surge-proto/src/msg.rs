@@ -598,7 +598,8 @@ pub enum Request {
         token: Vec<u8>,
     },
     /// A write-behind cache namespace's drain journal: the oldest entries after `after` (at
-    /// most `max`) and how many are pending in all (`Response::DrainBatch`).
+    /// most `max`, which are then taken: a later change of the same file gets an entry of its
+    /// own) and how many are pending in all (`Response::DrainBatch`). `max` 0 only counts.
     DrainPoll {
         instance: InstanceId,
         ns: NamespaceId,

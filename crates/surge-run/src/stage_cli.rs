@@ -273,7 +273,7 @@ async fn wait_drained(js: &mut JobStager) -> anyhow::Result<()> {
         let t = std::time::Instant::now();
         let mut told = false;
         loop {
-            let (_, pending) = client.drain_poll(0, 1).await?;
+            let (_, pending) = client.drain_poll(0, 0).await?;
             if pending == 0 {
                 break;
             }

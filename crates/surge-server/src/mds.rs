@@ -400,7 +400,6 @@ fn is_read_only(req: &Request) -> bool {
             | Request::NamespaceStats { .. }
             | Request::GetXattr { .. }
             | Request::ListXattr { .. }
-            | Request::DrainPoll { .. }
     )
 }
 
@@ -531,7 +530,7 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
             "this namespace is not a cache (type=cache) namespace: it has no drain journal",
         )),
         (Request::DrainPoll { after, max, .. }, true) => {
-            let (entries, pending) = ops.drain_poll(*after, (*max).clamp(1, 4096))?;
+            let (entries, pending) = ops.drain_poll(*after, (*max).min(4096))?;
             Ok(Response::DrainBatch { entries, pending })
         }
         (Request::DrainAck { upto, .. }, true) => {

@@ -156,7 +156,9 @@ pub fn open(
             ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
             PRIMARY KEY(ino, name)) WITHOUT ROWID;
          CREATE TABLE IF NOT EXISTS drain(
-            seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL);",
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL,
+            data_ino INTEGER, taken INTEGER NOT NULL DEFAULT 0, moves INTEGER NOT NULL DEFAULT 0);
+         CREATE INDEX IF NOT EXISTS drain_data ON drain(data_ino) WHERE data_ino IS NOT NULL;",
     )?;
     // Stores made before directories had a change counter, before special files.
     for column in ["change", "rdev"] {
@@ -234,26 +236,44 @@ impl Ops<'_> {
         }))
     }
 
-    /// Appends a change to the drain journal (write-behind cache namespaces). A `Data` of the
-    /// inode the newest entry already names as `Data` at the same path is not repeated.
+    /// Appends a change to the drain journal (write-behind cache namespaces). A `Data` of an
+    /// inode is not repeated while an equal one is pending, not yet taken by a drain (which
+    /// copies what the inode holds when it gets there) and not followed by a change that
+    /// moves or removes names: a file written in many pieces is copied once, not once per
+    /// piece.
     pub fn journal(&self, op: &surge_proto::DrainOp) -> MetaResult<()> {
+        use surge_proto::DrainOp;
         let text = serde_json::to_string(op)
             .map_err(|e| err(ErrorCode::Io, format!("drain journal: {e}")))?;
-        if matches!(op, surge_proto::DrainOp::Data { .. }) {
-            let last: Option<String> = self
+        let data_ino = match op {
+            DrainOp::Data { ino, .. } => Some(*ino as i64),
+            _ => None,
+        };
+        let moves = matches!(
+            op,
+            DrainOp::Rename { .. }
+                | DrainOp::Unlink { .. }
+                | DrainOp::Rmdir { .. }
+                | DrainOp::Link { .. }
+                | DrainOp::Symlink { .. }
+        );
+        if let Some(ino) = data_ino {
+            let pending: bool = self
                 .tx
-                .query_row("SELECT op FROM drain ORDER BY seq DESC LIMIT 1", [], |r| {
-                    r.get(0)
-                })
-                .optional()
+                .prepare_cached(
+                    "SELECT EXISTS(SELECT 1 FROM drain d WHERE d.data_ino = ?1 AND d.op = ?2
+                        AND d.taken = 0 AND NOT EXISTS(
+                            SELECT 1 FROM drain m WHERE m.moves = 1 AND m.seq > d.seq))",
+                )
+                .and_then(|mut st| st.query_row(params![ino, text], |r| r.get(0)))
                 .map_err(db_err)?;
-            if last.as_deref() == Some(text.as_str()) {
+            if pending {
                 return Ok(());
             }
         }
         self.tx
-            .prepare_cached("INSERT INTO drain(op) VALUES (?1)")
-            .and_then(|mut st| st.execute([text]))
+            .prepare_cached("INSERT INTO drain(op, data_ino, moves) VALUES (?1, ?2, ?3)")
+            .and_then(|mut st| st.execute(params![text, data_ino, i64::from(moves)]))
             .map_err(db_err)?;
         Ok(())
     }
@@ -284,6 +304,15 @@ impl Ops<'_> {
             .tx
             .query_row("SELECT COUNT(*) FROM drain", [], |r| r.get(0))
             .map_err(db_err)?;
+        // Taken: a change made from now on gets an entry of its own.
+        if let Some(last) = out.last() {
+            self.tx
+                .execute(
+                    "UPDATE drain SET taken = 1 WHERE seq > ?1 AND seq <= ?2 AND taken = 0",
+                    params![after as i64, last.seq as i64],
+                )
+                .map_err(db_err)?;
+        }
         Ok((out, pending as u64))
     }
 
