@@ -6,8 +6,9 @@
 #   pfs     - the same burst written straight to the PFS directory, with fsync (the PFS's own
 #             rate: the bar is drain >= 0.9 of it).
 # The burst: fio, NJOBS processes x SIZE each, 8 MiB sequential writes, file per process.
-# "perceived" is fio's bandwidth inside the job; "drain" is the bytes of the burst over the time
-# from the job's start to the end of the drain (the drain runs while the job runs and after).
+# "perceived" is fio's bandwidth inside the job; "drain" is the rate at which the drain wrote
+# the PFS (bytes copied / time spent copying, from surge run's drain line); "end" is the time
+# from the job's start until everything is on the PFS (the drain starts on each file's close).
 # Sides alternate their order from run to run. Then `surge sim` (bench/sim/one_host.toml,
 # bench/sim/burst.kernel) is given the measured rates (the scratch burst as the burst buffer's
 # write bandwidth, the direct PFS write as the PFS device's) and predicts the perceived
@@ -53,7 +54,7 @@ pfs_side() {
     fio_mibs "$WORK/pfs.json"
 }
 
-job_side() { # scratch|cache -> "perceived_MiB/s job_s drain_s"
+job_side() { # scratch|cache -> "perceived_MiB/s job_s drain_s drain_MiB/s"
     local kind=$1 dir var
     if [ "$kind" = cache ]; then
         rm -rf "$PFS/run"; mkdir -p "$PFS/run"
@@ -69,15 +70,14 @@ job_side() { # scratch|cache -> "perceived_MiB/s job_s drain_s"
 $FIO --directory=\$$var > $WORK/$kind.json
 EOF
     "$SURGE" run "$WORK/job.sh" 2> "$WORK/$kind.log" >/dev/null
-    echo "$(fio_mibs "$WORK/$kind.json") $(phase_s "$WORK/$kind.log" job) $(phase_s "$WORK/$kind.log" drain)"
+    local rate
+    rate=$(sed -n 's/.*surge run: drain .*(\([0-9]*\) MiB\/s).*/\1/p' "$WORK/$kind.log")
+    echo "$(fio_mibs "$WORK/$kind.json") $(phase_s "$WORK/$kind.log" job) $(phase_s "$WORK/$kind.log" drain) ${rate:-0}"
     rm -rf "$PFS/run"
 }
 
-total_mib=$(python3 -c "
-s='$SIZE'; u={'K':1/1024,'M':1,'G':1024}
-print(int(float(s[:-1]) * u[s[-1].upper()] * $NJOBS) if s[-1].isalpha() else int(int(s) / 1048576 * $NJOBS))")
 echo "burst: $NJOBS x $SIZE (8 MiB writes); PFS: $PFS throttled to $WMBPS MiB/s write, $RMBPS MiB/s read"
-printf '%-5s %10s %10s %10s %10s %12s %12s\n' run "pfs MiB/s" "scratch" "cache" "drain" "cache/scr" "drain/pfs"
+printf '%-5s %10s %10s %10s %10s %8s %12s %12s\n' run "pfs MiB/s" "scratch" "cache" "drain" "end s" "cache/scr" "drain/pfs"
 R_PERC=() R_DRAIN=() M_PFS=() M_SCR=() M_CACHE=() M_END=()
 for run in $(seq 1 "$RUNS"); do
     if [ $((run % 2)) -eq 1 ]; then
@@ -86,14 +86,14 @@ for run in $(seq 1 "$RUNS"); do
         c=$(job_side cache); s=$(job_side scratch); p=$(pfs_side)
     fi
     read -r s_bw _ _ <<< "$s"
-    read -r c_bw c_job c_drain <<< "$c"
-    drain_bw=$(awk -v m="$total_mib" -v a="$c_job" -v b="$c_drain" 'BEGIN { printf "%.0f", m / (a + b) }')
+    read -r c_bw c_job c_drain drain_bw <<< "$c"
+    end_s=$(awk -v a="$c_job" -v b="$c_drain" 'BEGIN { printf "%.2f", a + b }')
     r1=$(awk -v a="$c_bw" -v b="$s_bw" 'BEGIN { printf "%.2f", a / b }')
     r2=$(awk -v a="$drain_bw" -v b="$p" 'BEGIN { printf "%.2f", a / b }')
     R_PERC+=("$r1"); R_DRAIN+=("$r2")
     M_PFS+=("$p"); M_SCR+=("$s_bw"); M_CACHE+=("$c_bw")
-    M_END+=("$(awk -v a="$c_job" -v b="$c_drain" 'BEGIN { printf "%.2f", a + b }')")
-    printf '%-5s %10s %10s %10s %10s %12s %12s\n' "$run" "$p" "$s_bw" "$c_bw" "$drain_bw" "$r1" "$r2"
+    M_END+=("$end_s")
+    printf '%-5s %10s %10s %10s %10s %8s %12s %12s\n' "$run" "$p" "$s_bw" "$c_bw" "$drain_bw" "$end_s" "$r1" "$r2"
 done
 med() { printf '%s\n' "$@" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 echo "median: cache perceived / scratch = $(med "${R_PERC[@]}") (bar >= 0.9); drain / PFS = $(med "${R_DRAIN[@]}") (bar >= 0.9)"

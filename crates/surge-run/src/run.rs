@@ -996,11 +996,15 @@ async fn job(
         rep.phase(
             "drain",
             format!(
-                "{var} to {}: {} changes, {} files, {}",
+                "{var} to {}: {} changes, {} files, {}{}",
                 pfs.display(),
                 st.entries.load(Ordering::Relaxed),
                 st.files.load(Ordering::Relaxed),
-                format_bytes(st.bytes.load(Ordering::Relaxed))
+                format_bytes(st.bytes.load(Ordering::Relaxed)),
+                rate(
+                    st.bytes.load(Ordering::Relaxed),
+                    st.busy_ns.load(Ordering::Relaxed) as f64 / 1e9
+                )
             ),
             t,
             drain_failures.is_empty(),

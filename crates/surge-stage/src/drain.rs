@@ -54,6 +54,8 @@ pub struct DrainStats {
     pub bytes: AtomicU64,
     /// Entries pending at the last poll.
     pub pending: AtomicU64,
+    /// Nanoseconds spent copying file data (the drain's own PFS write rate is bytes / this).
+    pub busy_ns: AtomicU64,
 }
 
 /// The PFS path of a journal path (relative, no `.` or `..`).
@@ -208,7 +210,11 @@ async fn apply(
         }
         DrainOp::Data { ino, path } => {
             let p = pfs_path(root, path)?;
+            let t = std::time::Instant::now();
             let n = copy_file(client, *ino, &p).await?;
+            stats
+                .busy_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             if n > 0 {
                 stats.files.fetch_add(1, Ordering::Relaxed);
                 stats.bytes.fetch_add(n, Ordering::Relaxed);
