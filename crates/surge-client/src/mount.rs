@@ -130,6 +130,19 @@ pub fn mount(
 
     let client = Arc::new(client);
     let fs = Arc::new(Fs::new(client.clone(), opts.ttl.attr, opts.ttl.entry));
+    if client.desc.cache_pfs.is_some() {
+        // A cache namespace: commit files being written every second (see
+        // `Fs::commit_dirty`); stops when the file system goes.
+        let weak = Arc::downgrade(&fs);
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(fs) = weak.upgrade() else { break };
+                fs.commit_dirty().await;
+            }
+        });
+    }
     let notifier = Arc::new(OnceLock::new());
     let mut adapter = FuseAdapter::new(
         fs,

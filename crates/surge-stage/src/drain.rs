@@ -292,12 +292,43 @@ async fn apply(
     Ok(())
 }
 
+/// A file whose metadata server's mtime is younger than this is still being written (a cache
+/// mount commits files being written every second): its copy waits, so a file is copied once
+/// it is complete instead of once per commit.
+pub const SETTLE: Duration = Duration::from_secs(2);
+
+/// True when the `Data` entry's inode changed within `settle` (it is being written).
+async fn unsettled(client: &InstanceClient, op: &DrainOp, settle: Duration) -> bool {
+    let DrainOp::Data { ino, .. } = op else {
+        return false;
+    };
+    let Ok(a) = client.getattr(*ino).await else {
+        return false;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mtime = Duration::new(a.mtime.secs.max(0) as u64, a.mtime.nsec);
+    now.saturating_sub(mtime) < settle
+}
+
 /// Applies the journal until it is empty; returns the entries applied. An entry that fails
 /// stops the pass (and stays in the journal): later changes may depend on it.
 pub async fn drain_pass(
     client: &InstanceClient,
     root: &Path,
     stats: &DrainStats,
+) -> Result<u64, DrainError> {
+    drain_pass_settled(client, root, stats, None).await
+}
+
+/// [`drain_pass`] that, with `settle`, stops at the first file written within `settle`
+/// (the entries before it are applied and forgotten; it and the rest wait for the next pass).
+pub async fn drain_pass_settled(
+    client: &InstanceClient,
+    root: &Path,
+    stats: &DrainStats,
+    settle: Option<Duration>,
 ) -> Result<u64, DrainError> {
     let mut applied = 0;
     loop {
@@ -306,21 +337,35 @@ pub async fn drain_pass(
             .await
             .map_err(DrainError::Journal)?;
         stats.pending.store(pending, Ordering::Relaxed);
-        let Some(last) = entries.last().map(|e| e.seq) else {
+        if entries.is_empty() {
             return Ok(applied);
-        };
-        for e in &entries {
-            apply(client, root, &e.op, stats).await?;
         }
-        client.drain_ack(last).await.map_err(DrainError::Journal)?;
-        applied += entries.len() as u64;
+        let mut done = 0;
+        let mut waiting = false;
+        for e in &entries {
+            if let Some(s) = settle {
+                if unsettled(client, &e.op, s).await {
+                    waiting = true;
+                    break;
+                }
+            }
+            apply(client, root, &e.op, stats).await?;
+            done += 1;
+        }
+        if done > 0 {
+            client
+                .drain_ack(entries[done - 1].seq)
+                .await
+                .map_err(DrainError::Journal)?;
+        }
+        applied += done as u64;
+        stats.entries.fetch_add(done as u64, Ordering::Relaxed);
         stats
-            .entries
-            .fetch_add(entries.len() as u64, Ordering::Relaxed);
-        stats.pending.store(
-            pending.saturating_sub(entries.len() as u64),
-            Ordering::Relaxed,
-        );
+            .pending
+            .store(pending.saturating_sub(done as u64), Ordering::Relaxed);
+        if waiting {
+            return Ok(applied);
+        }
     }
 }
 
@@ -343,8 +388,11 @@ pub async fn drain_loop(
     every: Duration,
 ) {
     loop {
+        // While the job runs, files still being written wait (see [`SETTLE`]); once told to
+        // stop (the job is over, its files closed), everything goes.
         let stopping = stop.load(Ordering::SeqCst);
-        match drain_pass(&client, &root, &state.stats).await {
+        let settle = (!stopping).then_some(SETTLE);
+        match drain_pass_settled(&client, &root, &state.stats, settle).await {
             Ok(_) => {
                 *state.error.lock() = None;
                 if stopping {

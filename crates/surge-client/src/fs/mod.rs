@@ -230,6 +230,17 @@ impl Fs {
         Ok(())
     }
 
+    /// Commits the sizes and mtimes of every file with writes not yet committed (a cache
+    /// namespace does this every second, so the metadata server, and the drain through it,
+    /// sees a file being written change until it is closed).
+    pub async fn commit_dirty(&self) {
+        for ino in self.inodes.dirty() {
+            if let Err(e) = self.commit(ino).await {
+                tracing::debug!("periodic commit of inode {ino}: {e}");
+            }
+        }
+    }
+
     /// Called when the file system is unmounted: commit what is pending.
     pub async fn shutdown(&self) {
         if let Err(e) = self.barrier().await {
