@@ -145,27 +145,51 @@ async fn copy_file(client: &InstanceClient, ino: u64, dst: &Path) -> Result<u64,
     let dir = dst.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir).map_err(pfs_err(dir, "cannot create the directory"))?;
     let tmp = temp_of(dst);
-    let mut f = std::fs::File::create(&tmp).map_err(pfs_err(&tmp, "cannot create"))?;
+    let f = std::fs::File::create(&tmp).map_err(pfs_err(&tmp, "cannot create"))?;
+    // The next chunk is read from the instance while the last one is written to the PFS.
+    let mut file = Some(f);
+    let mut writing: Option<tokio::task::JoinHandle<std::io::Result<std::fs::File>>> = None;
     let mut off = 0;
+    let fail = |tmp: &Path| {
+        let _ = std::fs::remove_file(tmp);
+    };
     while off < attr.size {
         let len = CHUNK.min(attr.size - off);
         let data = match client.read(ino, off, len).await {
             Ok(d) => d,
-            Err(e) if gone(&e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Ok(0);
-            }
-            Err(source) => {
-                let _ = std::fs::remove_file(&tmp);
+            Err(e) => {
+                if let Some(w) = writing.take() {
+                    let _ = w.await;
+                }
+                fail(&tmp);
+                if gone(&e) {
+                    return Ok(0);
+                }
                 return Err(DrainError::Instance {
                     path: dst.to_path_buf(),
-                    source,
+                    source: e,
                 });
             }
         };
-        f.write_all(&data).map_err(pfs_err(&tmp, "cannot write"))?;
+        if let Some(w) = writing.take() {
+            file = Some(join_write(w, &tmp).await?);
+        }
+        let Some(mut f) = file.take() else {
+            break;
+        };
+        writing = Some(tokio::task::spawn_blocking(move || {
+            f.write_all(&data)?;
+            Ok(f)
+        }));
         off += len;
     }
+    if let Some(w) = writing.take() {
+        file = Some(join_write(w, &tmp).await?);
+    }
+    let Some(f) = file else {
+        fail(&tmp);
+        return Ok(0);
+    };
     f.set_permissions(std::fs::Permissions::from_mode(u32::from(attr.perm)))
         .map_err(pfs_err(&tmp, "cannot set the mode of"))?;
     f.sync_all().map_err(pfs_err(&tmp, "cannot flush"))?;
@@ -173,6 +197,24 @@ async fn copy_file(client: &InstanceClient, ino: u64, dst: &Path) -> Result<u64,
     set_times(&tmp, attr.atime, attr.mtime);
     std::fs::rename(&tmp, dst).map_err(pfs_err(dst, "cannot rename the copy onto"))?;
     Ok(attr.size)
+}
+
+/// The result of a chunk's write to the PFS (the temporary is removed if it failed).
+async fn join_write(
+    w: tokio::task::JoinHandle<std::io::Result<std::fs::File>>,
+    tmp: &Path,
+) -> Result<std::fs::File, DrainError> {
+    let r = w
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    r.map_err(|source| {
+        let _ = std::fs::remove_file(tmp);
+        DrainError::Pfs {
+            path: tmp.to_path_buf(),
+            what: "cannot write",
+            source,
+        }
+    })
 }
 
 /// Applies one journal entry to the PFS directory `root`.

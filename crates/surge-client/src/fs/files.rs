@@ -63,7 +63,17 @@ impl Fs {
 
     pub async fn open(&self, ino: Ino) -> FsResult<Opened> {
         self.barrier().await?;
-        let a = self.client.getattr(ino).await.map_err(stale)?;
+        // Close-to-open: attributes are asked for at every open, unless nothing can change
+        // them (a read-only ldbalance replica).
+        let known = if self.immutable {
+            self.inodes.with(ino, |i| i.attr.clone()).flatten()
+        } else {
+            None
+        };
+        let a = match known {
+            Some(a) => a,
+            None => self.client.getattr(ino).await.map_err(stale)?,
+        };
         if a.kind == FileKind::Dir {
             return Err(FsError::new(libc::EISDIR, "is a directory"));
         }

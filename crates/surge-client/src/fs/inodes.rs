@@ -39,6 +39,9 @@ pub(super) struct Inode {
     /// Permission bits as last seen from the metadata server (setuid/setgid to clear on
     /// writes and truncates).
     pub perm: u16,
+    /// The attributes last seen from the metadata server (an immutable namespace opens with
+    /// them instead of asking again).
+    pub attr: Option<Attr>,
 }
 
 impl Inode {
@@ -92,6 +95,7 @@ impl InodeTable {
             ino.lookups += 1;
         }
         ino.perm = a.perm;
+        ino.attr = Some(a.clone());
         if ino.opens > 0 {
             ino.seen = Some((a.mtime, a.size));
             a.size = ino.size;

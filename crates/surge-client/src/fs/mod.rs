@@ -160,6 +160,8 @@ pub struct Fs {
     /// number): a commit is `size = max(size, sent)`, so one computed before a truncate and
     /// arriving after it would undo the truncate.
     size_locks: Vec<tokio::sync::Mutex<()>>,
+    /// A read-only ldbalance replica: nothing changes it while it is mounted.
+    immutable: bool,
 }
 
 /// Stripes of [`Fs::size_locks`].
@@ -176,6 +178,7 @@ impl Fs {
         entry_ttl: std::time::Duration,
     ) -> Fs {
         let creates_behind = client.desc.access_mode == "private";
+        let immutable = client.desc.access_mode == "ldbalance";
         Fs {
             client,
             inodes: InodeTable::default(),
@@ -190,6 +193,7 @@ impl Fs {
             size_locks: (0..SIZE_LOCKS)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
+            immutable,
         }
     }
 
