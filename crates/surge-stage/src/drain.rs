@@ -25,6 +25,8 @@ use tracing::{debug, warn};
 
 /// Journal entries asked for at once.
 const BATCH: u32 = 256;
+/// Files copied at once (consecutive journal entries copying files of different paths).
+const PARALLEL: usize = 4;
 /// Bytes read from the instance per request when copying a file.
 const CHUNK: u64 = 8 << 20;
 
@@ -54,7 +56,8 @@ pub struct DrainStats {
     pub bytes: AtomicU64,
     /// Entries pending at the last poll.
     pub pending: AtomicU64,
-    /// Nanoseconds spent copying file data (the drain's own PFS write rate is bytes / this).
+    /// Nanoseconds during which file data was being copied (the drain's own PFS write rate is
+    /// bytes / this).
     pub busy_ns: AtomicU64,
 }
 
@@ -252,11 +255,7 @@ async fn apply(
         }
         DrainOp::Data { ino, path } => {
             let p = pfs_path(root, path)?;
-            let t = std::time::Instant::now();
             let n = copy_file(client, *ino, &p).await?;
-            stats
-                .busy_ns
-                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             if n > 0 {
                 stats.files.fetch_add(1, Ordering::Relaxed);
                 stats.bytes.fetch_add(n, Ordering::Relaxed);
@@ -384,15 +383,63 @@ pub async fn drain_pass_settled(
         }
         let mut done = 0;
         let mut waiting = false;
-        for e in &entries {
-            if let Some(s) = settle {
-                if unsettled(client, &e.op, s).await {
-                    waiting = true;
-                    break;
+        let mut failed = None;
+        while done < entries.len() {
+            // The next entry; with it, while they copy files of other paths, the next ones
+            // (independent: they are copied at once).
+            let mut group = vec![&entries[done]];
+            if matches!(entries[done].op, DrainOp::Data { .. }) {
+                while let Some(next) = entries.get(done + group.len()) {
+                    let DrainOp::Data { path, .. } = &next.op else {
+                        break;
+                    };
+                    if group.len() >= PARALLEL
+                        || group
+                            .iter()
+                            .any(|g| matches!(&g.op, DrainOp::Data { path: p, .. } if p == path))
+                    {
+                        break;
+                    }
+                    group.push(next);
                 }
             }
-            apply(client, root, &e.op, stats).await?;
-            done += 1;
+            if let Some(s) = settle {
+                let mut settled = 0;
+                for g in &group {
+                    if unsettled(client, &g.op, s).await {
+                        waiting = true;
+                        break;
+                    }
+                    settled += 1;
+                }
+                group.truncate(settled);
+            }
+            if group.is_empty() {
+                break;
+            }
+            let t = std::time::Instant::now();
+            let results =
+                futures::future::join_all(group.iter().map(|g| apply(client, root, &g.op, stats)))
+                    .await;
+            if matches!(group[0].op, DrainOp::Data { .. }) {
+                stats
+                    .busy_ns
+                    .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+            // Only the entries before the first failure count as applied (the others are
+            // applied again: every step is idempotent).
+            for r in results {
+                match r {
+                    Ok(()) => done += 1,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if failed.is_some() || waiting {
+                break;
+            }
         }
         if done > 0 {
             client
@@ -405,6 +452,9 @@ pub async fn drain_pass_settled(
         stats
             .pending
             .store(pending.saturating_sub(done as u64), Ordering::Relaxed);
+        if let Some(e) = failed {
+            return Err(e);
+        }
         if waiting {
             return Ok(applied);
         }
