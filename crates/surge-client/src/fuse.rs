@@ -225,6 +225,11 @@ impl Filesystem for FuseAdapter {
         ] {
             let _ = config.add_capabilities(cap);
         }
+        // An immutable namespace lists directories with their entries' attributes in one
+        // request (the kernel then resolves the names without a lookup each).
+        if self.negative_ttl.is_some() {
+            let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+        }
         if self.passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
@@ -627,6 +632,64 @@ impl Filesystem for FuseAdapter {
                             kind(it.kind),
                             OsStr::from_bytes(&it.name),
                         ) {
+                            break;
+                        }
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: fuser::ReplyDirectoryPlus,
+    ) {
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.metadata(async move {
+            match fs.readdir_plus(ino.0, offset).await {
+                Ok(items) => {
+                    for (it, attr) in items {
+                        let is_dot = it.name == b"." || it.name == b"..";
+                        let a = match attr {
+                            Some(a) if !is_dot => a,
+                            // `.` and `..` take no lookup; their attributes are not used.
+                            _ if is_dot => surge_proto::Attr {
+                                ino: it.ino,
+                                kind: FileKind::Dir,
+                                perm: 0o755,
+                                nlink: 2,
+                                uid: 0,
+                                gid: 0,
+                                size: 0,
+                                atime: Timestamp::default(),
+                                mtime: Timestamp::default(),
+                                ctime: Timestamp::default(),
+                                change: 0,
+                                rdev: 0,
+                            },
+                            _ => continue,
+                        };
+                        // Whether or not the kernel keeps the entry, it counts a lookup for it
+                        // once it is in the buffer: record it before adding.
+                        let a = if is_dot { a } else { fs.looked_up(a) };
+                        if reply.add(
+                            INodeNo(it.ino),
+                            it.offset,
+                            OsStr::from_bytes(&it.name),
+                            &ttl.entry,
+                            &file_attr(&a),
+                            Generation(0),
+                        ) {
+                            if !is_dot {
+                                // Not added (the buffer is full): no lookup was taken.
+                                fs.forget(it.ino, 1);
+                            }
                             break;
                         }
                     }

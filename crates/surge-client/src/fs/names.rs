@@ -314,6 +314,49 @@ impl Fs {
         Ok(out)
     }
 
+    /// `readdirplus` of an immutable namespace: the entries after `offset` with their
+    /// attributes (each entry but `.` and `..` counts as a lookup, as the kernel counts it).
+    pub async fn readdir_plus(
+        &self,
+        ino: Ino,
+        offset: u64,
+    ) -> FsResult<Vec<(DirItem, Option<surge_proto::Attr>)>> {
+        self.barrier().await?;
+        let mut out = Vec::new();
+        for (off, name) in [(1, &b"."[..]), (2, &b".."[..])] {
+            if offset < off {
+                out.push((
+                    DirItem {
+                        ino: if off == 1 { ino } else { 1 },
+                        offset: off,
+                        kind: FileKind::Dir,
+                        name: name.to_vec(),
+                    },
+                    None,
+                ));
+            }
+        }
+        let after = offset.saturating_sub(2);
+        let (entries, _) = self.client.readdir(ino, after, READDIR_PAGE, true).await?;
+        out.extend(entries.into_iter().map(|e| {
+            (
+                DirItem {
+                    ino: e.ino,
+                    offset: e.cursor + 2,
+                    kind: e.kind,
+                    name: e.name,
+                },
+                e.attr,
+            )
+        }));
+        Ok(out)
+    }
+
+    /// The kernel took a lookup of `a`'s inode with a `readdirplus` entry.
+    pub fn looked_up(&self, a: surge_proto::Attr) -> surge_proto::Attr {
+        self.observe(a, true)
+    }
+
     pub async fn statfs(&self) -> FsResult<Usage> {
         self.barrier().await?;
         Ok(self.client.usage().await?)
