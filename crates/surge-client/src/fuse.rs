@@ -178,6 +178,27 @@ pub fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// Attributes the kernel does not use (a negative entry's, `.` and `..` of `readdirplus`).
+fn unused_attr(ino: u64, kind: FileType) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        flags: 0,
+        blksize: BLKSIZE,
+    }
+}
+
 fn errno(e: &FsError) -> Errno {
     if e.errno != libc::ENOENT {
         debug!("{e}");
@@ -254,26 +275,11 @@ impl Filesystem for FuseAdapter {
             match fs.lookup(parent.0, &name).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
                 // A negative entry: node id 0 with a timeout (FUSE protocol).
-                Err(e) if e.errno == libc::ENOENT && negative.is_some() => {
-                    let a = FileAttr {
-                        ino: INodeNo(0),
-                        size: 0,
-                        blocks: 0,
-                        atime: SystemTime::UNIX_EPOCH,
-                        mtime: SystemTime::UNIX_EPOCH,
-                        ctime: SystemTime::UNIX_EPOCH,
-                        crtime: SystemTime::UNIX_EPOCH,
-                        kind: FileType::RegularFile,
-                        perm: 0,
-                        nlink: 0,
-                        uid: 0,
-                        gid: 0,
-                        rdev: 0,
-                        flags: 0,
-                        blksize: BLKSIZE,
-                    };
-                    reply.entry(&negative.unwrap_or_default(), &a, Generation(0))
-                }
+                Err(e) if e.errno == libc::ENOENT && negative.is_some() => reply.entry(
+                    &negative.unwrap_or_default(),
+                    &unused_attr(0, FileType::RegularFile),
+                    Generation(0),
+                ),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -657,33 +663,19 @@ impl Filesystem for FuseAdapter {
                     for (it, attr) in items {
                         let is_dot = it.name == b"." || it.name == b"..";
                         let a = match attr {
-                            Some(a) if !is_dot => a,
                             // `.` and `..` take no lookup; their attributes are not used.
-                            _ if is_dot => surge_proto::Attr {
-                                ino: it.ino,
-                                kind: FileKind::Dir,
-                                perm: 0o755,
-                                nlink: 2,
-                                uid: 0,
-                                gid: 0,
-                                size: 0,
-                                atime: Timestamp::default(),
-                                mtime: Timestamp::default(),
-                                ctime: Timestamp::default(),
-                                change: 0,
-                                rdev: 0,
-                            },
-                            _ => continue,
+                            _ if is_dot => unused_attr(it.ino, FileType::Directory),
+                            // Whether or not the kernel keeps the entry, it counts a lookup
+                            // for it once it is in the buffer: record it before adding.
+                            Some(a) => file_attr(&fs.looked_up(a)),
+                            None => continue,
                         };
-                        // Whether or not the kernel keeps the entry, it counts a lookup for it
-                        // once it is in the buffer: record it before adding.
-                        let a = if is_dot { a } else { fs.looked_up(a) };
                         if reply.add(
                             INodeNo(it.ino),
                             it.offset,
                             OsStr::from_bytes(&it.name),
                             &ttl.entry,
-                            &file_attr(&a),
+                            &a,
                             Generation(0),
                         ) {
                             if !is_dot {
