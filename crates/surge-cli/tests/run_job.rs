@@ -490,6 +490,37 @@ fn a_cache_instance_mirrors_its_pfs_directory_and_drains_every_change() {
     );
 }
 
+/// `fsync=pfs`: a file the job fsyncs is on the PFS when fsync returns (with the default
+/// `fsync=tier` the drain holds a file written in the last 2 s back, so the `cmp` right after
+/// the fsync would fail).
+#[test]
+fn fsync_pfs_puts_a_file_on_the_pfs_before_fsync_returns() {
+    if skip_without_fuse("fsync_pfs_puts_a_file_on_the_pfs_before_fsync_returns") {
+        return;
+    }
+    let j = Job::new("fsyncpfs");
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let script = j.script(
+        "fsync.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=64MiB pfs={p} fsync=pfs\nset -e\n\
+             head -c 3000000 /dev/urandom > {tmp}\n\
+             dd if={tmp} of=$DW_JOB_STRIPED_CACHE/ckpt bs=1M conv=fsync status=none\n\
+             cmp {tmp} {p}/ckpt\n",
+            p = pfs.display(),
+            tmp = j.path("ckpt.src").display()
+        ),
+    );
+    let out = j.command().args(["run"]).arg(&script).output().unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert_eq!(
+        std::fs::read(pfs.join("ckpt")).unwrap(),
+        std::fs::read(j.path("ckpt.src")).unwrap()
+    );
+}
+
 /// `access_mode=ldbalance`: the stage-in is in every replica, each node mounts its own replica
 /// (node i: replica i mod replicas) read-only, missing names stay missing, writes are refused.
 #[test]

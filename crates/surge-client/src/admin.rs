@@ -33,6 +33,8 @@ pub struct InstancePlan {
     pub root_perm: u16,
     /// `type=cache`: the PFS directory the instance mirrors (its namespaces keep a journal).
     pub cache_pfs: Option<String>,
+    /// `type=cache` with `fsync=pfs`.
+    pub cache_fsync_pfs: bool,
 }
 
 impl InstancePlan {
@@ -63,6 +65,7 @@ impl InstancePlan {
                 })
                 .collect(),
             cache_pfs: self.cache_pfs.clone(),
+            cache_fsync_pfs: self.cache_fsync_pfs,
         }
     }
 }

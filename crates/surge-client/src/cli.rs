@@ -291,6 +291,10 @@ pub enum InstanceCommand {
         /// for `surge stage drain`.
         #[arg(long, value_name = "DIR")]
         cache_pfs: Option<PathBuf>,
+        /// With --cache-pfs: an fsync returns once the file is on the PFS (the drain copied
+        /// it), not once it is on the fast tier.
+        #[arg(long, requires = "cache_pfs")]
+        cache_fsync_pfs: bool,
         /// The cluster key (default $SURGE_KEY_FILE, else /etc/surge/surge.key): creating
         /// instances on servers by hand is for administrators (users ask the manager).
         #[arg(long, value_name = "FILE")]
@@ -428,6 +432,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                 owner,
                 json,
                 cache_pfs,
+                cache_fsync_pfs,
                 key_file,
             } => {
                 let token = crate::auth::admin(key_file.as_deref())?;
@@ -466,6 +471,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                     root_gid: gid,
                     root_perm: 0o755,
                     cache_pfs: cache_pfs.map(|p| p.display().to_string()),
+                    cache_fsync_pfs,
                 };
                 let desc = admin::create_instance(&plan, &token).await?;
                 if json {

@@ -399,7 +399,14 @@ impl InstanceClient {
         /// are pending in all.
         drain_poll(this, after: u64, max: u32) -> (Vec<surge_proto::DrainEntry>, u64),
         Request::DrainPoll { instance: this.instance(), ns: this.ns, after, max },
-        Response::DrainBatch { entries, pending } => (entries, pending));
+        Response::DrainBatch { entries, pending, .. } => (entries, pending));
+
+    metadata_call!(
+        /// How far a cache namespace's drain got: the oldest pending journal entry (0: none),
+        /// the newest entry ever journaled, and how many are pending. Takes nothing.
+        drain_progress(this) -> surge_proto::DrainProgress,
+        Request::DrainPoll { instance: this.instance(), ns: this.ns, after: 0, max: 0 },
+        Response::DrainBatch { pending, oldest, newest, .. } => surge_proto::DrainProgress { oldest, newest, pending });
 
     metadata_call!(
         /// The journal's entries up to `upto` reached the PFS.

@@ -23,7 +23,7 @@ async fn cluster(tag: &str, access_mode: &'static str) -> Cluster {
             stripe_size: 64 << 10,
             access_mode,
             nodes: 1,
-            cache_pfs: None,
+            ..Spec::default()
         },
     )
     .await

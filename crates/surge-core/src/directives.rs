@@ -78,6 +78,11 @@ pub struct JobDw {
     /// drain is the same for all three so far).
     #[serde(default)]
     pub optimization: Option<String>,
+    /// `type=cache`, `fsync=pfs` (a Surge extension of DataWarp's line): an `fsync` in the
+    /// job returns once the file is on the PFS. The default, `fsync=tier`, once it is on the
+    /// fast tier.
+    #[serde(default)]
+    pub fsync_pfs: bool,
 }
 
 /// What a `#SURGE jobdw` asks of its allocation, per second, for the whole job.
@@ -984,7 +989,7 @@ impl Spec {
 const JOBDW: Spec = Spec {
     name: "jobdw",
     required: &["type", "access_mode", "capacity"],
-    optional: &["pool", "pfs", "optimization"],
+    optional: &["pool", "pfs", "optimization", "fsync"],
     flags: &[],
     example: "#DW jobdw type=scratch access_mode=striped capacity=100GiB",
 };
@@ -1409,7 +1414,20 @@ impl<'a> Parser<'a> {
                 hint(v, &["bandwidth", "latency", "interactive"])
             )),
         });
-        match (kind, args.get("pfs"), args.get("optimization")) {
+        let fsync_pfs = self.value(args.get("fsync"), |v| match v {
+            "pfs" => Ok(true),
+            "tier" => Ok(false),
+            _ => Err(format!(
+                "unknown fsync `{v}`{}; expected pfs (fsync returns once the file is on the PFS) \
+                 or tier (once it is on the fast tier, the default)",
+                hint(v, &["pfs", "tier"])
+            )),
+        });
+        match (
+            kind,
+            args.get("pfs"),
+            args.get("optimization").or(args.get("fsync")),
+        ) {
             (Some(InstanceType::Cache), None, _) if !ctx.raw.broken && !ctx.incomplete => {
                 self.sink.error(
                     ctx.raw.line,
@@ -1482,6 +1500,7 @@ impl<'a> Parser<'a> {
                     targets,
                     pfs,
                     optimization,
+                    fsync_pfs: fsync_pfs.unwrap_or(false),
                 });
             }
             _ if first.is_none() => self.jobdw_unread = true,

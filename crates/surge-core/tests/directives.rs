@@ -82,6 +82,7 @@ fn expbb_listing8_with_slurm_continuations_stages_a_directory_in_and_out() {
             targets: None,
             pfs: None,
             optimization: None,
+            fsync_pfs: false,
         })
     );
     assert_eq!(
@@ -231,6 +232,7 @@ fn jobdw_with_every_key_is_read() {
             targets: None,
             pfs: None,
             optimization: None,
+            fsync_pfs: false,
         })
     );
 }
@@ -299,6 +301,25 @@ fn type_cache_mirrors_a_pfs_directory() {
     assert_eq!(j.kind, InstanceType::Cache);
     assert_eq!(j.pfs.as_deref(), Some("/lus/run"));
     assert_eq!(j.optimization.as_deref(), Some("bandwidth"));
+    assert!(!j.fsync_pfs, "fsync=tier is the default");
+    let d = parse_script(
+        "job.sh",
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run fsync=pfs\n",
+    )
+    .unwrap();
+    assert!(d.jobdw.unwrap().fsync_pfs);
+    let e = the_error(
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run fsync=disk\n",
+        1,
+        "fsync=disk",
+    );
+    assert_says(&e, &["unknown fsync `disk`", "pfs", "tier"]);
+    let e = the_error(
+        "#DW jobdw type=scratch access_mode=striped capacity=1TiB fsync=pfs\n",
+        1,
+        "fsync=pfs",
+    );
+    assert_says(&e, &["fsync= is for type=cache"]);
     let e = the_error(
         "#DW jobdw type=cache access_mode=striped capacity=1TiB\n",
         1,
@@ -435,7 +456,7 @@ fn an_unknown_key_is_an_error_with_a_suggestion_and_the_keys_expected() {
         &[
             "unknown key `capcity`",
             "did you mean `capacity`?",
-            "type, access_mode, capacity, pool, pfs and optimization",
+            "type, access_mode, capacity, pool, pfs, optimization and fsync",
         ],
     );
 }

@@ -539,6 +539,7 @@ pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
                         stripe_size: 0,
                         share_with_group,
                         cache_pfs: String::new(),
+                        cache_fsync_pfs: false,
                     })
                     .await
                     .map_err(status_err)?

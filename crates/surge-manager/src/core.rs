@@ -64,6 +64,8 @@ pub struct InstanceRequest {
     pub group_shared: bool,
     /// `type=cache`: the PFS directory the instance mirrors.
     pub cache_pfs: Option<String>,
+    /// `type=cache` with `fsync=pfs`.
+    pub cache_fsync_pfs: bool,
 }
 
 /// A pool with its servers and space, for listings.
@@ -568,6 +570,7 @@ impl Core {
                     fragments: vec![],
                     namespaces: vec![],
                     cache_pfs: None,
+                    cache_fsync_pfs: false,
                 },
             };
             let id = store.new_instance_id(&row)?;
@@ -596,6 +599,7 @@ impl Core {
             root_gid: req.owner_gid,
             root_perm: 0o755,
             cache_pfs: req.cache_pfs.clone(),
+            cache_fsync_pfs: req.cache_fsync_pfs && req.cache_pfs.is_some(),
         };
         match admin::create_instance(&plan, &self.admin_token()).await {
             Ok(desc) => {

@@ -60,6 +60,7 @@ pub fn instance_request(r: &api::CreateInstanceRequest) -> InstanceRequest {
         stripe_size: r.stripe_size,
         group_shared: r.share_with_group,
         cache_pfs: (!r.cache_pfs.is_empty()).then(|| r.cache_pfs.clone()),
+        cache_fsync_pfs: r.cache_fsync_pfs,
     }
 }
 

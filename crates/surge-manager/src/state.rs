@@ -704,6 +704,7 @@ mod tests {
             fragments: vec![],
             namespaces: vec![],
             cache_pfs: None,
+            cache_fsync_pfs: false,
         }
     }
 

@@ -247,6 +247,10 @@ pub struct InstanceDescriptor {
     /// journal of changes for the drain to replay there.
     #[serde(default)]
     pub cache_pfs: Option<String>,
+    /// `type=cache` with `fsync=pfs`: an `fsync` of a file returns once the file (and every
+    /// change journaled before it) is on the PFS, not once it is on the fast tier.
+    #[serde(default)]
+    pub cache_fsync_pfs: bool,
 }
 
 impl InstanceDescriptor {
@@ -656,6 +660,23 @@ pub enum DrainOp {
     },
 }
 
+/// How far a cache namespace's drain got (`Response::DrainBatch` without entries).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainProgress {
+    /// The oldest pending journal entry (0: none is pending).
+    pub oldest: u64,
+    /// The newest entry ever journaled (0: none yet).
+    pub newest: u64,
+    pub pending: u64,
+}
+
+impl DrainProgress {
+    /// True when every change journaled up to entry `seq` reached the PFS.
+    pub fn drained_upto(&self, seq: u64) -> bool {
+        self.oldest == 0 || self.oldest > seq
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainEntry {
     pub seq: u64,
@@ -805,6 +826,11 @@ pub enum Response {
     DrainBatch {
         entries: Vec<DrainEntry>,
         pending: u64,
+        /// Sequence number of the oldest pending entry (0: none is pending): every change
+        /// journaled before it reached the PFS.
+        oldest: u64,
+        /// Sequence number of the newest entry ever journaled (0: none yet).
+        newest: u64,
     },
 }
 

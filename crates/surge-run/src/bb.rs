@@ -501,6 +501,7 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
         stripe_size: 0,
         share_with_group: false,
         cache_pfs: j.pfs.clone().unwrap_or_default(),
+        cache_fsync_pfs: j.fsync_pfs,
     });
     let s = m
         .create_session(api::CreateSessionRequest {
@@ -554,6 +555,7 @@ pub fn persistent_request(
         stripe_size: 0,
         share_with_group: false,
         cache_pfs: String::new(),
+        cache_fsync_pfs: false,
     }
 }
 

@@ -556,6 +556,7 @@ async fn job(
         stripe_size: 0,
         share_with_group: false,
         cache_pfs: j.pfs.clone().unwrap_or_default(),
+        cache_fsync_pfs: j.fsync_pfs,
     });
     let job_name = ctx
         .args

@@ -530,8 +530,13 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
             "this namespace is not a cache (type=cache) namespace: it has no drain journal",
         )),
         (Request::DrainPoll { after, max, .. }, true) => {
-            let (entries, pending) = ops.drain_poll(*after, (*max).min(4096))?;
-            Ok(Response::DrainBatch { entries, pending })
+            let (entries, progress) = ops.drain_poll(*after, (*max).min(4096))?;
+            Ok(Response::DrainBatch {
+                entries,
+                pending: progress.pending,
+                oldest: progress.oldest,
+                newest: progress.newest,
+            })
         }
         (Request::DrainAck { upto, .. }, true) => {
             ops.drain_ack(*upto)?;

@@ -278,12 +278,12 @@ impl Ops<'_> {
         Ok(())
     }
 
-    /// Up to `max` journal entries after `after`, and how many entries are pending in all.
+    /// Up to `max` journal entries after `after`, and how far the drain got.
     pub fn drain_poll(
         &self,
         after: u64,
         max: u32,
-    ) -> MetaResult<(Vec<surge_proto::DrainEntry>, u64)> {
+    ) -> MetaResult<(Vec<surge_proto::DrainEntry>, surge_proto::DrainProgress)> {
         let mut st = self
             .tx
             .prepare_cached("SELECT seq, op FROM drain WHERE seq > ?1 ORDER BY seq LIMIT ?2")
@@ -300,9 +300,21 @@ impl Ops<'_> {
                 .map_err(|e| err(ErrorCode::Io, format!("drain journal entry {seq}: {e}")))?;
             out.push(surge_proto::DrainEntry { seq, op });
         }
-        let pending: i64 = self
+        let (pending, oldest): (i64, Option<i64>) = self
             .tx
-            .query_row("SELECT COUNT(*) FROM drain", [], |r| r.get(0))
+            .query_row("SELECT COUNT(*), MIN(seq) FROM drain", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(db_err)?;
+        // AUTOINCREMENT: the newest sequence number ever given, also once its entry is gone.
+        let newest: Option<i64> = self
+            .tx
+            .query_row(
+                "SELECT seq FROM sqlite_sequence WHERE name = 'drain'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
             .map_err(db_err)?;
         // Taken: a change made from now on gets an entry of its own.
         if let Some(last) = out.last() {
@@ -313,7 +325,12 @@ impl Ops<'_> {
                 )
                 .map_err(db_err)?;
         }
-        Ok((out, pending as u64))
+        let progress = surge_proto::DrainProgress {
+            oldest: oldest.unwrap_or(0) as u64,
+            newest: newest.unwrap_or(0) as u64,
+            pending: pending as u64,
+        };
+        Ok((out, progress))
     }
 
     /// Forgets the journal's entries up to `upto` (they reached the PFS).

@@ -194,3 +194,76 @@ fn walk(root: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// `fsync=pfs`: an fsync in the job returns only once the file is on the PFS; without a drain
+/// it does not return (it would fail after the stall limit), with one the PFS holds the file's
+/// bytes the moment it returns.
+#[test]
+fn fsync_pfs_returns_once_the_file_is_on_the_pfs() {
+    use std::time::{Duration, Instant};
+    use surge_client::fs::Fs;
+    use surge_stage::drain::{drain_loop, DrainState};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("drain-fsync");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = Cluster::with(
+            "drain-fsync",
+            &Spec {
+                servers: 2,
+                capacity: 256 << 20,
+                stripe_size: 1 << 20,
+                cache_pfs: Some(pfs.display().to_string()),
+                cache_fsync_pfs: true,
+                ..Spec::default()
+            },
+        )
+        .await;
+        let fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let (_, fh, _) = fs
+            .create(1, b"ckpt.0", 0o644, uid, gid, libc::O_WRONLY)
+            .await
+            .expect("create");
+        let body = bytes(11, 3 << 20);
+        for (i, chunk) in body.chunks(1 << 20).enumerate() {
+            fs.write(fh, (i as u64) << 20, chunk, false)
+                .await
+                .expect("write");
+        }
+        // No drain runs: the fsync waits (it is given up here, not failed: the stall limit is
+        // a minute).
+        let waited = tokio::time::timeout(Duration::from_millis(1500), fs.fsync(fh)).await;
+        assert!(
+            waited.is_err(),
+            "fsync=pfs returned with nothing draining: {waited:?}"
+        );
+        assert!(!pfs.join("ckpt.0").exists());
+
+        let state = Arc::new(DrainState::default());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let drain = tokio::spawn(drain_loop(
+            c.new_client(0),
+            pfs.clone(),
+            state.clone(),
+            stop.clone(),
+            Duration::from_millis(100),
+        ));
+        let t = Instant::now();
+        fs.fsync(fh).await.expect("fsync with a drain running");
+        assert_eq!(
+            std::fs::read(pfs.join("ckpt.0")).expect("on the PFS when fsync returned"),
+            body
+        );
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+        // A second fsync with nothing new returns at once.
+        let t = Instant::now();
+        fs.fsync(fh).await.expect("fsync");
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        fs.release(fh).await.expect("close");
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        drain.await.unwrap();
+    });
+}

@@ -24,6 +24,8 @@ pub struct Spec {
     pub nodes: u32,
     /// `type=cache`: the PFS directory the instance mirrors (its namespace keeps a journal).
     pub cache_pfs: Option<String>,
+    /// With `cache_pfs`: `fsync=pfs`.
+    pub cache_fsync_pfs: bool,
 }
 
 impl Default for Spec {
@@ -35,6 +37,7 @@ impl Default for Spec {
             access_mode: "striped",
             nodes: 1,
             cache_pfs: None,
+            cache_fsync_pfs: false,
         }
     }
 }
@@ -115,6 +118,7 @@ impl Cluster {
             root_gid: gid,
             root_perm: 0o755,
             cache_pfs: spec.cache_pfs.clone(),
+            cache_fsync_pfs: spec.cache_fsync_pfs,
         };
         let desc = admin::create_instance(&plan, &admin_token)
             .await

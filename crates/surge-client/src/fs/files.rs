@@ -6,6 +6,9 @@ use surge_core::Ino;
 use surge_proto::{AllocMode, Attr, FileKind, SetAttr, TimeSet, Unlinked};
 use tracing::warn;
 
+/// How long an `fsync=pfs` waits for a drain that makes no progress before it fails.
+const DRAIN_STALL: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Fs {
     /// `setattr`; `kill_suidgid`: a truncate by a user without `CAP_FSETID` also clears
     /// setuid/setgid.
@@ -255,7 +258,45 @@ impl Fs {
                 return Err(e.into());
             }
         }
-        self.commit(ino).await
+        self.commit(ino).await?;
+        if self.client.desc.cache_fsync_pfs && self.client.desc.cache_pfs.is_some() {
+            self.wait_on_pfs(ino).await?;
+        }
+        Ok(())
+    }
+
+    /// `fsync=pfs` of a cache instance: waits until the drain has copied every change
+    /// journaled so far (the commit just made included) to the PFS. Fails with EIO when the
+    /// drain makes no progress for `DRAIN_STALL` (none runs, the PFS is full or read-only):
+    /// the data is then on the fast tier only, which the application must be told.
+    async fn wait_on_pfs(&self, ino: Ino) -> FsResult<()> {
+        let first = self.client.drain_progress().await?;
+        let target = first.newest;
+        let mut oldest = first.oldest;
+        let mut moved = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(5);
+        let mut p = first;
+        while !p.drained_upto(target) {
+            if p.oldest != oldest {
+                oldest = p.oldest;
+                moved = std::time::Instant::now();
+            } else if moved.elapsed() > DRAIN_STALL {
+                return Err(FsError::new(
+                    libc::EIO,
+                    format!(
+                        "fsync of inode {ino}: the drain to {} made no progress for {} s \
+                         ({} change(s) pending); the file is on the fast tier only",
+                        self.client.desc.cache_pfs.as_deref().unwrap_or("the PFS"),
+                        DRAIN_STALL.as_secs(),
+                        p.pending
+                    ),
+                ));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(100));
+            p = self.client.drain_progress().await?;
+        }
+        Ok(())
     }
 
     /// Last close of a handle.
