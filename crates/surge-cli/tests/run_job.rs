@@ -521,6 +521,55 @@ fn fsync_pfs_puts_a_file_on_the_pfs_before_fsync_returns() {
     );
 }
 
+/// Liu's fall-back under `surge run`: a cache job writing three times its instance's capacity
+/// (one file larger than the whole tier, two more beside it at once, one renamed) succeeds, and
+/// the PFS holds every byte after the job.
+#[test]
+fn a_cache_job_writing_more_than_its_capacity_falls_back_to_the_pfs() {
+    if skip_without_fuse("a_cache_job_writing_more_than_its_capacity_falls_back_to_the_pfs") {
+        return;
+    }
+    let j = Job::new("cachefull");
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let src = j.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for (name, mib) in [("a", 100u64), ("b", 50), ("c", 50)] {
+        let data: Vec<u8> = (0..mib << 20)
+            .map(|i| ((i * 2654435761) >> 13) as u8 ^ name.as_bytes()[0])
+            .collect();
+        std::fs::write(src.join(name), data).unwrap();
+    }
+    let script = j.script(
+        "full.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=64MiB pfs={p}\nset -e\n\
+             c=$DW_JOB_STRIPED_CACHE\n\
+             dd if={s}/b of=$c/b bs=1M status=none & dd if={s}/c of=$c/c bs=1M status=none &\n\
+             dd if={s}/a of=$c/a.tmp bs=1M status=none\n\
+             wait\n\
+             mv $c/a.tmp $c/a\n\
+             for f in a b c; do cmp {s}/$f $c/$f; done\n",
+            p = pfs.display(),
+            s = src.display()
+        ),
+    );
+    let out = j.command().args(["run"]).arg(&script).output().unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for f in ["a", "b", "c"] {
+        assert!(
+            std::fs::read(pfs.join(f)).unwrap() == std::fs::read(src.join(f)).unwrap(),
+            "{f} on the PFS differs from what the job wrote\n{t}"
+        );
+    }
+    assert!(!pfs.join("a.tmp").exists());
+    assert!(
+        !pfs.join(".surge-through").exists(),
+        "the stable names are removed after the drain"
+    );
+}
+
 /// `access_mode=ldbalance`: the stage-in is in every replica, each node mounts its own replica
 /// (node i: replica i mod replicas) read-only, missing names stay missing, writes are refused.
 #[test]

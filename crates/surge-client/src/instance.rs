@@ -402,6 +402,13 @@ impl InstanceClient {
         Response::DrainBatch { entries, pending, .. } => (entries, pending));
 
     metadata_call!(
+        /// Cache namespaces: file `ino` is written through to the PFS from now on; the
+        /// sequence number of its `DrainOp::Through` journal entry.
+        cache_through(this, ino: Ino) -> u64,
+        Request::CacheThrough { instance: this.instance(), ns: this.ns, ino },
+        Response::Through { seq } => seq);
+
+    metadata_call!(
         /// How far a cache namespace's drain got: the oldest pending journal entry (0: none),
         /// the newest entry ever journaled, and how many are pending. Takes nothing.
         drain_progress(this) -> surge_proto::DrainProgress,

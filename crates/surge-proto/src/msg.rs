@@ -109,6 +109,10 @@ pub struct Attr {
     pub change: u64,
     /// Character and block devices: the device number (`st_rdev`); zero for other kinds.
     pub rdev: u32,
+    /// Regular files of a `type=cache` namespace written through to the PFS (the fast tier
+    /// was full, Liu's fall-back): the drain journal entry (`DrainOp::Through`) after which
+    /// the file's data lives only on the PFS. Zero for every other file.
+    pub through: u64,
 }
 
 /// Longest name of a directory entry, in bytes.
@@ -610,6 +614,14 @@ pub enum Request {
         after: u64,
         max: u32,
     },
+    /// A cache namespace's file `ino` is to be written through to the PFS from now on (the
+    /// fast tier is full): journals `DrainOp::Through` and records its sequence number in the
+    /// inode's `through` (`Response::Through`; the existing one if it already was).
+    CacheThrough {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+    },
     /// The journal's entries up to `upto` reached the PFS: forget them.
     DrainAck {
         instance: InstanceId,
@@ -658,6 +670,22 @@ pub enum DrainOp {
         from: Vec<u8>,
         to: Vec<u8>,
     },
+    /// Inode `ino` (at `path`) is written through from now on: its PFS file (all its data so far
+    /// copied by earlier entries) gets the stable name `.surge-through/<ino>` in the PFS
+    /// directory, which the mounts open to read and write it while renames move its name.
+    Through {
+        ino: Ino,
+        path: Vec<u8>,
+    },
+}
+
+/// The directory of a cache instance's PFS directory where the drain gives files written
+/// through (`DrainOp::Through`) their stable names.
+pub const CACHE_THROUGH_DIR: &str = ".surge-through";
+
+/// The stable PFS name of written-through inode `ino` in PFS directory `root`.
+pub fn cache_through_path(root: &std::path::Path, ino: Ino) -> std::path::PathBuf {
+    root.join(CACHE_THROUGH_DIR).join(ino.to_string())
 }
 
 /// How far a cache namespace's drain got (`Response::DrainBatch` without entries).
@@ -832,6 +860,10 @@ pub enum Response {
         /// Sequence number of the newest entry ever journaled (0: none yet).
         newest: u64,
     },
+    /// Reply to `CacheThrough`: the `DrainOp::Through` entry's sequence number.
+    Through {
+        seq: u64,
+    },
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -977,6 +1009,7 @@ impl Request {
             Request::RemoveXattr { .. } => 53,
             Request::DrainPoll { .. } => 54,
             Request::DrainAck { .. } => 55,
+            Request::CacheThrough { .. } => 56,
             Request::Authenticate { .. } => 7,
         }
     }
@@ -1029,6 +1062,7 @@ impl Request {
             Request::Authenticate { .. } => "Authenticate",
             Request::DrainPoll { .. } => "DrainPoll",
             Request::DrainAck { .. } => "DrainAck",
+            Request::CacheThrough { .. } => "CacheThrough",
         }
     }
 
@@ -1058,6 +1092,7 @@ impl Request {
             | Request::RemoveXattr { instance, ns, .. }
             | Request::DrainPoll { instance, ns, .. }
             | Request::DrainAck { instance, ns, .. }
+            | Request::CacheThrough { instance, ns, .. }
             | Request::NamespaceStats { instance, ns } => Some((*instance, *ns)),
             _ => None,
         }

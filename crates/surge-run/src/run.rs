@@ -672,6 +672,8 @@ async fn job(
                 pfs.display()
             )
         })?;
+        // What a job killed before its drain ended left (extra links, see THROUGH_DIR).
+        surge_stage::drain::clear_through(&pfs)?;
         let items = vec![surge_stage::StageItem {
             kind: surge_stage::ItemKind::Directory,
             pfs: pfs.clone(),
@@ -973,6 +975,7 @@ async fn job(
     let mut drain_failures = Vec::new();
     for (var, pfs, state, stop, task) in drains {
         let t = Instant::now();
+        let failed_before = drain_failures.len();
         stop.store(true, Ordering::SeqCst);
         let (mut last, mut since) = (u64::MAX, Instant::now());
         while !task.is_finished() {
@@ -992,6 +995,12 @@ async fn job(
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if drain_failures.len() == failed_before {
+            // Drained, mounts gone: the stable names of files written through are extra.
+            if let Err(e) = surge_stage::drain::clear_through(&pfs) {
+                eprintln!("surge run: {e}");
+            }
         }
         let st = &state.stats;
         rep.phase(

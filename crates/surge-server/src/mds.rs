@@ -525,7 +525,10 @@ fn journal_after(
 /// transaction: a change is acknowledged only with its journal entry.
 fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Response, ErrorReply> {
     match (req, journal) {
-        (Request::DrainPoll { .. } | Request::DrainAck { .. }, false) => Err(ErrorReply::new(
+        (
+            Request::DrainPoll { .. } | Request::DrainAck { .. } | Request::CacheThrough { .. },
+            false,
+        ) => Err(ErrorReply::new(
             ErrorCode::Invalid,
             "this namespace is not a cache (type=cache) namespace: it has no drain journal",
         )),
@@ -538,6 +541,9 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
                 newest: progress.newest,
             })
         }
+        (Request::CacheThrough { ino, .. }, true) => Ok(Response::Through {
+            seq: ops.cache_through(*ino)?,
+        }),
         (Request::DrainAck { upto, .. }, true) => {
             ops.drain_ack(*upto)?;
             Ok(Response::Ok)

@@ -96,7 +96,7 @@ fn kind_from(code: i64) -> FileKind {
 
 const ATTR_COLS: &str =
     "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, \
-     ctime_s, ctime_ns, change, rdev";
+     ctime_s, ctime_ns, change, rdev, through";
 
 fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
     let ts = |i: usize| -> rusqlite::Result<Timestamp> {
@@ -118,6 +118,7 @@ fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
         ctime: ts(11)?,
         change: r.get::<_, i64>(base + 13)? as u64,
         rdev: r.get::<_, i64>(base + 14)? as u32,
+        through: r.get::<_, i64>(base + 15)? as u64,
     })
 }
 
@@ -145,7 +146,8 @@ pub fn open(
             parent INTEGER NOT NULL,
             target BLOB,
             change INTEGER NOT NULL DEFAULT 0,
-            rdev INTEGER NOT NULL DEFAULT 0);
+            rdev INTEGER NOT NULL DEFAULT 0,
+            through INTEGER NOT NULL DEFAULT 0);
          CREATE TABLE IF NOT EXISTS dentries(
             id INTEGER PRIMARY KEY,
             parent INTEGER NOT NULL, name BLOB NOT NULL,
@@ -160,8 +162,9 @@ pub fn open(
             data_ino INTEGER, taken INTEGER NOT NULL DEFAULT 0, moves INTEGER NOT NULL DEFAULT 0);
          CREATE INDEX IF NOT EXISTS drain_data ON drain(data_ino) WHERE data_ino IS NOT NULL;",
     )?;
-    // Stores made before directories had a change counter, before special files.
-    for column in ["change", "rdev"] {
+    // Stores made before directories had a change counter, before special files, before
+    // cache files written through.
+    for column in ["change", "rdev", "through"] {
         let has: bool = conn.query_row(
             "SELECT COUNT(*) FROM pragma_table_info('inodes') WHERE name = ?1",
             [column],
@@ -243,6 +246,18 @@ impl Ops<'_> {
     /// piece.
     pub fn journal(&self, op: &surge_proto::DrainOp) -> MetaResult<()> {
         use surge_proto::DrainOp;
+        // A file written through has its data on the PFS already: only its attributes move.
+        let attr_only;
+        let op = match op {
+            DrainOp::Data { ino, path } if self.through_of(*ino)? != 0 => {
+                attr_only = DrainOp::Attr {
+                    ino: *ino,
+                    path: path.clone(),
+                };
+                &attr_only
+            }
+            other => other,
+        };
         let text = serde_json::to_string(op)
             .map_err(|e| err(ErrorCode::Io, format!("drain journal: {e}")))?;
         let data_ino = match op {
@@ -276,6 +291,51 @@ impl Ops<'_> {
             .and_then(|mut st| st.execute(params![text, data_ino, i64::from(moves)]))
             .map_err(db_err)?;
         Ok(())
+    }
+
+    /// The `through` of `ino` (0: not written through, or no such inode).
+    fn through_of(&self, ino: Ino) -> MetaResult<u64> {
+        Ok(self
+            .tx
+            .prepare_cached("SELECT through FROM inodes WHERE ino = ?1")
+            .and_then(|mut st| {
+                st.query_row([ino as i64], |r| r.get::<_, i64>(0))
+                    .optional()
+            })
+            .map_err(db_err)?
+            .unwrap_or(0) as u64)
+    }
+
+    /// Marks regular file `ino` of a cache namespace as written through to the PFS from now
+    /// on: journals `DrainOp::Through` and returns its sequence number (the one recorded
+    /// before if the file already was).
+    pub fn cache_through(&self, ino: Ino) -> MetaResult<u64> {
+        let a = self.getattr(ino)?;
+        if a.kind != FileKind::File {
+            return Err(err(
+                ErrorCode::Invalid,
+                format!("inode {ino} is not a regular file: only files are written through"),
+            ));
+        }
+        if a.through != 0 {
+            return Ok(a.through);
+        }
+        let Some(path) = self.path_of(ino)? else {
+            return Err(err(
+                ErrorCode::NoSpace,
+                format!(
+                    "inode {ino} has no name (unlinked while open): it cannot be written \
+                     through to the PFS, and the fast tier is full"
+                ),
+            ));
+        };
+        self.journal(&surge_proto::DrainOp::Through { ino, path })?;
+        let seq = self.tx.last_insert_rowid();
+        self.tx
+            .prepare_cached("UPDATE inodes SET through = ?2 WHERE ino = ?1")
+            .and_then(|mut st| st.execute(params![ino as i64, seq]))
+            .map_err(db_err)?;
+        Ok(seq as u64)
     }
 
     /// Up to `max` journal entries after `after`, and how far the drain got.
@@ -570,6 +630,7 @@ impl Ops<'_> {
             ctime: now,
             change: 0,
             rdev,
+            through: 0,
         };
         Ok((attr, parent_after))
     }

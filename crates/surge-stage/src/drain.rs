@@ -112,6 +112,17 @@ fn set_times(path: &Path, atime: surge_proto::Timestamp, mtime: surge_proto::Tim
     }
 }
 
+pub use surge_proto::{cache_through_path as through_path, CACHE_THROUGH_DIR as THROUGH_DIR};
+
+/// Removes the stable names of written-through files (`THROUGH_DIR`): once the job's mounts
+/// are gone and the journal is empty they are extra links to files that have their names, or
+/// to files the job removed. Also run before a fill, for what a crashed job left.
+pub fn clear_through(root: &Path) -> Result<(), DrainError> {
+    let dir = root.join(THROUGH_DIR);
+    ignore_missing(std::fs::remove_dir_all(&dir))
+        .map_err(pfs_err(&dir, "cannot remove the written-through names in"))
+}
+
 /// Where the copy of `dst` is written before it is renamed onto it (one name per file: a copy
 /// a crash interrupted is overwritten by the next one, or removed with its file's name).
 fn temp_of(dst: &Path) -> PathBuf {
@@ -121,7 +132,12 @@ fn temp_of(dst: &Path) -> PathBuf {
 
 /// Copies inode `ino`'s data to `dst` (under a temporary name, flushed, renamed over it),
 /// unless `dst` already has its size and mtime. Returns the bytes copied.
-async fn copy_file(client: &InstanceClient, ino: u64, dst: &Path) -> Result<u64, DrainError> {
+async fn copy_file(
+    client: &InstanceClient,
+    seq: u64,
+    ino: u64,
+    dst: &Path,
+) -> Result<u64, DrainError> {
     let attr = match client.getattr(ino).await {
         Ok(a) => a,
         Err(e) if gone(&e) => return Ok(0),
@@ -133,6 +149,11 @@ async fn copy_file(client: &InstanceClient, ino: u64, dst: &Path) -> Result<u64,
         }
     };
     if attr.kind != FileKind::File {
+        return Ok(0);
+    }
+    // Journaled after the file went through to the PFS: its data is there already (and no
+    // longer on the fast tier). The mount waited for every entry before the switch.
+    if attr.through != 0 && seq > attr.through {
         return Ok(0);
     }
     if let Ok(m) = std::fs::symlink_metadata(dst) {
@@ -224,6 +245,7 @@ async fn join_write(
 async fn apply(
     client: &InstanceClient,
     root: &Path,
+    seq: u64,
     op: &DrainOp,
     stats: &DrainStats,
 ) -> Result<(), DrainError> {
@@ -255,7 +277,7 @@ async fn apply(
         }
         DrainOp::Data { ino, path } => {
             let p = pfs_path(root, path)?;
-            let n = copy_file(client, *ino, &p).await?;
+            let n = copy_file(client, seq, *ino, &p).await?;
             if n > 0 {
                 stats.files.fetch_add(1, Ordering::Relaxed);
                 stats.bytes.fetch_add(n, Ordering::Relaxed);
@@ -312,6 +334,35 @@ async fn apply(
                         source: e,
                     })
                 }
+            }
+        }
+        DrainOp::Through { ino, path } => {
+            let p = pfs_path(root, path)?;
+            let dir = root.join(THROUGH_DIR);
+            std::fs::create_dir_all(&dir).map_err(pfs_err(&dir, "cannot create"))?;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+            // Every change before this entry is applied: `p` is the file, with its data.
+            if std::fs::symlink_metadata(&p).is_err() {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&p)
+                    .map_err(pfs_err(&p, "cannot create"))?;
+            }
+            let stable = through_path(root, *ino);
+            use std::os::unix::fs::MetadataExt;
+            let same = match (std::fs::metadata(&p), std::fs::metadata(&stable)) {
+                (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+                _ => false,
+            };
+            if !same {
+                // Replayed after a crash, or left by another job's instance of this inode
+                // number.
+                ignore_missing(std::fs::remove_file(&stable))
+                    .map_err(pfs_err(&stable, "cannot remove"))?;
+                std::fs::hard_link(&p, &stable)
+                    .map_err(pfs_err(&stable, "cannot link the file written through to"))?;
             }
         }
         DrainOp::Link { from, to } => {
@@ -381,6 +432,14 @@ pub async fn drain_pass_settled(
         if entries.is_empty() {
             return Ok(applied);
         }
+        // A mount waits for everything before a `Through` entry (the fast tier is full): what
+        // comes before it is not held back.
+        let urgent_upto = entries
+            .iter()
+            .filter(|e| matches!(e.op, DrainOp::Through { .. }))
+            .map(|e| e.seq)
+            .max()
+            .unwrap_or(0);
         let mut done = 0;
         let mut waiting = false;
         let mut failed = None;
@@ -403,7 +462,7 @@ pub async fn drain_pass_settled(
                     group.push(next);
                 }
             }
-            if let Some(s) = settle {
+            if let Some(s) = settle.filter(|_| group[0].seq > urgent_upto) {
                 let mut settled = 0;
                 for g in &group {
                     if unsettled(client, &g.op, s).await {
@@ -418,9 +477,12 @@ pub async fn drain_pass_settled(
                 break;
             }
             let t = std::time::Instant::now();
-            let results =
-                futures::future::join_all(group.iter().map(|g| apply(client, root, &g.op, stats)))
-                    .await;
+            let results = futures::future::join_all(
+                group
+                    .iter()
+                    .map(|g| apply(client, root, g.seq, &g.op, stats)),
+            )
+            .await;
             if matches!(group[0].op, DrainOp::Data { .. }) {
                 stats
                     .busy_ns

@@ -267,3 +267,90 @@ fn fsync_pfs_returns_once_the_file_is_on_the_pfs() {
         drain.await.unwrap();
     });
 }
+
+/// Liu's fall-back: a file larger than the whole fast tier is written through to the PFS once
+/// the tier is full (what it held drained first), keeps its PFS file across a rename made
+/// while it is written, gives its fast-tier space back (a new small file then fits), reads
+/// back from the PFS, and lands byte-identical.
+#[test]
+fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
+    use std::time::Duration;
+    use surge_client::fs::Fs;
+    use surge_stage::drain::{clear_through, drain_loop, DrainState, THROUGH_DIR};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("drain-through");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = Cluster::with(
+            "drain-through",
+            &Spec {
+                servers: 2,
+                capacity: 8 << 20,
+                stripe_size: 1 << 20,
+                cache_pfs: Some(pfs.display().to_string()),
+                ..Spec::default()
+            },
+        )
+        .await;
+        let state = Arc::new(DrainState::default());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let drain = tokio::spawn(drain_loop(
+            c.new_client(0),
+            pfs.clone(),
+            state.clone(),
+            stop.clone(),
+            Duration::from_millis(50),
+        ));
+        let fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let (big, fh, _) = fs
+            .create(1, b"big", 0o644, uid, gid, libc::O_RDWR)
+            .await
+            .expect("create");
+        // Three times the instance's capacity, in 1 MiB writes.
+        let mut body = bytes(21, 24 << 20);
+        for (i, chunk) in body.chunks(1 << 20).enumerate() {
+            fs.write(fh, (i as u64) << 20, chunk, false)
+                .await
+                .unwrap_or_else(|e| panic!("write {i} of a file larger than the tier: {e}"));
+        }
+        // Renamed while open, then written again: the mount's PFS file is the stable name.
+        fs.rename(1, b"big", 1, b"renamed", 0)
+            .await
+            .expect("rename");
+        let tail = bytes(22, 1 << 20);
+        fs.write(fh, body.len() as u64, &tail, false)
+            .await
+            .expect("write after the rename");
+        body.extend_from_slice(&tail);
+        fs.fsync(fh).await.expect("fsync");
+        let back = fs.read(fh, 5 << 20, 1 << 20).await.expect("read back");
+        assert_eq!(back, body[5 << 20..6 << 20], "read back from the PFS");
+        fs.release(fh).await.expect("close");
+        // The big file's fast-tier copy is gone: a new file fits.
+        let u = c.client.usage().await.expect("usage");
+        assert!(u.used < u.capacity / 2, "fast tier still full: {u:?}");
+        let (_, sfh, _) = fs
+            .create(1, b"small", 0o644, uid, gid, libc::O_WRONLY)
+            .await
+            .expect("create small");
+        let small = bytes(23, 3 << 20);
+        fs.write(sfh, 0, &small, false).await.expect("small fits");
+        fs.release(sfh).await.expect("close small");
+        let a = c.client.getattr(big.ino).await.expect("getattr");
+        assert!(a.through != 0, "the big file is marked written through");
+        assert_eq!(a.size, body.len() as u64);
+
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        drain.await.unwrap();
+        assert_eq!(std::fs::read(pfs.join("renamed")).unwrap(), body);
+        assert!(!pfs.join("big").exists());
+        assert_eq!(std::fs::read(pfs.join("small")).unwrap(), small);
+        assert!(pfs.join(THROUGH_DIR).is_dir());
+        clear_through(&pfs).expect("clear");
+        assert!(!pfs.join(THROUGH_DIR).exists());
+        assert_eq!(std::fs::read(pfs.join("renamed")).unwrap(), body);
+    });
+}

@@ -6,9 +6,6 @@ use surge_core::Ino;
 use surge_proto::{AllocMode, Attr, FileKind, SetAttr, TimeSet, Unlinked};
 use tracing::warn;
 
-/// How long an `fsync=pfs` waits for a drain that makes no progress before it fails.
-const DRAIN_STALL: std::time::Duration = std::time::Duration::from_secs(60);
-
 impl Fs {
     /// `setattr`; `kill_suidgid`: a truncate by a user without `CAP_FSETID` also clears
     /// setuid/setgid.
@@ -39,11 +36,13 @@ impl Fs {
         if kill_suidgid && set.perm.is_none() {
             set.perm = self.inodes.perm_without_suidgid(ino);
         }
-        let a = self
-            .client
-            .setattr(ino, set.clone(), old_size)
-            .await
-            .map_err(stale)?;
+        let a = if self.through_file(ino).is_some() {
+            // Nothing of it on the fast tier to truncate: the PFS file is, below.
+            self.client.setattr_meta(ino, set.clone()).await
+        } else {
+            self.client.setattr(ino, set.clone(), old_size).await
+        }
+        .map_err(stale)?;
         if let Some(new) = set.size {
             let backing = self
                 .inodes
@@ -52,6 +51,12 @@ impl Fs {
                     i.backing.clone()
                 })
                 .flatten();
+            // A file written through is as long as its PFS file.
+            if self.cache && a.through != 0 {
+                let f = self.open_through(ino, a.through).await?;
+                f.set_len(new)
+                    .map_err(|e| FsError::io("truncate of the PFS file", e))?;
+            }
             // The kernel reads a passthrough file straight from its object, so the object
             // must be as long as the file (an extension is a hole).
             if let Some(b) = backing {
@@ -88,6 +93,9 @@ impl Fs {
                 format!("inode {ino} has no name any more"),
             ));
         }
+        if self.cache && a.through != 0 {
+            self.open_through(ino, a.through).await?;
+        }
         let backing = self.backing_for(ino).await;
         if let Some(b) = &backing {
             // A file extended without writing (truncate up, on any node) has a shorter object;
@@ -112,6 +120,9 @@ impl Fs {
             return Ok(Vec::new());
         }
         let len = u64::from(size).min(file_size - offset);
+        if let Some(f) = self.through_file(ino) {
+            return super::through::read_at(f, offset, len).await;
+        }
         Ok(self.client.read(ino, offset, len).await?)
     }
 
@@ -144,9 +155,47 @@ impl Fs {
                 "write past the largest file offset",
             ));
         }
+        if self.cache {
+            return self.write_cache(ino, offset, data).await;
+        }
         let n = self.client.write(ino, offset, data).await?;
         let mask = self.client.fragments_touched(ino, offset, n);
         self.inodes.changed_data(ino, offset + n, mask, true);
+        Ok(n as u32)
+    }
+
+    /// A write to a cache instance: to the fast tier, or, once the fast tier refused one of
+    /// this file's writes for want of space, to the PFS (see `through`).
+    async fn write_cache(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<u32> {
+        {
+            let _writing = self.through_lock(ino).read().await;
+            if let Some(f) = self.through_file(ino) {
+                let n = super::through::write_at(f, offset, data).await?;
+                self.inodes.changed_data(ino, offset + n, 0, true);
+                return Ok(n as u32);
+            }
+            match self.client.write(ino, offset, data).await {
+                Ok(n) => {
+                    let mask = self.client.fragments_touched(ino, offset, n);
+                    self.inodes.changed_data(ino, offset + n, mask, true);
+                    return Ok(n as u32);
+                }
+                Err(e) if e.code() == Some(surge_proto::ErrorCode::NoSpace) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let f = match self.go_through(ino).await {
+            Ok(f) => f,
+            Err(e) => {
+                warn!("inode {ino}: the fast tier is full and writing through failed: {e}");
+                return Err(FsError::new(
+                    libc::ENOSPC,
+                    format!("the fast tier is full and writing through to the PFS failed: {e}"),
+                ));
+            }
+        };
+        let n = super::through::write_at(f, offset, data).await?;
+        self.inodes.changed_data(ino, offset + n, 0, true);
         Ok(n as u32)
     }
 
@@ -179,6 +228,37 @@ impl Fs {
             }
         };
         let size = self.inodes.size(ino);
+        if let Some(f) = self.through_file(ino) {
+            use std::os::fd::AsRawFd;
+            let bits = match mode {
+                AllocMode::Allocate => 0,
+                AllocMode::KeepSize => KEEP,
+                AllocMode::PunchHole => PUNCH,
+            };
+            // SAFETY: a valid descriptor and plain integers.
+            let r = unsafe {
+                libc::fallocate(
+                    f.as_raw_fd(),
+                    bits,
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                )
+            };
+            if r != 0 {
+                return Err(FsError::io(
+                    "fallocate of the PFS file",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            let new_end = if mode == AllocMode::Allocate {
+                end
+            } else {
+                size
+            };
+            self.inodes
+                .changed_data(ino, new_end, 0, mode == AllocMode::Allocate);
+            return Ok(());
+        }
         let end = if mode == AllocMode::Allocate {
             end
         } else {
@@ -252,6 +332,12 @@ impl Fs {
         if let Some(b) = self.inodes.backing(ino) {
             b.sync_data().map_err(|e| FsError::io("fsync", e))?;
         }
+        if let Some(f) = self.through_file(ino) {
+            tokio::task::spawn_blocking(move || f.sync_data())
+                .await
+                .map_err(|e| FsError::new(libc::EIO, format!("fsync: {e}")))?
+                .map_err(|e| FsError::io("fsync of the PFS file", e))?;
+        }
         if touched != 0 {
             if let Err(e) = self.client.sync_objects(ino, touched).await {
                 self.inodes.untake_touched(ino, touched);
@@ -261,40 +347,6 @@ impl Fs {
         self.commit(ino).await?;
         if self.client.desc.cache_fsync_pfs && self.client.desc.cache_pfs.is_some() {
             self.wait_on_pfs(ino).await?;
-        }
-        Ok(())
-    }
-
-    /// `fsync=pfs` of a cache instance: waits until the drain has copied every change
-    /// journaled so far (the commit just made included) to the PFS. Fails with EIO when the
-    /// drain makes no progress for `DRAIN_STALL` (none runs, the PFS is full or read-only):
-    /// the data is then on the fast tier only, which the application must be told.
-    async fn wait_on_pfs(&self, ino: Ino) -> FsResult<()> {
-        let first = self.client.drain_progress().await?;
-        let target = first.newest;
-        let mut oldest = first.oldest;
-        let mut moved = std::time::Instant::now();
-        let mut pause = std::time::Duration::from_millis(5);
-        let mut p = first;
-        while !p.drained_upto(target) {
-            if p.oldest != oldest {
-                oldest = p.oldest;
-                moved = std::time::Instant::now();
-            } else if moved.elapsed() > DRAIN_STALL {
-                return Err(FsError::new(
-                    libc::EIO,
-                    format!(
-                        "fsync of inode {ino}: the drain to {} made no progress for {} s \
-                         ({} change(s) pending); the file is on the fast tier only",
-                        self.client.desc.cache_pfs.as_deref().unwrap_or("the PFS"),
-                        DRAIN_STALL.as_secs(),
-                        p.pending
-                    ),
-                ));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(std::time::Duration::from_millis(100));
-            p = self.client.drain_progress().await?;
         }
         Ok(())
     }

@@ -42,6 +42,9 @@ pub(super) struct Inode {
     /// The attributes last seen from the metadata server (an immutable namespace opens with
     /// them instead of asking again).
     pub attr: Option<Attr>,
+    /// A cache file written through (the fast tier was full): its PFS file, which reads and
+    /// writes go to instead of the fast tier.
+    pub through: Option<Arc<std::fs::File>>,
 }
 
 impl Inode {
@@ -417,6 +420,7 @@ mod tests {
             ctime: t,
             change: 0,
             rdev: 0,
+            through: 0,
         }
     }
 

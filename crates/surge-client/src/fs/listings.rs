@@ -252,6 +252,7 @@ mod tests {
             ctime: Timestamp::default(),
             change,
             rdev: 0,
+            through: 0,
         }
     }
 

@@ -37,6 +37,7 @@ mod leases;
 mod listings;
 mod names;
 mod passthrough;
+mod through;
 mod xattr;
 
 use crate::error::ClientError;
@@ -160,6 +161,11 @@ pub struct Fs {
     /// number): a commit is `size = max(size, sent)`, so one computed before a truncate and
     /// arriving after it would undo the truncate.
     size_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Cache instances: writes to the fast tier hold one of these shared, a switch of the file
+    /// to writing through (striped by inode number) holds it exclusively.
+    through_locks: Vec<tokio::sync::RwLock<()>>,
+    /// A cache (`type=cache`) instance.
+    cache: bool,
     /// A read-only ldbalance replica: nothing changes it while it is mounted.
     immutable: bool,
 }
@@ -179,6 +185,7 @@ impl Fs {
     ) -> Fs {
         let creates_behind = client.desc.access_mode == "private";
         let immutable = client.desc.access_mode == "ldbalance";
+        let cache = client.desc.cache_pfs.is_some();
         Fs {
             client,
             inodes: InodeTable::default(),
@@ -193,6 +200,10 @@ impl Fs {
             size_locks: (0..SIZE_LOCKS)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
+            through_locks: (0..SIZE_LOCKS)
+                .map(|_| tokio::sync::RwLock::new(()))
+                .collect(),
+            cache,
             immutable,
         }
     }

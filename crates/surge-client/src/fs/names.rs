@@ -469,6 +469,7 @@ impl Fs {
                 ctime: now,
                 change: 0,
                 rdev: 0,
+                through: 0,
             };
             l.names.insert(name.to_vec(), (ino, FileKind::File));
             let op = BatchOp::CreateFile {

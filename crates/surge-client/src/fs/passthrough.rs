@@ -37,9 +37,12 @@ impl Fs {
         self.passthrough.set(false);
     }
 
-    /// Called by the adapter when the kernel accepted FUSE passthrough.
+    /// Called by the adapter when the kernel accepted FUSE passthrough. Not for cache
+    /// instances: their files may have to switch to writing through to the PFS mid-write (see
+    /// `through`), which needs every write to pass here.
     pub fn enable_passthrough(&self) {
-        self.passthrough.set(self.client.fragments() == 1);
+        self.passthrough
+            .set(self.client.fragments() == 1 && !self.cache);
     }
 
     /// The backing file for an open of `ino`: the one already in use on this node, or the
