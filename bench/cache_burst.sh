@@ -9,6 +9,10 @@
 # "perceived" is fio's bandwidth inside the job; "drain" is the rate at which the drain wrote
 # the PFS (bytes copied / time spent copying, from surge run's drain line); "end" is the time
 # from the job's start until everything is on the PFS (the drain starts on each file's close).
+#   full    - the same burst into a cache instance of a quarter of its size (Liu's fall-back:
+#             files switch to writing through when the tier is full); "full end" is the time
+#             until everything is on the PFS, its rate the burst over that time (the bar: no
+#             less than the PFS's own rate).
 # Sides alternate their order from run to run. Then `surge sim` (bench/sim/one_host.toml,
 # bench/sim/burst.kernel) is given the measured rates (the scratch burst as the burst buffer's
 # write bandwidth, the direct PFS write as the PFS device's) and predicts the perceived
@@ -54,11 +58,19 @@ pfs_side() {
     fio_mibs "$WORK/pfs.json"
 }
 
-job_side() { # scratch|cache -> "perceived_MiB/s job_s drain_s drain_MiB/s"
+# The burst's total in MiB (SIZE is fio's: 1G, 512M, ...).
+burst_mib() {
+    local n=${SIZE%[GgMm]} unit=${SIZE: -1}
+    case $unit in G|g) echo $((n * 1024 * NJOBS)) ;; M|m) echo $((n * NJOBS)) ;; *) echo $((SIZE / 1048576 * NJOBS)) ;; esac
+}
+
+job_side() { # scratch|cache|full -> "perceived_MiB/s job_s drain_s drain_MiB/s"
     local kind=$1 dir var
-    if [ "$kind" = cache ]; then
+    if [ "$kind" = cache ] || [ "$kind" = full ]; then
         rm -rf "$PFS/run"; mkdir -p "$PFS/run"
-        dir="type=cache access_mode=striped capacity=$((NJOBS * 2 + 1))GiB pfs=$PFS/run"
+        local cap="$((NJOBS * 2 + 1))GiB"
+        [ "$kind" = full ] && cap="$(( $(burst_mib) / 4 ))MiB"
+        dir="type=cache access_mode=striped capacity=$cap pfs=$PFS/run"
         var=DW_JOB_STRIPED_CACHE
     else
         dir="type=scratch access_mode=striped capacity=$((NJOBS * 2 + 1))GiB"
@@ -77,26 +89,31 @@ EOF
 }
 
 echo "burst: $NJOBS x $SIZE (8 MiB writes); PFS: $PFS throttled to $WMBPS MiB/s write, $RMBPS MiB/s read"
-printf '%-5s %10s %10s %10s %10s %8s %12s %12s\n' run "pfs MiB/s" "scratch" "cache" "drain" "end s" "cache/scr" "drain/pfs"
-R_PERC=() R_DRAIN=() M_PFS=() M_SCR=() M_CACHE=() M_END=()
+printf '%-5s %10s %10s %10s %10s %8s %12s %12s %10s %10s\n' run "pfs MiB/s" "scratch" "cache" "drain" "end s" "cache/scr" "drain/pfs" "full end" "full/pfs"
+R_PERC=() R_DRAIN=() R_FULL=() M_PFS=() M_SCR=() M_CACHE=() M_END=()
 for run in $(seq 1 "$RUNS"); do
     if [ $((run % 2)) -eq 1 ]; then
-        p=$(pfs_side); s=$(job_side scratch); c=$(job_side cache)
+        p=$(pfs_side); s=$(job_side scratch); c=$(job_side cache); f=$(job_side full)
     else
-        c=$(job_side cache); s=$(job_side scratch); p=$(pfs_side)
+        f=$(job_side full); c=$(job_side cache); s=$(job_side scratch); p=$(pfs_side)
     fi
     read -r s_bw _ _ <<< "$s"
     read -r c_bw c_job c_drain drain_bw <<< "$c"
+    read -r _ f_job f_drain _ <<< "$f"
+    f_end=$(awk -v a="$f_job" -v b="$f_drain" 'BEGIN { printf "%.2f", a + b }')
+    r3=$(awk -v m="$(burst_mib)" -v e="$f_end" -v p="$p" 'BEGIN { printf "%.2f", m / e / p }')
+    R_FULL+=("$r3")
     end_s=$(awk -v a="$c_job" -v b="$c_drain" 'BEGIN { printf "%.2f", a + b }')
     r1=$(awk -v a="$c_bw" -v b="$s_bw" 'BEGIN { printf "%.2f", a / b }')
     r2=$(awk -v a="$drain_bw" -v b="$p" 'BEGIN { printf "%.2f", a / b }')
     R_PERC+=("$r1"); R_DRAIN+=("$r2")
     M_PFS+=("$p"); M_SCR+=("$s_bw"); M_CACHE+=("$c_bw")
     M_END+=("$end_s")
-    printf '%-5s %10s %10s %10s %10s %8s %12s %12s\n' "$run" "$p" "$s_bw" "$c_bw" "$drain_bw" "$end_s" "$r1" "$r2"
+    printf '%-5s %10s %10s %10s %10s %8s %12s %12s %10s %10s\n' "$run" "$p" "$s_bw" "$c_bw" "$drain_bw" "$end_s" "$r1" "$r2" "$f_end" "$r3"
 done
 med() { printf '%s\n' "$@" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 echo "median: cache perceived / scratch = $(med "${R_PERC[@]}") (bar >= 0.9); drain / PFS = $(med "${R_DRAIN[@]}") (bar >= 0.9)"
+echo "median: burst into a cache of a quarter of its size, end-to-end rate / PFS = $(med "${R_FULL[@]}") (bar >= 1.0: the fall-back finishes at no less than the PFS's rate)"
 
 # The model, given this run's rates.
 pfs_m=$(med "${M_PFS[@]}"); scr_m=$(med "${M_SCR[@]}"); cache_m=$(med "${M_CACHE[@]}"); end_m=$(med "${M_END[@]}")

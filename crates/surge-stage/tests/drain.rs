@@ -339,6 +339,21 @@ fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
         let small = bytes(23, 3 << 20);
         fs.write(sfh, 0, &small, false).await.expect("small fits");
         fs.release(sfh).await.expect("close small");
+        // fio's way: the file preallocated first, larger than the room left.
+        let (pre, pfh, _) = fs
+            .create(1, b"pre", 0o644, uid, gid, libc::O_RDWR)
+            .await
+            .expect("create pre");
+        fs.fallocate(pfh, 0, 16 << 20, 0)
+            .await
+            .expect("fallocate larger than the room left");
+        let pre_body = bytes(24, 2 << 20);
+        fs.write(pfh, 1 << 20, &pre_body, false)
+            .await
+            .expect("write pre");
+        fs.release(pfh).await.expect("close pre");
+        let a = c.client.getattr(pre.ino).await.expect("getattr pre");
+        assert!(a.through != 0 && a.size == 16 << 20, "{a:?}");
         let a = c.client.getattr(big.ino).await.expect("getattr");
         assert!(a.through != 0, "the big file is marked written through");
         assert_eq!(a.size, body.len() as u64);
@@ -348,6 +363,9 @@ fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
         assert_eq!(std::fs::read(pfs.join("renamed")).unwrap(), body);
         assert!(!pfs.join("big").exists());
         assert_eq!(std::fs::read(pfs.join("small")).unwrap(), small);
+        let mut want = vec![0u8; 16 << 20];
+        want[1 << 20..3 << 20].copy_from_slice(&pre_body);
+        assert_eq!(std::fs::read(pfs.join("pre")).unwrap(), want);
         assert!(pfs.join(THROUGH_DIR).is_dir());
         clear_through(&pfs).expect("clear");
         assert!(!pfs.join(THROUGH_DIR).exists());

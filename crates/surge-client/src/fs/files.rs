@@ -229,12 +229,62 @@ impl Fs {
         };
         let size = self.inodes.size(ino);
         if let Some(f) = self.through_file(ino) {
+            return self.fallocate_through(f, ino, offset, len, mode).await;
+        }
+        let end = if mode == AllocMode::Allocate {
+            end
+        } else {
+            end.min(size)
+        };
+        if end > offset {
+            match self
+                .client
+                .allocate_objects(ino, offset, end - offset, mode)
+                .await
+            {
+                Ok(()) => {}
+                // A cache instance's full tier: the file goes to the PFS (see `through`).
+                Err(e) if self.cache && e.code() == Some(surge_proto::ErrorCode::NoSpace) => {
+                    let f = self.go_through(ino).await.map_err(|e| {
+                        FsError::new(
+                            libc::ENOSPC,
+                            format!(
+                                "the fast tier is full and writing through to the PFS failed: \
+                                 {e}"
+                            ),
+                        )
+                    })?;
+                    return self.fallocate_through(f, ino, offset, len, mode).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mask = if end > offset {
+            self.client.fragments_touched(ino, offset, end - offset)
+        } else {
+            0
+        };
+        self.inodes
+            .changed_data(ino, end, mask, mode == AllocMode::Allocate);
+        Ok(())
+    }
+
+    /// `fallocate` of a file written through: on its PFS file.
+    async fn fallocate_through(
+        &self,
+        f: std::sync::Arc<std::fs::File>,
+        ino: Ino,
+        offset: u64,
+        len: u64,
+        mode: AllocMode,
+    ) -> FsResult<()> {
+        let bits = match mode {
+            AllocMode::Allocate => 0,
+            AllocMode::KeepSize => libc::FALLOC_FL_KEEP_SIZE,
+            AllocMode::PunchHole => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        };
+        tokio::task::spawn_blocking(move || {
             use std::os::fd::AsRawFd;
-            let bits = match mode {
-                AllocMode::Allocate => 0,
-                AllocMode::KeepSize => KEEP,
-                AllocMode::PunchHole => PUNCH,
-            };
             // SAFETY: a valid descriptor and plain integers.
             let r = unsafe {
                 libc::fallocate(
@@ -245,37 +295,15 @@ impl Fs {
                 )
             };
             if r != 0 {
-                return Err(FsError::io(
-                    "fallocate of the PFS file",
-                    std::io::Error::last_os_error(),
-                ));
+                return Err(std::io::Error::last_os_error());
             }
-            let new_end = if mode == AllocMode::Allocate {
-                end
-            } else {
-                size
-            };
-            self.inodes
-                .changed_data(ino, new_end, 0, mode == AllocMode::Allocate);
-            return Ok(());
-        }
-        let end = if mode == AllocMode::Allocate {
-            end
-        } else {
-            end.min(size)
-        };
-        if end > offset {
-            self.client
-                .allocate_objects(ino, offset, end - offset, mode)
-                .await?;
-        }
-        let mask = if end > offset {
-            self.client.fragments_touched(ino, offset, end - offset)
-        } else {
-            0
-        };
+            Ok(())
+        })
+        .await
+        .map_err(|e| FsError::new(libc::EIO, format!("fallocate: {e}")))?
+        .map_err(|e| FsError::io("fallocate of the PFS file", e))?;
         self.inodes
-            .changed_data(ino, end, mask, mode == AllocMode::Allocate);
+            .changed_data(ino, offset + len, 0, mode == AllocMode::Allocate);
         Ok(())
     }
 
