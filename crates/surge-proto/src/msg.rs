@@ -671,8 +671,9 @@ pub enum DrainOp {
         to: Vec<u8>,
     },
     /// Inode `ino` (at `path`) is written through from now on: its PFS file (all its data so far
-    /// copied by earlier entries) gets the stable name `.surge-through/<ino>` in the PFS
-    /// directory, which the mounts open to read and write it while renames move its name.
+    /// copied by earlier entries) gets the stable name `.surge-through/<ino>-<seq>` in the PFS
+    /// directory (`cache_through_path`), which the mounts open to read and write it while
+    /// renames move its name.
     Through {
         ino: Ino,
         path: Vec<u8>,
@@ -683,9 +684,12 @@ pub enum DrainOp {
 /// through (`DrainOp::Through`) their stable names.
 pub const CACHE_THROUGH_DIR: &str = ".surge-through";
 
-/// The stable PFS name of written-through inode `ino` in PFS directory `root`.
-pub fn cache_through_path(root: &std::path::Path, ino: Ino) -> std::path::PathBuf {
-    root.join(CACHE_THROUGH_DIR).join(ino.to_string())
+/// The stable PFS name of inode `ino` written through from journal entry `seq` on, in PFS
+/// directory `root`. The entry's number is in the name so that a replay of the entry (after
+/// a crash of the drain) finds the name it made before and keeps it, whatever later entries
+/// did to the file's visible name.
+pub fn cache_through_path(root: &std::path::Path, ino: Ino, seq: u64) -> std::path::PathBuf {
+    root.join(CACHE_THROUGH_DIR).join(format!("{ino}-{seq}"))
 }
 
 /// How far a cache namespace's drain got (`Response::DrainBatch` without entries).

@@ -337,30 +337,23 @@ async fn apply(
             }
         }
         DrainOp::Through { ino, path } => {
-            let p = pfs_path(root, path)?;
-            let dir = root.join(THROUGH_DIR);
-            std::fs::create_dir_all(&dir).map_err(pfs_err(&dir, "cannot create"))?;
-            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
-            // Every change before this entry is applied: `p` is the file, with its data.
-            if std::fs::symlink_metadata(&p).is_err() {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&p)
-                    .map_err(pfs_err(&p, "cannot create"))?;
-            }
-            let stable = through_path(root, *ino);
-            use std::os::unix::fs::MetadataExt;
-            let same = match (std::fs::metadata(&p), std::fs::metadata(&stable)) {
-                (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-                _ => false,
-            };
-            if !same {
-                // Replayed after a crash, or left by another job's instance of this inode
-                // number.
-                ignore_missing(std::fs::remove_file(&stable))
-                    .map_err(pfs_err(&stable, "cannot remove"))?;
+            let stable = through_path(root, *ino, seq);
+            // Made by an earlier application of this very entry (a replay after a crash): it
+            // is the file, whatever later entries did to the visible name since.
+            if std::fs::symlink_metadata(&stable).is_err() {
+                let dir = root.join(THROUGH_DIR);
+                std::fs::create_dir_all(&dir).map_err(pfs_err(&dir, "cannot create"))?;
+                let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+                // Every change before this entry is applied: `p` is the file, with its data.
+                let p = pfs_path(root, path)?;
+                if std::fs::symlink_metadata(&p).is_err() {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .open(&p)
+                        .map_err(pfs_err(&p, "cannot create"))?;
+                }
                 std::fs::hard_link(&p, &stable)
                     .map_err(pfs_err(&stable, "cannot link the file written through to"))?;
             }

@@ -327,6 +327,19 @@ impl Fs {
         {
             Ok(a) => {
                 self.inodes.committed(ino, &a);
+                if self.cache && a.through != 0 && self.through_file(ino).is_none() {
+                    // Another node switched the file to the PFS (the fast tier was full) while
+                    // this one wrote to the fast tier: those writes are not on the PFS.
+                    return Err(FsError::new(
+                        libc::EIO,
+                        format!(
+                            "inode {ino}: written here on the fast tier while another node \
+                             wrote it through to the PFS (the tier was full); this node's \
+                             writes since it opened the file are lost: write a file from one \
+                             node when the instance may fill"
+                        ),
+                    ));
+                }
                 Ok(())
             }
             Err(e) => {

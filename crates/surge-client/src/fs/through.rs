@@ -89,7 +89,7 @@ impl Fs {
         };
         self.wait_drained(through, &format!("inode {ino}, written through to the PFS"))
             .await?;
-        let path = surge_proto::cache_through_path(std::path::Path::new(root), ino);
+        let path = surge_proto::cache_through_path(std::path::Path::new(root), ino, through);
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
