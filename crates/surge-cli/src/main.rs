@@ -84,6 +84,19 @@ enum InstanceSub {
         #[arg(long)]
         json: bool,
     },
+    /// Wait until a cache (type=cache) instance's changes made so far are on its PFS
+    /// directory (returns at once for other instances). In a job: `surge stage wait --drained`.
+    ///
+    /// Example: surge instance wait-drained 42 --timeout 600
+    WaitDrained {
+        /// The instance's id (`surge instance ls`).
+        id: u64,
+        /// Fail (exit 1) if the drain has not got there after this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        timeout: Option<u64>,
+        #[command(flatten)]
+        addr: surge_manager::cli::ManagerAddr,
+    },
     #[command(flatten)]
     Direct(surge_client::cli::InstanceCommand),
 }
@@ -177,6 +190,25 @@ fn main() -> ExitCode {
                     surge_manager::cli::runtime().and_then(|rt| {
                         rt.block_on(surge_manager::cli::list_instances(addr.get()?, json))
                             .map(|_| ExitCode::SUCCESS)
+                    })
+                },
+            ),
+            InstanceSub::WaitDrained { id, timeout, addr } => with_manager(
+                addr,
+                |a| a,
+                |addr| {
+                    surge_manager::cli::runtime().and_then(|rt| {
+                        rt.block_on(async {
+                            let mut m = surge_manager::cli::connect(addr.get()?).await?;
+                            surge_run::stage_cli::wait_instance_drained(
+                                &mut m,
+                                id,
+                                timeout.map(std::time::Duration::from_secs),
+                                "surge instance",
+                            )
+                            .await
+                        })
+                        .map(|_| ExitCode::SUCCESS)
                     })
                 },
             ),

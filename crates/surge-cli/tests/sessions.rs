@@ -228,6 +228,23 @@ fn a_killed_cache_job_keeps_what_was_not_drained() {
     let all = surge(&["session", "ls", "--all", "--manager", &m.grpc]);
     assert!(all.contains("drain-pending"), "{all}");
     assert!(instances(&m).contains(&inst), "{:?}", instances(&m));
+    // Nothing drains it meanwhile: a wait for it gives up, saying what is pending.
+    let waited = surge_command()
+        .args([
+            "instance",
+            "wait-drained",
+            &inst.to_string(),
+            "--timeout",
+            "1",
+        ])
+        .args(["--manager", &m.grpc])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&waited.stderr);
+    assert!(
+        !waited.status.success() && err.contains("still not on"),
+        "{err}"
+    );
     // The PFS is back: the changes the job made reach it by hand.
     std::fs::remove_file(&pfs).unwrap();
     std::fs::rename(&aside, &pfs).unwrap();
@@ -243,5 +260,21 @@ fn a_killed_cache_job_keeps_what_was_not_drained() {
     assert_eq!(
         std::fs::read_to_string(pfs.join("result")).unwrap(),
         "precious\n"
+    );
+    let waited = surge_command()
+        .args([
+            "instance",
+            "wait-drained",
+            &inst.to_string(),
+            "--timeout",
+            "5",
+        ])
+        .args(["--manager", &m.grpc])
+        .output()
+        .unwrap();
+    assert!(
+        waited.status.success(),
+        "{}",
+        String::from_utf8_lossy(&waited.stderr)
     );
 }

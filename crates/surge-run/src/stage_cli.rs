@@ -238,9 +238,9 @@ async fn start(js: &mut JobStager, direction: Direction, a: InOut) -> anyhow::Re
     })
 }
 
-/// Waits until every cache instance the job has mounted has an empty drain journal.
+/// Waits until every change made so far in every cache instance the job has mounted is on
+/// its PFS directory.
 async fn wait_drained(js: &mut JobStager) -> anyhow::Result<()> {
-    use anyhow::Context;
     let ids: std::collections::BTreeSet<u64> = js
         .nodes()
         .nodes
@@ -248,45 +248,73 @@ async fn wait_drained(js: &mut JobStager) -> anyhow::Result<()> {
         .flat_map(|n| n.mounts.iter().map(|m| m.instance))
         .collect();
     for id in ids {
-        let inst = js.instance(id).await?;
-        let desc: surge_proto::InstanceDescriptor = serde_json::from_str(&inst.descriptor_json)
-            .with_context(|| format!("instance {id}: bad descriptor"))?;
-        let Some(pfs) = desc.cache_pfs.clone() else {
-            continue;
-        };
-        let cap = js
-            .manager()
-            .get_capability(surge_api::v1::GetCapabilityRequest {
-                instance: id,
-                persistent_name: String::new(),
-                namespace: 0,
-                all_namespaces: false,
-            })
-            .await
-            .map_err(surge_manager::cli::status_err)?
-            .into_inner();
-        let client = surge_client::InstanceClient::new(
-            desc,
-            surge_core::NamespaceId(0),
-            surge_auth::Token::from_text(&cap.token)?,
-        )?;
-        let t = std::time::Instant::now();
-        let mut told = false;
-        loop {
-            let (_, pending) = client.drain_poll(0, 0).await?;
-            if pending == 0 {
-                break;
-            }
-            if !told && t.elapsed() > std::time::Duration::from_secs(1) {
-                eprintln!("surge stage: waiting for {pending} change(s) to reach {pfs}");
-                told = true;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        eprintln!(
-            "surge stage: instance {id} drained to {pfs} ({:.2} s)",
-            t.elapsed().as_secs_f64()
-        );
+        wait_instance_drained(js.manager(), id, None, "surge stage").await?;
     }
+    Ok(())
+}
+
+/// Waits until every change journaled in cache instance `id` when the wait began is on its PFS
+/// directory (later changes are not waited for, so a busy job cannot hold the caller forever);
+/// `timeout`: give up (error) after it. A scratch instance has nothing to wait for.
+pub async fn wait_instance_drained(
+    m: &mut surge_api::Client,
+    id: u64,
+    timeout: Option<std::time::Duration>,
+    who: &str,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let inst = m
+        .get_instance(surge_api::v1::GetInstanceRequest {
+            id,
+            persistent_name: String::new(),
+        })
+        .await
+        .map_err(surge_manager::cli::status_err)?
+        .into_inner();
+    let desc: surge_proto::InstanceDescriptor = serde_json::from_str(&inst.descriptor_json)
+        .with_context(|| format!("instance {id}: bad descriptor"))?;
+    let Some(pfs) = desc.cache_pfs.clone() else {
+        return Ok(());
+    };
+    let cap = m
+        .get_capability(surge_api::v1::GetCapabilityRequest {
+            instance: id,
+            persistent_name: String::new(),
+            namespace: 0,
+            all_namespaces: false,
+        })
+        .await
+        .map_err(surge_manager::cli::status_err)?
+        .into_inner();
+    let client = surge_client::InstanceClient::new(
+        desc,
+        surge_core::NamespaceId(0),
+        surge_auth::Token::from_text(&cap.token)?,
+    )?;
+    let t = std::time::Instant::now();
+    let first = client.drain_progress().await?;
+    let target = first.newest;
+    let mut told = false;
+    let mut p = first;
+    while !p.drained_upto(target) {
+        if let Some(limit) = timeout {
+            anyhow::ensure!(
+                t.elapsed() < limit,
+                "instance {id}: {} change(s) still not on {pfs} after {} s",
+                p.pending,
+                limit.as_secs()
+            );
+        }
+        if !told && t.elapsed() > std::time::Duration::from_secs(1) {
+            eprintln!("{who}: waiting for {} change(s) to reach {pfs}", p.pending);
+            told = true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        p = client.drain_progress().await?;
+    }
+    eprintln!(
+        "{who}: instance {id} drained to {pfs} ({:.2} s)",
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
