@@ -56,12 +56,28 @@ fn xfstests_tool(name: &str, test: &str) -> Option<PathBuf> {
 struct Kind {
     _cluster: Cluster,
     mount: Mount,
+    /// `cache`: the PFS directory the instance mirrors (nothing drains it here: the suites
+    /// check the mount's semantics with the journal kept).
+    _pfs: Option<Scratch>,
 }
 
 /// `striped`: 2 servers, 8 MiB stripes (DataWarp's default); `small-stripes`: 2 servers, 64 KiB
 /// stripes (a short file crosses fragments); `one-fragment`: 1 local server, kernel
-/// passthrough; `private`: 2 servers, a namespace per node, node 0 mounted.
+/// passthrough; `private`: 2 servers, a namespace per node, node 0 mounted; `cache`: 2 servers,
+/// a type=cache instance (every change journaled for the drain).
 fn mount(kind: &str) -> Kind {
+    if kind == "cache" {
+        let pfs = Scratch::new("pjd-pfs");
+        let c = cluster(2, "4GiB");
+        let dir = pfs.path().display().to_string();
+        let id = c.create_instance("2GiB", "8MiB", &["--cache-pfs", &dir]);
+        let m = Mount::new(&c, id, 0);
+        return Kind {
+            _cluster: c,
+            mount: m,
+            _pfs: Some(pfs),
+        };
+    }
     let (servers, stripe, extra): (usize, &str, &[&str]) = match kind {
         "striped" => (2, "8MiB", &[]),
         "small-stripes" => (2, "64KiB", &[]),
@@ -75,6 +91,7 @@ fn mount(kind: &str) -> Kind {
     Kind {
         _cluster: c,
         mount: m,
+        _pfs: None,
     }
 }
 
@@ -165,6 +182,11 @@ fn pjdfstest_on_private() {
     pjdfstest_on("private");
 }
 
+#[test]
+fn pjdfstest_on_cache() {
+    pjdfstest_on("cache");
+}
+
 /// Runs fsx with `args` on a file in a mount of `kind`; fails with the end of its output and
 /// the path of its operation log (replay with `fsx --replay-ops`).
 fn fsx_on(kind: &str, args: &[&str]) {
@@ -233,6 +255,11 @@ fn fsx_on_small_stripes_with_o_direct() {
         "small-stripes",
         &[&["-q", "-N", "20000", "-S", "6", "-l", "1048576"], O_DIRECT].concat(),
     );
+}
+
+#[test]
+fn fsx_on_a_cache_instance() {
+    fsx_on("cache", &["-q", "-N", "50000", "-S", "5"]);
 }
 
 #[test]
