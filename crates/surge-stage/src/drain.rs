@@ -439,20 +439,34 @@ pub async fn drain_pass_settled(
         while done < entries.len() {
             // The next entry; with it, while they copy files of other paths, the next ones
             // (independent: they are copied at once).
+            // Creates and mkdirs between them join the group: a copy makes its file's
+            // directory and renames its copy onto the name, so neither depends on them (a
+            // checkpoint's journal is "create a, data a, create b, data b": without this the
+            // two files were copied one after the other, at one writer's rate).
             let mut group = vec![&entries[done]];
             if matches!(entries[done].op, DrainOp::Data { .. }) {
+                let mut copies = 1;
                 while let Some(next) = entries.get(done + group.len()) {
-                    let DrainOp::Data { path, .. } = &next.op else {
-                        break;
-                    };
-                    if group.len() >= PARALLEL
-                        || group
-                            .iter()
-                            .any(|g| matches!(&g.op, DrainOp::Data { path: p, .. } if p == path))
-                    {
-                        break;
+                    match &next.op {
+                        DrainOp::Create { .. } | DrainOp::Mkdir { .. } => {}
+                        DrainOp::Data { path, .. } => {
+                            if copies >= PARALLEL
+                                || group.iter().any(
+                                    |g| matches!(&g.op, DrainOp::Data { path: p, .. } if p == path),
+                                )
+                            {
+                                break;
+                            }
+                            copies += 1;
+                        }
+                        _ => break,
                     }
                     group.push(next);
+                }
+                // Trailing creates wait for the next group (they may precede its copies).
+                while group.len() > 1 && !matches!(group[group.len() - 1].op, DrainOp::Data { .. })
+                {
+                    group.pop();
                 }
             }
             if let Some(s) = settle.filter(|_| group[0].seq > urgent_upto) {
@@ -470,6 +484,10 @@ pub async fn drain_pass_settled(
                 break;
             }
             let t = std::time::Instant::now();
+            debug!(
+                "drain: applying {:?}",
+                group.iter().map(|g| (g.seq, &g.op)).collect::<Vec<_>>()
+            );
             let results = futures::future::join_all(
                 group
                     .iter()
