@@ -434,6 +434,8 @@ fn a_cache_instance_mirrors_its_pfs_directory_and_drains_every_change() {
     std::fs::write(pfs.join("in/input.dat"), &input).unwrap();
     std::fs::write(pfs.join("old.txt"), "old\n").unwrap();
     std::fs::write(pfs.join("gone.txt"), "gone\n").unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let input_ino = std::fs::metadata(pfs.join("in/input.dat")).unwrap().ino();
     let script = j.script(
         "cache.sh",
         &format!(
@@ -478,6 +480,12 @@ fn a_cache_instance_mirrors_its_pfs_directory_and_drains_every_change() {
     assert_eq!(
         std::fs::read_to_string(pfs.join("old.txt")).unwrap(),
         "new\n"
+    );
+    // The fill's own writes are not drained back: an input the job only read is the same file.
+    assert_eq!(
+        std::fs::metadata(pfs.join("in/input.dat")).unwrap().ino(),
+        input_ino,
+        "the job's input was copied back to the PFS\n{t}"
     );
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(

@@ -396,7 +396,11 @@ impl Ops<'_> {
     /// Forgets the journal's entries up to `upto` (they reached the PFS).
     pub fn drain_ack(&self, upto: u64) -> MetaResult<()> {
         self.tx
-            .execute("DELETE FROM drain WHERE seq <= ?1", [upto as i64])
+            // `u64::MAX` ("everything", after a fill) must not wrap to -1.
+            .execute(
+                "DELETE FROM drain WHERE seq <= ?1",
+                [upto.min(i64::MAX as u64) as i64],
+            )
             .map_err(db_err)?;
         Ok(())
     }
@@ -1323,6 +1327,24 @@ mod tests {
 
     fn code<T: std::fmt::Debug>(r: MetaResult<T>) -> ErrorCode {
         r.unwrap_err().code
+    }
+
+    #[test]
+    fn drain_ack_of_everything_empties_the_journal() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        for name in [&b"a"[..], b"b"] {
+            ops.journal(&surge_proto::DrainOp::Create {
+                path: name.to_vec(),
+            })
+            .unwrap();
+        }
+        let (_, p) = ops.drain_poll(0, 0).unwrap();
+        assert_eq!((p.pending, p.oldest, p.newest), (2, 1, 2));
+        ops.drain_ack(u64::MAX).unwrap();
+        let (_, p) = ops.drain_poll(0, 0).unwrap();
+        assert_eq!((p.pending, p.oldest, p.newest), (0, 0, 2));
+        assert!(p.drained_upto(2));
     }
 
     #[test]
