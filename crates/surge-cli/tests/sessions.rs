@@ -229,17 +229,14 @@ fn a_killed_cache_job_keeps_what_was_not_drained() {
     assert!(all.contains("drain-pending"), "{all}");
     assert!(instances(&m).contains(&inst), "{:?}", instances(&m));
     // Nothing drains it meanwhile: a wait for it gives up, saying what is pending.
-    let waited = surge_command()
-        .args([
-            "instance",
-            "wait-drained",
-            &inst.to_string(),
-            "--timeout",
-            "1",
-        ])
-        .args(["--manager", &m.grpc])
-        .output()
-        .unwrap();
+    let wait_drained = |timeout: &str| {
+        surge_command()
+            .args(["instance", "wait-drained", &inst.to_string()])
+            .args(["--timeout", timeout, "--manager", &m.grpc])
+            .output()
+            .unwrap()
+    };
+    let waited = wait_drained("1");
     let err = String::from_utf8_lossy(&waited.stderr);
     assert!(
         !waited.status.success() && err.contains("still not on"),
@@ -261,17 +258,7 @@ fn a_killed_cache_job_keeps_what_was_not_drained() {
         std::fs::read_to_string(pfs.join("result")).unwrap(),
         "precious\n"
     );
-    let waited = surge_command()
-        .args([
-            "instance",
-            "wait-drained",
-            &inst.to_string(),
-            "--timeout",
-            "5",
-        ])
-        .args(["--manager", &m.grpc])
-        .output()
-        .unwrap();
+    let waited = wait_drained("5");
     assert!(
         waited.status.success(),
         "{}",

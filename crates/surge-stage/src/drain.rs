@@ -241,6 +241,18 @@ async fn join_write(
     })
 }
 
+/// Makes regular file `p` if it does not exist; never truncates it (a `Data` entry brings the
+/// content).
+fn create_file(p: &Path) -> Result<(), DrainError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(p)
+        .map(drop)
+        .map_err(pfs_err(p, "cannot create"))
+}
+
 /// Applies one journal entry to the PFS directory `root`.
 async fn apply(
     client: &InstanceClient,
@@ -259,13 +271,7 @@ async fn apply(
             if let Some(dir) = p.parent() {
                 std::fs::create_dir_all(dir).map_err(pfs_err(dir, "cannot create"))?;
             }
-            // Never truncates: a later `Data` brings the content.
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&p)
-                .map_err(pfs_err(&p, "cannot create"))?;
+            create_file(&p)?;
         }
         DrainOp::Symlink { path, target } => {
             let p = pfs_path(root, path)?;
@@ -347,12 +353,7 @@ async fn apply(
                 // Every change before this entry is applied: `p` is the file, with its data.
                 let p = pfs_path(root, path)?;
                 if std::fs::symlink_metadata(&p).is_err() {
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(false)
-                        .open(&p)
-                        .map_err(pfs_err(&p, "cannot create"))?;
+                    create_file(&p)?;
                 }
                 std::fs::hard_link(&p, &stable)
                     .map_err(pfs_err(&stable, "cannot link the file written through to"))?;

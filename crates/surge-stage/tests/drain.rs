@@ -15,17 +15,42 @@ use surge_stage::{execute, plan, Direction, ItemKind, Progress, StageItem, Stage
 use surge_testkit::inproc::{Cluster, Spec};
 
 async fn cache(tag: &str, pfs: &Path) -> Cluster {
+    cache_of(tag, pfs, 256 << 20, false).await
+}
+
+/// A cache instance over 2 servers of `capacity`; `fsync_pfs`: `fsync=pfs`.
+async fn cache_of(tag: &str, pfs: &Path, capacity: u64, fsync_pfs: bool) -> Cluster {
     Cluster::with(
         tag,
         &Spec {
             servers: 2,
-            capacity: 256 << 20,
+            capacity,
             stripe_size: 1 << 20,
             cache_pfs: Some(pfs.display().to_string()),
+            cache_fsync_pfs: fsync_pfs,
             ..Spec::default()
         },
     )
     .await
+}
+
+/// A background drain of `c` to `pfs` (as `surge run` runs it); set the flag to end it.
+fn start_drain(
+    c: &Cluster,
+    pfs: &Path,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<()>,
+) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let task = tokio::spawn(surge_stage::drain::drain_loop(
+        c.new_client(0),
+        pfs.to_path_buf(),
+        Arc::new(surge_stage::drain::DrainState::default()),
+        stop.clone(),
+        std::time::Duration::from_millis(50),
+    ));
+    (stop, task)
 }
 
 /// Writes the tree at `src` into the instance root (through the staging engine, as a job's
@@ -202,24 +227,12 @@ fn walk(root: &Path) -> Vec<std::path::PathBuf> {
 fn fsync_pfs_returns_once_the_file_is_on_the_pfs() {
     use std::time::{Duration, Instant};
     use surge_client::fs::Fs;
-    use surge_stage::drain::{drain_loop, DrainState};
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let scratch = surge_testkit::Scratch::new("drain-fsync");
         let pfs = scratch.path().join("pfs");
         std::fs::create_dir_all(&pfs).unwrap();
-        let c = Cluster::with(
-            "drain-fsync",
-            &Spec {
-                servers: 2,
-                capacity: 256 << 20,
-                stripe_size: 1 << 20,
-                cache_pfs: Some(pfs.display().to_string()),
-                cache_fsync_pfs: true,
-                ..Spec::default()
-            },
-        )
-        .await;
+        let c = cache_of("drain-fsync", &pfs, 256 << 20, true).await;
         let fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
         // SAFETY: geteuid/getegid have no preconditions.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -242,15 +255,7 @@ fn fsync_pfs_returns_once_the_file_is_on_the_pfs() {
         );
         assert!(!pfs.join("ckpt.0").exists());
 
-        let state = Arc::new(DrainState::default());
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let drain = tokio::spawn(drain_loop(
-            c.new_client(0),
-            pfs.clone(),
-            state.clone(),
-            stop.clone(),
-            Duration::from_millis(100),
-        ));
+        let (stop, drain) = start_drain(&c, &pfs);
         let t = Instant::now();
         fs.fsync(fh).await.expect("fsync with a drain running");
         assert_eq!(
@@ -276,32 +281,14 @@ fn fsync_pfs_returns_once_the_file_is_on_the_pfs() {
 fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
     use std::time::Duration;
     use surge_client::fs::Fs;
-    use surge_stage::drain::{clear_through, drain_loop, DrainState, THROUGH_DIR};
+    use surge_stage::drain::{clear_through, THROUGH_DIR};
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let scratch = surge_testkit::Scratch::new("drain-through");
         let pfs = scratch.path().join("pfs");
         std::fs::create_dir_all(&pfs).unwrap();
-        let c = Cluster::with(
-            "drain-through",
-            &Spec {
-                servers: 2,
-                capacity: 8 << 20,
-                stripe_size: 1 << 20,
-                cache_pfs: Some(pfs.display().to_string()),
-                ..Spec::default()
-            },
-        )
-        .await;
-        let state = Arc::new(DrainState::default());
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let drain = tokio::spawn(drain_loop(
-            c.new_client(0),
-            pfs.clone(),
-            state.clone(),
-            stop.clone(),
-            Duration::from_millis(50),
-        ));
+        let c = cache_of("drain-through", &pfs, 8 << 20, false).await;
+        let (stop, drain) = start_drain(&c, &pfs);
         let fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
         // SAFETY: geteuid/getegid have no preconditions.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
