@@ -710,7 +710,9 @@ async fn job(
                 eprintln!("surge run:   {f}");
             }
             anyhow::bail!(
-                "filling the cache from {} failed: {}; the job did not run",
+                "filling the cache from {} failed: {}; the job did not run (a type=cache \
+                 instance is filled with the whole pfs= directory before the job: its capacity= \
+                 must hold it, so point pfs= at the job's own directory)",
                 pfs.display(),
                 if done.error.is_empty() {
                     "see above".to_string()
