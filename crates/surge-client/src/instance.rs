@@ -476,6 +476,26 @@ impl InstanceClient {
         Response::Attr(a) => a);
 
     /// Removes an unlinked file's objects and forgets its inode.
+    /// Polls a cache namespace's drain (every 5 ms at first, backing off to 100 ms) until
+    /// every change journaled up to entry `target` reached the PFS. `check` sees each progress
+    /// that is not there yet and ends the wait with its error (a time limit, a stalled drain).
+    pub async fn wait_drained<E: From<ClientError>>(
+        &self,
+        target: u64,
+        mut check: impl FnMut(&surge_proto::DrainProgress) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let mut pause = std::time::Duration::from_millis(5);
+        loop {
+            let p = self.drain_progress().await?;
+            if p.drained_upto(target) {
+                return Ok(());
+            }
+            check(&p)?;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(100));
+        }
+    }
+
     pub async fn purge(&self, ino: Ino, size: u64) -> Result<()> {
         self.remove_objects(ino, size).await?;
         let req = Request::Purge {

@@ -292,26 +292,25 @@ pub async fn wait_instance_drained(
         surge_auth::Token::from_text(&cap.token)?,
     )?;
     let t = std::time::Instant::now();
-    let first = client.drain_progress().await?;
-    let target = first.newest;
+    let target = client.drain_progress().await?.newest;
     let mut told = false;
-    let mut p = first;
-    while !p.drained_upto(target) {
-        if let Some(limit) = timeout {
-            anyhow::ensure!(
-                t.elapsed() < limit,
-                "instance {id}: {} change(s) still not on {pfs} after {} s",
-                p.pending,
-                limit.as_secs()
-            );
-        }
-        if !told && t.elapsed() > std::time::Duration::from_secs(1) {
-            eprintln!("{who}: waiting for {} change(s) to reach {pfs}", p.pending);
-            told = true;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        p = client.drain_progress().await?;
-    }
+    client
+        .wait_drained(target, |p| -> anyhow::Result<()> {
+            if let Some(limit) = timeout {
+                anyhow::ensure!(
+                    t.elapsed() < limit,
+                    "instance {id}: {} change(s) still not on {pfs} after {} s",
+                    p.pending,
+                    limit.as_secs()
+                );
+            }
+            if !told && t.elapsed() > std::time::Duration::from_secs(1) {
+                eprintln!("{who}: waiting for {} change(s) to reach {pfs}", p.pending);
+                told = true;
+            }
+            Ok(())
+        })
+        .await?;
     eprintln!(
         "{who}: instance {id} drained to {pfs} ({:.2} s)",
         t.elapsed().as_secs_f64()

@@ -170,9 +170,7 @@ impl Fs {
         {
             let _writing = self.through_lock(ino).read().await;
             if let Some(f) = self.through_file(ino) {
-                let n = super::through::write_at(f, offset, data).await?;
-                self.inodes.changed_data(ino, offset + n, 0, true);
-                return Ok(n as u32);
+                return self.write_through(f, ino, offset, data).await;
             }
             match self.client.write(ino, offset, data).await {
                 Ok(n) => {
@@ -184,17 +182,24 @@ impl Fs {
                 Err(e) => return Err(e.into()),
             }
         }
-        let f = match self.go_through(ino).await {
-            Ok(f) => f,
-            Err(e) => {
-                warn!("inode {ino}: the fast tier is full and writing through failed: {e}");
-                return Err(FsError::new(
-                    libc::ENOSPC,
-                    format!("the fast tier is full and writing through to the PFS failed: {e}"),
-                ));
-            }
-        };
-        let n = super::through::write_at(f, offset, data).await?;
+        let f = self.go_through(ino).await?;
+        self.write_through(f, ino, offset, data).await
+    }
+
+    /// A write of a file written through: to its PFS file.
+    async fn write_through(
+        &self,
+        f: std::sync::Arc<std::fs::File>,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<u32> {
+        let data = data.to_vec();
+        let n = super::through::on_pfs("write to the PFS", move || {
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&data, offset).map(|()| data.len() as u64)
+        })
+        .await?;
         self.inodes.changed_data(ino, offset + n, 0, true);
         Ok(n as u32)
     }
@@ -216,6 +221,7 @@ impl Fs {
         }
         const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let bits = mode;
         let mode = match mode {
             0 => AllocMode::Allocate,
             KEEP => AllocMode::KeepSize,
@@ -228,8 +234,11 @@ impl Fs {
             }
         };
         let size = self.inodes.size(ino);
+        let grows = mode == AllocMode::Allocate;
         if let Some(f) = self.through_file(ino) {
-            return self.fallocate_through(f, ino, offset, len, mode).await;
+            return self
+                .fallocate_through(f, ino, offset, len, bits, grows)
+                .await;
         }
         let end = if mode == AllocMode::Allocate {
             end
@@ -245,16 +254,10 @@ impl Fs {
                 Ok(()) => {}
                 // A cache instance's full tier: the file goes to the PFS (see `through`).
                 Err(e) if self.cache && e.code() == Some(surge_proto::ErrorCode::NoSpace) => {
-                    let f = self.go_through(ino).await.map_err(|e| {
-                        FsError::new(
-                            libc::ENOSPC,
-                            format!(
-                                "the fast tier is full and writing through to the PFS failed: \
-                                 {e}"
-                            ),
-                        )
-                    })?;
-                    return self.fallocate_through(f, ino, offset, len, mode).await;
+                    let f = self.go_through(ino).await?;
+                    return self
+                        .fallocate_through(f, ino, offset, len, bits, grows)
+                        .await;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -264,26 +267,21 @@ impl Fs {
         } else {
             0
         };
-        self.inodes
-            .changed_data(ino, end, mask, mode == AllocMode::Allocate);
+        self.inodes.changed_data(ino, end, mask, grows);
         Ok(())
     }
 
-    /// `fallocate` of a file written through: on its PFS file.
+    /// `fallocate` of a file written through: on its PFS file (`bits`: the call's mode).
     async fn fallocate_through(
         &self,
         f: std::sync::Arc<std::fs::File>,
         ino: Ino,
         offset: u64,
         len: u64,
-        mode: AllocMode,
+        bits: i32,
+        grows: bool,
     ) -> FsResult<()> {
-        let bits = match mode {
-            AllocMode::Allocate => 0,
-            AllocMode::KeepSize => libc::FALLOC_FL_KEEP_SIZE,
-            AllocMode::PunchHole => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-        };
-        tokio::task::spawn_blocking(move || {
+        super::through::on_pfs("fallocate of the PFS file", move || {
             use std::os::fd::AsRawFd;
             // SAFETY: a valid descriptor and plain integers.
             let r = unsafe {
@@ -299,11 +297,8 @@ impl Fs {
             }
             Ok(())
         })
-        .await
-        .map_err(|e| FsError::new(libc::EIO, format!("fallocate: {e}")))?
-        .map_err(|e| FsError::io("fallocate of the PFS file", e))?;
-        self.inodes
-            .changed_data(ino, offset + len, 0, mode == AllocMode::Allocate);
+        .await?;
+        self.inodes.changed_data(ino, offset + len, 0, grows);
         Ok(())
     }
 
@@ -374,10 +369,7 @@ impl Fs {
             b.sync_data().map_err(|e| FsError::io("fsync", e))?;
         }
         if let Some(f) = self.through_file(ino) {
-            tokio::task::spawn_blocking(move || f.sync_data())
-                .await
-                .map_err(|e| FsError::new(libc::EIO, format!("fsync: {e}")))?
-                .map_err(|e| FsError::io("fsync of the PFS file", e))?;
+            super::through::on_pfs("fsync of the PFS file", move || f.sync_data()).await?;
         }
         if touched != 0 {
             if let Err(e) = self.client.sync_objects(ino, touched).await {
@@ -386,7 +378,7 @@ impl Fs {
             }
         }
         self.commit(ino).await?;
-        if self.client.desc.cache_fsync_pfs && self.client.desc.cache_pfs.is_some() {
+        if self.cache && self.client.desc.cache_fsync_pfs {
             self.wait_on_pfs(ino).await?;
         }
         Ok(())

@@ -2,7 +2,8 @@
 //! through. A write the servers refuse for want of space switches its file to the PFS: what
 //! the file holds so far is drained there first (the drain replays every change before the
 //! switch, this file's data included), the drain gives the PFS file a stable name
-//! (`CACHE_THROUGH_DIR/<ino>`, so renames journaled later do not move it under the mount), the
+//! (`cache_through_path`: `CACHE_THROUGH_DIR/<ino>-<entry>`, so renames journaled later do not
+//! move it under the mount), the
 //! fast tier's copy is removed (its space goes to the other files) and from then on this
 //! file's reads, writes, truncates and syncs go to the PFS file. The metadata server keeps the
 //! file's attributes as for any other file and journals only attribute changes for it.
@@ -36,16 +37,19 @@ impl Fs {
     /// Waits until every change journaled up to entry `target` is on the PFS. `what` names
     /// the waiter in the error when the drain stops making progress for [`DRAIN_STALL`].
     pub(super) async fn wait_drained(&self, target: u64, what: &str) -> FsResult<()> {
-        let mut p = self.client.drain_progress().await?;
-        let mut oldest = p.oldest;
+        let mut oldest = None;
         let mut moved = Instant::now();
-        let mut pause = Duration::from_millis(5);
-        while !p.drained_upto(target) {
-            if p.oldest != oldest {
-                oldest = p.oldest;
-                moved = Instant::now();
-            } else if moved.elapsed() > DRAIN_STALL {
-                return Err(FsError::new(
+        self.client
+            .wait_drained(target, |p| {
+                if oldest != Some(p.oldest) {
+                    oldest = Some(p.oldest);
+                    moved = Instant::now();
+                    return Ok(());
+                }
+                if moved.elapsed() <= DRAIN_STALL {
+                    return Ok(());
+                }
+                Err(FsError::new(
                     libc::EIO,
                     format!(
                         "{what}: the drain to {} made no progress for {} s ({} change(s) \
@@ -54,13 +58,9 @@ impl Fs {
                         DRAIN_STALL.as_secs(),
                         p.pending
                     ),
-                ));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(100));
-            p = self.client.drain_progress().await?;
-        }
-        Ok(())
+                ))
+            })
+            .await
     }
 
     /// `fsync=pfs`: waits until everything journaled so far (the commit just made included)
@@ -101,9 +101,20 @@ impl Fs {
             .with_entry(ino, |i| i.through.get_or_insert(f).clone()))
     }
 
-    /// The fast tier refused a write of `ino` for want of space: from now on the file is
-    /// written through to the PFS. Returns its PFS file.
+    /// The fast tier refused a write (or `fallocate`) of `ino` for want of space: from now on
+    /// the file is written through to the PFS. Returns its PFS file; a switch that fails is
+    /// the ENOSPC the caller would have had, with the reason.
     pub(super) async fn go_through(&self, ino: Ino) -> FsResult<Arc<std::fs::File>> {
+        self.switch_through(ino).await.map_err(|e| {
+            warn!("inode {ino}: the fast tier is full and writing through failed: {e}");
+            FsError::new(
+                libc::ENOSPC,
+                format!("the fast tier is full and writing through to the PFS failed: {e}"),
+            )
+        })
+    }
+
+    async fn switch_through(&self, ino: Ino) -> FsResult<Arc<std::fs::File>> {
         let _switch = self.through_lock(ino).write().await;
         if let Some(f) = self.through_file(ino) {
             return Ok(f);
@@ -129,21 +140,21 @@ impl Fs {
     }
 }
 
-/// `pwrite` of all of `data` at `offset` in `f`, off the async threads (the PFS is slow).
-pub(super) async fn write_at(f: Arc<std::fs::File>, offset: u64, data: &[u8]) -> FsResult<u64> {
-    let data = data.to_vec();
-    tokio::task::spawn_blocking(move || {
-        use std::os::unix::fs::FileExt;
-        f.write_all_at(&data, offset).map(|()| data.len() as u64)
-    })
-    .await
-    .map_err(|e| FsError::new(libc::EIO, format!("write to the PFS: {e}")))?
-    .map_err(|e| FsError::io("write to the PFS", e))
+/// Runs `op` (I/O on a PFS file) off the async threads: the PFS is slow. `what` names it in
+/// the error.
+pub(super) async fn on_pfs<T: Send + 'static>(
+    what: &str,
+    op: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> FsResult<T> {
+    tokio::task::spawn_blocking(op)
+        .await
+        .map_err(|e| FsError::new(libc::EIO, format!("{what}: {e}")))?
+        .map_err(|e| FsError::io(what, e))
 }
 
 /// `pread` of up to `len` bytes at `offset` of `f` (short only at the end of the file).
 pub(super) async fn read_at(f: Arc<std::fs::File>, offset: u64, len: u64) -> FsResult<Vec<u8>> {
-    tokio::task::spawn_blocking(move || {
+    on_pfs("read from the PFS", move || {
         use std::os::unix::fs::FileExt;
         let mut buf = vec![0u8; len as usize];
         let mut got = 0;
@@ -159,6 +170,4 @@ pub(super) async fn read_at(f: Arc<std::fs::File>, offset: u64, len: u64) -> FsR
         Ok(buf)
     })
     .await
-    .map_err(|e| FsError::new(libc::EIO, format!("read from the PFS: {e}")))?
-    .map_err(|e| FsError::io("read from the PFS", e))
 }
