@@ -263,19 +263,7 @@ pub async fn wait_instance_drained(
     who: &str,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
-    let inst = m
-        .get_instance(surge_api::v1::GetInstanceRequest {
-            id,
-            persistent_name: String::new(),
-        })
-        .await
-        .map_err(surge_manager::cli::status_err)?
-        .into_inner();
-    let desc: surge_proto::InstanceDescriptor = serde_json::from_str(&inst.descriptor_json)
-        .with_context(|| format!("instance {id}: bad descriptor"))?;
-    let Some(pfs) = desc.cache_pfs.clone() else {
-        return Ok(());
-    };
+    // The capability comes with the instance's descriptor.
     let cap = m
         .get_capability(surge_api::v1::GetCapabilityRequest {
             instance: id,
@@ -286,6 +274,11 @@ pub async fn wait_instance_drained(
         .await
         .map_err(surge_manager::cli::status_err)?
         .into_inner();
+    let desc: surge_proto::InstanceDescriptor = serde_json::from_str(&cap.descriptor_json)
+        .with_context(|| format!("instance {id}: bad descriptor"))?;
+    let Some(pfs) = desc.cache_pfs.clone() else {
+        return Ok(());
+    };
     let client = surge_client::InstanceClient::new(
         desc,
         surge_core::NamespaceId(0),
