@@ -1071,3 +1071,119 @@ fn surge_run_uses_a_configured_manager_and_its_servers() {
         },
     );
 }
+
+/// The lazy fill of `type=cache`: the fill copies nothing (the job's first read of a PFS file
+/// goes to the PFS and copies the file into the tier behind it, after which reads come from
+/// the tier), a file the job only reads stays the same PFS file, and files changed in place
+/// (appended to, overwritten in the middle, truncated) are on the PFS exactly as changed
+/// after the job; a second node reads the same bytes.
+#[test]
+fn a_cache_reads_pfs_files_lazily_and_copies_them_in_before_a_change() {
+    if skip_without_fuse("a_cache_reads_pfs_files_lazily_and_copies_them_in_before_a_change") {
+        return;
+    }
+    let j = Job::new("lazy");
+    let path = format!(
+        "{}:{}",
+        Path::new(SURGE).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(pfs.join("sub")).unwrap();
+    let big: Vec<u8> = (0..24_000_000u64)
+        .map(|i| ((i * 2654435761) >> 11) as u8)
+        .collect();
+    std::fs::write(pfs.join("sub/big.dat"), &big).unwrap();
+    std::fs::write(pfs.join("app.log"), "line 1\n").unwrap();
+    std::fs::write(pfs.join("middle.txt"), "aaaaaaaaaa").unwrap();
+    std::fs::write(pfs.join("cut.txt"), "0123456789").unwrap();
+    std::os::unix::fs::symlink("sub/big.dat", pfs.join("link")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let big_ino = std::fs::metadata(pfs.join("sub/big.dat")).unwrap().ino();
+    let script = j.script(
+        "lazy.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=256MiB pfs={p}\nset -e\n\
+             c=$DW_JOB_STRIPED_CACHE\n\
+             used() {{ df --output=used -B1 $c | tail -1; }}\n\
+             before=$(used)\n\
+             cmp $c/link {p}/sub/big.dat\n\
+             for i in $(seq 100); do [ $(( $(used) - before )) -ge 24000000 ] && break; sleep 0.1; done\n\
+             [ $(( $(used) - before )) -ge 24000000 ] || {{ echo \"not copied into the tier: $before -> $(used)\"; exit 1; }}\n\
+             cmp $c/sub/big.dat {p}/sub/big.dat\n\
+             surge exec --node 1 -- cmp $c/sub/big.dat {p}/sub/big.dat\n\
+             echo 'line 2' >> $c/app.log\n\
+             printf XY | dd of=$c/middle.txt bs=1 seek=4 conv=notrunc status=none\n\
+             truncate -s 4 $c/cut.txt\n\
+             test \"$(cat $c/app.log)\" = \"$(printf 'line 1\\nline 2')\"\n\
+             test \"$(cat $c/middle.txt)\" = aaaaXYaaaa\n\
+             test \"$(cat $c/cut.txt)\" = 0123\n",
+            p = pfs.display()
+        ),
+    );
+    let out = j
+        .command()
+        .env("PATH", &path)
+        .args(["run", "--nodes", "2"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("4 files (22.89 MiB) read from the PFS until copied into the tier on first read, 0 copied now"),
+        "{t}"
+    );
+    assert_eq!(std::fs::read(pfs.join("sub/big.dat")).unwrap(), big);
+    assert_eq!(
+        std::fs::metadata(pfs.join("sub/big.dat")).unwrap().ino(),
+        big_ino,
+        "a file the job only read was copied back\n{t}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(pfs.join("app.log")).unwrap(),
+        "line 1\nline 2\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(pfs.join("middle.txt")).unwrap(),
+        "aaaaXYaaaa"
+    );
+    assert_eq!(std::fs::read_to_string(pfs.join("cut.txt")).unwrap(), "0123");
+    assert!(!pfs.join(".surge-through").exists());
+}
+
+/// A PFS file larger than the whole cache instance: read from the PFS (the copy into the tier
+/// finds the tier full and gives up), and appending to it writes it through to the PFS file
+/// in place (Liu's fall-back), byte-exact after the job.
+#[test]
+fn a_pfs_file_larger_than_the_cache_is_read_and_appended_on_the_pfs() {
+    if skip_without_fuse("a_pfs_file_larger_than_the_cache_is_read_and_appended_on_the_pfs") {
+        return;
+    }
+    let j = Job::new("lazyfull");
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let mut data: Vec<u8> = (0..100u64 << 20)
+        .map(|i| ((i * 2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(pfs.join("huge"), &data).unwrap();
+    let script = j.script(
+        "full.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=64MiB pfs={p}\nset -e\n\
+             c=$DW_JOB_STRIPED_CACHE\n\
+             cmp $c/huge {p}/huge\n\
+             echo tail >> $c/huge\n\
+             tail -c 5 $c/huge | grep -q tail\n",
+            p = pfs.display()
+        ),
+    );
+    let out = j.command().args(["run"]).arg(&script).output().unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    data.extend_from_slice(b"tail\n");
+    assert!(
+        std::fs::read(pfs.join("huge")).unwrap() == data,
+        "the PFS file differs from what the job wrote\n{t}"
+    );
+}

@@ -409,6 +409,13 @@ impl InstanceClient {
         Response::Through { seq } => seq);
 
     metadata_call!(
+        /// Cache namespaces: one step of the lazy fill of file `ino`
+        /// (`surge_proto::FillStep`); the file's `through` after it.
+        cache_fill(this, ino: Ino, step: surge_proto::FillStep) -> u64,
+        Request::CacheFill { instance: this.instance(), ns: this.ns, ino, step },
+        Response::Fill { through } => through);
+
+    metadata_call!(
         /// How far a cache namespace's drain got: the oldest pending journal entry (0: none),
         /// the newest entry ever journaled, and how many are pending. Takes nothing.
         drain_progress(this) -> surge_proto::DrainProgress,

@@ -628,7 +628,48 @@ pub enum Request {
         ns: NamespaceId,
         upto: u64,
     },
+    /// A cache namespace's lazy fill (see [`THROUGH_FILL`]): one step for file `ino`
+    /// (`Response::Fill` with the file's `through` after the step).
+    CacheFill {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        step: FillStep,
+    },
 }
+
+/// A step of the lazy fill of a cache namespace's file (`Request::CacheFill`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FillStep {
+    /// The fill before the job made `ino` (an empty regular file) for a PFS file of `size`
+    /// bytes, linked under its fill name: record the size and times and mark it
+    /// [`THROUGH_FILL`]. Journals nothing (the PFS has it).
+    Mark {
+        size: u64,
+        atime: Timestamp,
+        mtime: Timestamp,
+    },
+    /// This session copies the file into the fast tier (renewed by asking again): `Busy`
+    /// while another session holds an unexpired claim; no claim is taken when the file is no
+    /// longer `THROUGH_FILL` (the reply says what it is).
+    Claim,
+    /// This session copied the whole file into the fast tier: the file leaves the PFS
+    /// (`through` 0) unless it is no longer `THROUGH_FILL`. `Busy` while another session
+    /// holds the claim.
+    Done,
+    /// This session gives its claim up (the file stays on the PFS).
+    Release,
+}
+
+/// `Attr.through` of a cache file made by the lazy fill and not yet copied into the fast
+/// tier: its data is on the PFS, clean, and reads go to its fill name
+/// ([`cache_through_path`]: `.surge-through/<ino>-fill`). The first write, truncate or
+/// `fallocate` copies it into the fast tier first (`FillStep::Done` makes `through` 0), or
+/// makes it [`THROUGH_FILL_KEPT`] when the tier is full.
+pub const THROUGH_FILL: u64 = u64::MAX;
+/// `Attr.through` of a file made by the lazy fill that the full fast tier could not take: it
+/// is written through to its fill name from then on (as a file switched by `CacheThrough`).
+pub const THROUGH_FILL_KEPT: u64 = u64::MAX - 1;
 
 /// One change of a cache namespace, in the order it was made, for the drain to replay on the
 /// PFS. Paths are relative to the namespace's root (and the PFS directory it mirrors), as they
@@ -688,7 +729,11 @@ pub const CACHE_THROUGH_DIR: &str = ".surge-through";
 /// directory `root`. The entry's number is in the name so that a replay of the entry (after
 /// a crash of the drain) finds the name it made before and keeps it, whatever later entries
 /// did to the file's visible name.
+/// Files of the lazy fill ([`THROUGH_FILL`], [`THROUGH_FILL_KEPT`]) are `<ino>-fill`.
 pub fn cache_through_path(root: &std::path::Path, ino: Ino, seq: u64) -> std::path::PathBuf {
+    if seq >= THROUGH_FILL_KEPT {
+        return root.join(CACHE_THROUGH_DIR).join(format!("{ino}-fill"));
+    }
     root.join(CACHE_THROUGH_DIR).join(format!("{ino}-{seq}"))
 }
 
@@ -868,6 +913,10 @@ pub enum Response {
     Through {
         seq: u64,
     },
+    /// Reply to `CacheFill`: the file's `through` after the step.
+    Fill {
+        through: u64,
+    },
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -1014,6 +1063,7 @@ impl Request {
             Request::DrainPoll { .. } => 54,
             Request::DrainAck { .. } => 55,
             Request::CacheThrough { .. } => 56,
+            Request::CacheFill { .. } => 57,
             Request::Authenticate { .. } => 7,
         }
     }
@@ -1067,6 +1117,7 @@ impl Request {
             Request::DrainPoll { .. } => "DrainPoll",
             Request::DrainAck { .. } => "DrainAck",
             Request::CacheThrough { .. } => "CacheThrough",
+            Request::CacheFill { .. } => "CacheFill",
         }
     }
 
@@ -1097,6 +1148,7 @@ impl Request {
             | Request::DrainPoll { instance, ns, .. }
             | Request::DrainAck { instance, ns, .. }
             | Request::CacheThrough { instance, ns, .. }
+            | Request::CacheFill { instance, ns, .. }
             | Request::NamespaceStats { instance, ns } => Some((*instance, *ns)),
             _ => None,
         }

@@ -674,54 +674,31 @@ async fn job(
         })?;
         // What a job killed before its drain ended left (extra links, see THROUGH_DIR).
         surge_stage::drain::clear_through(&pfs)?;
-        let items = vec![surge_stage::StageItem {
-            kind: surge_stage::ItemKind::Directory,
-            pfs: pfs.clone(),
-            instance_path: "/".into(),
-        }];
-        let done = crate::bb::stage_once_in(
-            &mut c,
-            session.id,
-            u.id,
-            0,
-            "in",
-            serde_json::to_string(&items)?,
-            "data_in",
-            ctx.args.quiet,
-            || interrupted(ctx.sig),
-        )
-        .await?;
-        let ok = done.state == "done";
-        rep.phase(
-            "fill",
-            format!(
-                "{} from {}: {} files, {}{}",
+        let client = InstanceClient::new(u.desc.clone(), NamespaceId(0), u.token.clone())?;
+        let filled = surge_stage::fill::fill_lazy(&client, &pfs, || interrupted(ctx.sig)).await;
+        let ok = filled.is_ok();
+        let detail = match &filled {
+            Ok(f) => format!(
+                "{} from {}: {} files ({}) read from the PFS until copied into the tier on \
+                 first read, {} copied now ({}), {} directories",
                 u.var,
                 pfs.display(),
-                done.files_done,
-                format_bytes(done.bytes_done),
-                rate(done.bytes_done, done.seconds)
+                f.lazy_files,
+                format_bytes(f.lazy_bytes),
+                f.copied_files,
+                format_bytes(f.copied_bytes),
+                f.dirs
             ),
-            t,
-            ok,
-        );
-        if !ok {
-            for f in failure_lines(&done.failures_json) {
-                eprintln!("surge run:   {f}");
-            }
+            Err(e) => format!("{} from {}: {e}", u.var, pfs.display()),
+        };
+        rep.phase("fill", detail, t, ok);
+        if let Err(e) = filled {
             anyhow::bail!(
-                "filling the cache from {} failed: {}; the job did not run (a type=cache \
-                 instance is filled with the whole pfs= directory before the job: its capacity= \
-                 must hold it, so point pfs= at the job's own directory)",
-                pfs.display(),
-                if done.error.is_empty() {
-                    "see above".to_string()
-                } else {
-                    done.error.clone()
-                }
+                "filling the cache from {} failed: {e}; the job did not run",
+                pfs.display()
             );
         }
-        InstanceClient::new(u.desc.clone(), NamespaceId(0), u.token.clone())?
+        client
             .drain_ack(u64::MAX)
             .await
             .context("cannot clear the cache's journal after the fill")?;

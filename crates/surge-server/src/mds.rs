@@ -32,7 +32,14 @@ pub struct Namespace {
     reserve: crate::reserve::Reserve,
     /// A write-behind cache namespace: every change is journaled for the drain.
     journal: bool,
+    /// Lazy fills in progress (see [`surge_proto::FillStep::Claim`]): file -> (session, when
+    /// claimed or renewed). Taken after `conn`.
+    fills: Mutex<HashMap<Ino, (u32, Instant)>>,
 }
+
+/// A fill claim not renewed for this long is void (its holder died or hung): another session
+/// may fill the file.
+const FILL_CLAIM: Duration = Duration::from_secs(20);
 
 /// A session's leases last while it waits for recalls, or did so this recently.
 const LEASE_IDLE: Duration = Duration::from_secs(3);
@@ -140,6 +147,7 @@ impl Namespace {
             lease_change: Condvar::new(),
             reserve: crate::reserve::Reserve::open(dir),
             journal,
+            fills: Mutex::new(HashMap::new()),
         })
     }
 
@@ -187,6 +195,9 @@ impl Namespace {
                         ),
                     ));
                 }
+                if let Request::CacheFill { ino, step, .. } = req {
+                    return self.fill(conn, session, ino, step, &req);
+                }
                 return self.execute(conn, &req);
             }
             drop(guard);
@@ -203,6 +214,52 @@ impl Namespace {
             }
             self.recall_and_wait(&blocked);
         }
+    }
+
+    /// A lazy-fill step of `session` (see [`surge_proto::FillStep`]): claims are kept here,
+    /// the file's state in the store.
+    fn fill(
+        &self,
+        conn: &mut Connection,
+        session: u32,
+        ino: Ino,
+        step: surge_proto::FillStep,
+        req: &Request,
+    ) -> Response {
+        use surge_proto::FillStep;
+        let now = Instant::now();
+        if matches!(step, FillStep::Claim | FillStep::Done) {
+            let fills = self.fills.lock();
+            if let Some(&(holder, at)) = fills.get(&ino) {
+                if holder != session && now.duration_since(at) < FILL_CLAIM {
+                    return Response::Error(ErrorReply::new(
+                        ErrorCode::Busy,
+                        format!(
+                            "inode {ino} is being copied from the PFS into the fast tier by \
+                             another mount (session {holder:#x})"
+                        ),
+                    ));
+                }
+            }
+        }
+        let reply = self.execute(conn, req);
+        let mut fills = self.fills.lock();
+        match (&reply, step) {
+            (Response::Fill { through }, FillStep::Claim)
+                if *through == surge_proto::THROUGH_FILL =>
+            {
+                fills.insert(ino, (session, now));
+            }
+            (Response::Fill { .. }, FillStep::Mark { .. }) | (Response::Error(_), _) => {}
+            _ => {
+                if fills.get(&ino).is_some_and(|&(h, _)| h == session) || step == FillStep::Claim
+                {
+                    fills.remove(&ino);
+                }
+            }
+        }
+        fills.retain(|_, (_, at)| now.duration_since(*at) < FILL_CLAIM);
+        reply
     }
 
     /// Grants the lease of `dir` to `session` if nobody changed the directory since the
@@ -526,7 +583,10 @@ fn journal_after(
 fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Response, ErrorReply> {
     match (req, journal) {
         (
-            Request::DrainPoll { .. } | Request::DrainAck { .. } | Request::CacheThrough { .. },
+            Request::DrainPoll { .. }
+            | Request::DrainAck { .. }
+            | Request::CacheThrough { .. }
+            | Request::CacheFill { .. },
             false,
         ) => Err(ErrorReply::new(
             ErrorCode::Invalid,
@@ -543,6 +603,9 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
         }
         (Request::CacheThrough { ino, .. }, true) => Ok(Response::Through {
             seq: ops.cache_through(*ino)?,
+        }),
+        (Request::CacheFill { ino, step, .. }, true) => Ok(Response::Fill {
+            through: ops.cache_fill(*ino, *step)?,
         }),
         (Request::DrainAck { upto, .. }, true) => {
             ops.drain_ack(*upto)?;

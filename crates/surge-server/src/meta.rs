@@ -317,6 +317,12 @@ impl Ops<'_> {
                 format!("inode {ino} is not a regular file: only files are written through"),
             ));
         }
+        if a.through == surge_proto::THROUGH_FILL {
+            // Made by the lazy fill and not copied into the tier: its PFS file (under its
+            // fill name) is the file from now on; nothing to drain first.
+            self.set_through(ino, surge_proto::THROUGH_FILL_KEPT)?;
+            return Ok(surge_proto::THROUGH_FILL_KEPT);
+        }
         if a.through != 0 {
             return Ok(a.through);
         }
@@ -330,12 +336,60 @@ impl Ops<'_> {
             ));
         };
         self.journal(&surge_proto::DrainOp::Through { ino, path })?;
-        let seq = self.tx.last_insert_rowid();
+        let seq = self.tx.last_insert_rowid() as u64;
+        self.set_through(ino, seq)?;
+        Ok(seq)
+    }
+
+    fn set_through(&self, ino: Ino, through: u64) -> MetaResult<()> {
         self.tx
             .prepare_cached("UPDATE inodes SET through = ?2 WHERE ino = ?1")
-            .and_then(|mut st| st.execute(params![ino as i64, seq]))
+            .and_then(|mut st| st.execute(params![ino as i64, through as i64]))
             .map_err(db_err)?;
-        Ok(seq as u64)
+        Ok(())
+    }
+
+    /// One step of the lazy fill of cache file `ino` (see `surge_proto::FillStep`; claims
+    /// are the metadata server's, in memory): returns the file's `through` after it.
+    pub fn cache_fill(&self, ino: Ino, step: surge_proto::FillStep) -> MetaResult<u64> {
+        use surge_proto::{FillStep, THROUGH_FILL};
+        let a = self.getattr(ino)?;
+        match step {
+            FillStep::Mark { size, atime, mtime } => {
+                if a.kind != FileKind::File || a.size != 0 || a.through != 0 {
+                    return Err(err(
+                        ErrorCode::Invalid,
+                        format!(
+                            "inode {ino}: only an empty regular file on the fast tier is marked \
+                             as filled lazily from the PFS"
+                        ),
+                    ));
+                }
+                self.tx
+                    .prepare_cached(
+                        "UPDATE inodes SET size = ?2, atime_s = ?3, atime_ns = ?4, mtime_s = ?5,
+                            mtime_ns = ?6, through = ?7 WHERE ino = ?1",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![
+                            ino as i64,
+                            size.min(i64::MAX as u64) as i64,
+                            atime.secs,
+                            i64::from(atime.nsec),
+                            mtime.secs,
+                            i64::from(mtime.nsec),
+                            THROUGH_FILL as i64
+                        ])
+                    })
+                    .map_err(db_err)?;
+                Ok(THROUGH_FILL)
+            }
+            FillStep::Done if a.through == THROUGH_FILL => {
+                self.set_through(ino, 0)?;
+                Ok(0)
+            }
+            FillStep::Claim | FillStep::Done | FillStep::Release => Ok(a.through),
+        }
     }
 
     /// Up to `max` journal entries after `after`, and how far the drain got.

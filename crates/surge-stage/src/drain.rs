@@ -70,7 +70,7 @@ fn pfs_path(root: &Path, rel: &[u8]) -> Result<PathBuf, DrainError> {
     Ok(root.join(p))
 }
 
-fn pfs_err<'a>(
+pub(crate) fn pfs_err<'a>(
     path: &'a Path,
     what: &'static str,
 ) -> impl FnOnce(std::io::Error) -> DrainError + 'a {
@@ -153,7 +153,8 @@ async fn copy_file(
     }
     // Journaled after the file went through to the PFS: its data is there already (and no
     // longer on the fast tier). The mount waited for every entry before the switch.
-    if attr.through != 0 && seq > attr.through {
+    // Made by the lazy fill and still (or for good) on the PFS: the PFS holds its data.
+    if attr.through >= surge_proto::THROUGH_FILL_KEPT || (attr.through != 0 && seq > attr.through) {
         return Ok(0);
     }
     if let Ok(m) = std::fs::symlink_metadata(dst) {

@@ -24,6 +24,7 @@
 pub mod cli;
 mod copy;
 pub mod drain;
+pub mod fill;
 pub mod merge;
 mod names;
 pub mod ns;

@@ -14,6 +14,16 @@ impl Fs {
         // A directory's mode (setgid) and owner are copied into files made behind.
         self.listings.drop_dir(ino);
         self.barrier().await?;
+        if let (true, Some(new)) = (self.cache, set.size) {
+            // A file the lazy fill made moves to the fast tier before its size changes.
+            if self.fill_of(ino).is_none() {
+                let a = self.client.getattr(ino).await.map_err(stale)?;
+                if a.through == surge_proto::THROUGH_FILL {
+                    self.open_fill(ino, a.size)?;
+                }
+            }
+            self.settle_fill(ino, new).await?;
+        }
         let mut set = set;
         // No commit of this inode may be in flight while its size changes.
         let _size = match set.size {
@@ -93,8 +103,16 @@ impl Fs {
                 format!("inode {ino} has no name any more"),
             ));
         }
-        if self.cache && a.through != 0 {
-            self.open_through(ino, a.through).await?;
+        if self.cache {
+            match a.through {
+                0 => self.forget_fill(ino),
+                surge_proto::THROUGH_FILL => {
+                    self.open_fill(ino, a.size)?;
+                }
+                through => {
+                    self.open_through(ino, through).await?;
+                }
+            }
         }
         let backing = self.backing_for(ino).await;
         if let Some(b) = &backing {
@@ -122,6 +140,9 @@ impl Fs {
         let len = u64::from(size).min(file_size - offset);
         if let Some(f) = self.through_file(ino) {
             return super::through::read_at(f, offset, len).await;
+        }
+        if let Some(fill) = self.fill_of(ino) {
+            return self.read_fill(ino, fill, offset, len).await;
         }
         Ok(self.client.read(ino, offset, len).await?)
     }
@@ -167,6 +188,7 @@ impl Fs {
     /// A write to a cache instance: to the fast tier, or, once the fast tier refused one of
     /// this file's writes for want of space, to the PFS (see `through`).
     async fn write_cache(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<u32> {
+        self.settle_fill(ino, u64::MAX).await?;
         {
             let _writing = self.through_lock(ino).read().await;
             if let Some(f) = self.through_file(ino) {
@@ -233,6 +255,7 @@ impl Fs {
                 ))
             }
         };
+        self.settle_fill(ino, u64::MAX).await?;
         let size = self.inodes.size(ino);
         let grows = mode == AllocMode::Allocate;
         if let Some(f) = self.through_file(ino) {

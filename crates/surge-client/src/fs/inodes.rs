@@ -45,6 +45,8 @@ pub(super) struct Inode {
     /// A cache file written through (the fast tier was full): its PFS file, which reads and
     /// writes go to instead of the fast tier.
     pub through: Option<Arc<std::fs::File>>,
+    /// A cache file the lazy fill made and this node reads from the PFS (see `fill`).
+    pub fill: Option<Arc<super::fill::Fill>>,
 }
 
 impl Inode {

@@ -36,6 +36,7 @@ mod inodes;
 mod leases;
 mod listings;
 mod names;
+mod fill;
 mod passthrough;
 mod through;
 mod xattr;

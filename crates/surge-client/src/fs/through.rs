@@ -87,13 +87,13 @@ impl Fs {
         let Some(root) = self.client.desc.cache_pfs.as_deref() else {
             return Err(FsError::new(libc::EIO, "not a cache instance"));
         };
-        self.wait_drained(through, &format!("inode {ino}, written through to the PFS"))
-            .await?;
+        // A file of the lazy fill has its PFS file linked by the fill, not by the drain.
+        if through < surge_proto::THROUGH_FILL_KEPT {
+            self.wait_drained(through, &format!("inode {ino}, written through to the PFS"))
+                .await?;
+        }
         let path = surge_proto::cache_through_path(std::path::Path::new(root), ino, through);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
+        let f = super::fill::open_pfs_file(&path)
             .map_err(|e| FsError::io(&format!("open {}", path.display()), e))?;
         let f = Arc::new(f);
         Ok(self
