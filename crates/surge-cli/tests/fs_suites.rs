@@ -336,3 +336,73 @@ fn fsstress_with_four_processes() {
     );
     eprintln!("fsstress -p 4 -n 2000: {n} entries left, all readable");
 }
+
+/// fsx (`-k`: the file is not truncated at open, fsx first reads what it holds) on a file the
+/// lazy fill of a `type=cache` job left on the PFS: fsx's first reads go to the PFS while the
+/// file is copied into the tier, its first write waits for the copy; after the job the PFS
+/// file is what the job last saw.
+#[test]
+fn fsx_on_a_file_the_lazy_fill_left_on_the_pfs() {
+    let test = "fsx_on_a_file_the_lazy_fill_left_on_the_pfs";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let Some(fsx) = xfstests_tool("fsx", test) else {
+        return;
+    };
+    let fast = Scratch::new("lazyfsx-fast");
+    let work = Scratch::new("lazyfsx");
+    let pfs = work.path().join("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let seed: Vec<u8> = (0..3_000_000u64)
+        .map(|i| ((i * 2654435761) >> 9) as u8)
+        .collect();
+    std::fs::write(pfs.join("fsx.dat"), &seed).unwrap();
+    let script = work.path().join("fsx.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=256MiB pfs={p}\nset -e\n\
+             cd {w}\n{fsx} -k -q -N 20000 -S 8 -P {w} $DW_JOB_STRIPED_CACHE/fsx.dat\n\
+             cp $DW_JOB_STRIPED_CACHE/fsx.dat {w}/final\n",
+            p = pfs.display(),
+            w = work.path().display(),
+            fsx = fsx.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(SURGE)
+        .current_dir(work.path())
+        .env("SURGE_FAST_DIR", fast.path())
+        .env("SURGE_SERVERS", "2")
+        .env("SURGE_SERVER_CAPACITY", "1GiB")
+        .env("SURGE_GRANULARITY", "64MiB")
+        .env_remove("SURGE_MANAGER")
+        .env_remove("SURGE_STATE_DIR")
+        .arg("run")
+        .arg(&script)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("operations completed A-OK!"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 files (2.86 MiB) read from the PFS"),
+        "{text}"
+    );
+    let last = std::fs::read(work.path().join("final")).unwrap();
+    assert!(
+        std::fs::read(pfs.join("fsx.dat")).unwrap() == last,
+        "the PFS file after the job is not what the job last saw\n{text}"
+    );
+    eprintln!(
+        "fsx on a lazily filled file: {}",
+        text.lines()
+            .rev()
+            .find(|l| l.contains("A-OK"))
+            .unwrap_or_default()
+    );
+}

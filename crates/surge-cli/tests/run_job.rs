@@ -1148,7 +1148,10 @@ fn a_cache_reads_pfs_files_lazily_and_copies_them_in_before_a_change() {
         std::fs::read_to_string(pfs.join("middle.txt")).unwrap(),
         "aaaaXYaaaa"
     );
-    assert_eq!(std::fs::read_to_string(pfs.join("cut.txt")).unwrap(), "0123");
+    assert_eq!(
+        std::fs::read_to_string(pfs.join("cut.txt")).unwrap(),
+        "0123"
+    );
     assert!(!pfs.join(".surge-through").exists());
 }
 

@@ -252,8 +252,7 @@ impl Namespace {
             }
             (Response::Fill { .. }, FillStep::Mark { .. }) | (Response::Error(_), _) => {}
             _ => {
-                if fills.get(&ino).is_some_and(|&(h, _)| h == session) || step == FillStep::Claim
-                {
+                if fills.get(&ino).is_some_and(|&(h, _)| h == session) || step == FillStep::Claim {
                     fills.remove(&ino);
                 }
             }

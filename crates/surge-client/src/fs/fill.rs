@@ -146,9 +146,9 @@ impl Fs {
                         f.size,
                         t.elapsed().as_secs_f64()
                     ),
-                    Ok(Copied::Full) => info!(
-                        "inode {ino}: the fast tier is full; its reads stay on the PFS"
-                    ),
+                    Ok(Copied::Full) => {
+                        info!("inode {ino}: the fast tier is full; its reads stay on the PFS")
+                    }
                     Ok(_) => {}
                     Err(e) => warn!(
                         "inode {ino}: copying it from the PFS into the fast tier failed ({e}); \

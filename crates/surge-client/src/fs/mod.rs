@@ -32,11 +32,11 @@
 
 mod behind;
 mod files;
+mod fill;
 mod inodes;
 mod leases;
 mod listings;
 mod names;
-mod fill;
 mod passthrough;
 mod through;
 mod xattr;
