@@ -3,10 +3,13 @@
 # the same run:
 #   pfs      - fio reading the input files straight from the PFS directory (their pages dropped
 #              first): the PFS's own read rate;
-#   first    - a cache job over that directory: the fill (Surge fills the whole pfs= directory
-#              before the job) plus fio's first read inside the job; the rate is the bytes over
-#              fill + read time (the bar: >= 0.9 of pfs);
-#   reread   - fio reading the same files again in that job (the bar: >= 0.9 of scratch);
+#   first    - a cache job over that directory: the fill (the lazy fill makes the namespace
+#              only; a file's first read goes to the PFS and copies it into the tier behind
+#              it) plus fio's first read inside the job; the rate is the bytes over fill + read
+#              time (the bar: >= 0.9 of pfs);
+#   reread   - fio reading the same files again in that job, once the copies into the tier are
+#              complete (the job waits for the instance's used space; the bar: >= 0.9 of
+#              scratch);
 #   scratch  - fio reading the same files staged into a type=scratch instance.
 # The input: NJOBS files of SIZE (fio's own files, written once on the PFS). 1 MiB reads.
 # Sides alternate their order from run to run.
@@ -62,7 +65,11 @@ cache_side() { # -> "first_MiB/s reread_MiB/s"
     cat > "$WORK/cache.sh" <<EOF
 #!/bin/bash
 #DW jobdw type=cache access_mode=striped capacity=$((NJOBS * 2 + 1))GiB pfs=$IN
+used() { df --output=used -B1M \$DW_JOB_STRIPED_CACHE | tail -1; }
+before=\$(used)
 $FIO --rw=read --directory=\$DW_JOB_STRIPED_CACHE > $WORK/first.json
+for i in \$(seq 600); do [ \$(( \$(used) - before )) -ge $MIB ] && break; sleep 0.1; done
+echo "copied into the tier: \$(( \$(used) - before )) MiB" >&2
 $FIO --rw=read --directory=\$DW_JOB_STRIPED_CACHE > $WORK/reread.json
 EOF
     "$SURGE" run "$WORK/cache.sh" 2> "$WORK/cache.log" >/dev/null
