@@ -120,6 +120,7 @@ fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
         perm: 0o644,
         uid: 0,
         gid: 0,
+        layout: Default::default(),
     };
     s.write_all(&frame_prefix(bad.opcode(), 13, &encode(&bad), 0))
         .unwrap();

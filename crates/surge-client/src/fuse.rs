@@ -256,9 +256,17 @@ impl Filesystem for FuseAdapter {
             && config.set_max_stack_depth(1).is_ok()
         {
             self.fs.enable_passthrough();
-            tracing::info!(
-                "kernel FUSE passthrough available (used for one-fragment instances on this host)"
-            );
+            // Which fragments are on this host decides where new files go (see
+            // `Fs::new_file_layout`): asked once now, before the first create (which also
+            // waits for the answer; `init` may run on a thread of the runtime: no blocking).
+            let fs = self.fs.clone();
+            self.rt.spawn(async move {
+                let local = fs.learn_local_fragments().await;
+                tracing::info!(
+                    "kernel FUSE passthrough available: files of one stripe on the {local} \
+                     fragment(s) of this host are read and written by the kernel"
+                );
+            });
         }
         Ok(())
     }

@@ -7,10 +7,10 @@ use crate::error::{ClientError, Result};
 use futures::future::join_all;
 use std::collections::HashMap;
 use std::sync::Arc;
-use surge_core::{FileId, Ino, InstanceId, Layout, NamespaceId, Piece};
+use surge_core::{FileId, FileLayout, Ino, InstanceId, Layout, NamespaceId, Piece};
 use surge_proto::{
-    AllocMode, Attr, BatchDone, BatchOp, DirEntry, ErrorReply, InstanceDescriptor, KeepOpen,
-    NewNode, Request, Response, ServerRef, SetAttr, TimeSet, Unlinked,
+    AllocMode, Attr, BatchDone, BatchOp, DirEntry, ErrorReply, FileKind, InstanceDescriptor,
+    KeepOpen, NewNode, Request, Response, ServerRef, SetAttr, TimeSet, Unlinked,
 };
 
 /// Largest piece sent in one request (a one-fragment instance merges a whole write into one
@@ -37,6 +37,9 @@ fn new_session() -> u32 {
 }
 /// Connections kept per server.
 const CONNECTIONS_PER_SERVER: usize = 4;
+/// Layouts of files remembered per client before the memory is cleared (and layouts are asked
+/// for again as files are used).
+const LAYOUTS_KEPT: usize = 1 << 20;
 
 /// How an [`InstanceClient`] waits for its servers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,8 +74,14 @@ pub struct InstanceClient {
     mds: Arc<ServerPool>,
     /// Indexed by the fragment's position in the layout (0..fragments).
     frags: Vec<Arc<ServerPool>>,
-    /// The one fragment's directory, once a server on this host told it (passthrough).
-    local_dir: std::sync::OnceLock<std::path::PathBuf>,
+    /// Each fragment's directory, once a server on this host told it (passthrough).
+    local_dirs: Vec<std::sync::OnceLock<std::path::PathBuf>>,
+    /// Fragments whose server is known not to be on this host.
+    remote: Vec<std::sync::atomic::AtomicBool>,
+    /// The layouts of files this client has seen (a file's layout is fixed once it holds
+    /// data; an empty file's may change, which this client sees at its next `getattr`, as
+    /// close-to-open has every open do).
+    layouts: parking_lot::Mutex<HashMap<Ino, FileLayout>>,
     /// Requests sent, per operation.
     counts: RequestCounts,
 }
@@ -216,8 +225,14 @@ impl InstanceClient {
             ns,
             session,
             mds,
+            local_dirs: (0..frags.len())
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            remote: (0..frags.len())
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
             frags,
-            local_dir: std::sync::OnceLock::new(),
+            layouts: parking_lot::Mutex::new(HashMap::new()),
             counts: RequestCounts::default(),
         })
     }
@@ -255,9 +270,56 @@ impl InstanceClient {
         FileId { ns: self.ns, ino }
     }
 
-    pub fn layout(&self, ino: Ino) -> Layout {
-        Layout::for_file(self.file_id(ino), self.desc.stripe_size, self.fragments())
+    /// The layout of file `ino` as recorded (`recorded`), resolved against this instance.
+    pub fn resolve_layout(&self, ino: Ino, recorded: FileLayout) -> Layout {
+        Layout::resolve(
+            recorded,
+            self.file_id(ino),
+            self.desc.stripe_size,
+            self.fragments(),
+        )
     }
+
+    /// Remembers the layout of a file from its attributes: what its reads and writes use.
+    pub fn note_layout(&self, a: &Attr) {
+        if a.kind == FileKind::File {
+            let mut m = self.layouts.lock();
+            if m.len() >= LAYOUTS_KEPT && !m.contains_key(&a.ino) {
+                m.clear();
+            }
+            m.insert(a.ino, a.layout);
+        }
+    }
+
+    /// The layout of file `ino`: as seen last, else from its attributes.
+    pub async fn layout_of(&self, ino: Ino) -> Result<Layout> {
+        let seen = self.layouts.lock().get(&ino).copied();
+        let recorded = match seen {
+            Some(l) => l,
+            None => {
+                let a = self.getattr(ino).await?;
+                self.note_layout(&a);
+                a.layout
+            }
+        };
+        Ok(self.resolve_layout(ino, recorded))
+    }
+
+    /// Sets the layout of `ino` (an empty file's, or a directory's default; see
+    /// [`Request::SetLayout`]). A stripe count larger than the instance's fragments is refused
+    /// here, naming both.
+    pub async fn set_layout(&self, ino: Ino, layout: FileLayout) -> Result<Attr> {
+        layout
+            .check(self.fragments())
+            .map_err(|e| ClientError::local(libc::EINVAL, e.to_string()))?;
+        let a = self.set_layout_meta(ino, layout).await?;
+        self.note_layout(&a);
+        Ok(a)
+    }
+
+    metadata_call!(set_layout_meta(this, ino: Ino, layout: FileLayout) -> Attr,
+        Request::SetLayout { instance: this.instance(), ns: this.ns, ino, layout },
+        Response::Attr(a) => a);
 
     fn unexpected(&self, server: &ServerRef, req: &Request, resp: Response) -> ClientError {
         ClientError::Protocol {
@@ -296,12 +358,13 @@ impl InstanceClient {
     }
 
     metadata_call!(
-        /// Creates a node; returns its attributes and its parent directory's after the change.
-        create_in(this, parent: Ino, name: &[u8], node: NewNode, perm: u16, uid: u32, gid: u32) -> (Attr, Attr),
-        Request::Create { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), node, perm, uid, gid },
-        Response::Created { attr, parent } => (attr, parent));
+        /// Creates a node with `layout` (unset: the parent directory's default); returns its
+        /// attributes and its parent directory's after the change.
+        create_in(this, parent: Ino, name: &[u8], node: NewNode, perm: u16, uid: u32, gid: u32, layout: FileLayout) -> (Attr, Attr),
+        Request::Create { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), node, perm, uid, gid, layout },
+        Response::Created { attr, parent } => { this.note_layout(&attr); (attr, parent) });
 
-    /// Creates a node; returns its attributes.
+    /// Creates a node with its parent directory's default layout; returns its attributes.
     pub async fn create(
         &self,
         parent: Ino,
@@ -311,7 +374,10 @@ impl InstanceClient {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
-        Ok(self.create_in(parent, name, node, perm, uid, gid).await?.0)
+        Ok(self
+            .create_in(parent, name, node, perm, uid, gid, FileLayout::default())
+            .await?
+            .0)
     }
 
     metadata_call!(link(this, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Attr,
@@ -565,7 +631,7 @@ impl InstanceClient {
     /// an error when the first one did.
     pub async fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u64> {
         let file = self.file_id(ino);
-        let pieces = Self::split(self.layout(ino).pieces(offset, data.len() as u64));
+        let pieces = Self::split(self.layout_of(ino).await?.pieces(offset, data.len() as u64));
         let calls = pieces.iter().map(|p| async move {
             let req = Request::Write {
                 instance: self.instance(),
@@ -610,7 +676,7 @@ impl InstanceClient {
     /// overwritten: short object reads leave their tail untouched).
     pub async fn read_into(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<()> {
         let file = self.file_id(ino);
-        let pieces = Self::split(self.layout(ino).pieces(offset, buf.len() as u64));
+        let pieces = Self::split(self.layout_of(ino).await?.pieces(offset, buf.len() as u64));
         let calls = pieces.iter().map(|p| async move {
             let req = Request::Read {
                 instance: self.instance(),
@@ -640,7 +706,7 @@ impl InstanceClient {
 
     /// Cuts the objects of a file shrinking from `old_size` to `new_size`.
     pub async fn truncate_objects(&self, ino: Ino, old_size: u64, new_size: u64) -> Result<()> {
-        let layout = self.layout(ino);
+        let layout = self.layout_of(ino).await?;
         let file = self.file_id(ino);
         let calls = (0..self.fragments())
             .filter(|&f| layout.object_len(f, old_size) > layout.object_len(f, new_size))
@@ -667,7 +733,7 @@ impl InstanceClient {
     ) -> Result<()> {
         let file = self.file_id(ino);
         let mut ranges: Vec<Option<(u64, u64)>> = vec![None; self.fragments() as usize];
-        for p in self.layout(ino).pieces(offset, len) {
+        for p in self.layout_of(ino).await?.pieces(offset, len) {
             let r = &mut ranges[p.fragment as usize];
             let end = p.object_offset + p.len;
             *r = Some(r.map_or((p.object_offset, end), |(s, e)| {
@@ -691,12 +757,15 @@ impl InstanceClient {
         join_all(calls).await.into_iter().collect()
     }
 
-    /// Removes the objects of a file of `size` bytes.
+    /// Removes the objects of a file of `size` bytes. A file whose layout this client never
+    /// saw (and whose inode the metadata server may have forgotten already) has its objects
+    /// removed from every fragment that may hold one.
     pub async fn remove_objects(&self, ino: Ino, size: u64) -> Result<()> {
-        let layout = self.layout(ino);
+        let seen = self.layouts.lock().remove(&ino);
+        let layout = seen.map(|l| self.resolve_layout(ino, l));
         let file = self.file_id(ino);
         let calls = (0..self.fragments())
-            .filter(|&f| layout.object_len(f, size) > 0)
+            .filter(|&f| layout.is_none_or(|l| l.object_len(f, size) > 0))
             .map(|f| async move {
                 let req = Request::RemoveObject {
                     instance: self.instance(),
@@ -724,14 +793,21 @@ impl InstanceClient {
         join_all(calls).await.into_iter().collect()
     }
 
-    /// For a one-fragment instance whose server is on this host: the object of `ino`, opened
-    /// read-write, to hand to the kernel (FUSE passthrough). `None` when the instance has
-    /// several fragments or the server's files are not visible here.
+    /// For a file whose bytes lie in one object (stripe count 1) on a fragment whose server
+    /// is on this host: that object, opened read-write, to hand to the kernel (FUSE
+    /// passthrough). `None` when the file is striped over several objects or its fragment's
+    /// server is elsewhere (remembered per fragment).
     pub async fn open_local_object(&self, ino: Ino) -> Result<Option<std::fs::File>> {
-        if self.fragments() != 1 {
+        use std::sync::atomic::Ordering;
+        let layout = self.layout_of(ino).await?;
+        if !layout.single_object() {
             return Ok(None);
         }
-        if let Some(dir) = self.local_dir.get() {
+        let frag = layout.start as usize;
+        if self.remote[frag].load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        if let Some(dir) = self.local_dirs[frag].get() {
             // The fragment is known to be here: open (or create) the object directly.
             let path = dir.join(surge_core::layout::object_name(self.file_id(ino)));
             return match std::fs::OpenOptions::new()
@@ -750,39 +826,96 @@ impl InstanceClient {
         }
         let req = Request::LocalObject {
             instance: self.instance(),
-            fragment: 0,
+            fragment: layout.start,
             file: self.file_id(ino),
         };
-        let (path, dev, obj_ino) = expect!(self, self.frags[0], req, Response::LocalObject { path, dev, ino } => (path, dev, ino))?;
+        let (path, dev, obj_ino) = expect!(self, self.frags[frag], req, Response::LocalObject { path, dev, ino } => (path, dev, ino))?;
         let f = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(&path)
         {
             Ok(f) => f,
-            Err(_) => return Ok(None),
+            Err(_) => {
+                self.remote[frag].store(true, Ordering::Relaxed);
+                return Ok(None);
+            }
         };
         use std::os::unix::fs::MetadataExt;
         match f.metadata() {
             Ok(md) if md.dev() == dev && md.ino() == obj_ino => {
                 if let Some(dir) = std::path::Path::new(&path).parent() {
-                    let _ = self.local_dir.set(dir.to_path_buf());
+                    let _ = self.local_dirs[frag].set(dir.to_path_buf());
                 }
                 Ok(Some(f))
             }
             // Same path, another file: the server is on another host.
-            _ => Ok(None),
+            _ => {
+                self.remote[frag].store(true, Ordering::Relaxed);
+                Ok(None)
+            }
         }
     }
 
-    /// Tells the server an object changed without it (passthrough writes), for accounting.
+    /// Tells the server an object changed without it (passthrough writes of a file in one
+    /// object), for accounting.
     pub async fn object_changed(&self, ino: Ino) -> Result<()> {
+        let frag = self.layout_of(ino).await?.start;
         let req = Request::ObjectChanged {
             instance: self.instance(),
-            fragment: 0,
+            fragment: frag,
             file: self.file_id(ino),
         };
-        expect!(self, self.frags[0], req, Response::Ok => ())
+        expect!(self, self.frags[frag as usize], req, Response::Ok => ())
+    }
+
+    /// Whether fragment `frag`'s server runs on this host (its directory is the very one
+    /// this host sees at its path); asked once per fragment.
+    pub async fn fragment_is_local(&self, frag: u32) -> bool {
+        use std::sync::atomic::Ordering;
+        let i = frag as usize;
+        if i >= self.frags.len() || self.remote[i].load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.local_dirs[i].get().is_some() {
+            return true;
+        }
+        let req = Request::LocalFragment {
+            instance: self.instance(),
+            fragment: frag,
+        };
+        let r: Result<(String, u64, u64)> = async {
+            expect!(self, self.frags[i], req, Response::LocalObject { path, dev, ino } => (path, dev, ino))
+        }
+        .await;
+        use std::os::unix::fs::MetadataExt;
+        match r {
+            Ok((path, dev, ino)) => match std::fs::metadata(&path) {
+                Ok(md) if md.dev() == dev && md.ino() == ino => {
+                    let _ = self.local_dirs[i].set(path.into());
+                    true
+                }
+                _ => {
+                    self.remote[i].store(true, Ordering::Relaxed);
+                    false
+                }
+            },
+            Err(e) => {
+                tracing::debug!("fragment {frag}: cannot tell whether it is local: {e}");
+                false
+            }
+        }
+    }
+
+    /// The fragments whose servers run on this host.
+    pub async fn local_fragments(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for f in 0..self.fragments() {
+            if self.fragment_is_local(f).await {
+                out.push(f);
+            }
+        }
+        out
     }
 
     /// Bit mask of the fragments a write at `offset` of `len` bytes touches.
@@ -790,7 +923,10 @@ impl InstanceClient {
         if self.fragments() > 64 {
             return u64::MAX;
         }
-        let layout = self.layout(ino);
+        let Some(recorded) = self.layouts.lock().get(&ino).copied() else {
+            return u64::MAX;
+        };
+        let layout = self.resolve_layout(ino, recorded);
         let stripes = len.div_ceil(layout.stripe_size) + 1;
         if stripes >= u64::from(self.fragments()) {
             return u64::MAX;

@@ -14,5 +14,5 @@ pub mod sys;
 pub mod units;
 
 pub use ids::{FileId, Ino, InstanceId, NamespaceId};
-pub use layout::{Layout, Piece};
+pub use layout::{FileLayout, Layout, LayoutError, Piece};
 pub use units::{capacity_text, format_bytes, parse_rate, parse_size, ParseUnitError};

@@ -1,18 +1,76 @@
 //! Layout calls: `dw_get_stripe_configuration` (the stripe size, width and starting fragment of
-//! an open file, from the instance's descriptor and surge-core's placement rule, the one the
-//! client and servers use), `dw_set_stripe_configuration`, and `dw_get_mds_path`.
+//! an open file, as the mount reads them in the attribute `user.surge.layout`; a directory's
+//! default, or the instance's when it has none), `dw_set_stripe_configuration` (the layout of
+//! an empty file, or a directory's default, through the same attribute), and
+//! `dw_get_mds_path`.
 
 use crate::call::{entry, entry_ptr, path, put, with_job};
 use std::ffi::{c_char, c_int, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use surge_core::{FileId, Layout, NamespaceId};
 use surge_proto::InstanceDescriptor;
 use surge_run::job_stage::{JobStageError, Result};
 
+/// The attribute of a Surge mount that reads and sets layouts.
+const LAYOUT_XATTR: &std::ffi::CStr = c"user.surge.layout";
+
+/// `user.surge.layout` of `fd`: `None` when it has none (a directory without a default).
+fn layout_xattr(fd: c_int) -> Result<Option<FileLayoutText>> {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for its length; the name is NUL-terminated.
+    let n = unsafe {
+        libc::fgetxattr(
+            fd,
+            LAYOUT_XATTR.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENODATA) => Ok(None),
+            _ => Err(JobStageError::Io {
+                path: PathBuf::from(format!("(file descriptor {fd}: user.surge.layout)")),
+                source: e,
+            }),
+        };
+    }
+    let text = String::from_utf8_lossy(&buf[..n as usize]).into_owned();
+    let mut out = FileLayoutText::default();
+    for item in text.split_whitespace() {
+        let Some((k, v)) = item.split_once('=') else {
+            continue;
+        };
+        let v: u64 = v.parse().unwrap_or(0);
+        match k {
+            "stripe_size" => out.stripe_size = v,
+            "stripe_count" => out.stripe_count = v as u32,
+            "start" => out.start = v as u32,
+            _ => {}
+        }
+    }
+    Ok(Some(out))
+}
+
+/// What `user.surge.layout` says (zeros: the instance's).
+#[derive(Default)]
+struct FileLayoutText {
+    stripe_size: u64,
+    stripe_count: u32,
+    start: u32,
+}
+
 /// The layout of the file or directory open as `fd` on a mount of the job: (stripe size,
-/// stripe width, starting index).
+/// stripe width, starting index). A file's comes from the mount; a directory's default too,
+/// with the instance's values for what it leaves open.
 fn layout_of(fd: c_int) -> Result<(u64, u32, u32)> {
+    let told = layout_xattr(fd)?;
+    if let Some(l) = &told {
+        if l.stripe_size != 0 && l.stripe_count != 0 {
+            return Ok((l.stripe_size, l.stripe_count, l.start));
+        }
+    }
     let fd_path = PathBuf::from(format!("(file descriptor {fd})"));
     // SAFETY: fstat writes into `st` only.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -54,16 +112,23 @@ fn layout_of(fd: c_int) -> Result<(u64, u32, u32)> {
                 inst.id
             )));
         }
-        let start = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            0
-        } else {
-            let file = FileId {
-                ns: NamespaceId(mount.ns),
-                ino: st.st_ino,
-            };
-            Layout::for_file(file, desc.stripe_size, width).start
+        let (size, width) = match &told {
+            Some(l) => (
+                if l.stripe_size == 0 {
+                    desc.stripe_size
+                } else {
+                    l.stripe_size
+                },
+                if l.stripe_count == 0 {
+                    width
+                } else {
+                    l.stripe_count
+                },
+            ),
+            None => (desc.stripe_size, width),
         };
-        Ok((desc.stripe_size, width, start))
+        let _ = st;
+        Ok((size, width, 0))
     })
 }
 
@@ -98,8 +163,8 @@ pub unsafe extern "C" fn dw_get_stripe_configuration(
     })
 }
 
-/// Succeeds when the file's layout already is the one asked for (Surge stripes every file of
-/// an instance alike); -EOPNOTSUPP otherwise.
+/// Sets the layout of an empty file (before it is opened on a node that reads it through a
+/// local object: -EBUSY then), or a directory's default for what is made in it.
 #[no_mangle]
 pub extern "C" fn dw_set_stripe_configuration(
     fd: c_int,
@@ -113,17 +178,30 @@ pub extern "C" fn dw_set_stripe_configuration(
                  {stripe_width} positive"
             )));
         }
-        let (size, width, _) = layout_of(fd)?;
-        if size == stripe_size as u64 && width == stripe_width as u32 {
-            return Ok(0);
+        // Asking for what the file has already is no change (and allowed once it holds data).
+        if let Ok((size, width, _)) = layout_of(fd) {
+            if size == stripe_size as u64 && width == stripe_width as u32 {
+                return Ok(0);
+            }
         }
-        Err(JobStageError::Io {
-            path: PathBuf::from(format!(
-                "stripe size {stripe_size} width {stripe_width} (Surge stripes every file of the \
-                 instance with size {size} over width {width})"
-            )),
-            source: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP),
-        })
+        let value = format!("stripe_size={stripe_size} stripe_count={stripe_width}");
+        // SAFETY: `value` is valid for its length; the name is NUL-terminated.
+        let rc = unsafe {
+            libc::fsetxattr(
+                fd,
+                LAYOUT_XATTR.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        if rc != 0 {
+            return Err(JobStageError::Io {
+                path: PathBuf::from(format!("(file descriptor {fd}: {value})")),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(0)
     })
 }
 

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+pub use surge_core::layout::{FileLayout, START_ANY, STRIPE_ALL};
 use surge_core::{FileId, Ino, InstanceId, NamespaceId};
 
 /// Seconds and nanoseconds since the Unix epoch.
@@ -113,6 +114,10 @@ pub struct Attr {
     /// was full, Liu's fall-back): the drain journal entry (`DrainOp::Through`) after which
     /// the file's data lives only on the PFS. Zero for every other file.
     pub through: u64,
+    /// Regular files: how the file's bytes lie over the instance's fragments, fixed when it
+    /// is made (zeros: the instance's rule). Directories: the default of what is made in
+    /// them. (`surge layout`, the attribute `user.surge.layout`.)
+    pub layout: FileLayout,
 }
 
 /// Longest name of a directory entry, in bytes.
@@ -408,6 +413,13 @@ pub enum Request {
         fragment: u32,
         file: FileId,
     },
+    /// For a client that may be on the server's host: the path of the fragment's directory,
+    /// so the client can tell (by its device and inode numbers) whether the fragment is
+    /// local. Creates nothing.
+    LocalFragment {
+        instance: InstanceId,
+        fragment: u32,
+    },
     /// The object was changed behind the server's back (passthrough writes): measure it again
     /// for capacity accounting.
     ObjectChanged {
@@ -443,6 +455,8 @@ pub enum Request {
         perm: u16,
         uid: u32,
         gid: u32,
+        /// The layout of the new file or directory; unset: the parent directory's default.
+        layout: FileLayout,
     },
     Link {
         instance: InstanceId,
@@ -636,6 +650,15 @@ pub enum Request {
         ino: Ino,
         step: FillStep,
     },
+    /// Sets the layout of `ino`: of a regular file only while it holds no data (the layout
+    /// decides where its bytes are), of a directory as the default of what is made in it
+    /// from now on (unset: no default). Replies with the attributes after.
+    SetLayout {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        layout: FileLayout,
+    },
 }
 
 /// A step of the lazy fill of a cache namespace's file (`Request::CacheFill`).
@@ -787,6 +810,8 @@ pub enum BatchOp {
         uid: u32,
         gid: u32,
         time: Timestamp,
+        /// Chosen by the sender (the parent's default, or the mount's own choice).
+        layout: FileLayout,
     },
 }
 
@@ -1038,6 +1063,7 @@ impl Request {
             Request::LocalObject { .. } => 22,
             Request::ObjectChanged { .. } => 23,
             Request::AllocateObject { .. } => 24,
+            Request::LocalFragment { .. } => 25,
             Request::Lookup { .. } => 32,
             Request::GetAttr { .. } => 33,
             Request::SetAttr { .. } => 34,
@@ -1064,6 +1090,7 @@ impl Request {
             Request::DrainAck { .. } => 55,
             Request::CacheThrough { .. } => 56,
             Request::CacheFill { .. } => 57,
+            Request::SetLayout { .. } => 58,
             Request::Authenticate { .. } => 7,
         }
     }
@@ -1091,6 +1118,7 @@ impl Request {
             Request::LocalObject { .. } => "LocalObject",
             Request::ObjectChanged { .. } => "ObjectChanged",
             Request::AllocateObject { .. } => "AllocateObject",
+            Request::LocalFragment { .. } => "LocalFragment",
             Request::Lookup { .. } => "Lookup",
             Request::GetAttr { .. } => "GetAttr",
             Request::SetAttr { .. } => "SetAttr",
@@ -1118,6 +1146,7 @@ impl Request {
             Request::DrainAck { .. } => "DrainAck",
             Request::CacheThrough { .. } => "CacheThrough",
             Request::CacheFill { .. } => "CacheFill",
+            Request::SetLayout { .. } => "SetLayout",
         }
     }
 
@@ -1149,6 +1178,7 @@ impl Request {
             | Request::DrainAck { instance, ns, .. }
             | Request::CacheThrough { instance, ns, .. }
             | Request::CacheFill { instance, ns, .. }
+            | Request::SetLayout { instance, ns, .. }
             | Request::NamespaceStats { instance, ns } => Some((*instance, *ns)),
             _ => None,
         }

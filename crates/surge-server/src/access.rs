@@ -37,7 +37,7 @@ fn scope(req: &Request) -> Option<(u64, Option<u32>)> {
         | LocalObject { instance, file, .. }
         | ObjectChanged { instance, file, .. }
         | AllocateObject { instance, file, .. } => (instance.0, Some(file.ns.0)),
-        FragmentUsage { instance, .. } => (instance.0, None),
+        FragmentUsage { instance, .. } | LocalFragment { instance, .. } => (instance.0, None),
         other => {
             let (instance, ns) = other.namespace()?;
             (instance.0, Some(ns.0))
@@ -175,6 +175,7 @@ mod tests {
             perm: 0o644,
             uid,
             gid,
+            layout: Default::default(),
         }
     }
 

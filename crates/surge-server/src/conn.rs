@@ -118,6 +118,10 @@ pub fn handle(
                 let (path, dev, ino) = reg.fragment(instance, fragment)?.local_object(file)?;
                 Response::LocalObject { path, dev, ino }
             }
+            Request::LocalFragment { instance, fragment } => {
+                let (path, dev, ino) = reg.fragment(instance, fragment)?.local_dir()?;
+                Response::LocalObject { path, dev, ino }
+            }
             Request::ObjectChanged {
                 instance,
                 fragment,

@@ -632,10 +632,11 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             perm,
             uid,
             gid,
+            layout,
             ..
         } => {
             let (attr, parent) =
-                ops.create_returning_parent(*parent, name, node, (*perm, *uid, *gid))?;
+                ops.create_with_layout(*parent, name, node, (*perm, *uid, *gid), *layout)?;
             Response::Created { attr, parent }
         }
         Request::Link {
@@ -700,6 +701,7 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             ..
         } => Response::Attr(ops.set_xattr(*ino, name, value, *flags)?),
         Request::RemoveXattr { ino, name, .. } => Response::Attr(ops.remove_xattr(*ino, name)?),
+        Request::SetLayout { ino, layout, .. } => Response::Attr(ops.set_layout(*ino, *layout)?),
         other => {
             return Err(ErrorReply::new(
                 ErrorCode::Invalid,
@@ -749,6 +751,7 @@ mod tests {
                 perm: 0o755,
                 uid: 0,
                 gid: 0,
+                layout: Default::default(),
             },
         )
     }

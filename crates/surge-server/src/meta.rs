@@ -11,8 +11,8 @@ use std::path::Path;
 use surge_core::Ino;
 use surge_proto::{
     check_name, new_node_group_and_perm, Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply,
-    FileKind, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked, XATTR_INODE_MAX,
-    XATTR_NAME_MAX, XATTR_SIZE_MAX,
+    FileKind, FileLayout, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
+    XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -70,6 +70,14 @@ pub fn is_full(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
 }
 
+/// What the metadata server can check of a layout without knowing the instance's fragments
+/// (the clients check the stripe count against them; a count the instance cannot hold resolves
+/// to the instance's rule, see `Layout::resolve`).
+fn check_layout(l: &FileLayout) -> MetaResult<()> {
+    l.check(u32::MAX - 1)
+        .map_err(|e| err(ErrorCode::Invalid, e.to_string()))
+}
+
 fn kind_code(k: FileKind) -> i64 {
     match k {
         FileKind::File => 1,
@@ -96,7 +104,7 @@ fn kind_from(code: i64) -> FileKind {
 
 const ATTR_COLS: &str =
     "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, \
-     ctime_s, ctime_ns, change, rdev, through";
+     ctime_s, ctime_ns, change, rdev, through, stripe_size, stripe_count, stripe_start";
 
 fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
     let ts = |i: usize| -> rusqlite::Result<Timestamp> {
@@ -119,6 +127,11 @@ fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
         change: r.get::<_, i64>(base + 13)? as u64,
         rdev: r.get::<_, i64>(base + 14)? as u32,
         through: r.get::<_, i64>(base + 15)? as u64,
+        layout: FileLayout {
+            stripe_size: r.get::<_, i64>(base + 16)? as u64,
+            stripe_count: r.get::<_, i64>(base + 17)? as u32,
+            start: r.get::<_, i64>(base + 18)? as u32,
+        },
     })
 }
 
@@ -147,7 +160,10 @@ pub fn open(
             target BLOB,
             change INTEGER NOT NULL DEFAULT 0,
             rdev INTEGER NOT NULL DEFAULT 0,
-            through INTEGER NOT NULL DEFAULT 0);
+            through INTEGER NOT NULL DEFAULT 0,
+            stripe_size INTEGER NOT NULL DEFAULT 0,
+            stripe_count INTEGER NOT NULL DEFAULT 0,
+            stripe_start INTEGER NOT NULL DEFAULT 0);
          CREATE TABLE IF NOT EXISTS dentries(
             id INTEGER PRIMARY KEY,
             parent INTEGER NOT NULL, name BLOB NOT NULL,
@@ -163,8 +179,15 @@ pub fn open(
          CREATE INDEX IF NOT EXISTS drain_data ON drain(data_ino) WHERE data_ino IS NOT NULL;",
     )?;
     // Stores made before directories had a change counter, before special files, before
-    // cache files written through.
-    for column in ["change", "rdev", "through"] {
+    // cache files written through, before layouts per file.
+    for column in [
+        "change",
+        "rdev",
+        "through",
+        "stripe_size",
+        "stripe_count",
+        "stripe_start",
+    ] {
         let has: bool = conn.query_row(
             "SELECT COUNT(*) FROM pragma_table_info('inodes') WHERE name = ?1",
             [column],
@@ -579,12 +602,34 @@ impl Ops<'_> {
         node: &NewNode,
         (perm, uid, gid): (u16, u32, u32),
     ) -> MetaResult<(Attr, Attr)> {
-        self.create_in(parent, name, node, (perm, uid, gid), None, Timestamp::now())
+        self.create_in(
+            parent,
+            name,
+            node,
+            (perm, uid, gid),
+            None,
+            Timestamp::now(),
+            FileLayout::default(),
+        )
+    }
+
+    /// [`create_returning_parent`](Self::create_returning_parent) with the layout the
+    /// creator asked for (unset: the parent's default).
+    pub fn create_with_layout(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: &NewNode,
+        owner: (u16, u32, u32),
+        layout: FileLayout,
+    ) -> MetaResult<(Attr, Attr)> {
+        self.create_in(parent, name, node, owner, None, Timestamp::now(), layout)
     }
 
     /// [`create`](Self::create) as inode `ino` when given (reserved with
-    /// [`alloc_inodes`](Self::alloc_inodes); it must not exist), at time `now`; also returns
-    /// the parent's attributes after.
+    /// [`alloc_inodes`](Self::alloc_inodes); it must not exist), at time `now`, with `layout`
+    /// (unset: the parent's default); also returns the parent's attributes after.
+    #[allow(clippy::too_many_arguments)]
     fn create_in(
         &self,
         parent: Ino,
@@ -593,6 +638,7 @@ impl Ops<'_> {
         (perm, uid, gid): (u16, u32, u32),
         ino: Option<Ino>,
         now: Timestamp,
+        layout: FileLayout,
     ) -> MetaResult<(Attr, Attr)> {
         check_name(name)?;
         let p = self.dir(parent)?;
@@ -635,6 +681,16 @@ impl Ops<'_> {
         };
         let (gid, perm) = new_node_group_and_perm(&p, kind, gid, perm);
         let size = target.map_or(size, |t| t.len() as u64);
+        // Files and directories take the layout asked for, else the parent's default
+        // (directories pass it on, as Lustre's default striping); other kinds have no data.
+        let layout = match kind {
+            FileKind::File if layout.is_unset() => p.layout.for_child_file(),
+            FileKind::Dir if layout.is_unset() => p.layout,
+            FileKind::File => layout,
+            FileKind::Dir => layout.as_default(),
+            _ => FileLayout::default(),
+        };
+        check_layout(&layout)?;
         if let Some(ino) = ino {
             if ino <= ROOT_INO || self.find(ino)?.is_some() {
                 return Err(err(
@@ -648,8 +704,10 @@ impl Ops<'_> {
             .tx
             .prepare_cached(
                 "INSERT INTO inodes(kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
-                    mtime_s, mtime_ns, ctime_s, ctime_ns, parent, target, ino, rdev)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7, ?8, ?7, ?8, ?9, ?10, ?11, ?12)",
+                    mtime_s, mtime_ns, ctime_s, ctime_ns, parent, target, ino, rdev,
+                    stripe_size, stripe_count, stripe_start)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7, ?8, ?7, ?8, ?9, ?10, ?11, ?12,
+                    ?13, ?14, ?15)",
             )
             .and_then(|mut st| {
                 st.insert(params![
@@ -668,7 +726,10 @@ impl Ops<'_> {
                     },
                     target,
                     ino.map(|i| i as i64),
-                    i64::from(rdev)
+                    i64::from(rdev),
+                    layout.stripe_size as i64,
+                    i64::from(layout.stripe_count),
+                    i64::from(layout.start)
                 ])
             })
             .map_err(db_err)? as u64;
@@ -689,6 +750,7 @@ impl Ops<'_> {
             change: 0,
             rdev,
             through: 0,
+            layout,
         };
         Ok((attr, parent_after))
     }
@@ -976,6 +1038,7 @@ impl Ops<'_> {
                     uid,
                     gid,
                     time,
+                    layout,
                 } => self
                     .create_in(
                         *parent,
@@ -984,6 +1047,7 @@ impl Ops<'_> {
                         (*perm, *uid, *gid),
                         Some(*ino),
                         *time,
+                        *layout,
                     )
                     .map(|(_, p)| BatchDone::Created { change: p.change }),
             };
@@ -994,6 +1058,58 @@ impl Ops<'_> {
             }
         }
         Ok(out)
+    }
+
+    /// Sets the layout of `ino` (see [`Request::SetLayout`](surge_proto::Request::SetLayout)):
+    /// a regular file's only while it holds no data, a directory's default at any time.
+    pub fn set_layout(&self, ino: Ino, layout: FileLayout) -> MetaResult<Attr> {
+        let a = self.getattr(ino)?;
+        let layout = match a.kind {
+            FileKind::File => {
+                if a.size != 0 || a.through != 0 {
+                    return Err(err(
+                        ErrorCode::Busy,
+                        format!(
+                            "inode {ino} holds data ({} bytes): a file's layout is chosen before \
+                             its first write (make a new file with the layout, or set it on \
+                             the directory, and copy the data into it)",
+                            a.size
+                        ),
+                    ));
+                }
+                if layout.is_unset() {
+                    layout
+                } else if layout.stripe_count == 0 {
+                    FileLayout { start: 0, ..layout }
+                } else {
+                    layout
+                }
+            }
+            FileKind::Dir => layout.as_default(),
+            _ => {
+                return Err(err(
+                    ErrorCode::Invalid,
+                    format!("inode {ino} is neither a file nor a directory: it has no layout"),
+                ))
+            }
+        };
+        check_layout(&layout)?;
+        let now = Timestamp::now();
+        self.tx
+            .execute(
+                "UPDATE inodes SET stripe_size = ?2, stripe_count = ?3, stripe_start = ?4,
+                    ctime_s = ?5, ctime_ns = ?6 WHERE ino = ?1",
+                params![
+                    ino as i64,
+                    layout.stripe_size as i64,
+                    i64::from(layout.stripe_count),
+                    i64::from(layout.start),
+                    now.secs,
+                    i64::from(now.nsec)
+                ],
+            )
+            .map_err(db_err)?;
+        self.getattr(ino)
     }
 
     /// Reserves `count` inode numbers, never given out again; returns the first.
@@ -1372,6 +1488,7 @@ impl Ops<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use surge_proto::START_ANY;
 
     fn store() -> (tempfile::TempDir, Connection) {
         let t = tempfile::tempdir().unwrap();
@@ -1399,6 +1516,80 @@ mod tests {
         let (_, p) = ops.drain_poll(0, 0).unwrap();
         assert_eq!((p.pending, p.oldest, p.newest), (0, 0, 2));
         assert!(p.drained_upto(2));
+    }
+
+    #[test]
+    fn layouts_are_kept_per_file_and_directories_pass_their_default_on() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let one = FileLayout {
+            stripe_size: 1 << 20,
+            stripe_count: 1,
+            start: 0,
+        };
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        assert!(d.layout.is_unset(), "no default unless one is set");
+        let d = ops.set_layout(d.ino, one).unwrap();
+        assert_eq!(d.layout, one.as_default());
+        // A file made in it takes the default with its start left to the instance's rule; a
+        // subdirectory takes the default itself.
+        let f = ops
+            .create(d.ino, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        assert_eq!(f.layout, one.for_child_file());
+        assert_eq!(f.layout.start, START_ANY);
+        let sub = ops
+            .create(d.ino, b"sub", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        assert_eq!(sub.layout, one.as_default());
+        // What the creator asks for wins over the default, and is what is read back.
+        let wide = FileLayout {
+            stripe_size: 0,
+            stripe_count: 0,
+            start: 0,
+        };
+        let asked = FileLayout {
+            stripe_size: 64 << 10,
+            stripe_count: 3,
+            start: 2,
+        };
+        let (g, _) = ops
+            .create_with_layout(d.ino, b"g", &NewNode::File, (0o644, 1, 1), asked)
+            .unwrap();
+        assert_eq!(ops.getattr(g.ino).unwrap().layout, asked);
+        let s = ops
+            .create(
+                d.ino,
+                b"s",
+                &NewNode::Symlink {
+                    target: b"f".to_vec(),
+                },
+                0o777,
+                1,
+                1,
+            )
+            .unwrap();
+        assert!(s.layout.is_unset(), "a symlink has no data to lay out");
+        // An empty file's layout may change; once it holds data it may not.
+        assert_eq!(ops.set_layout(f.ino, wide).unwrap().layout, wide);
+        ops.commit_write(f.ino, 10, TimeSet::Now).unwrap();
+        let e = ops.set_layout(f.ino, one).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Busy);
+        assert!(e.message.contains("10 bytes"), "{}", e.message);
+        assert_eq!(
+            code(ops.set_layout(s.ino, one).map(|_| ())),
+            ErrorCode::Invalid
+        );
+        let odd = FileLayout {
+            stripe_size: 1000,
+            ..one
+        };
+        assert_eq!(
+            code(ops.set_layout(d.ino, odd).map(|_| ())),
+            ErrorCode::Invalid
+        );
     }
 
     #[test]
@@ -1658,6 +1849,7 @@ mod tests {
             uid: 3,
             gid: 4,
             time,
+            layout: FileLayout::default(),
         };
         let before = ops.getattr(d.ino).unwrap().change;
         let r = ops

@@ -57,6 +57,8 @@ pub struct Registry {
     /// The bounds this server's connections are served within (`Status` reports them).
     pub limits: RwLock<surge_proto::Limits>,
     fragments: RwLock<HashMap<(InstanceId, u32), Arc<Fragment>>>,
+    /// Each instance's space on this server, shared by its fragments here.
+    budgets: parking_lot::Mutex<HashMap<InstanceId, Arc<crate::store::Budget>>>,
     namespaces: RwLock<HashMap<(InstanceId, NamespaceId), Arc<Namespace>>>,
     descriptors: RwLock<HashMap<InstanceId, InstanceDescriptor>>,
     /// Serializes creation and destruction (rare, and they touch several maps and files).
@@ -130,6 +132,7 @@ impl Registry {
             addrs: RwLock::new(Vec::new()),
             limits: RwLock::new(crate::admission::ConnLimits::default().wire()),
             fragments: RwLock::new(HashMap::new()),
+            budgets: parking_lot::Mutex::new(HashMap::new()),
             namespaces: RwLock::new(HashMap::new()),
             descriptors: RwLock::new(HashMap::new()),
             admin: Mutex::new(()),
@@ -180,6 +183,7 @@ impl Registry {
             dir.to_path_buf(),
             dev.to_path_buf(),
             meta.capacity,
+            self.budget(meta.instance),
         )?;
         self.descriptors
             .write()
@@ -206,6 +210,11 @@ impl Registry {
             .write()
             .insert((meta.instance, meta.ns), Arc::new(ns));
         Ok(())
+    }
+
+    /// The instance's space on this server (made empty if it has none yet).
+    fn budget(&self, instance: InstanceId) -> Arc<crate::store::Budget> {
+        self.budgets.lock().entry(instance).or_default().clone()
     }
 
     fn reserved_on(&self, dev: &Path) -> u64 {
@@ -264,8 +273,15 @@ impl Registry {
         let dev = self.least_used_device();
         let dir = Self::instance_dir(&dev, instance).join(format!("frag-{index}"));
         let io = |e: std::io::Error| err(ErrorCode::Io, format!("{}: {e}", dir.display()));
-        let frag =
-            Fragment::open(instance, index, dir.clone(), dev.clone(), capacity).map_err(io)?;
+        let frag = Fragment::open(
+            instance,
+            index,
+            dir.clone(),
+            dev.clone(),
+            capacity,
+            self.budget(instance),
+        )
+        .map_err(io)?;
         write_json_atomic(
             &dir.join("fragment.json"),
             &FragmentFile {
@@ -370,6 +386,9 @@ impl Registry {
             || self.namespaces.read().keys().any(|(i, _)| *i == instance);
         if !used {
             self.descriptors.write().remove(&instance);
+        }
+        if !self.fragments.read().keys().any(|(i, _)| *i == instance) {
+            self.budgets.lock().remove(&instance);
         }
         // Remove the instance directory on this device once it is empty.
         let _ = std::fs::remove_dir(Self::instance_dir(dev, instance));

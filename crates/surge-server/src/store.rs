@@ -29,6 +29,38 @@ struct Object {
     state: Mutex<(u64, u64)>,
 }
 
+/// The space one instance may use on this server: the sum of the capacities of its fragments
+/// here, shared by them. A file of one stripe lies in one fragment, so what it may hold is what
+/// the instance has on this server, not one fragment's share (DataWarp's files, striped over
+/// every fragment, never needed more than a share).
+#[derive(Default)]
+pub struct Budget {
+    capacity: AtomicU64,
+    used: AtomicU64,
+}
+
+impl Budget {
+    pub fn capacity(&self) -> u64 {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn add_used(&self, n: u64) {
+        self.used.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn sub_used(&self, n: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(n))
+            });
+    }
+}
+
 pub struct Fragment {
     pub instance: InstanceId,
     pub index: u32,
@@ -38,6 +70,8 @@ pub struct Fragment {
     pub capacity: u64,
     pub device: PathBuf,
     used: AtomicU64,
+    /// The instance's space on this server, shared with its other fragments here.
+    budget: Arc<Budget>,
     objects: Mutex<HashMap<FileId, Arc<Object>>>,
     /// Bytes allocated to each object as last measured; `used` is their sum. Kept for every
     /// object, open or not, so an object written behind the server's back (passthrough) or
@@ -57,13 +91,15 @@ fn allocated(md: &std::fs::Metadata) -> u64 {
 }
 
 impl Fragment {
-    /// Opens a fragment directory, measuring what its objects already use.
+    /// Opens a fragment directory, measuring what its objects already use; its capacity and
+    /// use join the instance's `budget` on this server.
     pub fn open(
         instance: InstanceId,
         index: u32,
         dir: PathBuf,
         device: PathBuf,
         capacity: u64,
+        budget: Arc<Budget>,
     ) -> io::Result<Fragment> {
         std::fs::create_dir_all(&dir)?;
         let mut used = 0;
@@ -89,6 +125,8 @@ impl Fragment {
                 .custom_flags(libc::O_DIRECTORY | libc::O_PATH)
                 .open(&dir)?
         };
+        budget.capacity.fetch_add(capacity, Ordering::Relaxed);
+        budget.add_used(used);
         Ok(Fragment {
             instance,
             index,
@@ -96,6 +134,7 @@ impl Fragment {
             dir_fd,
             capacity,
             device,
+            budget,
             used: AtomicU64::new(used),
             objects: Mutex::new(HashMap::new()),
             allocs: Mutex::new(allocs),
@@ -159,9 +198,11 @@ impl Fragment {
         let new = new_alloc.unwrap_or(0);
         if new >= old {
             self.used.fetch_add(new - old, Ordering::Relaxed);
+            self.budget.add_used(new - old);
         } else {
             self.used
                 .fetch_sub((old - new).min(self.used()), Ordering::Relaxed);
+            self.budget.sub_used(old - new);
         }
     }
 
@@ -183,11 +224,12 @@ impl Fragment {
         Ok(())
     }
 
-    /// Reserves in `used` what a change ending at `end` and `len` bytes long may newly allocate
-    /// in an object whose (size, allocated bytes) are `st`: nothing when it only covers a fully
-    /// allocated region, else at most its length rounded out to whole blocks. `NoSpace` (nothing
-    /// reserved) when that could pass the capacity. The caller gives the returned bytes back
-    /// once the object has been measured again.
+    /// Reserves in the instance's budget on this server what a change ending at `end` and
+    /// `len` bytes long may newly allocate in an object whose (size, allocated bytes) are `st`:
+    /// nothing when it only covers a fully allocated region, else at most its length rounded
+    /// out to whole blocks. `NoSpace` (nothing reserved) when that could pass the capacity of
+    /// the instance's fragments here. The caller gives the returned bytes back (with
+    /// [`Fragment::unreserve`]) once the object has been measured again.
     fn reserve(&self, st: (u64, u64), end: u64, len: u64) -> Result<u64, ErrorReply> {
         let (size, alloc) = st;
         if end <= size && alloc >= size {
@@ -195,22 +237,29 @@ impl Fragment {
         }
         let growth = len.div_ceil(BLOCK) * BLOCK + BLOCK;
         crate::reserve::data_may_grow(&self.dir, growth)?;
-        let before = self.used.fetch_add(growth, Ordering::Relaxed);
-        if before + growth > self.capacity {
-            self.used.fetch_sub(growth, Ordering::Relaxed);
+        let before = self.budget.used.fetch_add(growth, Ordering::Relaxed);
+        let capacity = self.budget.capacity();
+        if before + growth > capacity {
+            self.budget.sub_used(growth);
             return Err(ErrorReply::new(
                 ErrorCode::NoSpace,
                 format!(
-                    "fragment {} of instance {} cannot take {} more ({} of {} used)",
-                    self.index,
+                    "instance {} cannot take {} more on this server (fragment {}; {} of the {} \
+                     of its fragments here used)",
                     self.instance,
                     surge_core::format_bytes(len),
+                    self.index,
                     surge_core::format_bytes(before),
-                    surge_core::format_bytes(self.capacity)
+                    surge_core::format_bytes(capacity)
                 ),
             ));
         }
         Ok(growth)
+    }
+
+    /// Gives back what [`reserve`](Self::reserve) took.
+    fn unreserve(&self, growth: u64) {
+        self.budget.sub_used(growth);
     }
 
     pub fn write(&self, file: FileId, offset: u64, data: &[u8]) -> Result<u64, ErrorReply> {
@@ -225,7 +274,7 @@ impl Fragment {
         let mut st = obj.state.lock();
         let growth = self.reserve(*st, end, len)?;
         let res = obj.file.write_all_at(data, offset);
-        self.used.fetch_sub(growth, Ordering::Relaxed);
+        self.unreserve(growth);
         let acct = self.account(file, &obj, &mut st, &path);
         res.map_err(|e| io_err("cannot write object", &path, e))?;
         acct?;
@@ -329,7 +378,7 @@ impl Fragment {
         } else {
             Err(io::Error::last_os_error())
         };
-        self.used.fetch_sub(growth, Ordering::Relaxed);
+        self.unreserve(growth);
         let acct = self.account(file, &obj, &mut st, &path);
         res.map_err(|e| io_err("cannot fallocate object", &path, e))?;
         acct
@@ -377,6 +426,15 @@ impl Fragment {
         Ok((path.display().to_string(), md.dev(), md.ino()))
     }
 
+    /// The fragment's directory and its device and inode numbers.
+    pub fn local_dir(&self) -> Result<(String, u64, u64), ErrorReply> {
+        let md = self
+            .dir_fd
+            .metadata()
+            .map_err(|e| io_err("cannot stat fragment directory", &self.dir, e))?;
+        Ok((self.dir.display().to_string(), md.dev(), md.ino()))
+    }
+
     /// Re-measures an object written without this server (kernel passthrough on its host).
     pub fn changed(&self, file: FileId) -> Result<(), ErrorReply> {
         let path = self.object_path(file);
@@ -402,6 +460,11 @@ impl Fragment {
     /// Closes every object and deletes the fragment's directory.
     pub fn destroy(&self) -> io::Result<()> {
         self.objects.lock().clear();
+        // The instance's budget here no longer has this fragment's share or use.
+        self.budget
+            .capacity
+            .fetch_sub(self.capacity.min(self.budget.capacity()), Ordering::Relaxed);
+        self.budget.sub_used(self.used());
         match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -423,7 +486,15 @@ mod tests {
     }
 
     fn frag(dir: &Path, capacity: u64) -> Fragment {
-        Fragment::open(InstanceId(1), 0, dir.join("f"), dir.to_path_buf(), capacity).unwrap()
+        Fragment::open(
+            InstanceId(1),
+            0,
+            dir.join("f"),
+            dir.to_path_buf(),
+            capacity,
+            Arc::default(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -452,6 +523,40 @@ mod tests {
         f.read(fid(2), 0, 32 * 1024, &mut out).unwrap();
         assert_eq!(&out[..1024], &[9u8; 1024][..]);
         assert_eq!(&out[1024..], &block[1024..]);
+    }
+
+    #[test]
+    fn fragments_of_one_instance_on_a_server_share_their_space() {
+        let t = tempfile::tempdir().unwrap();
+        let budget: Arc<Budget> = Arc::default();
+        let open = |i: u32| {
+            Fragment::open(
+                InstanceId(1),
+                i,
+                t.path().join(format!("f{i}")),
+                t.path().to_path_buf(),
+                64 * 1024,
+                budget.clone(),
+            )
+            .unwrap()
+        };
+        let (a, b) = (open(0), open(1));
+        assert_eq!(budget.capacity(), 128 * 1024);
+        // A file of one stripe on fragment 0 may take what both fragments have here.
+        let block = vec![7u8; 32 * 1024];
+        for k in 0..3 {
+            a.write(fid(2), k * 32 * 1024, &block).unwrap();
+        }
+        assert!(a.used() > a.capacity, "past one fragment's share");
+        // What is left is shared: fragment 1 gets what fragment 0 did not take.
+        let e = b.write(fid(3), 0, &[1u8; 40 * 1024]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NoSpace);
+        assert!(e.message.contains("instance 1"), "{}", e.message);
+        b.write(fid(3), 0, &[1u8; 4096]).unwrap();
+        // A fragment destroyed takes its share and its use away.
+        a.destroy().unwrap();
+        assert_eq!(budget.capacity(), 64 * 1024);
+        assert_eq!(budget.used(), b.used());
     }
 
     #[test]

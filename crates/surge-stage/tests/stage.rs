@@ -564,7 +564,12 @@ async fn checksums_catch_a_corrupted_copy() {
     // Flip one byte of x.dat in the object on the server that holds its third chunk.
     let in_ino = c.client.lookup(1, b"in").await.unwrap().ino;
     let x = c.client.lookup(in_ino, b"x.dat").await.unwrap();
-    let piece = c.client.layout(x.ino).pieces(2 * CHUNK + 5, 1)[0];
+    let piece = c
+        .client
+        .layout_of(x.ino)
+        .await
+        .unwrap()
+        .pieces(2 * CHUNK + 5, 1)[0];
     let obj = c.object_path(piece.fragment, x.ino);
     let mut bytes_on_disk = fs::read(&obj).unwrap();
     bytes_on_disk[piece.object_offset as usize] ^= 0xff;

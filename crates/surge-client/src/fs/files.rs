@@ -454,6 +454,7 @@ impl Fs {
     /// listing.
     pub(super) fn observe(&self, a: Attr, lookup: bool) -> Attr {
         self.listings.seen(&a);
+        self.client.note_layout(&a);
         self.inodes.observe(a, lookup)
     }
 }

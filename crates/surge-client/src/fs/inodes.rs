@@ -423,6 +423,7 @@ mod tests {
             change: 0,
             rdev: 0,
             through: 0,
+            layout: Default::default(),
         }
     }
 

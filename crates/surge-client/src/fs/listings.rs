@@ -151,11 +151,14 @@ impl Listings {
             return;
         }
         let mut listings = self.map.lock();
-        if listings
-            .get(&a.ino)
-            .is_some_and(|l| l.dir.change != a.change)
-        {
-            listings.remove(&a.ino);
+        match listings.get_mut(&a.ino) {
+            Some(l) if l.dir.change != a.change => {
+                listings.remove(&a.ino);
+            }
+            // Its default layout is not an entry change (the counter stays): what files made
+            // here behind take is the default seen last.
+            Some(l) => l.dir.layout = a.layout,
+            None => {}
         }
     }
 
@@ -253,6 +256,7 @@ mod tests {
             change,
             rdev: 0,
             through: 0,
+            layout: Default::default(),
         }
     }
 

@@ -5,7 +5,7 @@ use super::listings::{Listing, MAX_LISTED_NAMES};
 use super::{stale, DirItem, Fs, FsError, FsResult, READDIR_PAGE};
 use crate::instance::Usage;
 use std::sync::Arc;
-use surge_core::Ino;
+use surge_core::{FileLayout, Ino};
 use surge_proto::{Attr, BatchOp, FileKind, NewNode, SetAttr, Timestamp};
 use tracing::debug;
 
@@ -132,9 +132,22 @@ impl Fs {
     ) -> FsResult<Attr> {
         let is_dir = matches!(node, NewNode::Dir);
         self.barrier().await?;
+        let layout = if matches!(node, NewNode::File | NewNode::SizedFile { .. }) {
+            let default = self
+                .inodes
+                .with(parent, |i| i.attr.as_ref().map(|a| a.layout))
+                .flatten();
+            match default {
+                Some(d) => self.new_file_layout(d).await,
+                // The parent's default is not known here: the metadata server applies it.
+                None => FileLayout::default(),
+            }
+        } else {
+            FileLayout::default()
+        };
         match self
             .client
-            .create_in(parent, name, node, perm, uid, gid)
+            .create_in(parent, name, node, perm, uid, gid, layout)
             .await
         {
             Ok((a, dir)) => {
@@ -470,6 +483,7 @@ impl Fs {
                 change: 0,
                 rdev: 0,
                 through: 0,
+                layout: self.new_file_layout_now(l.dir.layout),
             };
             l.names.insert(name.to_vec(), (ino, FileKind::File));
             let op = BatchOp::CreateFile {
@@ -480,6 +494,7 @@ impl Fs {
                 uid,
                 gid,
                 time: now,
+                layout: a.layout,
             };
             let dir = self.queue_behind(&rt, l, parent, op);
             (a, dir)

@@ -2,26 +2,48 @@
 //! a server of this host is read and written by the kernel directly in that object file. Its
 //! size and mtime are then read from the object (the writes bypass this process) and committed
 //! at close like any other file's.
+//!
+//! Which files are in one object is their layout's business (stripe count 1). Where no
+//! directory default says otherwise, a mount that can use passthrough makes its new files so:
+//! one stripe, on a fragment of its own host (node-local placement, Haider's "local flash";
+//! what GekkoFS and HPE's near-node flash do). A mount that cannot (no root, an old kernel,
+//! no fragment here) keeps the instance's rule, DataWarp's striping over every fragment.
 
 use super::Fs;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use surge_core::Ino;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use surge_core::{FileLayout, Ino};
 use surge_proto::Timestamp;
 use tracing::debug;
 
-/// Whether passthrough is possible: the kernel granted it and the instance's one fragment is
-/// on this host; cleared for good at the first sign it is not.
+/// Whether passthrough is possible (the kernel granted it; cleared for good at the first sign
+/// it is not), and the instance's fragments on this host.
 #[derive(Default)]
-pub(super) struct Passthrough(AtomicBool);
+pub(super) struct Passthrough {
+    on: AtomicBool,
+    /// The fragments whose servers run on this host, once asked.
+    local: OnceLock<Vec<u32>>,
+    /// Which local fragment the next new file goes to (round robin).
+    next: AtomicUsize,
+}
 
 impl Passthrough {
     pub fn on(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.on.load(Ordering::Relaxed)
     }
 
     pub fn set(&self, on: bool) {
-        self.0.store(on, Ordering::Relaxed);
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    /// The next local fragment for a file of one stripe; `None` when there is none (or it is
+    /// not known yet).
+    fn pick(&self) -> Option<u32> {
+        let local = self.local.get()?;
+        if local.is_empty() {
+            return None;
+        }
+        Some(local[self.next.fetch_add(1, Ordering::Relaxed) % local.len()])
     }
 }
 
@@ -41,8 +63,50 @@ impl Fs {
     /// instances: their files may have to switch to writing through to the PFS mid-write (see
     /// `through`), which needs every write to pass here.
     pub fn enable_passthrough(&self) {
-        self.passthrough
-            .set(self.client.fragments() == 1 && !self.cache);
+        self.passthrough.set(!self.cache);
+    }
+
+    /// Asks which of the instance's fragments are on this host (once); returns how many.
+    pub async fn learn_local_fragments(&self) -> usize {
+        if let Some(l) = self.passthrough.local.get() {
+            return l.len();
+        }
+        let local = self.client.local_fragments().await;
+        debug!("fragments on this host: {local:?}");
+        self.passthrough.local.get_or_init(|| local).len()
+    }
+
+    /// The layout of a new regular file made here in a directory whose default is
+    /// `dir_default`; learns which fragments are on this host first (once).
+    pub(super) async fn new_file_layout(&self, dir_default: FileLayout) -> FileLayout {
+        if self.passthrough.on() {
+            self.learn_local_fragments().await;
+        }
+        self.new_file_layout_now(dir_default)
+    }
+
+    /// [`new_file_layout`](Self::new_file_layout) with what is known now (no request): the
+    /// directory's default, with a file of one stripe placed on a fragment of this host when
+    /// the kernel does passthrough here; no default: one stripe on a fragment of this host in
+    /// that case, the instance's rule otherwise.
+    pub(super) fn new_file_layout_now(&self, dir_default: FileLayout) -> FileLayout {
+        let local = if self.passthrough.on() {
+            self.passthrough.pick()
+        } else {
+            None
+        };
+        match (local, dir_default.is_unset(), dir_default.stripe_count) {
+            (Some(frag), true, _) => FileLayout {
+                stripe_size: 0,
+                stripe_count: 1,
+                start: frag,
+            },
+            (Some(frag), false, 1) => FileLayout {
+                start: frag,
+                ..dir_default.for_child_file()
+            },
+            _ => dir_default.for_child_file(),
+        }
     }
 
     /// The backing file for an open of `ino`: the one already in use on this node, or the
@@ -65,8 +129,7 @@ impl Fs {
                 )
             }
             Ok(None) => {
-                debug!("instance's fragment is not on this host: no passthrough");
-                self.passthrough.set(false);
+                debug!("inode {ino}: its data is not one object on this host: no passthrough");
                 None
             }
             Err(e) => {

@@ -8,10 +8,18 @@
 //! `ENODATA` and is answered here without a round trip: the kernel asks for
 //! `security.capability` before every write through the daemon (to clear it), and that
 //! question must stay cheap.
+//!
+//! `user.surge.layout` is not stored as an attribute: it reads and sets the layout of a file
+//! or the default layout of a directory (`surge layout`; as `lustre.lov` and `lfs setstripe`
+//! do on Lustre), as text: `stripe_size=1048576 stripe_count=1 start=3`. It is not listed, so
+//! copying tools do not carry one instance's fragment numbers to another file system.
 
 use super::{stale, Fs, FsError, FsResult};
-use surge_core::Ino;
-use surge_proto::XATTR_NAME_MAX;
+use surge_core::{FileLayout, Ino};
+use surge_proto::{FileKind, XATTR_NAME_MAX};
+
+/// The attribute that reads and sets layouts.
+pub const LAYOUT_XATTR: &[u8] = b"user.surge.layout";
 
 /// Where a name's namespace is kept.
 enum Namespace {
@@ -64,6 +72,9 @@ impl Fs {
             return Err(e);
         }
         self.barrier().await?;
+        if name == LAYOUT_XATTR {
+            return self.layout_text(ino).await.map(String::into_bytes);
+        }
         self.client.get_xattr(ino, name).await.map_err(stale)
     }
 
@@ -96,11 +107,87 @@ impl Fs {
             .filter(|f| f & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) as u32 == 0)
             .ok_or_else(|| FsError::new(libc::EINVAL, format!("setxattr flags {flags:#x}")))?;
         self.barrier().await?;
+        if name == LAYOUT_XATTR {
+            let text = std::str::from_utf8(value).map_err(|_| {
+                FsError::new(libc::EINVAL, "user.surge.layout: the value is not text")
+            })?;
+            let layout = FileLayout::parse(text.trim_end_matches(['\0', '\n']))
+                .map_err(|e| FsError::new(libc::EINVAL, e.to_string()))?;
+            return self.set_layout(ino, layout).await;
+        }
         let a = self
             .client
             .set_xattr(ino, name, value, flags)
             .await
             .map_err(stale)?;
+        self.observe(a, false);
+        Ok(())
+    }
+
+    /// What `user.surge.layout` reads: a file's layout (resolved: the values its bytes are
+    /// placed by, and the instance's fragment count), a directory's default (`ENODATA` when it
+    /// has none).
+    pub async fn layout_text(&self, ino: Ino) -> FsResult<String> {
+        let a = self.client.getattr(ino).await.map_err(stale)?;
+        let a = self.observe(a, false);
+        match a.kind {
+            FileKind::File => {
+                let l = self.client.resolve_layout(ino, a.layout);
+                Ok(format!(
+                    "stripe_size={} stripe_count={} start={} fragments={}",
+                    l.stripe_size, l.stripe_count, l.start, l.fragments
+                ))
+            }
+            FileKind::Dir if a.layout.is_unset() => Err(FsError::new(
+                libc::ENODATA,
+                "the directory has no default layout (files made in it get the mount's choice)",
+            )),
+            FileKind::Dir => Ok(FileLayout {
+                start: surge_core::layout::START_ANY,
+                ..a.layout
+            }
+            .to_string()),
+            _ => Err(FsError::new(
+                libc::ENODATA,
+                "no layout: not a file or directory",
+            )),
+        }
+    }
+
+    /// Sets the layout of an empty file, or a directory's default (unset: none). A file open
+    /// here on its local object (passthrough) keeps that object: only a layout of one stripe
+    /// on the same fragment can be taken then.
+    pub async fn set_layout(&self, ino: Ino, mut layout: FileLayout) -> FsResult<()> {
+        match self
+            .inodes
+            .with(ino, |i| (i.opens > 0, i.size > 0, i.backing.is_some()))
+        {
+            Some((true, true, _)) => {
+                return Err(FsError::new(
+                    libc::EBUSY,
+                    "the file holds data: a layout is chosen before the first write",
+                ))
+            }
+            Some((true, _, true)) => {
+                let now = self.client.layout_of(ino).await.map_err(stale)?;
+                if layout.stripe_count != 1
+                    || (layout.start != surge_core::layout::START_ANY && layout.start != now.start)
+                {
+                    return Err(FsError::new(
+                        libc::EBUSY,
+                        format!(
+                            "the file is open here on its local object (fragment {}): only one \
+                             stripe on that fragment can be set now; set other layouts before \
+                             opening it, or on its directory",
+                            now.start
+                        ),
+                    ));
+                }
+                layout.start = now.start;
+            }
+            _ => {}
+        }
+        let a = self.client.set_layout(ino, layout).await.map_err(stale)?;
         self.observe(a, false);
         Ok(())
     }
@@ -111,6 +198,9 @@ impl Fs {
             _ => return Err(not_supported(name)),
         }
         self.barrier().await?;
+        if name == LAYOUT_XATTR {
+            return self.set_layout(ino, FileLayout::default()).await;
+        }
         let a = self.client.remove_xattr(ino, name).await.map_err(stale)?;
         self.observe(a, false);
         Ok(())

@@ -127,7 +127,17 @@ int main(int argc, char **argv) {
           "dw_get_stripe_configuration: rc %d size %d width %d index %d", rc, size, width, index);
     fprintf(report, "stripe %d %d %d\n", size, width, index);
     CHECK(dw_set_stripe_configuration(fd, size, width) == 0, "keeping the layout is allowed");
-    CHECK(dw_set_stripe_configuration(fd, size * 2, width) == -EOPNOTSUPP, "a new layout is not");
+    CHECK(dw_set_stripe_configuration(fd, size * 2, width) == -EBUSY,
+          "a new layout of a file with data is not");
+    close(fd);
+    /* An empty file takes a new layout, and reads it back. */
+    fd = open(at(dw, "striped-1m.dat"), O_RDWR | O_CREAT, 0644);
+    rc = dw_set_stripe_configuration(fd, 1 << 20, 1);
+    CHECK(rc == 0, "dw_set_stripe_configuration of an empty file: %d", rc);
+    rc = dw_get_stripe_configuration(fd, &size, &width, &index);
+    CHECK(rc == 0 && size == 1 << 20 && width == 1 && index >= 0,
+          "after setting: rc %d size %d width %d index %d", rc, size, width, index);
+    CHECK(write(fd, "x", 1) == 1, "write after setting the layout");
     close(fd);
     char *mds = dw_get_mds_path(dw, 42);
     CHECK(mds && strcmp(mds, dw) == 0, "dw_get_mds_path gave %s", mds ? mds : "NULL");
