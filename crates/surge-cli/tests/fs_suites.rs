@@ -61,10 +61,12 @@ struct Kind {
     _pfs: Option<Scratch>,
 }
 
-/// `striped`: 2 servers, 8 MiB stripes (DataWarp's default); `small-stripes`: 2 servers, 64 KiB
-/// stripes (a short file crosses fragments); `one-fragment`: 1 local server, kernel
-/// passthrough; `private`: 2 servers, a namespace per node, node 0 mounted; `cache`: 2 servers,
-/// a type=cache instance (every change journaled for the drain).
+/// `striped`: 2 servers, 8 MiB stripes over both (DataWarp's default, `--layout
+/// stripe_count=all`: every byte through the daemon); `small-stripes`: the same with 64 KiB
+/// stripes (a short file crosses fragments); `local`: 2 servers, the mount's own choice (as
+/// root: each file one stripe on a fragment of this host, kernel passthrough); `one-fragment`:
+/// 1 local server, kernel passthrough; `private`: 2 servers, a namespace per node, node 0
+/// mounted; `cache`: 2 servers, a type=cache instance (every change journaled for the drain).
 fn mount(kind: &str) -> Kind {
     if kind == "cache" {
         let pfs = Scratch::new("pjd-pfs");
@@ -78,16 +80,23 @@ fn mount(kind: &str) -> Kind {
             _pfs: Some(pfs),
         };
     }
-    let (servers, stripe, extra): (usize, &str, &[&str]) = match kind {
-        "striped" => (2, "8MiB", &[]),
-        "small-stripes" => (2, "64KiB", &[]),
-        "one-fragment" => (1, "8MiB", &[]),
-        "private" => (2, "8MiB", &["--access-mode", "private", "--nodes", "2"]),
+    const STRIPED: &[&str] = &["--layout", "stripe_count=all"];
+    let (servers, stripe, extra, mount_args): (usize, &str, &[&str], &[&str]) = match kind {
+        "striped" => (2, "8MiB", &[], STRIPED),
+        "small-stripes" => (2, "64KiB", &[], STRIPED),
+        "local" => (2, "8MiB", &[], &[]),
+        "one-fragment" => (1, "8MiB", &[], &[]),
+        "private" => (
+            2,
+            "8MiB",
+            &["--access-mode", "private", "--nodes", "2"],
+            &[],
+        ),
         other => panic!("unknown instance kind {other}"),
     };
     let c = cluster(servers, "4GiB");
     let id = c.create_instance("2GiB", stripe, extra);
-    let m = Mount::new(&c, id, 0);
+    let m = Mount::with_args(&c, id, 0, mount_args);
     Kind {
         _cluster: c,
         mount: m,
@@ -173,6 +182,11 @@ fn pjdfstest_on_striped() {
 }
 
 #[test]
+fn pjdfstest_on_local() {
+    pjdfstest_on("local");
+}
+
+#[test]
 fn pjdfstest_on_one_fragment() {
     pjdfstest_on("one-fragment");
 }
@@ -221,10 +235,43 @@ fn fsx_on(kind: &str, args: &[&str]) {
             k.mount.log()
         );
     }
+    // The layout the kind is about is the one the file got.
+    let layout = layout_of(&file);
+    let want = match kind {
+        "striped" | "small-stripes" => Some("stripe_count=2 "),
+        "local" if surge_testkit::is_root() => Some("stripe_count=1 "),
+        _ => None,
+    };
+    if let Some(w) = want {
+        assert!(layout.contains(w), "{kind}: fsx.dat has layout {layout}");
+    }
     eprintln!(
-        "fsx {args:?} on a {kind} instance: {}",
+        "fsx {args:?} on a {kind} instance ({layout}): {}",
         text.lines().last().unwrap_or_default()
     );
+}
+
+/// `user.surge.layout` of `path`.
+fn layout_of(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path");
+    let mut buf = [0u8; 256];
+    // SAFETY: a NUL-terminated path and name, and a buffer writable for its length.
+    let n = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            c"user.surge.layout".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert!(
+        n >= 0,
+        "getxattr user.surge.layout of {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    String::from_utf8_lossy(&buf[..n as usize]).into_owned()
 }
 
 /// fsx's operation mix in O_DIRECT: direct reads and writes, no mmap, 4 KiB aligned.
@@ -242,6 +289,11 @@ fn fsx_on_one_fragment_with_o_direct() {
         "one-fragment",
         &[&["-q", "-N", "20000", "-S", "4"], O_DIRECT].concat(),
     );
+}
+
+#[test]
+fn fsx_on_local_one_stripe_files_of_a_striped_instance() {
+    fsx_on("local", &["-q", "-N", "50000", "-S", "7"]);
 }
 
 #[test]

@@ -133,9 +133,17 @@ pub struct MountArgs {
     pub threads: usize,
 
     /// Never use kernel FUSE passthrough (by default it is used, as root on Linux >= 6.9, for
-    /// files of a one-fragment instance whose server runs on this host).
+    /// files of one stripe on a fragment whose server runs on this host).
     #[arg(long)]
     pub no_passthrough: bool,
+
+    /// The layout of files made through this mount where no directory default says
+    /// otherwise (`surge layout set DIR` sets those). `auto`: one stripe on a fragment of this
+    /// host when the kernel can read and write it directly (passthrough), else the instance's
+    /// rule (every fragment, DataWarp's striping). Or a layout, e.g. `stripe_count=all` (always
+    /// stripe over every fragment), `stripe_count=1`, `stripe_size=1MiB stripe_count=4`.
+    #[arg(long, value_name = "LAYOUT", default_value = "auto", value_parser = layout_arg)]
+    pub layout: LayoutArg,
 
     /// Hand metadata requests to the async runtime like data requests, instead of answering
     /// them on the FUSE threads (slower: one more thread wake-up each way; for comparison).
@@ -178,6 +186,19 @@ fn write_stats(path: &std::path::Path, client: &InstanceClient, dumps: u64) {
     }
 }
 
+/// `--layout`: `auto` or a layout.
+#[derive(Clone, Copy, Debug)]
+pub struct LayoutArg(pub Option<surge_core::FileLayout>);
+
+fn layout_arg(s: &str) -> Result<LayoutArg, String> {
+    if s == "auto" {
+        return Ok(LayoutArg(None));
+    }
+    surge_core::FileLayout::parse(s)
+        .map(|l| LayoutArg(Some(l)))
+        .map_err(|e| e.to_string())
+}
+
 pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
     let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGUSR1]);
     let rt = runtime()?;
@@ -189,6 +210,10 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         token,
         ClientOptions { deadline },
     )?;
+    if let Some(l) = args.layout.0 {
+        l.check(client.fragments())
+            .with_context(|| format!("--layout {l}"))?;
+    }
     // Fail early with a clear message if the metadata server is not reachable.
     rt.block_on(client.getattr(1))
         .with_context(|| format!("cannot reach the metadata server of namespace {}", args.ns))?;
@@ -200,6 +225,7 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         threads: args.threads,
         passthrough: !args.no_passthrough && mount::is_root(),
         inline_metadata: !args.async_metadata,
+        default_layout: args.layout.0,
         ..MountOptions::default()
     };
     let mut mounted = mount::mount(client, rt.handle().clone(), &args.mountpoint, &opts)?;

@@ -20,11 +20,15 @@ pub struct MountOptions {
     pub threads: usize,
     /// Let users other than the mounter use the mount (needs root or `user_allow_other`).
     pub allow_other: bool,
-    /// Use kernel FUSE passthrough for files whose data is in one object on this host (a
-    /// one-fragment instance on a local server). Needs root and Linux >= 6.9.
+    /// Use kernel FUSE passthrough for files whose data is in one object on this host (one
+    /// stripe on a fragment whose server runs here). Needs root and Linux >= 6.9.
     pub passthrough: bool,
     /// Answer metadata requests on the FUSE threads instead of handing them to the runtime.
     pub inline_metadata: bool,
+    /// The layout of new files where no directory default says otherwise; `None`: one
+    /// stripe on a fragment of this host when passthrough can serve it, the instance's rule
+    /// otherwise (see `Fs::new_file_layout`).
+    pub default_layout: Option<surge_core::FileLayout>,
 }
 
 impl Default for MountOptions {
@@ -35,6 +39,7 @@ impl Default for MountOptions {
             allow_other: is_root(),
             passthrough: is_root(),
             inline_metadata: true,
+            default_layout: None,
         }
     }
 }
@@ -129,7 +134,9 @@ pub fn mount(
     config.clone_fd = true;
 
     let client = Arc::new(client);
-    let fs = Arc::new(Fs::new(client.clone(), opts.ttl.attr, opts.ttl.entry));
+    let mut fs = Fs::new(client.clone(), opts.ttl.attr, opts.ttl.entry);
+    fs.set_default_layout(opts.default_layout);
+    let fs = Arc::new(fs);
     if client.desc.cache_pfs.is_some() {
         // A cache namespace: commit files being written every second (see
         // `Fs::commit_dirty`); stops when the file system goes.

@@ -165,13 +165,18 @@ impl Drop for Scratch {
     }
 }
 
+/// Whether the tests run as root (mounts then use kernel passthrough).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Why FUSE tests cannot run here, if they cannot.
 pub fn fuse_unavailable() -> Option<String> {
     if !Path::new("/dev/fuse").exists() {
         return Some("/dev/fuse does not exist".into());
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = is_root();
     if !root && Command::new("fusermount3").arg("-V").output().is_err() {
         return Some("not root and fusermount3 is not installed".into());
     }

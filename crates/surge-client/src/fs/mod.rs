@@ -169,6 +169,9 @@ pub struct Fs {
     cache: bool,
     /// A read-only ldbalance replica: nothing changes it while it is mounted.
     immutable: bool,
+    /// The layout of new files where no directory default says otherwise (`surge mount
+    /// --layout`); `None`: the mount's own choice (see `passthrough`).
+    default_layout: Option<surge_core::FileLayout>,
 }
 
 /// Stripes of [`Fs::size_locks`].
@@ -206,7 +209,14 @@ impl Fs {
                 .collect(),
             cache,
             immutable,
+            default_layout: None,
         }
+    }
+
+    /// Sets the layout of new files where no directory default says otherwise (`None`: the
+    /// mount's own choice).
+    pub fn set_default_layout(&mut self, l: Option<surge_core::FileLayout>) {
+        self.default_layout = l.filter(|l| !l.is_unset());
     }
 
     /// The lock serializing size changes of `ino` (see `size_locks`).

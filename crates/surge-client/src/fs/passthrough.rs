@@ -90,6 +90,10 @@ impl Fs {
     /// the kernel does passthrough here; no default: one stripe on a fragment of this host in
     /// that case, the instance's rule otherwise.
     pub(super) fn new_file_layout_now(&self, dir_default: FileLayout) -> FileLayout {
+        let dir_default = match self.default_layout {
+            Some(mine) if dir_default.is_unset() => mine.as_default(),
+            _ => dir_default,
+        };
         let local = if self.passthrough.on() {
             self.passthrough.pick()
         } else {
