@@ -20,6 +20,8 @@ have gfortran    || need+=(gfortran)
 have chromium    || need+=(chromium)
 have make        || need+=(make)
 have sqlite3     || need+=(sqlite3)
+# setfattr/getfattr: layouts through a mount (user.surge.layout) in tests and benchmarks.
+have setfattr    || need+=(attr)
 # MUNGE authenticates every client of the manager (munged, mungekey, libmunge to link).
 have munged      || need+=(munge)
 [ -f /usr/include/munge.h ] || need+=(libmunge-dev)

@@ -56,6 +56,8 @@ enum Command {
     Server(ServerCmd),
     /// Mount an instance's namespace as a POSIX directory (FUSE).
     Mount(surge_client::cli::MountArgs),
+    /// Layouts of files and directories on a mount: stripe size and count (lfs setstripe).
+    Layout(surge_client::cli::LayoutArgs),
     /// IOR/mdtest-style benchmarks of any path: bandwidth, IOPS, metadata rates.
     Bench(surge_bench::cli::BenchArgs),
     /// Record the I/O of a command and say whether it is bandwidth-, IOPS- or metadata-bound.
@@ -235,6 +237,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Mount(a) => surge_client::cli::run_mount(a),
+        Command::Layout(a) => surge_client::cli::run_layout(a),
         Command::Bench(a) => surge_bench::cli::run(a),
         Command::Profile(a) => surge_profile::cli::run_profile(a),
         Command::Advise(a) => surge_profile::cli::run_advise(a),

@@ -524,3 +524,215 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
         Ok(ExitCode::SUCCESS)
     })
 }
+
+/// Layouts of files and directories on a Surge mount (Lustre's `lfs getstripe` / `lfs
+/// setstripe`): how a file's bytes lie over the instance's fragments.
+///
+/// A file's layout is chosen when it is made and may change only while it is empty; a
+/// directory's is the default of the files and directories made in it afterwards. Without
+/// one, a mount that can use kernel passthrough makes each new file one stripe on a fragment
+/// of its own host (read and written by the kernel at the fast tier's speed); other mounts
+/// stripe it over every fragment (DataWarp's default). Stripe over every fragment for large
+/// files shared by many nodes, one stripe for many files written by one process each.
+///
+/// Examples:
+///   surge layout get $DW_JOB_STRIPED/ckpt.h5
+///   surge layout set $DW_JOB_STRIPED/ckpts --stripe-count all     # shared checkpoints
+///   surge layout set $DW_JOB_STRIPED/logs --stripe-count 1        # file per process
+///   surge layout set $DW_JOB_STRIPED/out.dat --stripe-size 1MiB --stripe-count 4
+///   surge layout unset $DW_JOB_STRIPED/ckpts                      # back to the mount's choice
+/// The same through the attribute `user.surge.layout` (getfattr/setfattr, or an
+/// application's fsetxattr before its first write):
+///   setfattr -n user.surge.layout -v "stripe_count=1" $DW_JOB_STRIPED/logs
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct LayoutArgs {
+    #[command(subcommand)]
+    pub command: LayoutCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum LayoutCommand {
+    /// Print the layout of files (stripe size, count, first fragment) or directories
+    /// (their default; "none" when they have none).
+    Get {
+        /// Files or directories on a Surge mount.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// One JSON object per path ({"path", "kind", "stripe_size", "stripe_count", "start",
+        /// "fragments"}; a directory's values are its default, 0 for "the instance's").
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set the layout of empty files, or the default of directories.
+    Set {
+        /// Empty files (made if missing) or directories on a Surge mount.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Bytes per stripe (a multiple of 4 KiB; e.g. 1MiB, 8MiB); the instance's if not given.
+        #[arg(long, value_name = "SIZE", value_parser = surge_core::sys::size_arg)]
+        stripe_size: Option<u64>,
+        /// Fragments the stripes go to: a number, or `all` for every fragment of the instance.
+        #[arg(long, value_name = "N|all")]
+        stripe_count: Option<String>,
+        /// The fragment holding the first stripe (default: chosen per file).
+        #[arg(long, value_name = "K")]
+        start: Option<u32>,
+    },
+    /// Remove the default layout of directories (files made there get the mount's choice).
+    Unset {
+        /// Directories on a Surge mount.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+}
+
+const LAYOUT_XATTR: &str = "user.surge.layout";
+
+fn xattr_call(path: &std::path::Path, what: &str, rc: isize) -> anyhow::Result<usize> {
+    if rc >= 0 {
+        return Ok(rc as usize);
+    }
+    let e = std::io::Error::last_os_error();
+    let hint = match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => " (not on a Surge mount?)",
+        Some(libc::EBUSY) => " (a file's layout is set before its first write)",
+        _ => "",
+    };
+    anyhow::bail!("{what} {}: {e}{hint}", path.display())
+}
+
+fn cpath(path: &std::path::Path) -> anyhow::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .with_context(|| format!("{}: a path with a NUL byte", path.display()))
+}
+
+/// `user.surge.layout` of `path`; `None` for a directory without a default.
+fn get_layout_text(path: &std::path::Path) -> anyhow::Result<Option<String>> {
+    let c = cpath(path)?;
+    let mut buf = [0u8; 512];
+    // SAFETY: NUL-terminated path and name, a buffer writable for its length.
+    let rc = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            c"user.surge.layout".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODATA) {
+        return Ok(None);
+    }
+    let n = xattr_call(path, "cannot read the layout of", rc)?;
+    Ok(Some(String::from_utf8_lossy(&buf[..n]).into_owned()))
+}
+
+fn set_layout_text(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    let c = cpath(path)?;
+    // SAFETY: NUL-terminated path and name, a value readable for its length.
+    let rc = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            c"user.surge.layout".as_ptr(),
+            text.as_ptr().cast(),
+            text.len(),
+            0,
+        )
+    };
+    xattr_call(path, &format!("cannot set layout '{text}' on"), rc as isize).map(|_| ())
+}
+
+pub fn run_layout(args: LayoutArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        LayoutCommand::Get { paths, json } => {
+            for p in paths {
+                let md = std::fs::metadata(&p)
+                    .with_context(|| format!("cannot stat {}", p.display()))?;
+                let text = get_layout_text(&p)?;
+                let kind = if md.is_dir() { "directory" } else { "file" };
+                if json {
+                    let l = text
+                        .as_deref()
+                        .map(surge_core::FileLayout::parse)
+                        .transpose()
+                        .with_context(|| format!("{}: {LAYOUT_XATTR}", p.display()))?
+                        .unwrap_or_default();
+                    let fragments = text.as_deref().and_then(|t| {
+                        t.split_whitespace()
+                            .find_map(|kv| kv.strip_prefix("fragments="))
+                            .and_then(|v| v.parse::<u32>().ok())
+                    });
+                    let count = match l.stripe_count {
+                        surge_core::layout::STRIPE_ALL => serde_json::json!("all"),
+                        n => serde_json::json!(n),
+                    };
+                    let start = (l.start != surge_core::layout::START_ANY && l.stripe_count != 0)
+                        .then_some(l.start);
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "path": p.display().to_string(),
+                            "kind": kind,
+                            "stripe_size": l.stripe_size,
+                            "stripe_count": count,
+                            "start": start,
+                            "fragments": fragments,
+                            "default": md.is_dir() && text.is_some(),
+                        })
+                    );
+                } else {
+                    let shown = match (&text, md.is_dir()) {
+                        (Some(t), _) => t.clone(),
+                        (None, true) => "none (files made here get the mount's choice)".to_string(),
+                        (None, false) => "none".to_string(),
+                    };
+                    println!("{}: {kind} {shown}", p.display());
+                }
+            }
+        }
+        LayoutCommand::Set {
+            paths,
+            stripe_size,
+            stripe_count,
+            start,
+        } => {
+            let mut parts = Vec::new();
+            if let Some(s) = stripe_size {
+                parts.push(format!("stripe_size={s}"));
+            }
+            if let Some(c) = &stripe_count {
+                parts.push(format!("stripe_count={c}"));
+            }
+            if let Some(s) = start {
+                parts.push(format!("start={s}"));
+            }
+            anyhow::ensure!(
+                !parts.is_empty(),
+                "give --stripe-size, --stripe-count or --start (see surge layout set --help)"
+            );
+            let text = parts.join(" ");
+            // Checked here, so a mistake is named before any file is touched.
+            surge_core::FileLayout::parse(&text)?;
+            for p in paths {
+                if !p.exists() {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(&p)
+                        .with_context(|| format!("cannot make {}", p.display()))?;
+                }
+                set_layout_text(&p, &text)?;
+            }
+        }
+        LayoutCommand::Unset { paths } => {
+            for p in paths {
+                let c = cpath(&p)?;
+                // SAFETY: NUL-terminated path and name.
+                let rc = unsafe { libc::removexattr(c.as_ptr(), c"user.surge.layout".as_ptr()) };
+                xattr_call(&p, "cannot remove the default layout of", rc as isize)?;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -808,21 +808,24 @@ impl InstanceClient {
             return Ok(None);
         }
         if let Some(dir) = self.local_dirs[frag].get() {
-            // The fragment is known to be here: open (or create) the object directly.
+            // The fragment is known to be here: open the object directly when it exists. A
+            // missing one is made by its server (with the server's ownership: a root mount
+            // must not leave objects its servers' user cannot write).
             let path = dir.join(surge_core::layout::object_name(self.file_id(ino)));
-            return match std::fs::OpenOptions::new()
+            match std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
-                .create(true)
-                .truncate(false)
                 .open(&path)
             {
-                Ok(f) => Ok(Some(f)),
-                Err(e) => Err(ClientError::local(
-                    e.raw_os_error().unwrap_or(libc::EIO),
-                    format!("cannot open {}: {e}", path.display()),
-                )),
-            };
+                Ok(f) => return Ok(Some(f)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(ClientError::local(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        format!("cannot open {}: {e}", path.display()),
+                    ))
+                }
+            }
         }
         let req = Request::LocalObject {
             instance: self.instance(),
