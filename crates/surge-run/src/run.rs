@@ -252,6 +252,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let t = Instant::now();
     let surge_exe = std::env::current_exe().context("cannot find the surge executable")?;
+    let mut embedded_opts = None;
     let (embedded, manager, pool_fallback) = match &args.manager {
         Some(m) => (None, m.clone(), false),
         None => {
@@ -260,16 +261,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(crate::embedded::default_fast_dir);
             let state = args.state_dir.clone().unwrap_or_else(|| fast.join("state"));
-            let emb = Embedded::start(
-                &EmbeddedOptions {
-                    fast_dir: fast.clone(),
-                    state_dir: state,
-                    servers: args.servers.max(1),
-                    server_capacity: args.server_capacity,
-                    granularity: args.granularity,
-                },
-                &surge_exe,
-            )?;
+            let opts = EmbeddedOptions {
+                fast_dir: fast.clone(),
+                state_dir: state,
+                servers: args.servers.max(1),
+                server_capacity: args.server_capacity,
+                granularity: args.granularity,
+            };
+            let emb = Embedded::start(&opts, &surge_exe)?;
+            embedded_opts = Some(opts);
             let m = emb.manager.clone();
             rep.phase(
                 "start",
@@ -310,6 +310,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         surge_exe: &surge_exe,
         pool_fallback,
         sig: &sig,
+        stage_in_bytes: &in_bytes,
+        embedded: embedded_opts.as_ref(),
     };
     let outcome = rt.block_on(job(&ctx, &mut rep, &mut alloc, rt.handle().clone()));
     // Whatever happened: unmount and end the session if the job flow did not get that far.
@@ -397,6 +399,10 @@ struct Ctx<'a> {
     /// Embedded mode: a pool the script names but that does not exist falls back to the default.
     pool_fallback: bool,
     sig: &'a Signals,
+    /// Bytes staged in, per instance variable (a targets-only job instance must hold them).
+    stage_in_bytes: &'a std::collections::HashMap<DwVariable, u64>,
+    /// The embedded default's options, when it runs the job.
+    embedded: Option<&'a EmbeddedOptions>,
 }
 
 struct Outcome {
@@ -517,36 +523,36 @@ async fn job(
         }
     }
 
-    // `#SURGE jobdw`: the targets become a capacity, or the job is refused here.
-    let mut sized = None;
+    // `#SURGE jobdw`: the manager sizes the job instance from calibrated peaks. The embedded
+    // default measures its peaks the first time a job asks (then keeps them).
     let job_pool = d.jobdw.as_ref().map(|j| pool_for(&j.pool, rep));
-    if let (Some(j), Some(pool)) = (&d.jobdw, &job_pool) {
+    let targets = d.jobdw.as_ref().and_then(crate::targets::request_targets);
+    let given = match &d.jobdw {
+        Some(j) => crate::targets::given_peaks(j, ctx.args.peaks.as_deref(), ctx.script_name)?,
+        None => String::new(),
+    };
+    if let (Some(_), true, Some(opts)) = (&targets, given.is_empty(), ctx.embedded) {
         let t = Instant::now();
-        if let Some(r) = crate::targets::resolve(
-            &mut c,
-            j,
-            pool,
-            nodes,
-            ctx.args.peaks.as_deref(),
-            ctx.script_name,
-        )
-        .await?
-        {
-            rep.phase("size", r.detail(), t, true);
-            for w in &r.sizing.why {
-                rep.note(&format!("  {w}"));
+        match crate::calibrate::ensure_embedded(&mut c, &rt, opts).await {
+            Ok(Some(line)) => rep.phase("calibrate", line, t, true),
+            Ok(None) => {}
+            Err(e) => {
+                rep.phase("calibrate", format!("{e:#}"), t, false);
+                return Err(e.context("cannot measure the peaks the targets are sized from"));
             }
-            sized = Some(r);
         }
     }
-    let mut targets_json = sized.as_ref().map(|r| r.json());
 
     // The session: job instance and attached persistent instances.
     let t = Instant::now();
     let job_req = d.jobdw.as_ref().map(|j| api::CreateInstanceRequest {
-        capacity: sized
-            .as_ref()
-            .map_or(j.capacity, |r| r.capacity.max(j.capacity)),
+        // Targets: the least capacity asked, and room for what is staged in.
+        capacity: if j.targets.is_some() {
+            j.capacity
+                .max(ctx.stage_in_bytes.get(&job_var(j.access_mode)).copied().unwrap_or(0))
+        } else {
+            j.capacity
+        },
         access_mode: j.access_mode.as_str().into(),
         pool: job_pool.clone().unwrap_or_default(),
         persistent_name: String::new(),
@@ -557,6 +563,9 @@ async fn job(
         share_with_group: false,
         cache_pfs: j.pfs.clone().unwrap_or_default(),
         cache_fsync_pfs: j.fsync_pfs,
+        targets,
+        peaks_json: given.clone(),
+        server: String::new(),
     });
     let job_name = ctx
         .args
@@ -658,6 +667,19 @@ async fn job(
         ),
     };
     rep.phase("allocate", detail, t, true);
+    // What the manager promised for the targets, and why.
+    let promise = session
+        .instances
+        .iter()
+        .find(|i| i.id == session.job_instance)
+        .and_then(crate::targets::promise_of);
+    if let Some(p) = &promise {
+        rep.phase("size", crate::targets::detail(p), t, true);
+        for w in &p.why {
+            rep.note(&format!("  {w}"));
+        }
+    }
+    let mut targets_json = promise.as_ref().and_then(|p| serde_json::to_value(p).ok());
 
     // A cache instance is filled from its PFS directory, then its journal starts empty: what
     // the fill wrote is on the PFS already.
@@ -870,7 +892,7 @@ async fn job(
         );
     }
 
-    if let (Some(r), true) = (&sized, ctx.args.measure_targets) {
+    if let (Some(p), true) = (&promise, ctx.args.measure_targets) {
         let t = Instant::now();
         let mount = nodes_file.nodes[0]
             .mounts
@@ -878,7 +900,7 @@ async fn job(
             .find(|m| m.instance == session.job_instance)
             .map(|m| m.path.clone())
             .context("the job instance is not mounted")?;
-        let (measured, line) = crate::targets::measure(&mount, r)?;
+        let (measured, line) = crate::targets::measure(&mount, p)?;
         rep.phase("measure", line, t, true);
         if let Some(serde_json::Value::Object(o)) = targets_json.as_mut() {
             o.insert("measured".into(), measured);
