@@ -370,7 +370,7 @@ fn print_peaks(list: &api::PeaksList) {
         row(&p.server, p, &p.state);
     }
     for p in &list.pools {
-        row(&format!("(all {} at once)", p.servers), p, "-");
+        row(&format!("({} servers at once)", p.servers), p, "-");
     }
     if list.servers.is_empty() {
         println!("(no servers registered)");
@@ -566,6 +566,18 @@ pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
                 },
                 if s.mount { " (mounted)" } else { "" }
             );
+            if let Ok(p) = serde_json::from_str::<crate::targets::Promise>(&s.promise_json) {
+                println!(
+                    "{:>6} promised {} for {}",
+                    "",
+                    crate::targets::describe(&p.offer),
+                    p.why
+                        .iter()
+                        .map(|w| w.split(':').next().unwrap_or_default())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
         }
         Ok(ExitCode::SUCCESS)
     })

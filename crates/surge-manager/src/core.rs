@@ -811,7 +811,11 @@ impl Core {
             .into_iter()
             .map(|r| (r.key, r.peaks))
             .collect();
-        let aggregate = store.pool_peaks()?.into_iter().find(|p| p.key == pool.name);
+        let curve: Vec<PeaksRow> = store
+            .pool_peaks()?
+            .into_iter()
+            .filter(|p| p.key == pool.name)
+            .collect();
         let g = pool.granularity.max(1);
         let views: Vec<ServerView<'_>> = candidates
             .iter()
@@ -832,21 +836,24 @@ impl Core {
             nodes,
             granularity: g,
         };
-        // Peaks given with the request stand for every server: the pool's aggregate, measured
+        // Peaks given with the request stand for every server: the pool's curve, measured
         // with other peaks, does not apply to them.
-        let agg = match (&req.peaks, &aggregate) {
-            (None, Some(a)) => Some(Aggregate {
-                peaks: &a.peaks,
-                servers: a.servers,
-            }),
-            _ => None,
+        let curve: Vec<Aggregate<'_>> = match &req.peaks {
+            Some(_) => Vec::new(),
+            None => curve
+                .iter()
+                .map(|a| Aggregate {
+                    peaks: &a.peaks,
+                    servers: a.servers,
+                })
+                .collect(),
         };
         let source = if req.peaks.is_some() {
             "given"
         } else {
             "registered"
         };
-        plan(&ask, &views, agg, &pool.name, source).map_err(|e| match e {
+        plan(&ask, &views, &curve, &pool.name, source).map_err(|e| match e {
             TargetError::NoPeaks { .. } => ManagerError::Busy(format!("pool '{}': {e}", pool.name)),
             TargetError::Unmet { .. } => {
                 ManagerError::NoSpace(format!("pool '{}' cannot meet the targets: {e}", pool.name))
@@ -979,7 +986,10 @@ impl Core {
         let sid = self.store.lock().create_session(job, uid, gid, external)?;
         if let Some(req) = job_instance {
             match self.create_instance(&req).await {
-                Ok(inst) => self.store.lock().set_session_instance(sid, inst.id)?,
+                Ok(inst) => self
+                    .store
+                    .lock()
+                    .set_session_instance(sid, inst.id, &inst.promise)?,
                 Err(e) => {
                     self.store.lock().end_session(sid, "failed")?;
                     return Err(e);

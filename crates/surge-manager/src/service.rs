@@ -175,7 +175,7 @@ impl Manager for Service {
         let out = if r.pool_aggregate {
             view.pools
                 .iter()
-                .find(|p| p.key == row.key)
+                .find(|p| p.key == row.key && p.servers == row.servers)
                 .map(views::pool_peaks)
         } else {
             view.servers

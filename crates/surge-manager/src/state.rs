@@ -75,6 +75,10 @@ pub struct SessionRow {
     pub hosts: Vec<String>,
     /// Agents should have the session's instances mounted on `hosts`.
     pub mount: bool,
+    /// What the manager promised for its job instance's performance targets (JSON), else "";
+    /// kept after the instance is gone.
+    #[serde(default)]
+    pub promise: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -99,8 +103,8 @@ pub struct StageRow {
     pub created: i64,
 }
 
-/// Calibrated peaks registered for a server (`key` = its id) or for a pool's servers measured
-/// all at once (`key` = the pool, `servers` = how many).
+/// Calibrated peaks registered for a server (`key` = its id) or for some of a pool's servers
+/// measured at once (`key` = the pool, `servers` = how many: a point of the pool's curve).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct PeaksRow {
     pub key: String,
@@ -153,9 +157,9 @@ impl Store {
              CREATE TABLE IF NOT EXISTS server_peaks(
                 server TEXT PRIMARY KEY, peaks TEXT NOT NULL, source TEXT NOT NULL,
                 registered INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS pool_peaks(
-                pool TEXT PRIMARY KEY, servers INTEGER NOT NULL, peaks TEXT NOT NULL,
-                source TEXT NOT NULL, registered INTEGER NOT NULL);",
+             CREATE TABLE IF NOT EXISTS pool_curve(
+                pool TEXT NOT NULL, servers INTEGER NOT NULL, peaks TEXT NOT NULL,
+                source TEXT NOT NULL, registered INTEGER NOT NULL, PRIMARY KEY(pool, servers));",
         )?;
         // Columns added since the first release: databases made before get them here.
         add_column(
@@ -171,6 +175,7 @@ impl Store {
         add_column(&db, "sessions", "mount", "INTEGER NOT NULL DEFAULT 0")?;
         // What a performance-target allocation promised (JSON, '' for the others).
         add_column(&db, "instances", "promise", "TEXT NOT NULL DEFAULT ''")?;
+        add_column(&db, "sessions", "promise", "TEXT NOT NULL DEFAULT ''")?;
         // Instance ids name fragments on servers, which outlive a manager whose state was
         // deleted: start a fresh database at a random offset so ids are not reused.
         let empty: bool = db
@@ -319,8 +324,8 @@ impl Store {
         source: &str,
     ) -> R<()> {
         self.db.execute(
-            "INSERT INTO pool_peaks(pool, servers, peaks, source, registered) VALUES (?1,?2,?3,?4,?5)
-             ON CONFLICT(pool) DO UPDATE SET servers = excluded.servers, peaks = excluded.peaks,
+            "INSERT INTO pool_curve(pool, servers, peaks, source, registered) VALUES (?1,?2,?3,?4,?5)
+             ON CONFLICT(pool, servers) DO UPDATE SET peaks = excluded.peaks,
                 source = excluded.source, registered = excluded.registered",
             params![
                 pool,
@@ -361,10 +366,11 @@ impl Store {
         )
     }
 
-    /// Every pool's aggregate peaks.
+    /// Every pool's curve: its servers measured together, one row per number of servers.
     pub fn pool_peaks(&self) -> R<Vec<PeaksRow>> {
         self.peaks_rows(
-            "SELECT pool, peaks, source, registered, servers FROM pool_peaks ORDER BY pool",
+            "SELECT pool, peaks, source, registered, servers FROM pool_curve
+             ORDER BY pool, servers",
         )
     }
 
@@ -558,10 +564,11 @@ impl Store {
         Ok(())
     }
 
-    pub fn set_session_instance(&self, session: u64, instance: u64) -> R<()> {
+    /// The session's job instance, and what it promised (see [`SessionRow::promise`]).
+    pub fn set_session_instance(&self, session: u64, instance: u64, promise: &str) -> R<()> {
         self.db.execute(
-            "UPDATE sessions SET job_instance = ?2 WHERE id = ?1",
-            params![session as i64, instance as i64],
+            "UPDATE sessions SET job_instance = ?2, promise = ?3 WHERE id = ?1",
+            params![session as i64, instance as i64, promise],
         )?;
         Ok(())
     }
@@ -597,6 +604,7 @@ impl Store {
             phase: r.get(9)?,
             hosts: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
             mount: r.get(11)?,
+            promise: r.get(12)?,
         })
     }
 
@@ -615,7 +623,7 @@ impl Store {
             .db
             .query_row(
                 "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
-                        external, phase, hosts, mount
+                        external, phase, hosts, mount, promise
                  FROM sessions WHERE id = ?1",
                 [id as i64],
                 |r| self.session_from_row(r),
@@ -647,7 +655,7 @@ impl Store {
     fn sessions_where(&self, cond: &str) -> R<Vec<SessionRow>> {
         let mut st = self.db.prepare(&format!(
             "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
-                    external, phase, hosts, mount
+                    external, phase, hosts, mount, promise
              FROM sessions WHERE {cond} ORDER BY id"
         ))?;
         let mut out = st

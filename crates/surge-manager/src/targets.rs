@@ -6,8 +6,10 @@
 //! The model: a server's data bandwidth and IOPS are its calibrated peaks (those of a
 //! one-fragment instance on it, the lower of read and write so the promise holds either way),
 //! shared by all the fragments it holds; an instance's are the sum over its distinct servers,
-//! capped by the pool's aggregate peaks when they were measured (all servers at once: on one
-//! host they share its memory and cores). Metadata does not add up with fragments: a striped
+//! capped by what the pool gave when that many of its servers were measured at once (the
+//! pool's curve: one fragment on each of 2, 4, ... and all servers; on one host the servers
+//! share its memory and cores, and a one-fragment file is opened with FUSE passthrough, so the
+//! curve can even fall). Metadata does not add up with fragments: a striped
 //! namespace has one metadata service, a private one one per compute node; each is placed on
 //! the calibrated server with the highest metadata peak not already given one. Pure
 //! arithmetic: the caller gives the servers, their free fragments and their peaks.
@@ -27,12 +29,23 @@ pub struct ServerView<'a> {
     pub peaks: Option<&'a Peaks>,
 }
 
-/// The pool's servers measured all at once.
+/// A point of the pool's curve: some of its servers measured at once.
 #[derive(Clone, Debug)]
 pub struct Aggregate<'a> {
     pub peaks: &'a Peaks,
-    /// How many servers that measurement spanned.
+    /// How many servers that measurement spanned (one fragment on each).
     pub servers: u32,
+}
+
+/// The cap on `k` servers together: the curve's point at the fewest servers not below `k`,
+/// else its largest; none for one server (its own peaks say it) unless measured so.
+fn cap_at(curve: &[Offer], k: usize) -> Option<&Offer> {
+    let k = k as u64;
+    curve
+        .iter()
+        .filter(|c| c.fragments >= k && (k > 1 || c.fragments == 1))
+        .min_by_key(|c| c.fragments)
+        .or_else(|| curve.iter().filter(|_| k > 1).max_by_key(|c| c.fragments))
 }
 
 /// What is asked.
@@ -55,6 +68,13 @@ pub struct Offer {
     pub bandwidth: f64,
     pub iops: f64,
     pub metadata: f64,
+    /// Processes at which its bandwidth was measured (a curve's point; 0 otherwise).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub procs: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One server's part of a promise.
@@ -84,9 +104,14 @@ pub struct Promise {
     pub metadata_servers: Vec<String>,
     /// Where the peaks came from: "registered" (the manager's) or "given" (with the request).
     pub peaks: String,
-    /// The aggregate cap applied, if any: (bandwidth, iops, servers it spanned).
+    /// The point of the pool's curve that capped the sum, if any (`fragments` = the servers
+    /// it spanned).
     #[serde(default)]
     pub aggregate: Option<Offer>,
+    /// I/O processes at which the promised bandwidth was measured (the curve's point when it
+    /// capped the promise, else the sum over the servers): what to measure it with.
+    #[serde(default)]
+    pub procs: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -174,8 +199,9 @@ fn offer_of(
     md: &[usize],
     fragments: u64,
     g: u64,
-    cap: Option<&Offer>,
+    curve: &[Offer],
 ) -> Offer {
+    let cap = cap_at(curve, chosen.len());
     let peaks = |i: usize| servers[i].peaks;
     let mut bw: f64 = chosen
         .iter()
@@ -204,15 +230,16 @@ fn offer_of(
             .filter_map(|&i| peaks(i))
             .map(|p| p.metadata_ops)
             .sum(),
+        procs: 0,
     }
 }
 
-/// Sizes an allocation: `servers` are the pool's servers that are up; `aggregate` the pool's
-/// servers measured all at once, if they were; `pool` names the pool in errors.
+/// Sizes an allocation: `servers` are the pool's servers that are up; `curve` the pool's
+/// servers measured together, if they were; `pool` names the pool in errors.
 pub fn plan(
     ask: &Ask,
     servers: &[ServerView<'_>],
-    aggregate: Option<Aggregate<'_>>,
+    curve: &[Aggregate<'_>],
     pool: &str,
     peaks_source: &str,
 ) -> Result<Plan, TargetError> {
@@ -235,13 +262,17 @@ pub fn plan(
         .filter(|s| s.peaks.is_none())
         .map(|s| s.id)
         .collect();
-    let cap = aggregate.as_ref().map(|a| Offer {
-        fragments: u64::from(a.servers),
-        capacity: 0,
-        bandwidth: bandwidth_of(a.peaks),
-        iops: iops_of(a.peaks),
-        metadata: 0.0,
-    });
+    let curve: Vec<Offer> = curve
+        .iter()
+        .map(|a| Offer {
+            fragments: u64::from(a.servers),
+            capacity: 0,
+            bandwidth: bandwidth_of(a.peaks),
+            iops: iops_of(a.peaks),
+            metadata: 0.0,
+            procs: a.peaks.procs_at_peak.write_bw,
+        })
+        .collect();
     let p = |i: usize| -> &Peaks {
         match servers[i].peaks {
             Some(p) => p,
@@ -293,14 +324,7 @@ pub fn plan(
 
     let mut chosen: Vec<usize> = md_servers.clone();
     let met = |chosen: &[usize]| {
-        let o = offer_of(
-            servers,
-            chosen,
-            &metadata,
-            chosen.len() as u64,
-            g,
-            cap.as_ref(),
-        );
+        let o = offer_of(servers, chosen, &metadata, chosen.len() as u64, g, &curve);
         t.bandwidth.is_none_or(|b| o.bandwidth >= b as f64)
             && t.iops.is_none_or(|x| o.iops >= x as f64)
     };
@@ -324,7 +348,7 @@ pub fn plan(
         }
     }
     let free: u64 = chosen.iter().map(|&i| servers[i].free_fragments).sum();
-    let offer = offer_of(servers, &chosen, &metadata, fragments, g, cap.as_ref());
+    let offer = offer_of(servers, &chosen, &metadata, fragments, g, &curve);
 
     let mut reasons = Vec::new();
     let mut why = Vec::new();
@@ -354,9 +378,10 @@ pub fn plan(
     ] {
         let Some(asked) = asked else { continue };
         let summed: f64 = chosen.iter().map(|&i| of(p(i))).sum();
-        let capped = match &cap {
+        let capped = match cap_at(&curve, chosen.len()) {
             Some(c) if got < summed => format!(
-                "; the pool's {} server(s) measured all at once gave {}, so that is the promise",
+                " ({} of the pool's servers measured at once gave {}, not the sum of their own \
+                 peaks)",
                 c.fragments,
                 show(if name == "bandwidth" {
                     c.bandwidth
@@ -376,8 +401,7 @@ pub fn plan(
             ));
         } else {
             reasons.push(format!(
-                "{name}={} is more than the {} the pool's {} calibrated server(s) with free space \
-                 give{capped}",
+                "{name}={} is more than the {} of {} calibrated server(s) with free space{capped}",
                 show(asked as f64),
                 show(got),
                 chosen.len()
@@ -458,18 +482,46 @@ pub fn plan(
         ));
     }
     if !reasons.is_empty() {
+        // The best offer: over every number of servers (the pool's curve may fall as servers
+        // are added), the one that meets most targets, then gives most of the first asked.
         let all_free: u64 = eligible.iter().map(|&i| servers[i].free_fragments).sum();
-        let best_fragments = all_free.min(fragments.max(eligible.len() as u64));
+        let mut seq: Vec<usize> = Vec::new();
+        for &i in md_servers.iter().chain(&order) {
+            if !seq.contains(&i) {
+                seq.push(i);
+            }
+        }
+        let mut best: Option<(usize, f64, Offer)> = None;
+        for l in 1..=seq.len() {
+            // As the plan would: the capacity's fragments spread over as many servers.
+            let prefix = &seq[..l.max((for_capacity as usize).min(seq.len()))];
+            let n = all_free.min(for_capacity.max(prefix.len() as u64).max(1));
+            let o = offer_of(servers, prefix, &metadata, n, g, &curve);
+            let score = [
+                t.bandwidth.is_none_or(|b| o.bandwidth >= b as f64),
+                t.iops.is_none_or(|x| o.iops >= x as f64),
+                t.metadata.is_none_or(|m| o.metadata >= m as f64),
+            ]
+            .iter()
+            .filter(|m| **m)
+            .count();
+            let first = if t.bandwidth.is_some() {
+                o.bandwidth
+            } else if t.iops.is_some() {
+                o.iops
+            } else {
+                o.metadata
+            };
+            if best
+                .as_ref()
+                .is_none_or(|(s, f, _)| (score, first) > (*s, *f))
+            {
+                best = Some((score, first, o));
+            }
+        }
         return Err(TargetError::Unmet {
             reasons,
-            best: offer_of(
-                servers,
-                &eligible,
-                &metadata,
-                best_fragments,
-                g,
-                cap.as_ref(),
-            ),
+            best: best.map(|b| b.2).unwrap_or_default(),
         });
     }
     // Fragments per server as placement will make them: one each, then round-robin.
@@ -506,7 +558,20 @@ pub fn plan(
             .collect(),
         metadata_servers: metadata.iter().map(|&i| servers[i].id.into()).collect(),
         peaks: peaks_source.into(),
-        aggregate: cap,
+        aggregate: cap_at(&curve, chosen.len())
+            .filter(|c| {
+                c.bandwidth < chosen.iter().map(|&i| bandwidth_of(p(i))).sum::<f64>()
+                    || c.iops < chosen.iter().map(|&i| iops_of(p(i))).sum::<f64>()
+            })
+            .cloned(),
+        procs: 0,
+    };
+    let promise = Promise {
+        procs: match &promise.aggregate {
+            Some(c) if c.procs > 0 => c.procs,
+            _ => promise.servers.iter().map(|s| s.procs).sum(),
+        },
+        ..promise
     };
     Ok(Plan {
         promise,
@@ -634,7 +699,7 @@ mod tests {
         let plan = plan(
             &ask(t(Some(15 * GIB), None, None), 0, AccessMode::Striped, 1),
             &s,
-            None,
+            &[],
             "default",
             "registered",
         )
@@ -655,7 +720,7 @@ mod tests {
         let plan = plan(
             &ask(t(Some(6 * GIB), None, None), 4 * G, AccessMode::Striped, 1),
             &s,
-            None,
+            &[],
             "default",
             "registered",
         )
@@ -674,7 +739,7 @@ mod tests {
         let e = super::plan(
             &ask(t(Some(15 * GIB), None, None), 0, AccessMode::Striped, 1),
             &s,
-            None,
+            &[],
             "default",
             "registered",
         )
@@ -697,7 +762,7 @@ mod tests {
         let plan = plan(
             &ask(t(Some(8 * GIB), None, None), 0, AccessMode::Striped, 1),
             &s,
-            None,
+            &[],
             "default",
             "registered",
         )
@@ -711,16 +776,16 @@ mod tests {
         let s = views(&IDS, &p, 10);
         let agg = peaks(10.0, 25_000.0);
         let cap = || {
-            Some(Aggregate {
+            [Aggregate {
                 peaks: &agg,
                 servers: 4,
-            })
+            }]
         };
         // 10 GiB/s together: 2 servers promise 10, not 12.
         let plan = plan(
             &ask(t(Some(9 * GIB), None, None), 0, AccessMode::Striped, 1),
             &s,
-            cap(),
+            &cap(),
             "default",
             "registered",
         )
@@ -736,12 +801,56 @@ mod tests {
         let e = super::plan(
             &ask(t(Some(11 * GIB), None, None), 0, AccessMode::Striped, 1),
             &s,
-            cap(),
+            &cap(),
             "default",
             "registered",
         )
         .unwrap_err();
         assert!(e.to_string().contains("10.00 GiB/s"), "{e}");
+    }
+
+    #[test]
+    fn a_falling_curve_keeps_the_fewest_servers_that_meet_the_target() {
+        // One host: one server alone 3 GiB/s, 2 at once 1.2, 4 at once 1.4 (each fragment
+        // through the daemon; the lone one by passthrough).
+        let p: Vec<Option<Peaks>> = (0..4).map(|_| Some(peaks(3.0, 25_000.0))).collect();
+        let s = views(&IDS, &p, 10);
+        let (two, four) = (peaks(1.2, 1.0), peaks(1.4, 1.0));
+        let curve = [
+            Aggregate {
+                peaks: &two,
+                servers: 2,
+            },
+            Aggregate {
+                peaks: &four,
+                servers: 4,
+            },
+        ];
+        let plan = super::plan(
+            &ask(t(Some(2 * GIB), None, None), 0, AccessMode::Striped, 1),
+            &s,
+            &curve,
+            "default",
+            "registered",
+        )
+        .unwrap();
+        assert_eq!(plan.fragments, 1);
+        assert_eq!(plan.promise.offer.bandwidth, 3.0 * GIB as f64);
+        // 2 GiB/s but also 4 fragments of capacity: 4 servers give 1.4: refused, and the best
+        // offer named is one server's 3 GiB/s (with the capacity it can hold).
+        let e = super::plan(
+            &ask(t(Some(2 * GIB), None, None), 4 * G, AccessMode::Striped, 1),
+            &s,
+            &curve,
+            "default",
+            "registered",
+        )
+        .unwrap_err();
+        let TargetError::Unmet { best, reasons } = &e else {
+            panic!("{e}")
+        };
+        assert!(reasons[0].contains("1.40 GiB/s"), "{e}");
+        assert_eq!(best.bandwidth, 1.4 * GIB as f64, "{e}");
     }
 
     #[test]
@@ -755,7 +864,7 @@ mod tests {
         let plan = plan(
             &ask(t(None, None, Some(28_000)), 0, AccessMode::Striped, 4),
             &s,
-            None,
+            &[],
             "default",
             "registered",
         )
@@ -765,7 +874,7 @@ mod tests {
         let e = super::plan(
             &ask(t(None, None, Some(50_000)), 0, AccessMode::Striped, 4),
             &s,
-            None,
+            &[],
             "default",
             "registered",
         )
@@ -774,7 +883,7 @@ mod tests {
         let plan = super::plan(
             &ask(t(None, None, Some(50_000)), 0, AccessMode::Private, 2),
             &s,
-            None,
+            &[],
             "default",
             "registered",
         )
@@ -789,7 +898,7 @@ mod tests {
         let e = plan(
             &ask(t(Some(GIB), None, None), 0, AccessMode::Striped, 1),
             &views(&IDS[..2], &none, 10),
-            None,
+            &[],
             "fast",
             "registered",
         )
@@ -802,7 +911,7 @@ mod tests {
         let plan = plan(
             &ask(t(Some(GIB), None, None), 0, AccessMode::Striped, 1),
             &views(&IDS[..2], &some, 10),
-            None,
+            &[],
             "fast",
             "registered",
         )
@@ -821,7 +930,7 @@ mod tests {
         let e = plan(
             &ask(t(Some(GIB), None, None), 9 * G, AccessMode::Striped, 1),
             &views(&IDS, &p, 2),
-            None,
+            &[],
             "default",
             "registered",
         )

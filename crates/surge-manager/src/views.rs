@@ -77,6 +77,7 @@ pub fn session(core: &Core, s: &SessionRow) -> api::Session {
         hosts: s.hosts.clone(),
         mount: s.mount,
         mount_root: String::new(),
+        promise_json: s.promise.clone(),
     }
 }
 
@@ -185,8 +186,7 @@ pub fn session_json(s: &api::Session) -> Value {
         "job_instance": if s.job_instance == 0 { Value::Null } else { json!(s.job_instance) },
         "external_id": s.external_id, "phase": s.phase, "hosts": s.hosts, "mount": s.mount,
         "persistent": s.persistent,
-        "promise": s.instances.iter().find(|i| i.id == s.job_instance)
-            .map_or(Value::Null, |i| promise(&i.promise_json)),
+        "promise": promise(&s.promise_json),
     })
 }
 

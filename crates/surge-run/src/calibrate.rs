@@ -1,14 +1,15 @@
 //! Calibrated peaks for the manager (issue 18 item 1): `surge pool calibrate` measures each
 //! server of a pool through the data path (an instance of one fragment placed on it, mounted
-//! here with FUSE, measured by `surge bench calibrate`) and then all of them at once (one
-//! fragment on each: the pool's aggregate), and registers the results with the manager, which
-//! sizes `#SURGE jobdw` performance targets from them. `--peaks-file` registers a file measured
+//! here with FUSE, measured by `surge bench calibrate`) and then 2, 4, ... and all of them at
+//! once (one fragment on each: the pool's curve), and registers the results with the manager,
+//! which sizes `#SURGE jobdw` performance targets from them. `--peaks-file` registers a file measured
 //! elsewhere instead.
 //!
 //! The embedded default (`surge run` with no manager) keeps its peaks in its state directory
 //! (`embedded-peaks.json`, per fast-tier directory and server count) and registers them when it
 //! starts; it measures them only the first time a job asks for performance targets, and then
-//! only server 0 (every server shares the same directory on the same host) and the pool.
+//! only server 0 (every server shares the same directory on the same host) and the pool's
+//! curve.
 
 use crate::embedded::EmbeddedOptions;
 use anyhow::Context;
@@ -134,15 +135,23 @@ async fn measure_instance(
     let client = InstanceClient::new(desc, NamespaceId(0), token)?;
     let m = mount::mount(client, rt.clone(), &dir, &MountOptions::default())?;
     let surge = std::env::current_exe().context("cannot find the surge executable")?;
+    // Half the instance at most for the bandwidth sweep, in whole 8 MiB transfers, and no
+    // more processes than it has transfers.
+    const T: u64 = 8 << 20;
+    let bw = (spec.bw_aggregate.min(inst.capacity / 2) / T).max(1) * T;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let max_procs = spec
+        .max_procs
+        .unwrap_or((4 * cpus).min(64))
+        .min((bw / T) as u32)
+        .max(1);
     let mut cmd = std::process::Command::new(surge);
     cmd.args(["bench", "calibrate"])
         .arg(&dir)
         .arg("--json")
         .args(["--deadline", &spec.deadline.to_string()])
-        .args([
-            "--bw-aggregate",
-            &spec.bw_aggregate.min(inst.capacity / 2).max(8 << 20).to_string(),
-        ])
+        .args(["--max-procs", &max_procs.to_string()])
+        .args(["--bw-aggregate", &bw.to_string()])
         .args([
             "--iops-aggregate",
             &spec
@@ -151,10 +160,15 @@ async fn measure_instance(
                 .max(1 << 20)
                 .to_string(),
         ])
-        .args(["--md-files", &spec.md_files.to_string()]);
-    if let Some(n) = spec.max_procs {
-        cmd.args(["--max-procs", &n.to_string()]);
-    }
+        // `surge bench md` counts a 4 KiB block per (empty) file against the free space.
+        .args([
+            "--md-files",
+            &spec
+                .md_files
+                .min(inst.capacity / 2 / 4096)
+                .max(u64::from(max_procs))
+                .to_string(),
+        ]);
     let out = tokio::task::spawn_blocking(move || cmd.output())
         .await
         .context("the calibration thread failed")?
@@ -209,10 +223,7 @@ async fn pool_servers(
         .into_inner()
         .pools;
     let p = if pool.is_empty() {
-        pools
-            .iter()
-            .find(|p| p.name == "default")
-            .or(pools.first())
+        pools.iter().find(|p| p.name == "default").or(pools.first())
     } else {
         pools.iter().find(|p| p.name == pool)
     }
@@ -302,32 +313,34 @@ pub fn run(
                 ));
                 measured.push((s.clone(), p));
             }
-            let mut aggregate = None;
+            let mut curve = Vec::new();
             if !a.no_aggregate {
-                let t = Instant::now();
-                let n = up.len() as u64;
-                say(format!("all {n} server(s) at once, measuring ..."));
-                let p = measure(&mut c, &handle, &pool, None, n, g, &spec, &mount_dir).await?;
-                let source = format!(
-                    "surge pool calibrate on {}: one fragment on each of {n} server(s)",
-                    host()
-                );
-                done.push(register(&mut c, &pool, None, n as u32, &p, &source).await?);
-                say(format!(
-                    "all {n} at once: {} ({:.0} s)",
-                    summary(&p),
-                    t.elapsed().as_secs_f64()
-                ));
-                aggregate = Some(p);
+                for n in curve_points(up.len()) {
+                    let t = Instant::now();
+                    say(format!("{n} server(s) at once, measuring ..."));
+                    let p = measure(&mut c, &handle, &pool, None, n, g, &spec, &mount_dir).await?;
+                    let source = format!(
+                        "surge pool calibrate on {}: one fragment on each of {n} server(s)",
+                        host()
+                    );
+                    done.push(register(&mut c, &pool, None, n as u32, &p, &source).await?);
+                    say(format!(
+                        "{n} at once: {} ({:.0} s)",
+                        summary(&p),
+                        t.elapsed().as_secs_f64()
+                    ));
+                    curve.push((n as u32, p));
+                }
             }
             let _ = std::fs::remove_dir(&mount_dir);
             if let Some(opts) = &embedded {
                 let mut cache = EmbeddedPeaks::load(&opts.state_dir)
                     .filter(|x| x.matches(opts))
                     .unwrap_or_else(|| EmbeddedPeaks::new(opts));
+                cache.servers.retain(|(id, _)| !measured.iter().any(|(m, _)| m == id));
                 cache.servers.extend(measured);
-                if let Some(p) = aggregate {
-                    cache.aggregate = Some(p);
+                if !curve.is_empty() {
+                    cache.curve = curve;
                 }
                 cache.save(&opts.state_dir)?;
             }
@@ -342,6 +355,21 @@ pub fn run(
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The numbers of servers the pool's curve is measured at: 2, 4, 8, ... below `n`, and `n`
+/// (nothing for a pool of one server: its own peaks are the pool's).
+pub fn curve_points(n: usize) -> Vec<u64> {
+    let mut v = Vec::new();
+    let mut k = 2;
+    while k < n {
+        v.push(k as u64);
+        k *= 2;
+    }
+    if n >= 2 {
+        v.push(n as u64);
+    }
+    v
 }
 
 /// One line of what peaks say.
@@ -360,8 +388,8 @@ pub fn summary(p: &Peaks) -> String {
 }
 
 /// The embedded default's peaks, kept in its state directory: per server id (ids are stable
-/// for a fast-tier directory) and for the pool as a whole, valid for one fast-tier directory
-/// and one number of servers.
+/// for a fast-tier directory) and the pool's curve (servers measured together, by how many),
+/// valid for one fast-tier directory and one number of servers.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct EmbeddedPeaks {
     /// `surge.embedded-peaks/1`.
@@ -369,7 +397,7 @@ pub struct EmbeddedPeaks {
     pub fast_dir: PathBuf,
     pub servers_count: usize,
     pub servers: Vec<(String, Peaks)>,
-    pub aggregate: Option<Peaks>,
+    pub curve: Vec<(u32, Peaks)>,
 }
 
 const EMBEDDED_SCHEMA: &str = "surge.embedded-peaks/1";
@@ -385,7 +413,7 @@ impl EmbeddedPeaks {
             fast_dir: opts.fast_dir.clone(),
             servers_count: opts.servers,
             servers: Vec::new(),
-            aggregate: None,
+            curve: Vec::new(),
         }
     }
 
@@ -409,7 +437,13 @@ impl EmbeddedPeaks {
     }
 
     fn covers(&self, ids: &[String]) -> bool {
-        self.aggregate.is_some() && ids.iter().all(|id| self.servers.iter().any(|(s, _)| s == id))
+        let points = curve_points(ids.len());
+        points
+            .iter()
+            .all(|n| self.curve.iter().any(|(k, _)| u64::from(*k) == *n))
+            && ids
+                .iter()
+                .all(|id| self.servers.iter().any(|(s, _)| s == id))
     }
 }
 
@@ -447,13 +481,12 @@ pub async fn register_embedded(
         let source = format!("embedded default, kept in {}", path.display());
         register(c, &pool, Some(id), 1, p, &source).await?;
     }
-    if let Some(p) = &cache.aggregate {
+    for (n, p) in &cache.curve {
         let source = format!(
-            "embedded default, {} servers at once, kept in {}",
-            up.len(),
+            "embedded default, {n} servers at once, kept in {}",
             path.display()
         );
-        register(c, &pool, None, up.len() as u32, p, &source).await?;
+        register(c, &pool, None, *n, p, &source).await?;
     }
     Ok(true)
 }
@@ -477,7 +510,9 @@ pub async fn ensure_embedded(
         have.servers
             .iter()
             .any(|s| &s.server == id && !s.peaks_json.is_empty())
-    }) && have.pools.iter().any(|p| p.servers as usize == up.len());
+    }) && curve_points(up.len())
+        .iter()
+        .all(|n| have.pools.iter().any(|p| u64::from(p.servers) == *n));
     if all {
         return Ok(None);
     }
@@ -493,19 +528,31 @@ pub async fn ensure_embedded(
         .with_context(|| format!("cannot create {}", mount_dir.display()))?;
     let spec = Spec::embedded();
     let one = measure(c, rt, &pool, Some(first), 1, g, &spec, &mount_dir).await?;
-    let all = measure(c, rt, &pool, None, up.len() as u64, g, &spec, &mount_dir).await?;
+    let mut curve = Vec::new();
+    for n in curve_points(up.len()) {
+        let p = measure(c, rt, &pool, None, n, g, &spec, &mount_dir).await?;
+        curve.push((n as u32, p));
+    }
     let _ = std::fs::remove_dir(&mount_dir);
     let mut cache = EmbeddedPeaks::new(opts);
     cache.servers = up.iter().map(|id| (id.clone(), one.clone())).collect();
-    cache.aggregate = Some(all.clone());
+    let said = curve
+        .iter()
+        .map(|(n, p)| {
+            format!(
+                "{n} at once {:.2} GiB/s",
+                surge_manager::targets::bandwidth_of(p) / (1u64 << 30) as f64
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    cache.curve = curve;
     cache.save(&opts.state_dir)?;
     register_embedded(c, opts).await?;
     Ok(Some(format!(
-        "no peaks for {} yet: measured server {first} ({}) and all {} at once ({}), kept in {}",
+        "no peaks for {} yet: measured server {first} ({}) and the pool ({said}), kept in {}",
         opts.fast_dir.display(),
         summary(&one),
-        up.len(),
-        summary(&all),
         EmbeddedPeaks::path(&opts.state_dir).display()
     )))
 }

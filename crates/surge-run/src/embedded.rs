@@ -344,8 +344,7 @@ impl Embedded {
         }
         // Peaks measured for this fast tier before (crate::calibrate): registered now, so
         // `#SURGE jobdw` targets are sized from them without measuring again.
-        if crate::calibrate::EmbeddedPeaks::load(&opts.state_dir).is_some_and(|c| c.matches(opts))
-        {
+        if crate::calibrate::EmbeddedPeaks::load(&opts.state_dir).is_some_and(|c| c.matches(opts)) {
             let registered = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -548,8 +548,12 @@ async fn job(
     let job_req = d.jobdw.as_ref().map(|j| api::CreateInstanceRequest {
         // Targets: the least capacity asked, and room for what is staged in.
         capacity: if j.targets.is_some() {
-            j.capacity
-                .max(ctx.stage_in_bytes.get(&job_var(j.access_mode)).copied().unwrap_or(0))
+            j.capacity.max(
+                ctx.stage_in_bytes
+                    .get(&job_var(j.access_mode))
+                    .copied()
+                    .unwrap_or(0),
+            )
         } else {
             j.capacity
         },

@@ -54,17 +54,12 @@ pub fn detail(p: &Promise) -> String {
 }
 
 /// Measures the promise on the job's mount: `surge bench io` with as many processes as the
-/// calibration needed per server, 8 MiB transfers, fsync before close, page cache dropped
+/// calibration behind the promise peaked at, 8 MiB transfers, fsync before close, page cache dropped
 /// before reading; returns the JSON
 /// `{write_bytes_per_s, read_bytes_per_s, promised_bytes_per_s, procs}` and a one-line summary.
 pub fn measure(mount: &Path, p: &Promise) -> anyhow::Result<(serde_json::Value, String)> {
     let exe = std::env::current_exe().context("cannot find the surge executable")?;
-    let procs: u64 = p
-        .servers
-        .iter()
-        .map(|s| u64::from(s.procs.max(1)))
-        .sum::<u64>()
-        .clamp(1, 16);
+    let procs = u64::from(p.procs).clamp(1, 16);
     // Half the capacity at most, 1 GiB at most, whole 8 MiB transfers per process.
     let total = (p.offer.capacity / 2).min(1 << 30);
     let block = (total / procs / (8 << 20)).max(1) * (8 << 20);
