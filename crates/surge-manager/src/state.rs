@@ -852,6 +852,64 @@ mod tests {
         assert!(s.sessions_using(iid).unwrap().is_empty());
     }
 
+    fn peaks(bw: f64) -> surge_core::peaks::Peaks {
+        serde_json::from_value(serde_json::json!({
+            "schema": "surge.peaks/1", "path": "/bb", "host": "h",
+            "measured_at": "2026-01-01T00:00:00Z", "read_bw": bw, "write_bw": bw,
+            "read_iops": 1.0, "write_iops": 1.0, "metadata_ops": 1.0,
+            "procs_at_peak": {"read_bw": 1, "write_bw": 1, "read_iops": 1, "write_iops": 1,
+                              "metadata_ops": 1}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn peaks_and_promises_survive_reopening_and_older_databases_get_their_columns() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("m.db");
+        {
+            let s = Store::open(&path).unwrap();
+            s.set_server_peaks("srv-a", &peaks(1.0), "file a.json")
+                .unwrap();
+            s.set_pool_peaks("default", 2, &peaks(3.0), "both").unwrap();
+            s.set_pool_peaks("default", 4, &peaks(5.0), "all").unwrap();
+            s.set_pool_peaks("default", 2, &peaks(4.0), "both again")
+                .unwrap();
+            let mut r = row();
+            r.promise = "{\"offer\":{}}".into();
+            let iid = s.new_instance_id(&r).unwrap();
+            s.finish_instance(iid, "keep", &desc(iid)).unwrap();
+            let sid = s.create_session("job.sh", 1, 1, None).unwrap();
+            s.set_session_instance(sid, iid, &r.promise).unwrap();
+        }
+        {
+            let s = Store::open(&path).unwrap();
+            let sp = s.server_peaks().unwrap();
+            assert_eq!((sp[0].key.as_str(), sp[0].peaks.write_bw), ("srv-a", 1.0));
+            let curve: Vec<(u32, f64)> = s
+                .pool_peaks()
+                .unwrap()
+                .iter()
+                .map(|p| (p.servers, p.peaks.write_bw))
+                .collect();
+            assert_eq!(curve, vec![(2, 4.0), (4, 5.0)]);
+            assert_eq!(s.instances().unwrap()[0].promise, "{\"offer\":{}}");
+            assert_eq!(s.sessions().unwrap()[0].promise, "{\"offer\":{}}");
+            // What a manager before calibrated peaks made.
+            s.db.execute_batch(
+                "ALTER TABLE instances DROP COLUMN promise;
+                 ALTER TABLE sessions DROP COLUMN promise;
+                 DROP TABLE server_peaks; DROP TABLE pool_curve;",
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.instances().unwrap()[0].promise, "");
+        assert!(s.server_peaks().unwrap().is_empty());
+        s.set_server_peaks("srv-b", &peaks(2.0), "x").unwrap();
+        assert_eq!(s.server_peaks().unwrap().len(), 1);
+    }
+
     #[test]
     fn fresh_databases_start_instance_ids_at_a_random_offset() {
         let t = tempfile::tempdir().unwrap();

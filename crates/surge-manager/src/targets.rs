@@ -297,35 +297,32 @@ pub fn plan(
             .then(servers[a].reserved.cmp(&servers[b].reserved))
             .then(servers[a].id.cmp(servers[b].id))
     });
-    // Metadata services: the highest metadata peaks, one per server.
-    let mut md_order = eligible.clone();
-    md_order.sort_by(|&a, &b| {
-        p(b).metadata_ops
-            .total_cmp(&p(a).metadata_ops)
-            .then(servers[a].reserved.cmp(&servers[b].reserved))
-            .then(servers[a].id.cmp(servers[b].id))
-    });
+    // Metadata services: the highest metadata peaks, one per server: first of all when a
+    // metadata rate is asked, else among the servers the data goes to.
     let namespaces = match ask.mode {
         AccessMode::Striped | AccessMode::Ldbalance => 1,
         AccessMode::Private => ask.nodes.max(1) as usize,
     };
-    let md_servers: Vec<usize> = md_order
-        .iter()
-        .copied()
-        .take(namespaces.min(md_order.len()))
-        .collect();
-    let metadata: Vec<usize> = if md_servers.is_empty() {
-        Vec::new()
-    } else {
-        (0..namespaces)
-            .map(|n| md_servers[n % md_servers.len()])
-            .collect()
+    let md_among = |among: &[usize]| -> Vec<usize> {
+        let mut v = among.to_vec();
+        v.sort_by(|&a, &b| {
+            p(b).metadata_ops
+                .total_cmp(&p(a).metadata_ops)
+                .then(servers[a].reserved.cmp(&servers[b].reserved))
+                .then(servers[a].id.cmp(servers[b].id))
+        });
+        v.truncate(namespaces.min(v.len()));
+        v
     };
-
-    let mut chosen: Vec<usize> = md_servers.clone();
+    let mut chosen: Vec<usize> = if t.metadata.is_some() {
+        md_among(&eligible)
+    } else {
+        Vec::new()
+    };
     let met = |chosen: &[usize]| {
-        let o = offer_of(servers, chosen, &metadata, chosen.len() as u64, g, &curve);
-        t.bandwidth.is_none_or(|b| o.bandwidth >= b as f64)
+        let o = offer_of(servers, chosen, &[], chosen.len() as u64, g, &curve);
+        !chosen.is_empty()
+            && t.bandwidth.is_none_or(|b| o.bandwidth >= b as f64)
             && t.iops.is_none_or(|x| o.iops >= x as f64)
     };
     for &i in &order {
@@ -347,6 +344,18 @@ pub fn plan(
             chosen.push(i);
         }
     }
+    let md_servers = if t.metadata.is_some() {
+        md_among(&eligible)
+    } else {
+        md_among(&chosen)
+    };
+    let metadata: Vec<usize> = if md_servers.is_empty() {
+        Vec::new()
+    } else {
+        (0..namespaces)
+            .map(|n| md_servers[n % md_servers.len()])
+            .collect()
+    };
     let free: u64 = chosen.iter().map(|&i| servers[i].free_fragments).sum();
     let offer = offer_of(servers, &chosen, &metadata, fragments, g, &curve);
 
@@ -793,7 +802,7 @@ mod tests {
         assert_eq!(plan.fragments, 2);
         assert_eq!(plan.promise.offer.bandwidth, 10.0 * GIB as f64);
         assert!(
-            plan.promise.why[0].contains("measured all at once"),
+            plan.promise.why[0].contains("measured at once"),
             "{:?}",
             plan.promise.why
         );
