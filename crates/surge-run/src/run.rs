@@ -89,6 +89,10 @@ pub struct RunArgs {
     /// Write a JSON report of the phases (times, bytes, exit status) to this file.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Remember this run in `surge tune`'s history (SQLite, as `surge tune --history`) as the
+    /// job as written: a later `surge tune` of the same script, inputs and pool starts from it.
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<PathBuf>,
     /// Only print errors.
     #[arg(long, short)]
     pub quiet: bool,
@@ -176,6 +180,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Before any thread starts, so all inherit the mask.
     let set = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
     let script_name = args.script.display().to_string();
+    let started_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let text = std::fs::read_to_string(&args.script)
         .with_context(|| format!("cannot read job script {script_name}"))?;
     if let Some((n, line)) = crlf_line(&text) {
@@ -350,7 +355,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             1
         }
     };
-    if let Some(path) = &args.report {
+    if args.report.is_some() || args.history.is_some() {
         let report = serde_json::json!({
             "script": script_name,
             "exit_code": code,
@@ -362,8 +367,35 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "phases": rep.phases,
             "error": outcome.as_ref().err().map(|e| format!("{e:#}")),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        if let Some(path) = &args.report {
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        if let Some(db) = &args.history {
+            let recorded = surge_tune::cli::record_as_written(
+                &surge_tune::cli::RunAsWritten {
+                    script: &args.script,
+                    text: &text,
+                    args: &args.args,
+                    nodes: args.nodes,
+                    granularity: args.granularity,
+                    manager: args.manager.as_deref(),
+                    report: &report,
+                    started_at: &started_at,
+                },
+                db,
+            );
+            match recorded {
+                Ok(config) => rep.note(&format!(
+                    "recorded in the tune history {} as the job as written ({config})",
+                    db.display()
+                )),
+                Err(e) => eprintln!(
+                    "surge run: warning: not recorded in the tune history {}: {e:#}",
+                    db.display()
+                ),
+            }
+        }
     }
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
