@@ -326,7 +326,7 @@ fn print_peaks(list: &api::PeaksList) {
         }
     };
     println!(
-        "{:<22} {:<8} {:<5} {:<21} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {}",
+        "{:<22} {:<8} {:<5} {:<21} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  source",
         "server",
         "pool",
         "state",
@@ -336,8 +336,7 @@ fn print_peaks(list: &api::PeaksList) {
         "rd IOPS",
         "wr IOPS",
         "fsync/s",
-        "md op/s",
-        "source"
+        "md op/s"
     );
     let row = |name: &str, p: &api::RegisteredPeaks, state: &str| {
         match serde_json::from_str::<surge_core::peaks::Peaks>(&p.peaks_json) {

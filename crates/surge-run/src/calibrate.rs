@@ -256,7 +256,11 @@ pub fn run(
     let handle = rt.handle().clone();
     rt.block_on(async move {
         let mut c = connect(manager).await?;
-        let (pool, g, up) = pool_servers(&mut c, &a.pool).await?;
+        // The embedded default's servers register in the background as they start.
+        let (pool, g, up) = match (&embedded, a.pool.is_empty()) {
+            (Some(opts), true) => wait_servers(&mut c, opts.servers).await?,
+            _ => pool_servers(&mut c, &a.pool).await?,
+        };
         for s in &a.servers {
             anyhow::ensure!(
                 up.contains(s),
