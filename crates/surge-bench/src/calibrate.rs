@@ -68,6 +68,10 @@ pub struct CalibrateReport {
     pub spec: CalibrateSpec,
     pub bandwidth: SweepResult,
     pub iops: SweepResult,
+    /// 4 KiB random writes with an fsync after each (absent in reports written before it was
+    /// measured).
+    #[serde(default)]
+    pub iops_fsync: Option<SweepResult>,
     pub metadata: SweepResult,
     pub notes: Vec<String>,
 }
@@ -240,6 +244,23 @@ pub fn calibrate(
         },
         metric: Metric::Iops,
     };
+    // Writes only: an fsync after each 4 KiB write (IOR -Y). Each write waits for the storage,
+    // so a smaller total than the IOPS sweep's reaches the stonewall anyway.
+    let fsync_spec = SweepSpec {
+        title: "IOPS at 4 KiB random writes with fsync per write".into(),
+        procs: ladder.clone(),
+        template: Job::Io(IoParams {
+            read: false,
+            fsync_per_write: true,
+            fsync: false,
+            drop_cache: false,
+            ..io_template(4096, true)
+        }),
+        scaling: Scaling::Strong {
+            total: (spec.iops_total / 8).max(4096 * u64::from(spec.max_procs)),
+        },
+        metric: Metric::Iops,
+    };
     let md_spec = SweepSpec {
         title: "Metadata operations".into(),
         procs: ladder,
@@ -264,6 +285,7 @@ pub fn calibrate(
         &[&wops, &rops],
         on_point,
     )?;
+    let iops_fsync = sweep_until_flat(ctx, path, &fsync_spec, spec.flat_gain, &[&wops], on_point)?;
     let metadata = sweep_until_flat(
         ctx,
         path,
@@ -277,6 +299,7 @@ pub fn calibrate(
     let (read_bw, p_rbw) = peak_of(&bandwidth.points, &rbw);
     let (write_iops, p_wops) = peak_of(&iops.points, &wops);
     let (read_iops, p_rops) = peak_of(&iops.points, &rops);
+    let (write_iops_fsync, p_fops) = peak_of(&iops_fsync.points, &wops);
     let (metadata_ops, p_md) = peak_of(&metadata.points, &metadata_rate);
     let at_md = metadata.points.iter().find(|p| p.procs == p_md);
     let md_rate = |ph: Phase| {
@@ -297,6 +320,7 @@ pub fn calibrate(
         write_bw,
         read_iops,
         write_iops,
+        write_iops_fsync,
         metadata_ops,
         procs_at_peak: ProcsAtPeak {
             read_bw: p_rbw,
@@ -304,6 +328,7 @@ pub fn calibrate(
             read_iops: p_rops,
             write_iops: p_wops,
             metadata_ops: p_md,
+            write_iops_fsync: p_fops,
         },
         metadata_detail: MetadataDetail {
             create: md_rate(Phase::Create),
@@ -312,7 +337,7 @@ pub fn calibrate(
             remove: md_rate(Phase::Remove),
         },
     };
-    for s in [&bandwidth, &iops, &metadata] {
+    for s in [&bandwidth, &iops, &iops_fsync, &metadata] {
         notes.extend(
             s.notes
                 .iter()
@@ -327,6 +352,7 @@ pub fn calibrate(
         spec: spec.clone(),
         bandwidth,
         iops,
+        iops_fsync: Some(iops_fsync),
         metadata,
         notes,
     })
@@ -436,6 +462,7 @@ mod tests {
             write_bw: 5.3 * (1u64 << 30) as f64,
             read_iops: 94_000.0,
             write_iops: 85_000.0,
+            write_iops_fsync: 4_000.0,
             metadata_ops: 25_000.0,
             procs_at_peak: ProcsAtPeak::default(),
             metadata_detail: MetadataDetail::default(),

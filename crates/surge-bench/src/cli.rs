@@ -312,7 +312,7 @@ pub struct CalibrateArgs {
     /// Write the peaks file here (the JSON that surge profile and surge advise read).
     #[arg(long, short = 'o')]
     pub out: Option<PathBuf>,
-    /// Also write each curve as PREFIX-{bandwidth,iops,metadata}.{json,csv,svg}.
+    /// Also write each curve as PREFIX-{bandwidth,iops,iops-fsync,metadata}.{json,csv,svg}.
     #[arg(long, value_name = "PREFIX")]
     pub curves: Option<PathBuf>,
     /// Largest process count to try (default: 4 x CPUs, at most 64).
@@ -636,11 +636,15 @@ fn cmd_calibrate(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
     }
     let mut curve_files = Vec::new();
     if let Some(prefix) = &a.curves {
-        for (name, s) in [
+        let mut curves = vec![
             ("bandwidth", &report.bandwidth),
             ("iops", &report.iops),
             ("metadata", &report.metadata),
-        ] {
+        ];
+        if let Some(f) = &report.iops_fsync {
+            curves.push(("iops-fsync", f));
+        }
+        for (name, s) in curves {
             let mut p = prefix.as_os_str().to_owned();
             p.push(format!("-{name}"));
             curve_files.extend(write_sweep_files(Path::new(&p), s)?);
@@ -678,6 +682,10 @@ fn cmd_calibrate(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
     println!(
         "  write IOPS       {:>10.0}        at {} procs",
         pk.write_iops, pk.procs_at_peak.write_iops
+    );
+    println!(
+        "  write IOPS fsync {:>10.0}        at {} procs (an fsync after every write)",
+        pk.write_iops_fsync, pk.procs_at_peak.write_iops_fsync
     );
     println!(
         "  metadata ops/s   {:>10.0}        at {} procs (create {:.0}, stat {:.0}, open-close {:.0}, remove {:.0})",

@@ -216,7 +216,24 @@ fn main() -> ExitCode {
             ),
             InstanceSub::Direct(c) => surge_client::cli::run_instance_command(c),
         },
-        Command::Pool(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_pool),
+        Command::Pool(a) => {
+            // No manager given: the embedded default's, whose peaks are also kept in its state.
+            let embedded = a.addr.manager.is_none();
+            with_manager(
+                a,
+                |a| &mut a.addr,
+                move |a| match a.command {
+                    surge_manager::cli::PoolCommand::Calibrate(c) => {
+                        let addr = a.addr.get()?.to_string();
+                        let opts = embedded
+                            .then(surge_run::embedded::EmbeddedOptions::from_env)
+                            .transpose()?;
+                        surge_run::calibrate::run(&addr, *c, opts)
+                    }
+                    _ => surge_manager::cli::run_pool(a),
+                },
+            )
+        }
         Command::Session(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_session),
         Command::Manager(a) => surge_manager::cli::run_manager(a),
         Command::Dashboard(a) => surge_manager::cli::run_dashboard(a),

@@ -681,6 +681,57 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
     );
     eprintln!("refused as it should be: a server of one's own joining the pool");
 
+    // Row 8b: calibrated peaks are the administrators' (they decide what targets get): a user
+    // registering peaks, or placing an instance on one server to calibrate it, is refused.
+    let ids: serde_json::Value =
+        serde_json::from_str(&surge(&["pool", "peaks", "--json", "--manager", &m])).unwrap();
+    let sid = ids["servers"][0]["server"].as_str().unwrap().to_string();
+    let fake = home.join("fake-peaks.json");
+    std::fs::write(
+        &fake,
+        serde_json::json!({
+            "schema": "surge.peaks/1", "path": "/x", "host": "x",
+            "measured_at": "2026-01-01T00:00:00Z", "read_bw": 1e15, "write_bw": 1e15,
+            "read_iops": 1e9, "write_iops": 1e9, "metadata_ops": 1e9,
+            "procs_at_peak": {"read_bw": 1, "write_bw": 1, "read_iops": 1, "write_iops": 1,
+                              "metadata_ops": 1}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    std::os::unix::fs::chown(&fake, Some(uid), Some(gid)).unwrap();
+    let fake_s = fake.to_str().unwrap();
+    refused(
+        "registering peaks for root's server",
+        &attacker(&[
+            "pool",
+            "calibrate",
+            "--manager",
+            &m,
+            "--server",
+            &sid,
+            "--peaks-file",
+            fake_s,
+        ]),
+        &["may not register calibrated peaks"],
+    );
+    refused(
+        "an instance placed on one server (calibrating it)",
+        &attacker(&[
+            "pool",
+            "calibrate",
+            "--manager",
+            &m,
+            "--server",
+            &sid,
+            "--no-aggregate",
+        ]),
+        &["may not place an instance on server"],
+    );
+    let after: serde_json::Value =
+        serde_json::from_str(&surge(&["pool", "peaks", "--json", "--manager", &m])).unwrap();
+    assert!(after["servers"][0]["peaks"].is_null(), "{after}");
+
     // Row 9: the fast-tier directories: nothing in them readable by others.
     for s in &c.servers {
         let mut bad = Vec::new();

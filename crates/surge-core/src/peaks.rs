@@ -28,6 +28,11 @@ pub struct Peaks {
     pub read_iops: f64,
     /// Random 4 KiB write operations per second at the peak.
     pub write_iops: f64,
+    /// Random 4 KiB writes per second at the peak with an fsync after every write (IOR `-Y`,
+    /// Daley's fsyncPerWrite: what a database or a checkpoint library that syncs gets). 0 when
+    /// not measured (peaks files written before it was).
+    #[serde(default)]
+    pub write_iops_fsync: f64,
     /// Metadata operations per second at the peak (mdtest; the mean of create, stat and remove
     /// rates unless `metadata_detail` says otherwise).
     pub metadata_ops: f64,
@@ -45,6 +50,8 @@ pub struct ProcsAtPeak {
     pub read_iops: u32,
     pub write_iops: u32,
     pub metadata_ops: u32,
+    #[serde(default)]
+    pub write_iops_fsync: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -245,6 +245,21 @@ pub enum PoolCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show the calibrated peaks the manager keeps for each server (and for the pool's
+    /// servers measured all at once): what `#SURGE jobdw` performance targets are sized from.
+    Peaks {
+        /// Only this pool's servers (default: every pool).
+        #[arg(long)]
+        pool: Option<String>,
+        /// Print {"servers": [...], "pools": [...]} as JSON (the HTTP API's `/v1/peaks`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure the peaks of a pool's servers through the data path and register them with the
+    /// manager (administrators): for each server, an instance of one fragment on it, mounted
+    /// here and measured by `surge bench calibrate`; then one fragment on every server at once
+    /// (the pool's aggregate). With --peaks-file, register a file measured elsewhere instead.
+    Calibrate(Box<CalibrateArgs>),
     /// Create a pool (or change its granularity).
     Create {
         /// The pool's name (what `#DW jobdw pool=NAME` asks for).
@@ -253,6 +268,112 @@ pub enum PoolCommand {
         #[arg(long, value_parser = surge_core::sys::size_arg)]
         granularity: u64,
     },
+}
+
+/// `surge pool calibrate`'s options (run by `surge_run::calibrate`, which mounts instances).
+#[derive(clap::Args, Debug, Clone)]
+#[command(after_help = "Examples:\n  \
+surge pool calibrate                                # every server of the default pool, then all at once\n  \
+surge pool calibrate --pool fast --server bb07-1a2b  # one server again (after a disk change)\n  \
+surge bench calibrate /nvme/bb -o bb07.json && surge pool calibrate --server bb07-1a2b --peaks-file bb07.json\n\n\
+What is kept and how it is used: docs/peaks.md")]
+pub struct CalibrateArgs {
+    /// The pool (default: the manager's default pool).
+    #[arg(long, default_value = "")]
+    pub pool: String,
+    /// Only this server (by id, as `surge pool peaks` lists them); repeatable. Default: every
+    /// server of the pool that is up.
+    #[arg(long = "server", value_name = "ID")]
+    pub servers: Vec<String>,
+    /// Do not measure the pool's servers all at once (the aggregate caps what the servers'
+    /// own peaks add up to; measured from this one host, it is what one client node gets).
+    #[arg(long)]
+    pub no_aggregate: bool,
+    /// Register this peaks file (`surge bench calibrate -o`) instead of measuring: for each
+    /// --server (default every server of the pool), or as the pool's aggregate with --aggregate.
+    #[arg(long, value_name = "PEAKS.json")]
+    pub peaks_file: Option<PathBuf>,
+    /// With --peaks-file: the file is the pool's aggregate (all its servers at once).
+    #[arg(long, requires = "peaks_file")]
+    pub aggregate: bool,
+    /// Stonewall of each benchmark phase, seconds (`surge bench calibrate --deadline`).
+    #[arg(long, default_value_t = 2.0, value_name = "SECS")]
+    pub deadline: f64,
+    /// Largest process count tried (`surge bench calibrate --max-procs`; default 4 x CPUs, at
+    /// most 64).
+    #[arg(long, value_name = "N")]
+    pub max_procs: Option<u32>,
+    /// Where to mount the calibration instances (default: a directory under /tmp).
+    #[arg(long, value_name = "DIR")]
+    pub mount_dir: Option<PathBuf>,
+    /// Print what was registered as JSON (the format of `surge pool peaks --json`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// When something happened, as a reader wants it ("3m ago").
+pub fn ago(t: i64) -> String {
+    format!("{} ago", age(t))
+}
+
+fn print_peaks(list: &api::PeaksList) {
+    let gib = |b: f64| format!("{:.2}", b / (1u64 << 30) as f64);
+    let k = |o: f64| {
+        if o >= 1000.0 {
+            format!("{:.1}k", o / 1000.0)
+        } else {
+            format!("{o:.0}")
+        }
+    };
+    println!(
+        "{:<22} {:<8} {:<5} {:<21} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  source",
+        "server",
+        "pool",
+        "state",
+        "measured",
+        "rd GiB/s",
+        "wr GiB/s",
+        "rd IOPS",
+        "wr IOPS",
+        "fsync/s",
+        "md op/s"
+    );
+    let row = |name: &str, p: &api::RegisteredPeaks, state: &str| {
+        match serde_json::from_str::<surge_core::peaks::Peaks>(&p.peaks_json) {
+            Ok(pk) => println!(
+                "{:<22} {:<8} {:<5} {:<21} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {} ({})",
+                name,
+                p.pool,
+                state,
+                pk.measured_at,
+                gib(pk.read_bw),
+                gib(pk.write_bw),
+                k(pk.read_iops),
+                k(pk.write_iops),
+                if pk.write_iops_fsync > 0.0 {
+                    k(pk.write_iops_fsync)
+                } else {
+                    "-".into()
+                },
+                k(pk.metadata_ops),
+                p.source,
+                ago(p.registered)
+            ),
+            Err(_) => println!(
+                "{:<22} {:<8} {:<5} no calibrated peaks: `surge pool calibrate --pool {} --server {}` measures them",
+                name, p.pool, state, p.pool, p.server
+            ),
+        }
+    };
+    for p in &list.servers {
+        row(&p.server, p, &p.state);
+    }
+    for p in &list.pools {
+        row(&format!("({} servers at once)", p.servers), p, "-");
+    }
+    if list.servers.is_empty() {
+        println!("(no servers registered)");
+    }
 }
 
 pub fn run_pool(args: PoolArgs) -> anyhow::Result<ExitCode> {
@@ -288,6 +409,26 @@ pub fn run_pool(args: PoolArgs) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
+            PoolCommand::Peaks { pool, json } => {
+                let list = c
+                    .list_peaks(api::ListPeaksRequest {
+                        pool: pool.unwrap_or_default(),
+                    })
+                    .await
+                    .map_err(status_err)?
+                    .into_inner();
+                if json {
+                    print_json(&serde_json::json!({
+                        "servers": list.servers.iter().map(views::peaks_json).collect::<Vec<_>>(),
+                        "pools": list.pools.iter().map(views::peaks_json).collect::<Vec<_>>(),
+                    }))?;
+                } else {
+                    print_peaks(&list);
+                }
+            }
+            PoolCommand::Calibrate(_) => anyhow::bail!(
+                "surge pool calibrate is run by the surge binary (surge_run::calibrate)"
+            ),
             PoolCommand::Create { name, granularity } => {
                 let p = c
                     .create_pool(api::CreatePoolRequest { name, granularity })
@@ -424,6 +565,18 @@ pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
                 },
                 if s.mount { " (mounted)" } else { "" }
             );
+            if let Ok(p) = serde_json::from_str::<crate::targets::Promise>(&s.promise_json) {
+                println!(
+                    "{:>6} promised {} for {}",
+                    "",
+                    crate::targets::describe(&p.offer),
+                    p.why
+                        .iter()
+                        .map(|w| w.split(':').next().unwrap_or_default())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
         }
         Ok(ExitCode::SUCCESS)
     })
@@ -538,8 +691,7 @@ pub fn run_persistent(args: PersistentArgs) -> anyhow::Result<ExitCode> {
                         owner_gid: gid,
                         stripe_size: 0,
                         share_with_group,
-                        cache_pfs: String::new(),
-                        cache_fsync_pfs: false,
+                        ..Default::default()
                     })
                     .await
                     .map_err(status_err)?

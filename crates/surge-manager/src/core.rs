@@ -3,7 +3,7 @@
 //! sessions. Stage tasks are in [`crate::stage`].
 
 use crate::placement::{self, Candidate};
-use crate::state::{now, InstanceRow, PoolRow, ServerRow, SessionRow, Store};
+use crate::state::{now, InstanceRow, PeaksRow, PoolRow, ServerRow, SessionRow, Store};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
@@ -66,6 +66,20 @@ pub struct InstanceRequest {
     pub cache_pfs: Option<String>,
     /// `type=cache` with `fsync=pfs`.
     pub cache_fsync_pfs: bool,
+    /// `#SURGE jobdw` performance targets: the instance is sized from calibrated peaks.
+    pub targets: Option<surge_core::directives::Targets>,
+    /// Peaks to assume for every server instead of the registered ones (`surge run --peaks`).
+    pub peaks: Option<surge_core::peaks::Peaks>,
+    /// Every fragment on this server (administrators: calibration of one server).
+    pub server: Option<String>,
+}
+
+/// The calibrated peaks the manager keeps: each server's (with its pool and state, `None`
+/// when it has none) and each pool's aggregate.
+#[derive(Clone, Debug)]
+pub struct PeaksView {
+    pub servers: Vec<(ServerRow, Option<PeaksRow>)>,
+    pub pools: Vec<PeaksRow>,
 }
 
 /// A pool with its servers and space, for listings.
@@ -230,6 +244,97 @@ impl Core {
 
     pub fn pools(&self) -> MResult<Vec<PoolRow>> {
         Ok(self.store.lock().pools()?)
+    }
+
+    // --- calibrated peaks ---
+
+    /// Keeps `peaks` for server `server` (a registered server's id), or with `aggregate` for
+    /// pool `pool`'s servers measured all at once (`servers` of them).
+    pub fn register_peaks(
+        &self,
+        server: &str,
+        pool: &str,
+        aggregate: Option<u32>,
+        peaks: &surge_core::peaks::Peaks,
+        source: &str,
+    ) -> MResult<PeaksRow> {
+        crate::targets::check_peaks(peaks).map_err(ManagerError::Invalid)?;
+        let store = self.store.lock();
+        match aggregate {
+            Some(n) => {
+                let pool = if pool.is_empty() {
+                    self.default_pool.as_str()
+                } else {
+                    pool
+                };
+                if store.pool(pool)?.is_none() {
+                    return Err(ManagerError::NotFound(format!(
+                        "pool '{pool}' does not exist"
+                    )));
+                }
+                if n == 0 {
+                    return Err(ManagerError::Invalid(format!(
+                        "the aggregate peaks of pool '{pool}' must say how many servers they                          spanned (at least 1)"
+                    )));
+                }
+                store.set_pool_peaks(pool, n, peaks, source)?;
+                info!("pool {pool}: aggregate peaks over {n} server(s) registered ({source})");
+                Ok(PeaksRow {
+                    key: pool.into(),
+                    peaks: peaks.clone(),
+                    source: source.into(),
+                    registered: now(),
+                    servers: n,
+                })
+            }
+            None => {
+                if !store.servers()?.iter().any(|s| s.id == server) {
+                    return Err(ManagerError::NotFound(format!(
+                        "no server '{server}' is registered (`surge pool peaks` lists them)"
+                    )));
+                }
+                store.set_server_peaks(server, peaks, source)?;
+                info!("server {server}: peaks registered ({source})");
+                Ok(PeaksRow {
+                    key: server.into(),
+                    peaks: peaks.clone(),
+                    source: source.into(),
+                    registered: now(),
+                    servers: 1,
+                })
+            }
+        }
+    }
+
+    /// The peaks of the servers of `pool` (every pool when empty) and of the pools.
+    pub fn peaks(&self, pool: &str) -> MResult<PeaksView> {
+        let store = self.store.lock();
+        if !pool.is_empty() && store.pool(pool)?.is_none() {
+            return Err(ManagerError::NotFound(format!(
+                "pool '{pool}' does not exist"
+            )));
+        }
+        let mut by_server: HashMap<String, PeaksRow> = store
+            .server_peaks()?
+            .into_iter()
+            .map(|r| (r.key.clone(), r))
+            .collect();
+        Ok(PeaksView {
+            servers: store
+                .servers()?
+                .into_iter()
+                .filter(|s| pool.is_empty() || s.pool == pool)
+                .map(|s| {
+                    let p = by_server.remove(&s.id);
+                    (s, p)
+                })
+                .collect(),
+            pools: store
+                .pool_peaks()?
+                .into_iter()
+                .filter(|p| pool.is_empty() || p.key == pool)
+                .collect(),
+        })
     }
 
     // --- servers ---
@@ -474,7 +579,7 @@ impl Core {
                 "access_mode '{mode}' is not supported (striped, private or ldbalance)"
             )));
         }
-        if req.capacity == 0 {
+        if req.capacity == 0 && req.targets.is_none() {
             return Err(ManagerError::Invalid("capacity must be positive".into()));
         }
         let nodes = req.nodes.max(1);
@@ -511,7 +616,17 @@ impl Core {
                 .into_iter()
                 .filter(|s| s.pool == pool.name && s.state == "up")
                 .collect();
-            let candidates: Vec<Candidate> = servers
+            let mut servers = servers;
+            if let Some(id) = &req.server {
+                servers.retain(|s| &s.id == id);
+                if servers.is_empty() {
+                    return Err(ManagerError::NotFound(format!(
+                        "no server '{id}' is up in pool '{}'",
+                        pool.name
+                    )));
+                }
+            }
+            let mut candidates: Vec<Candidate> = servers
                 .iter()
                 .map(|s| Candidate {
                     id: s.id.clone(),
@@ -520,6 +635,20 @@ impl Core {
                     namespaces: namespaces.get(&s.id).copied().unwrap_or(0),
                 })
                 .collect();
+            // Performance targets: the servers (and so the fragments) and the metadata servers
+            // come from the calibrated peaks; placement then lays the fragments on those.
+            let mut sized = None;
+            if let Some(targets) = &req.targets {
+                let plan =
+                    self.plan_targets(&store, req, targets, &pool, &candidates, nodes, mode)?;
+                servers = plan.servers.iter().map(|&i| servers[i].clone()).collect();
+                candidates = plan
+                    .servers
+                    .iter()
+                    .map(|&i| candidates[i].clone())
+                    .collect();
+                sized = Some(plan);
+            }
             // ldbalance: one read-only replica per node, at most one per server (each has its
             // own metadata service); the capacity is per replica.
             let ns_count = match mode {
@@ -529,10 +658,12 @@ impl Core {
             };
             let reserve = if mode == "ldbalance" {
                 req.capacity.saturating_mul(u64::from(ns_count))
+            } else if let Some(plan) = &sized {
+                plan.fragments.saturating_mul(pool.granularity)
             } else {
                 req.capacity
             };
-            let placement = placement::place(reserve, pool.granularity, &candidates, ns_count)
+            let mut placement = placement::place(reserve, pool.granularity, &candidates, ns_count)
                 .map_err(|e| match e {
                     placement::PlacementError::NoSpace { .. } => {
                         ManagerError::NoSpace(format!("pool '{}': {e}", pool.name))
@@ -542,6 +673,32 @@ impl Core {
                     }
                     other => ManagerError::Invalid(other.to_string()),
                 })?;
+            if let Some(plan) = &mut sized {
+                // What placement made of the plan: fragments per server as laid out.
+                for share in &mut plan.promise.servers {
+                    share.fragments = placement
+                        .fragments
+                        .iter()
+                        .filter(|(i, _)| candidates[*i].id == share.server)
+                        .count() as u64;
+                }
+                // The plan's servers are the candidates in its order: its metadata servers
+                // are found among them by id.
+                let at = |id: &str| candidates.iter().position(|c| c.id == id);
+                let md: Option<Vec<usize>> = plan
+                    .promise
+                    .metadata_servers
+                    .iter()
+                    .map(|id| at(id))
+                    .collect();
+                if let Some(md) = md.filter(|m| m.len() == placement.namespaces.len()) {
+                    placement.namespaces = md;
+                }
+            }
+            let capacity = match &sized {
+                Some(plan) => plan.promise.offer.capacity.max(req.capacity),
+                None => req.capacity,
+            };
             let row = InstanceRow {
                 id: 0,
                 name: String::new(),
@@ -554,11 +711,15 @@ impl Core {
                 persistent_name: req.persistent_name.clone(),
                 access_mode: mode.into(),
                 pool: pool.name.clone(),
-                capacity: req.capacity,
+                capacity,
                 nodes,
                 owner_uid: req.owner_uid,
                 owner_gid: req.owner_gid,
                 group_shared: req.group_shared,
+                promise: match &sized {
+                    Some(plan) => serde_json::to_string(&plan.promise).unwrap_or_default(),
+                    None => String::new(),
+                },
                 state: "creating".into(),
                 created: now(),
                 descriptor: surge_proto::InstanceDescriptor {
@@ -623,6 +784,82 @@ impl Core {
                 )))
             }
         }
+    }
+
+    /// Sizes an instance asked by performance targets from the calibrated peaks of the pool's
+    /// `candidates` (its servers that are up), or refuses with the best the pool offers.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_targets(
+        &self,
+        store: &Store,
+        req: &InstanceRequest,
+        targets: &surge_core::directives::Targets,
+        pool: &PoolRow,
+        candidates: &[Candidate],
+        nodes: u32,
+        mode: &str,
+    ) -> MResult<crate::targets::Plan> {
+        use crate::targets::{plan, Aggregate, Ask, ServerView, TargetError};
+        use surge_core::directives::AccessMode;
+        let mode = match mode {
+            "private" => AccessMode::Private,
+            "ldbalance" => AccessMode::Ldbalance,
+            _ => AccessMode::Striped,
+        };
+        let registered: HashMap<String, surge_core::peaks::Peaks> = store
+            .server_peaks()?
+            .into_iter()
+            .map(|r| (r.key, r.peaks))
+            .collect();
+        let curve: Vec<PeaksRow> = store
+            .pool_peaks()?
+            .into_iter()
+            .filter(|p| p.key == pool.name)
+            .collect();
+        let g = pool.granularity.max(1);
+        let views: Vec<ServerView<'_>> = candidates
+            .iter()
+            .map(|c| ServerView {
+                id: &c.id,
+                free_fragments: c.capacity.saturating_sub(c.reserved) / g,
+                reserved: c.reserved,
+                peaks: match &req.peaks {
+                    Some(p) => Some(p),
+                    None => registered.get(&c.id),
+                },
+            })
+            .collect();
+        let ask = Ask {
+            targets: *targets,
+            capacity: req.capacity,
+            mode,
+            nodes,
+            granularity: g,
+        };
+        // Peaks given with the request stand for every server: the pool's curve, measured
+        // with other peaks, does not apply to them.
+        let curve: Vec<Aggregate<'_>> = match &req.peaks {
+            Some(_) => Vec::new(),
+            None => curve
+                .iter()
+                .map(|a| Aggregate {
+                    peaks: &a.peaks,
+                    servers: a.servers,
+                })
+                .collect(),
+        };
+        let source = if req.peaks.is_some() {
+            "given"
+        } else {
+            "registered"
+        };
+        plan(&ask, &views, &curve, &pool.name, source).map_err(|e| match e {
+            TargetError::NoPeaks { .. } => ManagerError::Busy(format!("pool '{}': {e}", pool.name)),
+            TargetError::Unmet { .. } => {
+                ManagerError::NoSpace(format!("pool '{}' cannot meet the targets: {e}", pool.name))
+            }
+            TargetError::Invalid(m) => ManagerError::Invalid(m),
+        })
     }
 
     pub fn instance(&self, id: u64, persistent_name: &str) -> MResult<InstanceRow> {
@@ -749,7 +986,10 @@ impl Core {
         let sid = self.store.lock().create_session(job, uid, gid, external)?;
         if let Some(req) = job_instance {
             match self.create_instance(&req).await {
-                Ok(inst) => self.store.lock().set_session_instance(sid, inst.id)?,
+                Ok(inst) => self
+                    .store
+                    .lock()
+                    .set_session_instance(sid, inst.id, &inst.promise)?,
                 Err(e) => {
                     self.store.lock().end_session(sid, "failed")?;
                     return Err(e);

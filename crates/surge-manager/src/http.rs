@@ -125,6 +125,19 @@ async fn servers(State(s): State<AppState>) -> HResult {
     Ok(Json(Value::Array(v)))
 }
 
+/// `{"servers": [...], "pools": [...]}`: what `surge pool peaks --json` prints.
+async fn peaks(State(s): State<AppState>) -> HResult {
+    let v = s.core.peaks("")?;
+    Ok(Json(serde_json::json!({
+        "servers": v.servers.iter()
+            .map(|(r, p)| views::peaks_json(&views::server_peaks(r, p.as_ref())))
+            .collect::<Vec<_>>(),
+        "pools": v.pools.iter()
+            .map(|p| views::peaks_json(&views::pool_peaks(p)))
+            .collect::<Vec<_>>(),
+    })))
+}
+
 async fn instances(State(s): State<AppState>, headers: HeaderMap) -> HResult {
     let c = viewer(&s, &headers).await?;
     let v: Vec<Value> = s
@@ -203,6 +216,7 @@ pub fn router(core: Arc<Core>, stages: Arc<Stages>, munge: std::path::PathBuf) -
     Router::new()
         .route("/v1/pools", get(pools))
         .route("/v1/servers", get(servers))
+        .route("/v1/peaks", get(peaks))
         .route("/v1/instances", get(instances))
         .route("/v1/instances/{id}", get(instance))
         .route("/v1/sessions", get(sessions))

@@ -5,7 +5,8 @@
 //! - [`stage`]: stage tasks, run with the `surge-stage` engine.
 //! - [`service`]: the gRPC API (`surge-api`); [`http`]: the JSON read API; [`views`]: the
 //!   JSON shape both the HTTP API and `--json` print; [`metrics`]: Prometheus `/metrics`.
-//! - [`targets`]: performance-target allocation: fragments from calibrated peaks.
+//! - [`targets`]: performance-target allocation: servers, fragments and metadata servers from
+//!   the calibrated peaks the manager keeps per server and per pool.
 //! - [`cli`]: the daemon and the commands that talk to it.
 
 pub mod agents;

@@ -40,8 +40,35 @@ impl From<ManagerError> for Status {
     }
 }
 
-pub fn instance_request(r: &api::CreateInstanceRequest) -> InstanceRequest {
-    InstanceRequest {
+/// What a request asks, checked: targets (any of them non-zero) and peaks given with it.
+pub fn instance_request(r: &api::CreateInstanceRequest) -> Result<InstanceRequest, Status> {
+    let targets = r
+        .targets
+        .as_ref()
+        .filter(|t| t.bandwidth > 0 || t.iops > 0 || t.metadata > 0)
+        .map(|t| surge_core::directives::Targets {
+            bandwidth: (t.bandwidth > 0).then_some(t.bandwidth),
+            iops: (t.iops > 0).then_some(t.iops),
+            metadata: (t.metadata > 0).then_some(t.metadata),
+        });
+    let peaks = if r.peaks_json.is_empty() {
+        None
+    } else {
+        let p: surge_core::peaks::Peaks = serde_json::from_str(&r.peaks_json)
+            .map_err(|e| Status::invalid_argument(format!("the peaks given are not valid: {e}")))?;
+        crate::targets::check_peaks(&p)
+            .map_err(|e| Status::invalid_argument(format!("the peaks given: {e}")))?;
+        Some(p)
+    };
+    if peaks.is_some() && targets.is_none() {
+        return Err(Status::invalid_argument(
+            "peaks were given without performance targets: they size targets only",
+        ));
+    }
+    Ok(InstanceRequest {
+        targets,
+        peaks,
+        server: (!r.server.is_empty()).then(|| r.server.clone()),
         capacity: r.capacity,
         access_mode: if r.access_mode.is_empty() {
             "striped".into()
@@ -61,7 +88,7 @@ pub fn instance_request(r: &api::CreateInstanceRequest) -> InstanceRequest {
         group_shared: r.share_with_group,
         cache_pfs: (!r.cache_pfs.is_empty()).then(|| r.cache_pfs.clone()),
         cache_fsync_pfs: r.cache_fsync_pfs,
-    }
+    })
 }
 
 /// The tonic interceptor of the manager's API: takes the caller from the call's MUNGE
@@ -126,6 +153,53 @@ impl Manager for Service {
         Ok(Response::new(api::ServerList { servers }))
     }
 
+    async fn register_peaks(
+        &self,
+        req: Request<api::RegisterPeaksRequest>,
+    ) -> Res<api::RegisteredPeaks> {
+        let c = caller(&req)?;
+        self.admin(&c, "register calibrated peaks")?;
+        let r = req.into_inner();
+        let peaks: surge_core::peaks::Peaks = serde_json::from_str(&r.peaks_json)
+            .map_err(|e| Status::invalid_argument(format!("the peaks are not valid: {e}")))?;
+        let row = self.core.register_peaks(
+            &r.server,
+            &r.pool,
+            r.pool_aggregate.then_some(r.servers),
+            &peaks,
+            &r.source,
+        )?;
+        let view = self
+            .core
+            .peaks(if r.pool_aggregate { &row.key } else { "" })?;
+        let out = if r.pool_aggregate {
+            view.pools
+                .iter()
+                .find(|p| p.key == row.key && p.servers == row.servers)
+                .map(views::pool_peaks)
+        } else {
+            view.servers
+                .iter()
+                .find(|(s, _)| s.id == row.key)
+                .map(|(s, p)| views::server_peaks(s, p.as_ref()))
+        };
+        Ok(Response::new(out.ok_or_else(|| {
+            Status::internal("registered peaks vanished")
+        })?))
+    }
+
+    async fn list_peaks(&self, req: Request<api::ListPeaksRequest>) -> Res<api::PeaksList> {
+        let v = self.core.peaks(&req.into_inner().pool)?;
+        Ok(Response::new(api::PeaksList {
+            servers: v
+                .servers
+                .iter()
+                .map(|(s, p)| views::server_peaks(s, p.as_ref()))
+                .collect(),
+            pools: v.pools.iter().map(views::pool_peaks).collect(),
+        }))
+    }
+
     async fn create_pool(&self, req: Request<api::CreatePoolRequest>) -> Res<api::Pool> {
         let c = caller(&req)?;
         self.admin(&c, "create a pool")?;
@@ -149,7 +223,10 @@ impl Manager for Service {
         req: Request<api::CreateInstanceRequest>,
     ) -> Res<api::Instance> {
         let c = caller(&req)?;
-        let mut r = instance_request(req.get_ref());
+        let mut r = instance_request(req.get_ref())?;
+        if let Some(s) = &r.server {
+            self.admin(&c, &format!("place an instance on server {s} only"))?;
+        }
         (r.owner_uid, r.owner_gid) = self.owner(&c, r.owner_uid, r.owner_gid)?;
         let inst = self.core.create_instance(&r).await?;
         Ok(Response::new(views::instance(&self.core, &inst)))
@@ -203,11 +280,17 @@ impl Manager for Service {
             let inst = self.core.instance(0, name)?;
             self.core.check_use(&owner, &inst)?;
         }
-        let job = r.job_instance.as_ref().map(instance_request).map(|mut i| {
-            i.owner_uid = uid;
-            i.owner_gid = gid;
-            i
-        });
+        let job = match r.job_instance.as_ref().map(instance_request).transpose()? {
+            Some(mut i) => {
+                if let Some(s) = &i.server {
+                    self.admin(&c, &format!("place an instance on server {s} only"))?;
+                }
+                i.owner_uid = uid;
+                i.owner_gid = gid;
+                Some(i)
+            }
+            None => None,
+        };
         let external = Some(r.external_id.as_str()).filter(|e| !e.is_empty());
         // A scheduler's job id finds the job's session again in every phase: only the
         // scheduler (an administrator) may name one, or a user could take a future job's id.

@@ -49,6 +49,9 @@ pub struct InstanceRow {
     pub descriptor: InstanceDescriptor,
     /// Members of the owner's group may use it too (persistent instances shared by a group).
     pub group_shared: bool,
+    /// A performance-target allocation's promise (`crate::targets::Promise` as JSON), else "".
+    #[serde(default)]
+    pub promise: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -72,6 +75,10 @@ pub struct SessionRow {
     pub hosts: Vec<String>,
     /// Agents should have the session's instances mounted on `hosts`.
     pub mount: bool,
+    /// What the manager promised for its job instance's performance targets (JSON), else "";
+    /// kept after the instance is gone.
+    #[serde(default)]
+    pub promise: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -94,6 +101,17 @@ pub struct StageRow {
     pub failures_json: String,
     pub error: String,
     pub created: i64,
+}
+
+/// Calibrated peaks registered for a server (`key` = its id) or for some of a pool's servers
+/// measured at once (`key` = the pool, `servers` = how many: a point of the pool's curve).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PeaksRow {
+    pub key: String,
+    pub peaks: surge_core::peaks::Peaks,
+    pub source: String,
+    pub registered: i64,
+    pub servers: u32,
 }
 
 pub struct Store {
@@ -135,42 +153,29 @@ impl Store {
                 items TEXT NOT NULL, state TEXT NOT NULL, files_total INTEGER NOT NULL,
                 files_done INTEGER NOT NULL, bytes_total INTEGER NOT NULL,
                 bytes_done INTEGER NOT NULL, seconds REAL NOT NULL, failures TEXT NOT NULL,
-                error TEXT NOT NULL, created INTEGER NOT NULL);",
+                error TEXT NOT NULL, created INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS server_peaks(
+                server TEXT PRIMARY KEY, peaks TEXT NOT NULL, source TEXT NOT NULL,
+                registered INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS pool_curve(
+                pool TEXT NOT NULL, servers INTEGER NOT NULL, peaks TEXT NOT NULL,
+                source TEXT NOT NULL, registered INTEGER NOT NULL, PRIMARY KEY(pool, servers));",
         )?;
-        // Databases made before instances could be shared with a group.
-        let has_shared: bool = db.query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('instances') WHERE name = 'group_shared'",
-            [],
-            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        // Columns added since the first release: databases made before get them here.
+        add_column(
+            &db,
+            "instances",
+            "group_shared",
+            "INTEGER NOT NULL DEFAULT 0",
         )?;
-        if !has_shared {
-            db.execute_batch(
-                "ALTER TABLE instances ADD COLUMN group_shared INTEGER NOT NULL DEFAULT 0",
-            )?;
-        }
-        // Databases made before stage tasks said who asked for them.
-        let has_origin: bool = db.query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('stage_tasks') WHERE name = 'origin'",
-            [],
-            |r| r.get::<_, i64>(0).map(|n| n > 0),
-        )?;
-        if !has_origin {
-            db.execute_batch("ALTER TABLE stage_tasks ADD COLUMN origin TEXT NOT NULL DEFAULT ''")?;
-        }
-        // Databases made before sessions had burst-buffer phases.
-        let has_phase: bool = db.query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'phase'",
-            [],
-            |r| r.get::<_, i64>(0).map(|n| n > 0),
-        )?;
-        if !has_phase {
-            db.execute_batch(
-                "ALTER TABLE sessions ADD COLUMN external TEXT;
-                 ALTER TABLE sessions ADD COLUMN phase TEXT NOT NULL DEFAULT '';
-                 ALTER TABLE sessions ADD COLUMN hosts TEXT NOT NULL DEFAULT '[]';
-                 ALTER TABLE sessions ADD COLUMN mount INTEGER NOT NULL DEFAULT 0;",
-            )?;
-        }
+        add_column(&db, "stage_tasks", "origin", "TEXT NOT NULL DEFAULT ''")?;
+        add_column(&db, "sessions", "external", "TEXT")?;
+        add_column(&db, "sessions", "phase", "TEXT NOT NULL DEFAULT ''")?;
+        add_column(&db, "sessions", "hosts", "TEXT NOT NULL DEFAULT '[]'")?;
+        add_column(&db, "sessions", "mount", "INTEGER NOT NULL DEFAULT 0")?;
+        // What a performance-target allocation promised (JSON, '' for the others).
+        add_column(&db, "instances", "promise", "TEXT NOT NULL DEFAULT ''")?;
+        add_column(&db, "sessions", "promise", "TEXT NOT NULL DEFAULT ''")?;
         // Instance ids name fragments on servers, which outlive a manager whose state was
         // deleted: start a fresh database at a random offset so ids are not reused.
         let empty: bool = db
@@ -289,6 +294,86 @@ impl Store {
         rows.collect()
     }
 
+    // --- calibrated peaks ---
+
+    pub fn set_server_peaks(
+        &self,
+        server: &str,
+        peaks: &surge_core::peaks::Peaks,
+        source: &str,
+    ) -> R<()> {
+        self.db.execute(
+            "INSERT INTO server_peaks(server, peaks, source, registered) VALUES (?1,?2,?3,?4)
+             ON CONFLICT(server) DO UPDATE SET peaks = excluded.peaks, source = excluded.source,
+                registered = excluded.registered",
+            params![
+                server,
+                serde_json::to_string(peaks).map_err(json_err)?,
+                source,
+                now()
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_pool_peaks(
+        &self,
+        pool: &str,
+        servers: u32,
+        peaks: &surge_core::peaks::Peaks,
+        source: &str,
+    ) -> R<()> {
+        self.db.execute(
+            "INSERT INTO pool_curve(pool, servers, peaks, source, registered) VALUES (?1,?2,?3,?4,?5)
+             ON CONFLICT(pool, servers) DO UPDATE SET peaks = excluded.peaks,
+                source = excluded.source, registered = excluded.registered",
+            params![
+                pool,
+                i64::from(servers),
+                serde_json::to_string(peaks).map_err(json_err)?,
+                source,
+                now()
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn peaks_rows(&self, sql: &str) -> R<Vec<PeaksRow>> {
+        let mut st = self.db.prepare(sql)?;
+        let rows = st.query_map([], |r| {
+            let text: String = r.get(1)?;
+            Ok(PeaksRow {
+                key: r.get(0)?,
+                peaks: serde_json::from_str(&text).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        1,
+                        rusqlite::types::Type::Text,
+                        Box::new(e),
+                    )
+                })?,
+                source: r.get(2)?,
+                registered: r.get(3)?,
+                servers: r.get::<_, i64>(4)? as u32,
+            })
+        })?;
+        rows.collect()
+    }
+
+    /// Every server's registered peaks.
+    pub fn server_peaks(&self) -> R<Vec<PeaksRow>> {
+        self.peaks_rows(
+            "SELECT server, peaks, source, registered, 1 FROM server_peaks ORDER BY server",
+        )
+    }
+
+    /// Every pool's curve: its servers measured together, one row per number of servers.
+    pub fn pool_peaks(&self) -> R<Vec<PeaksRow>> {
+        self.peaks_rows(
+            "SELECT pool, peaks, source, registered, servers FROM pool_curve
+             ORDER BY pool, servers",
+        )
+    }
+
     // --- instances ---
 
     fn instance_from_row(r: &rusqlite::Row<'_>) -> R<InstanceRow> {
@@ -314,19 +399,20 @@ impl Store {
                 )
             })?,
             group_shared: r.get::<_, i64>(13)? != 0,
+            promise: r.get(14)?,
         })
     }
 
     const INSTANCE_COLS: &'static str =
         "id, name, kind, persistent_name, access_mode, pool, capacity, nodes, \
-         owner_uid, owner_gid, state, created, descriptor, group_shared";
+         owner_uid, owner_gid, state, created, descriptor, group_shared, promise";
 
     /// Reserves an id for a new instance (the row is completed by [`Store::finish_instance`]).
     pub fn new_instance_id(&self, row: &InstanceRow) -> R<u64> {
         self.db.execute(
             "INSERT INTO instances(name, kind, persistent_name, access_mode, pool, capacity, nodes,
-                owner_uid, owner_gid, state, created, descriptor, group_shared)
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,'creating',?10,'null',?11)",
+                owner_uid, owner_gid, state, created, descriptor, group_shared, promise)
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,'creating',?10,'null',?11,?12)",
             params![
                 row.name,
                 row.kind,
@@ -338,7 +424,8 @@ impl Store {
                 i64::from(row.owner_uid),
                 i64::from(row.owner_gid),
                 now(),
-                row.group_shared
+                row.group_shared,
+                row.promise
             ],
         )?;
         Ok(self.db.last_insert_rowid() as u64)
@@ -477,10 +564,11 @@ impl Store {
         Ok(())
     }
 
-    pub fn set_session_instance(&self, session: u64, instance: u64) -> R<()> {
+    /// The session's job instance, and what it promised (see [`SessionRow::promise`]).
+    pub fn set_session_instance(&self, session: u64, instance: u64, promise: &str) -> R<()> {
         self.db.execute(
-            "UPDATE sessions SET job_instance = ?2 WHERE id = ?1",
-            params![session as i64, instance as i64],
+            "UPDATE sessions SET job_instance = ?2, promise = ?3 WHERE id = ?1",
+            params![session as i64, instance as i64, promise],
         )?;
         Ok(())
     }
@@ -516,6 +604,7 @@ impl Store {
             phase: r.get(9)?,
             hosts: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
             mount: r.get(11)?,
+            promise: r.get(12)?,
         })
     }
 
@@ -534,7 +623,7 @@ impl Store {
             .db
             .query_row(
                 "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
-                        external, phase, hosts, mount
+                        external, phase, hosts, mount, promise
                  FROM sessions WHERE id = ?1",
                 [id as i64],
                 |r| self.session_from_row(r),
@@ -566,7 +655,7 @@ impl Store {
     fn sessions_where(&self, cond: &str) -> R<Vec<SessionRow>> {
         let mut st = self.db.prepare(&format!(
             "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
-                    external, phase, hosts, mount
+                    external, phase, hosts, mount, promise
              FROM sessions WHERE {cond} ORDER BY id"
         ))?;
         let mut out = st
@@ -684,6 +773,19 @@ impl Store {
     }
 }
 
+/// Adds `column` to `table` unless the database has it (a database made by an older manager).
+fn add_column(db: &Connection, table: &str, column: &str, decl: &str) -> R<()> {
+    let has: bool = db.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2",
+        params![table, column],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !has {
+        db.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
+}
+
 fn random_u32() -> u32 {
     let b: [u8; 4] = surge_core::sys::random_bytes();
     // Keep ids well inside i64 and readable: at most ~2^31 plus what is allocated afterwards.
@@ -724,6 +826,7 @@ mod tests {
             created: 0,
             descriptor: desc(0),
             group_shared: false,
+            promise: String::new(),
         }
     }
 
@@ -747,6 +850,64 @@ mod tests {
         assert_eq!(s.sessions_using(iid).unwrap(), vec![sid]);
         s.end_session(sid, "ended").unwrap();
         assert!(s.sessions_using(iid).unwrap().is_empty());
+    }
+
+    fn peaks(bw: f64) -> surge_core::peaks::Peaks {
+        serde_json::from_value(serde_json::json!({
+            "schema": "surge.peaks/1", "path": "/bb", "host": "h",
+            "measured_at": "2026-01-01T00:00:00Z", "read_bw": bw, "write_bw": bw,
+            "read_iops": 1.0, "write_iops": 1.0, "metadata_ops": 1.0,
+            "procs_at_peak": {"read_bw": 1, "write_bw": 1, "read_iops": 1, "write_iops": 1,
+                              "metadata_ops": 1}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn peaks_and_promises_survive_reopening_and_older_databases_get_their_columns() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("m.db");
+        {
+            let s = Store::open(&path).unwrap();
+            s.set_server_peaks("srv-a", &peaks(1.0), "file a.json")
+                .unwrap();
+            s.set_pool_peaks("default", 2, &peaks(3.0), "both").unwrap();
+            s.set_pool_peaks("default", 4, &peaks(5.0), "all").unwrap();
+            s.set_pool_peaks("default", 2, &peaks(4.0), "both again")
+                .unwrap();
+            let mut r = row();
+            r.promise = "{\"offer\":{}}".into();
+            let iid = s.new_instance_id(&r).unwrap();
+            s.finish_instance(iid, "keep", &desc(iid)).unwrap();
+            let sid = s.create_session("job.sh", 1, 1, None).unwrap();
+            s.set_session_instance(sid, iid, &r.promise).unwrap();
+        }
+        {
+            let s = Store::open(&path).unwrap();
+            let sp = s.server_peaks().unwrap();
+            assert_eq!((sp[0].key.as_str(), sp[0].peaks.write_bw), ("srv-a", 1.0));
+            let curve: Vec<(u32, f64)> = s
+                .pool_peaks()
+                .unwrap()
+                .iter()
+                .map(|p| (p.servers, p.peaks.write_bw))
+                .collect();
+            assert_eq!(curve, vec![(2, 4.0), (4, 5.0)]);
+            assert_eq!(s.instances().unwrap()[0].promise, "{\"offer\":{}}");
+            assert_eq!(s.sessions().unwrap()[0].promise, "{\"offer\":{}}");
+            // What a manager before calibrated peaks made.
+            s.db.execute_batch(
+                "ALTER TABLE instances DROP COLUMN promise;
+                 ALTER TABLE sessions DROP COLUMN promise;
+                 DROP TABLE server_peaks; DROP TABLE pool_curve;",
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.instances().unwrap()[0].promise, "");
+        assert!(s.server_peaks().unwrap().is_empty());
+        s.set_server_peaks("srv-b", &peaks(2.0), "x").unwrap();
+        assert_eq!(s.server_peaks().unwrap().len(), 1);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (served by the HTTP API and printed by `--json` in the CLI, so scripts see one format).
 
 use crate::core::{Core, PoolUsage};
-use crate::state::{InstanceRow, ServerRow, SessionRow, StageRow};
+use crate::state::{InstanceRow, PeaksRow, ServerRow, SessionRow, StageRow};
 use serde_json::{json, Value};
 use surge_api::v1 as api;
 use surge_proto::ServerStatus;
@@ -50,6 +50,7 @@ pub fn instance(core: &Core, i: &InstanceRow) -> api::Instance {
         sessions: core.sessions_using(i.id).unwrap_or_default(),
         descriptor_json: serde_json::to_string(&i.descriptor).unwrap_or_default(),
         used: core.instance_used(i),
+        promise_json: i.promise.clone(),
     }
 }
 
@@ -76,6 +77,33 @@ pub fn session(core: &Core, s: &SessionRow) -> api::Session {
         hosts: s.hosts.clone(),
         mount: s.mount,
         mount_root: String::new(),
+        promise_json: s.promise.clone(),
+    }
+}
+
+pub fn server_peaks(s: &ServerRow, p: Option<&PeaksRow>) -> api::RegisteredPeaks {
+    api::RegisteredPeaks {
+        server: s.id.clone(),
+        pool: s.pool.clone(),
+        peaks_json: p
+            .and_then(|p| serde_json::to_string(&p.peaks).ok())
+            .unwrap_or_default(),
+        registered: p.map_or(0, |p| p.registered),
+        source: p.map(|p| p.source.clone()).unwrap_or_default(),
+        state: s.state.clone(),
+        servers: 1,
+    }
+}
+
+pub fn pool_peaks(p: &PeaksRow) -> api::RegisteredPeaks {
+    api::RegisteredPeaks {
+        server: String::new(),
+        pool: p.key.clone(),
+        peaks_json: serde_json::to_string(&p.peaks).unwrap_or_default(),
+        registered: p.registered,
+        source: p.source.clone(),
+        state: String::new(),
+        servers: p.servers,
     }
 }
 
@@ -124,7 +152,31 @@ pub fn instance_json(i: &api::Instance) -> Value {
         "owner_uid": i.owner_uid, "owner_gid": i.owner_gid, "state": i.state,
         "created": i.created, "sessions": i.sessions,
         "descriptor": serde_json::from_str::<Value>(&i.descriptor_json).unwrap_or(Value::Null),
+        "promise": promise(&i.promise_json),
     })
+}
+
+/// A promise as JSON (null when the instance was not sized by targets).
+fn promise(text: &str) -> Value {
+    serde_json::from_str::<Value>(text).unwrap_or(Value::Null)
+}
+
+/// One server's (or, with no server, one pool's aggregate) registered peaks as JSON: the
+/// format of `surge pool peaks --json` and the HTTP API's `/v1/peaks`.
+pub fn peaks_json(p: &api::RegisteredPeaks) -> Value {
+    let mut v = json!({
+        "pool": p.pool,
+        "peaks": serde_json::from_str::<Value>(&p.peaks_json).unwrap_or(Value::Null),
+        "registered": if p.registered == 0 { Value::Null } else { json!(p.registered) },
+        "source": p.source,
+    });
+    if p.server.is_empty() {
+        v["servers"] = json!(p.servers);
+    } else {
+        v["server"] = json!(p.server);
+        v["state"] = json!(p.state);
+    }
+    v
 }
 
 pub fn session_json(s: &api::Session) -> Value {
@@ -134,6 +186,7 @@ pub fn session_json(s: &api::Session) -> Value {
         "job_instance": if s.job_instance == 0 { Value::Null } else { json!(s.job_instance) },
         "external_id": s.external_id, "phase": s.phase, "hosts": s.hosts, "mount": s.mount,
         "persistent": s.persistent,
+        "promise": promise(&s.promise_json),
     })
 }
 

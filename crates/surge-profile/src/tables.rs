@@ -498,6 +498,7 @@ mod tests {
             write_bw: 6.0 * 1024.0 * MIB,
             read_iops: 90_000.0,
             write_iops: 90_000.0,
+            write_iops_fsync: 0.0,
             metadata_ops: 25_000.0,
             procs_at_peak: ProcsAtPeak::default(),
             metadata_detail: MetadataDetail::default(),

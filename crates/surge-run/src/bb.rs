@@ -502,6 +502,9 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
         share_with_group: false,
         cache_pfs: j.pfs.clone().unwrap_or_default(),
         cache_fsync_pfs: j.fsync_pfs,
+        // `#SURGE jobdw`: the manager sizes the instance from the pool's calibrated peaks.
+        targets: crate::targets::request_targets(j),
+        ..Default::default()
     });
     let s = m
         .create_session(api::CreateSessionRequest {
@@ -534,6 +537,12 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
             i.fragments
         ))
     );
+    if let Some(p) = job_inst.and_then(crate::targets::promise_of) {
+        println!("job {}: {}", job.job_id, crate::targets::detail(&p));
+        for w in &p.why {
+            println!("job {}:   {w}", job.job_id);
+        }
+    }
     Ok(())
 }
 
@@ -554,8 +563,7 @@ pub fn persistent_request(
         owner_gid: gid,
         stripe_size: 0,
         share_with_group: false,
-        cache_pfs: String::new(),
-        cache_fsync_pfs: false,
+        ..Default::default()
     }
 }
 

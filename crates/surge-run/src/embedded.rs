@@ -12,6 +12,8 @@
 //! run/munge/           a munged of our own when the host runs none (its socket authenticates
 //!                      every call to the manager, as on a cluster)
 //! ```
+//! and in the state directory (default `<fast dir>/state`), `embedded-peaks.json`: the
+//! calibrated peaks of these servers (crate::calibrate), registered at every start.
 //!
 //! The directory is private to its user (0700): data at rest is reached through mounts only.
 
@@ -339,6 +341,24 @@ impl Embedded {
             let res = wait_ready(&ready, &mut child, &format!("surge server {i}"), &log);
             emb.server_children.push(child);
             res?;
+        }
+        // Peaks measured for this fast tier before (crate::calibrate): registered now, so
+        // `#SURGE jobdw` targets are sized from them without measuring again.
+        if crate::calibrate::EmbeddedPeaks::load(&opts.state_dir).is_some_and(|c| c.matches(opts)) {
+            let registered = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?
+                .block_on(async {
+                    let mut c = surge_api::connect_with(&manager, munge_socket.clone()).await?;
+                    crate::calibrate::register_embedded(&mut c, opts).await
+                });
+            if let Err(e) = registered {
+                tracing::warn!(
+                    "the peaks kept in {} were not registered: {e:#}",
+                    crate::calibrate::EmbeddedPeaks::path(&opts.state_dir).display()
+                );
+            }
         }
         Ok(emb)
     }

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod bb;
+pub mod calibrate;
 pub mod embedded;
 pub mod exec;
 pub mod job_stage;

@@ -89,6 +89,10 @@ pub struct RunArgs {
     /// Write a JSON report of the phases (times, bytes, exit status) to this file.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Remember this run in `surge tune`'s history (SQLite, as `surge tune --history`) as the
+    /// job as written: a later `surge tune` of the same script, inputs and pool starts from it.
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<PathBuf>,
     /// Only print errors.
     #[arg(long, short)]
     pub quiet: bool,
@@ -176,6 +180,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Before any thread starts, so all inherit the mask.
     let set = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]);
     let script_name = args.script.display().to_string();
+    let started_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let text = std::fs::read_to_string(&args.script)
         .with_context(|| format!("cannot read job script {script_name}"))?;
     if let Some((n, line)) = crlf_line(&text) {
@@ -252,6 +257,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let t = Instant::now();
     let surge_exe = std::env::current_exe().context("cannot find the surge executable")?;
+    let mut embedded_opts = None;
     let (embedded, manager, pool_fallback) = match &args.manager {
         Some(m) => (None, m.clone(), false),
         None => {
@@ -260,16 +266,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(crate::embedded::default_fast_dir);
             let state = args.state_dir.clone().unwrap_or_else(|| fast.join("state"));
-            let emb = Embedded::start(
-                &EmbeddedOptions {
-                    fast_dir: fast.clone(),
-                    state_dir: state,
-                    servers: args.servers.max(1),
-                    server_capacity: args.server_capacity,
-                    granularity: args.granularity,
-                },
-                &surge_exe,
-            )?;
+            let opts = EmbeddedOptions {
+                fast_dir: fast.clone(),
+                state_dir: state,
+                servers: args.servers.max(1),
+                server_capacity: args.server_capacity,
+                granularity: args.granularity,
+            };
+            let emb = Embedded::start(&opts, &surge_exe)?;
+            embedded_opts = Some(opts);
             let m = emb.manager.clone();
             rep.phase(
                 "start",
@@ -310,6 +315,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         surge_exe: &surge_exe,
         pool_fallback,
         sig: &sig,
+        stage_in_bytes: &in_bytes,
+        embedded: embedded_opts.as_ref(),
     };
     let outcome = rt.block_on(job(&ctx, &mut rep, &mut alloc, rt.handle().clone()));
     // Whatever happened: unmount and end the session if the job flow did not get that far.
@@ -348,7 +355,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             1
         }
     };
-    if let Some(path) = &args.report {
+    if args.report.is_some() || args.history.is_some() {
         let report = serde_json::json!({
             "script": script_name,
             "exit_code": code,
@@ -360,8 +367,35 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "phases": rep.phases,
             "error": outcome.as_ref().err().map(|e| format!("{e:#}")),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        if let Some(path) = &args.report {
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        if let Some(db) = &args.history {
+            let recorded = surge_tune::cli::record_as_written(
+                &surge_tune::cli::RunAsWritten {
+                    script: &args.script,
+                    text: &text,
+                    args: &args.args,
+                    nodes: args.nodes,
+                    granularity: args.granularity,
+                    manager: args.manager.as_deref(),
+                    report: &report,
+                    started_at: &started_at,
+                },
+                db,
+            );
+            match recorded {
+                Ok(config) => rep.note(&format!(
+                    "recorded in the tune history {} as the job as written ({config})",
+                    db.display()
+                )),
+                Err(e) => eprintln!(
+                    "surge run: warning: not recorded in the tune history {}: {e:#}",
+                    db.display()
+                ),
+            }
+        }
     }
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
@@ -397,6 +431,10 @@ struct Ctx<'a> {
     /// Embedded mode: a pool the script names but that does not exist falls back to the default.
     pool_fallback: bool,
     sig: &'a Signals,
+    /// Bytes staged in, per instance variable (a targets-only job instance must hold them).
+    stage_in_bytes: &'a std::collections::HashMap<DwVariable, u64>,
+    /// The embedded default's options, when it runs the job.
+    embedded: Option<&'a EmbeddedOptions>,
 }
 
 struct Outcome {
@@ -517,36 +555,40 @@ async fn job(
         }
     }
 
-    // `#SURGE jobdw`: the targets become a capacity, or the job is refused here.
-    let mut sized = None;
+    // `#SURGE jobdw`: the manager sizes the job instance from calibrated peaks. The embedded
+    // default measures its peaks the first time a job asks (then keeps them).
     let job_pool = d.jobdw.as_ref().map(|j| pool_for(&j.pool, rep));
-    if let (Some(j), Some(pool)) = (&d.jobdw, &job_pool) {
+    let targets = d.jobdw.as_ref().and_then(crate::targets::request_targets);
+    let given = match &d.jobdw {
+        Some(j) => crate::targets::given_peaks(j, ctx.args.peaks.as_deref(), ctx.script_name)?,
+        None => String::new(),
+    };
+    if let (Some(_), true, Some(opts)) = (&targets, given.is_empty(), ctx.embedded) {
         let t = Instant::now();
-        if let Some(r) = crate::targets::resolve(
-            &mut c,
-            j,
-            pool,
-            nodes,
-            ctx.args.peaks.as_deref(),
-            ctx.script_name,
-        )
-        .await?
-        {
-            rep.phase("size", r.detail(), t, true);
-            for w in &r.sizing.why {
-                rep.note(&format!("  {w}"));
+        match crate::calibrate::ensure_embedded(&mut c, &rt, opts).await {
+            Ok(Some(line)) => rep.phase("calibrate", line, t, true),
+            Ok(None) => {}
+            Err(e) => {
+                rep.phase("calibrate", format!("{e:#}"), t, false);
+                return Err(e.context("cannot measure the peaks the targets are sized from"));
             }
-            sized = Some(r);
         }
     }
-    let mut targets_json = sized.as_ref().map(|r| r.json());
 
     // The session: job instance and attached persistent instances.
     let t = Instant::now();
     let job_req = d.jobdw.as_ref().map(|j| api::CreateInstanceRequest {
-        capacity: sized
-            .as_ref()
-            .map_or(j.capacity, |r| r.capacity.max(j.capacity)),
+        // Targets: the least capacity asked, and room for what is staged in.
+        capacity: if j.targets.is_some() {
+            j.capacity.max(
+                ctx.stage_in_bytes
+                    .get(&job_var(j.access_mode))
+                    .copied()
+                    .unwrap_or(0),
+            )
+        } else {
+            j.capacity
+        },
         access_mode: j.access_mode.as_str().into(),
         pool: job_pool.clone().unwrap_or_default(),
         persistent_name: String::new(),
@@ -557,6 +599,9 @@ async fn job(
         share_with_group: false,
         cache_pfs: j.pfs.clone().unwrap_or_default(),
         cache_fsync_pfs: j.fsync_pfs,
+        targets,
+        peaks_json: given.clone(),
+        server: String::new(),
     });
     let job_name = ctx
         .args
@@ -658,6 +703,19 @@ async fn job(
         ),
     };
     rep.phase("allocate", detail, t, true);
+    // What the manager promised for the targets, and why.
+    let promise = session
+        .instances
+        .iter()
+        .find(|i| i.id == session.job_instance)
+        .and_then(crate::targets::promise_of);
+    if let Some(p) = &promise {
+        rep.phase("size", crate::targets::detail(p), t, true);
+        for w in &p.why {
+            rep.note(&format!("  {w}"));
+        }
+    }
+    let mut targets_json = promise.as_ref().and_then(|p| serde_json::to_value(p).ok());
 
     // A cache instance is filled from its PFS directory, then its journal starts empty: what
     // the fill wrote is on the PFS already.
@@ -870,7 +928,7 @@ async fn job(
         );
     }
 
-    if let (Some(r), true) = (&sized, ctx.args.measure_targets) {
+    if let (Some(p), true) = (&promise, ctx.args.measure_targets) {
         let t = Instant::now();
         let mount = nodes_file.nodes[0]
             .mounts
@@ -878,7 +936,7 @@ async fn job(
             .find(|m| m.instance == session.job_instance)
             .map(|m| m.path.clone())
             .context("the job instance is not mounted")?;
-        let (measured, line) = crate::targets::measure(&mount, r)?;
+        let (measured, line) = crate::targets::measure(&mount, p)?;
         rep.phase("measure", line, t, true);
         if let Some(serde_json::Value::Object(o)) = targets_json.as_mut() {
             o.insert("measured".into(), measured);

@@ -152,7 +152,15 @@ pub fn looks_like_mpi(text: &str) -> bool {
 use surge_bench::mpiio::ompi_romio;
 
 fn walk(p: &Path, acc: &mut (u64, u64, i64)) {
+    walk_but(p, &[], acc)
+}
+
+/// [`walk`] without the paths in `skip` (and what is under them).
+fn walk_but(p: &Path, skip: &[PathBuf], acc: &mut (u64, u64, i64)) {
     use std::os::unix::fs::MetadataExt;
+    if skip.iter().any(|s| s == p) {
+        return;
+    }
     let Ok(md) = std::fs::symlink_metadata(p) else {
         return;
     };
@@ -161,7 +169,7 @@ fn walk(p: &Path, acc: &mut (u64, u64, i64)) {
     if md.is_dir() {
         if let Ok(rd) = std::fs::read_dir(p) {
             for e in rd.flatten() {
-                walk(&e.path(), acc);
+                walk_but(&e.path(), skip, acc);
             }
         }
     } else {
@@ -184,12 +192,18 @@ fn absolute_in(cwd: &Path, p: &str) -> PathBuf {
     }
 }
 
-fn pool_key(granularity: u64, nodes: u32) -> String {
+/// The pool part of the history's key: the manager (`manager`, else `$SURGE_MANAGER`), or the
+/// embedded servers as the environment configures them.
+fn pool_key(granularity: u64, nodes: u32, manager: Option<&str>) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default();
     let env = |k: &str| std::env::var(k).unwrap_or_default();
-    match std::env::var("SURGE_MANAGER").ok().filter(|m| !m.is_empty()) {
+    let manager = manager
+        .map(str::to_string)
+        .or_else(|| std::env::var("SURGE_MANAGER").ok())
+        .filter(|m| !m.is_empty());
+    match manager {
         Some(m) => format!("manager={m} granularity={granularity} nodes={nodes} host={host}"),
         None => format!(
             "embedded servers={} capacity={} fast={} granularity={granularity} nodes={nodes} host={host}",
@@ -198,6 +212,119 @@ fn pool_key(granularity: u64, nodes: u32) -> String {
             env("SURGE_FAST_DIR")
         ),
     }
+}
+
+/// The job part of the history's key: the script's text and its arguments.
+fn job_key(text: &str, args: &[String]) -> String {
+    history::hash_hex(format!("{text}\0{}", args.join("\0")).as_bytes())
+}
+
+/// The inputs part of the history's key (each stage-in source's path, file count, bytes and
+/// newest modification time, less what the job's stage-outs write there: its results are not
+/// its inputs), and the bytes staged into the job instance.
+fn inputs_of(d: &surge_core::directives::Directives, cwd: &Path) -> (String, u64) {
+    let outputs: Vec<PathBuf> = d
+        .stage_out
+        .iter()
+        .map(|s| absolute_in(cwd, &s.destination))
+        .collect();
+    let mut inputs = Vec::new();
+    let mut stage_in_bytes = 0;
+    for s in &d.stage_in {
+        let p = absolute_in(cwd, &s.source);
+        let mut acc = (0, 0, 0);
+        walk_but(&p, &outputs, &mut acc);
+        if matches!(
+            s.instance,
+            surge_core::directives::DwVariable::JobStriped
+                | surge_core::directives::DwVariable::JobPrivate
+        ) {
+            stage_in_bytes += acc.1;
+        }
+        inputs.push(format!("{} {} {} {}", p.display(), acc.0, acc.1, acc.2));
+    }
+    (
+        history::hash_hex(inputs.join("\n").as_bytes()),
+        stage_in_bytes,
+    )
+}
+
+/// A `surge run` of a job script as it is written, to remember in the tune history.
+pub struct RunAsWritten<'a> {
+    pub script: &'a Path,
+    /// The script's text as it ran, and its arguments.
+    pub text: &'a str,
+    pub args: &'a [String],
+    pub nodes: u32,
+    pub granularity: u64,
+    /// The manager it ran against (`None`: the embedded default or `$SURGE_MANAGER`).
+    pub manager: Option<&'a str>,
+    /// `surge run --report`'s JSON (phases, exit code) and its start.
+    pub report: &'a serde_json::Value,
+    pub started_at: &'a str,
+}
+
+/// Records `r` in the history at `db` as the job as written, under the keys `surge tune` of
+/// the same script, inputs and pool computes (so a later tune starts from it instead of
+/// running it again; the closed loop of DESIGN §6). Run before the stage-in sources change:
+/// the inputs are part of the key. Returns the configuration it was recorded as; a job
+/// `surge tune` cannot tune (no `#DW jobdw`) is an error.
+pub fn record_as_written(r: &RunAsWritten<'_>, db: &Path) -> anyhow::Result<String> {
+    let name = r.script.display().to_string();
+    let d = parse_script(&name, r.text).map_err(|e| {
+        anyhow::anyhow!(
+            "{name}: {}",
+            e.0.first().map(|x| x.to_string()).unwrap_or_default()
+        )
+    })?;
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let (inputs, stage_in_bytes) = inputs_of(&d, &cwd);
+    let space = space::build(
+        &d,
+        &SpaceRequest {
+            granularity: r.granularity,
+            max_fragments: 1,
+            fragments: None,
+            stage_in_bytes,
+            modes: Vec::new(),
+            pfs_only: false,
+            hybrid_candidates: 0,
+            hints: Vec::new(),
+        },
+        |p| Some(size_of(&absolute_in(&cwd, p))),
+    )
+    .with_context(|| format!("{name}: not a job surge tune can tune"))?;
+    let key = Key {
+        job: job_key(r.text, r.args),
+        inputs,
+        pool: pool_key(r.granularity, r.nodes, r.manager),
+    };
+    let phases: Vec<(String, f64)> = r.report["phases"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    (
+                        p["name"].as_str().unwrap_or("?").to_string(),
+                        p["seconds"].as_f64().unwrap_or(0.0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let exit_code = r.report["exit_code"].as_i64().map(|c| c as i32);
+    let ok = exit_code == Some(0);
+    let run = history::Run {
+        config: space.default.clone(),
+        ok,
+        seconds: ok.then(|| crate::runner::objective(&phases)),
+        exit_code,
+        phases,
+        started_at: r.started_at.to_string(),
+        new: true,
+    };
+    History::open(db)?.record(&key, &name, &run)?;
+    Ok(space.default.key())
 }
 
 fn verdict_of(profile: &Path) -> anyhow::Result<Option<Verdict>> {
@@ -249,21 +376,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         .flatten();
 
     // The space.
-    let mut inputs = Vec::new();
-    let mut stage_in_bytes = 0;
-    for s in &directives.stage_in {
-        let p = absolute_in(&cwd, &s.source);
-        let mut acc = (0, 0, 0);
-        walk(&p, &mut acc);
-        if matches!(
-            s.instance,
-            surge_core::directives::DwVariable::JobStriped
-                | surge_core::directives::DwVariable::JobPrivate
-        ) {
-            stage_in_bytes += acc.1;
-        }
-        inputs.push(format!("{} {} {} {}", p.display(), acc.0, acc.1, acc.2));
-    }
+    let (inputs_key, stage_in_bytes) = inputs_of(&directives, &cwd);
     let mpi = args.mpi || (!args.no_hints && looks_like_mpi(&text));
     let hints = if args.no_hints || !mpi {
         Vec::new()
@@ -302,9 +415,9 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
 
     // The history.
     let key = Key {
-        job: history::hash_hex(format!("{text}\0{}", args.args.join("\0")).as_bytes()),
-        inputs: history::hash_hex(inputs.join("\n").as_bytes()),
-        pool: pool_key(args.granularity, args.nodes),
+        job: job_key(&text, &args.args),
+        inputs: inputs_key,
+        pool: pool_key(args.granularity, args.nodes, None),
     };
     let db = args.history.clone().unwrap_or_else(history::default_path);
     let hist = History::open(&db)?;

@@ -18,6 +18,15 @@ use std::process::{Command, Stdio};
 /// The phases the objective sums.
 pub const TIMED_PHASES: [&str; 3] = ["stage in", "job", "stage out"];
 
+/// The objective of a run: the seconds of its [`TIMED_PHASES`].
+pub fn objective(phases: &[(String, f64)]) -> f64 {
+    phases
+        .iter()
+        .filter(|(name, _)| TIMED_PHASES.contains(&name.as_str()))
+        .map(|(_, s)| s)
+        .sum()
+}
+
 pub struct Runner<'h> {
     pub surge: PathBuf,
     pub script_name: String,
@@ -115,13 +124,7 @@ impl Measure for Runner<'_> {
             .map(|c| c as i32)
             .or(status.code());
         let ok = status.success() && exit_code == Some(0);
-        let seconds = ok.then(|| {
-            phases
-                .iter()
-                .filter(|(name, _)| TIMED_PHASES.contains(&name.as_str()))
-                .map(|(_, s)| s)
-                .sum::<f64>()
-        });
+        let seconds = ok.then(|| objective(&phases));
         let run = Run {
             config: c.clone(),
             ok,
