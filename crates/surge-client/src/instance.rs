@@ -37,9 +37,42 @@ fn new_session() -> u32 {
 }
 /// Connections kept per server.
 const CONNECTIONS_PER_SERVER: usize = 4;
-/// Layouts of files remembered per client before the memory is cleared (and layouts are asked
-/// for again as files are used).
-const LAYOUTS_KEPT: usize = 1 << 20;
+/// Layouts of files remembered per client, per generation (see [`Layouts`]).
+const LAYOUTS_KEPT: usize = 1 << 19;
+
+/// The layouts of files a client has seen, in two generations: when the newer one is full it
+/// becomes the older and the oldest is dropped, so a layout is forgotten only after
+/// [`LAYOUTS_KEPT`] others were seen since it was last used (never while its file is still
+/// in a mount's queue of creates sent behind, which the metadata server does not know yet).
+#[derive(Default)]
+struct Layouts {
+    new: HashMap<Ino, FileLayout>,
+    old: HashMap<Ino, FileLayout>,
+}
+
+impl Layouts {
+    fn get(&mut self, ino: Ino) -> Option<FileLayout> {
+        if let Some(l) = self.new.get(&ino) {
+            return Some(*l);
+        }
+        let l = self.old.remove(&ino)?;
+        self.insert(ino, l);
+        Some(l)
+    }
+
+    fn insert(&mut self, ino: Ino, l: FileLayout) {
+        if self.new.len() >= LAYOUTS_KEPT && !self.new.contains_key(&ino) {
+            self.old = std::mem::take(&mut self.new);
+        }
+        self.new.insert(ino, l);
+    }
+
+    fn remove(&mut self, ino: Ino) -> Option<FileLayout> {
+        let a = self.new.remove(&ino);
+        let b = self.old.remove(&ino);
+        a.or(b)
+    }
+}
 
 /// How an [`InstanceClient`] waits for its servers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,7 +114,7 @@ pub struct InstanceClient {
     /// The layouts of files this client has seen (a file's layout is fixed once it holds
     /// data; an empty file's may change, which this client sees at its next `getattr`, as
     /// close-to-open has every open do).
-    layouts: parking_lot::Mutex<HashMap<Ino, FileLayout>>,
+    layouts: parking_lot::Mutex<Layouts>,
     /// Requests sent, per operation.
     counts: RequestCounts,
 }
@@ -232,7 +265,7 @@ impl InstanceClient {
                 .map(|_| std::sync::atomic::AtomicBool::new(false))
                 .collect(),
             frags,
-            layouts: parking_lot::Mutex::new(HashMap::new()),
+            layouts: parking_lot::Mutex::new(Layouts::default()),
             counts: RequestCounts::default(),
         })
     }
@@ -283,17 +316,13 @@ impl InstanceClient {
     /// Remembers the layout of a file from its attributes: what its reads and writes use.
     pub fn note_layout(&self, a: &Attr) {
         if a.kind == FileKind::File {
-            let mut m = self.layouts.lock();
-            if m.len() >= LAYOUTS_KEPT && !m.contains_key(&a.ino) {
-                m.clear();
-            }
-            m.insert(a.ino, a.layout);
+            self.layouts.lock().insert(a.ino, a.layout);
         }
     }
 
     /// The layout of file `ino`: as seen last, else from its attributes.
     pub async fn layout_of(&self, ino: Ino) -> Result<Layout> {
-        let seen = self.layouts.lock().get(&ino).copied();
+        let seen = self.layouts.lock().get(ino);
         let recorded = match seen {
             Some(l) => l,
             None => {
@@ -761,7 +790,7 @@ impl InstanceClient {
     /// saw (and whose inode the metadata server may have forgotten already) has its objects
     /// removed from every fragment that may hold one.
     pub async fn remove_objects(&self, ino: Ino, size: u64) -> Result<()> {
-        let seen = self.layouts.lock().remove(&ino);
+        let seen = self.layouts.lock().remove(ino);
         let layout = seen.map(|l| self.resolve_layout(ino, l));
         let file = self.file_id(ino);
         let calls = (0..self.fragments())
@@ -926,7 +955,7 @@ impl InstanceClient {
         if self.fragments() > 64 {
             return u64::MAX;
         }
-        let Some(recorded) = self.layouts.lock().get(&ino).copied() else {
+        let Some(recorded) = self.layouts.lock().get(ino) else {
             return u64::MAX;
         };
         let layout = self.resolve_layout(ino, recorded);

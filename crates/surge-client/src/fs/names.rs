@@ -485,6 +485,9 @@ impl Fs {
                 through: 0,
                 layout: self.new_file_layout_now(l.dir.layout),
             };
+            // Its data calls (the passthrough object at its open) need the layout before
+            // the metadata server knows the file.
+            self.client.note_layout(&a);
             l.names.insert(name.to_vec(), (ino, FileKind::File));
             let op = BatchOp::CreateFile {
                 parent,
