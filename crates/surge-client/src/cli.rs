@@ -597,6 +597,11 @@ fn xattr_call(path: &std::path::Path, what: &str, rc: isize) -> anyhow::Result<u
     let hint = match e.raw_os_error() {
         Some(libc::EOPNOTSUPP) => " (not on a Surge mount?)",
         Some(libc::EBUSY) => " (a file's layout is set before its first write)",
+        Some(libc::EINVAL) => {
+            " (the mount refused the layout: a stripe count above the instance's fragments, \
+             which `surge layout get` of a file shows, or a stripe size that is not a \
+             multiple of 4 KiB)"
+        }
         _ => "",
     };
     anyhow::bail!("{what} {}: {e}{hint}", path.display())

@@ -453,10 +453,12 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let (fs, notifier, cache) = (self.fs.clone(), self.notifier.clone(), self.backing.clone());
+        let writer = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
+        let unprivileged_writer = writer && req.uid() != 0;
         self.metadata(async move {
-            match fs.open(ino.0).await {
+            match fs.open(ino.0, unprivileged_writer).await {
                 Ok(o) => {
                     if o.invalidate_attr {
                         // Another node changed the file: drop the kernel's cached size and

@@ -79,7 +79,9 @@ impl Fs {
         Ok(self.observe(a, false))
     }
 
-    pub async fn open(&self, ino: Ino) -> FsResult<Opened> {
+    /// `unprivileged_writer`: the open may write and its caller cannot keep setuid/setgid
+    /// bits (no `CAP_FSETID`; here: not root).
+    pub async fn open(&self, ino: Ino, unprivileged_writer: bool) -> FsResult<Opened> {
         self.barrier().await?;
         // Close-to-open: attributes are asked for at every open, unless nothing can change
         // them (a read-only ldbalance replica).
@@ -114,7 +116,13 @@ impl Fs {
                 }
             }
         }
-        let backing = self.backing_for(ino).await;
+        let backing = if unprivileged_writer && drops_privilege(a.perm) {
+            // The kernel writes a passthrough file without this process, so it could not
+            // clear the setuid/setgid bits the write must clear; through the daemon it does.
+            self.inodes.backing(ino)
+        } else {
+            self.backing_for(ino).await
+        };
         if let Some(b) = &backing {
             // A file extended without writing (truncate up, on any node) has a shorter object;
             // the kernel reads a passthrough file straight from it.
@@ -457,4 +465,11 @@ impl Fs {
         self.client.note_layout(&a);
         self.inodes.observe(a, lookup)
     }
+}
+
+/// Whether `perm` has bits a write by an unprivileged user clears: setuid, and setgid with
+/// group execute (`setattr_should_drop_suidgid`).
+pub(super) fn drops_privilege(perm: u16) -> bool {
+    perm & libc::S_ISUID as u16 != 0
+        || (perm & libc::S_ISGID as u16 != 0 && perm & libc::S_IXGRP as u16 != 0)
 }

@@ -78,11 +78,17 @@ impl Fs {
             // The name appeared after the kernel's lookup (another node made it): without
             // O_EXCL, open(2) opens what is there.
             Err(e) if e.errno == libc::EEXIST && flags & libc::O_EXCL == 0 => {
-                return self.open_existing(parent, name, flags).await;
+                return self.open_existing(parent, name, flags, uid).await;
             }
             Err(e) => return Err(e),
         };
-        let backing = self.backing_for(a.ino).await;
+        // An unprivileged creator's writes must clear setuid/setgid bits it asked for: the
+        // daemon does that, not a passthrough write (see `open`).
+        let backing = if uid != 0 && super::files::drops_privilege(a.perm) {
+            None
+        } else {
+            self.backing_for(a.ino).await
+        };
         let fh = self.inodes.created(&a, backing.as_ref());
         Ok((a, fh, backing))
     }
@@ -93,9 +99,11 @@ impl Fs {
         parent: Ino,
         name: &[u8],
         flags: i32,
+        uid: u32,
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
         let mut a = self.lookup(parent, name).await?;
-        let o = match self.open(a.ino).await {
+        let writer = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let o = match self.open(a.ino, writer && uid != 0).await {
             Ok(o) => o,
             Err(e) => {
                 // The kernel learns of no entry: undo the lookup's reference.
