@@ -226,8 +226,8 @@ impl Fragment {
 
     /// Reserves in the instance's budget on this server what a change ending at `end` and
     /// `len` bytes long may newly allocate in an object whose (size, allocated bytes) are `st`:
-    /// nothing when it only covers a fully allocated region, else at most its length rounded
-    /// out to whole blocks. `NoSpace` (nothing reserved) when that could pass the capacity of
+    /// nothing when it only covers a fully allocated region, else at most the whole blocks it
+    /// touches. `NoSpace` (nothing reserved) when that could pass the capacity of
     /// the instance's fragments here. The caller gives the returned bytes back (with
     /// [`Fragment::unreserve`]) once the object has been measured again.
     fn reserve(&self, st: (u64, u64), end: u64, len: u64) -> Result<u64, ErrorReply> {
@@ -235,7 +235,9 @@ impl Fragment {
         if end <= size && alloc >= size {
             return Ok(0);
         }
-        let growth = len.div_ceil(BLOCK) * BLOCK + BLOCK;
+        // The blocks the range touches (a range of exactly the space left fits).
+        let start = end - len;
+        let growth = (end.div_ceil(BLOCK) - start / BLOCK) * BLOCK;
         crate::reserve::data_may_grow(&self.dir, growth)?;
         let before = self.budget.used.fetch_add(growth, Ordering::Relaxed);
         let capacity = self.budget.capacity();
@@ -515,7 +517,9 @@ mod tests {
         let f = frag(t.path(), 64 * 1024);
         let block = vec![7u8; 32 * 1024];
         f.write(fid(2), 0, &block).unwrap();
-        let e = f.write(fid(2), 32 * 1024, &block).unwrap_err();
+        // Exactly the space left fits; a block more does not.
+        f.write(fid(2), 32 * 1024, &block).unwrap();
+        let e = f.write(fid(2), 64 * 1024, &[1u8; 4096]).unwrap_err();
         assert_eq!(e.code, ErrorCode::NoSpace);
         // What was written is intact and can be overwritten.
         f.write(fid(2), 0, &[9u8; 1024]).unwrap();

@@ -109,9 +109,55 @@ struct Ctx {
     symlinks: AtomicU64,
     dirs: AtomicU64,
     stale: AtomicU64,
+    /// The layout of the files staged in (see [`staged_in_layout`]).
+    layout: surge_core::FileLayout,
+    /// Directories staged into, and whether they have a default layout of their own.
+    dir_defaults: Mutex<std::collections::HashMap<Ino, bool>>,
+}
+
+/// The layout of files staged into `client`'s instance where no directory default says
+/// otherwise. When every fragment is on this host and this process is root (the embedded
+/// default run as root: the job's mount here reads with kernel passthrough), each file is one
+/// stripe, spread over the fragments as the instance's rule spreads first stripes, so the
+/// job reads it at the fast tier's speed. Otherwise nothing is chosen: the instance's rule
+/// (every fragment) or the directory's default.
+async fn staged_in_layout(client: &InstanceClient) -> surge_core::FileLayout {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && client.local_fragments().await.len() as u32 == client.fragments() {
+        surge_core::FileLayout {
+            stripe_size: 0,
+            stripe_count: 1,
+            start: surge_core::layout::START_ANY,
+        }
+    } else {
+        surge_core::FileLayout::default()
+    }
 }
 
 impl Ctx {
+    /// The layout a file staged into directory `parent` asks for: the stage's choice, unless
+    /// the directory has a default of its own (which then applies).
+    async fn layout_in(&self, parent: Ino) -> surge_core::FileLayout {
+        if self.layout.is_unset() {
+            return self.layout;
+        }
+        if let Some(own) = self.dir_defaults.lock().get(&parent).copied() {
+            return if own {
+                surge_core::FileLayout::default()
+            } else {
+                self.layout
+            };
+        }
+        let own = matches!(self.client.getattr(parent).await, Ok(p) if !p.layout.is_unset());
+        self.dir_defaults.lock().insert(parent, own);
+        if own {
+            surge_core::FileLayout::default()
+        } else {
+            self.layout
+        }
+    }
+
     fn fail(&self, path: &str, dest: &Path, error: String) {
         self.progress.file_failed();
         self.failures.lock().push(StageFailure {
@@ -193,7 +239,13 @@ async fn run(
     let workers = opts.workers.clamp(1, 4096);
     let chunk = opts.chunk_size.clamp(MIN_CHUNK, MAX_CHUNK);
     let data_slots = workers.min((MAX_BUFFERED / chunk).max(2) as usize);
+    let layout = match plan.direction {
+        Direction::In => staged_in_layout(&client).await,
+        Direction::Out => surge_core::FileLayout::default(),
+    };
     let ctx = Arc::new(Ctx {
+        layout,
+        dir_defaults: Mutex::new(std::collections::HashMap::new()),
         client,
         opts: StageOptions {
             workers,
@@ -708,12 +760,13 @@ async fn create_temp_in(
     let mut last = String::new();
     for _ in 0..4 {
         let tmp = temp_name(name);
+        let layout = ctx.layout_in(parent).await;
         match ctx
             .client
-            .create(parent, &tmp, node.clone(), perm, owner.0, owner.1)
+            .create_in(parent, &tmp, node.clone(), perm, owner.0, owner.1, layout)
             .await
         {
-            Ok(a) => return Ok((a.ino, tmp)),
+            Ok((a, _)) => return Ok((a.ino, tmp)),
             Err(e) if ns::is_errno(&e, libc::EEXIST) => last = e.to_string(),
             Err(e) => return Err(format!("cannot create {}: {e}", show(&tmp))),
         }

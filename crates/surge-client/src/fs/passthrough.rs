@@ -73,7 +73,30 @@ impl Fs {
         }
         let local = self.client.local_fragments().await;
         debug!("fragments on this host: {local:?}");
-        self.passthrough.local.get_or_init(|| local).len()
+        // Consecutive new files go to different servers first (each server holds its own
+        // share of the instance): the fragments in turn by server, interleaved.
+        let server = |f: &u32| {
+            self.client
+                .desc
+                .fragments
+                .iter()
+                .find(|r| r.index == *f)
+                .map(|r| r.server.id.clone())
+                .unwrap_or_default()
+        };
+        let mut by_server: Vec<(String, Vec<u32>)> = Vec::new();
+        for f in local {
+            let s = server(&f);
+            match by_server.iter_mut().find(|(id, _)| *id == s) {
+                Some((_, v)) => v.push(f),
+                None => by_server.push((s, vec![f])),
+            }
+        }
+        let rounds = by_server.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+        let order: Vec<u32> = (0..rounds)
+            .flat_map(|k| by_server.iter().filter_map(move |(_, v)| v.get(k).copied()))
+            .collect();
+        self.passthrough.local.get_or_init(|| order).len()
     }
 
     /// The layout of a new regular file made here in a directory whose default is
