@@ -71,6 +71,8 @@ if [ -n "$AS_USER" ]; then
     id "$AS_USER" >/dev/null 2>&1 || useradd --system --no-create-home "$AS_USER"
     RUN_AS=(runuser -u "$AS_USER" --)
     chown "$AS_USER" "$WORK"
+    chmod 755 "$SHM"
+    mkdir -p "$SHM/fast" && chown "$AS_USER" "$SHM/fast"
 fi
 
 # The tests, as fio arguments; each runs in an empty directory.
@@ -96,9 +98,9 @@ $(for t in "${TESTS[@]}"; do
     d=${SAME_DIR[$t]:-$t}
     echo "mkdir -p \"\$DIR/$d\""
     echo "fio --name=$t --directory=\"\$DIR/$d\" --ioengine=psync --group_reporting --output-format=json ${ARGS[$t]} > \"\$OUT/$t.json\""
-    [ -n "${SAME_DIR[$t]:-}" ] || case $t in seqwrite) ;; *) echo "rm -rf \"\$DIR/$d\"" ;; esac
+    # Each test's files go when it is done (seqwrite's after seqread has read them).
+    case $t in seqwrite) ;; *) echo "rm -rf \"\$DIR/$d\"" ;; esac
 done)
-rm -rf "\$DIR/seqwrite"
 EOF
 chmod 755 "$WORK/tests.sh"
 cat > "$WORK/job.sh" <<EOF
