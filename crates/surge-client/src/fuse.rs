@@ -256,18 +256,23 @@ impl Filesystem for FuseAdapter {
             && config.set_max_stack_depth(1).is_ok()
         {
             self.fs.enable_passthrough();
-            // Which fragments are on this host decides where new files go (see
-            // `Fs::new_file_layout`): asked once now, before the first create (which also
-            // waits for the answer; `init` may run on a thread of the runtime: no blocking).
-            let fs = self.fs.clone();
-            self.rt.spawn(async move {
-                let local = fs.learn_local_fragments().await;
+        }
+        // Which fragments are on this host decides where new files go (see
+        // `Fs::new_file_layout`) and which objects this mount reads itself: asked once now,
+        // before the first create (which also waits for the answer; `init` may run on a
+        // thread of the runtime: no blocking).
+        let (fs, passthrough) = (self.fs.clone(), self.fs.passthrough_on());
+        self.rt.spawn(async move {
+            let local = fs.learn_local_fragments().await;
+            if passthrough {
                 tracing::info!(
                     "kernel FUSE passthrough available: files of one stripe on the {local} \
                      fragment(s) of this host are read and written by the kernel"
                 );
-            });
-        }
+            } else {
+                tracing::info!("{local} fragment(s) on this host: read here directly");
+            }
+        });
         Ok(())
     }
 

@@ -98,6 +98,19 @@ pub struct Usage {
     pub inodes: u64,
 }
 
+/// Most objects of local fragments a client keeps open for reading.
+const LOCAL_READS_OPEN: usize = 256;
+
+/// Objects of fragments on this host a client reads itself: a read then costs a `pread` of
+/// the object instead of a round trip to its server (another process: a copy through a
+/// socket and a thread wake-up each way). Writes still go to the servers, which check space.
+#[derive(Default)]
+struct LocalReads {
+    open: HashMap<(u32, Ino), Arc<std::fs::File>>,
+    /// Fragments whose objects this client may not open (another user's server).
+    refused: std::collections::HashSet<u32>,
+}
+
 pub struct InstanceClient {
     pub desc: InstanceDescriptor,
     pub ns: NamespaceId,
@@ -115,6 +128,8 @@ pub struct InstanceClient {
     /// data; an empty file's may change, which this client sees at its next `getattr`, as
     /// close-to-open has every open do).
     layouts: parking_lot::Mutex<Layouts>,
+    /// Objects of fragments on this host, open for reading here (see [`Self::read_into`]).
+    local_reads: parking_lot::Mutex<LocalReads>,
     /// Requests sent, per operation.
     counts: RequestCounts,
 }
@@ -266,6 +281,7 @@ impl InstanceClient {
                 .collect(),
             frags,
             layouts: parking_lot::Mutex::new(Layouts::default()),
+            local_reads: parking_lot::Mutex::new(LocalReads::default()),
             counts: RequestCounts::default(),
         })
     }
@@ -702,10 +718,15 @@ impl InstanceClient {
     }
 
     /// Like [`read`](Self::read) into a caller's buffer (which must be zeroed or be fully
-    /// overwritten: short object reads leave their tail untouched).
+    /// overwritten: short object reads leave their tail untouched). Stripes on fragments of
+    /// this host whose objects this client can open are read from them directly.
     pub async fn read_into(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<()> {
         let file = self.file_id(ino);
-        let pieces = Self::split(self.layout_of(ino).await?.pieces(offset, buf.len() as u64));
+        let mut pieces = Self::split(self.layout_of(ino).await?.pieces(offset, buf.len() as u64));
+        pieces.retain(|p| {
+            let part = &mut buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            !self.read_local(p.fragment, ino, p.object_offset, part)
+        });
         let calls = pieces.iter().map(|p| async move {
             let req = Request::Read {
                 instance: self.instance(),
@@ -731,6 +752,65 @@ impl InstanceClient {
             buf[start + n..start + p.len as usize].fill(0);
         }
         Ok(())
+    }
+
+    /// Reads `out` at `offset` of the object of `ino` on fragment `frag` when the fragment is
+    /// on this host and its object can be opened here; what lies past the object's end reads
+    /// as zeros, as from its server. False (nothing read) otherwise, or on any error: the
+    /// caller asks the server, which says what is wrong. Not for cache instances, whose
+    /// objects a switch to the PFS removes while files are open.
+    fn read_local(&self, frag: u32, ino: Ino, offset: u64, out: &mut [u8]) -> bool {
+        if self.desc.cache_pfs.is_some() {
+            return false;
+        }
+        let Some(dir) = self.local_dirs.get(frag as usize).and_then(|d| d.get()) else {
+            return false;
+        };
+        let obj = {
+            let mut r = self.local_reads.lock();
+            match r.open.get(&(frag, ino)) {
+                Some(f) => f.clone(),
+                None if r.refused.contains(&frag) => return false,
+                None => {
+                    let path = dir.join(surge_core::layout::object_name(self.file_id(ino)));
+                    match std::fs::File::open(&path) {
+                        Ok(f) => {
+                            if r.open.len() >= LOCAL_READS_OPEN {
+                                // Any one: its next read opens it again.
+                                if let Some(k) = r.open.keys().next().copied() {
+                                    r.open.remove(&k);
+                                }
+                            }
+                            let f = Arc::new(f);
+                            r.open.insert((frag, ino), f.clone());
+                            f
+                        }
+                        // Not made yet: the server answers (zeros) and may make it meanwhile.
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
+                        Err(e) => {
+                            tracing::debug!(
+                                "fragment {frag}: its objects cannot be read here ({e}): \
+                                 reads go to its server"
+                            );
+                            r.refused.insert(frag);
+                            return false;
+                        }
+                    }
+                }
+            }
+        };
+        use std::os::unix::fs::FileExt;
+        let mut got = 0;
+        while got < out.len() {
+            match obj.read_at(&mut out[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        out[got..].fill(0);
+        true
     }
 
     /// Cuts the objects of a file shrinking from `old_size` to `new_size`.
@@ -791,6 +871,7 @@ impl InstanceClient {
     /// removed from every fragment that may hold one.
     pub async fn remove_objects(&self, ino: Ino, size: u64) -> Result<()> {
         let seen = self.layouts.lock().remove(ino);
+        self.local_reads.lock().open.retain(|(_, i), _| *i != ino);
         let layout = seen.map(|l| self.resolve_layout(ino, l));
         let file = self.file_id(ino);
         let calls = (0..self.fragments())

@@ -151,6 +151,18 @@ async fn a_tree_comes_back_byte_identical_with_modes_times_and_symlinks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_file_is_split_across_workers_and_fragments() {
     let c = Cluster::start("large", 3, 512 * MIB, CHUNK).await;
+    // DataWarp's striping over every fragment, asked for (a root stager with every fragment
+    // on its host would make one stripe otherwise: the next test).
+    c.client
+        .set_layout(
+            1,
+            surge_core::FileLayout {
+                stripe_count: surge_core::layout::STRIPE_ALL,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     let src = c.path().join("big.dat");
     let data = bytes(9, (40 * CHUNK + 4321) as usize);
     fs::write(&src, &data).unwrap();
@@ -194,6 +206,36 @@ async fn a_large_file_is_split_across_workers_and_fragments() {
     .await;
     assert!(r.failures.is_empty(), "{:?}", r.failures);
     assert!(fs::read(&out).unwrap() == data);
+}
+
+/// A root stager with every fragment of the instance on its host (the embedded default run as
+/// root, whose job mount reads one-stripe files with kernel passthrough) makes each file one
+/// stripe; any other stager keeps the instance's rule (every fragment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_stager_with_every_fragment_here_makes_one_stripe_files() {
+    let c = Cluster::start("onestripe", 3, 512 * MIB, CHUNK).await;
+    let src = c.path().join("in.dat");
+    let data = bytes(4, (5 * CHUNK + 17) as usize);
+    fs::write(&src, &data).unwrap();
+    let r = stage(
+        &c.client,
+        Direction::In,
+        &[file_item(&src, "/in.dat")],
+        &opts(),
+    )
+    .await;
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    let a = c.client.lookup(1, b"in.dat").await.unwrap();
+    let l = c.client.layout_of(a.ino).await.unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(l.stripe_count, 1, "{l:?}");
+        let len = fs::metadata(c.object_path(l.start, a.ino)).unwrap().len();
+        assert_eq!(len, data.len() as u64, "the object is the file");
+    } else {
+        assert_eq!(l.stripe_count, 3, "{l:?}");
+    }
+    assert!(c.client.read(a.ino, 0, a.size).await.unwrap() == data);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,6 +54,11 @@ pub(super) fn backing_state(f: &std::fs::File) -> Option<(u64, Timestamp)> {
 }
 
 impl Fs {
+    /// Whether the kernel accepted passthrough (and it was not turned off since).
+    pub fn passthrough_on(&self) -> bool {
+        self.passthrough.on()
+    }
+
     /// Stops using passthrough (the kernel refused a backing file).
     pub fn disable_passthrough(&self) {
         self.passthrough.set(false);

@@ -119,11 +119,13 @@ int main(int argc, char **argv) {
                              &complete, NULL, NULL, NULL);
     CHECK(rc == 0 && complete == 1, "list query: rc %d complete %d", rc, complete);
 
-    /* Layout of an open file: DataWarp's default 8 MiB stripes over the instance's fragments. */
+    /* Layout of an open file: DataWarp's default 8 MiB stripes, over one fragment or more (a
+       file staged in for a job whose mount reads it with passthrough is one stripe); the index
+       is the fragment of the first stripe among the instance's. */
     int fd = open(at(dw, "in.dat"), O_RDONLY);
     int size = 0, width = 0, index = -1;
     rc = dw_get_stripe_configuration(fd, &size, &width, &index);
-    CHECK(rc == 0 && size == 8 << 20 && width >= 1 && index >= 0 && index < width,
+    CHECK(rc == 0 && size == 8 << 20 && width >= 1 && index >= 0,
           "dw_get_stripe_configuration: rc %d size %d width %d index %d", rc, size, width, index);
     fprintf(report, "stripe %d %d %d\n", size, width, index);
     CHECK(dw_set_stripe_configuration(fd, size, width) == 0, "keeping the layout is allowed");
