@@ -2,16 +2,18 @@
 //! of every knob.
 //!
 //! 1. **Seed** from `surge profile`'s verdict (Daley's classification): a metadata-bound job
-//!    starts in private mode and tries the access mode and hybrid placement first; a
-//!    bandwidth- or IOPS-bound job starts with the most fragments and tries fragments and
-//!    MPI-IO hints first. The job as written (and PFS-only, when it is in the space) are
-//!    always measured: they are what the result is compared with.
+//!    starts in private mode and tries the access mode and hybrid placement first (layout
+//!    last); a bandwidth- or IOPS-bound job starts with the most fragments and tries
+//!    fragments, layout and MPI-IO hints first (a job without a profile too, from the job as
+//!    written). The job as written (and PFS-only, when it is in the space) are always
+//!    measured: they are what the result is compared with.
 //! 2. **Coordinate descent**: along each dimension in that order, every value is run with the
 //!    others fixed at the best so far, and the best is kept; a second pass runs if the first
 //!    changed anything. A move that wins by less than 15% is a close call: both ends are run
-//!    again and compared by median first. The knobs of a burst buffer are nearly separable (fragments set
-//!    bandwidth, the access mode sets metadata, placement and hints act on their own files),
-//!    which is why this finds the optimum of the product in the sum of the dimensions' sizes.
+//!    again and compared by median first. The knobs of a burst buffer are nearly separable
+//!    (fragments set bandwidth, the layout how much of it one file gets, the access mode sets
+//!    metadata, placement and hints act on their own files), which is why this finds the
+//!    optimum of the product in the sum of the dimensions' sizes.
 //! 3. **Successive halving** against noise: the best few configurations are run again, the
 //!    best third kept, until one is left; a configuration is judged by the median of its runs.
 //!
@@ -215,11 +217,16 @@ impl<'a, M: Measure> Search<'a, M> {
                 (Some(Verdict::Metadata), Some(Setting::Mode(_))) => 0,
                 (Some(Verdict::Metadata), Some(Setting::OnPfs(..))) => 1,
                 (Some(Verdict::Metadata), Some(Setting::Fragments(_))) => 2,
-                (Some(Verdict::Metadata), _) => 3,
+                (Some(Verdict::Metadata), Some(Setting::Hint(..))) => 3,
+                // Small files are one stripe whatever their layout: it matters last.
+                (Some(Verdict::Metadata), _) => 4,
                 (_, Some(Setting::Fragments(_))) => 0,
-                (_, Some(Setting::Hint(..))) => 1,
-                (_, Some(Setting::Mode(_))) => 2,
-                _ => 3,
+                // How a file's bytes spread over the fragments just chosen: the other half
+                // of bandwidth.
+                (_, Some(Setting::Layout(_))) => 1,
+                (_, Some(Setting::Hint(..))) => 2,
+                (_, Some(Setting::Mode(_))) => 3,
+                _ => 4,
             }
         };
         let mut idx: Vec<usize> = (0..self.space.dimensions.len()).collect();
@@ -391,7 +398,7 @@ impl<'a, M: Measure> Search<'a, M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::space::{build, SpaceRequest};
+    use crate::space::{build, Layout, SpaceRequest, StripeCount};
     use surge_core::directives::parse_script;
 
     /// A deterministic landscape in which each knob has its own best value (a model of a
@@ -420,6 +427,19 @@ mod tests {
                 Some("2") => -0.7,
                 Some("1") => 0.2,
                 _ => 0.0,
+            };
+            // Wide stripes of 1 MiB suit this model's shared file; one stripe does not.
+            t += match c.layout {
+                Some(Layout {
+                    stripe_count: StripeCount::All,
+                    stripe_size: Some(s),
+                }) if s == 1 << 20 => -0.8,
+                Some(Layout {
+                    stripe_count: StripeCount::All,
+                    ..
+                }) => -0.3,
+                Some(_) => 0.4,
+                None => 0.0,
             };
             Ok(Run {
                 config: c.clone(),
@@ -457,6 +477,8 @@ mod tests {
                     ),
                     ("cb_nodes".into(), vec!["1".into(), "2".into()]),
                 ],
+                stripe_counts: vec![StripeCount::Count(1), StripeCount::All],
+                stripe_sizes: vec![1 << 20, 8 << 20],
             },
             |_| Some(100),
         )
@@ -482,6 +504,13 @@ mod tests {
         assert_eq!(best.fragments, 8);
         assert_eq!(best.mode, "private");
         assert_eq!(best.hints["cb_nodes"], "2");
+        assert_eq!(
+            best.layout,
+            Some(Layout {
+                stripe_count: StripeCount::All,
+                stripe_size: Some(1 << 20)
+            })
+        );
         assert!(
             out.new_runs * 3 <= all,
             "{} runs for a space of {all}",
@@ -524,5 +553,33 @@ mod tests {
         assert_eq!(out.new_runs, 4);
         assert!(out.budget_exhausted);
         assert!(out.best.is_some());
+    }
+
+    #[test]
+    fn layout_comes_right_after_fragments_unless_the_job_is_metadata_bound() {
+        let s = space();
+        let search = Search::new(
+            &s,
+            Landscape { runs: 0 },
+            vec![],
+            Budget {
+                runs: None,
+                deadline: None,
+            },
+        );
+        let names = |v: Option<Verdict>| -> Vec<String> {
+            search
+                .order(v)
+                .into_iter()
+                .map(|i| s.dimensions[i].name.clone())
+                .collect()
+        };
+        for v in [None, Some(Verdict::Bandwidth), Some(Verdict::Iops)] {
+            let n = names(v);
+            assert_eq!(&n[..2], ["fragments", "layout"], "{v:?}: {n:?}");
+        }
+        let n = names(Some(Verdict::Metadata));
+        assert_eq!(n.first().map(String::as_str), Some("access mode"), "{n:?}");
+        assert_eq!(n.last().map(String::as_str), Some("layout"), "{n:?}");
     }
 }
