@@ -7,7 +7,7 @@
 
 use crate::history::Run;
 use crate::search::median;
-use crate::space::{layout_text, Config};
+use crate::space::Config;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -58,7 +58,7 @@ pub struct RunRow {
 impl From<Run> for RunRow {
     fn from(run: Run) -> RunRow {
         RunRow {
-            layout: layout_text(&run.config.layout),
+            layout: run.config.layout_text(),
             run,
         }
     }
@@ -73,7 +73,7 @@ pub fn tried(runs: &[Run]) -> Vec<Tried> {
         .into_iter()
         .map(|(c, rs)| Tried {
             key: c.key(),
-            layout: layout_text(&c.layout),
+            layout: c.layout_text(),
             runs: rs.len(),
             failed: rs.iter().filter(|r| !r.ok).count(),
             median_s: median(&rs),
@@ -96,7 +96,7 @@ pub fn find(tried: &[Tried], c: &Config) -> Tried {
         .unwrap_or(Tried {
             config: c.clone(),
             key: c.key(),
-            layout: layout_text(&c.layout),
+            layout: c.layout_text(),
             runs: 0,
             failed: 0,
             median_s: None,

@@ -156,17 +156,19 @@ pub fn parse_stripe_size(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
-/// How a configuration's layout is told in reports: its words, or the mount's choice.
-pub fn layout_text(layout: &Option<Layout>) -> String {
-    match layout {
-        Some(l) => l.to_string(),
-        None => "mount's choice".into(),
-    }
-}
-
 impl Config {
     pub fn pfs_only(&self) -> bool {
         self.fragments == 0
+    }
+
+    /// The layout of the files the job makes, in words: `stripe_count=all stripe_size=1MiB`,
+    /// the mount's choice, or none without a burst buffer.
+    pub fn layout_text(&self) -> String {
+        match &self.layout {
+            _ if self.pfs_only() => "none (PFS only)".into(),
+            Some(l) => l.to_string(),
+            None => "mount's choice".into(),
+        }
     }
 
     /// The canonical text of the configuration: the history's key and what reports print.
@@ -685,7 +687,15 @@ mod tests {
         assert_eq!(serde_json::from_str::<Layout>(&json).unwrap(), l);
         let one: Layout = serde_json::from_str(r#"{"stripe_count":1}"#).unwrap();
         assert_eq!(one.set_args(), "--stripe-count 1");
-        assert_eq!(layout_text(&None), "mount's choice");
+        let c = |fragments| Config {
+            fragments,
+            mode: "striped".into(),
+            on_pfs: BTreeSet::new(),
+            hints: BTreeMap::new(),
+            layout: None,
+        };
+        assert_eq!(c(1).layout_text(), "mount's choice");
+        assert_eq!(c(0).layout_text(), "none (PFS only)");
         assert_eq!(stripe_size_text(3 << 30), "3GiB");
     }
 }
