@@ -16,9 +16,10 @@
 //!   (`surge layout set "$DW_JOB_STRIPED" --stripe-count N`; `surge` is on a job's PATH under
 //!   `surge run`), before anything the job makes. Directories already staged in have no
 //!   default of their own (a directory takes its parent's when it is made), so with staged
-//!   directories every directory of the instance gets it (`find ... -type d -exec`). A layout
-//!   that cannot be set ends the job: a run measured with another layout would be recorded
-//!   as this one.
+//!   directories every directory of the instance gets it (`find ... -type d -exec`); in
+//!   private mode under `surge run --nodes N`, every node's namespace (`surge exec --all`). A
+//!   layout that cannot be set ends the job: a run measured with another layout would be
+//!   recorded as this one.
 
 use crate::space::{instance_rest, pfs_side, Config, Layout};
 use std::path::Path;
@@ -131,27 +132,39 @@ fn copy_out(s: &surge_core::directives::StageDirective, var: &str, cwd: &Path) -
     }
 }
 
-/// The shell line setting `layout` as the default of the instance named by `var` (and of the
+/// The shell lines setting `layout` as the default of the instance named by `var` (and of the
 /// directories `d` stages into it, when it stages any there: they were made before the line
-/// runs).
-fn layout_line(layout: &Layout, d: &Directives, config: &Config, var: &str) -> String {
+/// runs). A private instance has a namespace per node: under `surge run --nodes N` the others
+/// are set through `surge exec --all`.
+fn layout_lines(layout: &Layout, d: &Directives, config: &Config, var: &str) -> Vec<String> {
     let staged_dirs = d.stage_in.iter().any(|s| {
         is_job_instance(&s.instance)
             && s.kind == StageKind::Directory
             && !config.on_pfs.contains(pfs_side(s))
     });
-    let why = format!("# surge tune: files the job makes get layout {layout}");
-    if staged_dirs {
-        format!(
-            "find \"${var}\" -type d -exec surge layout set {} {{}} + || exit 1  {why}, also in the staged directories",
-            layout.set_args()
+    let (set, why) = if staged_dirs {
+        (
+            format!(
+                "find \"${var}\" -type d -exec surge layout set {} {{}} +",
+                layout.set_args()
+            ),
+            format!("files the job makes get layout {layout}, also in the staged directories"),
         )
     } else {
-        format!(
-            "surge layout set \"${var}\" {} || exit 1  {why}",
-            layout.set_args()
+        (
+            format!("surge layout set \"${var}\" {}", layout.set_args()),
+            format!("files the job makes get layout {layout}"),
         )
+    };
+    let mut lines = vec![format!("{set} || exit 1  # surge tune: {why}")];
+    if var == "DW_JOB_PRIVATE" {
+        lines.push(format!(
+            "[ \"${{SURGE_NODES:-1}}\" -le 1 ] || surge exec --all -- sh -c {} || exit 1  \
+             # surge tune: and in every node's namespace",
+            sh_quote(&set)
+        ));
     }
+    lines
 }
 
 fn job_var(mode: &str) -> &'static str {
@@ -208,7 +221,7 @@ pub fn render(text: &str, config: &Config, ctx: &RenderContext) -> anyhow::Resul
     } else {
         // First, so the directories the block and the job make inherit it.
         if let Some(l) = &config.layout {
-            block.push(layout_line(l, d, config, var));
+            block.extend(layout_lines(l, d, config, var));
         }
         replace[jspan.start] = Some(format!(
             "#DW jobdw type=scratch access_mode={mode} capacity={}{}",
@@ -401,6 +414,7 @@ set -e\n\
         assert!(at > out.find("# surge tune: fragments=4").unwrap(), "{out}");
         assert!(at < out.find("./app").unwrap(), "{out}");
         assert_eq!(out.matches("surge layout set").count(), 1, "{out}");
+        assert!(!out.contains("surge exec"), "{out}");
         assert!(parse_script("job.sh", &out).is_ok());
     }
 
@@ -419,6 +433,13 @@ set -e\n\
         assert!(
             out.contains(
                 "find \"$DW_JOB_PRIVATE\" -type d -exec surge layout set --stripe-count 1 {} + || exit 1"
+            ),
+            "{out}"
+        );
+        // Every node has a namespace of its own: under surge run --nodes N, all are set.
+        assert!(
+            out.contains(
+                "[ \"${SURGE_NODES:-1}\" -le 1 ] || surge exec --all -- sh -c 'find \"$DW_JOB_PRIVATE\" -type d -exec surge layout set --stripe-count 1 {} +' || exit 1"
             ),
             "{out}"
         );
