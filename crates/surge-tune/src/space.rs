@@ -52,7 +52,8 @@ impl StripeCount {
             "all" | "-1" => Ok(StripeCount::All),
             t => match t.parse::<u32>() {
                 Ok(0) => Err(format!(
-                    "stripe count '{text}': 0 is the mount's choice, which is always tried;                      give 1, 2, ... or all"
+                    "stripe count '{text}': 0 is the mount's choice, which is always tried; \
+                     give 1, 2, ... or all"
                 )),
                 Ok(n) => Ok(StripeCount::Count(n)),
                 Err(_) => Err(format!(
