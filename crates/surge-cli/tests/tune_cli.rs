@@ -43,23 +43,20 @@ mkdir -p $DW_JOB_STRIPED/out
 for i in 1 2; do cat $DW_JOB_STRIPED/namelist $DW_JOB_STRIPED/in/f$i > $DW_JOB_STRIPED/out/g$i; done
 ";
 
-fn tune(fast: &Path, w: &Path, runs: &str) -> Value {
+/// `surge tune job.sh --json ARGS` in `w`: its summary.
+fn tune_with(fast: &Path, w: &Path, args: &[&str]) -> Value {
     let out = surge_in(fast, w)
-        .args([
-            "tune",
-            "job.sh",
-            "--json",
-            "--max-fragments",
-            "2",
-            "--stripe-sizes",
-            "1MiB",
-            "--runs",
-            runs,
-        ])
+        .args(["tune", "job.sh", "--json"])
+        .args(args)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+}
+
+fn tune(fast: &Path, w: &Path, runs: &str) -> Value {
+    let small = ["--max-fragments", "2", "--stripe-sizes", "1MiB"];
+    tune_with(fast, w, &[&small[..], &["--runs", runs]].concat())
 }
 
 #[test]
@@ -173,30 +170,14 @@ case "$1" in
 esac
 "#;
 
+/// Only the layout varies: two fragments, striped, no PFS-only run, no hybrid placement.
 fn tune_layouts(fast: &Path, w: &Path, want: &str) -> Value {
-    let out = surge_in(fast, w)
-        .args([
-            "tune",
-            "job.sh",
-            "--json",
-            "--runs",
-            "12",
-            "--fragments",
-            "2",
-        ])
-        .args([
-            "--modes",
-            "striped",
-            "--no-pfs-only",
-            "--hybrid-candidates",
-            "0",
-        ])
-        .args(["--stripe-counts", "1,all", "--stripe-sizes", "1MiB"])
-        .args(["--", want])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+    let mut args: Vec<&str> = "--runs 12 --fragments 2 --modes striped --no-pfs-only \
+                               --hybrid-candidates 0 --stripe-counts 1,all --stripe-sizes 1MiB"
+        .split_whitespace()
+        .collect();
+    args.extend(["--", want]);
+    tune_with(fast, w, &args)
 }
 
 fn layouts_tried(v: &Value) -> Vec<String> {

@@ -215,15 +215,19 @@ mod tests {
     use crate::space::{Layout, StripeCount};
     use std::collections::{BTreeMap, BTreeSet};
 
+    fn problem() -> Key {
+        Key {
+            job: "j".into(),
+            inputs: "i".into(),
+            pool: "p".into(),
+        }
+    }
+
     #[test]
     fn runs_are_kept_per_problem_and_read_back() {
         let t = tempfile::tempdir().unwrap();
         let db = t.path().join("sub/tune.db");
-        let key = Key {
-            job: "j".into(),
-            inputs: "i".into(),
-            pool: "p".into(),
-        };
+        let key = problem();
         let run = Run {
             config: Config {
                 fragments: 2,
@@ -279,11 +283,7 @@ mod tests {
     fn the_layout_is_part_of_the_configuration_and_read_back() {
         let t = tempfile::tempdir().unwrap();
         let db = t.path().join("tune.db");
-        let key = Key {
-            job: "j".into(),
-            inputs: "i".into(),
-            pool: "p".into(),
-        };
+        let key = problem();
         let all = Some(Layout {
             stripe_count: StripeCount::All,
             stripe_size: Some(1 << 20),
@@ -320,11 +320,7 @@ mod tests {
     fn runs_recorded_before_layouts_were_searched_had_the_mounts_choice() {
         let t = tempfile::tempdir().unwrap();
         let db = t.path().join("tune.db");
-        let key = Key {
-            job: "j".into(),
-            inputs: "i".into(),
-            pool: "p".into(),
-        };
+        let key = problem();
         let h = History::open(&db).unwrap();
         // A row as the tuner wrote it before layouts: no "layout" in the configuration.
         h.conn

@@ -414,6 +414,23 @@ mod tests {
     use crate::space::{build, Layout, SpaceRequest, StripeCount};
     use surge_core::directives::parse_script;
 
+    const UNLIMITED: Budget = Budget {
+        runs: None,
+        deadline: None,
+    };
+
+    fn ok_run(c: &Config, seconds: f64) -> Run {
+        Run {
+            config: c.clone(),
+            ok: true,
+            seconds: Some(seconds),
+            exit_code: Some(0),
+            phases: vec![],
+            started_at: String::new(),
+            new: true,
+        }
+    }
+
     /// A deterministic landscape in which each knob has its own best value (a model of a
     /// burst buffer, not of Surge): the search must find the product's optimum.
     struct Landscape {
@@ -454,15 +471,7 @@ mod tests {
                 Some(_) => 0.4,
                 None => 0.0,
             };
-            Ok(Run {
-                config: c.clone(),
-                ok: true,
-                seconds: Some(t),
-                exit_code: Some(0),
-                phases: vec![],
-                started_at: String::new(),
-                new: true,
-            })
+            Ok(ok_run(c, t))
         }
     }
 
@@ -502,10 +511,7 @@ mod tests {
     fn finds_the_optimum_of_the_product_in_a_third_of_its_runs() {
         let s = space();
         let all = s.all().len() as u64;
-        let budget = Budget {
-            runs: None,
-            deadline: None,
-        };
+        let budget = UNLIMITED;
         let ex = Search::new(&s, Landscape { runs: 0 }, vec![], budget)
             .exhaustive()
             .unwrap();
@@ -534,10 +540,7 @@ mod tests {
     #[test]
     fn a_second_call_reuses_the_history_and_runs_nothing() {
         let s = space();
-        let budget = Budget {
-            runs: None,
-            deadline: None,
-        };
+        let budget = UNLIMITED;
         let first = Search::new(&s, Landscape { runs: 0 }, vec![], budget)
             .run(None)
             .unwrap();
@@ -571,15 +574,7 @@ mod tests {
     #[test]
     fn layout_comes_right_after_fragments_unless_the_job_is_metadata_bound() {
         let s = space();
-        let search = Search::new(
-            &s,
-            Landscape { runs: 0 },
-            vec![],
-            Budget {
-                runs: None,
-                deadline: None,
-            },
-        );
+        let search = Search::new(&s, Landscape { runs: 0 }, vec![], UNLIMITED);
         let names = |v: Option<Verdict>| -> Vec<String> {
             search
                 .order(v)
@@ -612,32 +607,14 @@ mod tests {
                 ) => 0.99,
                 _ => 1.0,
             };
-            Ok(Run {
-                config: c.clone(),
-                ok: true,
-                seconds: Some(t),
-                exit_code: Some(0),
-                phases: vec![],
-                started_at: String::new(),
-                new: true,
-            })
+            Ok(ok_run(c, t))
         }
     }
 
     #[test]
     fn a_win_within_noise_leaves_the_job_as_written() {
         let s = space();
-        let out = Search::new(
-            &s,
-            Flat,
-            vec![],
-            Budget {
-                runs: None,
-                deadline: None,
-            },
-        )
-        .run(None)
-        .unwrap();
+        let out = Search::new(&s, Flat, vec![], UNLIMITED).run(None).unwrap();
         assert_eq!(out.best.as_ref(), Some(&s.default), "{:#?}", out.trace);
         assert!(
             out.trace.iter().any(|t| t.starts_with("keep ")),
