@@ -4,7 +4,7 @@ use crate::history::{self, History, Key};
 use crate::report::{self, TuneReport};
 use crate::runner::Runner;
 use crate::search::{Budget, Search, Verdict};
-use crate::space::{self, SpaceRequest};
+use crate::space::{self, SpaceRequest, StripeCount};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use surge_core::directives::parse_script;
 
 /// Tune a job's burst-buffer request by running it: fragments, access mode, hybrid
-/// placement, MPI-IO hints.
+/// placement, MPI-IO hints, layout.
 #[derive(clap::Args, Debug)]
 #[command(
     long_about = "Runs the job script under `surge run` again and again, each time with another \
@@ -21,9 +21,11 @@ auto-tuner, seed 001, with a smarter search and a memory).\n\n\
 What is searched: the number of fragments (capacity = fragments x granularity, doubling from \
 what the stage-in needs; 0 = the PFS only, no burst buffer), the access mode (striped or \
 private), hybrid placement (a staged path left on the PFS: its stage directive is dropped and a \
-symlink put in its place) and, for MPI jobs (mpirun, mpiexec or srun in the script), MPI-IO hints \
-written to a ROMIO hints file named by ROMIO_HINTS. Stripe size is not searched: Surge has no \
-directive or per-file layout control for it yet.\n\n\
+symlink put in its place), for MPI jobs (mpirun, mpiexec or srun in the script) MPI-IO hints \
+written to a ROMIO hints file named by ROMIO_HINTS, and the layout of the files the job makes: \
+the mount's choice (nothing set; as root, one stripe on a fragment of the node's own host), or \
+a stripe count and stripe size set on the instance's root by a `surge layout set` line before \
+the job's commands.\n\n\
 How: the job as written, the PFS only and a seed chosen from `surge profile`'s verdict \
 (--profile) are run first; then each dimension in turn, keeping the best value (coordinate \
 descent, in the order the verdict suggests); then the best few are run again and halved until \
@@ -36,6 +38,7 @@ pool; the next call on the same job starts from those runs and needs far fewer n
 surge tune job.sh --runs 20\n  \
 surge tune job.sh --profile stage.json --minutes 30 --out job.tuned.sh --html tune.html\n  \
 surge tune mpi-job.sh --hint romio_cb_write=enable,disable --hint cb_nodes=1,2,4\n  \
+surge tune job.sh --stripe-counts 1,all --stripe-sizes 1MiB,4MiB,16MiB\n  \
 surge tune job.sh --exhaustive --fresh      # every configuration once, for comparison\n\n\
 The search, the history and the outputs: docs/TUNE.md"
 )]
@@ -82,6 +85,19 @@ pub struct TuneArgs {
     /// Do not search MPI-IO hints.
     #[arg(long, conflicts_with = "mpi")]
     pub no_hints: bool,
+    /// Stripe counts to try as the default layout of the instance's root (`surge layout set
+    /// --stripe-count`): numbers of fragments and/or `all`. The mount's choice (no layout set,
+    /// the job as written) is always tried; a count at or above a configuration's fragments
+    /// is `all` there.
+    #[arg(long, value_delimiter = ',', default_value = "1,all", value_name = "LIST", value_parser = StripeCount::parse)]
+    pub stripe_counts: Vec<StripeCount>,
+    /// Stripe sizes to try with each stripe count other than 1 (multiples of 4 KiB, e.g.
+    /// 1MiB,8MiB; 8 MiB is the instance's when none is set).
+    #[arg(long, value_delimiter = ',', default_value = "1MiB,8MiB", value_name = "LIST", value_parser = space::parse_stripe_size)]
+    pub stripe_sizes: Vec<u64>,
+    /// Do not search layouts: every run keeps the mount's choice.
+    #[arg(long, conflicts_with_all = ["stripe_counts", "stripe_sizes"])]
+    pub no_layouts: bool,
     /// Compute nodes to emulate (`surge run --nodes`).
     #[arg(long, default_value_t = 1)]
     pub nodes: u32,
@@ -290,6 +306,8 @@ pub fn record_as_written(r: &RunAsWritten<'_>, db: &Path) -> anyhow::Result<Stri
             pfs_only: false,
             hybrid_candidates: 0,
             hints: Vec::new(),
+            stripe_counts: Vec::new(),
+            stripe_sizes: Vec::new(),
         },
         |p| Some(size_of(&absolute_in(&cwd, p))),
     )
@@ -408,6 +426,12 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             pfs_only: !args.no_pfs_only,
             hybrid_candidates: args.hybrid_candidates,
             hints,
+            stripe_counts: if args.no_layouts {
+                Vec::new()
+            } else {
+                args.stripe_counts.clone()
+            },
+            stripe_sizes: args.stripe_sizes.clone(),
         },
         |p| Some(size_of(&absolute_in(&cwd, p))),
     )
@@ -578,7 +602,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         speedup_vs_as_written,
         speedup_vs_pfs_only,
         tried,
-        runs: outcome.runs,
+        runs: outcome.runs.into_iter().map(report::RunRow::from).collect(),
         trace: outcome.trace,
         notes,
     };
@@ -639,5 +663,54 @@ mod tests {
         assert!(parse_hint("cb_nodes").is_err());
         assert!(parse_hint("cb_nodes=").is_err());
         assert!(parse_hint("a=b c").is_err());
+    }
+
+    #[derive(clap::Parser, Debug)]
+    struct Cmd {
+        #[command(flatten)]
+        tune: TuneArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<TuneArgs, clap::Error> {
+        use clap::Parser;
+        Cmd::try_parse_from(std::iter::once("tune").chain(args.iter().copied())).map(|c| c.tune)
+    }
+
+    #[test]
+    fn layout_flags_default_to_one_and_all_stripes_of_1_and_8_mib() {
+        let a = parse(&["job.sh"]).unwrap();
+        assert_eq!(
+            a.stripe_counts,
+            vec![StripeCount::Count(1), StripeCount::All]
+        );
+        assert_eq!(a.stripe_sizes, vec![1 << 20, 8 << 20]);
+        assert!(!a.no_layouts);
+        let a = parse(&[
+            "job.sh",
+            "--stripe-counts",
+            "2,all",
+            "--stripe-sizes",
+            "64KiB",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.stripe_counts,
+            vec![StripeCount::Count(2), StripeCount::All]
+        );
+        assert_eq!(a.stripe_sizes, vec![64 << 10]);
+        assert!(parse(&["job.sh", "--no-layouts"]).unwrap().no_layouts);
+    }
+
+    #[test]
+    fn bad_layout_flags_are_refused_naming_the_value() {
+        let e = parse(&["job.sh", "--stripe-counts", "1,0"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'0'") && e.contains("--stripe-counts"), "{e}");
+        let e = parse(&["job.sh", "--stripe-sizes", "1MiB,5000"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'5000'"), "{e}");
+        assert!(parse(&["job.sh", "--no-layouts", "--stripe-counts", "1"]).is_err());
     }
 }

@@ -212,23 +212,29 @@ pub fn hash_hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::space::{Layout, StripeCount};
     use std::collections::{BTreeMap, BTreeSet};
+
+    fn problem() -> Key {
+        Key {
+            job: "j".into(),
+            inputs: "i".into(),
+            pool: "p".into(),
+        }
+    }
 
     #[test]
     fn runs_are_kept_per_problem_and_read_back() {
         let t = tempfile::tempdir().unwrap();
         let db = t.path().join("sub/tune.db");
-        let key = Key {
-            job: "j".into(),
-            inputs: "i".into(),
-            pool: "p".into(),
-        };
+        let key = problem();
         let run = Run {
             config: Config {
                 fragments: 2,
                 mode: "striped".into(),
                 on_pfs: BTreeSet::from(["/pfs/a".to_string()]),
                 hints: BTreeMap::from([("cb_nodes".to_string(), "1".to_string())]),
+                layout: None,
             },
             ok: true,
             seconds: Some(1.5),
@@ -253,5 +259,82 @@ mod tests {
         };
         assert!(h.runs(&other).unwrap().is_empty());
         assert_eq!(h.count_for_job("j").unwrap(), 1);
+    }
+
+    fn run_with(layout: Option<Layout>) -> Run {
+        Run {
+            config: Config {
+                fragments: 2,
+                mode: "striped".into(),
+                on_pfs: BTreeSet::new(),
+                hints: BTreeMap::new(),
+                layout,
+            },
+            ok: true,
+            seconds: Some(1.0),
+            exit_code: Some(0),
+            phases: vec![],
+            started_at: String::new(),
+            new: true,
+        }
+    }
+
+    #[test]
+    fn the_layout_is_part_of_the_configuration_and_read_back() {
+        let t = tempfile::tempdir().unwrap();
+        let db = t.path().join("tune.db");
+        let key = problem();
+        let all = Some(Layout {
+            stripe_count: StripeCount::All,
+            stripe_size: Some(1 << 20),
+        });
+        let one = Some(Layout {
+            stripe_count: StripeCount::Count(1),
+            stripe_size: None,
+        });
+        let h = History::open(&db).unwrap();
+        for l in [None, all, one] {
+            h.record(&key, "job.sh", &run_with(l)).unwrap();
+        }
+        let got: Vec<Option<Layout>> = h
+            .runs(&key)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.config.layout)
+            .collect();
+        assert_eq!(got, vec![None, all, one]);
+        // Three configurations, three keys; the mount's choice keeps the key it had before
+        // layouts were searched.
+        assert_eq!(run_with(None).config.key(), "fragments=2 mode=striped");
+        assert_eq!(
+            run_with(all).config.key(),
+            "fragments=2 mode=striped stripe-count=all stripe-size=1MiB"
+        );
+        assert_eq!(
+            run_with(one).config.key(),
+            "fragments=2 mode=striped stripe-count=1"
+        );
+    }
+
+    #[test]
+    fn runs_recorded_before_layouts_were_searched_had_the_mounts_choice() {
+        let t = tempfile::tempdir().unwrap();
+        let db = t.path().join("tune.db");
+        let key = problem();
+        let h = History::open(&db).unwrap();
+        // A row as the tuner wrote it before layouts: no "layout" in the configuration.
+        h.conn
+            .execute(
+                "INSERT INTO runs (job_key, inputs_key, pool_key, job_path, config_key, \
+                 config_json, ok, seconds, exit_code, phases_json, started_at, surge_version) \
+                 VALUES ('j', 'i', 'p', 'job.sh', 'fragments=2 mode=striped', \
+                 '{\"fragments\":2,\"mode\":\"striped\",\"on_pfs\":[],\"hints\":{}}', \
+                 1, 1.0, 0, '[]', '', '0.1.0')",
+                [],
+            )
+            .unwrap();
+        let got = h.runs(&key).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].config, run_with(None).config);
     }
 }

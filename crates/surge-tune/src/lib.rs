@@ -3,7 +3,8 @@
 //! request, and keeps the fastest.
 //!
 //! - [`space`]: what is searched (fragments, access mode, PFS-only, hybrid placement of staged
-//!   paths, MPI-IO hints) and one point of it, a [`space::Config`].
+//!   paths, MPI-IO hints, the layout of the files the job makes) and one point of it, a
+//!   [`space::Config`].
 //! - [`script`]: a configuration applied to the job script (the variant that runs, and the tuned
 //!   script written at the end): plain `#DW` lines and shell, so it runs without Surge's tuner.
 //! - [`search`]: coordinate descent seeded by `surge profile`'s verdict, then successive halving

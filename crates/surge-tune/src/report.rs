@@ -1,7 +1,9 @@
 //! What `surge tune` tells: a short summary on the terminal (or `--json`, schema
 //! `surge.tune/1`), and a self-contained HTML report: the chosen configuration, its speed-up
 //! over the job as written and over the PFS only, every run (new or from the history), the
-//! search's decisions, and a plot of the median time of every configuration tried.
+//! search's decisions, and a plot of the median time of every configuration tried. Each
+//! configuration and run says its layout in words (`stripe_count=all stripe_size=1MiB`, or
+//! `mount's choice`), not only through its key, which leaves the mount's choice out.
 
 use crate::history::Run;
 use crate::search::median;
@@ -14,6 +16,8 @@ use std::collections::BTreeMap;
 pub struct Tried {
     pub config: Config,
     pub key: String,
+    /// The layout of the files the job makes, in words.
+    pub layout: String,
     pub runs: usize,
     pub failed: usize,
     /// Median seconds of the successful runs.
@@ -38,9 +42,26 @@ pub struct TuneReport {
     pub speedup_vs_as_written: Option<f64>,
     pub speedup_vs_pfs_only: Option<f64>,
     pub tried: Vec<Tried>,
-    pub runs: Vec<Run>,
+    pub runs: Vec<RunRow>,
     pub trace: Vec<String>,
     pub notes: Vec<String>,
+}
+
+/// A run as the report shows it: the run, and its layout in words.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunRow {
+    #[serde(flatten)]
+    pub run: Run,
+    pub layout: String,
+}
+
+impl From<Run> for RunRow {
+    fn from(run: Run) -> RunRow {
+        RunRow {
+            layout: run.config.layout_text(),
+            run,
+        }
+    }
 }
 
 pub fn tried(runs: &[Run]) -> Vec<Tried> {
@@ -52,6 +73,7 @@ pub fn tried(runs: &[Run]) -> Vec<Tried> {
         .into_iter()
         .map(|(c, rs)| Tried {
             key: c.key(),
+            layout: c.layout_text(),
             runs: rs.len(),
             failed: rs.iter().filter(|r| !r.ok).count(),
             median_s: median(&rs),
@@ -74,6 +96,7 @@ pub fn find(tried: &[Tried], c: &Config) -> Tried {
         .unwrap_or(Tried {
             config: c.clone(),
             key: c.key(),
+            layout: c.layout_text(),
             runs: 0,
             failed: 0,
             median_s: None,
@@ -122,6 +145,7 @@ pub fn text(r: &TuneReport) -> String {
         let _ = writeln!(o, "  PFS only     {:<56} {}", p.key, secs(p));
     }
     let _ = writeln!(o, "  tuned        {:<56} {}", r.best.key, secs(&r.best));
+    let _ = writeln!(o, "  layout       {}", r.best.layout);
     let mut sp = Vec::new();
     if let Some(x) = r.speedup_vs_as_written {
         sp.push(format!("{x:.2}x the job as written"));
@@ -213,11 +237,13 @@ pub fn html(r: &TuneReport) -> String {
         r.space_size,
         esc(&r.search)
     );
-    o += "<h2>Result</h2><table><tr><th></th><th>configuration</th><th>median</th></tr>";
+    o += "<h2>Result</h2><table><tr><th></th><th>configuration</th><th>layout</th>\
+          <th>median</th></tr>";
     let mut row = |name: &str, t: &Tried| {
         o += &format!(
-            "<tr><td>{name}</td><td>{}</td><td class=n>{}</td></tr>",
+            "<tr><td>{name}</td><td>{}</td><td>{}</td><td class=n>{}</td></tr>",
             esc(&t.key),
+            esc(&t.layout),
             esc(&secs(t))
         );
     };
@@ -241,19 +267,21 @@ pub fn html(r: &TuneReport) -> String {
     );
     o += "<h2>Configurations tried</h2>";
     o += &plot(r);
-    o += "<h2>Runs</h2><table><tr><th>#</th><th>configuration</th><th>seconds</th>\
-          <th>exit</th><th>source</th><th>started</th><th>phases</th></tr>";
-    for (i, run) in r.runs.iter().enumerate() {
+    o += "<h2>Runs</h2><table><tr><th>#</th><th>configuration</th><th>layout</th>\
+          <th>seconds</th><th>exit</th><th>source</th><th>started</th><th>phases</th></tr>";
+    for (i, row) in r.runs.iter().enumerate() {
+        let run = &row.run;
         let cls = if run.config == r.best.config {
             " class=best"
         } else {
             ""
         };
         o += &format!(
-            "<tr{cls}><td class=n>{}</td><td>{}</td><td class=n>{}</td><td class=n>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr{cls}><td class=n>{}</td><td>{}</td><td>{}</td><td class=n>{}</td>\
+             <td class=n>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             i + 1,
             esc(&run.config.key()),
+            esc(&row.layout),
             run.seconds
                 .map(|s| format!("{s:.3}"))
                 .unwrap_or_else(|| "failed".into()),

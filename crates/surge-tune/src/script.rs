@@ -12,8 +12,16 @@
 //!   becomes a copy made when the job exits (a `trap ... EXIT`).
 //! - **MPI-IO hints**: a ROMIO hints file written by the block and named by `ROMIO_HINTS`; with
 //!   Open MPI, `OMPI_MCA_io` selects its ROMIO component (its default, OMPIO, ignores the file).
+//! - **layout**: the block's first command sets the default layout of the instance's root
+//!   (`surge layout set "$DW_JOB_STRIPED" --stripe-count N`; `surge` is on a job's PATH under
+//!   `surge run`), before anything the job makes. Directories already staged in have no
+//!   default of their own (a directory takes its parent's when it is made), so with staged
+//!   directories every directory of the instance gets it (`find ... -type d -exec`); in
+//!   private mode under `surge run --nodes N`, every node's namespace (`surge exec --all`). A
+//!   layout that cannot be set ends the job: a run measured with another layout would be
+//!   recorded as this one.
 
-use crate::space::{instance_rest, pfs_side, Config};
+use crate::space::{instance_rest, pfs_side, Config, Layout};
 use std::path::Path;
 use surge_core::directives::{parse_script, Directives, DwVariable, StageDirection, StageKind};
 
@@ -124,6 +132,41 @@ fn copy_out(s: &surge_core::directives::StageDirective, var: &str, cwd: &Path) -
     }
 }
 
+/// The shell lines setting `layout` as the default of the instance named by `var` (and of the
+/// directories `d` stages into it, when it stages any there: they were made before the line
+/// runs). A private instance has a namespace per node: under `surge run --nodes N` the others
+/// are set through `surge exec --all`.
+fn layout_lines(layout: &Layout, d: &Directives, config: &Config, var: &str) -> Vec<String> {
+    let staged_dirs = d.stage_in.iter().any(|s| {
+        is_job_instance(&s.instance)
+            && s.kind == StageKind::Directory
+            && !config.on_pfs.contains(pfs_side(s))
+    });
+    let (set, why) = if staged_dirs {
+        (
+            format!(
+                "find \"${var}\" -type d -exec surge layout set {} {{}} +",
+                layout.set_args()
+            ),
+            format!("files the job makes get layout {layout}, also in the staged directories"),
+        )
+    } else {
+        (
+            format!("surge layout set \"${var}\" {}", layout.set_args()),
+            format!("files the job makes get layout {layout}"),
+        )
+    };
+    let mut lines = vec![format!("{set} || exit 1  # surge tune: {why}")];
+    if var == "DW_JOB_PRIVATE" {
+        lines.push(format!(
+            "[ \"${{SURGE_NODES:-1}}\" -le 1 ] || surge exec --all -- sh -c {} || exit 1  \
+             # surge tune: and in every node's namespace",
+            sh_quote(&set)
+        ));
+    }
+    lines
+}
+
 fn job_var(mode: &str) -> &'static str {
     if mode == "private" {
         "DW_JOB_PRIVATE"
@@ -176,6 +219,10 @@ pub fn render(text: &str, config: &Config, ctx: &RenderContext) -> anyhow::Resul
         ));
         block.push(format!("mkdir -p \"${var}\""));
     } else {
+        // First, so the directories the block and the job make inherit it.
+        if let Some(l) = &config.layout {
+            block.extend(layout_lines(l, d, config, var));
+        }
         replace[jspan.start] = Some(format!(
             "#DW jobdw type=scratch access_mode={mode} capacity={}{}",
             surge_core::capacity_text(config.fragments.saturating_mul(ctx.granularity)),
@@ -258,6 +305,7 @@ pub fn render(text: &str, config: &Config, ctx: &RenderContext) -> anyhow::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::space::StripeCount;
     use std::collections::{BTreeMap, BTreeSet};
 
     const JOB: &str = "#!/bin/bash\n\
@@ -287,6 +335,7 @@ set -e\n\
             mode: mode.into(),
             on_pfs: BTreeSet::new(),
             hints: BTreeMap::new(),
+            layout: None,
         }
     }
 
@@ -337,5 +386,79 @@ set -e\n\
             ),
             "{out}"
         );
+    }
+
+    const FILE_JOB: &str = "#!/bin/bash\n\
+#DW jobdw type=scratch access_mode=striped capacity=1GiB\n\
+#DW stage_in type=file source=/pfs/namelist destination=$DW_JOB_STRIPED/namelist\n\
+\n\
+./app $DW_JOB_STRIPED/namelist $DW_JOB_STRIPED/out\n";
+
+    fn with_layout(mut c: Config, count: StripeCount, size: Option<u64>) -> Config {
+        c.layout = Some(Layout {
+            stripe_count: count,
+            stripe_size: size,
+        });
+        c
+    }
+
+    #[test]
+    fn a_layout_is_set_on_the_instance_root_before_the_first_command() {
+        let c = with_layout(config(4, "striped"), StripeCount::All, Some(1 << 20));
+        let banner = vec!["fragments=4".to_string()];
+        let out = render(FILE_JOB, &c, &ctx(&banner)).unwrap();
+        let line =
+            "surge layout set \"$DW_JOB_STRIPED\" --stripe-count all --stripe-size 1MiB || exit 1";
+        let at = out.find(line).unwrap_or_else(|| panic!("{out}"));
+        // After the directives and the banner, before the job's first command.
+        assert!(at > out.find("# surge tune: fragments=4").unwrap(), "{out}");
+        assert!(at < out.find("./app").unwrap(), "{out}");
+        assert_eq!(out.matches("surge layout set").count(), 1, "{out}");
+        assert!(!out.contains("surge exec"), "{out}");
+        assert!(parse_script("job.sh", &out).is_ok());
+    }
+
+    #[test]
+    fn the_mounts_choice_sets_no_layout() {
+        let out = render(FILE_JOB, &config(4, "striped"), &ctx(&[])).unwrap();
+        assert!(!out.contains("surge layout"), "{out}");
+    }
+
+    #[test]
+    fn a_layout_follows_the_access_mode_and_reaches_the_staged_directories() {
+        // JOB stages a directory in: it was made before the line runs and has no default, so
+        // every directory of the instance gets the layout.
+        let c = with_layout(config(2, "private"), StripeCount::Count(1), None);
+        let out = render(JOB, &c, &ctx(&[])).unwrap();
+        assert!(
+            out.contains(
+                "find \"$DW_JOB_PRIVATE\" -type d -exec surge layout set --stripe-count 1 {} + || exit 1"
+            ),
+            "{out}"
+        );
+        // Every node has a namespace of its own: under surge run --nodes N, all are set.
+        assert!(
+            out.contains(
+                "[ \"${SURGE_NODES:-1}\" -le 1 ] || surge exec --all -- sh -c 'find \"$DW_JOB_PRIVATE\" -type d -exec surge layout set --stripe-count 1 {} +' || exit 1"
+            ),
+            "{out}"
+        );
+        // The staged directory left on the PFS is a link: then only the root needs it.
+        let mut c = c;
+        c.on_pfs.insert("inputs".into());
+        let out = render(JOB, &c, &ctx(&[])).unwrap();
+        assert!(
+            out.contains("surge layout set \"$DW_JOB_PRIVATE\" --stripe-count 1 || exit 1"),
+            "{out}"
+        );
+        // The layout comes before the links the block makes (their directories inherit it).
+        assert!(out.find("surge layout set").unwrap() < out.find("ln -sfn").unwrap());
+    }
+
+    #[test]
+    fn pfs_only_has_no_layout_to_set() {
+        let c = with_layout(config(0, "striped"), StripeCount::All, None);
+        let out = render(JOB, &c, &ctx(&[])).unwrap();
+        assert!(!out.contains("surge layout"), "{out}");
     }
 }
