@@ -124,6 +124,8 @@ pub struct InstanceClient {
     local_dirs: Vec<std::sync::OnceLock<std::path::PathBuf>>,
     /// Fragments whose server is known not to be on this host.
     remote: Vec<std::sync::atomic::AtomicBool>,
+    /// Whether this process owns each local fragment's directory (runs as its server's user).
+    local_owner: Vec<std::sync::OnceLock<bool>>,
     /// The layouts of files this client has seen (a file's layout is fixed once it holds
     /// data; an empty file's may change, which this client sees at its next `getattr`, as
     /// close-to-open has every open do).
@@ -278,6 +280,9 @@ impl InstanceClient {
                 .collect(),
             remote: (0..frags.len())
                 .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
+            local_owner: (0..frags.len())
+                .map(|_| std::sync::OnceLock::new())
                 .collect(),
             frags,
             layouts: parking_lot::Mutex::new(Layouts::default()),
@@ -918,13 +923,22 @@ impl InstanceClient {
             return Ok(None);
         }
         if let Some(dir) = self.local_dirs[frag].get() {
-            // The fragment is known to be here: open the object directly when it exists. A
-            // missing one is made by its server (with the server's ownership: a root mount
-            // must not leave objects its servers' user cannot write).
+            // The fragment is known to be here: open the object directly. A missing one is
+            // made here too when this process is the fragment directory's owner (the server's
+            // user), else by its server, so it gets the server's ownership (a root mount must
+            // not leave objects its servers' user cannot write).
             let path = dir.join(surge_core::layout::object_name(self.file_id(ino)));
+            let mine = *self.local_owner[frag].get_or_init(|| {
+                use std::os::unix::fs::MetadataExt;
+                // SAFETY: geteuid has no preconditions.
+                let me = unsafe { libc::geteuid() };
+                std::fs::metadata(dir).is_ok_and(|m| m.uid() == me)
+            });
             match std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
+                .create(mine)
+                .truncate(false)
                 .open(&path)
             {
                 Ok(f) => return Ok(Some(f)),
