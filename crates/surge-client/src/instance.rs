@@ -934,11 +934,14 @@ impl InstanceClient {
                 let me = unsafe { libc::geteuid() };
                 std::fs::metadata(dir).is_ok_and(|m| m.uid() == me)
             });
+            use std::os::unix::fs::OpenOptionsExt;
             match std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(mine)
                 .truncate(false)
+                // As the servers make them: private to their user (docs/SECURITY.md).
+                .mode(0o600)
                 .open(&path)
             {
                 Ok(f) => return Ok(Some(f)),
