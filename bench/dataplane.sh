@@ -7,7 +7,8 @@
 #          of a directory;
 #   surge1 - a one-fragment Surge instance on a local server (the local fast path: kernel FUSE
 #            passthrough, DESIGN §3);
-#   surgeN - a Surge instance striped over N local servers (every byte through the daemon);
+#   surgeN - a Surge instance striped over N local servers, mounted with --layout stripe_count=all
+#            (DataWarp's striping over every fragment: every byte through the daemon);
 #   surgeP - (metadata tests only) a one-fragment instance in private mode (DataWarp's per-node
 #            namespace), where creates as well as unlinks are answered before the metadata
 #            server makes them (docs/DATAPLANE.md).
@@ -91,7 +92,8 @@ IDN=$($SURGE instance create --servers "$(IFS=,; echo "${ADDRS[*]}")" --capacity
 IDP=$($SURGE instance create --servers "${ADDRS[0]}" --capacity 2GiB --access-mode private --json | mkid)
 mkdir -p "$WORK/surge1" "$WORK/surgeN" "$WORK/surgeP"
 for t in 1:$ID1 N:$IDN P:$IDP; do
-    $SURGE mount --server "${ADDRS[0]}" --instance "${t#*:}" --ready-file "$WORK/mnt${t%%:*}.ready" "$WORK/surge${t%%:*}" 2>"$WORK/mount${t%%:*}.log" &
+    extra=(); [ "${t%%:*}" = N ] && extra=(--layout stripe_count=all)
+    $SURGE mount "${extra[@]}" --server "${ADDRS[0]}" --instance "${t#*:}" --ready-file "$WORK/mnt${t%%:*}.ready" "$WORK/surge${t%%:*}" 2>"$WORK/mount${t%%:*}.log" &
     PIDS+=($!); MOUNTS+=("$WORK/surge${t%%:*}")
 done
 for _ in $(seq 100); do [ -s "$WORK/mnt1.ready" ] && [ -s "$WORK/mntN.ready" ] && [ -s "$WORK/mntP.ready" ] && mountpoint -q "$WORK/pll" && break; sleep 0.05; done

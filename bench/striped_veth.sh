@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Striped instances across hosts (issue 17, lever 5): one compute host and two burst-buffer
+# hosts, each in its own network namespace on one bridge, each BB host's link shaped to RATE
+# in both directions (tc tbf: the network is the bottleneck, as on a cluster). In one run:
+#   iperf3     - TCP from the compute host to one BB host and back, STREAMS streams: what the
+#                link gives;
+#   surge-1    - fio (STREAMS processes, 8 MiB, file per process) writing then reading an
+#                instance on one BB host (through the compute host's mount; its servers' files
+#                are not visible there: each server keeps its device in a mount namespace of
+#                its own);
+#   surge-2    - the same on an instance striped over both BB hosts (8 MiB stripes over every
+#                fragment, DataWarp's layout).
+# Bars: surge-1 >= 0.8 of iperf3 (each direction), surge-2 >= 1.6x surge-1 (bandwidth grows
+# with the BB hosts a file spans; Daley's premise). Sides alternate their order per run.
+#
+#   bench/striped_veth.sh [--runs 3] [--rate 2gbit] [--streams 2] [--size 512M]
+#
+# Needs root (namespaces, tc, FUSE), fio, iperf3. SURGE=path (default target/release/surge).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=3 RATE=2gbit STREAMS=2 SIZE=512M
+while [ $# -gt 0 ]; do
+    case $1 in
+        --runs) RUNS=$2; shift 2 ;;
+        --rate) RATE=$2; shift 2 ;;
+        --streams) STREAMS=$2; shift 2 ;;
+        --size) SIZE=$2; shift 2 ;;
+        -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+        *) echo "striped_veth.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+[ "$(id -u)" -eq 0 ] || { echo "striped_veth.sh: run as root (namespaces, tc, FUSE)" >&2; exit 2; }
+for tool in fio iperf3 ip tc python3; do
+    command -v $tool >/dev/null || { echo "striped_veth.sh: $tool is missing (apt-get install fio iperf3 iproute2)" >&2; exit 2; }
+done
+SURGE=${SURGE:-target/release/surge}
+[ -x "$SURGE" ] || cargo build --release -p surge-cli
+SURGE=$(realpath "$SURGE")
+
+NET=10.79.0 BR=svbr0
+WORK=$(mktemp -d /tmp/surge-veth.XXXXXX)
+(umask 077; head -c 32 /dev/urandom >"$WORK/surge.key")
+export SURGE_KEY_FILE="$WORK/surge.key"
+PIDS=()
+MNTS=()
+cleanup() {
+    for m in "${MNTS[@]}"; do fusermount3 -u "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    sleep 0.3
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    for n in sv-c sv-b1 sv-b2; do ip netns del $n 2>/dev/null || true; done
+    ip link del $BR 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+# --- topology: bridge in the root namespace, one veth per host ---
+cleanup_net() { for n in sv-c sv-b1 sv-b2; do ip netns del $n 2>/dev/null || true; done; ip link del $BR 2>/dev/null || true; }
+cleanup_net
+ip link add $BR type bridge
+ip addr add $NET.1/24 dev $BR
+ip link set $BR up
+declare -A IP=([sv-c]=$NET.10 [sv-b1]=$NET.11 [sv-b2]=$NET.12)
+for n in sv-c sv-b1 sv-b2; do
+    ip netns add $n
+    ip link add "v-$n" type veth peer name eth0 netns $n
+    ip link set "v-$n" master $BR up
+    ip netns exec $n ip addr add "${IP[$n]}/24" dev eth0
+    ip netns exec $n ip link set eth0 up
+    ip netns exec $n ip link set lo up
+done
+# Each BB host's link, both ways: egress of its eth0 (BB -> compute: reads) and of the bridge's
+# veth towards it (compute -> BB: writes).
+for n in sv-b1 sv-b2; do
+    ip netns exec $n tc qdisc add dev eth0 root tbf rate "$RATE" burst 2mb latency 100ms
+    tc qdisc add dev "v-$n" root tbf rate "$RATE" burst 2mb latency 100ms
+done
+
+# --- servers, each with its device in a mount namespace of its own ---
+for n in sv-b1 sv-b2; do
+    dev=/run/$n-dev
+    mkdir -p "$dev"
+    ip netns exec $n unshare -m --propagation private sh -c \
+        "mount -t tmpfs -o size=9g tmpfs $dev && exec $SURGE server --device $dev/bb --capacity 8GiB \
+         --listen ${IP[$n]}:7001 --ready-file $WORK/$n.ready" 2>"$WORK/$n.log" &
+    PIDS+=($!)
+done
+for n in sv-b1 sv-b2; do
+    for _ in $(seq 200); do [ -s "$WORK/$n.ready" ] && break; sleep 0.05; done
+    [ -s "$WORK/$n.ready" ] || { echo "server in $n did not start:" >&2; cat "$WORK/$n.log" >&2; exit 1; }
+done
+mkid() { python3 -c 'import json,sys; print(json.load(sys.stdin)["instance"])'; }
+S1=${IP[sv-b1]}:7001 S2=${IP[sv-b2]}:7001
+ID1=$(ip netns exec sv-c "$SURGE" instance create --servers "$S1" --capacity 4GiB --json | mkid)
+ID2=$(ip netns exec sv-c "$SURGE" instance create --servers "$S1,$S2" --capacity 6GiB --json | mkid)
+for side in 1 2; do
+    id=ID$side
+    mkdir -p "$WORK/m$side"
+    # nsenter --net: the network namespace only (ip netns exec would mount in a mount namespace
+    # of its own, out of fio's sight).
+    nsenter --net=/run/netns/sv-c "$SURGE" mount --server "$S1" --instance "${!id}" --layout stripe_count=all \
+        --ready-file "$WORK/m$side.ready" "$WORK/m$side" 2>"$WORK/m$side.log" &
+    PIDS+=($!); MNTS+=("$WORK/m$side")
+done
+for side in 1 2; do
+    for _ in $(seq 200); do [ -s "$WORK/m$side.ready" ] && break; sleep 0.05; done
+    mountpoint -q "$WORK/m$side" || { echo "mount $side failed:" >&2; cat "$WORK/m$side.log" >&2; exit 1; }
+done
+ip netns exec sv-b1 iperf3 -s -D -p 5201 --logfile "$WORK/iperf.log"
+
+mibs() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["jobs"][0]; print("%.0f" % (d[sys.argv[2]]["bw_bytes"]/1048576))' "$1" "$2"; }
+RESULTS=$WORK/results; : >"$RESULTS"
+side_iperf() {
+    local up down
+    up=$(ip netns exec sv-c iperf3 -c ${IP[sv-b1]} -P "$STREAMS" -t 5 -J | python3 -c 'import json,sys; print("%.0f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8/1048576))')
+    down=$(ip netns exec sv-c iperf3 -c ${IP[sv-b1]} -P "$STREAMS" -t 5 -R -J | python3 -c 'import json,sys; print("%.0f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8/1048576))')
+    echo "$1 iperf3 write $up" >>"$RESULTS"; echo "$1 iperf3 read $down" >>"$RESULTS"
+}
+side_surge() {
+    local m=$WORK/m$2 fio=(fio --name=s --directory="$WORK/m$2/d" --bs=8M --size="$SIZE" --numjobs="$STREAMS"
+        --ioengine=psync --group_reporting --output-format=json)
+    mkdir -p "$m/d"
+    "${fio[@]}" --rw=write --end_fsync=1 >"$WORK/w.json"
+    # The client's page cache must not answer the reads: drop it.
+    sync; echo 3 >/proc/sys/vm/drop_caches
+    "${fio[@]}" --rw=read >"$WORK/r.json"
+    rm -rf "$m/d"
+    echo "$1 surge-$2 write $(mibs "$WORK/w.json" write)" >>"$RESULTS"
+    echo "$1 surge-$2 read $(mibs "$WORK/r.json" read)" >>"$RESULTS"
+}
+for run in $(seq "$RUNS"); do
+    if [ $((run % 2)) -eq 1 ]; then order=(iperf one two); else order=(two one iperf); fi
+    for s in "${order[@]}"; do
+        case $s in iperf) side_iperf "$run" ;; one) side_surge "$run" 1 ;; two) side_surge "$run" 2 ;; esac
+    done
+    echo "run $run ($(IFS=,; echo "${order[*]}")) done" >&2
+done
+
+python3 - "$RESULTS" "$RATE" "$STREAMS" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+v = {}
+for run, side, d, val in rows:
+    v.setdefault((side, d), {})[int(run)] = float(val)
+med = lambda k: statistics.median(v[k].values())
+print(f"\nlinks shaped to {sys.argv[2]} per BB host, {sys.argv[3]} streams; MiB/s, medians of {len(v[('iperf3','write')])} runs")
+print(f"{'dir':6} {'iperf3':>8} {'surge-1':>8} {'surge-2':>8} {'s1/iperf':>9} {'s2/s1':>7}   per run s1/iperf, s2/s1")
+for d in ("write", "read"):
+    i, a, b = med(("iperf3", d)), med(("surge-1", d)), med(("surge-2", d))
+    per = [(v[("surge-1", d)][r] / v[("iperf3", d)][r], v[("surge-2", d)][r] / v[("surge-1", d)][r]) for r in sorted(v[("iperf3", d)])]
+    print(f"{d:6} {i:8.0f} {a:8.0f} {b:8.0f} {a/i:9.2f} {b/a:7.2f}   " + "  ".join(f"{x:.2f},{y:.2f}" for x, y in per))
+EOF
