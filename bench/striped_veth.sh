@@ -48,14 +48,16 @@ cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     sleep 0.3
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    for n in sv-c sv-b1 sv-b2; do ip netns del $n 2>/dev/null || true; done
-    ip link del $BR 2>/dev/null || true
+    cleanup_net
     rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
 
 # --- topology: bridge in the root namespace, one veth per host ---
-cleanup_net() { for n in sv-c sv-b1 sv-b2; do ip netns del $n 2>/dev/null || true; done; ip link del $BR 2>/dev/null || true; }
+cleanup_net() {
+    for n in sv-c sv-b1 sv-b2; do ip netns del $n 2>/dev/null || true; ip link del "v-$n" 2>/dev/null || true; done
+    ip link del $BR 2>/dev/null || true
+}
 cleanup_net
 ip link add $BR type bridge
 ip addr add $NET.1/24 dev $BR
@@ -106,7 +108,9 @@ for side in 1 2; do
     for _ in $(seq 200); do [ -s "$WORK/m$side.ready" ] && break; sleep 0.05; done
     mountpoint -q "$WORK/m$side" || { echo "mount $side failed:" >&2; cat "$WORK/m$side.log" >&2; exit 1; }
 done
-ip netns exec sv-b1 iperf3 -s -D -p 5201 --logfile "$WORK/iperf.log"
+ip netns exec sv-b1 iperf3 -s -D -p 5201 -I "$WORK/iperf.pid" --logfile "$WORK/iperf.log"
+for _ in $(seq 50); do [ -s "$WORK/iperf.pid" ] && break; sleep 0.05; done
+PIDS+=("$(cat "$WORK/iperf.pid")")
 
 mibs() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["jobs"][0]; print("%.0f" % (d[sys.argv[2]]["bw_bytes"]/1048576))' "$1" "$2"; }
 RESULTS=$WORK/results; : >"$RESULTS"

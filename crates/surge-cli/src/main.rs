@@ -56,7 +56,7 @@ enum Command {
     Server(ServerCmd),
     /// Mount an instance's namespace as a POSIX directory (FUSE).
     Mount(surge_client::cli::MountArgs),
-    /// Layouts of files and directories on a mount: stripe size and count (lfs setstripe).
+    // Its help is LayoutArgs' own (with examples).
     Layout(surge_client::cli::LayoutArgs),
     /// IOR/mdtest-style benchmarks of any path: bandwidth, IOPS, metadata rates.
     Bench(surge_bench::cli::BenchArgs),
