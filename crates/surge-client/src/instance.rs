@@ -804,18 +804,13 @@ impl InstanceClient {
                 }
             }
         };
-        use std::os::unix::fs::FileExt;
-        let mut got = 0;
-        while got < out.len() {
-            match obj.read_at(&mut out[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return false,
+        match surge_core::sys::read_full_at(&obj, out, offset) {
+            Ok(got) => {
+                out[got..].fill(0);
+                true
             }
+            Err(_) => false,
         }
-        out[got..].fill(0);
-        true
     }
 
     /// Cuts the objects of a file shrinking from `old_size` to `new_size`.

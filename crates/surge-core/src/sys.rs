@@ -14,6 +14,22 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
     b
 }
 
+/// Reads into `buf` at `offset` of `f` until `buf` is full or the file ends (retrying
+/// interrupted reads); returns the bytes read (fewer only at the end of the file).
+pub fn read_full_at(f: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
 /// Bytes available to unprivileged users in the file system holding `dir`.
 pub fn free_space(dir: &Path) -> std::io::Result<u64> {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())

@@ -307,15 +307,8 @@ impl Fragment {
             return Ok(());
         };
         out.resize(len as usize, 0);
-        let mut got = 0;
-        while got < out.len() {
-            match obj.file.read_at(&mut out[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io_err("cannot read object", &self.object_path(file), e)),
-            }
-        }
+        let got = surge_core::sys::read_full_at(&obj.file, out, offset)
+            .map_err(|e| io_err("cannot read object", &self.object_path(file), e))?;
         out.truncate(got);
         Ok(())
     }

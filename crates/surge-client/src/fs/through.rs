@@ -155,17 +155,8 @@ pub(super) async fn on_pfs<T: Send + 'static>(
 /// `pread` of up to `len` bytes at `offset` of `f` (short only at the end of the file).
 pub(super) async fn read_at(f: Arc<std::fs::File>, offset: u64, len: u64) -> FsResult<Vec<u8>> {
     on_pfs("read from the PFS", move || {
-        use std::os::unix::fs::FileExt;
         let mut buf = vec![0u8; len as usize];
-        let mut got = 0;
-        while got < buf.len() {
-            match f.read_at(&mut buf[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let got = surge_core::sys::read_full_at(&f, &mut buf, offset)?;
         buf.truncate(got);
         Ok(buf)
     })
