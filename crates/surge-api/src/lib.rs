@@ -50,15 +50,28 @@ impl std::fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
-/// The munged socket a client uses: `$SURGE_MUNGE_SOCKET`; else the system's when it exists;
-/// else that of the embedded default (`surge run` with no manager starts a munged of its own in
-/// `$SURGE_FAST_DIR`, default `/dev/shm/surge-$USER`, under `run/munge/`) when it exists.
+static MUNGE_SOCKET: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Makes [`munge_socket`] answer `socket` for the rest of this process (`surge run` calls it
+/// with the munged its embedded manager uses). A second call is ignored.
+pub fn use_munge_socket(socket: PathBuf) {
+    let _ = MUNGE_SOCKET.set(socket);
+}
+
+/// The munged socket a client uses: the one given to [`use_munge_socket`]; else
+/// `$SURGE_MUNGE_SOCKET`; else the system's when a munged answers there (a host where munged
+/// died keeps its socket file); else that of the embedded default (`surge run` with no manager
+/// starts a munged of its own in `$SURGE_FAST_DIR`, default `/dev/shm/surge-$USER`, under
+/// `run/munge/`) when it exists; else the system's (whose error then names it).
 pub fn munge_socket() -> PathBuf {
+    if let Some(s) = MUNGE_SOCKET.get() {
+        return s.clone();
+    }
     if std::env::var_os(surge_auth::munge::SOCKET_ENV).is_some() {
         return surge_auth::munge::socket();
     }
     let system = PathBuf::from(surge_auth::munge::SYSTEM_SOCKET);
-    if system.exists() {
+    if surge_auth::munge::answers(&system) {
         return system;
     }
     let fast = std::env::var_os("SURGE_FAST_DIR")

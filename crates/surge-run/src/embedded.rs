@@ -256,6 +256,8 @@ impl Embedded {
         let key_file = run.join("surge.key");
         surge_auth::Key::create(&key_file)?;
         let (munge_socket, munged) = munge(&run.join("munge"))?;
+        // This process's own calls to the manager (and the job's, through its environment).
+        surge_api::use_munge_socket(munge_socket.clone());
 
         // Manager.
         let mlog = logs.join("manager.log");
