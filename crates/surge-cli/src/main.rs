@@ -58,6 +58,8 @@ enum Command {
     Mount(surge_client::cli::MountArgs),
     // Its help is LayoutArgs' own (with examples).
     Layout(surge_client::cli::LayoutArgs),
+    /// Root's service that gives users' mounts kernel FUSE passthrough (the fast tier's speed).
+    PassthroughHelper(surge_client::lend::HelperArgs),
     /// IOR/mdtest-style benchmarks of any path: bandwidth, IOPS, metadata rates.
     Bench(surge_bench::cli::BenchArgs),
     /// Record the I/O of a command and say whether it is bandwidth-, IOPS- or metadata-bound.
@@ -169,6 +171,7 @@ fn main() -> ExitCode {
         cli.command,
         Command::Manager(_)
             | Command::Mount(_)
+            | Command::PassthroughHelper(_)
             | Command::Agent(_)
             | Command::Mover(_)
             | Command::Server(ServerCmd { sub: None, .. })
@@ -255,6 +258,7 @@ fn main() -> ExitCode {
         }
         Command::Mount(a) => surge_client::cli::run_mount(a),
         Command::Layout(a) => surge_client::cli::run_layout(a),
+        Command::PassthroughHelper(a) => surge_client::lend::run_helper(a),
         Command::Bench(a) => surge_bench::cli::run(a),
         Command::Profile(a) => surge_profile::cli::run_profile(a),
         Command::Advise(a) => surge_profile::cli::run_advise(a),

@@ -132,8 +132,9 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
 
-    /// Never use kernel FUSE passthrough (by default it is used, as root on Linux >= 6.9, for
-    /// files of one stripe on a fragment whose server runs on this host).
+    /// Never use kernel FUSE passthrough (by default it is used on Linux >= 6.9 for files of
+    /// one stripe on a fragment whose server runs on this host: as root, or through the
+    /// passthrough helper `surge passthrough-helper` when one runs on this host).
     #[arg(long)]
     pub no_passthrough: bool,
 
@@ -224,6 +225,7 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         },
         threads: args.threads,
         passthrough: !args.no_passthrough && mount::is_root(),
+        lend: !args.no_passthrough && !mount::is_root(),
         inline_metadata: !args.async_metadata,
         default_layout: args.layout.0,
         ..MountOptions::default()

@@ -54,16 +54,74 @@ pub struct FuseAdapter {
     /// Answer metadata requests on the FUSE thread (see `crate::blocking`).
     inline_metadata: bool,
     backing: Arc<BackingCache>,
+    /// The root helper that registers backing files for this mount when it is not root
+    /// (`crate::lend`); set before the session starts.
+    lender: Arc<OnceLock<Arc<crate::lend::Lender>>>,
+    /// Ask the kernel for passthrough for the helper (it is connected right after the
+    /// handshake, which needs the session's descriptor; see `mount::mount`).
+    lend: bool,
     /// Immutable namespaces: the kernel also caches "no such name" for this long, and keeps
     /// directory listings (`FOPEN_CACHE_DIR`).
     negative_ttl: Option<Duration>,
+}
+
+/// A kernel backing id: registered by this process (root), or by the passthrough helper
+/// (`crate::lend`), which then also unregisters it.
+struct Backing {
+    id: std::mem::ManuallyDrop<BackingId>,
+    lender: Option<Arc<crate::lend::Lender>>,
+}
+
+impl Backing {
+    /// Registers `file` for the connection of `reply`: through the helper when there is one.
+    fn open(
+        lender: &OnceLock<Arc<crate::lend::Lender>>,
+        file: &std::fs::File,
+        open_here: impl FnOnce() -> std::io::Result<BackingId>,
+        wrap: impl FnOnce(u32) -> BackingId,
+    ) -> std::io::Result<Backing> {
+        use std::os::fd::AsFd;
+        Ok(match lender.get() {
+            Some(l) => Backing {
+                id: std::mem::ManuallyDrop::new(wrap(l.open(file.as_fd())?)),
+                lender: Some(l.clone()),
+            },
+            None => Backing {
+                id: std::mem::ManuallyDrop::new(open_here()?),
+                lender: None,
+            },
+        })
+    }
+}
+
+impl std::ops::Deref for Backing {
+    type Target = BackingId;
+    fn deref(&self) -> &BackingId {
+        &self.id
+    }
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and not used after.
+        let id = unsafe { std::mem::ManuallyDrop::take(&mut self.id) };
+        match &self.lender {
+            Some(l) => {
+                let raw = id.into_raw();
+                if let Err(e) = l.close(raw) {
+                    debug!("the passthrough helper did not close backing id {raw}: {e}");
+                }
+            }
+            None => drop(id),
+        }
+    }
 }
 
 /// Kernel backing ids of files open in passthrough mode: one per inode, shared by all its
 /// opens (the kernel refuses two backing files for one inode), released at the last close.
 #[derive(Default)]
 struct BackingCache {
-    by_ino: parking_lot::Mutex<std::collections::HashMap<u64, (Arc<BackingId>, u32)>>,
+    by_ino: parking_lot::Mutex<std::collections::HashMap<u64, (Arc<Backing>, u32)>>,
     fh_ino: parking_lot::Mutex<std::collections::HashMap<u64, u64>>,
 }
 
@@ -72,8 +130,8 @@ impl BackingCache {
         &self,
         ino: u64,
         fh: u64,
-        open: impl FnOnce() -> std::io::Result<BackingId>,
-    ) -> std::io::Result<Arc<BackingId>> {
+        open: impl FnOnce() -> std::io::Result<Backing>,
+    ) -> std::io::Result<Arc<Backing>> {
         let mut by = self.by_ino.lock();
         let id = match by.get_mut(&ino) {
             Some((id, n)) => {
@@ -121,8 +179,23 @@ impl FuseAdapter {
             passthrough,
             inline_metadata,
             backing: Arc::new(BackingCache::default()),
+            lender: Arc::new(OnceLock::new()),
+            lend: false,
             negative_ttl: None,
         }
+    }
+
+    /// Where the passthrough helper's connection goes once made (see `crate::lend`): with
+    /// one, the kernel is asked for passthrough even when this process is not root.
+    pub fn lender(&self) -> Arc<OnceLock<Arc<crate::lend::Lender>>> {
+        self.lender.clone()
+    }
+
+    /// Asks the kernel for passthrough although this process is not root: the caller
+    /// connects the helper after the handshake (or turns passthrough off if it cannot).
+    pub fn with_lender(mut self) -> Self {
+        self.lend = true;
+        self
     }
 
     /// Lets the kernel cache failed lookups for `ttl` (only for a namespace nobody changes:
@@ -251,7 +324,7 @@ impl Filesystem for FuseAdapter {
         if self.negative_ttl.is_some() {
             let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         }
-        if self.passthrough
+        if (self.passthrough || self.lend)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
         {
@@ -460,6 +533,7 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let (fs, notifier, cache) = (self.fs.clone(), self.notifier.clone(), self.backing.clone());
+        let lender = self.lender.clone();
         let writer = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let unprivileged_writer = writer && req.uid() != 0;
         self.metadata(async move {
@@ -478,7 +552,17 @@ impl Filesystem for FuseAdapter {
                         FopenFlags::empty()
                     };
                     if let Some(file) = &o.backing {
-                        match cache.get_or(ino.0, o.fh, || reply.open_backing(&**file)) {
+                        let open = || {
+                            Backing::open(
+                                &lender,
+                                file,
+                                || reply.open_backing(&**file),
+                                // SAFETY: an id the helper registered on this connection,
+                                // closed only when the Backing holding it drops.
+                                |id| unsafe { reply.wrap_backing(id) },
+                            )
+                        };
+                        match cache.get_or(ino.0, o.fh, open) {
                             Ok(id) => {
                                 return reply.opened_passthrough(
                                     FileHandle(o.fh),
@@ -915,12 +999,22 @@ impl Filesystem for FuseAdapter {
             name_bytes(name),
             self.backing.clone(),
         );
+        let lender = self.lender.clone();
         let (uid, gid) = (req.uid(), req.gid());
         let perm = (mode & !umask & 0o7777) as u16;
         self.metadata(async move {
             match fs.create(parent.0, &name, perm, uid, gid, flags).await {
                 Ok((a, fh, Some(file))) => {
-                    match cache.get_or(a.ino, fh, || reply.open_backing(&*file)) {
+                    let open = || {
+                        Backing::open(
+                            &lender,
+                            &file,
+                            || reply.open_backing(&*file),
+                            // SAFETY: as in `open`.
+                            |id| unsafe { reply.wrap_backing(id) },
+                        )
+                    };
+                    match cache.get_or(a.ino, fh, open) {
                         Ok(id) => reply.created_passthrough(
                             &ttl.entry,
                             &file_attr(&a),

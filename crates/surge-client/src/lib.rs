@@ -17,6 +17,7 @@ pub mod error;
 pub mod fs;
 pub mod fuse;
 pub mod instance;
+pub mod lend;
 pub mod mount;
 
 pub use error::ClientError;

@@ -8,7 +8,7 @@ use anyhow::Context;
 use fuser::{MountOption, Session, SessionACL};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use tracing::info;
+use tracing::{debug, info, warn};
 
 /// How long the kernel caches names and attributes of an immutable (ldbalance) namespace.
 pub const IMMUTABLE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -23,6 +23,10 @@ pub struct MountOptions {
     /// Use kernel FUSE passthrough for files whose data is in one object on this host (one
     /// stripe on a fragment whose server runs here). Needs root and Linux >= 6.9.
     pub passthrough: bool,
+    /// When not root: ask the passthrough helper (`surge passthrough-helper`, root, at
+    /// `$SURGE_PASSTHROUGH_SOCKET`, default /run/surge/passthrough.sock) to register backing
+    /// files, which gives this mount passthrough as if it were root. No helper: no passthrough.
+    pub lend: bool,
     /// Answer metadata requests on the FUSE threads instead of handing them to the runtime.
     pub inline_metadata: bool,
     /// The layout of new files where no directory default says otherwise; `None`: one
@@ -38,6 +42,7 @@ impl Default for MountOptions {
             threads: 2,
             allow_other: is_root(),
             passthrough: is_root(),
+            lend: !is_root(),
             inline_metadata: true,
             default_layout: None,
         }
@@ -151,6 +156,7 @@ pub fn mount(
         });
     }
     let notifier = Arc::new(OnceLock::new());
+    let fs_handle = fs.clone();
     let mut adapter = FuseAdapter::new(
         fs,
         rt,
@@ -162,6 +168,14 @@ pub fn mount(
     if client.desc.access_mode == "ldbalance" {
         adapter = adapter.with_negative_cache(IMMUTABLE_TTL);
     }
+    let lender = adapter.lender();
+    // The helper takes the session's descriptor, which exists only once the kernel's
+    // handshake (where passthrough is asked for) is over: ask for it when a helper is there.
+    let socket = crate::lend::socket_path();
+    let lend = opts.lend && !opts.passthrough && socket.exists();
+    if lend {
+        adapter = adapter.with_lender();
+    }
     let mut session = Session::new(adapter, mountpoint, &config).with_context(|| {
         format!(
             "cannot mount on {} (is /dev/fuse available?)",
@@ -169,6 +183,28 @@ pub fn mount(
         )
     })?;
     let _ = notifier.set(session.notifier());
+    if lend {
+        use std::os::fd::AsFd;
+        match crate::lend::Lender::connect(&socket, session.as_fd()) {
+            Ok(l) => {
+                info!(
+                    "the passthrough helper at {} registers this mount's backing files",
+                    socket.display()
+                );
+                let _ = lender.set(Arc::new(l));
+            }
+            Err(e) => {
+                fs_handle.disable_passthrough();
+                warn!(
+                    "the passthrough helper at {} did not take this mount ({e}): every byte \
+                     goes through this process",
+                    socket.display()
+                )
+            }
+        }
+    } else if opts.lend && !opts.passthrough {
+        debug!("no passthrough helper at {}", socket.display());
+    }
     let unmounter = session.unmount_callable();
     let thread = std::thread::Builder::new()
         .name("fuse-session".into())
