@@ -88,41 +88,31 @@ fn helper(dir: &Path, socket: &Path) -> ChildGuard {
     g
 }
 
-/// Runs a DataWarp job as the user under `surge run` (the embedded default) with the helper's
-/// socket `socket`; the job copies a 64 MiB file onto the instance and compares it back, and
-/// prints how many bytes `surge run` (which answers the mount) read and wrote meanwhile.
-fn job_moves(w: &Path, uid: u32, gid: u32, socket: &Path) -> u64 {
-    let home = owned(
-        w,
-        &format!("home-{}", socket.file_name().unwrap().to_string_lossy()),
-        uid,
-        gid,
-    );
-    let fast = owned(
-        w,
-        &format!("fast-{}", socket.file_name().unwrap().to_string_lossy()),
-        uid,
-        gid,
-    );
-    let src = home.join("src");
-    let mut data = vec![0u8; 64 << 20];
-    Rng(seed() | 1).fill(&mut data);
-    std::fs::write(&src, &data).unwrap();
-    std::os::unix::fs::chown(&src, Some(uid), Some(gid)).unwrap();
+/// Runs a DataWarp job (`body` after its `#DW jobdw` line) as the user under `surge run`
+/// (the embedded default) with the helper's socket `socket`, in a home of its own under `w`
+/// (`tag`) holding `files`.
+fn user_job(
+    w: &Path,
+    (uid, gid): (u32, u32),
+    socket: &Path,
+    tag: &str,
+    files: &[(&str, &[u8], u32)],
+    body: &str,
+) -> Output {
+    let home = owned(w, &format!("home-{tag}"), uid, gid);
+    let fast = owned(w, &format!("fast-{tag}"), uid, gid);
+    for (name, data, mode) in files {
+        let p = home.join(name);
+        std::fs::write(&p, data).unwrap();
+        std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)).unwrap();
+    }
     let job = home.join("job.sh");
     std::fs::write(
         &job,
-        "#!/bin/bash\n\
-         #DW jobdw type=scratch access_mode=striped capacity=1GiB\n\
-         set -e\n\
-         [ \"$(cat /proc/$PPID/comm)\" = surge ] || { echo \"parent is $(cat /proc/$PPID/comm)\"; exit 3; }\n\
-         io() { awk '$1==\"rchar:\"{r=$2} $1==\"wchar:\"{w=$2} END{print r+w}' /proc/$PPID/io; }\n\
-         a=$(io)\n\
-         cp src \"$DW_JOB_STRIPED/f\"\n\
-         sync \"$DW_JOB_STRIPED/f\"\n\
-         cmp src \"$DW_JOB_STRIPED/f\"\n\
-         b=$(io)\n\
-         echo \"moved $((b - a))\"\n",
+        format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\nset -e\n{body}"
+        ),
     )
     .unwrap();
     std::fs::set_permissions(&job, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -144,6 +134,29 @@ fn job_moves(w: &Path, uid: u32, gid: u32, socket: &Path) -> u64 {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
+    out
+}
+
+/// The user's job copies a 64 MiB file onto the instance and compares it back; returns how
+/// many bytes `surge run` (which answers the mount) read and wrote meanwhile.
+fn job_moves(w: &Path, who: (u32, u32), socket: &Path, tag: &str) -> u64 {
+    let mut data = vec![0u8; 64 << 20];
+    Rng(seed() | 1).fill(&mut data);
+    let out = user_job(
+        w,
+        who,
+        socket,
+        tag,
+        &[("src", &data, 0o644)],
+        "[ \"$(cat /proc/$PPID/comm)\" = surge ] || { echo \"parent is $(cat /proc/$PPID/comm)\"; exit 3; }\n\
+         io() { awk '$1==\"rchar:\"{r=$2} $1==\"wchar:\"{w=$2} END{print r+w}' /proc/$PPID/io; }\n\
+         a=$(io)\n\
+         cp src \"$DW_JOB_STRIPED/f\"\n\
+         sync \"$DW_JOB_STRIPED/f\"\n\
+         cmp src \"$DW_JOB_STRIPED/f\"\n\
+         b=$(io)\n\
+         echo \"moved $((b - a))\"\n",
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     stdout
         .lines()
@@ -169,10 +182,10 @@ fn a_users_job_moves_no_file_data_through_its_mount_with_the_helper() {
     let _h = helper(w.path(), &socket);
     // With the helper: the kernel copies to and from the fast tier; `surge run` sees only
     // metadata (opens, closes, sizes).
-    let with = job_moves(w.path(), uid, gid, &socket);
+    let with = job_moves(w.path(), (uid, gid), &socket, "with");
     // Without it (no socket there): every byte passes through `surge run` (64 MiB in from
     // the kernel, out to the server, and back for the comparison).
-    let without = job_moves(w.path(), uid, gid, &w.path().join("none.sock"));
+    let without = job_moves(w.path(), (uid, gid), &w.path().join("none.sock"), "without");
     eprintln!("surge run moved {with} bytes with the helper, {without} without");
     assert!(
         with < 8 << 20,
@@ -269,4 +282,63 @@ fn the_helper_maps_only_the_users_own_files_on_a_fuse_connection() {
         open < 0,
         "a backing file on an unmounted FUSE connection: {open}"
     );
+}
+
+/// fsx (xfstests' file-operation checker: it found corrupt reads on the passthrough path
+/// once) in a user's job whose files the helper maps.
+#[test]
+fn fsx_in_a_users_job_with_the_helper() {
+    let test = "fsx_in_a_users_job_with_the_helper";
+    if skip_without_fuse(test) {
+        return;
+    }
+    if !root() {
+        eprintln!("SKIPPED {test}: needs root (the helper runs as root, the job as another user)");
+        return;
+    }
+    let fsx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/fsx");
+    let Ok(bin) = std::fs::read(&fsx) else {
+        eprintln!(
+            "SKIPPED {test}: {} is missing (make setup builds it from ../shared/tools/fs-suites)",
+            fsx.display()
+        );
+        return;
+    };
+    let (uid, gid) = user();
+    let w = Scratch::new("pt-fsx");
+    std::fs::set_permissions(w.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = w.path().join("pt.sock");
+    let _h = helper(w.path(), &socket);
+    let out = user_job(
+        w.path(),
+        (uid, gid),
+        &socket,
+        "fsx",
+        &[("fsx", &bin, 0o755)],
+        &format!(
+            "./fsx -N 20000 -S {} \"$DW_JOB_STRIPED/fsx.dat\" > fsx.out 2>&1 || {{ tail -40 fsx.out; exit 1; }}\n\
+             tail -1 fsx.out\n\
+             getfattr --only-values -n user.surge.layout \"$DW_JOB_STRIPED/fsx.dat\"; echo\n",
+            seed() % 100_000 + 1
+        ),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.contains("operations completed A-OK!"),
+        "{}",
+        text(&out)
+    );
+    // The file fsx worked on was one the kernel read and wrote itself.
+    assert!(
+        stdout.contains("stripe_count=1 "),
+        "fsx.dat's layout: {}",
+        text(&out)
+    );
+    assert!(
+        stderr.contains("registers this mount's backing files"),
+        "the mount did not use the helper: {}",
+        text(&out)
+    );
+    eprintln!("{}", stdout.trim());
 }
