@@ -16,7 +16,12 @@
 #
 #   bench/default_job.sh [--runs 3] [--size 1G] [--randsize 256M] [--runtime 4]
 #                        [--user NAME]   run the job as NAME (made if missing): the non-root
-#                                        path, every byte through the daemon
+#                                        path, every byte through the daemon unless a
+#                                        passthrough helper runs (see --helper)
+#                        [--helper]      start `surge passthrough-helper` (root) for the run
+#                                        on a socket of its own: a user's job gets kernel
+#                                        passthrough (without it: none, whatever runs on the
+#                                        host's default socket)
 #                        [--layout L]    the job first sets L as the default layout of its
 #                                        instance's root (surge layout set), e.g.
 #                                        stripe_count=all for DataWarp's striping
@@ -25,7 +30,7 @@
 # SURGE=path/to/surge (default target/release/surge, built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=3 SIZE=1G RANDSIZE=256M RUNTIME=4 AS_USER="" LAYOUT="" JSON=""
+RUNS=3 SIZE=1G RANDSIZE=256M RUNTIME=4 AS_USER="" LAYOUT="" JSON="" HELPER=0
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) RUNS=$2; shift 2 ;;
@@ -34,8 +39,9 @@ while [ $# -gt 0 ]; do
         --runtime) RUNTIME=$2; shift 2 ;;
         --user) AS_USER=$2; shift 2 ;;
         --layout) LAYOUT=$2; shift 2 ;;
+        --helper) HELPER=1; shift ;;
         --json) JSON=$2; shift 2 ;;
-        -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,31p "$0"; exit 0 ;;
         *) echo "default_job.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -50,8 +56,9 @@ done
 WORK=$(mktemp -d /tmp/surge-default-job.XXXXXX)
 chmod 755 "$WORK"
 SHM=$(mktemp -d /dev/shm/surge-default-job.XXXXXX)
-PLL_PID=""
+PLL_PID="" HELPER_PID=""
 cleanup() {
+    [ -n "$HELPER_PID" ] && kill "$HELPER_PID" 2>/dev/null || true
     [ -n "$PLL_PID" ] && { fusermount3 -u "$WORK/pll" 2>/dev/null || umount -l "$WORK/pll" 2>/dev/null; kill "$PLL_PID" 2>/dev/null; } || true
     rm -rf "$WORK" "$SHM"
 }
@@ -139,12 +146,21 @@ side_pll() {
 }
 side_job() {
     local out=$WORK/out-job; rm -rf "$out"; mkdir -p "$out"; chmod 777 "$out"
-    local env=(SURGE_FAST_DIR="$SHM/fast" SURGE_STATE_DIR="$WORK/state-${AS_USER:-root}" JOB_OUT="$out")
+    local env=(SURGE_FAST_DIR="$SHM/fast" SURGE_STATE_DIR="$WORK/state-${AS_USER:-root}" JOB_OUT="$out"
+               SURGE_PASSTHROUGH_SOCKET="$WORK/passthrough.sock")
     if ! (cd "$WORK" && "${RUN_AS[@]}" env "${env[@]}" "$SURGE" run "$WORK/job.sh" > "$WORK/job-$1.log" 2>&1); then
         echo "the job failed; its output:" >&2; cat "$WORK/job-$1.log" >&2; exit 1
     fi
     for t in "${TESTS[@]}"; do echo "$1 job $t $(value "$out/$t.json" $t)" >> "$RESULTS"; done
 }
+
+if [ "$HELPER" -eq 1 ]; then
+    "$SURGE" passthrough-helper --socket "$WORK/passthrough.sock" --ready-file "$WORK/helper.ready" \
+        2> "$WORK/helper.log" &
+    HELPER_PID=$!
+    for _ in $(seq 100); do [ -s "$WORK/helper.ready" ] && break; sleep 0.05; done
+    [ -s "$WORK/helper.ready" ] || { echo "the passthrough helper did not start:" >&2; cat "$WORK/helper.log" >&2; exit 1; }
+fi
 
 for run in $(seq "$RUNS"); do
     if [ $((run % 2)) -eq 1 ]; then order=(raw pll job); else order=(job pll raw); fi
@@ -152,7 +168,7 @@ for run in $(seq "$RUNS"); do
     echo "run $run ($(IFS=,; echo "${order[*]}")) done" >&2
 done
 
-python3 - "$RESULTS" "$RUNS" "${AS_USER:-root}" "${LAYOUT:-auto}" "$JSON" <<'EOF'
+python3 - "$RESULTS" "$RUNS" "${AS_USER:-root}$([ "$HELPER" -eq 1 ] && echo ' + passthrough helper')" "${LAYOUT:-auto}" "$JSON" <<'EOF'
 import json, statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
 runs, user, layout, out = int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]

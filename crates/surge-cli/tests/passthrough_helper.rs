@@ -256,7 +256,7 @@ fn the_helper_maps_only_the_users_own_files_on_a_fuse_connection() {
     let w = Scratch::new("pt-probe");
     std::fs::set_permissions(w.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = w.path().join("pt.sock");
-    let _h = helper(w.path(), &socket);
+    let h = helper(w.path(), &socket);
     // A file the user owns and one of root's the user can read.
     let mine = owned(w.path(), "mine", uid, gid).join("f");
     std::fs::write(&mine, b"mine").unwrap();
@@ -282,6 +282,10 @@ fn the_helper_maps_only_the_users_own_files_on_a_fuse_connection() {
         open < 0,
         "a backing file on an unmounted FUSE connection: {open}"
     );
+    // Stopped, the helper takes its socket with it (mounts then see no helper rather than
+    // one that does not answer).
+    drop(h);
+    assert!(!socket.exists(), "{} left behind", socket.display());
 }
 
 /// fsx (xfstests' file-operation checker: it found corrupt reads on the passthrough path

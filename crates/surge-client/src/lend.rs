@@ -323,7 +323,9 @@ pub fn run_helper(args: HelperArgs) -> anyhow::Result<ExitCode> {
     }
     std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("cannot open {} to users", args.socket.display()))?;
-    // Children are reaped by the kernel.
+    // Children are reaped by the kernel; SIGTERM and SIGINT remove the socket (mounts then
+    // see no helper, rather than one that does not answer).
+    remove_on_exit(&args.socket)?;
     // SAFETY: setting a signal disposition.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
     info!(
@@ -371,6 +373,11 @@ pub fn run_helper(args: HelperArgs) -> anyhow::Result<ExitCode> {
         match unsafe { libc::fork() } {
             0 => {
                 drop(listener);
+                // SAFETY: the connection's process keeps the default dispositions.
+                unsafe {
+                    libc::signal(libc::SIGTERM, libc::SIG_DFL);
+                    libc::signal(libc::SIGINT, libc::SIG_DFL);
+                }
                 let code = match serve_conn(conn, cred) {
                     Ok(()) => 0,
                     Err(e) => {
@@ -389,6 +396,30 @@ pub fn run_helper(args: HelperArgs) -> anyhow::Result<ExitCode> {
             _ => debug!("serving uid {} (pid {})", cred.uid, cred.pid),
         }
     }
+}
+
+static SOCKET_PATH: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+
+extern "C" fn on_stop(_sig: libc::c_int) {
+    // unlink and _exit are async-signal-safe; the path was set before the handler.
+    if let Some(p) = SOCKET_PATH.get() {
+        // SAFETY: a NUL-terminated path that lives for the process.
+        unsafe { libc::unlink(p.as_ptr()) };
+    }
+    // SAFETY: ends the process without running anything else.
+    unsafe { libc::_exit(0) };
+}
+
+fn remove_on_exit(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let _ = SOCKET_PATH.set(std::ffi::CString::new(path.as_os_str().as_bytes())?);
+    let handler: extern "C" fn(libc::c_int) = on_stop;
+    // SAFETY: installing a handler that only calls async-signal-safe functions.
+    unsafe {
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+    }
+    Ok(())
 }
 
 fn bind(path: &Path) -> anyhow::Result<OwnedFd> {
