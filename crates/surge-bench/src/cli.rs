@@ -65,6 +65,8 @@ pub enum BenchCommand {
     Sweep(Box<SweepArgs>),
     /// Find peak bandwidth, IOPS and metadata rate; write the peaks file for profile/advise.
     Calibrate(Box<CalibrateArgs>),
+    /// Haider's normalised metric: targets' throughput / a baseline's (the PFS), on one grid.
+    Compare(Box<CompareArgs>),
     /// Internal: one benchmark process, driven by its parent over stdin/stdout.
     #[command(hide = true)]
     Worker,
@@ -350,6 +352,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Md(a) => cmd_md(*a),
         BenchCommand::Sweep(a) => cmd_sweep(*a),
         BenchCommand::Calibrate(a) => cmd_calibrate(*a),
+        BenchCommand::Compare(a) => cmd_compare(*a),
         BenchCommand::Worker => {
             workers::worker_main()?;
             Ok(ExitCode::SUCCESS)
@@ -712,6 +715,98 @@ fn cmd_calibrate(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn sizes_list(text: &str) -> Result<SizesList, String> {
+    text.split(',')
+        .map(|t| size(t.trim()))
+        .collect::<Result<Vec<u64>, String>>()
+        .map(SizesList)
+}
+
+/// A list of sizes as typed: `4KiB,1MiB,8MiB`.
+#[derive(Clone, Debug)]
+pub struct SizesList(pub Vec<u64>);
+
+/// Haider et al.'s normalised metric (seed 004, §III): the same IOR grid (process counts x
+/// transfer sizes, write then read, file per process, fsync before close and the page cache
+/// dropped before reading) on each TARGET and on the BASELINE directory of the same system
+/// (the PFS), and each target's throughput divided by the baseline's at each point. Above 1:
+/// the target's architecture (device, interconnect, file system) beats the baseline's for
+/// that kind of I/O; the trend over processes and transfer sizes is what the paper reads.
+/// At each point the sides run one after the other, their order rotating from point to point.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+surge bench compare --baseline pfs=/pfs/scratch/me local=$DW_JOB_STRIPED/local pooled=$DW_JOB_STRIPED/pooled\n  \
+surge bench compare --baseline /pfs/x /mnt/bb --procs 1,2,4 --transfers 4KiB,64KiB,1MiB,8MiB --json\n\n\
+Placements on a Surge instance are layouts: `surge layout set DIR --stripe-count 1` (local: each \
+file on one fragment, on the writer's host where it has one), `--stripe-count all` (pooled: \
+every file over every fragment). bench/haider.sh runs both against the slow PFS.")]
+pub struct CompareArgs {
+    /// Targets to compare with the baseline: NAME=DIR or DIR.
+    #[arg(required = true, value_parser = crate::compare::parse_side)]
+    pub targets: Vec<crate::compare::Side>,
+    /// The baseline (Haider's "disk": the PFS of the same system): NAME=DIR or DIR.
+    #[arg(long, value_parser = crate::compare::parse_side)]
+    pub baseline: crate::compare::Side,
+    /// Process counts: a list (1,2,4) or a range of powers of two (1-8).
+    #[arg(long, short = 'n', default_value = "1,2,4", value_parser = procs_list)]
+    pub procs: ProcsList,
+    /// Transfer sizes.
+    #[arg(long, short = 't', default_value = "4KiB,64KiB,1MiB,8MiB", value_parser = sizes_list)]
+    pub transfers: SizesList,
+    /// Bytes over all processes at each point (divided among them).
+    #[arg(long, default_value = "256MiB", value_parser = size)]
+    pub aggregate: u64,
+    /// Stop each phase after SECS seconds (IOR -D stonewalling).
+    #[arg(long, short = 'D', value_name = "SECS", default_value_t = 5.0)]
+    pub deadline: f64,
+    /// Measure buffered I/O as it comes (no fsync before close, no cache drop before reads).
+    #[arg(long)]
+    pub buffered: bool,
+    /// Print the result as JSON on stdout (no table).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn cmd_compare(a: CompareArgs) -> anyhow::Result<ExitCode> {
+    let ctx = RunContext {
+        backend: backend::by_name("posix").ok_or_else(|| anyhow!("no posix backend"))?,
+        worker: WorkerCommand::current_exe()?,
+        keep: false,
+        progress: !a.json,
+    };
+    let spec = crate::compare::CompareSpec {
+        baseline: a.baseline,
+        targets: a.targets,
+        procs: a.procs.0,
+        transfers: a.transfers.0,
+        aggregate: a.aggregate,
+        fsync: !a.buffered,
+        drop_cache: !a.buffered,
+        deadline_s: (a.deadline > 0.0).then_some(a.deadline),
+    };
+    let total = spec.procs.len() * spec.transfers.len();
+    let mut done = 0usize;
+    let json = a.json;
+    let r = crate::compare::compare(&ctx, &spec, &mut |p| {
+        if p.phase == "read" {
+            done += 1;
+            if !json {
+                eprintln!(
+                    "surge bench compare: {done}/{total} points ({} processes, {} transfers)",
+                    p.procs,
+                    surge_core::format_bytes(p.transfer)
+                );
+            }
+        }
+    })?;
+    if json {
+        print_json(&r)?;
+    } else {
+        print!("{}", crate::compare::report_text(&r));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -19,6 +19,7 @@ pub mod calibrate;
 pub mod cleanup;
 pub mod cli;
 pub mod clock;
+pub mod compare;
 pub mod histogram;
 pub mod ior;
 pub mod layout;

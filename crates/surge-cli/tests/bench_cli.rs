@@ -387,3 +387,84 @@ fn help_teaches_the_ior_vocabulary() {
         assert!(text.contains(needle), "missing {needle}");
     }
 }
+
+/// Haider's normalised metric: every grid point has each side's rate and target / baseline,
+/// and the sides' directories are left empty.
+#[test]
+fn compare_divides_each_target_by_the_baseline_at_every_point() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, a, b) = (
+        tmp.path().join("pfs"),
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+    );
+    for d in [&base, &a, &b] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let out = run(&[
+        "bench",
+        "compare",
+        "--baseline",
+        &format!("pfs={}", base.display()),
+        &format!("local={}", a.display()),
+        b.to_str().unwrap(),
+        "--procs",
+        "1,2",
+        "--transfers",
+        "64KiB,1MiB",
+        "--aggregate",
+        "4MiB",
+        "--json",
+    ]);
+    let r = json(&out);
+    assert_eq!(r["schema"], "surge.compare/1");
+    assert_eq!(
+        r["targets"][1]["name"], "b",
+        "a target named after its directory"
+    );
+    let points = r["points"].as_array().unwrap();
+    // 2 process counts x 2 transfer sizes x write and read.
+    assert_eq!(points.len(), 8, "{r}");
+    for p in points {
+        let bps: Vec<f64> = p["bytes_per_s"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let norm: Vec<f64> = p["normalised"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!((bps.len(), norm.len()), (3, 2), "{p}");
+        assert!(bps.iter().all(|&x| x > 0.0), "{p}");
+        for (i, n) in norm.iter().enumerate() {
+            assert!((n - bps[i + 1] / bps[0]).abs() < 1e-9, "{p}");
+        }
+    }
+    for d in [&base, &a, &b] {
+        assert!(entries(d).is_empty(), "{} not cleaned up", d.display());
+    }
+    // A baseline that is not there is named in the error.
+    let out = run(&[
+        "bench",
+        "compare",
+        "--baseline",
+        "/nonexistent/pfs",
+        a.to_str().unwrap(),
+        "--procs",
+        "1",
+        "--transfers",
+        "64KiB",
+        "--aggregate",
+        "1MiB",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/pfs"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
