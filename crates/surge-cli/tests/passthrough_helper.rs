@@ -139,7 +139,7 @@ fn user_job(
 
 /// The user's job copies a 64 MiB file onto the instance and compares it back; returns how
 /// many bytes `surge run` (which answers the mount) read and wrote meanwhile.
-fn job_moves(w: &Path, who: (u32, u32), socket: &Path, tag: &str) -> u64 {
+fn job_moves(w: &Path, who: (u32, u32), socket: &Path, tag: &str, said: &str) -> u64 {
     let mut data = vec![0u8; 64 << 20];
     Rng(seed() | 1).fill(&mut data);
     let out = user_job(
@@ -156,6 +156,12 @@ fn job_moves(w: &Path, who: (u32, u32), socket: &Path, tag: &str) -> u64 {
          cmp src \"$DW_JOB_STRIPED/f\"\n\
          b=$(io)\n\
          echo \"moved $((b - a))\"\n",
+    );
+    // The job's output says what its mount does.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(said),
+        "no '{said}' in {}",
+        text(&out)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     stdout
@@ -182,10 +188,22 @@ fn a_users_job_moves_no_file_data_through_its_mount_with_the_helper() {
     let _h = helper(w.path(), &socket);
     // With the helper: the kernel copies to and from the fast tier; `surge run` sees only
     // metadata (opens, closes, sizes).
-    let with = job_moves(w.path(), (uid, gid), &socket, "with");
+    let with = job_moves(
+        w.path(),
+        (uid, gid),
+        &socket,
+        "with",
+        "kernel passthrough by the passthrough helper",
+    );
     // Without it (no socket there): every byte passes through `surge run` (64 MiB in from
     // the kernel, out to the server, and back for the comparison).
-    let without = job_moves(w.path(), (uid, gid), &w.path().join("none.sock"), "without");
+    let without = job_moves(
+        w.path(),
+        (uid, gid),
+        &w.path().join("none.sock"),
+        "without",
+        "no kernel passthrough (not root, no passthrough helper at",
+    );
     eprintln!("surge run moved {with} bytes with the helper, {without} without");
     assert!(
         with < 8 << 20,

@@ -54,11 +54,36 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Whether a mount uses kernel passthrough, and by whose privilege.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Passthrough {
+    /// The mount is root.
+    Root,
+    /// `surge passthrough-helper` registers the backing files.
+    Helper,
+    /// Not used: every byte through this process (no privilege, a cache instance, or
+    /// `--no-passthrough`).
+    Off,
+}
+
+impl Passthrough {
+    /// For a job's output: what the user gets, and what to do about it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Passthrough::Root => "kernel passthrough",
+            Passthrough::Helper => "kernel passthrough by the passthrough helper",
+            Passthrough::Off => "no kernel passthrough",
+        }
+    }
+}
+
 /// A mounted file system; dropping it does not unmount (call [`Mounted::unmount`]).
 pub struct Mounted {
     pub mountpoint: PathBuf,
     /// The instance client the mount sends its requests with (its request counts).
     pub client: Arc<InstanceClient>,
+    /// How the kernel reads and writes this mount's local one-stripe files.
+    pub passthrough: Passthrough,
     unmounter: fuser::SessionUnmounter,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
@@ -210,9 +235,15 @@ pub fn mount(
         .name("fuse-session".into())
         .spawn(move || session.run())?;
     info!("mounted on {}", mountpoint.display());
+    let passthrough = match (fs_handle.passthrough_on(), lender.get().is_some()) {
+        (false, _) => Passthrough::Off,
+        (true, true) => Passthrough::Helper,
+        (true, false) => Passthrough::Root,
+    };
     Ok(Mounted {
         mountpoint: mountpoint.to_path_buf(),
         client,
+        passthrough,
         unmounter,
         thread: Some(thread),
     })

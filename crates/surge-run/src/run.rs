@@ -916,10 +916,20 @@ async fn job(
     }
     nodes_file.write()?;
     if !used.is_empty() {
+        // What the job's bytes get: a user without the helper learns why the mount is slow.
+        let how = match alloc.mounts.first().map(|m| m.passthrough) {
+            Some(mount::Passthrough::Off) if !mount::is_root() => format!(
+                "; no kernel passthrough (not root, no passthrough helper at {}: every byte \
+                 through this process)",
+                surge_client::lend::socket_path().display()
+            ),
+            Some(p) => format!("; {}", p.describe()),
+            None => String::new(),
+        };
         rep.phase(
             "mount",
             format!(
-                "{} instance(s) on {nodes} node(s) under {}",
+                "{} instance(s) on {nodes} node(s) under {}{how}",
                 used.len(),
                 run_dir.display()
             ),
