@@ -806,10 +806,15 @@ impl Core {
             "ldbalance" => AccessMode::Ldbalance,
             _ => AccessMode::Striped,
         };
-        let registered: HashMap<String, surge_core::peaks::Peaks> = store
+        // Each server's peaks, and whether `surge pool calibrate` measured them through the
+        // data path (see `targets::host_medians`).
+        let registered: HashMap<String, (surge_core::peaks::Peaks, bool)> = store
             .server_peaks()?
             .into_iter()
-            .map(|r| (r.key, r.peaks))
+            .map(|r| {
+                let measured = r.source.starts_with(crate::targets::MEASURED_SOURCE);
+                (r.key, (r.peaks, measured))
+            })
             .collect();
         let curve: Vec<PeaksRow> = store
             .pool_peaks()?
@@ -825,8 +830,9 @@ impl Core {
                 reserved: c.reserved,
                 peaks: match &req.peaks {
                     Some(p) => Some(p),
-                    None => registered.get(&c.id),
+                    None => registered.get(&c.id).map(|(p, _)| p),
                 },
+                measured: req.peaks.is_none() && registered.get(&c.id).is_some_and(|(_, m)| *m),
             })
             .collect();
         let ask = Ask {

@@ -27,6 +27,9 @@ pub struct ServerView<'a> {
     /// Bytes already promised to fragments (the less used is taken first among equals).
     pub reserved: u64,
     pub peaks: Option<&'a Peaks>,
+    /// Its peaks were measured through the data path by `surge pool calibrate` (not a file an
+    /// administrator registered): those of one host count at most at the host's median.
+    pub measured: bool,
 }
 
 /// A point of the pool's curve: some of its servers measured at once.
@@ -234,9 +237,92 @@ fn offer_of(
     }
 }
 
+/// How `surge pool calibrate` names peaks it measured through the data path (the start of
+/// their source).
+pub const MEASURED_SOURCE: &str = "surge pool calibrate on ";
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Each server's peaks with its bandwidth and IOPS no higher than the median of the calibrated
+/// servers on its host. Servers of one host were measured one after the other on the same
+/// memory and devices: their spread is the measurement's noise (four identical servers of
+/// the embedded default: 3.6-5.1 GiB/s of writes), and taking the fastest first would promise
+/// its luckiest run. A host whose servers own different devices is promised its median too
+/// (cautious: the promise should hold). Peaks an administrator registered from a file are
+/// taken as given.
+fn host_medians(servers: &[ServerView<'_>]) -> Vec<Option<Peaks>> {
+    let mut by_host: std::collections::HashMap<&str, Vec<&Peaks>> = Default::default();
+    for p in servers
+        .iter()
+        .filter(|s| s.measured)
+        .filter_map(|s| s.peaks)
+    {
+        by_host.entry(p.host.as_str()).or_default().push(p);
+    }
+    servers
+        .iter()
+        .map(|s| {
+            let p = s.peaks?;
+            let mut q = p.clone();
+            let same = by_host.get(p.host.as_str()).filter(|_| s.measured);
+            if let Some(same) = same.filter(|v| v.len() > 1) {
+                let m = |f: fn(&Peaks) -> f64| median(same.iter().map(|x| f(x)).collect());
+                q.read_bw = q.read_bw.min(m(|x| x.read_bw));
+                q.write_bw = q.write_bw.min(m(|x| x.write_bw));
+                q.read_iops = q.read_iops.min(m(|x| x.read_iops));
+                q.write_iops = q.write_iops.min(m(|x| x.write_iops));
+            }
+            Some(q)
+        })
+        .collect()
+}
+
 /// Sizes an allocation: `servers` are the pool's servers that are up; `curve` the pool's
-/// servers measured together, if they were; `pool` names the pool in errors.
+/// servers measured together, if they were; `pool` names the pool in errors. Servers sharing
+/// a host count at most at their host's median (see `host_medians`).
 pub fn plan(
+    ask: &Ask,
+    servers: &[ServerView<'_>],
+    curve: &[Aggregate<'_>],
+    pool: &str,
+    peaks_source: &str,
+) -> Result<Plan, TargetError> {
+    let adjusted = host_medians(servers);
+    let views: Vec<ServerView<'_>> = servers
+        .iter()
+        .zip(&adjusted)
+        .map(|(s, p)| ServerView {
+            peaks: p.as_ref(),
+            ..s.clone()
+        })
+        .collect();
+    let capped = servers
+        .iter()
+        .zip(&adjusted)
+        .any(|(s, p)| match (s.peaks, p) {
+            (Some(a), Some(b)) => a.write_bw != b.write_bw || a.read_bw != b.read_bw,
+            _ => false,
+        });
+    let mut plan = plan_views(ask, &views, curve, pool, peaks_source)?;
+    if capped {
+        plan.promise.why.push(
+            "servers sharing a host count at most at the median of their measurements (their \
+             spread is the measurement's noise)"
+                .into(),
+        );
+    }
+    Ok(plan)
+}
+
+fn plan_views(
     ask: &Ask,
     servers: &[ServerView<'_>],
     curve: &[Aggregate<'_>],
@@ -691,6 +777,7 @@ mod tests {
                 free_fragments: free,
                 reserved: 0,
                 peaks: p.as_ref(),
+                measured: true,
             })
             .collect()
     }
@@ -760,12 +847,17 @@ mod tests {
         assert!(e.to_string().contains("the best this pool offers"), "{e}");
     }
 
+    fn on(host: &str, mut p: Peaks) -> Peaks {
+        p.host = host.into();
+        p
+    }
+
     #[test]
     fn the_fastest_servers_are_taken_first() {
         let p = vec![
-            Some(peaks(1.0, 25_000.0)),
-            Some(peaks(8.0, 25_000.0)),
-            Some(peaks(2.0, 25_000.0)),
+            Some(on("a", peaks(1.0, 25_000.0))),
+            Some(on("b", peaks(8.0, 25_000.0))),
+            Some(on("c", peaks(2.0, 25_000.0))),
         ];
         let s = views(&IDS[..3], &p, 10);
         let plan = plan(
@@ -777,6 +869,51 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.servers, vec![1]);
+    }
+
+    #[test]
+    fn servers_of_one_host_are_promised_its_median() {
+        // Four servers of one host measured 3.6, 4.0, 4.6 and 5.1 GiB/s of writes (the
+        // embedded default's spread): one fragment is promised the median, 4.3, not 5.1; a
+        // server of another host keeps its own.
+        let p = vec![
+            Some(on("h", peaks(3.6, 25_000.0))),
+            Some(on("h", peaks(5.1, 25_000.0))),
+            Some(on("h", peaks(4.0, 25_000.0))),
+            Some(on("h", peaks(4.6, 25_000.0))),
+        ];
+        let s = views(&IDS, &p, 10);
+        let first = plan(
+            &ask(t(Some(GIB), None, None), 0, AccessMode::Striped, 1),
+            &s,
+            &[],
+            "default",
+            "registered",
+        )
+        .unwrap();
+        assert_eq!(first.fragments, 1);
+        let bw = first.promise.offer.bandwidth / GIB as f64;
+        assert!((bw - 4.3).abs() < 1e-9, "promised {bw} GiB/s");
+        assert!(
+            first.promise.why.iter().any(|w| w.contains("median")),
+            "{:?}",
+            first.promise.why
+        );
+        let p2 = vec![
+            Some(on("h", peaks(3.6, 25_000.0))),
+            Some(on("g", peaks(5.1, 25_000.0))),
+        ];
+        let s = views(&IDS[..2], &p2, 10);
+        let plan = plan(
+            &ask(t(Some(GIB), None, None), 0, AccessMode::Striped, 1),
+            &s,
+            &[],
+            "default",
+            "registered",
+        )
+        .unwrap();
+        assert_eq!(plan.promise.offer.bandwidth, 5.1 * GIB as f64);
+        assert!(!plan.promise.why.iter().any(|w| w.contains("median")));
     }
 
     #[test]

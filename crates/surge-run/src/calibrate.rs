@@ -308,7 +308,11 @@ pub fn run(
                 let t = Instant::now();
                 say(format!("server {s}: one fragment, measuring ..."));
                 let p = measure(&mut c, &handle, &pool, Some(s), 1, g, &spec, &mount_dir).await?;
-                let source = format!("surge pool calibrate on {}: one fragment", host());
+                let source = format!(
+                    "{}{}: one fragment",
+                    surge_manager::targets::MEASURED_SOURCE,
+                    host()
+                );
                 done.push(register(&mut c, &pool, Some(s), 1, &p, &source).await?);
                 say(format!(
                     "server {s}: {} ({:.0} s)",
