@@ -539,10 +539,34 @@ impl InstanceClient {
         Response::DrainBatch { pending, oldest, newest, .. } => surge_proto::DrainProgress { oldest, newest, pending });
 
     metadata_call!(
-        /// The journal's entries up to `upto` reached the PFS.
-        drain_ack(this, upto: u64) -> (),
-        Request::DrainAck { instance: this.instance(), ns: this.ns, upto },
+        /// The journal's entries up to `upto` reached the PFS; `linked`: files whose copy
+        /// among them got its fill name (see `Request::DrainAck`).
+        drain_ack(this, upto: u64, linked: Vec<Ino>) -> (),
+        Request::DrainAck { instance: this.instance(), ns: this.ns, upto, linked },
         Response::Ok => ());
+
+    metadata_call!(
+        /// Cache namespaces: the attributes of `ino`, which this session opens (the metadata
+        /// server then does not evict it).
+        cache_open(this, ino: Ino) -> Attr,
+        Request::CacheOpen { instance: this.instance(), ns: this.ns, ino },
+        Response::Attr(a) => { this.note_layout(&a); a });
+
+    metadata_call!(
+        /// Cache namespaces: this session's files `open` (renewed) and `closed` since its last
+        /// report; the namespace's dirty bytes, those of files open nowhere, and the oldest
+        /// pending journal entry.
+        cache_use(this, open: Vec<Ino>, closed: Vec<Ino>) -> (u64, u64, u64),
+        Request::CacheUse { instance: this.instance(), ns: this.ns, open, closed },
+        Response::CacheState { dirty, dirty_closed, oldest } => (dirty, dirty_closed, oldest));
+
+    metadata_call!(
+        /// Cache namespaces: evicts clean files (not `ino`) holding `want` bytes, least
+        /// recently used first; this session holds their fill claims (see
+        /// `Request::CacheEvict`).
+        cache_evict(this, ino: Ino, want: u64) -> Vec<Attr>,
+        Request::CacheEvict { instance: this.instance(), ns: this.ns, ino, want },
+        Response::Evicted(files) => files);
 
     /// A connection to the metadata server of its own, for [`wait_recall`](Self::wait_recall).
     pub async fn recall_connection(&self) -> Result<Arc<crate::conn::Connection>> {

@@ -757,7 +757,7 @@ async fn job(
             );
         }
         client
-            .drain_ack(u64::MAX)
+            .drain_ack(u64::MAX, Vec::new())
             .await
             .context("cannot clear the cache's journal after the fill")?;
     }

@@ -7,8 +7,11 @@
 //! once the copy is complete the metadata server takes the mark away and reads come from the
 //! tier. The PFS file is never written while the mark is on: a write, truncate or `fallocate`
 //! first finishes the copy (waiting for another mount's), so the tier copy is complete when
-//! the file first changes, or, when the tier is full, writes the file through to its PFS file
-//! from then on ([`THROUGH_FILL_KEPT`](surge_proto::THROUGH_FILL_KEPT), Liu's fall-back).
+//! the file first changes, or, when the tier is full and nothing clean can be evicted (see
+//! `evict`), writes the file through to its PFS file from then on
+//! ([`THROUGH_FILL_KEPT`](surge_proto::THROUGH_FILL_KEPT), Liu's fall-back). A copy a read
+//! started gives up when the tier is full (the file stays on the PFS): reads evict nothing.
+//! Files evicted from the tier are marked as files of the lazy fill again and read the same way.
 
 use super::through::read_at;
 use super::{Fs, FsError, FsResult};
@@ -175,7 +178,20 @@ impl Fs {
         }
         let t = Instant::now();
         let upto = keep.min(fill.size);
-        let outcome = copy_in(&self.client, ino, &fill, upto, false).await?;
+        // A full tier: clean files are evicted first (see `evict`).
+        let mut rounds = 0;
+        let outcome = loop {
+            let evictions = self.evictions();
+            let o = copy_in(&self.client, ino, &fill, upto, false).await?;
+            if matches!(o, Copied::Full)
+                && rounds < super::evict::EVICT_ROUNDS
+                && self.make_room(ino, upto, evictions).await
+            {
+                rounds += 1;
+                continue;
+            }
+            break o;
+        };
         let kept = match outcome {
             Copied::Done => false,
             Copied::Kept => true,
