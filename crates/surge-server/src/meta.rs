@@ -2001,6 +2001,67 @@ mod tests {
         assert!(ops.alloc_inodes(1).unwrap() > g.ino);
     }
 
+    /// Cache namespaces: a file is clean (eviction may take it) once its copy into the tier
+    /// from the PFS is done, or once the drain linked its copy with nothing pending after it;
+    /// any journaled change of its data makes it dirty; an evicted file refuses changes of
+    /// its data until copied in again.
+    #[test]
+    fn clean_files_are_those_whose_pfs_copy_is_current() {
+        use surge_proto::{DrainOp, FillStep, THROUGH_FILL};
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let t = Timestamp::now();
+        let filled = ops
+            .create(ROOT_INO, b"filled", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        let mark = FillStep::Mark {
+            size: 10,
+            atime: t,
+            mtime: t,
+        };
+        ops.cache_fill(filled.ino, mark).unwrap();
+        assert!(ops.clean_files(0).unwrap().is_empty(), "not in the tier yet");
+        ops.cache_fill(filled.ino, FillStep::Done).unwrap();
+        assert_eq!(ops.clean_files(0).unwrap(), vec![(filled.ino, 10)]);
+        assert!(ops.clean_files(filled.ino).unwrap().is_empty(), "the asker's own");
+
+        let written = ops
+            .create(ROOT_INO, b"written", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        ops.commit_write(written.ino, 5, TimeSet::Now).unwrap();
+        let data = |ino| DrainOp::Data {
+            ino,
+            path: b"x".to_vec(),
+        };
+        ops.journal(&data(written.ino)).unwrap();
+        let (entries, _) = ops.drain_poll(0, 100).unwrap();
+        let upto = entries.last().unwrap().seq;
+        // Changed again while the drain copied it: still dirty after the acknowledgement.
+        ops.journal(&data(written.ino)).unwrap();
+        ops.drain_ack(upto, &[written.ino]).unwrap();
+        assert_eq!(ops.clean_files(0).unwrap().len(), 1);
+        ops.drain_ack(u64::MAX, &[written.ino]).unwrap();
+        assert_eq!(ops.clean_files(0).unwrap().len(), 2);
+        // A change of its data makes it dirty again.
+        ops.journal(&data(filled.ino)).unwrap();
+        assert_eq!(ops.clean_files(0).unwrap(), vec![(written.ino, 5)]);
+
+        let a = ops.evict(written.ino).unwrap();
+        assert_eq!(a.through, THROUGH_FILL);
+        assert!(ops.clean_files(0).unwrap().is_empty());
+        assert_eq!(
+            code(ops.commit_write(written.ino, 9, TimeSet::Now)),
+            ErrorCode::Stale
+        );
+        let truncate = SetAttr {
+            size: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(code(ops.setattr(written.ino, &truncate)), ErrorCode::Stale);
+        ops.cache_fill(written.ino, FillStep::Done).unwrap();
+        ops.commit_write(written.ino, 9, TimeSet::Now).unwrap();
+    }
+
     #[test]
     fn unlink_orphans_then_purge() {
         let (_t, c) = store();
