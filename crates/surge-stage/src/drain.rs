@@ -144,9 +144,17 @@ fn link_fill(root: &Path, ino: u64, file: &Path) -> bool {
     let dir = root.join(THROUGH_DIR);
     let tmp = dir.join(format!("{ino}-fill.new"));
     let r = (|| {
-        if std::fs::symlink_metadata(&dir).is_err() {
-            std::fs::create_dir_all(&dir)?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(file)?;
+        match std::fs::symlink_metadata(&name) {
+            // Linked already (a copy found up to date, a replay).
+            Ok(n) if (n.dev(), n.ino()) == (m.dev(), m.ino()) => return Ok(()),
+            Ok(_) => {}
+            Err(_) if std::fs::symlink_metadata(&dir).is_err() => {
+                std::fs::create_dir_all(&dir)?;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            }
+            Err(_) => {}
         }
         ignore_missing(std::fs::remove_file(&tmp))?;
         std::fs::hard_link(file, &tmp)?;
