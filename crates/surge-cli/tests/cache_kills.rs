@@ -81,7 +81,10 @@ fn stale_fill_names(pfs: &Path, mount: &Path) -> Vec<String> {
         if name.ends_with("-fill.new") {
             continue;
         }
-        let Some(ino) = name.strip_suffix("-fill").and_then(|i| i.parse::<u64>().ok()) else {
+        let Some(ino) = name
+            .strip_suffix("-fill")
+            .and_then(|i| i.parse::<u64>().ok())
+        else {
             bad.push(format!("{name}: not a fill name"));
             continue;
         };

@@ -554,10 +554,10 @@ impl InstanceClient {
 
     metadata_call!(
         /// Cache namespaces: this session's files `open` (renewed) and `closed` since its last
-        /// report; the namespace's dirty bytes, those of files open nowhere, and the oldest
-        /// pending journal entry.
-        cache_use(this, open: Vec<Ino>, closed: Vec<Ino>) -> (u64, u64, u64),
-        Request::CacheUse { instance: this.instance(), ns: this.ns, open, closed },
+        /// report; with `count`, the namespace's dirty bytes and those of files open nowhere
+        /// (zeros otherwise); the oldest pending journal entry.
+        cache_use(this, open: Vec<Ino>, closed: Vec<Ino>, count: bool) -> (u64, u64, u64),
+        Request::CacheUse { instance: this.instance(), ns: this.ns, open, closed, count },
         Response::CacheState { dirty, dirty_closed, oldest } => (dirty, dirty_closed, oldest));
 
     metadata_call!(

@@ -665,13 +665,15 @@ pub enum Request {
     },
     /// A cache mount's report (every second): the files `open` on it (an open not reported
     /// for [`CACHE_OPEN_TTL`] is forgotten), and those `closed` since its last report.
-    /// Replies with the namespace's dirty data (`Response::CacheState`); with both lists
-    /// empty it only asks.
+    /// Replies with how far the drain got and, with `count`, the namespace's dirty data
+    /// (`Response::CacheState`; counting costs a pass over the files pending in the journal,
+    /// so a mount asks only near its high-water mark); with both lists empty it only asks.
     CacheUse {
         instance: InstanceId,
         ns: NamespaceId,
         open: Vec<Ino>,
         closed: Vec<Ino>,
+        count: bool,
     },
     /// The fast tier refused a write of cache file `ino` for want of space: evicts clean
     /// files (unchanged since their data was last put on the PFS under their fill names), least
@@ -990,7 +992,7 @@ pub enum Response {
         through: u64,
     },
     /// Reply to `CacheUse`: the cache namespace's dirty data (journaled, not yet on the
-    /// PFS), counted as whole files (the drain copies whole files).
+    /// PFS), counted as whole files (the drain copies whole files); zeros when not asked.
     CacheState {
         /// Bytes of the files with changes of their data pending.
         dirty: u64,

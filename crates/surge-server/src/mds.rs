@@ -266,9 +266,12 @@ impl Namespace {
                         Request::CacheOpen { ino, .. } => {
                             return self.cache_open(conn, session, *ino)
                         }
-                        Request::CacheUse { open, closed, .. } => {
-                            return self.cache_use(conn, session, open, closed)
-                        }
+                        Request::CacheUse {
+                            open,
+                            closed,
+                            count,
+                            ..
+                        } => return self.cache_use(conn, session, open, closed, *count),
                         Request::CacheEvict { ino, want, .. } => {
                             return self.evict(conn, session, *ino, *want)
                         }
@@ -388,16 +391,18 @@ impl Namespace {
         }
     }
 
-    /// `CacheUse`: a mount's report of its opens and closes; replies with the dirty data.
+    /// `CacheUse`: a mount's report of its opens and closes; replies with how far the drain
+    /// got and, with `count`, the dirty data.
     fn cache_use(
         &self,
         conn: &mut Connection,
         session: u32,
         open: &[Ino],
         closed: &[Ino],
+        count: bool,
     ) -> Response {
         let now = Instant::now();
-        let (files, oldest) = match (Ops { tx: conn }).dirty_files() {
+        let (files, oldest) = match (Ops { tx: conn }).dirty_files(count) {
             Ok(d) => d,
             Err(e) => return Response::Error(e),
         };
@@ -759,10 +764,8 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             batch
                 .iter()
                 .map(|op| match op {
-                    BatchOp::Unlink { parent, name, .. } => {
-                        child(*parent, name)
-                            .map(|p| p.map(|path| DrainOp::Unlink { path, gone: None }))
-                    }
+                    BatchOp::Unlink { parent, name, .. } => child(*parent, name)
+                        .map(|p| p.map(|path| DrainOp::Unlink { path, gone: None })),
                     BatchOp::CreateFile { parent, name, .. } => {
                         child(*parent, name).map(|p| p.map(|path| DrainOp::Create { path }))
                     }
@@ -780,7 +783,8 @@ fn journal_after(
     reply: &Response,
 ) -> Result<(), ErrorReply> {
     // The inode whose last name the change removed (its fill name on the PFS goes too).
-    let gone = |u: &surge_proto::Unlinked| (u.orphaned && u.kind == FileKind::File).then_some(u.ino);
+    let gone =
+        |u: &surge_proto::Unlinked| (u.orphaned && u.kind == FileKind::File).then_some(u.ino);
     match pending {
         Pending::Nothing => Ok(()),
         Pending::Op(DrainOp::Unlink { path, .. }) => ops.journal(&DrainOp::Unlink {

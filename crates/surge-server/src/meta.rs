@@ -535,9 +535,17 @@ impl Ops<'_> {
         self.getattr(ino)
     }
 
-    /// Cache namespaces: the files with a change of their data journaled and not yet on the
-    /// PFS, (ino, size), and the oldest pending journal entry (0: none).
-    pub fn dirty_files(&self) -> MetaResult<(Vec<(Ino, u64)>, u64)> {
+    /// Cache namespaces: with `list`, the files with a change of their data journaled and not
+    /// yet on the PFS, (ino, size); and the oldest pending journal entry (0: none).
+    pub fn dirty_files(&self, list: bool) -> MetaResult<(Vec<(Ino, u64)>, u64)> {
+        let oldest: Option<i64> = self
+            .tx
+            .query_row("SELECT MIN(seq) FROM drain", [], |r| r.get(0))
+            .map_err(db_err)?;
+        let oldest = oldest.unwrap_or(0) as u64;
+        if !list {
+            return Ok((Vec::new(), oldest));
+        }
         let mut st = self
             .tx
             .prepare_cached(
@@ -552,11 +560,7 @@ impl Ops<'_> {
             .map_err(db_err)?
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(db_err)?;
-        let oldest: Option<i64> = self
-            .tx
-            .query_row("SELECT MIN(seq) FROM drain", [], |r| r.get(0))
-            .map_err(db_err)?;
-        Ok((files, oldest.unwrap_or(0) as u64))
+        Ok((files, oldest))
     }
 
     /// Refuses a change of the data of `a` while it is [`THROUGH_FILL`](surge_proto::THROUGH_FILL)
@@ -2020,10 +2024,16 @@ mod tests {
             mtime: t,
         };
         ops.cache_fill(filled.ino, mark).unwrap();
-        assert!(ops.clean_files(0).unwrap().is_empty(), "not in the tier yet");
+        assert!(
+            ops.clean_files(0).unwrap().is_empty(),
+            "not in the tier yet"
+        );
         ops.cache_fill(filled.ino, FillStep::Done).unwrap();
         assert_eq!(ops.clean_files(0).unwrap(), vec![(filled.ino, 10)]);
-        assert!(ops.clean_files(filled.ino).unwrap().is_empty(), "the asker's own");
+        assert!(
+            ops.clean_files(filled.ino).unwrap().is_empty(),
+            "the asker's own"
+        );
 
         let written = ops
             .create(ROOT_INO, b"written", &NewNode::File, 0o644, 1, 1)

@@ -479,7 +479,11 @@ fn clean_files_are_evicted_least_recently_used_first_never_dirty_or_open_ones() 
         let new_body = bytes(41, 4 << 20);
         let new = write_file(&node1, b"new", &new_body).await;
         node1.report_use().await;
-        assert_eq!(through(&c, new).await, 0, "the new file went through to the PFS");
+        assert_eq!(
+            through(&c, new).await,
+            0,
+            "the new file went through to the PFS"
+        );
         assert_eq!(through(&c, b).await, THROUGH_FILL, "b was not evicted");
         for ino in [a, cc, dirty] {
             assert_eq!(through(&c, ino).await, 0, "inode {ino} was evicted");
@@ -496,7 +500,12 @@ fn clean_files_are_evicted_least_recently_used_first_never_dirty_or_open_ones() 
         assert_eq!(read_all(&node1, b"a").await, body(0));
         let mut back = Vec::new();
         while back.len() < 4 << 20 {
-            back.extend(node2.read(held.fh, back.len() as u64, 1 << 20).await.unwrap());
+            back.extend(
+                node2
+                    .read(held.fh, back.len() as u64, 1 << 20)
+                    .await
+                    .unwrap(),
+            );
         }
         assert_eq!(back, body(2));
         node2.release(held.fh).await.unwrap();

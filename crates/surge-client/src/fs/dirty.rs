@@ -56,6 +56,19 @@ impl DirtyGate {
         }
     }
 
+    /// Whether the next report should have the metadata server count the dirty data: this
+    /// mount's estimate is past half the high-water mark (counting costs the server a pass over
+    /// the files pending in the journal; far under the mark nothing needs it).
+    pub fn wants_count(&self) -> bool {
+        self.high > 0 && self.estimate() >= self.high / 2
+    }
+
+    fn estimate(&self) -> u64 {
+        self.dirty
+            .load(Ordering::Acquire)
+            .saturating_add(self.written.load(Ordering::Acquire))
+    }
+
     /// The metadata server counted `dirty` bytes.
     pub fn seen(&self, dirty: u64) {
         self.dirty.store(dirty, Ordering::Release);
@@ -64,11 +77,7 @@ impl DirtyGate {
 
     /// True when writers may go on without asking the metadata server.
     fn under(&self) -> bool {
-        let estimate = self
-            .dirty
-            .load(Ordering::Acquire)
-            .saturating_add(self.written.load(Ordering::Acquire));
-        estimate <= self.high || self.quiet_until.lock().is_some_and(|t| Instant::now() < t)
+        self.estimate() <= self.high || self.quiet_until.lock().is_some_and(|t| Instant::now() < t)
     }
 }
 
@@ -94,14 +103,14 @@ impl Fs {
         let mut waited = false;
         let mut progress: Option<(u64, Instant)> = None;
         loop {
-            let (dirty, dirty_closed, oldest) = match self.client.cache_use(vec![], vec![]).await
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    debug!("dirty data of the cache: {e}");
-                    return;
-                }
-            };
+            let (dirty, dirty_closed, oldest) =
+                match self.client.cache_use(vec![], vec![], true).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        debug!("dirty data of the cache: {e}");
+                        return;
+                    }
+                };
             g.seen(dirty);
             let mark = if waited { g.low } else { g.high };
             if dirty <= mark {

@@ -108,11 +108,13 @@ impl Fs {
         let (open, closed) = self.inodes.take_open_and_closed();
         let mut open = open.chunks(REPORT_CHUNK).peekable();
         let mut closed = closed.chunks(REPORT_CHUNK).peekable();
+        let count = self.dirty.wants_count();
         loop {
             let o = open.next().unwrap_or_default().to_vec();
             let c = closed.next().unwrap_or_default().to_vec();
-            match self.client.cache_use(o, c).await {
-                Ok((dirty, ..)) => self.dirty.seen(dirty),
+            match self.client.cache_use(o, c, count).await {
+                Ok((dirty, ..)) if count => self.dirty.seen(dirty),
+                Ok(_) => {}
                 Err(e) => {
                     // The server forgets the opens after a while: it then evicts less.
                     debug!("report of the files open here: {e}");

@@ -15,7 +15,9 @@ impl Fs {
             match self.setattr_once(ino, set.clone(), kill_suidgid).await {
                 // A cache file evicted between its copy into the tier and its truncate (not
                 // open here, so not known to be in use): copied in again.
-                Err(e) if self.cache && set.size.is_some() && e.errno == libc::ESTALE && tries < 3 => {
+                Err(e)
+                    if self.cache && set.size.is_some() && e.errno == libc::ESTALE && tries < 3 =>
+                {
                     tries += 1;
                     self.forget_fill(ino);
                 }
