@@ -260,6 +260,10 @@ pub struct InstanceDescriptor {
     /// change journaled before it) is on the PFS, not once it is on the fast tier.
     #[serde(default)]
     pub cache_fsync_pfs: bool,
+    /// `type=cache`: the dirty-data high-water mark at which writers wait for the drain
+    /// (`dirty_high=`); `None`: the default, 80% of the capacity.
+    #[serde(default)]
+    pub cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
 }
 
 impl InstanceDescriptor {

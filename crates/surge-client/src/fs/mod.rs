@@ -190,10 +190,6 @@ pub struct Fs {
 /// Stripes of [`Fs::size_locks`].
 const SIZE_LOCKS: usize = 64;
 
-/// Cache instances: the default dirty high-water mark, in percent of the instance's
-/// capacity (see `dirty`).
-pub const DIRTY_HIGH_PERCENT: u64 = 80;
-
 impl Fs {
     /// `fresh_dir_ttl`: how long directory attributes returned with this node's own changes
     /// may answer the kernel's next `getattr` of that directory (the mount's attribute TTL;
@@ -208,8 +204,11 @@ impl Fs {
         let immutable = client.desc.access_mode == "ldbalance";
         let cache = client.desc.cache_pfs.is_some();
         let inodes = InodeTable::default();
+        // The instance's `dirty_high=` (see `dirty`).
         let dirty_high = if cache {
-            client.desc.capacity / 100 * DIRTY_HIGH_PERCENT
+            let mark = client.desc.cache_dirty_high;
+            mark.unwrap_or(surge_core::directives::DirtyHigh::DEFAULT)
+                .bytes(client.desc.capacity)
         } else {
             0
         };
