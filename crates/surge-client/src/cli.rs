@@ -322,7 +322,7 @@ pub enum InstanceCommand {
         #[arg(long, requires = "cache_pfs")]
         cache_fsync_pfs: bool,
         /// With --cache-pfs: the dirty-data high-water mark at which writers wait for the
-        /// drain: a percentage of the capacity (80%, the default), a size (400GiB) or off.
+        /// drain: a percentage of the capacity (80%), a size (400GiB) or off (the default).
         #[arg(long, requires = "cache_pfs", value_name = "MARK", value_parser = surge_core::directives::parse_dirty_high)]
         cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
         /// The cluster key (default $SURGE_KEY_FILE, else /etc/surge/surge.key): creating

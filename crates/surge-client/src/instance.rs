@@ -513,9 +513,10 @@ impl InstanceClient {
     metadata_call!(
         /// A cache namespace's drain journal: up to `max` entries after `after`, and how many
         /// are pending in all.
-        drain_poll(this, after: u64, max: u32) -> (Vec<surge_proto::DrainEntry>, u64),
+        /// Also the files among them a mount has open (the drain holds back only these).
+        drain_poll(this, after: u64, max: u32) -> (Vec<surge_proto::DrainEntry>, u64, Vec<Ino>),
         Request::DrainPoll { instance: this.instance(), ns: this.ns, after, max },
-        Response::DrainBatch { entries, pending, .. } => (entries, pending));
+        Response::DrainBatch { entries, pending, open, .. } => (entries, pending, open));
 
     metadata_call!(
         /// Cache namespaces: file `ino` is written through to the PFS from now on; the

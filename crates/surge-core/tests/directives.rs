@@ -341,8 +341,9 @@ fn type_cache_mirrors_a_pfs_directory() {
         Some(DirtyHigh::Bytes(8 << 30))
     );
     assert_eq!(j_dirty_high("dirty_high=off"), Some(DirtyHigh::Percent(0)));
-    assert_eq!(j_dirty_high(""), None, "the default: 80%");
-    assert_eq!(DirtyHigh::DEFAULT.bytes(1000), 800);
+    assert_eq!(j_dirty_high(""), None, "the default: off");
+    assert_eq!(DirtyHigh::DEFAULT.bytes(1000), 0);
+    assert_eq!(DirtyHigh::Percent(80).bytes(1000), 800);
     let e = the_error(
         "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run dirty_high=120%\n",
         1,

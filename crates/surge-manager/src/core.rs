@@ -1110,7 +1110,7 @@ impl Core {
             client
                 .drain_poll(0, 0)
                 .await
-                .map(|(_, pending)| pending)
+                .map(|(_, pending, _)| pending)
                 .map_err(|e| e.to_string()),
         )
     }

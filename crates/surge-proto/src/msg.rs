@@ -261,7 +261,7 @@ pub struct InstanceDescriptor {
     #[serde(default)]
     pub cache_fsync_pfs: bool,
     /// `type=cache`: the dirty-data high-water mark at which writers wait for the drain
-    /// (`dirty_high=`); `None`: the default, 80% of the capacity.
+    /// (`dirty_high=`); `None`: the default (off).
     #[serde(default)]
     pub cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
 }
@@ -986,6 +986,10 @@ pub enum Response {
         oldest: u64,
         /// Sequence number of the newest entry ever journaled (0: none yet).
         newest: u64,
+        /// The files whose data the entries copy that a mount has open (`CacheOpen`,
+        /// `CacheUse`): the drain holds back only these while they change; a file closed
+        /// everywhere is complete.
+        open: Vec<Ino>,
     },
     /// Reply to `CacheThrough`: the `DrainOp::Through` entry's sequence number.
     Through {

@@ -278,9 +278,12 @@ impl Namespace {
                         _ => {}
                     }
                 }
-                let reply = self.execute(conn, &req);
+                let mut reply = self.execute(conn, &req);
                 if self.journal {
                     self.note_creates(session, &req, &reply);
+                    if let Response::DrainBatch { entries, open, .. } = &mut reply {
+                        *open = self.open_among(entries);
+                    }
                 }
                 return reply;
             }
@@ -389,6 +392,23 @@ impl Namespace {
             }
             _ => {}
         }
+    }
+
+    /// The files whose data `entries` copy that a mount has open.
+    fn open_among(&self, entries: &[surge_proto::DrainEntry]) -> Vec<Ino> {
+        let now = Instant::now();
+        let mut uses = self.uses.lock();
+        let mut open: Vec<Ino> = entries
+            .iter()
+            .filter_map(|e| match e.op {
+                DrainOp::Data { ino, .. } => Some(ino),
+                _ => None,
+            })
+            .filter(|ino| uses.is_open(*ino, now))
+            .collect();
+        open.sort_unstable();
+        open.dedup();
+        open
     }
 
     /// `CacheUse`: a mount's report of its opens and closes; replies with how far the drain
@@ -874,6 +894,7 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
                 pending: progress.pending,
                 oldest: progress.oldest,
                 newest: progress.newest,
+                open: Vec::new(),
             })
         }
         (Request::CacheThrough { ino, .. }, true) => Ok(Response::Through {

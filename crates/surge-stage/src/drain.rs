@@ -452,16 +452,21 @@ async fn apply(
     Ok(None)
 }
 
-/// A file whose metadata server's mtime is younger than this is still being written (a cache
-/// mount commits files being written every second): its copy waits, so a file is copied once
-/// it is complete instead of once per commit.
+/// A file open on a mount whose metadata server's mtime is younger than this is still being
+/// written (a cache mount commits files being written every second): its copy waits, so a file
+/// is copied once it is complete instead of once per commit. A file closed on every mount (as
+/// the metadata server knows from the mounts' reports, within a second) is copied at once.
 pub const SETTLE: Duration = Duration::from_secs(2);
 
-/// True when the `Data` entry's inode changed within `settle` (it is being written).
-async fn unsettled(client: &InstanceClient, op: &DrainOp, settle: Duration) -> bool {
+/// True when the `Data` entry's inode is open on a mount (`open`) and changed within
+/// `settle` (it is being written). A file closed everywhere is complete: copied at once.
+async fn unsettled(client: &InstanceClient, op: &DrainOp, settle: Duration, open: &[u64]) -> bool {
     let DrainOp::Data { ino, .. } = op else {
         return false;
     };
+    if open.binary_search(ino).is_err() {
+        return false;
+    }
     let Ok(a) = client.getattr(*ino).await else {
         return false;
     };
@@ -492,7 +497,7 @@ pub async fn drain_pass_settled(
 ) -> Result<u64, DrainError> {
     let mut applied = 0;
     loop {
-        let (entries, pending) = client
+        let (entries, pending, open) = client
             .drain_poll(0, BATCH)
             .await
             .map_err(DrainError::Journal)?;
@@ -548,7 +553,7 @@ pub async fn drain_pass_settled(
             if let Some(s) = settle.filter(|_| group[0].seq > urgent_upto) {
                 let mut settled = 0;
                 for g in &group {
-                    if unsettled(client, &g.op, s).await {
+                    if unsettled(client, &g.op, s, &open).await {
                         waiting = true;
                         break;
                     }

@@ -555,9 +555,9 @@ fn a_drained_file_is_evicted_and_its_fill_name_goes_with_its_last_name() {
     });
 }
 
-/// Back-pressure: with the dirty data over the high-water mark (80% of the capacity by
-/// default), a writer waits for the drain (here: none runs yet) instead of filling the tier,
-/// and goes on once the drain brought it under the low-water mark; its file stays on the tier.
+/// Back-pressure (`dirty_high=80%`): with the dirty data over the high-water mark, a writer
+/// waits for the drain (here: none runs yet) instead of filling the tier, and goes on once the
+/// drain brought it under the low-water mark; its file stays on the tier.
 #[test]
 fn writers_wait_at_the_dirty_high_water_mark_until_the_drain_catches_up() {
     use std::time::Duration;
@@ -569,7 +569,9 @@ fn writers_wait_at_the_dirty_high_water_mark_until_the_drain_catches_up() {
         std::fs::create_dir_all(&pfs).unwrap();
         // High-water mark 16 MiB, low 12 MiB; room for five 4 MiB files.
         let c = cache_of("dirty-high", &pfs, 20 << 20, false).await;
-        let fs = std::sync::Arc::new(Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO));
+        let mut fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+        fs.set_dirty_high(16 << 20);
+        let fs = std::sync::Arc::new(fs);
         for i in 0..4u64 {
             write_file(&fs, format!("f{i}").as_bytes(), &bytes(60 + i, 4 << 20)).await;
             fs.report_use().await;
