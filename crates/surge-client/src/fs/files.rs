@@ -314,7 +314,8 @@ impl Fs {
             end.min(size)
         };
         let mut rounds = 0;
-        while end > offset {
+        // Tried again after each eviction that made room.
+        while end > offset && rounds <= super::evict::EVICT_ROUNDS {
             let evictions = self.evictions();
             match self
                 .client
