@@ -544,6 +544,15 @@ fn a_drained_file_is_evicted_and_its_fill_name_goes_with_its_last_name() {
         assert_eq!(through(&c, w2).await, 0, "w2 went through to the PFS");
         assert_eq!(through(&c, w1).await, THROUGH_FILL, "w1 was not evicted");
         assert_eq!(read_all(&fs, b"w1").await, body1);
+        // Its first read started a copy into the tier, which has no room for it (w2 took
+        // it): the copy gives up, the file stays on the PFS and still reads back whole.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            through(&c, w1).await,
+            THROUGH_FILL,
+            "copied into a full tier"
+        );
+        assert_eq!(read_all(&fs, b"w1").await, body1);
 
         fs.unlink(1, b"w1").await.expect("unlink");
         wait_drained(&c).await;

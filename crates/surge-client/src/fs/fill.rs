@@ -235,6 +235,18 @@ impl Fs {
     }
 }
 
+/// The copy of `ino` into the tier found it full after `copied` bytes: removes what it copied
+/// (the file stays on the PFS, its reads go there; the space goes to the others) and gives
+/// the claim back.
+async fn tier_full(client: &crate::instance::InstanceClient, ino: Ino, copied: u64) {
+    if copied > 0 {
+        if let Err(e) = client.remove_objects(ino, copied).await {
+            debug!("inode {ino}: removing its partial copy in the tier: {e}");
+        }
+    }
+    let _ = client.cache_fill(ino, FillStep::Release).await;
+}
+
 /// Copies the first `upto` bytes of lazily filled `ino` from its PFS file into the fast tier
 /// and takes the mark away. `background`: the read-triggered copy (gives way to another
 /// mount's copy and to a change of the file); otherwise the caller holds `fill.lock`
@@ -304,9 +316,16 @@ async fn copy_in(
             ));
         }
         match client.write(ino, off, &data).await {
-            Ok(_) => {}
+            Ok(n) if n == len => {}
+            // A short write: a later stripe's fragment is full (the first one's refusal is
+            // the error below). What was copied is given back: the file stays on the PFS.
+            Ok(n) => {
+                debug!("inode {ino}: {n} of {len} bytes at {off} fit in the tier");
+                tier_full(client, ino, off + n).await;
+                return Ok(Copied::Full);
+            }
             Err(e) if e.code() == Some(ErrorCode::NoSpace) => {
-                let _ = client.cache_fill(ino, FillStep::Release).await;
+                tier_full(client, ino, off).await;
                 return Ok(Copied::Full);
             }
             Err(e) => {
