@@ -606,3 +606,52 @@ fn writers_wait_at_the_dirty_high_water_mark_until_the_drain_catches_up() {
         assert_eq!(std::fs::read(pfs.join("f4")).unwrap(), last);
     });
 }
+
+/// The drain holds back a file being written (open on a mount and changed within the settle
+/// time), not one closed on every mount: that one is complete and copied at once.
+#[test]
+fn the_drain_holds_back_open_files_only() {
+    use std::time::Duration;
+    use surge_client::fs::Fs;
+    use surge_stage::drain::drain_pass_settled;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("drain-open");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = cache("drain-open", &pfs).await;
+        let fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+        let closed = bytes(70, 300_000);
+        write_file(&fs, b"closed", &closed).await;
+        fs.report_use().await;
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let (_, fh, _) = fs
+            .create(1, b"open", 0o644, uid, gid, libc::O_WRONLY)
+            .await
+            .expect("create");
+        let open = bytes(71, 200_000);
+        fs.write(fh, 0, &open, false).await.expect("write");
+        fs.flush(fh).await.expect("commit");
+
+        // Both changed just now; a settle time far longer than the test.
+        let settle = Some(Duration::from_secs(600));
+        let stats = DrainStats::default();
+        drain_pass_settled(&c.client, &pfs, &stats, settle)
+            .await
+            .expect("drain");
+        assert_eq!(std::fs::read(pfs.join("closed")).unwrap(), closed);
+        assert!(
+            std::fs::read(pfs.join("open"))
+                .unwrap_or_default()
+                .is_empty(),
+            "a file being written was copied"
+        );
+        fs.release(fh).await.expect("close");
+        fs.report_use().await;
+        drain_pass_settled(&c.client, &pfs, &stats, settle)
+            .await
+            .expect("drain");
+        assert_eq!(std::fs::read(pfs.join("open")).unwrap(), open);
+    });
+}
