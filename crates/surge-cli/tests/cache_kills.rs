@@ -2,7 +2,8 @@
 //! files, rewrites, renames, removals, directories), each followed by a drain (`surge stage
 //! drain`) killed at a random point, by `kill -9` of a random server (restarted on its
 //! directory) or of the drain itself. After a last drain, the PFS directory holds exactly what
-//! the mount holds: every byte acknowledged to the application reached the PFS as written.
+//! the mount holds: every byte acknowledged to the application reached the PFS as written, and
+//! so does each file's fill name (what an evicted file is read from).
 
 mod common;
 use common::*;
@@ -27,7 +28,7 @@ fn retry<T>(what: &str, mut f: impl FnMut() -> std::io::Result<T>) -> T {
 }
 
 /// Every regular file under `root` (relative path -> content), skipping the drain's
-/// temporaries.
+/// temporaries and its names of files by inode (`.surge-through`, see [`fill_names`]).
 fn files(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
@@ -35,6 +36,9 @@ fn files(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
         for e in std::fs::read_dir(&d).unwrap().flatten() {
             let p = e.path();
             let t = e.file_type().unwrap();
+            if t.is_dir() && p == root.join(".surge-through") {
+                continue;
+            }
             if t.is_dir() {
                 stack.push(p);
             } else if t.is_file() {
@@ -46,6 +50,53 @@ fn files(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
         }
     }
     out
+}
+
+/// The drain's fill names (`.surge-through/<ino>-fill`, the PFS copy of inode `ino` a file
+/// evicted from the fast tier is read from) that do not hold what the mount at `mount` holds
+/// in that inode: once everything is drained, none (a removed file's goes with it).
+fn stale_fill_names(pfs: &Path, mount: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut by_ino = BTreeMap::new();
+    let mut stack = vec![mount.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() {
+                by_ino.insert(m.ino(), e.path());
+            }
+        }
+    }
+    let mut bad = Vec::new();
+    for e in std::fs::read_dir(pfs.join(".surge-through"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        // A link a killed drain made and did not rename yet: replaced by the next copy, or
+        // removed with the directory after the job.
+        if name.ends_with("-fill.new") {
+            continue;
+        }
+        let Some(ino) = name
+            .strip_suffix("-fill")
+            .and_then(|i| i.parse::<u64>().ok())
+        else {
+            bad.push(format!("{name}: not a fill name"));
+            continue;
+        };
+        match by_ino.get(&ino) {
+            None => bad.push(format!("{name}: no such file in the mount")),
+            Some(p) if std::fs::read(p).unwrap() != std::fs::read(e.path()).unwrap() => {
+                bad.push(format!("{name}: differs from {}", p.display()))
+            }
+            Some(_) => {}
+        }
+    }
+    bad
 }
 
 /// A drain is copying a file: one of its temporaries exists.
@@ -164,6 +215,8 @@ fn every_acknowledged_byte_reaches_the_pfs_across_20_random_kills() {
         "after {kills:?}:\nmissing on the PFS {missing:?}\nonly on the PFS {extra:?}\ndiffer \
          {differ:?}"
     );
+    let stale = stale_fill_names(&pfs, &m.dir);
+    assert!(stale.is_empty(), "after {kills:?}: {stale:?}");
     // Round 0 leaves 3 files, each later one 2 more (3 new, 1 renamed in, 1 renamed away, 1
     // removed).
     assert_eq!(want.len(), 3 + 19 * 2, "files the rounds leave");

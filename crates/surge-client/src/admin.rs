@@ -35,6 +35,8 @@ pub struct InstancePlan {
     pub cache_pfs: Option<String>,
     /// `type=cache` with `fsync=pfs`.
     pub cache_fsync_pfs: bool,
+    /// `type=cache`: `dirty_high=` (`None`: the default).
+    pub cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
 }
 
 impl InstancePlan {
@@ -66,6 +68,7 @@ impl InstancePlan {
                 .collect(),
             cache_pfs: self.cache_pfs.clone(),
             cache_fsync_pfs: self.cache_fsync_pfs,
+            cache_dirty_high: self.cache_dirty_high,
         }
     }
 }

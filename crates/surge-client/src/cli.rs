@@ -323,6 +323,10 @@ pub enum InstanceCommand {
         /// it), not once it is on the fast tier.
         #[arg(long, requires = "cache_pfs")]
         cache_fsync_pfs: bool,
+        /// With --cache-pfs: the dirty-data high-water mark at which writers wait for the
+        /// drain: a percentage of the capacity (80%), a size (400GiB) or off (the default).
+        #[arg(long, requires = "cache_pfs", value_name = "MARK", value_parser = surge_core::directives::parse_dirty_high)]
+        cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
         /// The cluster key (default $SURGE_KEY_FILE, else /etc/surge/surge.key): creating
         /// instances on servers by hand is for administrators (users ask the manager).
         #[arg(long, value_name = "FILE")]
@@ -461,6 +465,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                 json,
                 cache_pfs,
                 cache_fsync_pfs,
+                cache_dirty_high,
                 key_file,
             } => {
                 let token = crate::auth::admin(key_file.as_deref())?;
@@ -500,6 +505,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                     root_perm: 0o755,
                     cache_pfs: cache_pfs.map(|p| p.display().to_string()),
                     cache_fsync_pfs,
+                    cache_dirty_high,
                 };
                 let desc = admin::create_instance(&plan, &token).await?;
                 if json {

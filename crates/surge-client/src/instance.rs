@@ -513,9 +513,10 @@ impl InstanceClient {
     metadata_call!(
         /// A cache namespace's drain journal: up to `max` entries after `after`, and how many
         /// are pending in all.
-        drain_poll(this, after: u64, max: u32) -> (Vec<surge_proto::DrainEntry>, u64),
+        /// Also the files among them a mount has open (the drain holds back only these).
+        drain_poll(this, after: u64, max: u32) -> (Vec<surge_proto::DrainEntry>, u64, Vec<Ino>),
         Request::DrainPoll { instance: this.instance(), ns: this.ns, after, max },
-        Response::DrainBatch { entries, pending, .. } => (entries, pending));
+        Response::DrainBatch { entries, pending, open, .. } => (entries, pending, open));
 
     metadata_call!(
         /// Cache namespaces: file `ino` is written through to the PFS from now on; the
@@ -539,10 +540,34 @@ impl InstanceClient {
         Response::DrainBatch { pending, oldest, newest, .. } => surge_proto::DrainProgress { oldest, newest, pending });
 
     metadata_call!(
-        /// The journal's entries up to `upto` reached the PFS.
-        drain_ack(this, upto: u64) -> (),
-        Request::DrainAck { instance: this.instance(), ns: this.ns, upto },
+        /// The journal's entries up to `upto` reached the PFS; `linked`: files whose copy
+        /// among them got its fill name (see `Request::DrainAck`).
+        drain_ack(this, upto: u64, linked: Vec<Ino>) -> (),
+        Request::DrainAck { instance: this.instance(), ns: this.ns, upto, linked },
         Response::Ok => ());
+
+    metadata_call!(
+        /// Cache namespaces: the attributes of `ino`, which this session opens (the metadata
+        /// server then does not evict it).
+        cache_open(this, ino: Ino) -> Attr,
+        Request::CacheOpen { instance: this.instance(), ns: this.ns, ino },
+        Response::Attr(a) => { this.note_layout(&a); a });
+
+    metadata_call!(
+        /// Cache namespaces: this session's files `open` (renewed) and `closed` since its last
+        /// report; with `count`, the namespace's dirty bytes and those of files open nowhere
+        /// (zeros otherwise); the oldest pending journal entry.
+        cache_use(this, open: Vec<Ino>, closed: Vec<Ino>, count: bool) -> (u64, u64, u64),
+        Request::CacheUse { instance: this.instance(), ns: this.ns, open, closed, count },
+        Response::CacheState { dirty, dirty_closed, oldest } => (dirty, dirty_closed, oldest));
+
+    metadata_call!(
+        /// Cache namespaces: evicts clean files (not `ino`) holding `want` bytes, least
+        /// recently used first; this session holds their fill claims (see
+        /// `Request::CacheEvict`).
+        cache_evict(this, ino: Ino, want: u64) -> Vec<Attr>,
+        Request::CacheEvict { instance: this.instance(), ns: this.ns, ino, want },
+        Response::Evicted(files) => files);
 
     /// A connection to the metadata server of its own, for [`wait_recall`](Self::wait_recall).
     pub async fn recall_connection(&self) -> Result<Arc<crate::conn::Connection>> {

@@ -169,7 +169,8 @@ pub fn mount(
     let fs = Arc::new(fs);
     if client.desc.cache_pfs.is_some() {
         // A cache namespace: commit files being written every second (see
-        // `Fs::commit_dirty`); stops when the file system goes.
+        // `Fs::commit_dirty`) and report what is open (see `Fs::report_use`); stops when
+        // the file system goes.
         let weak = Arc::downgrade(&fs);
         rt.spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -177,6 +178,7 @@ pub fn mount(
                 tick.tick().await;
                 let Some(fs) = weak.upgrade() else { break };
                 fs.commit_dirty().await;
+                fs.report_use().await;
             }
         });
     }

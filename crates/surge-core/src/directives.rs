@@ -83,6 +83,67 @@ pub struct JobDw {
     /// fast tier.
     #[serde(default)]
     pub fsync_pfs: bool,
+    /// `type=cache`, `dirty_high=` (a Surge extension): the dirty-data high-water mark at
+    /// which writers wait for the drain; `None`: the default (off: see [`DirtyHigh::DEFAULT`]).
+    #[serde(default)]
+    pub dirty_high: Option<DirtyHigh>,
+}
+
+/// `type=cache`: the dirty-data high-water mark (`dirty_high=80%`, `dirty_high=400GiB`,
+/// `dirty_high=off`): once the data journaled and not yet on the PFS passes it, writers wait
+/// until the drain brings it under three quarters of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DirtyHigh {
+    /// A share of the instance's capacity, in percent (0: writers never wait).
+    Percent(u8),
+    Bytes(u64),
+}
+
+impl DirtyHigh {
+    /// The default: off. Measured (docs/DIRECTIVES.md, cache item 6), holding writers back
+    /// did not make a burst larger than the instance end sooner than evicting clean files
+    /// and writing the rest through: the drain copies whole files and the PFS is the bound.
+    pub const DEFAULT: DirtyHigh = DirtyHigh::Percent(0);
+
+    /// The mark in bytes for an instance of `capacity` bytes (0: writers never wait).
+    pub fn bytes(self, capacity: u64) -> u64 {
+        match self {
+            DirtyHigh::Percent(p) => capacity / 100 * u64::from(p),
+            DirtyHigh::Bytes(b) => b,
+        }
+    }
+}
+
+impl fmt::Display for DirtyHigh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DirtyHigh::Percent(0) | DirtyHigh::Bytes(0) => write!(f, "off"),
+            DirtyHigh::Percent(p) => write!(f, "{p}%"),
+            DirtyHigh::Bytes(b) => write!(f, "{b}B"),
+        }
+    }
+}
+
+/// `dirty_high=`: a percentage of the capacity (`80%`), a size (`400GiB`), or `off`.
+pub fn parse_dirty_high(v: &str) -> Result<DirtyHigh, String> {
+    if v == "off" {
+        return Ok(DirtyHigh::Percent(0));
+    }
+    if let Some(p) = v.strip_suffix('%') {
+        return match p.parse::<u8>() {
+            Ok(p) if p <= 100 => Ok(DirtyHigh::Percent(p)),
+            _ => Err(format!(
+                "bad dirty_high `{v}`: a percentage of the capacity is 0% to 100%, e.g. \
+                 dirty_high=80%"
+            )),
+        };
+    }
+    parse_size(v).map(DirtyHigh::Bytes).map_err(|e| {
+        format!(
+            "bad dirty_high: {e}; give a percentage of the capacity (dirty_high=80%), a size \
+             (dirty_high=400GiB) or off"
+        )
+    })
 }
 
 /// What a `#SURGE jobdw` asks of its allocation, per second, for the whole job.
@@ -989,7 +1050,7 @@ impl Spec {
 const JOBDW: Spec = Spec {
     name: "jobdw",
     required: &["type", "access_mode", "capacity"],
-    optional: &["pool", "pfs", "optimization", "fsync"],
+    optional: &["pool", "pfs", "optimization", "fsync", "dirty_high"],
     flags: &[],
     example: "#DW jobdw type=scratch access_mode=striped capacity=100GiB",
 };
@@ -1423,10 +1484,13 @@ impl<'a> Parser<'a> {
                 hint(v, &["pfs", "tier"])
             )),
         });
+        let dirty_high = self.value(args.get("dirty_high"), parse_dirty_high);
         match (
             kind,
             args.get("pfs"),
-            args.get("optimization").or(args.get("fsync")),
+            args.get("optimization")
+                .or(args.get("fsync"))
+                .or(args.get("dirty_high")),
         ) {
             (Some(InstanceType::Cache), None, _) if !ctx.raw.broken && !ctx.incomplete => {
                 self.sink.error(
@@ -1501,6 +1565,7 @@ impl<'a> Parser<'a> {
                     pfs,
                     optimization,
                     fsync_pfs: fsync_pfs.unwrap_or(false),
+                    dirty_high,
                 });
             }
             _ if first.is_none() => self.jobdw_unread = true,

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use surge_core::directives::{
     check_persistent_name, expand_dw_path, parse_script, parse_stage_list, AccessMode,
-    CreatePersistent, DestroyPersistent, DirectiveError, DirectiveErrors, Directives, DwVariable,
-    ExpandError, InstanceType, JobDw, PersistentDw, StageDirection, StageDirective, StageEntry,
-    StageKind,
+    CreatePersistent, DestroyPersistent, DirectiveError, DirectiveErrors, Directives, DirtyHigh,
+    DwVariable, ExpandError, InstanceType, JobDw, PersistentDw, StageDirection, StageDirective,
+    StageEntry, StageKind,
 };
 
 const GIB: u64 = 1 << 30;
@@ -83,6 +83,7 @@ fn expbb_listing8_with_slurm_continuations_stages_a_directory_in_and_out() {
             pfs: None,
             optimization: None,
             fsync_pfs: false,
+            dirty_high: None,
         })
     );
     assert_eq!(
@@ -233,6 +234,7 @@ fn jobdw_with_every_key_is_read() {
             pfs: None,
             optimization: None,
             fsync_pfs: false,
+            dirty_high: None,
         })
     );
 }
@@ -290,6 +292,18 @@ fn zero_capacity_is_an_error() {
     assert_says(&e, &["more than zero"]);
 }
 
+/// The `dirty_high` of a cache `jobdw` line with `extra` keys.
+fn j_dirty_high(extra: &str) -> Option<DirtyHigh> {
+    parse_script(
+        "job.sh",
+        &format!("#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run {extra}\n"),
+    )
+    .unwrap()
+    .jobdw
+    .unwrap()
+    .dirty_high
+}
+
 #[test]
 fn type_cache_mirrors_a_pfs_directory() {
     let d = parse_script(
@@ -320,6 +334,28 @@ fn type_cache_mirrors_a_pfs_directory() {
         "fsync=pfs",
     );
     assert_says(&e, &["fsync= is for type=cache"]);
+    // The dirty-data high-water mark at which writers wait for the drain.
+    assert_eq!(j_dirty_high("dirty_high=50%"), Some(DirtyHigh::Percent(50)));
+    assert_eq!(
+        j_dirty_high("dirty_high=8GiB"),
+        Some(DirtyHigh::Bytes(8 << 30))
+    );
+    assert_eq!(j_dirty_high("dirty_high=off"), Some(DirtyHigh::Percent(0)));
+    assert_eq!(j_dirty_high(""), None, "the default: off");
+    assert_eq!(DirtyHigh::DEFAULT.bytes(1000), 0);
+    assert_eq!(DirtyHigh::Percent(80).bytes(1000), 800);
+    let e = the_error(
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run dirty_high=120%\n",
+        1,
+        "dirty_high=120%",
+    );
+    assert_says(&e, &["0% to 100%"]);
+    let e = the_error(
+        "#DW jobdw type=scratch access_mode=striped capacity=1TiB dirty_high=50%\n",
+        1,
+        "dirty_high=50%",
+    );
+    assert_says(&e, &["dirty_high= is for type=cache"]);
     let e = the_error(
         "#DW jobdw type=cache access_mode=striped capacity=1TiB\n",
         1,
@@ -456,7 +492,7 @@ fn an_unknown_key_is_an_error_with_a_suggestion_and_the_keys_expected() {
         &[
             "unknown key `capcity`",
             "did you mean `capacity`?",
-            "type, access_mode, capacity, pool, pfs, optimization and fsync",
+            "type, access_mode, capacity, pool, pfs, optimization, fsync and dirty_high",
         ],
     );
 }

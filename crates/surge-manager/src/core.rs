@@ -66,6 +66,8 @@ pub struct InstanceRequest {
     pub cache_pfs: Option<String>,
     /// `type=cache` with `fsync=pfs`.
     pub cache_fsync_pfs: bool,
+    /// `type=cache`: `dirty_high=` (`None`: the default).
+    pub cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
     /// `#SURGE jobdw` performance targets: the instance is sized from calibrated peaks.
     pub targets: Option<surge_core::directives::Targets>,
     /// Peaks to assume for every server instead of the registered ones (`surge run --peaks`).
@@ -732,6 +734,7 @@ impl Core {
                     namespaces: vec![],
                     cache_pfs: None,
                     cache_fsync_pfs: false,
+                    cache_dirty_high: None,
                 },
             };
             let id = store.new_instance_id(&row)?;
@@ -761,6 +764,7 @@ impl Core {
             root_perm: 0o755,
             cache_pfs: req.cache_pfs.clone(),
             cache_fsync_pfs: req.cache_fsync_pfs && req.cache_pfs.is_some(),
+            cache_dirty_high: req.cache_dirty_high.filter(|_| req.cache_pfs.is_some()),
         };
         match admin::create_instance(&plan, &self.admin_token()).await {
             Ok(desc) => {
@@ -1112,7 +1116,7 @@ impl Core {
             client
                 .drain_poll(0, 0)
                 .await
-                .map(|(_, pending)| pending)
+                .map(|(_, pending, _)| pending)
                 .map_err(|e| e.to_string()),
         )
     }

@@ -807,6 +807,7 @@ mod tests {
             namespaces: vec![],
             cache_pfs: None,
             cache_fsync_pfs: false,
+            cache_dirty_high: None,
         }
     }
 

@@ -260,6 +260,10 @@ pub struct InstanceDescriptor {
     /// change journaled before it) is on the PFS, not once it is on the fast tier.
     #[serde(default)]
     pub cache_fsync_pfs: bool,
+    /// `type=cache`: the dirty-data high-water mark at which writers wait for the drain
+    /// (`dirty_high=`); `None`: the default (off).
+    #[serde(default)]
+    pub cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
 }
 
 impl InstanceDescriptor {
@@ -636,11 +640,15 @@ pub enum Request {
         ns: NamespaceId,
         ino: Ino,
     },
-    /// The journal's entries up to `upto` reached the PFS: forget them.
+    /// The journal's entries up to `upto` reached the PFS: forget them. `linked`: files
+    /// whose data the drain copied among them and gave their fill name
+    /// (`cache_through_path(root, ino, THROUGH_FILL)`): with no later change pending they
+    /// are clean, and may be evicted from the fast tier (`CacheEvict`).
     DrainAck {
         instance: InstanceId,
         ns: NamespaceId,
         upto: u64,
+        linked: Vec<Ino>,
     },
     /// A cache namespace's lazy fill (see [`THROUGH_FILL`]): one step for file `ino`
     /// (`Response::Fill` with the file's `through` after the step).
@@ -649,6 +657,39 @@ pub enum Request {
         ns: NamespaceId,
         ino: Ino,
         step: FillStep,
+    },
+    /// A cache namespace's file `ino` is being opened by the sending session: its attributes
+    /// (`Response::Attr`, as `GetAttr`), and the open is recorded: a file open on any node is
+    /// never evicted from the fast tier, and opens are the use its eviction order (least
+    /// recently used first) is made of.
+    CacheOpen {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+    },
+    /// A cache mount's report (every second): the files `open` on it (an open not reported
+    /// for [`CACHE_OPEN_TTL`] is forgotten), and those `closed` since its last report.
+    /// Replies with how far the drain got and, with `count`, the namespace's dirty data
+    /// (`Response::CacheState`; counting costs a pass over the files pending in the journal,
+    /// so a mount asks only near its high-water mark); with both lists empty it only asks.
+    CacheUse {
+        instance: InstanceId,
+        ns: NamespaceId,
+        open: Vec<Ino>,
+        closed: Vec<Ino>,
+        count: bool,
+    },
+    /// The fast tier refused a write of cache file `ino` for want of space: evicts clean
+    /// files (unchanged since their data was last put on the PFS under their fill names), least
+    /// recently used first, none open on any node and not `ino`, until they hold `want` bytes.
+    /// They are marked [`THROUGH_FILL`] (read from the PFS again, as files of the lazy fill)
+    /// and the sender holds their fill claims: it removes their objects, then gives each claim
+    /// back (`FillStep::Release`). `Response::Evicted` (empty: nothing clean to evict).
+    CacheEvict {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        want: u64,
     },
     /// Sets the layout of `ino`: of a regular file only while it holds no data (the layout
     /// decides where its bytes are), of a directory as the default of what is made in it
@@ -694,6 +735,12 @@ pub const THROUGH_FILL: u64 = u64::MAX;
 /// is written through to its fill name from then on (as a file switched by `CacheThrough`).
 pub const THROUGH_FILL_KEPT: u64 = u64::MAX - 1;
 
+/// A cache mount reports the files it has open every second; an open not reported for this
+/// long is forgotten by the metadata server (the mount died, or hangs), and the file may then
+/// be evicted. A metadata server evicts nothing for this long after it starts (the opens made
+/// before are not known to it until reported again).
+pub const CACHE_OPEN_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// One change of a cache namespace, in the order it was made, for the drain to replay on the
 /// PFS. Paths are relative to the namespace's root (and the PFS directory it mirrors), as they
 /// were when the change was made.
@@ -720,15 +767,21 @@ pub enum DrainOp {
         ino: Ino,
         path: Vec<u8>,
     },
+    /// `gone`: the inode whose last name this was (its fill name on the PFS goes too).
     Unlink {
         path: Vec<u8>,
+        #[serde(default)]
+        gone: Option<Ino>,
     },
     Rmdir {
         path: Vec<u8>,
     },
+    /// `gone`: the inode whose last name the rename replaced (as for `Unlink`).
     Rename {
         from: Vec<u8>,
         to: Vec<u8>,
+        #[serde(default)]
+        gone: Option<Ino>,
     },
     Link {
         from: Vec<u8>,
@@ -933,6 +986,10 @@ pub enum Response {
         oldest: u64,
         /// Sequence number of the newest entry ever journaled (0: none yet).
         newest: u64,
+        /// The files whose data the entries copy that a mount has open (`CacheOpen`,
+        /// `CacheUse`): the drain holds back only these while they change; a file closed
+        /// everywhere is complete.
+        open: Vec<Ino>,
     },
     /// Reply to `CacheThrough`: the `DrainOp::Through` entry's sequence number.
     Through {
@@ -942,6 +999,19 @@ pub enum Response {
     Fill {
         through: u64,
     },
+    /// Reply to `CacheUse`: the cache namespace's dirty data (journaled, not yet on the
+    /// PFS), counted as whole files (the drain copies whole files); zeros when not asked.
+    CacheState {
+        /// Bytes of the files with changes of their data pending.
+        dirty: u64,
+        /// Of those, bytes of files open on no node: what the drain can finish without
+        /// waiting for a writer.
+        dirty_closed: u64,
+        /// The oldest pending journal entry (0: none), to tell a drain that moves.
+        oldest: u64,
+    },
+    /// Reply to `CacheEvict`: the attributes of the files evicted (marked `THROUGH_FILL`).
+    Evicted(Vec<Attr>),
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -1091,6 +1161,9 @@ impl Request {
             Request::CacheThrough { .. } => 56,
             Request::CacheFill { .. } => 57,
             Request::SetLayout { .. } => 58,
+            Request::CacheOpen { .. } => 59,
+            Request::CacheUse { .. } => 60,
+            Request::CacheEvict { .. } => 61,
             Request::Authenticate { .. } => 7,
         }
     }
@@ -1147,6 +1220,9 @@ impl Request {
             Request::CacheThrough { .. } => "CacheThrough",
             Request::CacheFill { .. } => "CacheFill",
             Request::SetLayout { .. } => "SetLayout",
+            Request::CacheOpen { .. } => "CacheOpen",
+            Request::CacheUse { .. } => "CacheUse",
+            Request::CacheEvict { .. } => "CacheEvict",
         }
     }
 
@@ -1179,6 +1255,9 @@ impl Request {
             | Request::CacheThrough { instance, ns, .. }
             | Request::CacheFill { instance, ns, .. }
             | Request::SetLayout { instance, ns, .. }
+            | Request::CacheOpen { instance, ns, .. }
+            | Request::CacheUse { instance, ns, .. }
+            | Request::CacheEvict { instance, ns, .. }
             | Request::NamespaceStats { instance, ns } => Some((*instance, *ns)),
             _ => None,
         }

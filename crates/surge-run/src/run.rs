@@ -599,6 +599,7 @@ async fn job(
         share_with_group: false,
         cache_pfs: j.pfs.clone().unwrap_or_default(),
         cache_fsync_pfs: j.fsync_pfs,
+        cache_dirty_high: j.dirty_high.map(|d| d.to_string()).unwrap_or_default(),
         targets,
         peaks_json: given.clone(),
         server: String::new(),
@@ -757,7 +758,7 @@ async fn job(
             );
         }
         client
-            .drain_ack(u64::MAX)
+            .drain_ack(u64::MAX, Vec::new())
             .await
             .context("cannot clear the cache's journal after the fill")?;
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use surge_core::{Ino, InstanceId, NamespaceId};
 use surge_proto::{BatchOp, DrainOp, FileKind, NewNode};
 use surge_proto::{ErrorCode, ErrorReply, Request, Response};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// An open metadata store. Dropping it closes the database.
 pub struct Namespace {
@@ -35,6 +35,61 @@ pub struct Namespace {
     /// Lazy fills in progress (see [`surge_proto::FillStep::Claim`]): file -> (session, when
     /// claimed or renewed). Taken after `conn`.
     fills: Mutex<HashMap<Ino, (u32, Instant)>>,
+    /// Cache namespaces: which files the mounts have open, and when files were last used
+    /// (see [`Uses`]). Taken after `conn` and `fills`.
+    uses: Mutex<Uses>,
+    /// Nothing is evicted before this: a store reopened (a restart of the server) learns
+    /// the mounts' opens only from their next reports.
+    evict_after: Instant,
+}
+
+/// What a cache namespace's metadata server knows of the use of its files, in memory: the
+/// opens the mounts report (`CacheOpen`, files they create, `CacheUse` every second) and the
+/// order of last use, which eviction takes files in (least recently used first). A use is an
+/// open, a close or a copy into the tier; reads and writes between an open and its close are
+/// not seen here (the file is open then, and never evicted).
+#[derive(Default)]
+struct Uses {
+    /// File -> session -> when its open was last reported.
+    open: HashMap<Ino, HashMap<u32, Instant>>,
+    /// File -> tick of its last use (files not used since this service started have none).
+    last: HashMap<Ino, u64>,
+    tick: u64,
+}
+
+impl Uses {
+    fn used(&mut self, ino: Ino) {
+        self.tick += 1;
+        self.last.insert(ino, self.tick);
+    }
+
+    fn opened(&mut self, session: u32, ino: Ino, now: Instant) {
+        self.open.entry(ino).or_default().insert(session, now);
+        self.used(ino);
+    }
+
+    fn closed(&mut self, session: u32, ino: Ino) {
+        if let Some(s) = self.open.get_mut(&ino) {
+            s.remove(&session);
+            if s.is_empty() {
+                self.open.remove(&ino);
+            }
+        }
+        self.used(ino);
+    }
+
+    /// Whether a session has `ino` open (reported within `CACHE_OPEN_TTL`).
+    fn is_open(&mut self, ino: Ino, now: Instant) -> bool {
+        let Some(s) = self.open.get_mut(&ino) else {
+            return false;
+        };
+        s.retain(|_, at| now.duration_since(*at) < surge_proto::CACHE_OPEN_TTL);
+        if s.is_empty() {
+            self.open.remove(&ino);
+            return false;
+        }
+        true
+    }
 }
 
 /// A fill claim not renewed for this long is void (its holder died or hung): another session
@@ -135,6 +190,7 @@ impl Namespace {
         journal: bool,
     ) -> anyhow::Result<Namespace> {
         std::fs::create_dir_all(dir)?;
+        let reopened = dir.join("meta.db").exists();
         let conn = meta::open(&dir.join("meta.db"), root.0, root.1, root.2)?;
         report_orphans(&conn, instance, ns);
         info!("metadata service of namespace {instance}/{} open", ns.0);
@@ -148,6 +204,13 @@ impl Namespace {
             reserve: crate::reserve::Reserve::open(dir),
             journal,
             fills: Mutex::new(HashMap::new()),
+            uses: Mutex::new(Uses::default()),
+            evict_after: Instant::now()
+                + if reopened {
+                    surge_proto::CACHE_OPEN_TTL
+                } else {
+                    Duration::ZERO
+                },
         })
     }
 
@@ -198,7 +261,31 @@ impl Namespace {
                 if let Request::CacheFill { ino, step, .. } = req {
                     return self.fill(conn, session, ino, step, &req);
                 }
-                return self.execute(conn, &req);
+                if self.journal {
+                    match &req {
+                        Request::CacheOpen { ino, .. } => {
+                            return self.cache_open(conn, session, *ino)
+                        }
+                        Request::CacheUse {
+                            open,
+                            closed,
+                            count,
+                            ..
+                        } => return self.cache_use(conn, session, open, closed, *count),
+                        Request::CacheEvict { ino, want, .. } => {
+                            return self.evict(conn, session, *ino, *want)
+                        }
+                        _ => {}
+                    }
+                }
+                let mut reply = self.execute(conn, &req);
+                if self.journal {
+                    self.note_creates(session, &req, &reply);
+                    if let Response::DrainBatch { entries, open, .. } = &mut reply {
+                        *open = self.open_among(entries);
+                    }
+                }
+                return reply;
             }
             drop(guard);
             if !told && started.elapsed() > Duration::from_secs(1) {
@@ -243,6 +330,18 @@ impl Namespace {
             }
         }
         let reply = self.execute(conn, req);
+        match (&reply, step) {
+            // Copied into the tier: a use (it goes to the back of the eviction order).
+            (Response::Fill { through: 0 }, FillStep::Done) => self.uses.lock().used(ino),
+            // The fill before the job made it (a create, which counts as an open) and is
+            // done with it.
+            (Response::Fill { .. }, FillStep::Mark { .. }) => {
+                let mut uses = self.uses.lock();
+                uses.closed(session, ino);
+                uses.last.remove(&ino);
+            }
+            _ => {}
+        }
         let mut fills = self.fills.lock();
         match (&reply, step) {
             (Response::Fill { through }, FillStep::Claim)
@@ -259,6 +358,169 @@ impl Namespace {
         }
         fills.retain(|_, (_, at)| now.duration_since(*at) < FILL_CLAIM);
         reply
+    }
+
+    /// `CacheOpen`: the attributes of `ino`, its open by `session` recorded (under the store's
+    /// lock, so an eviction sees either the open or, for an open after it, the file evicted).
+    fn cache_open(&self, conn: &mut Connection, session: u32, ino: Ino) -> Response {
+        let reply = match (Ops { tx: conn }).getattr(ino) {
+            Ok(a) => Response::Attr(a),
+            Err(e) => return Response::Error(e),
+        };
+        self.uses.lock().opened(session, ino, Instant::now());
+        reply
+    }
+
+    /// Files a mount creates are open on it (until it reports them closed).
+    fn note_creates(&self, session: u32, req: &Request, reply: &Response) {
+        let now = Instant::now();
+        match (req, reply) {
+            (
+                Request::Create {
+                    node: NewNode::File | NewNode::SizedFile { .. },
+                    ..
+                },
+                Response::Created { attr, .. },
+            ) => self.uses.lock().opened(session, attr.ino, now),
+            (Request::NamespaceBatch { ops, .. }, Response::BatchDone(done)) => {
+                let mut uses = self.uses.lock();
+                for (op, r) in ops.iter().zip(done) {
+                    if let (BatchOp::CreateFile { ino, .. }, Ok(_)) = (op, r) {
+                        uses.opened(session, *ino, now);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The files whose data `entries` copy that a mount has open.
+    fn open_among(&self, entries: &[surge_proto::DrainEntry]) -> Vec<Ino> {
+        let now = Instant::now();
+        let mut uses = self.uses.lock();
+        let mut open: Vec<Ino> = entries
+            .iter()
+            .filter_map(|e| match e.op {
+                DrainOp::Data { ino, .. } => Some(ino),
+                _ => None,
+            })
+            .filter(|ino| uses.is_open(*ino, now))
+            .collect();
+        open.sort_unstable();
+        open.dedup();
+        open
+    }
+
+    /// `CacheUse`: a mount's report of its opens and closes; replies with how far the drain
+    /// got and, with `count`, the dirty data.
+    fn cache_use(
+        &self,
+        conn: &mut Connection,
+        session: u32,
+        open: &[Ino],
+        closed: &[Ino],
+        count: bool,
+    ) -> Response {
+        let now = Instant::now();
+        let (files, oldest) = match (Ops { tx: conn }).dirty_files(count) {
+            Ok(d) => d,
+            Err(e) => return Response::Error(e),
+        };
+        let mut uses = self.uses.lock();
+        for &ino in closed {
+            uses.closed(session, ino);
+        }
+        for &ino in open {
+            // A renewal, not a use: the file's place in the eviction order stays.
+            uses.open.entry(ino).or_default().insert(session, now);
+        }
+        let mut dirty = 0u64;
+        let mut dirty_closed = 0u64;
+        for (ino, size) in files {
+            dirty = dirty.saturating_add(size);
+            if !uses.is_open(ino, now) {
+                dirty_closed = dirty_closed.saturating_add(size);
+            }
+        }
+        Response::CacheState {
+            dirty,
+            dirty_closed,
+            oldest,
+        }
+    }
+
+    /// `CacheEvict`: marks clean files least recently used first, none open, until they hold
+    /// `want` bytes, and gives `session` their fill claims (it removes their objects, then
+    /// releases each). See [`Request::CacheEvict`].
+    fn evict(&self, conn: &mut Connection, session: u32, except: Ino, want: u64) -> Response {
+        let now = Instant::now();
+        if now < self.evict_after {
+            debug!(
+                "namespace {}/{}: no eviction in the first {} s after a restart (the mounts' \
+                 opens are not all known yet)",
+                self.instance,
+                self.ns.0,
+                surge_proto::CACHE_OPEN_TTL.as_secs()
+            );
+            return Response::Evicted(Vec::new());
+        }
+        let result = (|| -> rusqlite::Result<Result<Vec<surge_proto::Attr>, ErrorReply>> {
+            let tx = conn.transaction()?;
+            let ops = Ops { tx: &tx };
+            let mut clean = match ops.clean_files(except) {
+                Ok(c) => c,
+                Err(e) => return Ok(Err(e)),
+            };
+            let mut fills = self.fills.lock();
+            let mut uses = self.uses.lock();
+            fills.retain(|_, (_, at)| now.duration_since(*at) < FILL_CLAIM);
+            clean.retain(|(ino, _)| !fills.contains_key(ino) && !uses.is_open(*ino, now));
+            // Least recently used first; files unused since this service started before
+            // all others, older inodes first.
+            clean.sort_by_key(|(ino, _)| (uses.last.get(ino).copied().unwrap_or(0), *ino));
+            let mut out = Vec::new();
+            let mut freed = 0u64;
+            for (ino, size) in clean {
+                if freed >= want {
+                    break;
+                }
+                match ops.evict(ino) {
+                    Ok(a) => out.push(a),
+                    Err(e) => return Ok(Err(e)),
+                }
+                freed = freed.saturating_add(size);
+            }
+            tx.commit()?;
+            for a in &out {
+                fills.insert(a.ino, (session, now));
+                uses.last.remove(&a.ino);
+            }
+            Ok(Ok(out))
+        })();
+        match result {
+            Ok(Ok(files)) => {
+                if !files.is_empty() {
+                    info!(
+                        "namespace {}/{}: {} clean file(s) of {} bytes evicted from the fast \
+                         tier for inode {except} (session {session:#x})",
+                        self.instance,
+                        self.ns.0,
+                        files.len(),
+                        files.iter().map(|a| a.size).sum::<u64>()
+                    );
+                }
+                Response::Evicted(files)
+            }
+            Ok(Err(e)) => Response::Error(e),
+            Err(e) if meta::is_full(&e) => Response::Error(ErrorReply::new(
+                ErrorCode::NoSpace,
+                format!("{}: {e}", meta::STORE_FULL),
+            )),
+            Err(e) => Response::Error(ErrorReply::new(
+                ErrorCode::Io,
+                format!("metadata store: {e}"),
+            )),
+        }
     }
 
     /// Grants the lease of `dir` to `session` if nobody changed the directory since the
@@ -488,7 +750,7 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             _ => Pending::Nothing,
         },
         Request::Unlink { parent, name, .. } => match child(*parent, name)? {
-            Some(path) => Pending::Op(DrainOp::Unlink { path }),
+            Some(path) => Pending::Op(DrainOp::Unlink { path, gone: None }),
             None => Pending::Nothing,
         },
         Request::Rmdir { parent, name, .. } => match child(*parent, name)? {
@@ -502,7 +764,11 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             new_name,
             ..
         } => match (child(*parent, name)?, child(*new_parent, new_name)?) {
-            (Some(from), Some(to)) => Pending::Op(DrainOp::Rename { from, to }),
+            (Some(from), Some(to)) => Pending::Op(DrainOp::Rename {
+                from,
+                to,
+                gone: None,
+            }),
             _ => Pending::Nothing,
         },
         Request::SetAttr { ino, set, .. } => match ops.path_of(*ino)? {
@@ -518,9 +784,8 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             batch
                 .iter()
                 .map(|op| match op {
-                    BatchOp::Unlink { parent, name, .. } => {
-                        child(*parent, name).map(|p| p.map(|path| DrainOp::Unlink { path }))
-                    }
+                    BatchOp::Unlink { parent, name, .. } => child(*parent, name)
+                        .map(|p| p.map(|path| DrainOp::Unlink { path, gone: None })),
                     BatchOp::CreateFile { parent, name, .. } => {
                         child(*parent, name).map(|p| p.map(|path| DrainOp::Create { path }))
                     }
@@ -537,8 +802,28 @@ fn journal_after(
     pending: Pending,
     reply: &Response,
 ) -> Result<(), ErrorReply> {
+    // The inode whose last name the change removed (its fill name on the PFS goes too).
+    let gone =
+        |u: &surge_proto::Unlinked| (u.orphaned && u.kind == FileKind::File).then_some(u.ino);
     match pending {
         Pending::Nothing => Ok(()),
+        Pending::Op(DrainOp::Unlink { path, .. }) => ops.journal(&DrainOp::Unlink {
+            path,
+            gone: match reply {
+                Response::Removed { unlinked, .. } => gone(unlinked),
+                _ => None,
+            },
+        }),
+        Pending::Op(DrainOp::Rename { from, to, .. }) => ops.journal(&DrainOp::Rename {
+            from,
+            to,
+            gone: match reply {
+                Response::Renamed {
+                    replaced: Some(u), ..
+                } => gone(u),
+                _ => None,
+            },
+        }),
         Pending::Op(op) => ops.journal(&op),
         Pending::Create { path } => match req {
             Request::Create { node, .. } => match node {
@@ -568,8 +853,16 @@ fn journal_after(
                 return Ok(());
             };
             for (op, r) in each.into_iter().zip(results) {
-                if let (Some(op), Ok(_)) = (op, r) {
-                    ops.journal(&op)?;
+                match (op, r) {
+                    (
+                        Some(DrainOp::Unlink { path, .. }),
+                        Ok(surge_proto::BatchDone::Unlinked { unlinked, .. }),
+                    ) => ops.journal(&DrainOp::Unlink {
+                        path,
+                        gone: gone(unlinked),
+                    })?,
+                    (Some(op), Ok(_)) => ops.journal(&op)?,
+                    _ => {}
                 }
             }
             Ok(())
@@ -585,7 +878,10 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
             Request::DrainPoll { .. }
             | Request::DrainAck { .. }
             | Request::CacheThrough { .. }
-            | Request::CacheFill { .. },
+            | Request::CacheFill { .. }
+            | Request::CacheOpen { .. }
+            | Request::CacheUse { .. }
+            | Request::CacheEvict { .. },
             false,
         ) => Err(ErrorReply::new(
             ErrorCode::Invalid,
@@ -598,6 +894,7 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
                 pending: progress.pending,
                 oldest: progress.oldest,
                 newest: progress.newest,
+                open: Vec::new(),
             })
         }
         (Request::CacheThrough { ino, .. }, true) => Ok(Response::Through {
@@ -606,8 +903,8 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
         (Request::CacheFill { ino, step, .. }, true) => Ok(Response::Fill {
             through: ops.cache_fill(*ino, *step)?,
         }),
-        (Request::DrainAck { upto, .. }, true) => {
-            ops.drain_ack(*upto)?;
+        (Request::DrainAck { upto, linked, .. }, true) => {
+            ops.drain_ack(*upto, linked)?;
             Ok(Response::Ok)
         }
         (_, false) => execute(ops, req),

@@ -163,7 +163,8 @@ pub fn open(
             through INTEGER NOT NULL DEFAULT 0,
             stripe_size INTEGER NOT NULL DEFAULT 0,
             stripe_count INTEGER NOT NULL DEFAULT 0,
-            stripe_start INTEGER NOT NULL DEFAULT 0);
+            stripe_start INTEGER NOT NULL DEFAULT 0,
+            clean INTEGER NOT NULL DEFAULT 0);
          CREATE TABLE IF NOT EXISTS dentries(
             id INTEGER PRIMARY KEY,
             parent INTEGER NOT NULL, name BLOB NOT NULL,
@@ -179,7 +180,7 @@ pub fn open(
          CREATE INDEX IF NOT EXISTS drain_data ON drain(data_ino) WHERE data_ino IS NOT NULL;",
     )?;
     // Stores made before directories had a change counter, before special files, before
-    // cache files written through, before layouts per file.
+    // cache files written through, before layouts per file, before eviction of clean files.
     for column in [
         "change",
         "rdev",
@@ -187,6 +188,7 @@ pub fn open(
         "stripe_size",
         "stripe_count",
         "stripe_start",
+        "clean",
     ] {
         let has: bool = conn.query_row(
             "SELECT COUNT(*) FROM pragma_table_info('inodes') WHERE name = ?1",
@@ -199,6 +201,8 @@ pub fn open(
             ))?;
         }
     }
+    // Cache namespaces: the files eviction may take (see `Ops::clean_files`).
+    conn.execute_batch("CREATE INDEX IF NOT EXISTS inodes_clean ON inodes(ino) WHERE clean = 1;")?;
     let now = Timestamp::now();
     conn.execute(
         "INSERT OR IGNORE INTO inodes(ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
@@ -296,6 +300,11 @@ impl Ops<'_> {
                 | DrainOp::Symlink { .. }
         );
         if let Some(ino) = data_ino {
+            // Its data changes: the PFS copy under its fill name is old (see `clean_files`).
+            self.tx
+                .prepare_cached("UPDATE inodes SET clean = 0 WHERE ino = ?1 AND clean = 1")
+                .and_then(|mut st| st.execute([ino]))
+                .map_err(db_err)?;
             let pending: bool = self
                 .tx
                 .prepare_cached(
@@ -408,7 +417,11 @@ impl Ops<'_> {
                 Ok(THROUGH_FILL)
             }
             FillStep::Done if a.through == THROUGH_FILL => {
-                self.set_through(ino, 0)?;
+                // The tier holds what its fill name on the PFS holds: clean.
+                self.tx
+                    .prepare_cached("UPDATE inodes SET through = 0, clean = 1 WHERE ino = ?1")
+                    .and_then(|mut st| st.execute([ino as i64]))
+                    .map_err(db_err)?;
                 Ok(0)
             }
             FillStep::Claim | FillStep::Done | FillStep::Release => Ok(a.through),
@@ -470,8 +483,10 @@ impl Ops<'_> {
         Ok((out, progress))
     }
 
-    /// Forgets the journal's entries up to `upto` (they reached the PFS).
-    pub fn drain_ack(&self, upto: u64) -> MetaResult<()> {
+    /// Forgets the journal's entries up to `upto` (they reached the PFS). `linked`: files the
+    /// drain copied among them and gave their fill name; those with no change of their data
+    /// pending after `upto` are clean from now on.
+    pub fn drain_ack(&self, upto: u64, linked: &[Ino]) -> MetaResult<()> {
         self.tx
             // `u64::MAX` ("everything", after a fill) must not wrap to -1.
             .execute(
@@ -479,6 +494,90 @@ impl Ops<'_> {
                 [upto.min(i64::MAX as u64) as i64],
             )
             .map_err(db_err)?;
+        for ino in linked {
+            self.tx
+                .prepare_cached(
+                    "UPDATE inodes SET clean = 1 WHERE ino = ?1 AND through = 0 AND kind = 1
+                        AND NOT EXISTS(SELECT 1 FROM drain WHERE data_ino = ?1)",
+                )
+                .and_then(|mut st| st.execute([*ino as i64]))
+                .map_err(db_err)?;
+        }
+        Ok(())
+    }
+
+    /// Cache namespaces: the regular files eviction may take, but `except`: clean (the PFS
+    /// holds their data under their fill name, `cache_through_path(root, ino, THROUGH_FILL)`:
+    /// the lazy fill's link, or the drain's of its last copy, and no change of their data is
+    /// journaled since), on the fast tier (`through` 0), with a name and data. (ino, size).
+    pub fn clean_files(&self, except: Ino) -> MetaResult<Vec<(Ino, u64)>> {
+        let mut st = self
+            .tx
+            .prepare_cached(
+                "SELECT ino, size FROM inodes i WHERE clean = 1 AND through = 0 AND kind = 1
+                    AND nlink > 0 AND size > 0 AND ino != ?1
+                    AND NOT EXISTS(SELECT 1 FROM drain d WHERE d.data_ino = i.ino)",
+            )
+            .map_err(db_err)?;
+        let rows = st
+            .query_map([except as i64], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(db_err)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db_err)
+    }
+
+    /// Evicts clean file `ino` (see [`clean_files`](Self::clean_files)): its reads go to its
+    /// fill name on the PFS again, as for a file of the lazy fill. The caller removes its
+    /// objects. Returns its attributes after.
+    pub fn evict(&self, ino: Ino) -> MetaResult<Attr> {
+        self.set_through(ino, surge_proto::THROUGH_FILL)?;
+        self.getattr(ino)
+    }
+
+    /// Cache namespaces: with `list`, the files with a change of their data journaled and not
+    /// yet on the PFS, (ino, size); and the oldest pending journal entry (0: none).
+    pub fn dirty_files(&self, list: bool) -> MetaResult<(Vec<(Ino, u64)>, u64)> {
+        let oldest: Option<i64> = self
+            .tx
+            .query_row("SELECT MIN(seq) FROM drain", [], |r| r.get(0))
+            .map_err(db_err)?;
+        let oldest = oldest.unwrap_or(0) as u64;
+        if !list {
+            return Ok((Vec::new(), oldest));
+        }
+        let mut st = self
+            .tx
+            .prepare_cached(
+                "SELECT ino, size FROM inodes WHERE ino IN
+                    (SELECT data_ino FROM drain WHERE data_ino IS NOT NULL)",
+            )
+            .map_err(db_err)?;
+        let files = st
+            .query_map([], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(db_err)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(db_err)?;
+        Ok((files, oldest))
+    }
+
+    /// Refuses a change of the data of `a` while it is [`THROUGH_FILL`](surge_proto::THROUGH_FILL)
+    /// (evicted, or never copied in): a mount changes such a file only after copying it into
+    /// the tier (`FillStep::Done`). Reached only when a file was evicted under a mount whose
+    /// open the metadata server did not know (see `surge_proto::CACHE_OPEN_TTL`).
+    fn check_not_evicted(a: &Attr, what: &str) -> MetaResult<()> {
+        if a.through == surge_proto::THROUGH_FILL {
+            return Err(err(
+                ErrorCode::Stale,
+                format!(
+                    "{what} of inode {}: the file was evicted from the fast tier (its data is on \
+                     the PFS); open it again",
+                    a.ino
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -1383,6 +1482,7 @@ impl Ops<'_> {
             if a.kind == FileKind::Dir {
                 return Err(err(ErrorCode::IsDir, "cannot truncate a directory"));
             }
+            Self::check_not_evicted(&a, "truncate")?;
             if a.size != s && set.mtime.is_none() {
                 a.mtime = now;
             }
@@ -1430,7 +1530,7 @@ impl Ops<'_> {
             .tx
             .prepare_cached(
                 "UPDATE inodes SET size = MAX(size, ?2), mtime_s = ?3, mtime_ns = ?4,
-                 ctime_s = ?5, ctime_ns = ?6 WHERE ino = ?1 AND kind = 1",
+                 ctime_s = ?5, ctime_ns = ?6 WHERE ino = ?1 AND kind = 1 AND through != ?7",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -1439,12 +1539,14 @@ impl Ops<'_> {
                     m.secs,
                     i64::from(m.nsec),
                     now.secs,
-                    i64::from(now.nsec)
+                    i64::from(now.nsec),
+                    surge_proto::THROUGH_FILL as i64
                 ])
             })
             .map_err(db_err)?;
         if n == 0 {
             let a = self.getattr(ino)?;
+            Self::check_not_evicted(&a, "commit of writes")?;
             return Err(err(
                 ErrorCode::Invalid,
                 format!("inode {ino} is a {:?}, not a file", a.kind),
@@ -1512,7 +1614,7 @@ mod tests {
         }
         let (_, p) = ops.drain_poll(0, 0).unwrap();
         assert_eq!((p.pending, p.oldest, p.newest), (2, 1, 2));
-        ops.drain_ack(u64::MAX).unwrap();
+        ops.drain_ack(u64::MAX, &[]).unwrap();
         let (_, p) = ops.drain_poll(0, 0).unwrap();
         assert_eq!((p.pending, p.oldest, p.newest), (0, 0, 2));
         assert!(p.drained_upto(2));
@@ -1901,6 +2003,73 @@ mod tests {
             .unwrap();
         assert!(g.ino >= first + 15, "{} reused a reserved number", g.ino);
         assert!(ops.alloc_inodes(1).unwrap() > g.ino);
+    }
+
+    /// Cache namespaces: a file is clean (eviction may take it) once its copy into the tier
+    /// from the PFS is done, or once the drain linked its copy with nothing pending after it;
+    /// any journaled change of its data makes it dirty; an evicted file refuses changes of
+    /// its data until copied in again.
+    #[test]
+    fn clean_files_are_those_whose_pfs_copy_is_current() {
+        use surge_proto::{DrainOp, FillStep, THROUGH_FILL};
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let t = Timestamp::now();
+        let filled = ops
+            .create(ROOT_INO, b"filled", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        let mark = FillStep::Mark {
+            size: 10,
+            atime: t,
+            mtime: t,
+        };
+        ops.cache_fill(filled.ino, mark).unwrap();
+        assert!(
+            ops.clean_files(0).unwrap().is_empty(),
+            "not in the tier yet"
+        );
+        ops.cache_fill(filled.ino, FillStep::Done).unwrap();
+        assert_eq!(ops.clean_files(0).unwrap(), vec![(filled.ino, 10)]);
+        assert!(
+            ops.clean_files(filled.ino).unwrap().is_empty(),
+            "the asker's own"
+        );
+
+        let written = ops
+            .create(ROOT_INO, b"written", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        ops.commit_write(written.ino, 5, TimeSet::Now).unwrap();
+        let data = |ino| DrainOp::Data {
+            ino,
+            path: b"x".to_vec(),
+        };
+        ops.journal(&data(written.ino)).unwrap();
+        let (entries, _) = ops.drain_poll(0, 100).unwrap();
+        let upto = entries.last().unwrap().seq;
+        // Changed again while the drain copied it: still dirty after the acknowledgement.
+        ops.journal(&data(written.ino)).unwrap();
+        ops.drain_ack(upto, &[written.ino]).unwrap();
+        assert_eq!(ops.clean_files(0).unwrap().len(), 1);
+        ops.drain_ack(u64::MAX, &[written.ino]).unwrap();
+        assert_eq!(ops.clean_files(0).unwrap().len(), 2);
+        // A change of its data makes it dirty again.
+        ops.journal(&data(filled.ino)).unwrap();
+        assert_eq!(ops.clean_files(0).unwrap(), vec![(written.ino, 5)]);
+
+        let a = ops.evict(written.ino).unwrap();
+        assert_eq!(a.through, THROUGH_FILL);
+        assert!(ops.clean_files(0).unwrap().is_empty());
+        assert_eq!(
+            code(ops.commit_write(written.ino, 9, TimeSet::Now)),
+            ErrorCode::Stale
+        );
+        let truncate = SetAttr {
+            size: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(code(ops.setattr(written.ino, &truncate)), ErrorCode::Stale);
+        ops.cache_fill(written.ino, FillStep::Done).unwrap();
+        ops.commit_write(written.ino, 9, TimeSet::Now).unwrap();
     }
 
     #[test]

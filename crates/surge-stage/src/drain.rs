@@ -10,6 +10,12 @@
 //! holds it when the drain gets there (a later change brings its own entry). File data is
 //! written under a temporary name, flushed to stable storage and renamed over its name, so a
 //! reader of the PFS never sees a half-copied file and a crash never loses the old copy.
+//!
+//! Each copy also gets the file's fill name (`THROUGH_DIR/<ino>-fill`, the name the lazy fill
+//! links PFS files under): once the journal holds no later change of the file's data, the
+//! metadata server counts the file clean (told with the acknowledgement), and may evict it
+//! from the fast tier when space is needed; its reads then go to that name. A removal of a
+//! file's last name removes its fill name too.
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -130,17 +136,68 @@ fn temp_of(dst: &Path) -> PathBuf {
     dst.with_file_name(format!(".{name}.surge-drain"))
 }
 
+/// Gives `file`, the PFS copy of inode `ino`, the inode's fill name in `root` (replacing an
+/// older copy's): a name renames do not move, which the file's reads go to once it is evicted
+/// from the fast tier. False (logged) when the PFS refuses it: the file is then not evicted.
+fn link_fill(root: &Path, ino: u64, file: &Path) -> bool {
+    let name = through_path(root, ino, surge_proto::THROUGH_FILL);
+    let dir = root.join(THROUGH_DIR);
+    let tmp = dir.join(format!("{ino}-fill.new"));
+    let r = (|| {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(file)?;
+        match std::fs::symlink_metadata(&name) {
+            // Linked already (a copy found up to date, a replay).
+            Ok(n) if (n.dev(), n.ino()) == (m.dev(), m.ino()) => return Ok(()),
+            Ok(_) => {}
+            Err(_) if std::fs::symlink_metadata(&dir).is_err() => {
+                std::fs::create_dir_all(&dir)?;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            }
+            Err(_) => {}
+        }
+        ignore_missing(std::fs::remove_file(&tmp))?;
+        std::fs::hard_link(file, &tmp)?;
+        std::fs::rename(&tmp, &name)
+    })();
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(&tmp);
+        debug!(
+            "drain: cannot link {} to {} ({e}); the file stays on the fast tier",
+            file.display(),
+            name.display()
+        );
+        return false;
+    }
+    true
+}
+
+/// Removes the fill name of inode `ino`, whose last name went.
+fn unlink_fill(root: &Path, ino: u64) -> Result<(), DrainError> {
+    let name = through_path(root, ino, surge_proto::THROUGH_FILL);
+    ignore_missing(std::fs::remove_file(&name)).map_err(pfs_err(&name, "cannot remove"))
+}
+
+/// What a copy of a file's data did.
+#[derive(Default)]
+struct Copied {
+    bytes: u64,
+    /// The PFS copy has the file's fill name (see [`link_fill`]).
+    linked: bool,
+}
+
 /// Copies inode `ino`'s data to `dst` (under a temporary name, flushed, renamed over it),
-/// unless `dst` already has its size and mtime. Returns the bytes copied.
+/// unless `dst` already has its size and mtime, and gives the copy the inode's fill name.
 async fn copy_file(
     client: &InstanceClient,
+    root: &Path,
     seq: u64,
     ino: u64,
     dst: &Path,
-) -> Result<u64, DrainError> {
+) -> Result<Copied, DrainError> {
     let attr = match client.getattr(ino).await {
         Ok(a) => a,
-        Err(e) if gone(&e) => return Ok(0),
+        Err(e) if gone(&e) => return Ok(Copied::default()),
         Err(source) => {
             return Err(DrainError::Instance {
                 path: dst.to_path_buf(),
@@ -149,13 +206,13 @@ async fn copy_file(
         }
     };
     if attr.kind != FileKind::File {
-        return Ok(0);
+        return Ok(Copied::default());
     }
     // Journaled after the file went through to the PFS: its data is there already (and no
     // longer on the fast tier). The mount waited for every entry before the switch.
     // Made by the lazy fill and still (or for good) on the PFS: the PFS holds its data.
     if attr.through >= surge_proto::THROUGH_FILL_KEPT || (attr.through != 0 && seq > attr.through) {
-        return Ok(0);
+        return Ok(Copied::default());
     }
     if let Ok(m) = std::fs::symlink_metadata(dst) {
         use std::os::unix::fs::MetadataExt;
@@ -164,7 +221,10 @@ async fn copy_file(
             && m.mtime() == attr.mtime.secs
             && m.mtime_nsec() == i64::from(attr.mtime.nsec)
         {
-            return Ok(0);
+            return Ok(Copied {
+                bytes: 0,
+                linked: attr.through == 0 && link_fill(root, ino, dst),
+            });
         }
     }
     let dir = dst.parent().unwrap_or(Path::new("/"));
@@ -188,7 +248,7 @@ async fn copy_file(
                 }
                 fail(&tmp);
                 if gone(&e) {
-                    return Ok(0);
+                    return Ok(Copied::default());
                 }
                 return Err(DrainError::Instance {
                     path: dst.to_path_buf(),
@@ -213,15 +273,20 @@ async fn copy_file(
     }
     let Some(f) = file else {
         fail(&tmp);
-        return Ok(0);
+        return Ok(Copied::default());
     };
     f.set_permissions(std::fs::Permissions::from_mode(u32::from(attr.perm)))
         .map_err(pfs_err(&tmp, "cannot set the mode of"))?;
     f.sync_all().map_err(pfs_err(&tmp, "cannot flush"))?;
     drop(f);
     set_times(&tmp, attr.atime, attr.mtime);
+    // Before the rename: a name replaced later by a copy of a newer version keeps this one.
+    let linked = attr.through == 0 && link_fill(root, ino, &tmp);
     std::fs::rename(&tmp, dst).map_err(pfs_err(dst, "cannot rename the copy onto"))?;
-    Ok(attr.size)
+    Ok(Copied {
+        bytes: attr.size,
+        linked,
+    })
 }
 
 /// The result of a chunk's write to the PFS (the temporary is removed if it failed).
@@ -254,14 +319,15 @@ fn create_file(p: &Path) -> Result<(), DrainError> {
         .map_err(pfs_err(p, "cannot create"))
 }
 
-/// Applies one journal entry to the PFS directory `root`.
+/// Applies one journal entry to the PFS directory `root`; returns the inode whose data it
+/// copied and gave its fill name (see [`link_fill`]).
 async fn apply(
     client: &InstanceClient,
     root: &Path,
     seq: u64,
     op: &DrainOp,
     stats: &DrainStats,
-) -> Result<(), DrainError> {
+) -> Result<Option<u64>, DrainError> {
     match op {
         DrainOp::Mkdir { path } => {
             let p = pfs_path(root, path)?;
@@ -284,11 +350,12 @@ async fn apply(
         }
         DrainOp::Data { ino, path } => {
             let p = pfs_path(root, path)?;
-            let n = copy_file(client, seq, *ino, &p).await?;
-            if n > 0 {
+            let c = copy_file(client, root, seq, *ino, &p).await?;
+            if c.bytes > 0 {
                 stats.files.fetch_add(1, Ordering::Relaxed);
-                stats.bytes.fetch_add(n, Ordering::Relaxed);
+                stats.bytes.fetch_add(c.bytes, Ordering::Relaxed);
             }
+            return Ok(c.linked.then_some(*ino));
         }
         DrainOp::Attr { ino, path } => {
             let p = pfs_path(root, path)?;
@@ -308,18 +375,24 @@ async fn apply(
                 (Err(source), _) => return Err(DrainError::Instance { path: p, source }),
             }
         }
-        DrainOp::Unlink { path } => {
+        DrainOp::Unlink { path, gone } => {
             let p = pfs_path(root, path)?;
             ignore_missing(std::fs::remove_file(&p)).map_err(pfs_err(&p, "cannot remove"))?;
             let _ = std::fs::remove_file(temp_of(&p));
+            if let Some(ino) = gone {
+                unlink_fill(root, *ino)?;
+            }
         }
         DrainOp::Rmdir { path } => {
             let p = pfs_path(root, path)?;
             ignore_missing(std::fs::remove_dir(&p))
                 .map_err(pfs_err(&p, "cannot remove the directory"))?;
         }
-        DrainOp::Rename { from, to } => {
+        DrainOp::Rename { from, to, gone } => {
             let (f, t) = (pfs_path(root, from)?, pfs_path(root, to)?);
+            if let Some(ino) = gone {
+                unlink_fill(root, *ino)?;
+            }
             // A copy of the old name a crash interrupted: the name's data now comes with the
             // new name's entries.
             let _ = std::fs::remove_file(temp_of(&f));
@@ -376,19 +449,24 @@ async fn apply(
             }
         }
     }
-    Ok(())
+    Ok(None)
 }
 
-/// A file whose metadata server's mtime is younger than this is still being written (a cache
-/// mount commits files being written every second): its copy waits, so a file is copied once
-/// it is complete instead of once per commit.
+/// A file open on a mount whose metadata server's mtime is younger than this is still being
+/// written (a cache mount commits files being written every second): its copy waits, so a file
+/// is copied once it is complete instead of once per commit. A file closed on every mount (as
+/// the metadata server knows from the mounts' reports, within a second) is copied at once.
 pub const SETTLE: Duration = Duration::from_secs(2);
 
-/// True when the `Data` entry's inode changed within `settle` (it is being written).
-async fn unsettled(client: &InstanceClient, op: &DrainOp, settle: Duration) -> bool {
+/// True when the `Data` entry's inode is open on a mount (`open`) and changed within
+/// `settle` (it is being written). A file closed everywhere is complete: copied at once.
+async fn unsettled(client: &InstanceClient, op: &DrainOp, settle: Duration, open: &[u64]) -> bool {
     let DrainOp::Data { ino, .. } = op else {
         return false;
     };
+    if open.binary_search(ino).is_err() {
+        return false;
+    }
     let Ok(a) = client.getattr(*ino).await else {
         return false;
     };
@@ -419,7 +497,7 @@ pub async fn drain_pass_settled(
 ) -> Result<u64, DrainError> {
     let mut applied = 0;
     loop {
-        let (entries, pending) = client
+        let (entries, pending, open) = client
             .drain_poll(0, BATCH)
             .await
             .map_err(DrainError::Journal)?;
@@ -438,6 +516,7 @@ pub async fn drain_pass_settled(
         let mut done = 0;
         let mut waiting = false;
         let mut failed = None;
+        let mut linked = Vec::new();
         while done < entries.len() {
             // The next entry; with it, while they copy files of other paths, the next ones
             // (independent: they are copied at once).
@@ -474,7 +553,7 @@ pub async fn drain_pass_settled(
             if let Some(s) = settle.filter(|_| group[0].seq > urgent_upto) {
                 let mut settled = 0;
                 for g in &group {
-                    if unsettled(client, &g.op, s).await {
+                    if unsettled(client, &g.op, s, &open).await {
                         waiting = true;
                         break;
                     }
@@ -505,7 +584,10 @@ pub async fn drain_pass_settled(
             // applied again: every step is idempotent).
             for r in results {
                 match r {
-                    Ok(()) => done += 1,
+                    Ok(l) => {
+                        done += 1;
+                        linked.extend(l);
+                    }
                     Err(e) => {
                         failed = Some(e);
                         break;
@@ -518,7 +600,7 @@ pub async fn drain_pass_settled(
         }
         if done > 0 {
             client
-                .drain_ack(entries[done - 1].seq)
+                .drain_ack(entries[done - 1].seq, linked)
                 .await
                 .map_err(DrainError::Journal)?;
         }

@@ -2,7 +2,9 @@
 //! the instance reaches the PFS directory byte-identical with its modes, mtimes and symlinks;
 //! renames, removals and rewrites made later reach it in order; a journal entry is forgotten
 //! only once it is on the PFS, so a drain that stops (here: a PFS that refuses writes) loses
-//! nothing and the next drain finishes the job.
+//! nothing and the next drain finishes the job. When the fast tier is full, clean files (their
+//! data on the PFS) are evicted before anything is written through, and writers wait at the
+//! dirty high-water mark.
 
 mod common;
 
@@ -168,11 +170,13 @@ fn a_drain_that_fails_keeps_the_journal_and_the_next_one_finishes() {
     });
 }
 
-/// [`diff`] without access times (reading the source to write it moved them).
+/// [`diff`] without access times (reading the source to write it moved them), and without the
+/// drain's own names (`THROUGH_DIR`, removed after the job).
 fn differ(a: &Path, b: &Path) -> Vec<String> {
     let strip = |p: &Path| {
         snapshot(p)
             .into_iter()
+            .filter(|(k, _)| !k.starts_with(surge_stage::drain::THROUGH_DIR))
             .map(|(k, v)| {
                 (
                     k,
@@ -357,5 +361,297 @@ fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
         clear_through(&pfs).expect("clear");
         assert!(!pfs.join(THROUGH_DIR).exists());
         assert_eq!(std::fs::read(pfs.join("renamed")).unwrap(), body);
+    });
+}
+
+/// Reads all of `name` in the root through `fs` (open, read, close).
+async fn read_all(fs: &surge_client::fs::Fs, name: &[u8]) -> Vec<u8> {
+    let a = fs.lookup(1, name).await.expect("lookup");
+    let o = fs.open(a.ino, false).await.expect("open");
+    let mut out = Vec::new();
+    loop {
+        let d = fs
+            .read(o.fh, out.len() as u64, 1 << 20)
+            .await
+            .expect("read");
+        if d.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&d);
+    }
+    fs.release(o.fh).await.expect("close");
+    out
+}
+
+/// Creates `name` in the root through `fs` with `body` (1 MiB writes) and closes it.
+async fn write_file(fs: &surge_client::fs::Fs, name: &[u8], body: &[u8]) -> u64 {
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (a, fh, _) = fs
+        .create(1, name, 0o644, uid, gid, libc::O_WRONLY)
+        .await
+        .expect("create");
+    for (i, chunk) in body.chunks(1 << 20).enumerate() {
+        fs.write(fh, (i as u64) << 20, chunk, false)
+            .await
+            .unwrap_or_else(|e| panic!("write {i} of {}: {e}", String::from_utf8_lossy(name)));
+    }
+    fs.release(fh).await.expect("close");
+    a.ino
+}
+
+async fn through(c: &Cluster, ino: u64) -> u64 {
+    c.client.getattr(ino).await.expect("getattr").through
+}
+
+/// Waits (at most 30 s) until `ino`, read from the PFS, is copied into the fast tier.
+async fn wait_on_tier(c: &Cluster, ino: u64) {
+    for _ in 0..600 {
+        if through(c, ino).await == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("inode {ino} was not copied into the fast tier");
+}
+
+/// Waits (at most 30 s) until the journal is empty.
+async fn wait_drained(c: &Cluster) {
+    for _ in 0..600 {
+        if c.client.drain_progress().await.expect("progress").pending == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the drain did not empty the journal");
+}
+
+/// A full fast tier evicts clean files (copied in from the PFS, unchanged), least recently
+/// used first, before anything goes through to the PFS: never a dirty file (changed, not yet
+/// drained: no drain runs here), nor one open on another node. Evicted files read back
+/// byte-identical from the PFS.
+#[test]
+fn clean_files_are_evicted_least_recently_used_first_never_dirty_or_open_ones() {
+    use std::time::Duration;
+    use surge_client::fs::Fs;
+    use surge_proto::THROUGH_FILL;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("evict-lru");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let body = |i: u64| bytes(30 + i, 4 << 20);
+        for (i, n) in ["a", "b", "c"].iter().enumerate() {
+            std::fs::write(pfs.join(n), body(i as u64)).unwrap();
+        }
+        // Room for four such files and a half.
+        let c = cache_of("evict-lru", &pfs, 18 << 20, false).await;
+        surge_stage::fill::fill_lazy(&c.client, &pfs, || false)
+            .await
+            .expect("fill");
+        c.client.drain_ack(u64::MAX, Vec::new()).await.unwrap();
+        let mut node1 = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+        node1.set_dirty_high(0);
+        let node2 = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+
+        // Written in the job and never drained: dirty, and the least recently used of all.
+        let dirty_body = bytes(40, 4 << 20);
+        let dirty = write_file(&node1, b"dirty", &dirty_body).await;
+        node1.report_use().await;
+        // Read once each: copied into the tier behind the reads.
+        let mut inos = Vec::new();
+        for (i, n) in ["a", "b", "c"].iter().enumerate() {
+            assert_eq!(read_all(&node1, n.as_bytes()).await, body(i as u64));
+            inos.push(node1.lookup(1, n.as_bytes()).await.unwrap().ino);
+        }
+        let [a, b, cc] = inos[..] else { unreachable!() };
+        for ino in [a, b, cc] {
+            wait_on_tier(&c, ino).await;
+        }
+        node1.report_use().await;
+        // `a` is used again; `c` is held open on the other node.
+        assert_eq!(read_all(&node1, b"a").await, body(0));
+        node1.report_use().await;
+        let held = node2.open(cc, false).await.expect("open c on node 2");
+
+        // The tier is nearly full: a new file takes `b`'s room (the least recently used clean
+        // file), not the PFS's.
+        let new_body = bytes(41, 4 << 20);
+        let new = write_file(&node1, b"new", &new_body).await;
+        node1.report_use().await;
+        assert_eq!(
+            through(&c, new).await,
+            0,
+            "the new file went through to the PFS"
+        );
+        assert_eq!(through(&c, b).await, THROUGH_FILL, "b was not evicted");
+        for ino in [a, cc, dirty] {
+            assert_eq!(through(&c, ino).await, 0, "inode {ino} was evicted");
+        }
+        // Next: `c` is older than `a` but open; the dirty files are never taken.
+        let new2 = write_file(&node1, b"new2", &bytes(42, 4 << 20)).await;
+        assert_eq!(through(&c, new2).await, 0);
+        assert_eq!(through(&c, a).await, THROUGH_FILL, "a was not evicted");
+        for ino in [cc, dirty, new] {
+            assert_eq!(through(&c, ino).await, 0, "inode {ino} was evicted");
+        }
+        // Evicted files read back from the PFS; the others from the tier.
+        assert_eq!(read_all(&node1, b"b").await, body(1));
+        assert_eq!(read_all(&node1, b"a").await, body(0));
+        let mut back = Vec::new();
+        while back.len() < 4 << 20 {
+            back.extend(
+                node2
+                    .read(held.fh, back.len() as u64, 1 << 20)
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(back, body(2));
+        node2.release(held.fh).await.unwrap();
+        assert_eq!(read_all(&node1, b"dirty").await, dirty_body);
+        assert_eq!(read_all(&node1, b"new").await, new_body);
+    });
+}
+
+/// A file the drain copied gets its fill name on the PFS and is clean from then on: a full
+/// tier evicts it (the new file stays on the tier) and it reads back from the PFS; its fill
+/// name goes when its last name does.
+#[test]
+fn a_drained_file_is_evicted_and_its_fill_name_goes_with_its_last_name() {
+    use std::time::Duration;
+    use surge_client::fs::Fs;
+    use surge_proto::THROUGH_FILL;
+    use surge_stage::drain::THROUGH_DIR;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("evict-drained");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = cache_of("evict-drained", &pfs, 8 << 20, false).await;
+        let (stop, drain) = start_drain(&c, &pfs);
+        let mut fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+        fs.set_dirty_high(0);
+        let body1 = bytes(50, 4 << 20);
+        let w1 = write_file(&fs, b"w1", &body1).await;
+        fs.report_use().await;
+        wait_drained(&c).await;
+        let fill = pfs.join(THROUGH_DIR).join(format!("{w1}-fill"));
+        assert_eq!(std::fs::read(&fill).expect("the fill name"), body1);
+
+        let body2 = bytes(51, 6 << 20);
+        let w2 = write_file(&fs, b"w2", &body2).await;
+        assert_eq!(through(&c, w2).await, 0, "w2 went through to the PFS");
+        assert_eq!(through(&c, w1).await, THROUGH_FILL, "w1 was not evicted");
+        assert_eq!(read_all(&fs, b"w1").await, body1);
+        // Its first read started a copy into the tier, which has no room for it (w2 took
+        // it): the copy gives up, the file stays on the PFS and still reads back whole.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            through(&c, w1).await,
+            THROUGH_FILL,
+            "copied into a full tier"
+        );
+        assert_eq!(read_all(&fs, b"w1").await, body1);
+
+        fs.unlink(1, b"w1").await.expect("unlink");
+        wait_drained(&c).await;
+        assert!(!pfs.join("w1").exists());
+        assert!(!fill.exists(), "the fill name of a removed file stays");
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        drain.await.unwrap();
+        assert_eq!(std::fs::read(pfs.join("w2")).unwrap(), body2);
+    });
+}
+
+/// Back-pressure (`dirty_high=80%`): with the dirty data over the high-water mark, a writer
+/// waits for the drain (here: none runs yet) instead of filling the tier, and goes on once the
+/// drain brought it under the low-water mark; its file stays on the tier.
+#[test]
+fn writers_wait_at_the_dirty_high_water_mark_until_the_drain_catches_up() {
+    use std::time::Duration;
+    use surge_client::fs::Fs;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("dirty-high");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        // High-water mark 16 MiB, low 12 MiB; room for five 4 MiB files.
+        let c = cache_of("dirty-high", &pfs, 20 << 20, false).await;
+        let mut fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+        fs.set_dirty_high(16 << 20);
+        let fs = std::sync::Arc::new(fs);
+        for i in 0..4u64 {
+            write_file(&fs, format!("f{i}").as_bytes(), &bytes(60 + i, 4 << 20)).await;
+            fs.report_use().await;
+        }
+        let last = bytes(64, 4 << 20);
+        let writer = {
+            let (fs, last) = (fs.clone(), last.clone());
+            tokio::spawn(async move { write_file(&fs, b"f4", &last).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !writer.is_finished(),
+            "a write past the dirty high-water mark did not wait for the drain"
+        );
+        let (stop, drain) = start_drain(&c, &pfs);
+        let f4 = tokio::time::timeout(Duration::from_secs(30), writer)
+            .await
+            .expect("the writer still waits with the drain running")
+            .unwrap();
+        assert_eq!(through(&c, f4).await, 0, "f4 went through to the PFS");
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        drain.await.unwrap();
+        assert_eq!(std::fs::read(pfs.join("f4")).unwrap(), last);
+    });
+}
+
+/// The drain holds back a file being written (open on a mount and changed within the settle
+/// time), not one closed on every mount: that one is complete and copied at once.
+#[test]
+fn the_drain_holds_back_open_files_only() {
+    use std::time::Duration;
+    use surge_client::fs::Fs;
+    use surge_stage::drain::drain_pass_settled;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("drain-open");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = cache("drain-open", &pfs).await;
+        let fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+        let closed = bytes(70, 300_000);
+        write_file(&fs, b"closed", &closed).await;
+        fs.report_use().await;
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let (_, fh, _) = fs
+            .create(1, b"open", 0o644, uid, gid, libc::O_WRONLY)
+            .await
+            .expect("create");
+        let open = bytes(71, 200_000);
+        fs.write(fh, 0, &open, false).await.expect("write");
+        fs.flush(fh).await.expect("commit");
+
+        // Both changed just now; a settle time far longer than the test.
+        let settle = Some(Duration::from_secs(600));
+        let stats = DrainStats::default();
+        drain_pass_settled(&c.client, &pfs, &stats, settle)
+            .await
+            .expect("drain");
+        assert_eq!(std::fs::read(pfs.join("closed")).unwrap(), closed);
+        assert!(
+            std::fs::read(pfs.join("open"))
+                .unwrap_or_default()
+                .is_empty(),
+            "a file being written was copied"
+        );
+        fs.release(fh).await.expect("close");
+        fs.report_use().await;
+        drain_pass_settled(&c.client, &pfs, &stats, settle)
+            .await
+            .expect("drain");
+        assert_eq!(std::fs::read(pfs.join("open")).unwrap(), open);
     });
 }

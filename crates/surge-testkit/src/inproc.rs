@@ -119,6 +119,7 @@ impl Cluster {
             root_perm: 0o755,
             cache_pfs: spec.cache_pfs.clone(),
             cache_fsync_pfs: spec.cache_fsync_pfs,
+            cache_dirty_high: None,
         };
         let desc = admin::create_instance(&plan, &admin_token)
             .await

@@ -10,6 +10,23 @@ impl Fs {
     /// `setattr`; `kill_suidgid`: a truncate by a user without `CAP_FSETID` also clears
     /// setuid/setgid.
     pub async fn setattr(&self, ino: Ino, set: SetAttr, kill_suidgid: bool) -> FsResult<Attr> {
+        let mut tries = 0;
+        loop {
+            match self.setattr_once(ino, set.clone(), kill_suidgid).await {
+                // A cache file evicted between its copy into the tier and its truncate (not
+                // open here, so not known to be in use): copied in again.
+                Err(e)
+                    if self.cache && set.size.is_some() && e.errno == libc::ESTALE && tries < 3 =>
+                {
+                    tries += 1;
+                    self.forget_fill(ino);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn setattr_once(&self, ino: Ino, set: SetAttr, kill_suidgid: bool) -> FsResult<Attr> {
         self.fresh_dirs.forget(ino);
         // A directory's mode (setgid) and owner are copied into files made behind.
         self.listings.drop_dir(ino);
@@ -83,6 +100,14 @@ impl Fs {
     /// bits (no `CAP_FSETID`; here: not root).
     pub async fn open(&self, ino: Ino, unprivileged_writer: bool) -> FsResult<Opened> {
         self.barrier().await?;
+        // Cache instances: the open is known to the metadata server (the file is not evicted
+        // while open) from its `CacheOpen` on; no report of this node's opens and closes is
+        // taken until it is recorded here too (see `evict`).
+        let _reports = if self.cache {
+            Some(self.use_reports.read().await)
+        } else {
+            None
+        };
         // Close-to-open: attributes are asked for at every open, unless nothing can change
         // them (a read-only ldbalance replica).
         let known = if self.immutable {
@@ -92,6 +117,7 @@ impl Fs {
         };
         let a = match known {
             Some(a) => a,
+            None if self.cache => self.client.cache_open(ino).await.map_err(stale)?,
             None => self.client.getattr(ino).await.map_err(stale)?,
         };
         if a.kind == FileKind::Dir {
@@ -193,23 +219,34 @@ impl Fs {
         Ok(n as u32)
     }
 
-    /// A write to a cache instance: to the fast tier, or, once the fast tier refused one of
-    /// this file's writes for want of space, to the PFS (see `through`).
+    /// A write to a cache instance: to the fast tier (once the dirty data is under the
+    /// high-water mark, see `dirty`), evicting clean files when it is full (see `evict`), or,
+    /// once the fast tier refused one of this file's writes for want of space and nothing
+    /// clean was left to evict, to the PFS (see `through`).
     async fn write_cache(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<u32> {
         self.settle_fill(ino, u64::MAX).await?;
-        {
-            let _writing = self.through_lock(ino).read().await;
-            if let Some(f) = self.through_file(ino) {
-                return self.write_through(f, ino, offset, data).await;
-            }
-            match self.client.write(ino, offset, data).await {
-                Ok(n) => {
-                    let mask = self.client.fragments_touched(ino, offset, n);
-                    self.inodes.changed_data(ino, offset + n, mask, true);
-                    return Ok(n as u32);
+        if self.through_file(ino).is_none() {
+            self.hold_back(data.len() as u64).await;
+        }
+        for _ in 0..super::evict::EVICT_ROUNDS {
+            let evictions = self.evictions();
+            {
+                let _writing = self.through_lock(ino).read().await;
+                if let Some(f) = self.through_file(ino) {
+                    return self.write_through(f, ino, offset, data).await;
                 }
-                Err(e) if e.code() == Some(surge_proto::ErrorCode::NoSpace) => {}
-                Err(e) => return Err(e.into()),
+                match self.client.write(ino, offset, data).await {
+                    Ok(n) => {
+                        let mask = self.client.fragments_touched(ino, offset, n);
+                        self.inodes.changed_data(ino, offset + n, mask, true);
+                        return Ok(n as u32);
+                    }
+                    Err(e) if e.code() == Some(surge_proto::ErrorCode::NoSpace) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !self.make_room(ino, data.len() as u64, evictions).await {
+                break;
             }
         }
         let f = self.go_through(ino).await?;
@@ -276,15 +313,25 @@ impl Fs {
         } else {
             end.min(size)
         };
-        if end > offset {
+        let mut rounds = 0;
+        // Tried again after each eviction that made room.
+        while end > offset && rounds <= super::evict::EVICT_ROUNDS {
+            let evictions = self.evictions();
             match self
                 .client
                 .allocate_objects(ino, offset, end - offset, mode)
                 .await
             {
-                Ok(()) => {}
-                // A cache instance's full tier: the file goes to the PFS (see `through`).
+                Ok(()) => break,
+                // A cache instance's full tier: clean files are evicted (see `evict`), or,
+                // with none left, the file goes to the PFS (see `through`).
                 Err(e) if self.cache && e.code() == Some(surge_proto::ErrorCode::NoSpace) => {
+                    rounds += 1;
+                    if rounds < super::evict::EVICT_ROUNDS
+                        && self.make_room(ino, end - offset, evictions).await
+                    {
+                        continue;
+                    }
                     let f = self.go_through(ino).await?;
                     return self
                         .fallocate_through(f, ino, offset, len, bits, grows)
@@ -367,6 +414,21 @@ impl Fs {
                     ));
                 }
                 Ok(())
+            }
+            Err(e) if self.cache && e.code() == Some(surge_proto::ErrorCode::Stale) => {
+                // Evicted while written here: only when this node's reports of its opens
+                // stopped reaching the metadata server for `CACHE_OPEN_TTL` (see `evict`).
+                let e = FsError::new(
+                    libc::EIO,
+                    format!(
+                        "inode {ino}: evicted from the fast tier while written here (this \
+                         mount's opens were not reported for {} s): writes since it was \
+                         opened are lost ({e})",
+                        surge_proto::CACHE_OPEN_TTL.as_secs()
+                    ),
+                );
+                warn!("{e}");
+                Err(e)
             }
             Err(e) => {
                 self.inodes.commit_failed(ino, mtime);

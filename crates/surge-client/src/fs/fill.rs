@@ -7,8 +7,11 @@
 //! once the copy is complete the metadata server takes the mark away and reads come from the
 //! tier. The PFS file is never written while the mark is on: a write, truncate or `fallocate`
 //! first finishes the copy (waiting for another mount's), so the tier copy is complete when
-//! the file first changes, or, when the tier is full, writes the file through to its PFS file
-//! from then on ([`THROUGH_FILL_KEPT`](surge_proto::THROUGH_FILL_KEPT), Liu's fall-back).
+//! the file first changes, or, when the tier is full and nothing clean can be evicted (see
+//! `evict`), writes the file through to its PFS file from then on
+//! ([`THROUGH_FILL_KEPT`](surge_proto::THROUGH_FILL_KEPT), Liu's fall-back). A copy a read
+//! started gives up when the tier is full (the file stays on the PFS): reads evict nothing.
+//! Files evicted from the tier are marked as files of the lazy fill again and read the same way.
 
 use super::through::read_at;
 use super::{Fs, FsError, FsResult};
@@ -175,7 +178,20 @@ impl Fs {
         }
         let t = Instant::now();
         let upto = keep.min(fill.size);
-        let outcome = copy_in(&self.client, ino, &fill, upto, false).await?;
+        // A full tier: clean files are evicted first (see `evict`).
+        let mut rounds = 0;
+        let outcome = loop {
+            let evictions = self.evictions();
+            let o = copy_in(&self.client, ino, &fill, upto, false).await?;
+            if matches!(o, Copied::Full)
+                && rounds < super::evict::EVICT_ROUNDS
+                && self.make_room(ino, upto, evictions).await
+            {
+                rounds += 1;
+                continue;
+            }
+            break o;
+        };
         let kept = match outcome {
             Copied::Done => false,
             Copied::Kept => true,
@@ -217,6 +233,18 @@ impl Fs {
         }
         Ok(())
     }
+}
+
+/// The copy of `ino` into the tier found it full after `copied` bytes: removes what it copied
+/// (the file stays on the PFS, its reads go there; the space goes to the others) and gives
+/// the claim back.
+async fn tier_full(client: &crate::instance::InstanceClient, ino: Ino, copied: u64) {
+    if copied > 0 {
+        if let Err(e) = client.remove_objects(ino, copied).await {
+            debug!("inode {ino}: removing its partial copy in the tier: {e}");
+        }
+    }
+    let _ = client.cache_fill(ino, FillStep::Release).await;
 }
 
 /// Copies the first `upto` bytes of lazily filled `ino` from its PFS file into the fast tier
@@ -288,9 +316,16 @@ async fn copy_in(
             ));
         }
         match client.write(ino, off, &data).await {
-            Ok(_) => {}
+            Ok(n) if n == len => {}
+            // A short write: a later stripe's fragment is full (the first one's refusal is
+            // the error below). What was copied is given back: the file stays on the PFS.
+            Ok(n) => {
+                debug!("inode {ino}: {n} of {len} bytes at {off} fit in the tier");
+                tier_full(client, ino, off + n).await;
+                return Ok(Copied::Full);
+            }
             Err(e) if e.code() == Some(ErrorCode::NoSpace) => {
-                let _ = client.cache_fill(ino, FillStep::Release).await;
+                tier_full(client, ino, off).await;
                 return Ok(Copied::Full);
             }
             Err(e) => {

@@ -78,6 +78,9 @@ pub(super) struct InodeTable {
     /// Open file handle -> inode.
     handles: Mutex<HashMap<u64, Ino>>,
     next_fh: AtomicU64,
+    /// Cache namespaces: inodes whose last handle here closed since the last report to the
+    /// metadata server (see `Fs::report_use`); `None`: not recorded.
+    closed: Mutex<Option<Vec<Ino>>>,
 }
 
 impl InodeTable {
@@ -328,6 +331,7 @@ impl InodeTable {
         i.opens = i.opens.saturating_sub(1);
         if i.opens == 0 {
             self.open_inos.lock().remove(&ino);
+            self.note_closed(ino);
             i.backing = None;
             i.backing_committed = None;
             if i.lookups == 0 {
@@ -351,6 +355,7 @@ impl InodeTable {
             i.opens = i.opens.saturating_sub(1);
             if i.opens == 0 {
                 self.open_inos.lock().remove(&ino);
+                self.note_closed(ino);
                 out.backing_changed =
                     i.backing.take().is_some() && std::mem::take(&mut i.backing_changed);
                 i.backing_committed = None;
@@ -389,6 +394,31 @@ impl InodeTable {
             Some(i) => Some(i.size.max(u.size)),
             None => Some(u.size),
         }
+    }
+
+    /// Records the inodes whose last handle here closes from now on (see
+    /// [`take_closed`](Self::take_closed)).
+    pub fn record_closes(&self) {
+        self.closed.lock().get_or_insert_with(Vec::new);
+    }
+
+    fn note_closed(&self, ino: Ino) {
+        if let Some(c) = self.closed.lock().as_mut() {
+            c.push(ino);
+        }
+    }
+
+    /// The inodes open here, and those whose last handle closed since the last call (with
+    /// [`record_closes`](Self::record_closes)).
+    pub fn take_open_and_closed(&self) -> (Vec<Ino>, Vec<Ino>) {
+        let open = self.open_inos.lock().iter().copied().collect();
+        let closed = self
+            .closed
+            .lock()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        (open, closed)
     }
 
     /// Inodes with writes not yet committed.

@@ -22,6 +22,9 @@
 //! - [`leases`]: directory leases of shared namespaces (creates behind there) and the task that
 //!   answers the metadata server's recalls.
 //! - [`passthrough`]: kernel passthrough of files whose data is one local object.
+//! - Cache instances: [`fill`] (files read from the PFS until copied in), [`through`] (files
+//!   written through to the PFS when the tier is full), [`evict`] (clean files evicted first,
+//!   and the reports of opens that rely on) and [`dirty`] (back-pressure on writers).
 //! - [`files`] (open, read, write, fsync, close) and [`names`] (lookup, create, unlink, rename,
 //!   readdir) are the operations, built on the parts.
 //!
@@ -31,6 +34,8 @@
 //! taken alone.
 
 mod behind;
+mod dirty;
+mod evict;
 mod files;
 mod fill;
 mod inodes;
@@ -167,6 +172,14 @@ pub struct Fs {
     through_locks: Vec<tokio::sync::RwLock<()>>,
     /// A cache (`type=cache`) instance.
     cache: bool,
+    /// Cache instances: an open holds this shared from its `CacheOpen` until it is recorded
+    /// here; a report of opens and closes holds it exclusively (see `evict`).
+    use_reports: tokio::sync::RwLock<()>,
+    /// Cache instances: one eviction at a time, and how many this mount made (see `evict`).
+    evicting: tokio::sync::Mutex<()>,
+    evictions: std::sync::atomic::AtomicU64,
+    /// Cache instances: back-pressure at the dirty high-water mark (see `dirty`).
+    dirty: dirty::DirtyGate,
     /// A read-only ldbalance replica: nothing changes it while it is mounted.
     immutable: bool,
     /// The layout of new files where no directory default says otherwise (`surge mount
@@ -190,9 +203,21 @@ impl Fs {
         let creates_behind = client.desc.access_mode == "private";
         let immutable = client.desc.access_mode == "ldbalance";
         let cache = client.desc.cache_pfs.is_some();
+        let inodes = InodeTable::default();
+        // The instance's `dirty_high=` (see `dirty`).
+        let dirty_high = if cache {
+            let mark = client.desc.cache_dirty_high;
+            mark.unwrap_or(surge_core::directives::DirtyHigh::DEFAULT)
+                .bytes(client.desc.capacity)
+        } else {
+            0
+        };
+        if cache {
+            inodes.record_closes();
+        }
         Fs {
             client,
-            inodes: InodeTable::default(),
+            inodes,
             fresh_dirs: FreshDirs::new(fresh_dir_ttl),
             listings: Arc::new(Listings::new(entry_ttl)),
             behind: Arc::new(Behind::default()),
@@ -208,8 +233,20 @@ impl Fs {
                 .map(|_| tokio::sync::RwLock::new(()))
                 .collect(),
             cache,
+            use_reports: tokio::sync::RwLock::new(()),
+            evicting: tokio::sync::Mutex::new(()),
+            evictions: std::sync::atomic::AtomicU64::new(0),
+            dirty: dirty::DirtyGate::new(dirty_high),
             immutable,
             default_layout: None,
+        }
+    }
+
+    /// Cache instances: sets the dirty high-water mark, in bytes (0: writers never wait for
+    /// the drain; see `dirty`).
+    pub fn set_dirty_high(&mut self, bytes: u64) {
+        if self.cache {
+            self.dirty = dirty::DirtyGate::new(bytes);
         }
     }
 
