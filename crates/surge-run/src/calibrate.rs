@@ -486,7 +486,14 @@ pub async fn register_embedded(
     }
     let path = EmbeddedPeaks::path(&opts.state_dir);
     for (id, p) in cache.servers.iter().filter(|(id, _)| up.contains(id)) {
-        let source = format!("embedded default, kept in {}", path.display());
+        // Measured through the data path (by `surge pool calibrate` or the embedded
+        // default's first measurement): servers of this host count at its median.
+        let source = format!(
+            "{}{}: embedded default, kept in {}",
+            surge_manager::targets::MEASURED_SOURCE,
+            host(),
+            path.display()
+        );
         register(c, &pool, Some(id), 1, p, &source).await?;
     }
     for (n, p) in &cache.curve {
