@@ -17,35 +17,9 @@ use surge_proto::{ErrorCode, Request, Response};
 
 const USER: &str = "surge-attacker";
 
-/// The attacker's uid and gid, making the user if needed (`useradd`).
+/// The attacker's uid and gid, making the user if needed.
 fn attacker() -> (u32, u32) {
-    let id = |flag: &str| {
-        Command::new("id")
-            .args([flag, USER])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-            })
-    };
-    if id("-u").is_none() {
-        let o = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                USER,
-            ])
-            .output()
-            .expect("run useradd");
-        assert!(o.status.success(), "useradd: {}", text(&o));
-    }
-    (id("-u").expect("uid"), id("-g").expect("gid"))
+    system_user(USER)
 }
 
 /// A directory `uid` owns, readable by everyone (so root's tools can look in).

@@ -85,3 +85,39 @@ impl Manager {
 pub fn surge(args: &[&str]) -> String {
     surge_testkit::procs::run(std::path::Path::new(SURGE), args)
 }
+
+/// The uid and gid of the local user `name`, made if missing (`useradd --system`, no home,
+/// no login shell): tests that run commands as a user who is not root.
+pub fn system_user(name: &str) -> (u32, u32) {
+    let id = |flag: &str| {
+        std::process::Command::new("id")
+            .args([flag, name])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+            })
+    };
+    if id("-u").is_none() {
+        let o = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ])
+            .output()
+            .expect("run useradd");
+        assert!(
+            o.status.success(),
+            "useradd {name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    (id("-u").expect("uid"), id("-g").expect("gid"))
+}
