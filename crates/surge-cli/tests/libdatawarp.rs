@@ -35,15 +35,6 @@ fn missing(compiler: &str) -> Option<String> {
     }
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Builds a program with the system compiler, linked as a DataWarp code is (`-ldatawarp`).
 fn build(compiler: &str, source: &str, out: &Path) {
     let lib = lib_dir();

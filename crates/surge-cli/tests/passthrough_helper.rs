@@ -23,15 +23,6 @@ fn user() -> (u32, u32) {
     system_user(USER)
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// A directory the user owns.
 fn owned(parent: &Path, name: &str, uid: u32, gid: u32) -> PathBuf {
     let d = parent.join(name);

@@ -12,15 +12,6 @@ use std::process::{Command, Output};
 
 const MIB: f64 = 1048576.0;
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// A peaks file as `surge bench calibrate -o` writes it (an input here, not a measurement).
 fn peaks_file(dir: &Path, name: &str, read_mib: f64, write_mib: f64, md: f64) -> PathBuf {
     let p = dir.join(name);

@@ -83,15 +83,6 @@ impl Job {
     }
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn make_inputs(dir: &Path) {
     std::fs::create_dir_all(dir.join("large")).unwrap();
     std::fs::create_dir_all(dir.join("small")).unwrap();

@@ -9,15 +9,6 @@ use common::*;
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// A peaks file as `surge bench calibrate` writes it for one fragment (an input of the sizing,
 /// not a result under test): 100 MiB/s write, 200 MiB/s read, 5000 metadata ops/s.
 fn peaks(dir: &Path) -> std::path::PathBuf {

@@ -9,16 +9,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use std::process::Command;
 
 fn surge_in(fast: &Path, cwd: &Path) -> Command {
     let mut c = Command::new(SURGE);

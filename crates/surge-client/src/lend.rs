@@ -152,28 +152,7 @@ pub struct Lender {
 impl Lender {
     /// Connects to the helper at `path` and hands it the mount's `/dev/fuse` descriptor.
     pub fn connect(path: &Path, fuse: BorrowedFd<'_>) -> io::Result<Lender> {
-        use std::os::unix::ffi::OsStrExt;
-        // SAFETY: plain socket creation.
-        let fd =
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: zeroed sockaddr_un is valid.
-        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        let p = path.as_os_str().as_bytes();
-        if p.len() >= addr.sun_path.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("socket path {} is too long", path.display()),
-            ));
-        }
-        for (d, s) in addr.sun_path.iter_mut().zip(p) {
-            *d = *s as libc::c_char;
-        }
+        let (sock, addr) = seqpacket(path)?;
         // SAFETY: addr is a valid sockaddr_un of the length given.
         let rc = unsafe {
             libc::connect(
@@ -422,13 +401,13 @@ fn remove_on_exit(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn bind(path: &Path) -> anyhow::Result<OwnedFd> {
-    use anyhow::Context;
+/// A `SOCK_SEQPACKET` Unix socket and the address of `path`.
+fn seqpacket(path: &Path) -> io::Result<(OwnedFd, libc::sockaddr_un)> {
     use std::os::unix::ffi::OsStrExt;
     // SAFETY: plain socket creation.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(io::Error::last_os_error()).context("cannot make a socket");
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor we own.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -436,14 +415,22 @@ fn bind(path: &Path) -> anyhow::Result<OwnedFd> {
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let p = path.as_os_str().as_bytes();
-    anyhow::ensure!(
-        p.len() < addr.sun_path.len(),
-        "socket path {} is too long",
-        path.display()
-    );
+    if p.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("socket path {} is too long", path.display()),
+        ));
+    }
     for (d, s) in addr.sun_path.iter_mut().zip(p) {
         *d = *s as libc::c_char;
     }
+    Ok((sock, addr))
+}
+
+fn bind(path: &Path) -> anyhow::Result<OwnedFd> {
+    use anyhow::Context;
+    let (sock, addr) =
+        seqpacket(path).with_context(|| format!("cannot listen on {}", path.display()))?;
     // SAFETY: addr is a valid sockaddr_un of the length given; listen on our socket.
     unsafe {
         if libc::bind(

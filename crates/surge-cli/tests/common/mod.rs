@@ -121,3 +121,13 @@ pub fn system_user(name: &str) -> (u32, u32) {
     }
     (id("-u").expect("uid"), id("-g").expect("gid"))
 }
+
+/// A command's status, stdout and stderr, for assertion messages.
+pub fn text(o: &std::process::Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
