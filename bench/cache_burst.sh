@@ -19,15 +19,17 @@
 # bandwidth and the end of the drain; printed against the measured medians (bar: within 20%).
 #
 #   bench/cache_burst.sh [--runs N] [--size 1G] [--jobs 2] [--write-mbps 200] [--read-mbps 400]
-#                        [--dirty-high MARK]
+#                        [--dirty-high MARK] [--passthrough on|off]
 #
 # --dirty-high: the cache instances' dirty_high= (80%, 400MiB, off; default: the jobdw default).
+# --passthrough: the cache instances' passthrough= (on: kernel passthrough for files of the
+#                mount's host while the tier has room at their open; default: off).
 #
 # Needs root (slowpfs, FUSE). SURGE=<surge binary> (default target/release/surge, built if
 # missing). The slow PFS is brought up at /run/surge-slowpfs/pfs and taken down at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400 DIRTY_HIGH=
+RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400 DIRTY_HIGH= PASSTHROUGH=
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) RUNS=$2; shift 2 ;;
@@ -36,7 +38,8 @@ while [ $# -gt 0 ]; do
         --write-mbps) WMBPS=$2; shift 2 ;;
         --read-mbps) RMBPS=$2; shift 2 ;;
         --dirty-high) DIRTY_HIGH=$2; shift 2 ;;
-        -h|--help) sed -n 2,21p "$0"; exit 0 ;;
+        --passthrough) PASSTHROUGH=$2; shift 2 ;;
+        -h|--help) sed -n 2,26p "$0"; exit 0 ;;
         *) echo "cache_burst.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -74,7 +77,7 @@ job_side() { # scratch|cache|full -> "perceived_MiB/s job_s drain_s drain_MiB/s"
         rm -rf "$PFS/run"; mkdir -p "$PFS/run"
         local cap="$((NJOBS * 2 + 1))GiB"
         [ "$kind" = full ] && cap="$(( $(burst_mib) / 4 ))MiB"
-        dir="type=cache access_mode=striped capacity=$cap pfs=$PFS/run${DIRTY_HIGH:+ dirty_high=$DIRTY_HIGH}"
+        dir="type=cache access_mode=striped capacity=$cap pfs=$PFS/run${DIRTY_HIGH:+ dirty_high=$DIRTY_HIGH}${PASSTHROUGH:+ passthrough=$PASSTHROUGH}"
         var=DW_JOB_STRIPED_CACHE
     else
         dir="type=scratch access_mode=striped capacity=$((NJOBS * 2 + 1))GiB"

@@ -15,12 +15,16 @@
 # Sides alternate their order from run to run.
 #
 #   bench/cache_read.sh [--runs N] [--size 1G] [--jobs 2] [--write-mbps 200] [--read-mbps 400]
+#                       [--passthrough on|off]
+#
+# --passthrough: the cache instance's passthrough= (on: kernel passthrough for files of the
+#                mount's host once their copy into the tier is complete; default: off).
 #
 # Needs root (slowpfs, FUSE). SURGE=<surge binary> (default target/release/surge, built if
 # missing). The slow PFS is brought up at /run/surge-slowpfs/pfs and taken down at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400
+RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400 PASSTHROUGH=
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) RUNS=$2; shift 2 ;;
@@ -28,7 +32,8 @@ while [ $# -gt 0 ]; do
         --jobs) NJOBS=$2; shift 2 ;;
         --write-mbps) WMBPS=$2; shift 2 ;;
         --read-mbps) RMBPS=$2; shift 2 ;;
-        -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+        --passthrough) PASSTHROUGH=$2; shift 2 ;;
+        -h|--help) sed -n 2,21p "$0"; exit 0 ;;
         *) echo "cache_read.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -64,7 +69,7 @@ cache_side() { # -> "first_MiB/s reread_MiB/s"
     drop
     cat > "$WORK/cache.sh" <<EOF
 #!/bin/bash
-#DW jobdw type=cache access_mode=striped capacity=$((NJOBS * 2 + 1))GiB pfs=$IN
+#DW jobdw type=cache access_mode=striped capacity=$((NJOBS * 2 + 1))GiB pfs=$IN${PASSTHROUGH:+ passthrough=$PASSTHROUGH}
 used() { df --output=used -B1M \$DW_JOB_STRIPED_CACHE | tail -1; }
 before=\$(used)
 $FIO --rw=read --directory=\$DW_JOB_STRIPED_CACHE > $WORK/first.json

@@ -569,6 +569,76 @@ fn a_cache_job_writing_more_than_its_capacity_falls_back_to_the_pfs() {
     );
 }
 
+/// `type=cache ... passthrough=on`: a file opened while the tier has room is written by the
+/// kernel straight into its tier object (`surge run`, which answers the mount, moves none of
+/// its bytes while it is open); a file opened once the tier is full goes through the mount,
+/// which falls back to the PFS; everything is on the PFS byte-identical after the job.
+#[test]
+fn a_cache_job_with_passthrough_on_writes_by_the_kernel_while_the_tier_has_room() {
+    if skip_without_fuse(
+        "a_cache_job_with_passthrough_on_writes_by_the_kernel_while_the_tier_has_room",
+    ) {
+        return;
+    }
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: kernel passthrough of a job's own mount needs root (this test runs as uid {})", unsafe { libc::geteuid() });
+        return;
+    }
+    let j = Job::new("cachept");
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let src = j.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for (name, mib) in [("a", 80u64), ("b", 40)] {
+        let data: Vec<u8> = (0..mib << 20)
+            .map(|i| ((i * 2654435761) >> 11) as u8 ^ name.as_bytes()[0])
+            .collect();
+        std::fs::write(src.join(name), data).unwrap();
+    }
+    // Each file is written through descriptor 3, held open while the bytes `surge run` read
+    // and wrote are counted (its drain starts at the close).
+    let script = j.script(
+        "pt.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=64MiB pfs={p} passthrough=on\n\
+             set -e\nc=$DW_JOB_STRIPED_CACHE\n\
+             [ \"$(cat /proc/$PPID/comm)\" = surge ] || {{ echo \"parent is $(cat /proc/$PPID/comm)\"; exit 3; }}\n\
+             io() {{ awk '$1==\"rchar:\"{{r=$2}} $1==\"wchar:\"{{w=$2}} END{{print r+w}}' /proc/$PPID/io; }}\n\
+             for f in a b; do\n\
+               exec 3>$c/$f; x=$(io); cat {s}/$f >&3; y=$(io); exec 3>&-\n\
+               echo \"moved $f $((y - x))\"\n\
+               cmp {s}/$f $c/$f\n\
+             done\n",
+            p = pfs.display(),
+            s = src.display()
+        ),
+    );
+    let out = j.command().args(["run"]).arg(&script).output().unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let moved = |f: &str| -> u64 {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("moved {f} ")))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no 'moved {f}' line: {t}"))
+    };
+    // a: opened on an empty tier, by passthrough (the process's own chatter is a few KiB).
+    assert!(moved("a") < 4 << 20, "a went through surge run: {t}");
+    // b: opened with a (80 MiB) on a 64 MiB tier: through the mount, to the PFS.
+    assert!(
+        moved("b") >= 40 << 20,
+        "b did not go through surge run: {t}"
+    );
+    for f in ["a", "b"] {
+        assert!(
+            std::fs::read(pfs.join(f)).unwrap() == std::fs::read(src.join(f)).unwrap(),
+            "{f} on the PFS differs from what the job wrote\n{t}"
+        );
+    }
+}
+
 /// `access_mode=ldbalance`: the stage-in is in every replica, each node mounts its own replica
 /// (node i: replica i mod replicas) read-only, missing names stay missing, writes are refused.
 #[test]

@@ -37,6 +37,8 @@ pub struct InstancePlan {
     pub cache_fsync_pfs: bool,
     /// `type=cache`: `dirty_high=` (`None`: the default).
     pub cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
+    /// `type=cache` with `passthrough=on`.
+    pub cache_passthrough: bool,
 }
 
 impl InstancePlan {
@@ -69,6 +71,7 @@ impl InstancePlan {
             cache_pfs: self.cache_pfs.clone(),
             cache_fsync_pfs: self.cache_fsync_pfs,
             cache_dirty_high: self.cache_dirty_high,
+            cache_passthrough: self.cache_passthrough,
         }
     }
 }

@@ -327,6 +327,11 @@ pub enum InstanceCommand {
         /// drain: a percentage of the capacity (80%), a size (400GiB) or off (the default).
         #[arg(long, requires = "cache_pfs", value_name = "MARK", value_parser = surge_core::directives::parse_dirty_high)]
         cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
+        /// With --cache-pfs: files of one stripe on a fragment of the mount's host are read
+        /// and written by kernel passthrough when the tier has room at their open (they cannot
+        /// fall back to the PFS mid-write: the tier may go past its capacity until they close).
+        #[arg(long, requires = "cache_pfs")]
+        cache_passthrough: bool,
         /// The cluster key (default $SURGE_KEY_FILE, else /etc/surge/surge.key): creating
         /// instances on servers by hand is for administrators (users ask the manager).
         #[arg(long, value_name = "FILE")]
@@ -466,6 +471,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                 cache_pfs,
                 cache_fsync_pfs,
                 cache_dirty_high,
+                cache_passthrough,
                 key_file,
             } => {
                 let token = crate::auth::admin(key_file.as_deref())?;
@@ -506,6 +512,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                     cache_pfs: cache_pfs.map(|p| p.display().to_string()),
                     cache_fsync_pfs,
                     cache_dirty_high,
+                    cache_passthrough,
                 };
                 let desc = admin::create_instance(&plan, &token).await?;
                 if json {

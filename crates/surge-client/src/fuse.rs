@@ -535,9 +535,9 @@ impl Filesystem for FuseAdapter {
         let (fs, notifier, cache) = (self.fs.clone(), self.notifier.clone(), self.backing.clone());
         let lender = self.lender.clone();
         let writer = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
-        let unprivileged_writer = writer && req.uid() != 0;
+        let unprivileged = req.uid() != 0;
         self.metadata(async move {
-            match fs.open(ino.0, unprivileged_writer).await {
+            match fs.open(ino.0, writer, unprivileged).await {
                 Ok(o) => {
                     if o.invalidate_attr {
                         // Another node changed the file: drop the kernel's cached size and

@@ -654,6 +654,16 @@ impl InstanceClient {
         expect!(self, self.mds, req, Response::Ok => ())
     }
 
+    /// What the instance has left on the server of fragment `frag` (the space its fragments
+    /// there share).
+    pub async fn room_at(&self, frag: u32) -> Result<u64> {
+        let req = Request::FragmentUsage {
+            instance: self.instance(),
+            fragment: frag,
+        };
+        expect!(self, self.frags[frag as usize], req, Response::Usage { room, .. } => room)
+    }
+
     /// Capacity, use (summed over fragments) and inode count.
     pub async fn usage(&self) -> Result<Usage> {
         let calls = self.frags.iter().enumerate().map(|(i, pool)| async move {
@@ -661,7 +671,7 @@ impl InstanceClient {
                 instance: self.instance(),
                 fragment: i as u32,
             };
-            expect!(self, pool, req, Response::Usage { capacity, used } => (capacity, used))
+            expect!(self, pool, req, Response::Usage { capacity, used, .. } => (capacity, used))
         });
         let mut u = Usage {
             capacity: 0,

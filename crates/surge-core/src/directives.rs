@@ -87,6 +87,13 @@ pub struct JobDw {
     /// which writers wait for the drain; `None`: the default (off: see [`DirtyHigh::DEFAULT`]).
     #[serde(default)]
     pub dirty_high: Option<DirtyHigh>,
+    /// `type=cache`, `passthrough=on` (a Surge extension): files of one stripe on a fragment
+    /// of the mount's host are read and written by kernel passthrough, at the fast tier's
+    /// speed, when the tier has room at their open; such a file cannot switch to writing
+    /// through to the PFS mid-write, so it may take the tier past its capacity until it
+    /// closes. `off` (the default): every write passes the mount, which falls back exactly.
+    #[serde(default)]
+    pub passthrough: bool,
 }
 
 /// `type=cache`: the dirty-data high-water mark (`dirty_high=80%`, `dirty_high=400GiB`,
@@ -1050,7 +1057,14 @@ impl Spec {
 const JOBDW: Spec = Spec {
     name: "jobdw",
     required: &["type", "access_mode", "capacity"],
-    optional: &["pool", "pfs", "optimization", "fsync", "dirty_high"],
+    optional: &[
+        "pool",
+        "pfs",
+        "optimization",
+        "fsync",
+        "dirty_high",
+        "passthrough",
+    ],
     flags: &[],
     example: "#DW jobdw type=scratch access_mode=striped capacity=100GiB",
 };
@@ -1485,12 +1499,23 @@ impl<'a> Parser<'a> {
             )),
         });
         let dirty_high = self.value(args.get("dirty_high"), parse_dirty_high);
+        let passthrough = self.value(args.get("passthrough"), |v| match v {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            _ => Err(format!(
+                "unknown passthrough `{v}`{}; expected on (kernel passthrough for files on the \
+                 mount's host, the tier's capacity may be exceeded until they close) or off \
+                 (every write through the mount, the default)",
+                hint(v, &["on", "off"])
+            )),
+        });
         match (
             kind,
             args.get("pfs"),
             args.get("optimization")
                 .or(args.get("fsync"))
-                .or(args.get("dirty_high")),
+                .or(args.get("dirty_high"))
+                .or(args.get("passthrough")),
         ) {
             (Some(InstanceType::Cache), None, _) if !ctx.raw.broken && !ctx.incomplete => {
                 self.sink.error(
@@ -1566,6 +1591,7 @@ impl<'a> Parser<'a> {
                     optimization,
                     fsync_pfs: fsync_pfs.unwrap_or(false),
                     dirty_high,
+                    passthrough: passthrough.unwrap_or(false),
                 });
             }
             _ if first.is_none() => self.jobdw_unread = true,

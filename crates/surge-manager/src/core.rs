@@ -66,6 +66,8 @@ pub struct InstanceRequest {
     pub cache_pfs: Option<String>,
     /// `type=cache` with `fsync=pfs`.
     pub cache_fsync_pfs: bool,
+    /// `type=cache` with `passthrough=on`.
+    pub cache_passthrough: bool,
     /// `type=cache`: `dirty_high=` (`None`: the default).
     pub cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
     /// `#SURGE jobdw` performance targets: the instance is sized from calibrated peaks.
@@ -735,6 +737,7 @@ impl Core {
                     cache_pfs: None,
                     cache_fsync_pfs: false,
                     cache_dirty_high: None,
+                    cache_passthrough: false,
                 },
             };
             let id = store.new_instance_id(&row)?;
@@ -765,6 +768,7 @@ impl Core {
             cache_pfs: req.cache_pfs.clone(),
             cache_fsync_pfs: req.cache_fsync_pfs && req.cache_pfs.is_some(),
             cache_dirty_high: req.cache_dirty_high.filter(|_| req.cache_pfs.is_some()),
+            cache_passthrough: req.cache_passthrough && req.cache_pfs.is_some(),
         };
         match admin::create_instance(&plan, &self.admin_token()).await {
             Ok(desc) => {

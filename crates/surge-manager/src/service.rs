@@ -88,6 +88,7 @@ pub fn instance_request(r: &api::CreateInstanceRequest) -> Result<InstanceReques
         group_shared: r.share_with_group,
         cache_pfs: (!r.cache_pfs.is_empty()).then(|| r.cache_pfs.clone()),
         cache_fsync_pfs: r.cache_fsync_pfs,
+        cache_passthrough: r.cache_passthrough,
         cache_dirty_high: if r.cache_dirty_high.is_empty() {
             None
         } else {

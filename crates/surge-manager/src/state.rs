@@ -808,6 +808,7 @@ mod tests {
             cache_pfs: None,
             cache_fsync_pfs: false,
             cache_dirty_high: None,
+            cache_passthrough: false,
         }
     }
 

@@ -264,6 +264,11 @@ pub struct InstanceDescriptor {
     /// (`dirty_high=`); `None`: the default (off).
     #[serde(default)]
     pub cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
+    /// `type=cache` with `passthrough=on`: files of one stripe on a fragment of the mount's
+    /// host get kernel passthrough when the tier has room at their open (they cannot switch
+    /// to the PFS mid-write).
+    #[serde(default)]
+    pub cache_passthrough: bool,
 }
 
 impl InstanceDescriptor {
@@ -924,6 +929,8 @@ pub enum Response {
     Usage {
         capacity: u64,
         used: u64,
+        /// What the instance has left on this server (its fragments here share their space).
+        room: u64,
     },
     /// Where an object lives on the server's host; `dev`/`ino` let the client check that it
     /// opened that very file.

@@ -503,6 +503,7 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
         cache_pfs: j.pfs.clone().unwrap_or_default(),
         cache_fsync_pfs: j.fsync_pfs,
         cache_dirty_high: j.dirty_high.map(|d| d.to_string()).unwrap_or_default(),
+        cache_passthrough: j.passthrough,
         // `#SURGE jobdw`: the manager sizes the instance from the pool's calibrated peaks.
         targets: crate::targets::request_targets(j),
         ..Default::default()

@@ -600,6 +600,7 @@ async fn job(
         cache_pfs: j.pfs.clone().unwrap_or_default(),
         cache_fsync_pfs: j.fsync_pfs,
         cache_dirty_high: j.dirty_high.map(|d| d.to_string()).unwrap_or_default(),
+        cache_passthrough: j.passthrough,
         targets,
         peaks_json: given.clone(),
         server: String::new(),

@@ -147,6 +147,7 @@ pub fn handle(
                 Response::Usage {
                     capacity: f.capacity,
                     used: f.used(),
+                    room: f.room(),
                 }
             }
             meta => {

@@ -154,6 +154,12 @@ impl Fragment {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// What the instance has left on this server: its budget here less what its fragments
+    /// here use.
+    pub fn room(&self) -> u64 {
+        self.budget.capacity().saturating_sub(self.budget.used())
+    }
+
     /// The object of `file`, opened (and created when `create`) on first use.
     fn object(&self, file: FileId, create: bool) -> Result<Option<Arc<Object>>, ErrorReply> {
         if let Some(o) = self.objects.lock().get(&file) {

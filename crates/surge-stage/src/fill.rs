@@ -64,6 +64,17 @@ pub async fn fill_lazy(
     // SAFETY: geteuid and getegid cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let mut stats = FillStats::default();
+    // `passthrough=on`: each file one stripe, so that a mount of a fragment's host reads and
+    // writes it by kernel passthrough once it is on the tier; on this host's fragments when
+    // it has some (the embedded default: all), else spread over all of them.
+    let one_stripe: Vec<u32> = if client.desc.cache_passthrough {
+        match client.local_fragments().await {
+            l if l.is_empty() => (0..client.fragments()).collect(),
+            l => l,
+        }
+    } else {
+        Vec::new()
+    };
     let mut todo: Vec<(PathBuf, Ino)> = vec![(root.to_path_buf(), ROOT)];
     while let Some((dir, parent)) = todo.pop() {
         let mut entries: Vec<_> = std::fs::read_dir(&dir)
@@ -120,6 +131,18 @@ pub async fn fill_lazy(
                     .create(parent, name, NewNode::File, perm, uid, gid)
                     .await
                     .map_err(inst_err(&path))?;
+                if !one_stripe.is_empty() {
+                    let layout = surge_core::FileLayout {
+                        stripe_size: 0,
+                        stripe_count: 1,
+                        start: one_stripe
+                            [(stats.lazy_files + stats.copied_files) as usize % one_stripe.len()],
+                    };
+                    client
+                        .set_layout(a.ino, layout)
+                        .await
+                        .map_err(inst_err(&path))?;
+                }
                 let atime = ts(m.atime(), m.atime_nsec());
                 let mtime = ts(m.mtime(), m.mtime_nsec());
                 let size = m.len();

@@ -367,7 +367,7 @@ fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
 /// Reads all of `name` in the root through `fs` (open, read, close).
 async fn read_all(fs: &surge_client::fs::Fs, name: &[u8]) -> Vec<u8> {
     let a = fs.lookup(1, name).await.expect("lookup");
-    let o = fs.open(a.ino, false).await.expect("open");
+    let o = fs.open(a.ino, false, false).await.expect("open");
     let mut out = Vec::new();
     loop {
         let d = fs

@@ -26,6 +26,8 @@ pub struct Spec {
     pub cache_pfs: Option<String>,
     /// With `cache_pfs`: `fsync=pfs`.
     pub cache_fsync_pfs: bool,
+    /// With `cache_pfs`: `passthrough=on`.
+    pub cache_passthrough: bool,
 }
 
 impl Default for Spec {
@@ -38,6 +40,7 @@ impl Default for Spec {
             nodes: 1,
             cache_pfs: None,
             cache_fsync_pfs: false,
+            cache_passthrough: false,
         }
     }
 }
@@ -120,6 +123,7 @@ impl Cluster {
             cache_pfs: spec.cache_pfs.clone(),
             cache_fsync_pfs: spec.cache_fsync_pfs,
             cache_dirty_high: None,
+            cache_passthrough: spec.cache_passthrough,
         };
         let desc = admin::create_instance(&plan, &admin_token)
             .await

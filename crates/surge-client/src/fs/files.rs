@@ -96,9 +96,9 @@ impl Fs {
         Ok(self.observe(a, false))
     }
 
-    /// `unprivileged_writer`: the open may write and its caller cannot keep setuid/setgid
+    /// `writer`: the open may write; `unprivileged`: its caller cannot keep setuid/setgid
     /// bits (no `CAP_FSETID`; here: not root).
-    pub async fn open(&self, ino: Ino, unprivileged_writer: bool) -> FsResult<Opened> {
+    pub async fn open(&self, ino: Ino, writer: bool, unprivileged: bool) -> FsResult<Opened> {
         self.barrier().await?;
         // Cache instances: the open is known to the metadata server (the file is not evicted
         // while open) from its `CacheOpen` on; no report of this node's opens and closes is
@@ -142,10 +142,16 @@ impl Fs {
                 }
             }
         }
-        let backing = if unprivileged_writer && drops_privilege(a.perm) {
+        let backing = if writer && unprivileged && drops_privilege(a.perm) {
             // The kernel writes a passthrough file without this process, so it could not
             // clear the setuid/setgid bits the write must clear; through the daemon it does.
             self.inodes.backing(ino)
+        } else if self.cache
+            && !self
+                .cache_passthrough_ok(ino, a.size, a.through, writer)
+                .await
+        {
+            None
         } else {
             self.backing_for(ino).await
         };
@@ -331,6 +337,17 @@ impl Fs {
                         && self.make_room(ino, end - offset, evictions).await
                     {
                         continue;
+                    }
+                    if self.inodes.backing(ino).is_some() {
+                        // Open by kernel passthrough here (`passthrough=on`): the kernel
+                        // writes its tier object, so it cannot move to the PFS.
+                        return Err(FsError::new(
+                            libc::ENOSPC,
+                            format!(
+                                "inode {ino}: the fast tier is full and the file is open by \
+                                 kernel passthrough, which cannot fall back to the PFS"
+                            ),
+                        ));
                     }
                     let f = self.go_through(ino).await?;
                     return self

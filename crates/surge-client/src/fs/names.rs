@@ -84,7 +84,9 @@ impl Fs {
         };
         // An unprivileged creator's writes must clear setuid/setgid bits it asked for: the
         // daemon does that, not a passthrough write (see `open`).
-        let backing = if uid != 0 && super::files::drops_privilege(a.perm) {
+        let backing = if (uid != 0 && super::files::drops_privilege(a.perm))
+            || (self.cache && !self.cache_passthrough_ok(a.ino, 0, 0, true).await)
+        {
             None
         } else {
             self.backing_for(a.ino).await
@@ -103,7 +105,7 @@ impl Fs {
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
         let mut a = self.lookup(parent, name).await?;
         let writer = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let o = match self.open(a.ino, writer && uid != 0).await {
+        let o = match self.open(a.ino, writer, uid != 0).await {
             Ok(o) => o,
             Err(e) => {
                 // The kernel learns of no entry: undo the lookup's reference.

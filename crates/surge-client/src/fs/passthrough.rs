@@ -64,11 +64,62 @@ impl Fs {
         self.passthrough.set(false);
     }
 
-    /// Called by the adapter when the kernel accepted FUSE passthrough. Not for cache
-    /// instances: their files may have to switch to writing through to the PFS mid-write (see
-    /// `through`), which needs every write to pass here.
+    /// Called by the adapter when the kernel accepted FUSE passthrough. Cache instances only
+    /// with `passthrough=on`: their files may have to switch to writing through to the PFS
+    /// mid-write (see `through`), which needs every write to pass here, so by default they
+    /// do not use it (see [`cache_passthrough_ok`](Self::cache_passthrough_ok)).
     pub fn enable_passthrough(&self) {
-        self.passthrough.set(!self.cache);
+        self.passthrough
+            .set(!self.cache || self.client.desc.cache_passthrough);
+    }
+
+    /// A cache instance with `passthrough=on`: whether an open of `ino` (`through` from its
+    /// attributes) may be a kernel passthrough open. Its data must all be on the fast tier
+    /// (not written through to the PFS, not left there by the lazy fill), no open of it here
+    /// may go through this process (the kernel keeps one I/O mode per inode: an open in the
+    /// other mode would fail with EIO), and for a writer the instance must have room on the
+    /// file's server: at least the file's size and a sixteenth of the instance's capacity
+    /// (a passthrough file cannot switch to the PFS when the tier fills, so it may take the
+    /// tier past the capacity until it closes; what opens later falls back as usual). An
+    /// inode already open by passthrough here keeps it (same reason).
+    pub(super) async fn cache_passthrough_ok(
+        &self,
+        ino: Ino,
+        size: u64,
+        through: u64,
+        writer: bool,
+    ) -> bool {
+        if !self.passthrough.on() {
+            return false;
+        }
+        if self.inodes.backing(ino).is_some() {
+            return true;
+        }
+        if through != 0 || self.fill_of(ino).is_some() || self.inodes.is_open(ino) {
+            return false;
+        }
+        if !writer {
+            return true;
+        }
+        let frag = match self.client.layout_of(ino).await {
+            Ok(l) if l.single_object() => l.start,
+            _ => return false,
+        };
+        let need = size.max(self.client.desc.capacity / 16);
+        match self.client.room_at(frag).await {
+            Ok(room) if room >= need => true,
+            Ok(room) => {
+                debug!(
+                    "inode {ino}: {room} bytes left on the tier (under {need}): written \
+                     through this process, which can fall back to the PFS"
+                );
+                false
+            }
+            Err(e) => {
+                debug!("inode {ino}: room on the tier unknown ({e}): no passthrough");
+                false
+            }
+        }
     }
 
     /// Asks which of the instance's fragments are on this host (once); returns how many.
