@@ -84,6 +84,7 @@ fn expbb_listing8_with_slurm_continuations_stages_a_directory_in_and_out() {
             optimization: None,
             fsync_pfs: false,
             dirty_high: None,
+            passthrough: false,
         })
     );
     assert_eq!(
@@ -235,6 +236,7 @@ fn jobdw_with_every_key_is_read() {
             optimization: None,
             fsync_pfs: false,
             dirty_high: None,
+            passthrough: false,
         })
     );
 }
@@ -356,6 +358,34 @@ fn type_cache_mirrors_a_pfs_directory() {
         "dirty_high=50%",
     );
     assert_says(&e, &["dirty_high= is for type=cache"]);
+    // Kernel passthrough for cache files: off unless asked for.
+    let pt = |extra: &str| {
+        parse_script(
+            "job.sh",
+            &format!(
+                "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run {extra}\n"
+            ),
+        )
+        .unwrap()
+        .jobdw
+        .unwrap()
+        .passthrough
+    };
+    assert!(!pt(""), "passthrough=off is the default");
+    assert!(pt("passthrough=on"));
+    assert!(!pt("passthrough=off"));
+    let e = the_error(
+        "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run passthrough=yes\n",
+        1,
+        "passthrough=yes",
+    );
+    assert_says(&e, &["unknown passthrough `yes`", "on", "off"]);
+    let e = the_error(
+        "#DW jobdw type=scratch access_mode=striped capacity=1TiB passthrough=on\n",
+        1,
+        "passthrough=on",
+    );
+    assert_says(&e, &["passthrough= is for type=cache"]);
     let e = the_error(
         "#DW jobdw type=cache access_mode=striped capacity=1TiB\n",
         1,
@@ -492,7 +522,7 @@ fn an_unknown_key_is_an_error_with_a_suggestion_and_the_keys_expected() {
         &[
             "unknown key `capcity`",
             "did you mean `capacity`?",
-            "type, access_mode, capacity, pool, pfs, optimization, fsync and dirty_high",
+            "type, access_mode, capacity, pool, pfs, optimization, fsync, dirty_high and passthrough",
         ],
     );
 }

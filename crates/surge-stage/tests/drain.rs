@@ -472,7 +472,10 @@ fn clean_files_are_evicted_least_recently_used_first_never_dirty_or_open_ones() 
         // `a` is used again; `c` is held open on the other node.
         assert_eq!(read_all(&node1, b"a").await, body(0));
         node1.report_use().await;
-        let held = node2.open(cc, false).await.expect("open c on node 2");
+        let held = node2
+            .open(cc, false, false)
+            .await
+            .expect("open c on node 2");
 
         // The tier is nearly full: a new file takes `b`'s room (the least recently used clean
         // file), not the PFS's.
