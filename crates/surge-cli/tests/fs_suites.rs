@@ -66,13 +66,19 @@ struct Kind {
 /// stripes (a short file crosses fragments); `local`: 2 servers, the mount's own choice (as
 /// root: each file one stripe on a fragment of this host, kernel passthrough); `one-fragment`:
 /// 1 local server, kernel passthrough; `private`: 2 servers, a namespace per node, node 0
-/// mounted; `cache`: 2 servers, a type=cache instance (every change journaled for the drain).
+/// mounted; `cache`: 2 servers, a type=cache instance (every change journaled for the drain);
+/// `cache-passthrough`: the same with `passthrough=on` (as root: files of one stripe on this
+/// host, kernel passthrough, journaled at their commits).
 fn mount(kind: &str) -> Kind {
-    if kind == "cache" {
+    if kind == "cache" || kind == "cache-passthrough" {
         let pfs = Scratch::new("pjd-pfs");
         let c = cluster(2, "4GiB");
         let dir = pfs.path().display().to_string();
-        let id = c.create_instance("2GiB", "8MiB", &["--cache-pfs", &dir]);
+        let mut args = vec!["--cache-pfs", &dir];
+        if kind == "cache-passthrough" {
+            args.push("--cache-passthrough");
+        }
+        let id = c.create_instance("2GiB", "8MiB", &args);
         let m = Mount::new(&c, id, 0);
         return Kind {
             _cluster: c,
@@ -201,6 +207,11 @@ fn pjdfstest_on_cache() {
     pjdfstest_on("cache");
 }
 
+#[test]
+fn pjdfstest_on_cache_with_passthrough() {
+    pjdfstest_on("cache-passthrough");
+}
+
 /// Runs fsx with `args` on a file in a mount of `kind`; fails with the end of its output and
 /// the path of its operation log (replay with `fsx --replay-ops`).
 fn fsx_on(kind: &str, args: &[&str]) {
@@ -239,7 +250,7 @@ fn fsx_on(kind: &str, args: &[&str]) {
     let layout = layout_of(&file);
     let want = match kind {
         "striped" | "small-stripes" => Some("stripe_count=2 "),
-        "local" if surge_testkit::is_root() => Some("stripe_count=1 "),
+        "local" | "cache-passthrough" if surge_testkit::is_root() => Some("stripe_count=1 "),
         _ => None,
     };
     if let Some(w) = want {
@@ -312,6 +323,11 @@ fn fsx_on_small_stripes_with_o_direct() {
 #[test]
 fn fsx_on_a_cache_instance() {
     fsx_on("cache", &["-q", "-N", "50000", "-S", "5"]);
+}
+
+#[test]
+fn fsx_on_a_cache_instance_with_passthrough() {
+    fsx_on("cache-passthrough", &["-q", "-N", "50000", "-S", "8"]);
 }
 
 #[test]

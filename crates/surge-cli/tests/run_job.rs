@@ -542,7 +542,8 @@ fn a_cache_job_writing_more_than_its_capacity_falls_back_to_the_pfs() {
     let script = j.script(
         "full.sh",
         &format!(
-            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=64MiB pfs={p}\nset -e\n\
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=64MiB pfs={p} \
+             passthrough=off\nset -e\n\
              c=$DW_JOB_STRIPED_CACHE\n\
              dd if={s}/b of=$c/b bs=1M status=none & dd if={s}/c of=$c/c bs=1M status=none &\n\
              dd if={s}/a of=$c/a.tmp bs=1M status=none\n\
@@ -569,7 +570,7 @@ fn a_cache_job_writing_more_than_its_capacity_falls_back_to_the_pfs() {
     );
 }
 
-/// `type=cache ... passthrough=on`: a file opened while the tier has room is written by the
+/// `type=cache` (`passthrough=on`, the default): a file opened while the tier has room is written by the
 /// kernel straight into its tier object (`surge run`, which answers the mount, moves none of
 /// its bytes while it is open); a file opened once the tier is full goes through the mount,
 /// which falls back to the PFS; everything is on the PFS byte-identical after the job.
@@ -600,7 +601,7 @@ fn a_cache_job_with_passthrough_on_writes_by_the_kernel_while_the_tier_has_room(
     let script = j.script(
         "pt.sh",
         &format!(
-            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=64MiB pfs={p} passthrough=on\n\
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=64MiB pfs={p}\n\
              set -e\nc=$DW_JOB_STRIPED_CACHE\n\
              [ \"$(cat /proc/$PPID/comm)\" = surge ] || {{ echo \"parent is $(cat /proc/$PPID/comm)\"; exit 3; }}\n\
              io() {{ awk '$1==\"rchar:\"{{r=$2}} $1==\"wchar:\"{{w=$2}} END{{print r+w}}' /proc/$PPID/io; }}\n\

@@ -87,11 +87,11 @@ pub struct JobDw {
     /// which writers wait for the drain; `None`: the default (off: see [`DirtyHigh::DEFAULT`]).
     #[serde(default)]
     pub dirty_high: Option<DirtyHigh>,
-    /// `type=cache`, `passthrough=on` (a Surge extension): files of one stripe on a fragment
-    /// of the mount's host are read and written by kernel passthrough, at the fast tier's
-    /// speed, when the tier has room at their open; such a file cannot switch to writing
-    /// through to the PFS mid-write, so it may take the tier past its capacity until it
-    /// closes. `off` (the default): every write passes the mount, which falls back exactly.
+    /// `type=cache`, `passthrough=on` (a Surge extension, the default): files of one stripe
+    /// on a fragment of the mount's host are read and written by kernel passthrough, at the
+    /// fast tier's speed, when the tier has room at their open; such a file cannot switch to
+    /// writing through to the PFS mid-write, so it may take the tier past its capacity until
+    /// it closes. `off`: every write passes the mount, which falls back exactly.
     #[serde(default)]
     pub passthrough: bool,
 }
@@ -1504,8 +1504,9 @@ impl<'a> Parser<'a> {
             "off" => Ok(false),
             _ => Err(format!(
                 "unknown passthrough `{v}`{}; expected on (kernel passthrough for files on the \
-                 mount's host, the tier's capacity may be exceeded until they close) or off \
-                 (every write through the mount, the default)",
+                 mount's host, the default: the tier's capacity may be exceeded until they \
+                 close) or off (every write through the mount, which can fall back to the PFS \
+                 mid-write)",
                 hint(v, &["on", "off"])
             )),
         });
@@ -1591,7 +1592,7 @@ impl<'a> Parser<'a> {
                     optimization,
                     fsync_pfs: fsync_pfs.unwrap_or(false),
                     dirty_high,
-                    passthrough: passthrough.unwrap_or(false),
+                    passthrough: passthrough.unwrap_or(kind == InstanceType::Cache),
                 });
             }
             _ if first.is_none() => self.jobdw_unread = true,

@@ -358,7 +358,7 @@ fn type_cache_mirrors_a_pfs_directory() {
         "dirty_high=50%",
     );
     assert_says(&e, &["dirty_high= is for type=cache"]);
-    // Kernel passthrough for cache files: off unless asked for.
+    // Kernel passthrough for cache files: on unless turned off.
     let pt = |extra: &str| {
         parse_script(
             "job.sh",
@@ -371,7 +371,7 @@ fn type_cache_mirrors_a_pfs_directory() {
         .unwrap()
         .passthrough
     };
-    assert!(!pt(""), "passthrough=off is the default");
+    assert!(pt(""), "passthrough=on is the default");
     assert!(pt("passthrough=on"));
     assert!(!pt("passthrough=off"));
     let e = the_error(

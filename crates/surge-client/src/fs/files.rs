@@ -338,16 +338,28 @@ impl Fs {
                     {
                         continue;
                     }
-                    if self.inodes.backing(ino).is_some() {
+                    if let Some(b) = self.inodes.backing(ino) {
                         // Open by kernel passthrough here (`passthrough=on`): the kernel
-                        // writes its tier object, so it cannot move to the PFS.
-                        return Err(FsError::new(
-                            libc::ENOSPC,
-                            format!(
-                                "inode {ino}: the fast tier is full and the file is open by \
-                                 kernel passthrough, which cannot fall back to the PFS"
-                            ),
-                        ));
+                        // writes its tier object, so it cannot move to the PFS; like its
+                        // writes, the allocation goes past the capacity until the close.
+                        use std::os::fd::AsRawFd;
+                        // SAFETY: a valid descriptor and plain integers.
+                        let r = unsafe {
+                            libc::fallocate(
+                                b.as_raw_fd(),
+                                bits,
+                                offset as libc::off_t,
+                                len as libc::off_t,
+                            )
+                        };
+                        if r != 0 {
+                            return Err(FsError::io(
+                                "fallocate of a passthrough file",
+                                std::io::Error::last_os_error(),
+                            ));
+                        }
+                        self.inodes.changed_data(ino, end, 0, grows);
+                        return Ok(());
                     }
                     let f = self.go_through(ino).await?;
                     return self

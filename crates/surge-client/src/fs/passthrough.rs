@@ -78,8 +78,8 @@ impl Fs {
     /// (not written through to the PFS, not left there by the lazy fill), no open of it here
     /// may go through this process (the kernel keeps one I/O mode per inode: an open in the
     /// other mode would fail with EIO), and for a writer the instance must have room on the
-    /// file's server: at least the file's size and a sixteenth of the instance's capacity
-    /// (a passthrough file cannot switch to the PFS when the tier fills, so it may take the
+    /// file's server, counting what the file holds there (`size`, e.g. preallocated): at least
+    /// a sixteenth of the instance's capacity (a passthrough file cannot switch to the PFS when the tier fills, so it may take the
     /// tier past the capacity until it closes; what opens later falls back as usual). An
     /// inode already open by passthrough here keeps it (same reason).
     pub(super) async fn cache_passthrough_ok(
@@ -105,9 +105,9 @@ impl Fs {
             Ok(l) if l.single_object() => l.start,
             _ => return false,
         };
-        let need = size.max(self.client.desc.capacity / 16);
+        let need = self.client.desc.capacity / 16;
         match self.client.room_at(frag).await {
-            Ok(room) if room >= need => true,
+            Ok(room) if room.saturating_add(size) >= need => true,
             Ok(room) => {
                 debug!(
                     "inode {ino}: {room} bytes left on the tier (under {need}): written \
