@@ -475,6 +475,48 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     let left = surge_tb(&format!("instance ls --json --manager {MANAGER}"));
     assert!(!left.contains("tbpers"), "{left}");
 
+    // 10. A DataWarp type=cache script under Slurm: the lazy fill before the job (a stage
+    //     task), both nodes read a PFS file through the cache and write their own, the drain
+    //     (a stage task on a data mover, as the job's user) brings every change to the PFS
+    //     during and after the job, and nothing is left.
+    let mut input = vec![0u8; 5 << 20];
+    rng.fill(&mut input);
+    write_pfs("cache10/in.dat", &input);
+    let job = sbatch(
+        "cache.sh",
+        &format!(
+            "#!/bin/bash\n#SBATCH -N 2\n\
+             #DW jobdw type=cache access_mode=striped capacity=1GiB pfs={TB}/pfs/cache10 pool=nvme\n\
+             set -e\n\
+             srun -N 2 sh -c 'cp $DW_JOB_STRIPED_CACHE/in.dat $DW_JOB_STRIPED_CACHE/out.$(hostname); \
+             mkdir -p $DW_JOB_STRIPED_CACHE/d.$(hostname); echo $(hostname) > $DW_JOB_STRIPED_CACHE/d.$(hostname)/who'\n"
+        ),
+        &[],
+    );
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    for h in ["sgc1", "sgc2"] {
+        let got = std::fs::read(format!("{TB}/pfs/cache10/out.{h}")).unwrap_or_default();
+        assert!(
+            got == input,
+            "out.{h} on the PFS differs from what the job wrote"
+        );
+        assert_eq!(
+            std::fs::read_to_string(format!("{TB}/pfs/cache10/d.{h}/who")).unwrap_or_default(),
+            format!("{h}\n")
+        );
+    }
+    assert!(std::fs::read(format!("{TB}/pfs/cache10/in.dat")).unwrap() == input);
+    assert!(!Path::new(&format!("{TB}/pfs/cache10/.surge-through")).exists());
+    // The drained files are the job user's.
+    let owner = ok(&format!("stat -c %U {TB}/pfs/cache10/out.sgc1"));
+    assert_eq!(owner.trim(), USER, "out.sgc1 is owned by {owner}");
+    let mlog = std::fs::read_to_string(format!("{TB}/log/manager.log")).unwrap_or_default();
+    assert!(
+        mlog.contains("(drain_all)") || mlog.contains("(drain)"),
+        "{mlog}"
+    );
+    nothing_left("cache job");
+
     // 8. The link between a compute host and the BB hosts is cut mid-job (blackhole routes on
     //    sgc2): its I/O fails with EIO after the agents' deadline (the test bed's 10 s) instead
     //    of hanging, the job fails, its teardown does not wait for ever, and once the link is

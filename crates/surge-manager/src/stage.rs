@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use surge_api::v1 as api;
+use surge_stage::cache_task::CacheWork;
 use surge_stage::worker::{Event, Task};
 use surge_stage::{Direction, ProgressSnapshot, StageItem, StageOptions};
 use tracing::{info, warn};
@@ -29,12 +30,17 @@ use tracing::{info, warn};
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
 const TERMINATED: &str = "terminated while it ran; files not finished were removed";
 
-fn parse_direction(d: &str) -> MResult<Direction> {
+/// A task's `direction`: `in` or `out` (a copy), or a cache instance's `fill` or `drain`
+/// (`surge_stage::cache_task`; the direction the data goes, and the work).
+fn parse_direction(d: &str) -> MResult<(Direction, Option<CacheWork>)> {
     match d {
-        "in" => Ok(Direction::In),
-        "out" => Ok(Direction::Out),
+        "in" => Ok((Direction::In, None)),
+        "out" => Ok((Direction::Out, None)),
+        "fill" => Ok((Direction::In, Some(CacheWork::Fill))),
+        "drain" => Ok((Direction::Out, Some(CacheWork::Drain))),
+        "drain_all" => Ok((Direction::Out, Some(CacheWork::DrainAll))),
         other => Err(ManagerError::Invalid(format!(
-            "direction '{other}' is not in or out"
+            "direction '{other}' is not in, out, fill, drain or drain_all"
         ))),
     }
 }
@@ -45,6 +51,8 @@ struct Work {
     direction: Direction,
     items: Vec<StageItem>,
     opts: StageOptions,
+    /// A cache instance's fill or drain instead of a copy.
+    cache: Option<CacheWork>,
     /// The session's owner: the worker runs as this user.
     owner: surge_auth::Caller,
     /// A capability for the instance's servers, for the owner.
@@ -405,9 +413,15 @@ impl Stages {
     /// planning (missing source, no space) fail the task, which is returned in state `failed`
     /// with the reason.
     pub async fn start(self: &Arc<Self>, req: api::StartStageRequest) -> MResult<StageRow> {
-        let direction = parse_direction(&req.direction)?;
+        let (direction, cache) = parse_direction(&req.direction)?;
         self.session_uses(req.session, req.instance)?;
         let inst = self.core.instance(req.instance, "")?;
+        if cache.is_some() && inst.descriptor.cache_pfs.is_none() {
+            return Err(ManagerError::Invalid(format!(
+                "instance {} is not a type=cache instance: it has nothing to {}",
+                inst.id, req.direction
+            )));
+        }
         let ns = req.namespace;
         if namespace_for(&inst, ns).0 != ns {
             return Err(ManagerError::Invalid(format!(
@@ -417,7 +431,7 @@ impl Stages {
         }
         let items: Vec<StageItem> = serde_json::from_str(&req.items_json)
             .map_err(|e| ManagerError::Invalid(format!("stage items are not valid JSON: {e}")))?;
-        if items.is_empty() {
+        if items.is_empty() && cache.is_none() {
             return Err(ManagerError::Invalid(
                 "a stage task needs at least one item".into(),
             ));
@@ -427,7 +441,7 @@ impl Stages {
             session: req.session,
             instance: inst.id,
             ns,
-            direction: direction.as_str().into(),
+            direction: cache.map_or(direction.as_str(), CacheWork::as_str).into(),
             items_json: req.items_json.clone(),
             origin: req.origin.clone(),
             state: if req.deferred { "deferred" } else { "running" }.into(),
@@ -449,7 +463,7 @@ impl Stages {
             return Ok(row);
         }
         let opts = self.options(&inst, req.workers, req.checksum);
-        let work = self.work(&row, &inst, direction, items, opts)?;
+        let work = self.work(&row, &inst, (direction, cache), items, opts)?;
         Ok(self.launch(row, work).await)
     }
 
@@ -458,7 +472,7 @@ impl Stages {
         &self,
         row: &StageRow,
         inst: &crate::state::InstanceRow,
-        direction: Direction,
+        (direction, cache): (Direction, Option<CacheWork>),
         items: Vec<StageItem>,
         opts: StageOptions,
     ) -> MResult<Work> {
@@ -470,6 +484,7 @@ impl Stages {
             direction,
             items,
             opts,
+            cache,
             owner,
             token,
         })
@@ -485,7 +500,7 @@ impl Stages {
             )));
         }
         self.session_uses(row.session, row.instance)?;
-        let direction = parse_direction(&row.direction)?;
+        let (direction, cache) = parse_direction(&row.direction)?;
         let items: Vec<StageItem> = serde_json::from_str(&row.items_json).map_err(|e| {
             ManagerError::Invalid(format!("stage task {id}: items are not valid JSON: {e}"))
         })?;
@@ -494,7 +509,7 @@ impl Stages {
         self.core.store.lock().update_stage(&row)?;
         info!("stage task {id} ({}): activated", row.direction);
         let opts = self.options(&inst, 0, false);
-        let work = self.work(&row, &inst, direction, items, opts)?;
+        let work = self.work(&row, &inst, (direction, cache), items, opts)?;
         Ok(self.launch(row, work).await)
     }
 
@@ -639,6 +654,7 @@ impl Stages {
             direction,
             items,
             opts,
+            cache,
             owner,
             token,
         } = work;
@@ -649,6 +665,7 @@ impl Stages {
             direction,
             items,
             opts,
+            cache,
         };
         let mut planned = Some(planned);
         let mut source = match self.start_worker(row.id, &task, &owner, &live) {

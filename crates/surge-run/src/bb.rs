@@ -256,21 +256,6 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A `type=cache` job instance, which the Slurm phases do not fill or drain yet: the message.
-fn slurm_cache(d: &Directives) -> Option<String> {
-    d.jobdw
-        .as_ref()
-        .filter(|j| j.kind == surge_core::directives::InstanceType::Cache)
-        .map(|j| {
-            format!(
-                "{}: `#DW jobdw type=cache`: cache instances run under `surge run` so far; under \
-                 Slurm their fill and drain are not built yet: use type=scratch with \
-                 stage_in/stage_out",
-                j.line
-            )
-        })
-}
-
 fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
     let name = name.map_or_else(|| script.display().to_string(), str::to_string);
     let text = std::fs::read_to_string(script)
@@ -284,10 +269,6 @@ fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<Exi
         return Ok(ExitCode::from(1));
     }
     match parse_script(&name, &text) {
-        Ok(d) if slurm_cache(&d).is_some() => {
-            println!("{name}:{}", slurm_cache(&d).unwrap_or_default());
-            Ok(ExitCode::from(1))
-        }
         Ok(d) => {
             for w in &d.warnings {
                 eprintln!(
@@ -437,9 +418,6 @@ pub async fn set_phase(
 
 async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> {
     let (name, d) = job.directives()?;
-    if let Some(e) = slurm_cache(&d) {
-        anyhow::bail!("{name}:{e}");
-    }
     let mut m = connect(&job.common.manager).await?;
     if let Some(s) = find(&mut m, job).await?.filter(|s| s.state == "active") {
         println!("job {}: session {} (already set up)", job.job_id, s.id);
@@ -736,7 +714,153 @@ async fn data_in(job: &Job, workdir: &Path) -> anyhow::Result<()> {
             println!("{}", stage_line("in", g, inst, ns, &done, t));
         }
     }
+    if let Some((inst, pfs)) = cache_instance(&s) {
+        cache_fill_and_drain(&mut m, &s, inst, &pfs).await?;
+    }
     Ok(())
+}
+
+/// The session's job instance and its PFS directory, if it is a `type=cache` one.
+fn cache_instance(s: &api::Session) -> Option<(&api::Instance, String)> {
+    let i = s.instances.iter().find(|i| i.id == s.job_instance)?;
+    let desc: surge_proto::InstanceDescriptor = serde_json::from_str(&i.descriptor_json).ok()?;
+    Some((i, desc.cache_pfs?))
+}
+
+/// `type=cache` (docs/DIRECTIVES.md "Cache instances"): the lazy fill of the job instance from
+/// its PFS directory, then its drain, which runs in the background (a stage task, on a data
+/// mover when one is alive) until [`finish_drains`] after the job.
+async fn cache_fill_and_drain(
+    m: &mut surge_api::Client,
+    s: &api::Session,
+    inst: &api::Instance,
+    pfs: &str,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let done = stage_once(m, s, inst.id, 0, "fill", "[]".into()).await?;
+    if done.state != "done" {
+        anyhow::bail!(
+            "the fill of the cache from {pfs} failed: {}",
+            failure_lines(&done).join("; ")
+        );
+    }
+    println!(
+        "fill $DW_JOB_STRIPED_CACHE from {pfs}: {} files ({}, read from the PFS on first use) \
+         in {:.1} s",
+        done.files_done,
+        format_bytes(done.bytes_done),
+        t.elapsed().as_secs_f64()
+    );
+    let tasks = m
+        .list_stages(api::ListStagesRequest { session: s.id })
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .tasks;
+    if tasks
+        .iter()
+        .any(|t| t.direction == "drain" && (t.state == "running" || t.state == "queued"))
+    {
+        return Ok(());
+    }
+    let d = m
+        .start_stage(api::StartStageRequest {
+            session: s.id,
+            instance: inst.id,
+            namespace: 0,
+            direction: "drain".into(),
+            items_json: "[]".into(),
+            workers: 0,
+            checksum: false,
+            deferred: false,
+            origin: "drain".into(),
+        })
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    if d.state == "failed" {
+        anyhow::bail!("the drain of the cache could not start: {}", d.error);
+    }
+    println!(
+        "drain $DW_JOB_STRIPED_CACHE to {pfs}: started (stage task {})",
+        d.id
+    );
+    Ok(())
+}
+
+/// `type=cache`, after the job (its mounts gone): the background drain is told to finish
+/// (SIGTERM: it copies what is left, then ends) and awaited, then a `drain_all` task drains
+/// whatever is still journaled (all of it when the first never ran). Returns the failures;
+/// a failed drain keeps the job instance, its data the only copy.
+async fn finish_drains(m: &mut surge_api::Client, s: &api::Session) -> anyhow::Result<Vec<String>> {
+    let Some((inst, pfs)) = cache_instance(s) else {
+        return Ok(Vec::new());
+    };
+    let tasks = m
+        .list_stages(api::ListStagesRequest { session: s.id })
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .tasks;
+    for t in tasks
+        .into_iter()
+        .filter(|t| t.direction == "drain" && t.state == "running")
+    {
+        // The manager waits 30 s for the task to end; a longer drain is awaited here.
+        let t = match m.cancel_stage(api::GetStageRequest { id: t.id }).await {
+            Ok(r) => r.into_inner(),
+            Err(e) if e.code() == tonic::Code::Unavailable => t,
+            Err(e) => return Err(status_err(e)),
+        };
+        if t.state == "running" {
+            wait_stage(m, t, "drain", true, || false).await?;
+        }
+    }
+    let t = Instant::now();
+    let done = stage_once_in(
+        m,
+        s.id,
+        inst.id,
+        0,
+        "drain_all",
+        "[]".into(),
+        "drain_all",
+        true,
+        || false,
+    )
+    .await?;
+    let mut failures = Vec::new();
+    let ran = m
+        .list_stages(api::ListStagesRequest { session: s.id })
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .tasks
+        .into_iter()
+        .filter(|t| t.direction == "drain" || t.direction == "drain_all");
+    let (mut files, mut bytes) = (0, 0);
+    for r in ran {
+        files += r.files_done;
+        bytes += r.bytes_done;
+    }
+    if done.state == "done" {
+        println!(
+            "drain $DW_JOB_STRIPED_CACHE to {pfs}: {} files, {} ({:.1} s after the job)",
+            files,
+            format_bytes(bytes),
+            t.elapsed().as_secs_f64()
+        );
+    } else {
+        failures.push(format!(
+            "the drain of $DW_JOB_STRIPED_CACHE to {pfs} failed (stage task {}): {}; the job \
+             instance {} is kept: finish it with `surge stage drain --instance {}`",
+            done.id,
+            crate::job_stage::failure_message(&done),
+            inst.id,
+            inst.id
+        ));
+    }
+    Ok(failures)
 }
 
 /// Where the agents mount instance `i` of session `s`.
@@ -1016,6 +1140,8 @@ async fn data_out(job: &Job, workdir: &Path) -> anyhow::Result<()> {
             }
         }
     }
+    // A cache's drain: everything journaled reaches the PFS before the instance goes.
+    failures.extend(finish_drains(&mut m, &s).await?);
     // What the job itself left: pending tasks and deferred stage-outs.
     let tasks = m
         .list_stages(api::ListStagesRequest { session: s.id })
@@ -1173,7 +1299,12 @@ async fn end_job_session(
             let _ = m.cancel_stage(api::GetStageRequest { id: t.id }).await;
         }
     }
-    let keep = s.phase == "data_out_failed";
+    // A cache's drain (done by data_out unless Slurm skipped it): nothing journaled is lost.
+    let drain_failures = finish_drains(m, s).await?;
+    for f in &drain_failures {
+        eprintln!("{f}");
+    }
+    let keep = s.phase == "data_out_failed" || !drain_failures.is_empty();
     Ok(m.end_session(api::EndSessionRequest {
         id: s.id,
         keep_job_instance: keep,
@@ -1300,16 +1431,19 @@ async fn teardown(job: &Job, hurry: bool) -> anyhow::Result<()> {
         return Ok(());
     };
     if s.state == "active" {
-        let keep = s.phase == "data_out_failed";
         let ended =
             end_job_session(&mut m, &s, hurry, if hurry { "cancelled" } else { "ended" }).await?;
+        let keep = ended.state == "stage-out-failed";
         println!(
             "job {}: session {} {}{}",
             job.job_id,
             ended.id,
             ended.state,
             if keep {
-                format!("; job instance {} KEPT (stage-out failed)", s.job_instance)
+                format!(
+                    "; job instance {} KEPT (stage-out or drain failed)",
+                    s.job_instance
+                )
             } else {
                 String::new()
             }

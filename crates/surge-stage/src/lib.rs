@@ -21,6 +21,7 @@
 //! What to copy (expanding `$DW_*` variables, reading `type=list` files) is the caller's job:
 //! this crate receives plain [`StageItem`]s.
 
+pub mod cache_task;
 pub mod cli;
 mod copy;
 pub mod drain;

@@ -28,6 +28,9 @@ pub struct Task {
     pub direction: Direction,
     pub items: Vec<StageItem>,
     pub opts: StageOptions,
+    /// A cache instance's fill or drain instead of a copy (`items` is empty then).
+    #[serde(default)]
+    pub cache: Option<crate::cache_task::CacheWork>,
 }
 
 /// What a worker says, one JSON line each.
@@ -77,6 +80,29 @@ pub fn run() -> anyhow::Result<ExitCode> {
 }
 
 async fn work(task: Task) -> bool {
+    if let Some(cw) = task.cache {
+        let client = match surge_auth::Token::from_text(&task.token)
+            .map_err(|e| e.to_string())
+            .and_then(|token| {
+                InstanceClient::new(task.desc.clone(), NamespaceId(task.ns), token)
+                    .map_err(|e| format!("instance {}: {e}", task.desc.instance))
+            }) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                say(&Event::Failed(e));
+                return false;
+            }
+        };
+        let Some(pfs) = task.desc.cache_pfs.clone() else {
+            say(&Event::Failed(format!(
+                "instance {} is not a type=cache instance: nothing to {}",
+                task.desc.instance,
+                cw.as_str()
+            )));
+            return false;
+        };
+        return crate::cache_task::run(cw, client, pfs.into(), say).await;
+    }
     let progress = Arc::new(Progress::new());
     {
         // SIGTERM: stop at the next chunk.

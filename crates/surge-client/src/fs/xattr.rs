@@ -13,6 +13,11 @@
 //! or the default layout of a directory (`surge layout`; as `lustre.lov` and `lfs setstripe`
 //! do on Lustre), as text: `stripe_size=1048576 stripe_count=1 start=3`. It is not listed, so
 //! copying tools do not carry one instance's fragment numbers to another file system.
+//!
+//! `user.surge.cache` (read-only, not listed either) says where a file of a `type=cache`
+//! instance holds its data: `tier` (on the fast tier), `pfs` (on the PFS until a mount copies
+//! it in: the lazy fill's files not read yet, evicted files) or `through` (written through to
+//! the PFS once the tier was full); as `lfs hsm_state` tells on Lustre.
 
 use super::{stale, Fs, FsError, FsResult};
 use surge_core::{FileLayout, Ino};
@@ -20,6 +25,9 @@ use surge_proto::{FileKind, XATTR_NAME_MAX};
 
 /// The attribute that reads and sets layouts.
 pub const LAYOUT_XATTR: &[u8] = b"user.surge.layout";
+
+/// The attribute that says where a cache file's data is (read-only).
+pub const CACHE_XATTR: &[u8] = b"user.surge.cache";
 
 /// Where a name's namespace is kept.
 enum Namespace {
@@ -75,6 +83,9 @@ impl Fs {
         if name == LAYOUT_XATTR {
             return self.layout_text(ino).await.map(String::into_bytes);
         }
+        if name == CACHE_XATTR {
+            return self.cache_state_text(ino).await.map(String::into_bytes);
+        }
         self.client.get_xattr(ino, name).await.map_err(stale)
     }
 
@@ -107,6 +118,9 @@ impl Fs {
             .filter(|f| f & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) as u32 == 0)
             .ok_or_else(|| FsError::new(libc::EINVAL, format!("setxattr flags {flags:#x}")))?;
         self.barrier().await?;
+        if name == CACHE_XATTR {
+            return Err(read_only());
+        }
         if name == LAYOUT_XATTR {
             let text = std::str::from_utf8(value).map_err(|_| {
                 FsError::new(libc::EINVAL, "user.surge.layout: the value is not text")
@@ -122,6 +136,31 @@ impl Fs {
             .map_err(stale)?;
         self.observe(a, false);
         Ok(())
+    }
+
+    /// What `user.surge.cache` reads: `tier`, `pfs` or `through` (`ENODATA` outside a cache
+    /// instance and for what is not a regular file).
+    pub async fn cache_state_text(&self, ino: Ino) -> FsResult<String> {
+        if !self.cache {
+            return Err(FsError::new(
+                libc::ENODATA,
+                "user.surge.cache: not a type=cache instance",
+            ));
+        }
+        let a = self.client.getattr(ino).await.map_err(stale)?;
+        let a = self.observe(a, false);
+        if a.kind != FileKind::File {
+            return Err(FsError::new(
+                libc::ENODATA,
+                "user.surge.cache: not a regular file",
+            ));
+        }
+        Ok(match a.through {
+            0 => "tier",
+            surge_proto::THROUGH_FILL => "pfs",
+            _ => "through",
+        }
+        .into())
     }
 
     /// What `user.surge.layout` reads: a file's layout (resolved: the values its bytes are
@@ -198,6 +237,9 @@ impl Fs {
             _ => return Err(not_supported(name)),
         }
         self.barrier().await?;
+        if name == CACHE_XATTR {
+            return Err(read_only());
+        }
         if name == LAYOUT_XATTR {
             return self.set_layout(ino, FileLayout::default()).await;
         }
@@ -205,4 +247,11 @@ impl Fs {
         self.observe(a, false);
         Ok(())
     }
+}
+
+fn read_only() -> FsError {
+    FsError::new(
+        libc::EPERM,
+        "user.surge.cache is read-only: it says where a cache file's data is",
+    )
 }

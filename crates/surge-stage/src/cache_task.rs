@@ -1,0 +1,180 @@
+//! A `type=cache` instance's work as stage tasks, for the batch system's phases (Slurm's
+//! `burst_buffer/lua`), where no `surge run` process lives through the job: the lazy fill
+//! before the job ([`CacheWork::Fill`]) and the drain during and after it
+//! ([`CacheWork::Drain`], then [`CacheWork::DrainAll`]). The manager runs them like copies (`surge stage worker`, as the
+//! session's owner, on a data mover when one is alive) and reports them like copies.
+//!
+//! A drain task runs until it is terminated (SIGTERM, the manager's `cancel`, which the
+//! `data_out` phase sends once the job's mounts are gone): it then copies everything still
+//! journaled and ends with its report, as `surge run`'s drain does after the job. A drain that
+//! makes no progress for [`DRAIN_STALL`] after that fails with the reason and the number of
+//! changes not on the PFS; nothing is lost (the instance is kept by the phase that fails).
+//! After it, the phase runs a [`CacheWork::DrainAll`] task, which drains what is left and
+//! ends: it finds nothing when the first drain finished, and does the whole drain when that
+//! one never ran (queued without a data mover, terminated before it started) or was lost.
+
+use crate::drain::{drain_loop, DrainState};
+use crate::worker::Event;
+use crate::{ProgressSnapshot, StageReport};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use surge_client::InstanceClient;
+
+/// How long a finishing drain may go without applying a journal entry before it gives up.
+pub const DRAIN_STALL: Duration = Duration::from_secs(60);
+
+/// Which part of a cache instance's work a task does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheWork {
+    /// The lazy fill of the new namespace from the PFS directory (`crate::fill`).
+    Fill,
+    /// The drain of the journal to the PFS directory until terminated, then to the end.
+    Drain,
+    /// The drain of everything journaled, at once, then the end (after the job).
+    DrainAll,
+}
+
+impl CacheWork {
+    /// The name a stage task of this kind has (its `direction`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheWork::Fill => "fill",
+            CacheWork::Drain => "drain",
+            CacheWork::DrainAll => "drain_all",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CacheWork> {
+        match s {
+            "fill" => Some(CacheWork::Fill),
+            "drain" => Some(CacheWork::Drain),
+            "drain_all" => Some(CacheWork::DrainAll),
+            _ => None,
+        }
+    }
+}
+
+/// Runs `work` for the instance of `client`, whose PFS directory is `pfs`; `say` sends the
+/// events. Returns whether it succeeded.
+pub async fn run(
+    work: CacheWork,
+    client: Arc<InstanceClient>,
+    pfs: PathBuf,
+    say: impl Fn(&Event),
+) -> bool {
+    say(&Event::Planned { files: 0, bytes: 0 });
+    match work {
+        CacheWork::Fill => fill(&client, &pfs, &say).await,
+        CacheWork::Drain => drain(client, pfs, false, &say).await,
+        CacheWork::DrainAll => drain(client, pfs, true, &say).await,
+    }
+}
+
+async fn fill(client: &InstanceClient, pfs: &std::path::Path, say: &impl Fn(&Event)) -> bool {
+    let t = Instant::now();
+    // What a killed job's drain left (its stable names) goes first, as `surge run` does.
+    if let Err(e) = crate::drain::clear_through(pfs) {
+        say(&Event::Failed(e.to_string()));
+        return false;
+    }
+    match crate::fill::fill_lazy(client, pfs, || false).await {
+        Ok(st) => {
+            say(&Event::Done(StageReport {
+                files: st.lazy_files + st.copied_files,
+                bytes: st.lazy_bytes + st.copied_bytes,
+                dirs: st.dirs,
+                symlinks: st.symlinks,
+                seconds: t.elapsed().as_secs_f64(),
+                ..Default::default()
+            }));
+            true
+        }
+        Err(e) => {
+            say(&Event::Failed(format!(
+                "the fill of the cache from {} failed: {e}",
+                pfs.display()
+            )));
+            false
+        }
+    }
+}
+
+/// `all`: drain what is journaled and end (else: until SIGTERM, then to the end).
+async fn drain(
+    client: Arc<InstanceClient>,
+    pfs: PathBuf,
+    all: bool,
+    say: &impl Fn(&Event),
+) -> bool {
+    let t = Instant::now();
+    let id = client.desc.instance;
+    let state = Arc::new(DrainState::default());
+    let stop = Arc::new(AtomicBool::new(all));
+    {
+        // SIGTERM: the job is over and its mounts are gone: drain everything, then end.
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if let Ok(mut term) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            {
+                term.recv().await;
+                stop.store(true, Ordering::SeqCst);
+            }
+        });
+    }
+    let task = tokio::spawn(drain_loop(
+        client,
+        pfs.clone(),
+        state.clone(),
+        stop.clone(),
+        Duration::from_millis(100),
+    ));
+    let st = &state.stats;
+    let snapshot = |finished: bool| ProgressSnapshot {
+        files_done: st.files.load(Ordering::Relaxed),
+        files_total: 0,
+        bytes_done: st.bytes.load(Ordering::Relaxed),
+        bytes_total: 0,
+        failed: 0,
+        elapsed: t.elapsed(),
+        finished,
+        cancelled: false,
+    };
+    let (mut last, mut since) = (u64::MAX, Instant::now());
+    while !task.is_finished() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        say(&Event::Progress(snapshot(false)));
+        let done = st.entries.load(Ordering::Relaxed);
+        if !stop.load(Ordering::SeqCst) || done != last {
+            (last, since) = (done, Instant::now());
+        } else if since.elapsed() > DRAIN_STALL {
+            task.abort();
+            say(&Event::Failed(format!(
+                "the drain to {} made no progress for {} s: {}; {} change(s) not on the PFS \
+                 (finish it with `surge stage drain --instance {}`)",
+                pfs.display(),
+                DRAIN_STALL.as_secs(),
+                state.error.lock().clone().unwrap_or_default(),
+                st.pending.load(Ordering::Relaxed),
+                id
+            )));
+            return false;
+        }
+    }
+    // Drained, mounts gone: the stable names of files written through are extra.
+    if let Err(e) = crate::drain::clear_through(&pfs) {
+        tracing::warn!("{e}");
+    }
+    say(&Event::Progress(snapshot(true)));
+    say(&Event::Done(StageReport {
+        files: st.files.load(Ordering::Relaxed),
+        bytes: st.bytes.load(Ordering::Relaxed),
+        seconds: t.elapsed().as_secs_f64(),
+        ..Default::default()
+    }));
+    true
+}
