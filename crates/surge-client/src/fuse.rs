@@ -324,6 +324,13 @@ impl Filesystem for FuseAdapter {
         if self.negative_ttl.is_some() {
             let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         }
+        // A cache file copied into the tier: its pages cached from the PFS go (see `fill`).
+        let notifier = self.notifier.clone();
+        self.fs.set_page_drop(Arc::new(move |ino| {
+            if let Some(n) = notifier.get() {
+                let _ = n.inval_inode(INodeNo(ino), 0, 0);
+            }
+        }));
         if (self.passthrough || self.lend)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()

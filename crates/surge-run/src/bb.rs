@@ -889,6 +889,11 @@ async fn paths(job: &Job, path_file: &Path) -> anyhow::Result<()> {
                     DwVariable::JobLdbal.env_name(),
                     "SURGE_JOB_LDBAL".to_string(),
                 )
+            } else if cache_instance(&s).is_some() {
+                (
+                    DwVariable::JobStripedCache.env_name(),
+                    "SURGE_JOB_STRIPED_CACHE".to_string(),
+                )
             } else {
                 (
                     DwVariable::JobStriped.env_name(),

@@ -61,6 +61,15 @@ fn say(e: &Event) {
 
 /// Runs the task on stdin (the `surge stage worker` command).
 pub fn run() -> anyhow::Result<ExitCode> {
+    // A parent that takes its signals with a signal thread (`surge run`, `surge mover`) blocks
+    // them, and an exec'd child inherits the mask: SIGTERM, which stops a copy and finishes a
+    // drain, would stay pending for ever. Unblocked before the runtime's threads exist.
+    // SAFETY: an empty set, initialised by sigemptyset, and a null old set.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
     let mut text = String::new();
     std::io::stdin()
         .read_to_string(&mut text)

@@ -185,7 +185,12 @@ pub struct Fs {
     /// The layout of new files where no directory default says otherwise (`surge mount
     /// --layout`); `None`: the mount's own choice (see `passthrough`).
     default_layout: Option<surge_core::FileLayout>,
+    /// Drops the kernel's cached pages of an inode (the adapter's notifier; see `fill`).
+    drop_pages: std::sync::OnceLock<PageDrop>,
 }
+
+/// Drops the kernel's cached pages of an inode.
+pub type PageDrop = Arc<dyn Fn(Ino) + Send + Sync>;
 
 /// Stripes of [`Fs::size_locks`].
 const SIZE_LOCKS: usize = 64;
@@ -239,7 +244,13 @@ impl Fs {
             dirty: dirty::DirtyGate::new(dirty_high),
             immutable,
             default_layout: None,
+            drop_pages: std::sync::OnceLock::new(),
         }
+    }
+
+    /// How the kernel's cached pages of an inode are dropped (set once by the adapter).
+    pub fn set_page_drop(&self, f: PageDrop) {
+        let _ = self.drop_pages.set(f);
     }
 
     /// Cache instances: sets the dirty high-water mark, in bytes (0: writers never wait for
