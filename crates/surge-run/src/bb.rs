@@ -613,12 +613,7 @@ pub async fn stage_once_in(
     quiet: bool,
     stop: impl Fn() -> bool,
 ) -> anyhow::Result<api::StageTask> {
-    let tasks = m
-        .list_stages(api::ListStagesRequest { session })
-        .await
-        .map_err(status_err)?
-        .into_inner()
-        .tasks;
+    let tasks = session_tasks(m, session).await?;
     let same = tasks.into_iter().rev().find(|t| {
         t.origin == origin
             && t.instance == inst
@@ -727,6 +722,18 @@ fn cache_instance(s: &api::Session) -> Option<(&api::Instance, String)> {
     Some((i, desc.cache_pfs?))
 }
 
+/// The stage tasks of session `session`.
+async fn session_tasks(
+    m: &mut surge_api::Client,
+    session: u64,
+) -> anyhow::Result<Vec<api::StageTask>> {
+    Ok(m.list_stages(api::ListStagesRequest { session })
+        .await
+        .map_err(status_err)?
+        .into_inner()
+        .tasks)
+}
+
 /// `type=cache` (docs/DIRECTIVES.md "Cache instances"): the lazy fill of the job instance from
 /// its PFS directory, then its drain, which runs in the background (a stage task, on a data
 /// mover when one is alive) until [`finish_drains`] after the job.
@@ -751,12 +758,7 @@ async fn cache_fill_and_drain(
         format_bytes(done.bytes_done),
         t.elapsed().as_secs_f64()
     );
-    let tasks = m
-        .list_stages(api::ListStagesRequest { session: s.id })
-        .await
-        .map_err(status_err)?
-        .into_inner()
-        .tasks;
+    let tasks = session_tasks(m, s.id).await?;
     if tasks
         .iter()
         .any(|t| t.direction == "drain" && (t.state == "running" || t.state == "queued"))
@@ -796,12 +798,7 @@ async fn finish_drains(m: &mut surge_api::Client, s: &api::Session) -> anyhow::R
     let Some((inst, pfs)) = cache_instance(s) else {
         return Ok(Vec::new());
     };
-    let tasks = m
-        .list_stages(api::ListStagesRequest { session: s.id })
-        .await
-        .map_err(status_err)?
-        .into_inner()
-        .tasks;
+    let tasks = session_tasks(m, s.id).await?;
     for t in tasks
         .into_iter()
         .filter(|t| t.direction == "drain" && t.state == "running")
@@ -830,12 +827,8 @@ async fn finish_drains(m: &mut surge_api::Client, s: &api::Session) -> anyhow::R
     )
     .await?;
     let mut failures = Vec::new();
-    let ran = m
-        .list_stages(api::ListStagesRequest { session: s.id })
-        .await
-        .map_err(status_err)?
-        .into_inner()
-        .tasks
+    let ran = session_tasks(m, s.id)
+        .await?
         .into_iter()
         .filter(|t| t.direction == "drain" || t.direction == "drain_all");
     let (mut files, mut bytes) = (0, 0);
@@ -1148,12 +1141,7 @@ async fn data_out(job: &Job, workdir: &Path) -> anyhow::Result<()> {
     // A cache's drain: everything journaled reaches the PFS before the instance goes.
     failures.extend(finish_drains(&mut m, &s).await?);
     // What the job itself left: pending tasks and deferred stage-outs.
-    let tasks = m
-        .list_stages(api::ListStagesRequest { session: s.id })
-        .await
-        .map_err(status_err)?
-        .into_inner()
-        .tasks;
+    let tasks = session_tasks(&mut m, s.id).await?;
     for t in tasks {
         let t = match t.state.as_str() {
             "deferred" => m
@@ -1291,12 +1279,7 @@ async fn end_job_session(
         set_phase(m, s, "teardown", Vec::new(), false).await?;
     }
     if hurry {
-        let tasks = m
-            .list_stages(api::ListStagesRequest { session: s.id })
-            .await
-            .map_err(status_err)?
-            .into_inner()
-            .tasks;
+        let tasks = session_tasks(m, s.id).await?;
         for t in tasks
             .iter()
             .filter(|t| t.state == "running" || t.state == "queued")
