@@ -61,20 +61,24 @@ fn say(e: &Event) {
 
 /// Runs the task on stdin (the `surge stage worker` command).
 pub fn run() -> anyhow::Result<ExitCode> {
-    // A parent that takes its signals with a signal thread (`surge run`, `surge mover`) blocks
-    // them, and an exec'd child inherits the mask: SIGTERM, which stops a copy and finishes a
-    // drain, would stay pending for ever. Unblocked before the runtime's threads exist.
-    // SAFETY: an empty set, initialised by sigemptyset, and a null old set.
-    unsafe {
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-    }
     let mut text = String::new();
     std::io::stdin()
         .read_to_string(&mut text)
         .context("cannot read the task on stdin")?;
     let task: Task = serde_json::from_str(&text).context("the task on stdin is not valid")?;
+    // A parent that takes its signals with a signal thread (`surge run`, `surge mover`) blocks
+    // them, and an exec'd child inherits the mask: SIGTERM, which finishes a cache's drain,
+    // would stay pending for ever. Unblocked before the runtime's threads exist. Only for
+    // cache work so far: a copy terminated once the last file was copied reports itself
+    // cancelled (its files stay), which `execute` must settle before copies take SIGTERM.
+    if task.cache.is_some() {
+        // SAFETY: an empty set, initialised by sigemptyset, and a null old set.
+        unsafe {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
