@@ -33,13 +33,12 @@ const TERMINATED: &str = "terminated while it ran; files not finished were remov
 /// A task's `direction`: `in` or `out` (a copy), or a cache instance's `fill` or `drain`
 /// (`surge_stage::cache_task`; the direction the data goes, and the work).
 fn parse_direction(d: &str) -> MResult<(Direction, Option<CacheWork>)> {
-    match d {
-        "in" => Ok((Direction::In, None)),
-        "out" => Ok((Direction::Out, None)),
-        "fill" => Ok((Direction::In, Some(CacheWork::Fill))),
-        "drain" => Ok((Direction::Out, Some(CacheWork::Drain))),
-        "drain_all" => Ok((Direction::Out, Some(CacheWork::DrainAll))),
-        other => Err(ManagerError::Invalid(format!(
+    match (d, CacheWork::parse(d)) {
+        ("in", _) => Ok((Direction::In, None)),
+        ("out", _) => Ok((Direction::Out, None)),
+        (_, Some(CacheWork::Fill)) => Ok((Direction::In, Some(CacheWork::Fill))),
+        (_, Some(w)) => Ok((Direction::Out, Some(w))),
+        (other, None) => Err(ManagerError::Invalid(format!(
             "direction '{other}' is not in, out, fill, drain or drain_all"
         ))),
     }

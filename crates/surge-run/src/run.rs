@@ -407,8 +407,8 @@ fn crlf_line(text: &str) -> Option<(usize, &str)> {
         .find_map(|(i, l)| l.strip_suffix('\r').map(|l| (i + 1, l)))
 }
 
-/// A cache drain that makes no progress for this long is given up (the instance is kept).
-const DRAIN_STALL: Duration = Duration::from_secs(60);
+// A cache drain that makes no progress for this long is given up (the instance is kept).
+use surge_stage::cache_task::DRAIN_STALL;
 
 fn job_var(mode: AccessMode) -> DwVariable {
     match mode {

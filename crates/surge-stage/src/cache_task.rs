@@ -1,8 +1,9 @@
 //! A `type=cache` instance's work as stage tasks, for the batch system's phases (Slurm's
 //! `burst_buffer/lua`), where no `surge run` process lives through the job: the lazy fill
 //! before the job ([`CacheWork::Fill`]) and the drain during and after it
-//! ([`CacheWork::Drain`], then [`CacheWork::DrainAll`]). The manager runs them like copies (`surge stage worker`, as the
-//! session's owner, on a data mover when one is alive) and reports them like copies.
+//! ([`CacheWork::Drain`], then [`CacheWork::DrainAll`]). The manager runs them like copies
+//! (`surge stage worker`, as the session's owner, on a data mover when one is alive) and
+//! reports them like copies.
 //!
 //! A drain task runs until it is terminated (SIGTERM, the manager's `cancel`, which the
 //! `data_out` phase sends once the job's mounts are gone): it then copies everything still
@@ -23,7 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use surge_client::InstanceClient;
 
-/// How long a finishing drain may go without applying a journal entry before it gives up.
+/// How long a finishing drain may go without applying a journal entry before it gives up
+/// (here and in `surge run`).
 pub const DRAIN_STALL: Duration = Duration::from_secs(60);
 
 /// Which part of a cache instance's work a task does.

@@ -342,22 +342,8 @@ impl Fs {
                         // Open by kernel passthrough here (`passthrough=on`): the kernel
                         // writes its tier object, so it cannot move to the PFS; like its
                         // writes, the allocation goes past the capacity until the close.
-                        use std::os::fd::AsRawFd;
-                        // SAFETY: a valid descriptor and plain integers.
-                        let r = unsafe {
-                            libc::fallocate(
-                                b.as_raw_fd(),
-                                bits,
-                                offset as libc::off_t,
-                                len as libc::off_t,
-                            )
-                        };
-                        if r != 0 {
-                            return Err(FsError::io(
-                                "fallocate of a passthrough file",
-                                std::io::Error::last_os_error(),
-                            ));
-                        }
+                        fallocate_file(&b, bits, offset, len)
+                            .map_err(|e| FsError::io("fallocate of a passthrough file", e))?;
                         self.inodes.changed_data(ino, end, 0, grows);
                         return Ok(());
                     }
@@ -389,20 +375,7 @@ impl Fs {
         grows: bool,
     ) -> FsResult<()> {
         super::through::on_pfs("fallocate of the PFS file", move || {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a valid descriptor and plain integers.
-            let r = unsafe {
-                libc::fallocate(
-                    f.as_raw_fd(),
-                    bits,
-                    offset as libc::off_t,
-                    len as libc::off_t,
-                )
-            };
-            if r != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
+            fallocate_file(&f, bits, offset, len)
         })
         .await?;
         self.inodes.changed_data(ino, offset + len, 0, grows);
@@ -563,4 +536,22 @@ impl Fs {
 pub(super) fn drops_privilege(perm: u16) -> bool {
     perm & libc::S_ISUID as u16 != 0
         || (perm & libc::S_ISGID as u16 != 0 && perm & libc::S_IXGRP as u16 != 0)
+}
+
+/// `fallocate(2)` of `f` with mode `bits`.
+fn fallocate_file(f: &std::fs::File, bits: i32, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor and plain integers.
+    let r = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            bits,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

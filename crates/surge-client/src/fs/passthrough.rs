@@ -79,9 +79,10 @@ impl Fs {
     /// may go through this process (the kernel keeps one I/O mode per inode: an open in the
     /// other mode would fail with EIO), and for a writer the instance must have room on the
     /// file's server, counting what the file holds there (`size`, e.g. preallocated): at least
-    /// a sixteenth of the instance's capacity (a passthrough file cannot switch to the PFS when the tier fills, so it may take the
-    /// tier past the capacity until it closes; what opens later falls back as usual). An
-    /// inode already open by passthrough here keeps it (same reason).
+    /// a sixteenth of the instance's capacity (a passthrough file cannot switch to the PFS
+    /// when the tier fills, so it may take the tier past the capacity until it closes; what
+    /// opens later falls back as usual). An inode already open by passthrough here keeps it
+    /// (same reason).
     pub(super) async fn cache_passthrough_ok(
         &self,
         ino: Ino,
