@@ -285,7 +285,16 @@ async fn run(
 
     copy_entries(&ctx, plan, &parents).await;
 
-    if !ctx.progress.is_cancelled() {
+    // A termination that came once every file had landed does not undo the copy: its files
+    // are whole and in place, so the stage finishes (directories' attributes, the sync) and
+    // reports itself done, never "cancelled" with its files left behind.
+    let landed = ctx.files.load(Ordering::Relaxed) >= plan.files
+        && ctx.symlinks.load(Ordering::Relaxed) >= plan.symlinks
+        && ctx.failures.lock().is_empty();
+    if ctx.progress.is_cancelled() && !landed {
+        return Err(StageError::Cancelled);
+    }
+    {
         match plan.direction {
             Direction::In => finish_dirs_in(&ctx, &dirs).await,
             Direction::Out => {
@@ -300,9 +309,6 @@ async fn run(
                 }
             }
         }
-    }
-    if ctx.progress.is_cancelled() {
-        return Err(StageError::Cancelled);
     }
     let failures = std::mem::take(&mut *ctx.failures.lock());
     Ok(StageReport {

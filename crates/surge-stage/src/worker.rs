@@ -67,17 +67,15 @@ pub fn run() -> anyhow::Result<ExitCode> {
         .context("cannot read the task on stdin")?;
     let task: Task = serde_json::from_str(&text).context("the task on stdin is not valid")?;
     // A parent that takes its signals with a signal thread (`surge run`, `surge mover`) blocks
-    // them, and an exec'd child inherits the mask: SIGTERM, which finishes a cache's drain,
-    // would stay pending for ever. Unblocked before the runtime's threads exist. Only for
-    // cache work so far: a copy terminated once the last file was copied reports itself
-    // cancelled (its files stay), which `execute` must settle before copies take SIGTERM.
-    if task.cache.is_some() {
-        // SAFETY: an empty set, initialised by sigemptyset, and a null old set.
-        unsafe {
-            let mut none: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut none);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        }
+    // them, and an exec'd child inherits the mask: SIGTERM (a copy terminated, a cache's
+    // drain told to finish) would stay pending for ever. Unblocked before the runtime's
+    // threads exist. A copy terminated once its last file landed reports itself done
+    // (`execute`), so terminating never leaves files behind a task said to be gone.
+    // SAFETY: an empty set, initialised by sigemptyset, and a null old set.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
