@@ -131,6 +131,18 @@ impl Token {
         Ok(claims)
     }
 
+    /// The claims as written, without checking the signature or the expiry (`None` if they do
+    /// not parse). Only for lowering one's own rights (a root mount opening the job's PFS
+    /// files as the user its capability acts for, never as root): a forged token can make
+    /// its holder act as someone other than root, and every server still refuses it.
+    pub fn claims_unchecked(&self) -> Option<Claims> {
+        let b = &self.0;
+        if b.len() < MAGIC.len() + MAC_LEN || &b[..MAGIC.len()] != MAGIC {
+            return None;
+        }
+        postcard::from_bytes(&b[MAGIC.len()..b.len() - MAC_LEN]).ok()
+    }
+
     pub fn bytes(&self) -> &[u8] {
         &self.0
     }

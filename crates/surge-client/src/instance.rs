@@ -134,6 +134,9 @@ pub struct InstanceClient {
     local_reads: parking_lot::Mutex<LocalReads>,
     /// Requests sent, per operation.
     counts: RequestCounts,
+    /// The user this client's capability acts for (from its claims, unchecked: see
+    /// [`surge_auth::Token::claims_unchecked`]).
+    acting_for: Option<surge_auth::Caller>,
 }
 
 /// How many requests of each operation a client sent: what tests of caching count (e.g. "a
@@ -228,6 +231,10 @@ impl InstanceClient {
         opts: ClientOptions,
     ) -> Result<InstanceClient> {
         let session = new_session();
+        let acting_for = token
+            .claims_unchecked()
+            .filter(|c| c.rights == surge_auth::Rights::Instance)
+            .map(|c| c.caller);
         let token = Arc::new(token);
         let mut pools: HashMap<String, Arc<ServerPool>> = HashMap::new();
         let mut pool_for = |s: &ServerRef| -> Result<Arc<ServerPool>> {
@@ -288,7 +295,14 @@ impl InstanceClient {
             layouts: parking_lot::Mutex::new(Layouts::default()),
             local_reads: parking_lot::Mutex::new(LocalReads::default()),
             counts: RequestCounts::default(),
+            acting_for,
         })
+    }
+
+    /// The user this client's capability acts for (`None`: an administrator's capability, or
+    /// one that does not parse). What a root mount opens the job's PFS files as.
+    pub fn acting_for(&self) -> Option<&surge_auth::Caller> {
+        self.acting_for.as_ref()
     }
 
     /// Asks any server holding a piece of `instance` for its descriptor and connects.

@@ -79,6 +79,46 @@ pub fn stop_on_signals() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
     stop
 }
 
+/// Runs `f` on a thread of its own whose file-system identity is `uid`, `gid` and `groups`
+/// (`setfsuid`, `setfsgid` and `setgroups` as raw system calls: on Linux they change the
+/// calling thread only, where the libc wrappers of `setgroups` would change every thread), so
+/// that what `f` opens is checked against that user's rights and not this process's. For a
+/// root process acting for a user; the thread ends with `f`, and the process keeps its own
+/// identity. Fails (`EPERM`) when the identity cannot be taken (not root).
+pub fn as_fs_user<T: Send>(
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+    f: impl FnOnce() -> std::io::Result<T> + Send,
+) -> std::io::Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: raw credential system calls on this thread, with a buffer of
+            // `groups.len()` gids; setfsuid/setfsgid return the previous id and take effect
+            // only if allowed, which the second call of each checks.
+            unsafe {
+                if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::syscall(libc::SYS_setfsgid, gid);
+                libc::syscall(libc::SYS_setfsuid, uid);
+                let now_gid = libc::syscall(libc::SYS_setfsgid, gid);
+                let now_uid = libc::syscall(libc::SYS_setfsuid, uid);
+                if now_gid != gid as libc::c_long || now_uid != uid as libc::c_long {
+                    return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+                }
+            }
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::other(
+                "the thread acting for a user panicked",
+            ))
+        })
+    })
+}
+
 /// clap value parser for sizes (`--capacity 10GiB`), with the units of [`crate::units`].
 pub fn size_arg(s: &str) -> Result<u64, String> {
     crate::units::parse_size(s).map_err(|e| e.to_string())

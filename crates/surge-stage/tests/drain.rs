@@ -658,3 +658,62 @@ fn the_drain_holds_back_open_files_only() {
         assert_eq!(std::fs::read(pfs.join("open")).unwrap(), open);
     });
 }
+
+/// A root mount acting for a user (the compute-node agent's mount of a job's cache instance)
+/// opens the job's PFS files with the user's rights, not root's: a fill name the user
+/// hard-linked to a file they may not read (possible where `fs.protected_hardlinks` is 0; the
+/// test makes the link as root) does not hand them its content, while a file they may read is
+/// read as before. Needs root (to act for another user).
+#[test]
+fn a_root_mount_opens_the_users_pfs_files_with_the_users_rights() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::Duration;
+    use surge_client::fs::Fs;
+    use surge_stage::drain::THROUGH_DIR;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "SKIPPED a_root_mount_opens_the_users_pfs_files_with_the_users_rights: needs root"
+        );
+        return;
+    }
+    let (uid, gid) = surge_testkit::system_user("surge-attacker");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("pfs-as-user");
+        let top = scratch.path();
+        std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let pfs = top.join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let readable = bytes(50, 100_000);
+        std::fs::write(pfs.join("readable"), &readable).unwrap();
+        std::fs::write(pfs.join("stolen"), bytes(51, 100_000)).unwrap();
+        let secret = top.join("secret");
+        std::fs::write(&secret, vec![b'S'; 100_000]).unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = cache(&format!("pfs-as-user-{uid}"), &pfs).await;
+        surge_stage::fill::fill_lazy(&c.client, &pfs, || false)
+            .await
+            .expect("fill");
+        for d in [pfs.clone(), pfs.join(THROUGH_DIR)] {
+            std::os::unix::fs::chown(&d, Some(uid), Some(gid)).unwrap();
+        }
+        let fs = Fs::new(
+            c.client_for(0, surge_auth::Caller::of(uid, gid)),
+            Duration::ZERO,
+            Duration::ZERO,
+        );
+        // The attack: the fill name of `stolen` now names root's 0600 file.
+        let ino = fs.lookup(1, b"stolen").await.expect("lookup").ino;
+        let fill = pfs.join(THROUGH_DIR).join(format!("{ino}-fill"));
+        std::fs::remove_file(&fill).unwrap();
+        std::fs::hard_link(&secret, &fill).unwrap();
+        let err = fs
+            .open(ino, false, false)
+            .await
+            .expect_err("root's 0600 file opened for the user through the mount");
+        assert_eq!(err.errno, libc::EACCES, "{err:?}");
+        // What the user may read reads as before.
+        assert_eq!(read_all(&fs, b"readable").await, readable);
+    });
+}

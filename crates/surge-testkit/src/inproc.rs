@@ -157,6 +157,19 @@ impl Cluster {
         )
     }
 
+    /// A new client of namespace `ns` whose capability acts for `caller` (a root agent's
+    /// mount for a job's user).
+    pub fn client_for(&self, ns: u32, caller: surge_auth::Caller) -> Arc<InstanceClient> {
+        Arc::new(
+            InstanceClient::new(
+                self.desc.clone(),
+                NamespaceId(ns),
+                crate::instance_token_for(self.instance.0, caller),
+            )
+            .expect("client"),
+        )
+    }
+
     pub fn path(&self) -> &std::path::Path {
         self.scratch.path()
     }

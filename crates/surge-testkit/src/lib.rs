@@ -116,16 +116,58 @@ pub fn admin_token() -> surge_auth::Token {
 
 /// A capability for `instance` (every namespace) for this process's user.
 pub fn instance_token(instance: u64) -> surge_auth::Token {
+    instance_token_for(instance, surge_auth::Caller::me())
+}
+
+/// A capability for `instance` (every namespace) acting for `caller` (what the manager gives
+/// a root agent that mounts for a job's user).
+pub fn instance_token_for(instance: u64, caller: surge_auth::Caller) -> surge_auth::Token {
     surge_auth::Token::mint(
         &key(),
         &surge_auth::Claims {
             instance,
             ns: None,
-            caller: surge_auth::Caller::me(),
+            caller,
             rights: surge_auth::Rights::Instance,
             expires: surge_auth::token::now() + 3600,
         },
     )
+}
+
+/// The uid and gid of the local user `name`, made if missing (`useradd --system`, no home,
+/// no login shell): tests that run commands as a user who is not root.
+pub fn system_user(name: &str) -> (u32, u32) {
+    let id = |flag: &str| {
+        std::process::Command::new("id")
+            .args([flag, name])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+            })
+    };
+    if id("-u").is_none() {
+        let o = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ])
+            .output()
+            .expect("run useradd");
+        assert!(
+            o.status.success(),
+            "useradd {name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    (id("-u").expect("uid"), id("-g").expect("gid"))
 }
 
 use std::path::{Path, PathBuf};

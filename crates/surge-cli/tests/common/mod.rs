@@ -8,7 +8,7 @@ pub mod wire;
 
 pub use surge_testkit::procs::{Mount, Server};
 pub use surge_testkit::{
-    fuse_unavailable, seed, skip_without_fuse, wait_for, ChildGuard, Rng, Scratch,
+    fuse_unavailable, seed, skip_without_fuse, system_user, wait_for, ChildGuard, Rng, Scratch,
 };
 
 pub const SURGE: &str = env!("CARGO_BIN_EXE_surge");
@@ -84,42 +84,6 @@ impl Manager {
 /// Runs `surge ARGS`, panicking with its output if it fails; returns stdout.
 pub fn surge(args: &[&str]) -> String {
     surge_testkit::procs::run(std::path::Path::new(SURGE), args)
-}
-
-/// The uid and gid of the local user `name`, made if missing (`useradd --system`, no home,
-/// no login shell): tests that run commands as a user who is not root.
-pub fn system_user(name: &str) -> (u32, u32) {
-    let id = |flag: &str| {
-        std::process::Command::new("id")
-            .args([flag, name])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-            })
-    };
-    if id("-u").is_none() {
-        let o = std::process::Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                name,
-            ])
-            .output()
-            .expect("run useradd");
-        assert!(
-            o.status.success(),
-            "useradd {name}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    (id("-u").expect("uid"), id("-g").expect("gid"))
 }
 
 /// A command's status, stdout and stderr, for assertion messages.

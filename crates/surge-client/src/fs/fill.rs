@@ -59,8 +59,11 @@ enum Copied {
 }
 
 /// Opens a cache file's PFS file `path`, for writing too when that is allowed (a file written
-/// through once the tier is full), never through a symbolic link.
-pub(super) fn open_pfs_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+/// through once the tier is full), never through a symbolic link; as `user` when given.
+pub(super) fn open_pfs_file(
+    path: &std::path::Path,
+    user: Option<&surge_auth::Caller>,
+) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let open = |write: bool| {
         std::fs::OpenOptions::new()
@@ -69,9 +72,15 @@ pub(super) fn open_pfs_file(path: &std::path::Path) -> std::io::Result<std::fs::
             .custom_flags(libc::O_NOFOLLOW)
             .open(path)
     };
-    match open(true) {
+    let open = || match open(true) {
         Err(e) if e.raw_os_error() == Some(libc::EACCES) => open(false),
         other => other,
+    };
+    match user {
+        // A root mount acting for the job's user opens with the user's rights: a name under
+        // `.surge-through` the user hard-linked to a file they may not read stays unreadable.
+        Some(u) => surge_core::sys::as_fs_user(u.uid, u.gid, &u.groups, open),
+        None => open(),
     }
 }
 
@@ -96,7 +105,7 @@ impl Fs {
             return Err(FsError::new(libc::EIO, "not a cache instance"));
         };
         let path = surge_proto::cache_through_path(std::path::Path::new(root), ino, THROUGH_FILL);
-        let file = open_pfs_file(&path).map_err(|e| {
+        let file = open_pfs_file(&path, self.pfs_user.as_ref()).map_err(|e| {
             FsError::io(
                 &format!(
                     "open {} (inode {ino}, not yet copied from the PFS)",

@@ -187,6 +187,9 @@ pub struct Fs {
     default_layout: Option<surge_core::FileLayout>,
     /// Drops the kernel's cached pages of an inode (the adapter's notifier; see `fill`).
     drop_pages: std::sync::OnceLock<PageDrop>,
+    /// Cache instances, a root mount acting for a user (the compute-node agent): the user
+    /// whose rights the PFS files it opens are opened with (see `fill::open_pfs_file`).
+    pfs_user: Option<surge_auth::Caller>,
 }
 
 /// Drops the kernel's cached pages of an inode.
@@ -220,6 +223,12 @@ impl Fs {
         if cache {
             inodes.record_closes();
         }
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let pfs_user = client
+            .acting_for()
+            .filter(|c| cache && root && c.uid != 0)
+            .cloned();
         Fs {
             client,
             inodes,
@@ -245,6 +254,7 @@ impl Fs {
             immutable,
             default_layout: None,
             drop_pages: std::sync::OnceLock::new(),
+            pfs_user,
         }
     }
 

@@ -93,7 +93,7 @@ impl Fs {
                 .await?;
         }
         let path = surge_proto::cache_through_path(std::path::Path::new(root), ino, through);
-        let f = super::fill::open_pfs_file(&path)
+        let f = super::fill::open_pfs_file(&path, self.pfs_user.as_ref())
             .map_err(|e| FsError::io(&format!("open {}", path.display()), e))?;
         let f = Arc::new(f);
         Ok(self
