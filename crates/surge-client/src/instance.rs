@@ -561,6 +561,14 @@ impl InstanceClient {
         Response::Ok => ());
 
     metadata_call!(
+        /// Cache namespaces: takes or renews the hold that makes this session the journal's
+        /// only drainer, or gives it back (`release`); `Busy` while another session holds it
+        /// (see `Request::DrainHold`).
+        drain_hold(this, release: bool) -> (),
+        Request::DrainHold { instance: this.instance(), ns: this.ns, release },
+        Response::Ok => ());
+
+    metadata_call!(
         /// Cache namespaces: the attributes of `ino`, which this session opens (the metadata
         /// server then does not evict it).
         cache_open(this, ino: Ino) -> Attr,

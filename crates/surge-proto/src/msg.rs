@@ -705,7 +705,25 @@ pub enum Request {
         ino: Ino,
         layout: FileLayout,
     },
+    /// A cache namespace's drainer takes (or renews) the hold that makes the sending session
+    /// the namespace's only drainer, or gives it back (`release`). While a session holds it,
+    /// another session's `DrainPoll` that takes entries and its `DrainAck` are refused
+    /// `Busy`: two drainers replaying one journal at once could apply its changes out of
+    /// order on the PFS (a rename before the copy of the data under the old name). The hold
+    /// ends with its release, when the last connection of its session that carried drain
+    /// requests closes (the drainer died), or [`DRAIN_HOLD`] after its last renewal. A
+    /// restarted server knows no hold. `Response::Ok`, or `Busy` naming the holder.
+    DrainHold {
+        instance: InstanceId,
+        ns: NamespaceId,
+        release: bool,
+    },
 }
+
+/// How long a cache namespace's drainer hold lasts after its last renewal
+/// ([`Request::DrainHold`]): a drainer renews it every few seconds while it works, so a hold
+/// outlives a drainer that died by this much.
+pub const DRAIN_HOLD: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// A step of the lazy fill of a cache namespace's file (`Request::CacheFill`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1171,6 +1189,7 @@ impl Request {
             Request::CacheOpen { .. } => 59,
             Request::CacheUse { .. } => 60,
             Request::CacheEvict { .. } => 61,
+            Request::DrainHold { .. } => 62,
             Request::Authenticate { .. } => 7,
         }
     }
@@ -1230,6 +1249,7 @@ impl Request {
             Request::CacheOpen { .. } => "CacheOpen",
             Request::CacheUse { .. } => "CacheUse",
             Request::CacheEvict { .. } => "CacheEvict",
+            Request::DrainHold { .. } => "DrainHold",
         }
     }
 
@@ -1265,6 +1285,7 @@ impl Request {
             | Request::CacheOpen { instance, ns, .. }
             | Request::CacheUse { instance, ns, .. }
             | Request::CacheEvict { instance, ns, .. }
+            | Request::DrainHold { instance, ns, .. }
             | Request::NamespaceStats { instance, ns } => Some((*instance, *ns)),
             _ => None,
         }

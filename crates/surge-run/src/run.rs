@@ -1028,7 +1028,7 @@ async fn job(
         stop.store(true, Ordering::SeqCst);
         let (mut last, mut since) = (u64::MAX, Instant::now());
         while !task.is_finished() {
-            let done = state.stats.entries.load(Ordering::Relaxed);
+            let done = state.stats.progress.load(Ordering::Relaxed);
             if done != last {
                 (last, since) = (done, Instant::now());
             } else if since.elapsed() > DRAIN_STALL {

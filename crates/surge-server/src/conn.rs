@@ -227,6 +227,8 @@ pub fn serve<S: Read + codec::Waits>(
     let mut ended = Ended::Closed;
     // Sessions that waited for lease recalls here: their leases go when this connection does.
     let mut recall_waits: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
+    // Cache namespaces whose drain requests this connection carried (see `DrainHold`).
+    let mut drains: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
     // What this connection may do, once it presented a capability.
     let mut grant: Option<surge_auth::Claims> = None;
     loop {
@@ -274,6 +276,17 @@ pub fn serve<S: Read + codec::Waits>(
                 if let Request::WaitRecall { instance, ns, .. } = &frame.request {
                     if session != 0 && !recall_waits.contains(&(*instance, *ns, session)) {
                         recall_waits.push((*instance, *ns, session));
+                    }
+                }
+                if let Request::DrainHold { instance, ns, .. }
+                | Request::DrainPoll { instance, ns, .. }
+                | Request::DrainAck { instance, ns, .. } = &frame.request
+                {
+                    if session != 0 && !drains.contains(&(*instance, *ns, session)) {
+                        if let Ok(n) = reg.namespace(*instance, *ns) {
+                            n.drain_connection_opened(session);
+                            drains.push((*instance, *ns, session));
+                        }
                     }
                 }
                 let started = std::time::Instant::now();
@@ -328,6 +341,11 @@ pub fn serve<S: Read + codec::Waits>(
     for (instance, ns, session) in recall_waits {
         if let Ok(n) = reg.namespace(instance, ns) {
             n.recall_connection_closed(session);
+        }
+    }
+    for (instance, ns, session) in drains {
+        if let Ok(n) = reg.namespace(instance, ns) {
+            n.drain_connection_closed(session);
         }
     }
     debug!("connection from {peer} closed");

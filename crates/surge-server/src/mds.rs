@@ -41,6 +41,12 @@ pub struct Namespace {
     /// Nothing is evicted before this: a store reopened (a restart of the server) learns
     /// the mounts' opens only from their next reports.
     evict_after: Instant,
+    /// Cache namespaces: the session that drains the journal, and when it last renewed its
+    /// hold (see [`Request::DrainHold`]).
+    drainer: Mutex<Option<(u32, Instant)>>,
+    /// Cache namespaces: open connections that carried drain requests, per session (the hold
+    /// of a session that has none left ends: its drainer died).
+    drain_conns: Mutex<HashMap<u32, u32>>,
 }
 
 /// What a cache namespace's metadata server knows of the use of its files, in memory: the
@@ -211,6 +217,8 @@ impl Namespace {
                 } else {
                     Duration::ZERO
                 },
+            drainer: Mutex::new(None),
+            drain_conns: Mutex::new(HashMap::new()),
         })
     }
 
@@ -262,7 +270,13 @@ impl Namespace {
                     return self.fill(conn, session, ino, step, &req);
                 }
                 if self.journal {
+                    if let Some(refused) = self.drainer_check(session, &req) {
+                        return Response::Error(refused);
+                    }
                     match &req {
+                        Request::DrainHold { release, .. } => {
+                            return self.drain_hold(session, *release)
+                        }
                         Request::CacheOpen { ino, .. } => {
                             return self.cache_open(conn, session, *ino)
                         }
@@ -446,6 +460,81 @@ impl Namespace {
             dirty,
             dirty_closed,
             oldest,
+        }
+    }
+
+    /// `Busy` for a `DrainPoll` taking entries or a `DrainAck` of a session while another
+    /// holds the drainer hold (see [`Request::DrainHold`]).
+    fn drainer_check(&self, session: u32, req: &Request) -> Option<ErrorReply> {
+        let takes = match req {
+            Request::DrainPoll { max, .. } => *max > 0,
+            Request::DrainAck { .. } => true,
+            _ => false,
+        };
+        if !takes {
+            return None;
+        }
+        match *self.drainer.lock() {
+            Some((holder, at)) if holder != session && at.elapsed() < surge_proto::DRAIN_HOLD => {
+                Some(self.drain_busy(holder, at))
+            }
+            _ => None,
+        }
+    }
+
+    fn drain_busy(&self, holder: u32, at: Instant) -> ErrorReply {
+        ErrorReply::new(
+            ErrorCode::Busy,
+            format!(
+                "namespace {}/{}: another drainer (session {holder:#x}, renewed {:.1} s ago)                  drains this cache's journal; one drainer at a time keeps the PFS in the                  journal's order",
+                self.instance,
+                self.ns.0,
+                at.elapsed().as_secs_f64()
+            ),
+        )
+    }
+
+    /// `DrainHold` (see [`Request::DrainHold`]).
+    fn drain_hold(&self, session: u32, release: bool) -> Response {
+        let mut d = self.drainer.lock();
+        match *d {
+            Some((holder, at)) if holder != session && at.elapsed() < surge_proto::DRAIN_HOLD => {
+                if release {
+                    return Response::Ok;
+                }
+                return Response::Error(self.drain_busy(holder, at));
+            }
+            _ => {}
+        }
+        *d = (!release).then_some((session, Instant::now()));
+        Response::Ok
+    }
+
+    /// A connection of `session` carries drain requests (once per connection).
+    pub fn drain_connection_opened(&self, session: u32) {
+        *self.drain_conns.lock().entry(session).or_default() += 1;
+    }
+
+    /// A connection of `session` that carried drain requests closed: with its last one, the
+    /// session's drainer is gone, and so is its hold.
+    pub fn drain_connection_closed(&self, session: u32) {
+        let mut conns = self.drain_conns.lock();
+        let Some(n) = conns.get_mut(&session) else {
+            return;
+        };
+        *n = n.saturating_sub(1);
+        if *n > 0 {
+            return;
+        }
+        conns.remove(&session);
+        let mut d = self.drainer.lock();
+        if d.is_some_and(|(holder, _)| holder == session) {
+            info!(
+                "namespace {}/{}: drainer session {session:#x} closed; its hold of the journal \
+                 is given back",
+                self.instance, self.ns.0
+            );
+            *d = None;
         }
     }
 
@@ -881,7 +970,8 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
             | Request::CacheFill { .. }
             | Request::CacheOpen { .. }
             | Request::CacheUse { .. }
-            | Request::CacheEvict { .. },
+            | Request::CacheEvict { .. }
+            | Request::DrainHold { .. },
             false,
         ) => Err(ErrorReply::new(
             ErrorCode::Invalid,

@@ -150,7 +150,7 @@ async fn drain(
     while !task.is_finished() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         say(&Event::Progress(snapshot(false)));
-        let done = st.entries.load(Ordering::Relaxed);
+        let done = st.progress.load(Ordering::Relaxed);
         if !stop.load(Ordering::SeqCst) || done != last {
             (last, since) = (done, Instant::now());
         } else if since.elapsed() > DRAIN_STALL {

@@ -50,6 +50,9 @@ pub enum DrainError {
     Instance { path: PathBuf, source: ClientError },
     #[error("journal entry with a path that leaves the PFS directory: {0:?}")]
     BadPath(String),
+    /// Another drainer holds the journal (`Request::DrainHold`): it applies the changes.
+    #[error("{0}")]
+    Elsewhere(String),
 }
 
 /// Counters a caller may read while a drain runs.
@@ -65,6 +68,40 @@ pub struct DrainStats {
     /// Nanoseconds during which file data was being copied (the drain's own PFS write rate is
     /// bytes / this).
     pub busy_ns: AtomicU64,
+    /// Moves whenever the journal moved on: entries this drainer applied, or the oldest
+    /// pending entry advancing while another drainer holds the journal. What a caller that
+    /// gives up on a drain making no progress watches.
+    pub progress: AtomicU64,
+    /// This drainer holds the journal (`Request::DrainHold`): it gives it back when it ends.
+    pub holds: AtomicBool,
+}
+
+/// How often a drainer renews its hold of the journal while it works.
+const HOLD_RENEW: Duration = Duration::from_secs(3);
+
+/// Takes (or renews) the hold of `client`'s journal for this drainer: `Elsewhere` while
+/// another drainer holds it.
+async fn hold(client: &InstanceClient, stats: &DrainStats) -> Result<(), DrainError> {
+    match client.drain_hold(false).await {
+        Ok(()) => {
+            stats.holds.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(e) if e.code() == Some(ErrorCode::Busy) => {
+            stats.holds.store(false, Ordering::Relaxed);
+            Err(DrainError::Elsewhere(e.to_string()))
+        }
+        Err(e) => Err(DrainError::Journal(e)),
+    }
+}
+
+/// Gives the hold of the journal back (a drainer that ends), so another may start at once.
+pub async fn release(client: &InstanceClient, stats: &DrainStats) {
+    if stats.holds.swap(false, Ordering::Relaxed) {
+        if let Err(e) = client.drain_hold(true).await {
+            debug!("drain: giving the journal's hold back: {e} (it lapses by itself)");
+        }
+    }
 }
 
 /// The PFS path of a journal path (relative, no `.` or `..`).
@@ -484,12 +521,37 @@ pub async fn drain_pass(
     root: &Path,
     stats: &DrainStats,
 ) -> Result<u64, DrainError> {
-    drain_pass_settled(client, root, stats, None).await
+    let r = drain_pass_settled(client, root, stats, None).await;
+    release(client, stats).await;
+    r
 }
 
 /// [`drain_pass`] that, with `settle`, stops at the first file written within `settle`
 /// (the entries before it are applied and forgotten; it and the rest wait for the next pass).
 pub async fn drain_pass_settled(
+    client: &InstanceClient,
+    root: &Path,
+    stats: &DrainStats,
+    settle: Option<Duration>,
+) -> Result<u64, DrainError> {
+    // One drainer at a time (`Request::DrainHold`), renewed while this pass works.
+    hold(client, stats).await?;
+    let work = drain_pass_held(client, root, stats, settle);
+    let renew = async {
+        loop {
+            tokio::time::sleep(HOLD_RENEW).await;
+            if let Err(e) = hold(client, stats).await {
+                return e;
+            }
+        }
+    };
+    tokio::select! {
+        r = work => r,
+        e = renew => Err(e),
+    }
+}
+
+async fn drain_pass_held(
     client: &InstanceClient,
     root: &Path,
     stats: &DrainStats,
@@ -606,6 +668,7 @@ pub async fn drain_pass_settled(
         }
         applied += done as u64;
         stats.entries.fetch_add(done as u64, Ordering::Relaxed);
+        stats.progress.fetch_add(done as u64, Ordering::Relaxed);
         stats
             .pending
             .store(pending.saturating_sub(done as u64), Ordering::Relaxed);
@@ -628,7 +691,9 @@ pub struct DrainState {
 
 /// Drains in the background until `stop` is set and the journal is empty (or `stop` is set
 /// and `give_up` too): polls every `every` when idle, retries after errors (a server being
-/// restarted, a full PFS), logging each new error once.
+/// restarted, a full PFS), logging each new error once. While another drainer holds the
+/// journal (a persistent cache used by two jobs, a drain started by hand) this one waits; told
+/// to stop then, it ends once every change journaled before the stop is on the PFS.
 pub async fn drain_loop(
     client: Arc<InstanceClient>,
     root: PathBuf,
@@ -636,6 +701,9 @@ pub async fn drain_loop(
     stop: Arc<AtomicBool>,
     every: Duration,
 ) {
+    // The newest journal entry when the stop came (what must be on the PFS before the end).
+    let mut stop_at: Option<u64> = None;
+    let mut oldest_seen = 0;
     loop {
         // While the job runs, files still being written wait (see [`SETTLE`]); once told to
         // stop (the job is over, its files closed), everything goes.
@@ -645,8 +713,30 @@ pub async fn drain_loop(
             Ok(_) => {
                 *state.error.lock() = None;
                 if stopping {
+                    release(&client, &state.stats).await;
                     return;
                 }
+            }
+            Err(DrainError::Elsewhere(why)) => {
+                let st = &state.stats;
+                if let Ok(p) = client.drain_progress().await {
+                    st.pending.store(p.pending, Ordering::Relaxed);
+                    if p.oldest != oldest_seen {
+                        oldest_seen = p.oldest;
+                        st.progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if stopping {
+                        let upto = *stop_at.get_or_insert(p.newest);
+                        if p.drained_upto(upto) {
+                            return;
+                        }
+                    }
+                }
+                let mut last = state.error.lock();
+                if last.as_deref() != Some(why.as_str()) {
+                    tracing::info!("drain of {}: waiting: {why}", root.display());
+                }
+                *last = Some(why);
             }
             Err(e) => {
                 let text = e.to_string();

@@ -717,3 +717,99 @@ fn a_root_mount_opens_the_users_pfs_files_with_the_users_rights() {
         assert_eq!(read_all(&fs, b"readable").await, readable);
     });
 }
+
+/// One drainer at a time (`Request::DrainHold`): while a drain runs, a second drainer of the
+/// same journal (another job's drain of a persistent cache, `surge stage drain` by hand) is
+/// refused with the reason, takes nothing from the journal, and, told to stop, ends once the
+/// first drained everything journaled before the stop. A drainer that ends gives the hold
+/// back, and the next one starts at once.
+#[test]
+fn a_second_drainer_waits_for_the_one_holding_the_journal() {
+    use std::sync::atomic::Ordering;
+    use surge_stage::drain::{drain_loop, DrainState};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("two-drainers");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = cache("two-drainers", &pfs).await;
+        let src = c.path().join("src");
+        make_tree(&src, 1 << 20);
+        write_tree(&c, &src).await;
+
+        // The first drainer holds the journal and drains it.
+        let (stop_a, a) = start_drain(&c, &pfs);
+        let other = c.new_client(0);
+        let stats = DrainStats::default();
+        let mut refused = None;
+        for _ in 0..200 {
+            match drain_pass(&other, &pfs, &stats).await {
+                Err(e) => {
+                    refused = Some(e.to_string());
+                    break;
+                }
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        }
+        let refused = refused.expect("a second drainer was let in while the first ran");
+        assert!(refused.contains("another drainer"), "{refused}");
+        assert_eq!(stats.entries.load(Ordering::Relaxed), 0);
+        let e = other.drain_poll(0, 10).await.expect_err("entries taken");
+        assert!(e.to_string().contains("another drainer"), "{e}");
+        other
+            .drain_progress()
+            .await
+            .expect("counting is for everyone");
+
+        // A later change; the second drainer, told to stop, ends once the first drained it.
+        let late = c.path().join("late");
+        std::fs::create_dir_all(&late).unwrap();
+        std::fs::write(late.join("late.txt"), b"late\n").unwrap();
+        write_tree(&c, &late).await;
+        let state_b = Arc::new(DrainState::default());
+        let b = tokio::spawn(drain_loop(
+            other.clone(),
+            pfs.clone(),
+            state_b.clone(),
+            Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            std::time::Duration::from_millis(20),
+        ));
+        tokio::time::timeout(std::time::Duration::from_secs(30), b)
+            .await
+            .expect("the waiting drainer ended")
+            .unwrap();
+        assert_eq!(
+            state_b.stats.entries.load(Ordering::Relaxed),
+            0,
+            "the waiting drainer applied entries"
+        );
+        assert_eq!(std::fs::read(pfs.join("late.txt")).unwrap(), b"late\n");
+
+        // The first ends and gives the hold back: the second drains at once.
+        stop_a.store(true, Ordering::SeqCst);
+        a.await.unwrap();
+        std::fs::write(late.join("later.txt"), b"later\n").unwrap();
+        write_tree(&c, &late).await;
+        let n = drain_pass(&other, &pfs, &stats)
+            .await
+            .expect("the hold was given back");
+        assert!(n > 0);
+        assert_eq!(std::fs::read(pfs.join("later.txt")).unwrap(), b"later\n");
+
+        // A drainer that dies (its connections close) without giving the hold back: the hold
+        // goes with its connections, not DRAIN_HOLD later.
+        let dying = c.new_client(0);
+        dying.drain_hold(false).await.expect("the hold is free");
+        let e = drain_pass(&other, &pfs, &stats).await.unwrap_err();
+        assert!(e.to_string().contains("another drainer"), "{e}");
+        drop(dying);
+        let t = std::time::Instant::now();
+        while drain_pass(&other, &pfs, &stats).await.is_err() {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(5),
+                "the hold of a closed drainer stayed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    });
+}
