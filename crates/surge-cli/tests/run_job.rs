@@ -325,6 +325,115 @@ fn a_persistent_instance_outlives_jobs_and_cannot_be_destroyed_while_in_use() {
     );
 }
 
+/// A persistent cache instance (`#BB create_persistent ... type=cache pfs=DIR`): filled from
+/// its PFS directory when it is made; each job that attaches it reads PFS files through it and
+/// its changes are on the PFS when the job ends (drained by the job); destroying it drains
+/// first and removes the drain's extra names.
+#[test]
+fn a_persistent_cache_is_filled_once_drained_by_each_job_and_before_it_goes() {
+    if skip_without_fuse("a_persistent_cache_is_filled_once_drained_by_each_job_and_before_it_goes")
+    {
+        return;
+    }
+    let j = Job::new("pcache");
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let old: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(pfs.join("old.dat"), &old).unwrap();
+    let create = j.script(
+        "create.sh",
+        &format!(
+            "#!/bin/bash\n#BB create_persistent name=ckpt capacity=256MiB access_mode=striped \
+             type=cache pfs={}\ntrue\n",
+            pfs.display()
+        ),
+    );
+    let (out, _) = j.run(&[create.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("ckpt from") && t.contains("1 files"),
+        "the fill: {t}"
+    );
+
+    let new: Vec<u8> = (0..5_000_000u32).map(|i| (i % 241) as u8).collect();
+    std::fs::write(j.path("new.dat"), &new).unwrap();
+    let use1 = j.script(
+        "use1.sh",
+        &format!(
+            "#!/bin/bash\n#DW persistentdw name=ckpt\nset -e\nc=$DW_PERSISTENT_STRIPED_ckpt\n\
+             cmp $c/old.dat {p}/old.dat\n\
+             cp new.dat $c/new.dat\n\
+             echo more >> $c/old.dat\n\
+             mkdir $c/run1 && echo one > $c/run1/a.txt\n",
+            p = pfs.display()
+        ),
+    );
+    let (out, _) = j.run(&[use1.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    // On the PFS when the job ends.
+    assert_eq!(std::fs::read(pfs.join("new.dat")).unwrap(), new, "{t}");
+    let mut grown = old.clone();
+    grown.extend_from_slice(b"more\n");
+    assert_eq!(std::fs::read(pfs.join("old.dat")).unwrap(), grown);
+    assert_eq!(
+        std::fs::read_to_string(pfs.join("run1/a.txt")).unwrap(),
+        "one\n"
+    );
+    // The fill's names stay for the next job (old.dat's fill name was replaced by its copy).
+    assert!(pfs.join(".surge-through").is_dir(), "{t}");
+
+    let use2 = j.script(
+        "use2.sh",
+        "#!/bin/bash\n#DW persistentdw name=ckpt\nset -e\n\
+         c=$DW_PERSISTENT_STRIPED_ckpt\n\
+         cmp $c/new.dat new.dat\n\
+         test \"$(cat $c/run1/a.txt)\" = one\n\
+         mv $c/run1 $c/run2\n\
+         echo two > $c/run2/b.txt\n",
+    );
+    let (out, _) = j.run(&[use2.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert_eq!(
+        std::fs::read_to_string(pfs.join("run2/a.txt")).unwrap(),
+        "one\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(pfs.join("run2/b.txt")).unwrap(),
+        "two\n"
+    );
+    assert!(
+        !pfs.join("run1").exists(),
+        "the rename reached the PFS: {t}"
+    );
+
+    let destroy = j.script(
+        "destroy.sh",
+        "#!/bin/bash\n#BB destroy_persistent name=ckpt\ntrue\n",
+    );
+    let (out, _) = j.run(&[destroy.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("destroy persistent"), "{t}");
+    assert!(
+        !pfs.join(".surge-through").exists(),
+        "the drain's names went with the instance: {t}"
+    );
+    let ls = j
+        .command()
+        .args(["persistent", "ls", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&ls.stdout).unwrap(),
+        serde_json::json!([]),
+        "{}",
+        text(&ls)
+    );
+}
+
 #[test]
 fn persistent_and_session_commands_work_outside_jobs_in_the_embedded_default() {
     let j = Job::new("views");
@@ -1251,4 +1360,25 @@ fn a_pfs_file_larger_than_the_cache_is_read_and_appended_on_the_pfs() {
         std::fs::read(pfs.join("huge")).unwrap() == data,
         "the PFS file differs from what the job wrote\n{t}"
     );
+}
+
+/// Under Slurm a persistent cache is refused at submission (`surge bb validate`, what
+/// `slurm_bb_job_process` runs), saying where it does run, not accepted and left undrained.
+#[test]
+fn slurm_refuses_a_persistent_cache_at_submission_and_says_where_it_runs() {
+    let j = Job::new("bbpcache");
+    let script = j.script(
+        "p.sh",
+        "#!/bin/bash\n#SBATCH -N 1\n#BB create_persistent name=ckpt capacity=1GiB access_mode=striped \
+         type=cache pfs=/lus/run\ntrue\n",
+    );
+    let out = j
+        .command()
+        .args(["bb", "validate"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("p.sh:3:") && t.contains("surge run"), "{t}");
 }

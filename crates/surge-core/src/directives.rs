@@ -205,6 +205,31 @@ pub struct CreatePersistent {
     pub access_mode: AccessMode,
     pub kind: InstanceType,
     pub pool: Option<String>,
+    /// `type=cache`: the PFS directory the instance mirrors (`pfs=`, absolute); filled from it
+    /// when it is created, drained by every job that attaches it and before it is destroyed.
+    #[serde(default)]
+    pub pfs: Option<String>,
+    /// `type=cache`: as [`JobDw::optimization`].
+    #[serde(default)]
+    pub optimization: Option<String>,
+    /// `type=cache`: as [`JobDw::fsync_pfs`].
+    #[serde(default)]
+    pub fsync_pfs: bool,
+    /// `type=cache`: as [`JobDw::dirty_high`].
+    #[serde(default)]
+    pub dirty_high: Option<DirtyHigh>,
+    /// `type=cache`: as [`JobDw::passthrough`].
+    #[serde(default)]
+    pub passthrough: bool,
+}
+
+/// The `type=cache` keys of a `jobdw` or `create_persistent` line, parsed once.
+struct CacheKeys {
+    pfs: Option<String>,
+    optimization: Option<String>,
+    fsync_pfs: bool,
+    dirty_high: Option<DirtyHigh>,
+    passthrough: bool,
 }
 
 /// `#BB destroy_persistent name=X [hurry]`. `hurry` (Slurm's word) asks to skip any stage-out
@@ -1112,7 +1137,14 @@ const STAGE_OUT: Spec = Spec {
 const CREATE_PERSISTENT: Spec = Spec {
     name: "create_persistent",
     required: &["name", "capacity", "access_mode", "type"],
-    optional: &["pool"],
+    optional: &[
+        "pool",
+        "pfs",
+        "optimization",
+        "fsync",
+        "dirty_high",
+        "passthrough",
+    ],
     flags: &[],
     example: "#BB create_persistent name=myproject capacity=1TiB access_mode=striped type=scratch",
 };
@@ -1449,38 +1481,20 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn jobdw(&mut self, ctx: &Ctx) {
-        let errors_before = self.sink.errors.len();
-        let first = self.jobdw_lines.first().copied();
-        self.jobdw_lines.push(ctx.raw.line);
-        if let Some(first) = first {
-            self.sink.error(
-                ctx.raw.line,
-                &ctx.text,
-                format!(
-                    "a job has at most one `#DW jobdw` or `#SURGE jobdw` (the first is on line \
-                     {first}); to use more storage, attach persistent instances with \
-                     `#DW persistentdw`"
-                ),
-            );
-        }
-        // `#SURGE jobdw`: performance targets; type and access mode default to DataWarp's
-        // usual scratch/striped, capacity to what the targets need.
-        let surge = ctx.raw.prefix == Prefix::Surge;
-        let args = self.args(ctx, if surge { &SURGE_JOBDW } else { &JOBDW });
-        let kind = match args.get("type") {
-            None if surge => Some(InstanceType::Scratch),
-            t => self.value(t, parse_instance_type),
+    /// The `type=cache` keys of a `jobdw` or `create_persistent` line (`pfs=` required with
+    /// `type=cache`, none of them with `type=scratch`).
+    fn cache_keys(
+        &mut self,
+        ctx: &Ctx,
+        args: &HashMap<&'static str, Token>,
+        kind: Option<InstanceType>,
+        directive: &str,
+    ) -> CacheKeys {
+        let name = if directive == "create_persistent" {
+            " name=myrun"
+        } else {
+            ""
         };
-        let access_mode = match args.get("access_mode") {
-            None if surge => Some(AccessMode::Striped),
-            t => self.value(t, parse_access_mode),
-        };
-        let capacity = match args.get("capacity") {
-            None if surge => Some(0),
-            t => self.value(t, parse_capacity),
-        };
-        let pool = self.value(args.get("pool"), parse_pool);
         let pfs = self.value(args.get("pfs"), parse_cache_pfs);
         let optimization = self.value(args.get("optimization"), |v| match v {
             "bandwidth" | "latency" | "interactive" => Ok(v.to_string()),
@@ -1522,8 +1536,11 @@ impl<'a> Parser<'a> {
                 self.sink.error(
                     ctx.raw.line,
                     &ctx.text,
-                    "type=cache needs pfs=DIR, the PFS directory the cache mirrors, as in \
-                     `#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/scratch/run`",
+                    format!(
+                        "type=cache needs pfs=DIR, the PFS directory the cache mirrors, as in \
+                         `#DW {directive}{name} type=cache access_mode=striped capacity=1TiB \
+                         pfs=/lus/scratch/run`"
+                    ),
                 )
             }
             (Some(InstanceType::Scratch), Some(t), _)
@@ -1537,6 +1554,48 @@ impl<'a> Parser<'a> {
             ),
             _ => {}
         }
+        CacheKeys {
+            pfs,
+            optimization,
+            fsync_pfs: fsync_pfs.unwrap_or(false),
+            dirty_high,
+            passthrough: passthrough.unwrap_or(kind == Some(InstanceType::Cache)),
+        }
+    }
+
+    fn jobdw(&mut self, ctx: &Ctx) {
+        let errors_before = self.sink.errors.len();
+        let first = self.jobdw_lines.first().copied();
+        self.jobdw_lines.push(ctx.raw.line);
+        if let Some(first) = first {
+            self.sink.error(
+                ctx.raw.line,
+                &ctx.text,
+                format!(
+                    "a job has at most one `#DW jobdw` or `#SURGE jobdw` (the first is on line \
+                     {first}); to use more storage, attach persistent instances with \
+                     `#DW persistentdw`"
+                ),
+            );
+        }
+        // `#SURGE jobdw`: performance targets; type and access mode default to DataWarp's
+        // usual scratch/striped, capacity to what the targets need.
+        let surge = ctx.raw.prefix == Prefix::Surge;
+        let args = self.args(ctx, if surge { &SURGE_JOBDW } else { &JOBDW });
+        let kind = match args.get("type") {
+            None if surge => Some(InstanceType::Scratch),
+            t => self.value(t, parse_instance_type),
+        };
+        let access_mode = match args.get("access_mode") {
+            None if surge => Some(AccessMode::Striped),
+            t => self.value(t, parse_access_mode),
+        };
+        let capacity = match args.get("capacity") {
+            None if surge => Some(0),
+            t => self.value(t, parse_capacity),
+        };
+        let pool = self.value(args.get("pool"), parse_pool);
+        let cache = self.cache_keys(ctx, &args, kind, "jobdw");
         if let (Some(InstanceType::Cache), Some(m)) = (kind, access_mode) {
             if m != AccessMode::Striped {
                 let t = args.get("access_mode");
@@ -1588,11 +1647,11 @@ impl<'a> Parser<'a> {
                     capacity,
                     pool,
                     targets,
-                    pfs,
-                    optimization,
-                    fsync_pfs: fsync_pfs.unwrap_or(false),
-                    dirty_high,
-                    passthrough: passthrough.unwrap_or(kind == InstanceType::Cache),
+                    pfs: cache.pfs,
+                    optimization: cache.optimization,
+                    fsync_pfs: cache.fsync_pfs,
+                    dirty_high: cache.dirty_high,
+                    passthrough: cache.passthrough,
                 });
             }
             _ if first.is_none() => self.jobdw_unread = true,
@@ -1726,13 +1785,9 @@ impl<'a> Parser<'a> {
                                           access_mode=striped"
                 .to_string()),
         });
-        let kind = self.value(args.get("type"), |v| match parse_instance_type(v)? {
-            InstanceType::Cache => Err("a persistent instance is type=scratch in Surge so far; \
-                                        type=cache is for job instances (#DW jobdw)"
-                .to_string()),
-            k => Ok(k),
-        });
+        let kind = self.value(args.get("type"), parse_instance_type);
         let pool = self.value(args.get("pool"), parse_pool);
+        let cache = self.cache_keys(ctx, &args, kind, "create_persistent");
         if self.sink.errors.len() != errors_before || ctx.raw.broken {
             return;
         }
@@ -1746,6 +1801,11 @@ impl<'a> Parser<'a> {
                 access_mode,
                 kind,
                 pool,
+                pfs: cache.pfs,
+                optimization: cache.optimization,
+                fsync_pfs: cache.fsync_pfs,
+                dirty_high: cache.dirty_high,
+                passthrough: cache.passthrough,
             });
         }
     }

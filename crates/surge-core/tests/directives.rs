@@ -165,6 +165,11 @@ fn nersc_style_persistent_lifecycle_create_use_destroy() {
             access_mode: AccessMode::Striped,
             kind: InstanceType::Scratch,
             pool: None,
+            pfs: None,
+            optimization: None,
+            fsync_pfs: false,
+            dirty_high: None,
+            passthrough: false,
         }]
     );
     assert!(create.jobdw.is_none());
@@ -1088,16 +1093,6 @@ fn create_persistent_private_is_an_error() {
 }
 
 #[test]
-fn create_persistent_cache_is_rejected_as_later_work() {
-    let e = the_error(
-        "#BB create_persistent name=a capacity=1TiB access_mode=striped type=cache\n",
-        1,
-        "type=cache",
-    );
-    assert_says(&e, &["type=scratch", "job instances"]);
-}
-
-#[test]
 fn create_persistent_without_capacity_is_an_error() {
     let e = the_error(
         "#BB create_persistent name=a access_mode=striped type=scratch\n",
@@ -1687,4 +1682,36 @@ mod properties {
             prop_assert_eq!(jobdw.access_mode == AccessMode::Private, private);
         }
     }
+}
+
+/// A persistent cache instance: `type=cache pfs=` on `create_persistent`, with the cache keys
+/// of a jobdw line; `pfs=` is required, and the cache keys are refused on a scratch one.
+#[test]
+fn a_persistent_cache_instance_takes_the_cache_keys() {
+    let d = parse(
+        "#!/bin/bash\n#BB create_persistent name=ckpt capacity=2GiB access_mode=striped \
+         type=cache pfs=/lus/run fsync=pfs passthrough=off\n",
+    );
+    let cp = &d.create_persistent[0];
+    assert_eq!(cp.kind, InstanceType::Cache);
+    assert_eq!(cp.pfs.as_deref(), Some("/lus/run"));
+    assert!(cp.fsync_pfs && !cp.passthrough);
+    let e = errors(
+        "#!/bin/bash\n#BB create_persistent name=ckpt capacity=2GiB access_mode=striped \
+         type=cache\n",
+    );
+    assert!(
+        e.iter()
+            .any(|e| e.message.contains("type=cache needs pfs=DIR")
+                && e.message.contains("create_persistent name=")),
+        "{e:?}"
+    );
+    let e = errors(
+        "#!/bin/bash\n#BB create_persistent name=ckpt capacity=2GiB access_mode=striped \
+         type=scratch pfs=/lus/run\n",
+    );
+    assert!(
+        e.iter().any(|e| e.message.contains("is for type=cache")),
+        "{e:?}"
+    );
 }

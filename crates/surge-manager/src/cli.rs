@@ -660,7 +660,8 @@ pub enum PersistentCommand {
     Destroy {
         /// The instance's name (as in `surge persistent ls`).
         name: String,
-        /// Do not wait for pending stage-outs.
+        /// Do not wait for pending stage-outs; a cache instance is destroyed even with changes
+        /// not yet drained to its PFS directory (they are lost).
         #[arg(long)]
         hurry: bool,
     },

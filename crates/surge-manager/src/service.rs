@@ -272,8 +272,32 @@ impl Manager for Service {
                 inst.id, inst.name, inst.owner_uid
             )));
         }
-        if !r.hurry {
+        if !r.hurry && self.core.sessions_using(inst.id)?.is_empty() {
             self.stages.wait_idle(inst.id).await;
+            // A cache's changes not yet on its PFS directory are the only copy: drained
+            // first (a job that attaches it, or `surge stage drain`), or given up with hurry.
+            match self.core.undrained(&inst).await {
+                Some(Ok(0)) | None => {}
+                Some(Ok(n)) => {
+                    return Err(Status::failed_precondition(format!(
+                        "instance {} ({}) is a cache with {n} change(s) not yet on its PFS \
+                         directory {}: drain them first (`surge stage drain --instance {}` as \
+                         its owner, or a job that attaches it), or destroy with hurry to lose \
+                         them",
+                        inst.id,
+                        inst.name,
+                        inst.descriptor.cache_pfs.as_deref().unwrap_or("?"),
+                        inst.id
+                    )))
+                }
+                Some(Err(e)) => {
+                    return Err(Status::unavailable(format!(
+                        "instance {} ({}) is a cache whose journal could not be read ({e}): \
+                         not destroyed, its changes may not be on the PFS yet",
+                        inst.id, inst.name
+                    )))
+                }
+            }
         }
         self.core.destroy_instance(inst.id, "", None).await?;
         Ok(Response::new(api::Empty {}))

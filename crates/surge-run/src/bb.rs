@@ -256,6 +256,23 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A `#BB create_persistent ... type=cache` line, refused under Slurm so far (`surge run`
+/// fills a persistent cache when it makes it and drains it in every job that attaches it; the
+/// batch system's phases do not yet).
+fn persistent_cache_refused(name: &str, d: &surge_core::directives::Directives) -> Option<String> {
+    d.create_persistent
+        .iter()
+        .find(|cp| cp.pfs.is_some())
+        .map(|cp| {
+            format!(
+                "{name}:{}: #BB create_persistent name={} type=cache: persistent cache instances \
+             run under `surge run` so far, not under Slurm; use a type=cache job instance \
+             (#DW jobdw type=cache ... pfs=DIR), or create it in a job run with `surge run`",
+                cp.line, cp.name
+            )
+        })
+}
+
 fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
     let name = name.map_or_else(|| script.display().to_string(), str::to_string);
     let text = std::fs::read_to_string(script)
@@ -270,6 +287,10 @@ fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<Exi
     }
     match parse_script(&name, &text) {
         Ok(d) => {
+            if let Some(e) = persistent_cache_refused(&name, &d) {
+                println!("{e}");
+                return Ok(ExitCode::from(1));
+            }
             for w in &d.warnings {
                 eprintln!(
                     "{}:{}: warning: `{}`: {}",
@@ -423,6 +444,30 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
         println!("job {}: session {} (already set up)", job.job_id, s.id);
         return Ok(());
     }
+    // Persistent caches need a drain in every job that attaches them and a fill when made:
+    // `surge run` does both; the batch system's phases do not yet.
+    if let Some(e) = persistent_cache_refused(&name, &d) {
+        anyhow::bail!(e);
+    }
+    for p in &d.persistentdw {
+        if let Ok(i) = m
+            .get_instance(api::GetInstanceRequest {
+                id: 0,
+                persistent_name: p.name.clone(),
+            })
+            .await
+        {
+            let desc = serde_json::from_str::<InstanceDescriptor>(&i.into_inner().descriptor_json);
+            anyhow::ensure!(
+                !desc.is_ok_and(|d| d.cache_pfs.is_some()),
+                "{name}:{}: #DW persistentdw name={}: a persistent cache instance is attached by \
+                 jobs run with `surge run` so far, not under Slurm (nothing would drain it \
+                 during the job)",
+                p.line,
+                p.name
+            );
+        }
+    }
     for cp in &d.create_persistent {
         let r = m
             .create_instance(persistent_request(
@@ -543,6 +588,10 @@ pub fn persistent_request(
         owner_gid: gid,
         stripe_size: 0,
         share_with_group: false,
+        cache_pfs: cp.pfs.clone().unwrap_or_default(),
+        cache_fsync_pfs: cp.fsync_pfs,
+        cache_dirty_high: cp.dirty_high.map(|d| d.to_string()).unwrap_or_default(),
+        cache_passthrough: cp.passthrough,
         ..Default::default()
     }
 }

@@ -540,7 +540,35 @@ async fn job(
                     ),
                     t,
                     true,
-                )
+                );
+                // A persistent cache mirrors its PFS directory from its creation on.
+                if let Some(pfs) = &cp.pfs {
+                    let filled = async {
+                        let client = persistent_client(&mut c, i.id).await?;
+                        fill_cache(ctx, rep, &client, Path::new(pfs), &cp.name).await
+                    }
+                    .await;
+                    if let Err(e) = filled {
+                        let gone = c
+                            .destroy_instance(api::DestroyInstanceRequest {
+                                id: i.id,
+                                persistent_name: String::new(),
+                                hurry: true,
+                            })
+                            .await;
+                        anyhow::bail!(
+                            "{}:{}: #BB create_persistent name={}: {e:#}; the instance was {}",
+                            ctx.script_name,
+                            cp.line,
+                            cp.name,
+                            if gone.is_ok() {
+                                "destroyed"
+                            } else {
+                                "kept (destroy it with `surge instance destroy`)"
+                            }
+                        );
+                    }
+                }
             }
             Err(e) => {
                 rep.phase("create persistent", cp.name.clone(), t, false);
@@ -719,49 +747,18 @@ async fn job(
     }
     let mut targets_json = promise.as_ref().and_then(|p| serde_json::to_value(p).ok());
 
-    // A cache instance is filled from its PFS directory, then its journal starts empty: what
-    // the fill wrote is on the PFS already.
-    for u in used.iter().filter(|u| u.cache.is_some()) {
-        let pfs = u.cache.clone().unwrap_or_default();
+    // A cache job instance is filled from its PFS directory (a persistent one was filled when
+    // it was created).
+    for u in used
+        .iter()
+        .filter(|u| u.cache.is_some() && u.id == session.job_instance)
+    {
         phase(&mut c, "data_in").await?;
-        let t = Instant::now();
-        std::fs::create_dir_all(&pfs).with_context(|| {
-            format!(
-                "{}: type=cache pfs={}: cannot create the directory",
-                ctx.script_name,
-                pfs.display()
-            )
-        })?;
-        // What a job killed before its drain ended left (extra links, see THROUGH_DIR).
-        surge_stage::drain::clear_through(&pfs)?;
         let client = InstanceClient::new(u.desc.clone(), NamespaceId(0), u.token.clone())?;
-        let filled = surge_stage::fill::fill_lazy(&client, &pfs, || interrupted(ctx.sig)).await;
-        let ok = filled.is_ok();
-        let detail = match &filled {
-            Ok(f) => format!(
-                "{} from {}: {} files ({}) read from the PFS until copied into the tier on \
-                 first read, {} copied now ({}), {} directories",
-                u.var,
-                pfs.display(),
-                f.lazy_files,
-                format_bytes(f.lazy_bytes),
-                f.copied_files,
-                format_bytes(f.copied_bytes),
-                f.dirs
-            ),
-            Err(e) => format!("{} from {}: {e}", u.var, pfs.display()),
-        };
-        rep.phase("fill", detail, t, ok);
-        if let Err(e) = filled {
-            anyhow::bail!(
-                "filling the cache from {} failed: {e}; the job did not run",
-                pfs.display()
-            );
-        }
-        client
-            .drain_ack(u64::MAX, Vec::new())
+        let pfs = u.cache.clone().unwrap_or_default();
+        fill_cache(ctx, rep, &client, &pfs, &u.var.to_string())
             .await
-            .context("cannot clear the cache's journal after the fill")?;
+            .context("the job did not run")?;
     }
 
     // Stage in.
@@ -973,7 +970,14 @@ async fn job(
             stop.clone(),
             Duration::from_millis(100),
         ));
-        drains.push((u.var.clone(), pfs, state, stop, task));
+        drains.push((
+            u.var.clone(),
+            pfs,
+            state,
+            stop,
+            task,
+            u.id == session.job_instance,
+        ));
     }
 
     // The job.
@@ -1022,34 +1026,19 @@ async fn job(
     // Cache instances: every change reaches the PFS before the instance goes; a drain that
     // stops making progress keeps the instance (its data is the only copy).
     let mut drain_failures = Vec::new();
-    for (var, pfs, state, stop, task) in drains {
+    for (var, pfs, state, stop, task, job_instance) in drains {
         let t = Instant::now();
-        let failed_before = drain_failures.len();
         stop.store(true, Ordering::SeqCst);
-        let (mut last, mut since) = (u64::MAX, Instant::now());
-        while !task.is_finished() {
-            let done = state.stats.progress.load(Ordering::Relaxed);
-            if done != last {
-                (last, since) = (done, Instant::now());
-            } else if since.elapsed() > DRAIN_STALL {
-                task.abort();
-                drain_failures.push(format!(
-                    "drain of {var} to {} made no progress for {} s: {}; {} change(s) not on \
-                     the PFS",
-                    pfs.display(),
-                    DRAIN_STALL.as_secs(),
-                    state.error.lock().clone().unwrap_or_default(),
-                    state.stats.pending.load(Ordering::Relaxed)
-                ));
-                break;
+        match finish_drain(&state, task).await {
+            Err(why) => drain_failures.push(format!("drain of {var} to {}: {why}", pfs.display())),
+            // Drained, mounts gone: the stable names of files written through are extra. A
+            // persistent cache keeps them (its lazily filled files still read from them).
+            Ok(()) if job_instance => {
+                if let Err(e) = surge_stage::drain::clear_through(&pfs) {
+                    eprintln!("surge run: {e}");
+                }
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if drain_failures.len() == failed_before {
-            // Drained, mounts gone: the stable names of files written through are extra.
-            if let Err(e) = surge_stage::drain::clear_through(&pfs) {
-                eprintln!("surge run: {e}");
-            }
+            Ok(()) => {}
         }
         let st = &state.stats;
         rep.phase(
@@ -1195,6 +1184,33 @@ async fn job(
     // Persistent instances this script destroys (after the job).
     for dp in &d.destroy_persistent {
         let t = Instant::now();
+        // A persistent cache drains every change to its PFS directory before it goes (not
+        // with `hurry`, which gives them up).
+        let drained = if dp.hurry {
+            Ok(None)
+        } else {
+            drain_persistent_cache(&mut c, &dp.name).await
+        };
+        let cache = match drained {
+            Ok(pfs) => pfs,
+            Err(e) => {
+                rep.phase("destroy persistent", dp.name.clone(), t, false);
+                stage_out_failures.push(format!(
+                    "{}:{}: #BB destroy_persistent name={}: {e:#}; the instance and its data \
+                     are kept",
+                    ctx.script_name, dp.line, dp.name
+                ));
+                continue;
+            }
+        };
+        if let Some((pfs, line)) = &cache {
+            rep.phase(
+                "drain",
+                format!("{} to {}: {line}", dp.name, pfs.display()),
+                t,
+                true,
+            );
+        }
         let r = c
             .destroy_instance(api::DestroyInstanceRequest {
                 id: 0,
@@ -1203,7 +1219,14 @@ async fn job(
             })
             .await;
         match r {
-            Ok(_) => rep.phase("destroy persistent", dp.name.clone(), t, true),
+            Ok(_) => {
+                rep.phase("destroy persistent", dp.name.clone(), t, true);
+                if let Some((pfs, _)) = cache {
+                    if let Err(e) = surge_stage::drain::clear_through(&pfs) {
+                        eprintln!("surge run: {e}");
+                    }
+                }
+            }
             Err(e) => {
                 rep.phase("destroy persistent", dp.name.clone(), t, false);
                 stage_out_failures.push(format!(
@@ -1231,6 +1254,135 @@ async fn job(
         stage_out_failures,
         targets: targets_json,
     })
+}
+
+/// Fills cache instance `client` (named `what` in the report) lazily from `pfs` (made if
+/// missing), then empties its journal: what the fill wrote is on the PFS already.
+async fn fill_cache(
+    ctx: &Ctx<'_>,
+    rep: &mut Reporter,
+    client: &InstanceClient,
+    pfs: &Path,
+    what: &str,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    std::fs::create_dir_all(pfs).with_context(|| {
+        format!(
+            "{}: type=cache pfs={}: cannot create the directory",
+            ctx.script_name,
+            pfs.display()
+        )
+    })?;
+    // What a job killed before its drain ended left (extra links, see THROUGH_DIR).
+    surge_stage::drain::clear_through(pfs)?;
+    let filled = surge_stage::fill::fill_lazy(client, pfs, || interrupted(ctx.sig)).await;
+    let detail = match &filled {
+        Ok(f) => format!(
+            "{what} from {}: {} files ({}) read from the PFS until copied into the tier on \
+             first read, {} copied now ({}), {} directories",
+            pfs.display(),
+            f.lazy_files,
+            format_bytes(f.lazy_bytes),
+            f.copied_files,
+            format_bytes(f.copied_bytes),
+            f.dirs
+        ),
+        Err(e) => format!("{what} from {}: {e}", pfs.display()),
+    };
+    rep.phase("fill", detail, t, filled.is_ok());
+    if let Err(e) = filled {
+        anyhow::bail!("filling the cache from {} failed: {e}", pfs.display());
+    }
+    client
+        .drain_ack(u64::MAX, Vec::new())
+        .await
+        .context("cannot clear the cache's journal after the fill")?;
+    Ok(())
+}
+
+/// A client of instance `id` acting for this user (the manager's capability).
+async fn persistent_client(c: &mut surge_api::Client, id: u64) -> anyhow::Result<InstanceClient> {
+    persistent_client_by(c, id, "").await
+}
+
+async fn persistent_client_by(
+    c: &mut surge_api::Client,
+    id: u64,
+    name: &str,
+) -> anyhow::Result<InstanceClient> {
+    let cap = c
+        .get_capability(api::GetCapabilityRequest {
+            instance: id,
+            persistent_name: name.to_string(),
+            namespace: 0,
+            all_namespaces: true,
+        })
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    let desc: InstanceDescriptor = serde_json::from_str(&cap.descriptor_json)
+        .context("the manager sent an instance descriptor that does not parse")?;
+    Ok(InstanceClient::new(
+        desc,
+        NamespaceId(0),
+        surge_auth::Token::from_text(&cap.token)?,
+    )?)
+}
+
+/// Drains persistent instance `name` to its PFS directory if it is a cache (waiting for a
+/// drain another job runs); its directory and what was drained, `None` for a scratch one.
+async fn drain_persistent_cache(
+    c: &mut surge_api::Client,
+    name: &str,
+) -> anyhow::Result<Option<(PathBuf, String)>> {
+    let client = persistent_client_by(c, 0, name).await?;
+    let Some(pfs) = client.desc.cache_pfs.clone().map(PathBuf::from) else {
+        return Ok(None);
+    };
+    let state = Arc::new(surge_stage::drain::DrainState::default());
+    let task = tokio::spawn(surge_stage::drain::drain_loop(
+        Arc::new(client),
+        pfs.clone(),
+        state.clone(),
+        Arc::new(AtomicBool::new(true)),
+        Duration::from_millis(100),
+    ));
+    finish_drain(&state, task)
+        .await
+        .map_err(|why| anyhow::anyhow!("the drain to {}: {why}", pfs.display()))?;
+    let st = &state.stats;
+    let line = format!(
+        "{} changes, {} files, {}",
+        st.entries.load(Ordering::Relaxed),
+        st.files.load(Ordering::Relaxed),
+        format_bytes(st.bytes.load(Ordering::Relaxed))
+    );
+    Ok(Some((pfs, line)))
+}
+
+/// Waits for a drain told to stop to end; gives it up (the reason) when the journal has not
+/// moved for [`DRAIN_STALL`].
+async fn finish_drain(
+    state: &surge_stage::drain::DrainState,
+    task: tokio::task::JoinHandle<()>,
+) -> Result<(), String> {
+    let (mut last, mut since) = (u64::MAX, Instant::now());
+    while !task.is_finished() {
+        let done = state.stats.progress.load(Ordering::Relaxed);
+        if done != last {
+            (last, since) = (done, Instant::now());
+        } else if since.elapsed() > DRAIN_STALL {
+            task.abort();
+            return Err(format!(
+                "made no progress for {} s: {}; {} change(s) not on the PFS",
+                DRAIN_STALL.as_secs(),
+                state.error.lock().clone().unwrap_or_default(),
+                state.stats.pending.load(Ordering::Relaxed)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
 }
 
 /// The stage tasks the job itself started (`surge stage`, libdatawarp) and left: pending ones
