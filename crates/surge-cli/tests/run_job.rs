@@ -1361,24 +1361,3 @@ fn a_pfs_file_larger_than_the_cache_is_read_and_appended_on_the_pfs() {
         "the PFS file differs from what the job wrote\n{t}"
     );
 }
-
-/// Under Slurm a persistent cache is refused at submission (`surge bb validate`, what
-/// `slurm_bb_job_process` runs), saying where it does run, not accepted and left undrained.
-#[test]
-fn slurm_refuses_a_persistent_cache_at_submission_and_says_where_it_runs() {
-    let j = Job::new("bbpcache");
-    let script = j.script(
-        "p.sh",
-        "#!/bin/bash\n#SBATCH -N 1\n#BB create_persistent name=ckpt capacity=1GiB access_mode=striped \
-         type=cache pfs=/lus/run\ntrue\n",
-    );
-    let out = j
-        .command()
-        .args(["bb", "validate"])
-        .arg(&script)
-        .output()
-        .unwrap();
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{t}");
-    assert!(t.contains("p.sh:3:") && t.contains("surge run"), "{t}");
-}

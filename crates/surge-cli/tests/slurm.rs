@@ -442,29 +442,52 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     }
     nothing_left("manager killed");
 
-    // 9. Persistent instances through Slurm: one job creates one and writes into it, the next
-    //    reads it and destroys it.
+    // 9. Persistent instances through Slurm: one job creates a scratch one and a cache one
+    //    (filled from its PFS directory by a stage task) and writes into both, the next reads
+    //    them (the cache's changes drained by each job) and the last destroys them.
+    let mut pin = vec![0u8; 3 << 20];
+    rng.fill(&mut pin);
+    write_pfs("pcache9/in.dat", &pin);
     let job = sbatch(
         "pcreate.sh",
-        "#!/bin/bash\n\
-         #DW create_persistent name=tbpers capacity=1GiB access_mode=striped type=scratch pool=nvme\n\
-         #DW persistentdw name=tbpers\n\
-         echo kept > $DW_PERSISTENT_STRIPED_tbpers/note\n",
-        &[],
-    );
-    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
-    let job = sbatch(
-        "puse.sh",
         &format!(
-            "#!/bin/bash\n#DW persistentdw name=tbpers\n\
-             cp $DW_PERSISTENT_STRIPED_tbpers/note {TB}/pfs/note.copy\n"
+            "#!/bin/bash\n\
+             #DW create_persistent name=tbpers capacity=1GiB access_mode=striped type=scratch pool=nvme\n\
+             #DW create_persistent name=tbcache capacity=1GiB access_mode=striped type=cache \
+             pfs={TB}/pfs/pcache9 pool=nvme\n\
+             #DW persistentdw name=tbpers\n#DW persistentdw name=tbcache\nset -e\n\
+             echo kept > $DW_PERSISTENT_STRIPED_tbpers/note\n\
+             cmp $DW_PERSISTENT_STRIPED_tbcache/in.dat {TB}/pfs/pcache9/in.dat\n\
+             echo cached > $DW_PERSISTENT_STRIPED_tbcache/note\n"
         ),
         &[],
     );
     assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    let pnote = format!("{TB}/pfs/pcache9/note");
+    assert_eq!(
+        std::fs::read_to_string(&pnote).unwrap_or_default(),
+        "cached\n",
+        "the first job's change to the persistent cache is on the PFS: {}",
+        job.output
+    );
+    let job = sbatch(
+        "puse.sh",
+        &format!(
+            "#!/bin/bash\n#DW persistentdw name=tbpers\n#DW persistentdw name=tbcache\nset -e\n\
+             cp $DW_PERSISTENT_STRIPED_tbpers/note {TB}/pfs/note.copy\n\
+             cmp $DW_PERSISTENT_STRIPED_tbcache/in.dat {TB}/pfs/pcache9/in.dat\n\
+             echo more >> $DW_PERSISTENT_STRIPED_tbcache/note\n"
+        ),
+        &[],
+    );
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    assert_eq!(
+        std::fs::read_to_string(&pnote).unwrap_or_default(),
+        "cached\nmore\n"
+    );
     let job = sbatch(
         "pdestroy.sh",
-        "#!/bin/bash\n#DW destroy_persistent name=tbpers\ntrue\n",
+        "#!/bin/bash\n#DW destroy_persistent name=tbpers\n#DW destroy_persistent name=tbcache\ntrue\n",
         &[],
     );
     assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
@@ -472,8 +495,15 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
         std::fs::read_to_string(format!("{TB}/pfs/note.copy")).unwrap(),
         "kept\n"
     );
-    let left = surge_tb(&format!("instance ls --json --manager {MANAGER}"));
-    assert!(!left.contains("tbpers"), "{left}");
+    assert!(std::fs::read(format!("{TB}/pfs/pcache9/in.dat")).unwrap() == pin);
+    wait_for(
+        "the persistent instances destroyed",
+        Duration::from_secs(30),
+        || {
+            let left = surge_tb(&format!("instance ls --json --manager {MANAGER}"));
+            (!left.contains("tbpers") && !left.contains("tbcache")).then_some(())
+        },
+    );
 
     // 10. A DataWarp type=cache script under Slurm: the lazy fill before the job (a stage
     //     task), both nodes read a PFS file through the cache and write their own, the drain

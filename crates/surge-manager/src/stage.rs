@@ -52,6 +52,8 @@ struct Work {
     opts: StageOptions,
     /// A cache instance's fill or drain instead of a copy.
     cache: Option<CacheWork>,
+    /// The instance is persistent (a cache's drain keeps its fill names).
+    persistent: bool,
     /// The session's owner: the worker runs as this user.
     owner: surge_auth::Caller,
     /// A capability for the instance's servers, for the owner.
@@ -484,6 +486,7 @@ impl Stages {
             items,
             opts,
             cache,
+            persistent: inst.kind == "persistent",
             owner,
             token,
         })
@@ -654,6 +657,7 @@ impl Stages {
             items,
             opts,
             cache,
+            persistent,
             owner,
             token,
         } = work;
@@ -665,6 +669,7 @@ impl Stages {
             items,
             opts,
             cache,
+            persistent,
         };
         let mut planned = Some(planned);
         let mut source = match self.start_worker(row.id, &task, &owner, &live) {

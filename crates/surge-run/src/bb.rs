@@ -256,23 +256,6 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A `#BB create_persistent ... type=cache` line, refused under Slurm so far (`surge run`
-/// fills a persistent cache when it makes it and drains it in every job that attaches it; the
-/// batch system's phases do not yet).
-fn persistent_cache_refused(name: &str, d: &surge_core::directives::Directives) -> Option<String> {
-    d.create_persistent
-        .iter()
-        .find(|cp| cp.pfs.is_some())
-        .map(|cp| {
-            format!(
-                "{name}:{}: #BB create_persistent name={} type=cache: persistent cache instances \
-             run under `surge run` so far, not under Slurm; use a type=cache job instance \
-             (#DW jobdw type=cache ... pfs=DIR), or create it in a job run with `surge run`",
-                cp.line, cp.name
-            )
-        })
-}
-
 fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
     let name = name.map_or_else(|| script.display().to_string(), str::to_string);
     let text = std::fs::read_to_string(script)
@@ -287,10 +270,6 @@ fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<Exi
     }
     match parse_script(&name, &text) {
         Ok(d) => {
-            if let Some(e) = persistent_cache_refused(&name, &d) {
-                println!("{e}");
-                return Ok(ExitCode::from(1));
-            }
             for w in &d.warnings {
                 eprintln!(
                     "{}:{}: warning: `{}`: {}",
@@ -437,36 +416,24 @@ pub async fn set_phase(
     .into_inner())
 }
 
+/// The persistent instances a job's session attaches: its `persistentdw` ones, and the
+/// persistent caches it creates (their fill and drain are stage tasks of the session).
+fn attached(d: &surge_core::directives::Directives) -> Vec<String> {
+    let mut names: Vec<String> = d.persistentdw.iter().map(|p| p.name.clone()).collect();
+    for cp in d.create_persistent.iter().filter(|cp| cp.pfs.is_some()) {
+        if !names.contains(&cp.name) {
+            names.push(cp.name.clone());
+        }
+    }
+    names
+}
+
 async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> {
     let (name, d) = job.directives()?;
     let mut m = connect(&job.common.manager).await?;
     if let Some(s) = find(&mut m, job).await?.filter(|s| s.state == "active") {
         println!("job {}: session {} (already set up)", job.job_id, s.id);
         return Ok(());
-    }
-    // Persistent caches need a drain in every job that attaches them and a fill when made:
-    // `surge run` does both; the batch system's phases do not yet.
-    if let Some(e) = persistent_cache_refused(&name, &d) {
-        anyhow::bail!(e);
-    }
-    for p in &d.persistentdw {
-        if let Ok(i) = m
-            .get_instance(api::GetInstanceRequest {
-                id: 0,
-                persistent_name: p.name.clone(),
-            })
-            .await
-        {
-            let desc = serde_json::from_str::<InstanceDescriptor>(&i.into_inner().descriptor_json);
-            anyhow::ensure!(
-                !desc.is_ok_and(|d| d.cache_pfs.is_some()),
-                "{name}:{}: #DW persistentdw name={}: a persistent cache instance is attached by \
-                 jobs run with `surge run` so far, not under Slurm (nothing would drain it \
-                 during the job)",
-                p.line,
-                p.name
-            );
-        }
     }
     for cp in &d.create_persistent {
         let r = m
@@ -537,7 +504,7 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
             owner_uid: uid,
             owner_gid: gid,
             job_instance: job_req,
-            persistent: d.persistentdw.iter().map(|p| p.name.clone()).collect(),
+            persistent: attached(&d),
             external_id: job.external(),
         })
         .await
@@ -758,17 +725,37 @@ async fn data_in(job: &Job, workdir: &Path) -> anyhow::Result<()> {
             println!("{}", stage_line("in", g, inst, ns, &done, t));
         }
     }
-    if let Some((inst, pfs)) = cache_instance(&s) {
-        cache_fill_and_drain(&mut m, &s, inst, &pfs).await?;
+    for (inst, pfs) in cache_instances(&s) {
+        // The job instance and the persistent caches this job creates are new: filled first.
+        let fill = inst.id == s.job_instance
+            || d.create_persistent
+                .iter()
+                .any(|cp| cp.pfs.is_some() && cp.name == inst.name);
+        cache_fill_and_drain(&mut m, &s, inst, &pfs, fill).await?;
     }
     Ok(())
 }
 
-/// The session's job instance and its PFS directory, if it is a `type=cache` one.
-fn cache_instance(s: &api::Session) -> Option<(&api::Instance, String)> {
-    let i = s.instances.iter().find(|i| i.id == s.job_instance)?;
-    let desc: surge_proto::InstanceDescriptor = serde_json::from_str(&i.descriptor_json).ok()?;
-    Some((i, desc.cache_pfs?))
+/// The session's `type=cache` instances (the job instance, persistent ones) and their PFS
+/// directories.
+fn cache_instances(s: &api::Session) -> Vec<(&api::Instance, String)> {
+    s.instances
+        .iter()
+        .filter_map(|i| {
+            let desc: surge_proto::InstanceDescriptor =
+                serde_json::from_str(&i.descriptor_json).ok()?;
+            Some((i, desc.cache_pfs?))
+        })
+        .collect()
+}
+
+/// The variable a job reaches instance `i` of session `s` by, for messages.
+fn var_of(s: &api::Session, i: &api::Instance) -> String {
+    if i.id == s.job_instance {
+        DwVariable::JobStripedCache.env_name()
+    } else {
+        DwVariable::PersistentStriped(i.name.clone()).env_name()
+    }
 }
 
 /// The stage tasks of session `session`.
@@ -783,35 +770,40 @@ async fn session_tasks(
         .tasks)
 }
 
-/// `type=cache` (docs/DIRECTIVES.md "Cache instances"): the lazy fill of the job instance from
-/// its PFS directory, then its drain, which runs in the background (a stage task, on a data
-/// mover when one is alive) until [`finish_drains`] after the job.
+/// `type=cache` (docs/DIRECTIVES.md "Cache instances"): the lazy fill of a new cache instance
+/// from its PFS directory (`fill`: the job instance, a persistent cache this job creates), then
+/// its drain, which runs in the background (a stage task, on a data mover when one is alive)
+/// until [`finish_drains`] after the job.
 async fn cache_fill_and_drain(
     m: &mut surge_api::Client,
     s: &api::Session,
     inst: &api::Instance,
     pfs: &str,
+    fill: bool,
 ) -> anyhow::Result<()> {
-    let t = Instant::now();
-    let done = stage_once(m, s, inst.id, 0, "fill", "[]".into()).await?;
-    if done.state != "done" {
-        anyhow::bail!(
-            "the fill of the cache from {pfs} failed: {}",
-            failure_lines(&done).join("; ")
+    let var = var_of(s, inst);
+    if fill {
+        let t = Instant::now();
+        let done = stage_once(m, s, inst.id, 0, "fill", "[]".into()).await?;
+        if done.state != "done" {
+            anyhow::bail!(
+                "the fill of {var} from {pfs} failed: {}",
+                failure_lines(&done).join("; ")
+            );
+        }
+        println!(
+            "fill {var} from {pfs}: {} files ({}, read from the PFS on first use) in {:.1} s",
+            done.files_done,
+            format_bytes(done.bytes_done),
+            t.elapsed().as_secs_f64()
         );
     }
-    println!(
-        "fill $DW_JOB_STRIPED_CACHE from {pfs}: {} files ({}, read from the PFS on first use) \
-         in {:.1} s",
-        done.files_done,
-        format_bytes(done.bytes_done),
-        t.elapsed().as_secs_f64()
-    );
     let tasks = session_tasks(m, s.id).await?;
-    if tasks
-        .iter()
-        .any(|t| t.direction == "drain" && (t.state == "running" || t.state == "queued"))
-    {
+    if tasks.iter().any(|t| {
+        t.instance == inst.id
+            && t.direction == "drain"
+            && (t.state == "running" || t.state == "queued")
+    }) {
         return Ok(());
     }
     let d = m
@@ -830,12 +822,9 @@ async fn cache_fill_and_drain(
         .map_err(status_err)?
         .into_inner();
     if d.state == "failed" {
-        anyhow::bail!("the drain of the cache could not start: {}", d.error);
+        anyhow::bail!("the drain of {var} could not start: {}", d.error);
     }
-    println!(
-        "drain $DW_JOB_STRIPED_CACHE to {pfs}: started (stage task {})",
-        d.id
-    );
+    println!("drain {var} to {pfs}: started (stage task {})", d.id);
     Ok(())
 }
 
@@ -844,13 +833,25 @@ async fn cache_fill_and_drain(
 /// whatever is still journaled (all of it when the first never ran). Returns the failures;
 /// a failed drain keeps the job instance, its data the only copy.
 async fn finish_drains(m: &mut surge_api::Client, s: &api::Session) -> anyhow::Result<Vec<String>> {
-    let Some((inst, pfs)) = cache_instance(s) else {
-        return Ok(Vec::new());
-    };
+    let mut failures = Vec::new();
+    for (inst, pfs) in cache_instances(s) {
+        failures.extend(finish_drain(m, s, inst, &pfs).await?);
+    }
+    Ok(failures)
+}
+
+/// [`finish_drains`] of one cache instance of the session.
+async fn finish_drain(
+    m: &mut surge_api::Client,
+    s: &api::Session,
+    inst: &api::Instance,
+    pfs: &str,
+) -> anyhow::Result<Option<String>> {
+    let var = var_of(s, inst);
     let tasks = session_tasks(m, s.id).await?;
     for t in tasks
         .into_iter()
-        .filter(|t| t.direction == "drain" && t.state == "running")
+        .filter(|t| t.instance == inst.id && t.direction == "drain" && t.state == "running")
     {
         // The manager waits 30 s for the task to end; a longer drain is awaited here.
         let t = match m.cancel_stage(api::GetStageRequest { id: t.id }).await {
@@ -875,11 +876,9 @@ async fn finish_drains(m: &mut surge_api::Client, s: &api::Session) -> anyhow::R
         || false,
     )
     .await?;
-    let mut failures = Vec::new();
-    let ran = session_tasks(m, s.id)
-        .await?
-        .into_iter()
-        .filter(|t| t.direction == "drain" || t.direction == "drain_all");
+    let ran = session_tasks(m, s.id).await?.into_iter().filter(|t| {
+        t.instance == inst.id && (t.direction == "drain" || t.direction == "drain_all")
+    });
     let (mut files, mut bytes) = (0, 0);
     for r in ran {
         files += r.files_done;
@@ -887,22 +886,21 @@ async fn finish_drains(m: &mut surge_api::Client, s: &api::Session) -> anyhow::R
     }
     if done.state == "done" {
         println!(
-            "drain $DW_JOB_STRIPED_CACHE to {pfs}: {} files, {} ({:.1} s after the job)",
+            "drain {var} to {pfs}: {} files, {} ({:.1} s after the job)",
             files,
             format_bytes(bytes),
             t.elapsed().as_secs_f64()
         );
-    } else {
-        failures.push(format!(
-            "the drain of $DW_JOB_STRIPED_CACHE to {pfs} failed (stage task {}): {}; the job \
-             instance {} is kept: finish it with `surge stage drain --instance {}`",
-            done.id,
-            crate::job_stage::failure_message(&done),
-            inst.id,
-            inst.id
-        ));
+        return Ok(None);
     }
-    Ok(failures)
+    Ok(Some(format!(
+        "the drain of {var} to {pfs} failed (stage task {}): {}; the instance {} is kept: \
+         finish it with `surge stage drain --instance {}`",
+        done.id,
+        crate::job_stage::failure_message(&done),
+        inst.id,
+        inst.id
+    )))
 }
 
 /// Where the agents mount instance `i` of session `s`.
@@ -931,7 +929,7 @@ async fn paths(job: &Job, path_file: &Path) -> anyhow::Result<()> {
                     DwVariable::JobLdbal.env_name(),
                     "SURGE_JOB_LDBAL".to_string(),
                 )
-            } else if cache_instance(&s).is_some() {
+            } else if cache_instances(&s).iter().any(|(c, _)| c.id == i.id) {
                 (
                     DwVariable::JobStripedCache.env_name(),
                     "SURGE_JOB_STRIPED_CACHE".to_string(),

@@ -60,19 +60,21 @@ impl CacheWork {
     }
 }
 
-/// Runs `work` for the instance of `client`, whose PFS directory is `pfs`; `say` sends the
-/// events. Returns whether it succeeded.
+/// Runs `work` for the instance of `client`, whose PFS directory is `pfs` (`persistent`: a
+/// persistent instance, whose fill names outlive the job); `say` sends the events. Returns
+/// whether it succeeded.
 pub async fn run(
     work: CacheWork,
     client: Arc<InstanceClient>,
     pfs: PathBuf,
+    persistent: bool,
     say: impl Fn(&Event),
 ) -> bool {
     say(&Event::Planned { files: 0, bytes: 0 });
     match work {
         CacheWork::Fill => fill(&client, &pfs, &say).await,
-        CacheWork::Drain => drain(client, pfs, false, &say).await,
-        CacheWork::DrainAll => drain(client, pfs, true, &say).await,
+        CacheWork::Drain => drain(client, pfs, false, persistent, &say).await,
+        CacheWork::DrainAll => drain(client, pfs, true, persistent, &say).await,
     }
 }
 
@@ -110,6 +112,7 @@ async fn drain(
     client: Arc<InstanceClient>,
     pfs: PathBuf,
     all: bool,
+    persistent: bool,
     say: &impl Fn(&Event),
 ) -> bool {
     let t = Instant::now();
@@ -167,9 +170,12 @@ async fn drain(
             return false;
         }
     }
-    // Drained, mounts gone: the stable names of files written through are extra.
-    if let Err(e) = crate::drain::clear_through(&pfs) {
-        tracing::warn!("{e}");
+    // Drained, mounts gone: the stable names of files written through are extra (a
+    // persistent cache keeps them: its lazily filled files still read from them).
+    if !persistent {
+        if let Err(e) = crate::drain::clear_through(&pfs) {
+            tracing::warn!("{e}");
+        }
     }
     say(&Event::Progress(snapshot(true)));
     say(&Event::Done(StageReport {

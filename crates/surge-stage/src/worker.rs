@@ -31,6 +31,10 @@ pub struct Task {
     /// A cache instance's fill or drain instead of a copy (`items` is empty then).
     #[serde(default)]
     pub cache: Option<crate::cache_task::CacheWork>,
+    /// The instance is persistent: a cache's drain keeps the fill names the next job reads
+    /// lazily filled files by (a job instance's go after its drain).
+    #[serde(default)]
+    pub persistent: bool,
 }
 
 /// What a worker says, one JSON line each.
@@ -112,7 +116,7 @@ async fn work(task: Task) -> bool {
             )));
             return false;
         };
-        return crate::cache_task::run(cw, client, pfs.into(), say).await;
+        return crate::cache_task::run(cw, client, pfs.into(), task.persistent, say).await;
     }
     let progress = Arc::new(Progress::new());
     {
