@@ -71,6 +71,14 @@ pub struct JobDw {
     /// is the capacity asked for, 0 when only targets were given.
     #[serde(default)]
     pub targets: Option<Targets>,
+    /// The `type=cache` keys (all unset for `type=scratch`).
+    #[serde(flatten)]
+    pub cache: CacheSpec,
+}
+
+/// The `type=cache` keys of a `jobdw` or `create_persistent` line.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheSpec {
     /// `type=cache`: the PFS directory the instance mirrors (`pfs=`, absolute).
     #[serde(default)]
     pub pfs: Option<String>,
@@ -205,31 +213,11 @@ pub struct CreatePersistent {
     pub access_mode: AccessMode,
     pub kind: InstanceType,
     pub pool: Option<String>,
-    /// `type=cache`: the PFS directory the instance mirrors (`pfs=`, absolute); filled from it
-    /// when it is created, drained by every job that attaches it and before it is destroyed.
-    #[serde(default)]
-    pub pfs: Option<String>,
-    /// `type=cache`: as [`JobDw::optimization`].
-    #[serde(default)]
-    pub optimization: Option<String>,
-    /// `type=cache`: as [`JobDw::fsync_pfs`].
-    #[serde(default)]
-    pub fsync_pfs: bool,
-    /// `type=cache`: as [`JobDw::dirty_high`].
-    #[serde(default)]
-    pub dirty_high: Option<DirtyHigh>,
-    /// `type=cache`: as [`JobDw::passthrough`].
-    #[serde(default)]
-    pub passthrough: bool,
-}
-
-/// The `type=cache` keys of a `jobdw` or `create_persistent` line, parsed once.
-struct CacheKeys {
-    pfs: Option<String>,
-    optimization: Option<String>,
-    fsync_pfs: bool,
-    dirty_high: Option<DirtyHigh>,
-    passthrough: bool,
+    /// The `type=cache` keys (all unset for `type=scratch`): a persistent cache is filled
+    /// from `pfs=` when it is created, drained by every job that attaches it and before it
+    /// is destroyed.
+    #[serde(flatten)]
+    pub cache: CacheSpec,
 }
 
 /// `#BB destroy_persistent name=X [hurry]`. `hurry` (Slurm's word) asks to skip any stage-out
@@ -1489,7 +1477,7 @@ impl<'a> Parser<'a> {
         args: &HashMap<&'static str, Token>,
         kind: Option<InstanceType>,
         directive: &str,
-    ) -> CacheKeys {
+    ) -> CacheSpec {
         let name = if directive == "create_persistent" {
             " name=myrun"
         } else {
@@ -1554,7 +1542,7 @@ impl<'a> Parser<'a> {
             ),
             _ => {}
         }
-        CacheKeys {
+        CacheSpec {
             pfs,
             optimization,
             fsync_pfs: fsync_pfs.unwrap_or(false),
@@ -1647,11 +1635,7 @@ impl<'a> Parser<'a> {
                     capacity,
                     pool,
                     targets,
-                    pfs: cache.pfs,
-                    optimization: cache.optimization,
-                    fsync_pfs: cache.fsync_pfs,
-                    dirty_high: cache.dirty_high,
-                    passthrough: cache.passthrough,
+                    cache,
                 });
             }
             _ if first.is_none() => self.jobdw_unread = true,
@@ -1801,11 +1785,7 @@ impl<'a> Parser<'a> {
                 access_mode,
                 kind,
                 pool,
-                pfs: cache.pfs,
-                optimization: cache.optimization,
-                fsync_pfs: cache.fsync_pfs,
-                dirty_high: cache.dirty_high,
-                passthrough: cache.passthrough,
+                cache,
             });
         }
     }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use surge_core::directives::{
-    check_persistent_name, expand_dw_path, parse_script, parse_stage_list, AccessMode,
+    check_persistent_name, expand_dw_path, parse_script, parse_stage_list, AccessMode, CacheSpec,
     CreatePersistent, DestroyPersistent, DirectiveError, DirectiveErrors, Directives, DirtyHigh,
     DwVariable, ExpandError, InstanceType, JobDw, PersistentDw, StageDirection, StageDirective,
     StageEntry, StageKind,
@@ -80,11 +80,7 @@ fn expbb_listing8_with_slurm_continuations_stages_a_directory_in_and_out() {
             capacity: 12704 * GIB,
             pool: None,
             targets: None,
-            pfs: None,
-            optimization: None,
-            fsync_pfs: false,
-            dirty_high: None,
-            passthrough: false,
+            cache: CacheSpec::default(),
         })
     );
     assert_eq!(
@@ -165,11 +161,7 @@ fn nersc_style_persistent_lifecycle_create_use_destroy() {
             access_mode: AccessMode::Striped,
             kind: InstanceType::Scratch,
             pool: None,
-            pfs: None,
-            optimization: None,
-            fsync_pfs: false,
-            dirty_high: None,
-            passthrough: false,
+            cache: CacheSpec::default(),
         }]
     );
     assert!(create.jobdw.is_none());
@@ -237,11 +229,7 @@ fn jobdw_with_every_key_is_read() {
             capacity: 2 << 40,
             pool: Some("nvme".to_string()),
             targets: None,
-            pfs: None,
-            optimization: None,
-            fsync_pfs: false,
-            dirty_high: None,
-            passthrough: false,
+            cache: CacheSpec::default(),
         })
     );
 }
@@ -308,6 +296,7 @@ fn j_dirty_high(extra: &str) -> Option<DirtyHigh> {
     .unwrap()
     .jobdw
     .unwrap()
+    .cache
     .dirty_high
 }
 
@@ -320,15 +309,15 @@ fn type_cache_mirrors_a_pfs_directory() {
     .unwrap();
     let j = d.jobdw.unwrap();
     assert_eq!(j.kind, InstanceType::Cache);
-    assert_eq!(j.pfs.as_deref(), Some("/lus/run"));
-    assert_eq!(j.optimization.as_deref(), Some("bandwidth"));
-    assert!(!j.fsync_pfs, "fsync=tier is the default");
+    assert_eq!(j.cache.pfs.as_deref(), Some("/lus/run"));
+    assert_eq!(j.cache.optimization.as_deref(), Some("bandwidth"));
+    assert!(!j.cache.fsync_pfs, "fsync=tier is the default");
     let d = parse_script(
         "job.sh",
         "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run fsync=pfs\n",
     )
     .unwrap();
-    assert!(d.jobdw.unwrap().fsync_pfs);
+    assert!(d.jobdw.unwrap().cache.fsync_pfs);
     let e = the_error(
         "#DW jobdw type=cache access_mode=striped capacity=1TiB pfs=/lus/run fsync=disk\n",
         1,
@@ -374,6 +363,7 @@ fn type_cache_mirrors_a_pfs_directory() {
         .unwrap()
         .jobdw
         .unwrap()
+        .cache
         .passthrough
     };
     assert!(pt(""), "passthrough=on is the default");
@@ -1694,8 +1684,8 @@ fn a_persistent_cache_instance_takes_the_cache_keys() {
     );
     let cp = &d.create_persistent[0];
     assert_eq!(cp.kind, InstanceType::Cache);
-    assert_eq!(cp.pfs.as_deref(), Some("/lus/run"));
-    assert!(cp.fsync_pfs && !cp.passthrough);
+    assert_eq!(cp.cache.pfs.as_deref(), Some("/lus/run"));
+    assert!(cp.cache.fsync_pfs && !cp.cache.passthrough);
     let e = errors(
         "#!/bin/bash\n#BB create_persistent name=ckpt capacity=2GiB access_mode=striped \
          type=cache\n",

@@ -420,7 +420,11 @@ pub async fn set_phase(
 /// persistent caches it creates (their fill and drain are stage tasks of the session).
 fn attached(d: &surge_core::directives::Directives) -> Vec<String> {
     let mut names: Vec<String> = d.persistentdw.iter().map(|p| p.name.clone()).collect();
-    for cp in d.create_persistent.iter().filter(|cp| cp.pfs.is_some()) {
+    for cp in d
+        .create_persistent
+        .iter()
+        .filter(|cp| cp.cache.pfs.is_some())
+    {
         if !names.contains(&cp.name) {
             names.push(cp.name.clone());
         }
@@ -490,13 +494,9 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
         owner_gid: gid,
         stripe_size: 0,
         share_with_group: false,
-        cache_pfs: j.pfs.clone().unwrap_or_default(),
-        cache_fsync_pfs: j.fsync_pfs,
-        cache_dirty_high: j.dirty_high.map(|d| d.to_string()).unwrap_or_default(),
-        cache_passthrough: j.passthrough,
         // `#SURGE jobdw`: the manager sizes the instance from the pool's calibrated peaks.
         targets: crate::targets::request_targets(j),
-        ..Default::default()
+        ..cache_request(&j.cache)
     });
     let s = m
         .create_session(api::CreateSessionRequest {
@@ -555,10 +555,18 @@ pub fn persistent_request(
         owner_gid: gid,
         stripe_size: 0,
         share_with_group: false,
-        cache_pfs: cp.pfs.clone().unwrap_or_default(),
-        cache_fsync_pfs: cp.fsync_pfs,
-        cache_dirty_high: cp.dirty_high.map(|d| d.to_string()).unwrap_or_default(),
-        cache_passthrough: cp.passthrough,
+        ..cache_request(&cp.cache)
+    }
+}
+
+/// An instance request with the `type=cache` keys of a `jobdw` or `create_persistent` line
+/// (and nothing else set).
+pub fn cache_request(c: &surge_core::directives::CacheSpec) -> api::CreateInstanceRequest {
+    api::CreateInstanceRequest {
+        cache_pfs: c.pfs.clone().unwrap_or_default(),
+        cache_fsync_pfs: c.fsync_pfs,
+        cache_dirty_high: c.dirty_high.map(|d| d.to_string()).unwrap_or_default(),
+        cache_passthrough: c.passthrough,
         ..Default::default()
     }
 }
@@ -730,7 +738,7 @@ async fn data_in(job: &Job, workdir: &Path) -> anyhow::Result<()> {
         let fill = inst.id == s.job_instance
             || d.create_persistent
                 .iter()
-                .any(|cp| cp.pfs.is_some() && cp.name == inst.name);
+                .any(|cp| cp.cache.pfs.is_some() && cp.name == inst.name);
         cache_fill_and_drain(&mut m, &s, inst, &pfs, fill).await?;
     }
     Ok(())

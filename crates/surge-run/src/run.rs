@@ -542,7 +542,7 @@ async fn job(
                     true,
                 );
                 // A persistent cache mirrors its PFS directory from its creation on.
-                if let Some(pfs) = &cp.pfs {
+                if let Some(pfs) = &cp.cache.pfs {
                     let filled = async {
                         let client = persistent_client(&mut c, i.id).await?;
                         fill_cache(ctx, rep, &client, Path::new(pfs), &cp.name).await
@@ -625,13 +625,9 @@ async fn job(
         owner_gid: gid,
         stripe_size: 0,
         share_with_group: false,
-        cache_pfs: j.pfs.clone().unwrap_or_default(),
-        cache_fsync_pfs: j.fsync_pfs,
-        cache_dirty_high: j.dirty_high.map(|d| d.to_string()).unwrap_or_default(),
-        cache_passthrough: j.passthrough,
         targets,
         peaks_json: given.clone(),
-        server: String::new(),
+        ..crate::bb::cache_request(&j.cache)
     });
     let job_name = ctx
         .args

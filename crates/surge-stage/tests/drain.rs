@@ -739,19 +739,24 @@ fn a_second_drainer_waits_for_the_one_holding_the_journal() {
 
         // The first drainer holds the journal and drains it.
         let (stop_a, a) = start_drain(&c, &pfs);
+        // Until the first drainer holds the journal (a probe that gets the hold first gives
+        // it back at once).
+        let probe = c.new_client(0);
+        let t = std::time::Instant::now();
+        while probe.drain_hold(false).await.is_ok() {
+            probe.drain_hold(true).await.expect("release");
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "the first drainer never held the journal"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         let other = c.new_client(0);
         let stats = DrainStats::default();
-        let mut refused = None;
-        for _ in 0..200 {
-            match drain_pass(&other, &pfs, &stats).await {
-                Err(e) => {
-                    refused = Some(e.to_string());
-                    break;
-                }
-                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-            }
-        }
-        let refused = refused.expect("a second drainer was let in while the first ran");
+        let refused = drain_pass(&other, &pfs, &stats)
+            .await
+            .expect_err("a second drainer was let in while the first ran")
+            .to_string();
         assert!(refused.contains("another drainer"), "{refused}");
         assert_eq!(stats.entries.load(Ordering::Relaxed), 0);
         let e = other.drain_poll(0, 10).await.expect_err("entries taken");
