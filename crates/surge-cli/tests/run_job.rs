@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 /// A job environment: a work directory (the "PFS" the job is submitted from) and a private
 /// embedded fast tier.
@@ -432,6 +432,87 @@ fn a_persistent_cache_is_filled_once_drained_by_each_job_and_before_it_goes() {
         "{}",
         text(&ls)
     );
+}
+
+/// Two jobs attach one persistent cache at the same time (one manager): each drains it, one
+/// at a time (the drainer hold: the other waits for the holder), and each job's files are on
+/// the PFS byte for byte when that job ends.
+#[test]
+fn two_jobs_attaching_one_persistent_cache_at_once_both_find_their_files_on_the_pfs() {
+    if skip_without_fuse(
+        "two_jobs_attaching_one_persistent_cache_at_once_both_find_their_files_on_the_pfs",
+    ) {
+        return;
+    }
+    let s = Scratch::new("pcache2");
+    let c = cluster(2, "1GiB");
+    let m = Manager::start(s.path());
+    m.register(&c);
+    let j = Job::new("pcache2");
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let run = |script: &Path| {
+        let mut cmd = j.command();
+        cmd.env("SURGE_MANAGER", &m.grpc)
+            .env("SURGE_MUNGE_SOCKET", surge_testkit::munge_socket())
+            .arg("run")
+            .arg(script);
+        cmd
+    };
+    let create = j.script(
+        "create.sh",
+        &format!(
+            "#!/bin/bash\n#BB create_persistent name=shared capacity=512MiB access_mode=striped \
+             type=cache pfs={}\ntrue\n",
+            pfs.display()
+        ),
+    );
+    let out = run(&create).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let job = |tag: &str| {
+        j.script(
+            &format!("{tag}.sh"),
+            &format!(
+                "#!/bin/bash\n#DW persistentdw name=shared\nset -e\nc=$DW_PERSISTENT_STRIPED_shared\n\
+                 mkdir -p mine.{tag}\n\
+                 for i in $(seq 12); do\n\
+                   head -c 1500000 /dev/urandom > mine.{tag}/$i\n\
+                   cp mine.{tag}/$i $c/{tag}$i\n\
+                   sleep 0.1\n\
+                 done\n"
+            ),
+        )
+    };
+    let (a, b) = (job("a"), job("b"));
+    let ja = run(&a)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let jb = run(&b)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for (tag, child) in [("a", ja), ("b", jb)] {
+        let out = child.wait_with_output().unwrap();
+        let t = text(&out);
+        assert!(out.status.success(), "job {tag}: {t}");
+        for i in 1..=12 {
+            assert_eq!(
+                std::fs::read(pfs.join(format!("{tag}{i}"))).ok(),
+                std::fs::read(j.path(&format!("mine.{tag}/{i}"))).ok(),
+                "job {tag}'s file {i} is not on the PFS as written when the job ended: {t}"
+            );
+        }
+    }
+    let destroy = j.script(
+        "destroy.sh",
+        "#!/bin/bash\n#BB destroy_persistent name=shared\ntrue\n",
+    );
+    let out = run(&destroy).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!pfs.join(".surge-through").exists());
 }
 
 #[test]

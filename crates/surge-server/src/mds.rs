@@ -476,20 +476,19 @@ impl Namespace {
         }
         match *self.drainer.lock() {
             Some((holder, at)) if holder != session && at.elapsed() < surge_proto::DRAIN_HOLD => {
-                Some(self.drain_busy(holder, at))
+                Some(self.drain_busy(holder))
             }
             _ => None,
         }
     }
 
-    fn drain_busy(&self, holder: u32, at: Instant) -> ErrorReply {
+    fn drain_busy(&self, holder: u32) -> ErrorReply {
         ErrorReply::new(
             ErrorCode::Busy,
             format!(
-                "namespace {}/{}: another drainer (session {holder:#x}, renewed {:.1} s ago)                  drains this cache's journal; one drainer at a time keeps the PFS in the                  journal's order",
-                self.instance,
-                self.ns.0,
-                at.elapsed().as_secs_f64()
+                "namespace {}/{}: another drainer (session {holder:#x}) drains this cache's \
+                 journal; one drainer at a time keeps the PFS in the journal's order",
+                self.instance, self.ns.0
             ),
         )
     }
@@ -502,7 +501,7 @@ impl Namespace {
                 if release {
                     return Response::Ok;
                 }
-                return Response::Error(self.drain_busy(holder, at));
+                return Response::Error(self.drain_busy(holder));
             }
             _ => {}
         }
