@@ -217,6 +217,10 @@ fn watch_signals(progress: Arc<Progress>) {
 /// change that failed (it stays in the journal: run again). With --follow, keeps draining new
 /// changes until SIGINT/SIGTERM, then drains what is left and exits.
 ///
+/// One drainer at a time: while another drain holds the journal (a job's, a drain task's),
+/// this one exits 1 saying so, or with --follow waits, and once told to stop ends when the
+/// holder has drained everything journaled before the stop.
+///
 /// Examples:
 ///   surge stage drain --manager mgr:7060 --instance 42
 ///   surge stage drain --server 127.0.0.1:7001 --instance 42 --pfs /lus/run --follow
