@@ -547,6 +547,73 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     );
     nothing_left("cache job");
 
+    // 11. Performance targets under Slurm (`bandwidth=` on the `#DW jobdw` line: Slurm passes
+    //     only `#DW` lines): sized from the pool's registered peaks (two fragments on the two
+    //     BB servers for 1.5 GiB/s of 1 GiB/s servers), and refused up front at setup, with the
+    //     best the pool offers, when it cannot meet them.
+    let peaks = |file: &str, read: u64, write: u64| {
+        let p = format!("{TB}/pfs/{file}");
+        let mib = 1048576u64;
+        std::fs::write(
+            &p,
+            serde_json::json!({
+                "schema": "surge.peaks/1", "path": "/bb", "host": "tb",
+                "measured_at": "2026-01-01T00:00:00Z",
+                "read_bw": read * mib, "write_bw": write * mib, "read_iops": 20000.0,
+                "write_iops": 10000.0, "write_iops_fsync": 1000.0, "metadata_ops": 5000.0,
+                "procs_at_peak": {"read_bw": 1, "write_bw": 1, "read_iops": 1, "write_iops": 1,
+                                  "metadata_ops": 1}
+            })
+            .to_string(),
+        )
+        .unwrap();
+        p
+    };
+    let one = peaks("peaks11.json", 1200, 1000);
+    let all = peaks("peaks11-all.json", 2200, 1900);
+    surge_tb(&format!(
+        "pool calibrate --manager {MANAGER} --pool nvme --peaks-file {one}"
+    ));
+    surge_tb(&format!(
+        "pool calibrate --manager {MANAGER} --pool nvme --peaks-file {all} --aggregate"
+    ));
+    let job = sbatch(
+        "target.sh",
+        "#!/bin/bash\n\
+         #DW jobdw type=scratch access_mode=striped capacity=64MiB bandwidth=1500MiB/s pool=nvme\n\
+         test -d $DW_JOB_STRIPED\n",
+        &[],
+    );
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    let log = slurmctld_log();
+    assert!(
+        log.contains(&format!("job {}: ", job.id)) && log.contains("on 2 server(s) promise"),
+        "the promise is in the setup's log: {log}"
+    );
+    nothing_left("target job");
+    let id = submit(
+        "toomuch.sh",
+        "#!/bin/bash\n\
+         #DW jobdw type=scratch access_mode=striped capacity=64MiB bandwidth=50GiB/s pool=nvme\n\
+         echo RAN\n",
+    );
+    wait_for("the refusal at setup", Duration::from_secs(60), || {
+        slurmctld_log()
+            .lines()
+            .any(|l| {
+                l.contains(&format!("surge bb setup job={id} failed"))
+                    && l.contains("the best this pool offers")
+            })
+            .then_some(())
+    });
+    ok(&format!("scancel {id}"));
+    wait_gone(&id);
+    assert!(
+        !Path::new(&format!("{TB}/out/{id}.out")).exists(),
+        "the job ran"
+    );
+    nothing_left("refused target");
+
     // 8. The link between a compute host and the BB hosts is cut mid-job (blackhole routes on
     //    sgc2): its I/O fails with EIO after the agents' deadline (the test bed's 10 s) instead
     //    of hanging, the job fails, its teardown does not wait for ever, and once the link is

@@ -1077,6 +1077,9 @@ const JOBDW: Spec = Spec {
         "fsync",
         "dirty_high",
         "passthrough",
+        "bandwidth",
+        "iops",
+        "metadata",
     ],
     flags: &[],
     example: "#DW jobdw type=scratch access_mode=striped capacity=100GiB",
@@ -1597,7 +1600,12 @@ impl<'a> Parser<'a> {
                 );
             }
         }
-        let targets = if surge {
+        // Targets on a `#DW jobdw` line too (Surge extension keys, as `pfs=` is): a batch
+        // system that sees only `#DW` lines (Slurm's `Directive=DW`) passes them on.
+        let any_target = ["bandwidth", "iops", "metadata"]
+            .iter()
+            .any(|k| args.contains_key(k));
+        let targets = if surge || any_target {
             let t = Targets {
                 bandwidth: self.value(args.get("bandwidth"), |v| {
                     parse_target(v, "bandwidth", "4GiB/s")
@@ -1610,7 +1618,7 @@ impl<'a> Parser<'a> {
             let named = ["bandwidth", "iops", "metadata", "capacity"]
                 .iter()
                 .any(|k| args.contains_key(k));
-            if !named && !ctx.raw.broken && !ctx.incomplete {
+            if surge && !named && !ctx.raw.broken && !ctx.incomplete {
                 self.sink.error(
                     ctx.raw.line,
                     &ctx.text,

@@ -517,7 +517,7 @@ fn an_unknown_key_is_an_error_with_a_suggestion_and_the_keys_expected() {
         &[
             "unknown key `capcity`",
             "did you mean `capacity`?",
-            "type, access_mode, capacity, pool, pfs, optimization, fsync, dirty_high and passthrough",
+            "type, access_mode, capacity, pool, pfs, optimization, fsync, dirty_high, passthrough, bandwidth, iops and metadata",
         ],
     );
 }
@@ -1704,4 +1704,23 @@ fn a_persistent_cache_instance_takes_the_cache_keys() {
         e.iter().any(|e| e.message.contains("is for type=cache")),
         "{e:?}"
     );
+}
+
+/// Performance targets on a `#DW jobdw` line (Surge extension keys, for batch systems that
+/// pass on only `#DW` lines): read as on `#SURGE jobdw`, with the line's capacity.
+#[test]
+fn targets_on_a_dw_jobdw_line_are_read() {
+    let j = parse(
+        "#DW jobdw type=scratch access_mode=striped capacity=64MiB bandwidth=1500MiB/s pool=nvme\n",
+    )
+    .jobdw
+    .unwrap();
+    assert_eq!(j.capacity, 64 << 20);
+    let t = j.targets.expect("targets");
+    assert_eq!(t.bandwidth, Some(1500 << 20));
+    assert_eq!(t.iops, None);
+    let j = parse("#DW jobdw type=scratch access_mode=striped capacity=64MiB\n")
+        .jobdw
+        .unwrap();
+    assert!(j.targets.is_none(), "no target keys: no targets");
 }
