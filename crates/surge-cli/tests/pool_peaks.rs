@@ -7,29 +7,10 @@
 mod common;
 use common::*;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const MIB: f64 = 1048576.0;
-
-/// A peaks file as `surge bench calibrate -o` writes it (an input here, not a measurement).
-fn peaks_file(dir: &Path, name: &str, read_mib: f64, write_mib: f64, md: f64) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(
-        &p,
-        serde_json::json!({
-            "schema": "surge.peaks/1", "path": "/bb", "host": "test",
-            "measured_at": "2026-01-01T00:00:00Z",
-            "read_bw": read_mib * MIB, "write_bw": write_mib * MIB, "read_iops": 20000.0,
-            "write_iops": 10000.0, "write_iops_fsync": 1000.0, "metadata_ops": md,
-            "procs_at_peak": {"read_bw": 1, "write_bw": 1, "read_iops": 1, "write_iops": 1,
-                              "metadata_ops": 1}
-        })
-        .to_string(),
-    )
-    .unwrap();
-    p
-}
 
 fn peaks_json(m: &Manager) -> Value {
     serde_json::from_str(&surge(&["pool", "peaks", "--json", "--manager", &m.grpc])).unwrap()

@@ -551,31 +551,16 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     //     only `#DW` lines): sized from the pool's registered peaks (two fragments on the two
     //     BB servers for 1.5 GiB/s of 1 GiB/s servers), and refused up front at setup, with the
     //     best the pool offers, when it cannot meet them.
-    let peaks = |file: &str, read: u64, write: u64| {
-        let p = format!("{TB}/pfs/{file}");
-        let mib = 1048576u64;
-        std::fs::write(
-            &p,
-            serde_json::json!({
-                "schema": "surge.peaks/1", "path": "/bb", "host": "tb",
-                "measured_at": "2026-01-01T00:00:00Z",
-                "read_bw": read * mib, "write_bw": write * mib, "read_iops": 20000.0,
-                "write_iops": 10000.0, "write_iops_fsync": 1000.0, "metadata_ops": 5000.0,
-                "procs_at_peak": {"read_bw": 1, "write_bw": 1, "read_iops": 1, "write_iops": 1,
-                                  "metadata_ops": 1}
-            })
-            .to_string(),
-        )
-        .unwrap();
-        p
-    };
-    let one = peaks("peaks11.json", 1200, 1000);
-    let all = peaks("peaks11-all.json", 2200, 1900);
+    let pfs_dir = Path::new(TB).join("pfs");
+    let one = peaks_file(&pfs_dir, "peaks11.json", 1200.0, 1000.0, 5000.0);
+    let all = peaks_file(&pfs_dir, "peaks11-all.json", 2200.0, 1900.0, 5000.0);
     surge_tb(&format!(
-        "pool calibrate --manager {MANAGER} --pool nvme --peaks-file {one}"
+        "pool calibrate --manager {MANAGER} --pool nvme --peaks-file {}",
+        one.display()
     ));
     surge_tb(&format!(
-        "pool calibrate --manager {MANAGER} --pool nvme --peaks-file {all} --aggregate"
+        "pool calibrate --manager {MANAGER} --pool nvme --peaks-file {} --aggregate",
+        all.display()
     ));
     let job = sbatch(
         "target.sh",

@@ -95,3 +95,29 @@ pub fn text(o: &std::process::Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// A peaks file as `surge bench calibrate -o` writes it (an input here, not a measurement).
+pub fn peaks_file(
+    dir: &std::path::Path,
+    name: &str,
+    read_mib: f64,
+    write_mib: f64,
+    md: f64,
+) -> std::path::PathBuf {
+    const MIB: f64 = 1048576.0;
+    let p = dir.join(name);
+    std::fs::write(
+        &p,
+        serde_json::json!({
+            "schema": "surge.peaks/1", "path": "/bb", "host": "test",
+            "measured_at": "2026-01-01T00:00:00Z",
+            "read_bw": read_mib * MIB, "write_bw": write_mib * MIB, "read_iops": 20000.0,
+            "write_iops": 10000.0, "write_iops_fsync": 1000.0, "metadata_ops": md,
+            "procs_at_peak": {"read_bw": 1, "write_bw": 1, "read_iops": 1, "write_iops": 1,
+                              "metadata_ops": 1}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    p
+}
