@@ -411,7 +411,14 @@ fn a_stopped_server_gives_eio_within_the_deadline_and_mounts_recover() {
     let c = cluster(1, "2GiB");
     let shared = c.create_instance("256MiB", "1MiB", &[]);
     let private = c.create_instance("256MiB", "1MiB", &["--access-mode", "private"]);
-    let soft = Mount::with_args(&c, shared, 0, &["--deadline", "2", "--no-passthrough"]);
+    // No name cache on the soft mount: its lookup of an absent name must reach the server
+    // (a listing of the root it wrote to could answer it for `--entry-ttl`).
+    let soft = Mount::with_args(
+        &c,
+        shared,
+        0,
+        &["--deadline", "2", "--no-passthrough", "--entry-ttl", "0"],
+    );
     let hard = Mount::with_args(&c, shared, 0, &["--hard", "--no-passthrough"]);
     let behind = Mount::with_args(&c, private, 0, &["--deadline", "2", "--no-passthrough"]);
     std::fs::write(soft.path("a"), vec![1u8; 1 << 20]).unwrap();

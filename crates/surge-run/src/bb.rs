@@ -924,6 +924,7 @@ async fn paths(job: &Job, path_file: &Path) -> anyhow::Result<()> {
     let mut m = connect(&job.common.manager).await?;
     let s = session(&mut m, job).await?;
     let mut text = String::new();
+    let caches = cache_instances(&s);
     for i in &s.instances {
         let path = mount_path(&s, i);
         let (dw, surge) = if i.id == s.job_instance {
@@ -937,7 +938,7 @@ async fn paths(job: &Job, path_file: &Path) -> anyhow::Result<()> {
                     DwVariable::JobLdbal.env_name(),
                     "SURGE_JOB_LDBAL".to_string(),
                 )
-            } else if cache_instances(&s).iter().any(|(c, _)| c.id == i.id) {
+            } else if caches.iter().any(|(c, _)| c.id == i.id) {
                 (
                     DwVariable::JobStripedCache.env_name(),
                     "SURGE_JOB_STRIPED_CACHE".to_string(),

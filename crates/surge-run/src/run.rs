@@ -544,7 +544,7 @@ async fn job(
                 // A persistent cache mirrors its PFS directory from its creation on.
                 if let Some(pfs) = &cp.cache.pfs {
                     let filled = async {
-                        let client = persistent_client(&mut c, i.id).await?;
+                        let client = persistent_client_by(&mut c, i.id, "").await?;
                         fill_cache(ctx, rep, &client, Path::new(pfs), &cp.name).await
                     }
                     .await;
@@ -1296,11 +1296,8 @@ async fn fill_cache(
     Ok(())
 }
 
-/// A client of instance `id` acting for this user (the manager's capability).
-async fn persistent_client(c: &mut surge_api::Client, id: u64) -> anyhow::Result<InstanceClient> {
-    persistent_client_by(c, id, "").await
-}
-
+/// A client of instance `id` (or, with `id` 0, of persistent instance `name`) acting for this
+/// user (the manager's capability).
 async fn persistent_client_by(
     c: &mut surge_api::Client,
     id: u64,
@@ -1362,23 +1359,8 @@ async fn finish_drain(
     state: &surge_stage::drain::DrainState,
     task: tokio::task::JoinHandle<()>,
 ) -> Result<(), String> {
-    let (mut last, mut since) = (u64::MAX, Instant::now());
-    while !task.is_finished() {
-        let done = state.stats.progress.load(Ordering::Relaxed);
-        if done != last {
-            (last, since) = (done, Instant::now());
-        } else if since.elapsed() > DRAIN_STALL {
-            task.abort();
-            return Err(format!(
-                "made no progress for {} s: {}; {} change(s) not on the PFS",
-                DRAIN_STALL.as_secs(),
-                state.error.lock().clone().unwrap_or_default(),
-                state.stats.pending.load(Ordering::Relaxed)
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
+    let every = Duration::from_millis(50);
+    surge_stage::drain::watch(state, &task, DRAIN_STALL, every, || true, || {}).await
 }
 
 /// The stage tasks the job itself started (`surge stage`, libdatawarp) and left: pending ones

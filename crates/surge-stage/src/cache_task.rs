@@ -24,9 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use surge_client::InstanceClient;
 
-/// How long a finishing drain may go without applying a journal entry before it gives up
-/// (here and in `surge run`).
-pub const DRAIN_STALL: Duration = Duration::from_secs(60);
+pub use crate::drain::DRAIN_STALL;
 
 /// Which part of a cache instance's work a task does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,26 +147,21 @@ async fn drain(
         finished,
         cancelled: false,
     };
-    let (mut last, mut since) = (u64::MAX, Instant::now());
-    while !task.is_finished() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        say(&Event::Progress(snapshot(false)));
-        let done = st.progress.load(Ordering::Relaxed);
-        if !stop.load(Ordering::SeqCst) || done != last {
-            (last, since) = (done, Instant::now());
-        } else if since.elapsed() > DRAIN_STALL {
-            task.abort();
-            say(&Event::Failed(format!(
-                "the drain to {} made no progress for {} s: {}; {} change(s) not on the PFS \
-                 (finish it with `surge stage drain --instance {}`)",
-                pfs.display(),
-                DRAIN_STALL.as_secs(),
-                state.error.lock().clone().unwrap_or_default(),
-                st.pending.load(Ordering::Relaxed),
-                id
-            )));
-            return false;
-        }
+    let watched = crate::drain::watch(
+        &state,
+        &task,
+        DRAIN_STALL,
+        Duration::from_millis(200),
+        || stop.load(Ordering::SeqCst),
+        || say(&Event::Progress(snapshot(false))),
+    )
+    .await;
+    if let Err(why) = watched {
+        say(&Event::Failed(format!(
+            "the drain to {} {why} (finish it with `surge stage drain --instance {id}`)",
+            pfs.display()
+        )));
+        return false;
     }
     // Drained, mounts gone: the stable names of files written through are extra (a
     // persistent cache keeps them: its lazily filled files still read from them).

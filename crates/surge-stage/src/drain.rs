@@ -689,6 +689,41 @@ pub struct DrainState {
     pub error: parking_lot::Mutex<Option<String>>,
 }
 
+/// How long a finishing drain may go without the journal moving before it is given up (the
+/// job's teardown, a drain task, `surge run`).
+pub const DRAIN_STALL: Duration = Duration::from_secs(60);
+
+/// Waits for the drain `task` (a [`drain_loop`] reporting into `state`) to end, calling `tick`
+/// every `every`. While `stopping()` holds, a journal that does not move for `stall` aborts the
+/// task and gives the reason: the last error and what is not on the PFS.
+pub async fn watch(
+    state: &DrainState,
+    task: &tokio::task::JoinHandle<()>,
+    stall: Duration,
+    every: Duration,
+    stopping: impl Fn() -> bool,
+    mut tick: impl FnMut(),
+) -> Result<(), String> {
+    let (mut last, mut since) = (u64::MAX, std::time::Instant::now());
+    while !task.is_finished() {
+        tokio::time::sleep(every).await;
+        tick();
+        let done = state.stats.progress.load(Ordering::Relaxed);
+        if !stopping() || done != last {
+            (last, since) = (done, std::time::Instant::now());
+        } else if since.elapsed() > stall {
+            task.abort();
+            return Err(format!(
+                "made no progress for {} s: {}; {} change(s) not on the PFS",
+                stall.as_secs(),
+                state.error.lock().clone().unwrap_or_default(),
+                state.stats.pending.load(Ordering::Relaxed)
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Drains in the background until `stop` is set and the journal is empty (or `stop` is set
 /// and `give_up` too): polls every `every` when idle, retries after errors (a server being
 /// restarted, a full PFS), logging each new error once. While another drainer holds the
