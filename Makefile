@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 SURGE := target/release/surge
 
-.PHONY: setup build release install demo test test-rust test-python test-slowpfs lint fmt clean
+.PHONY: setup build release install demo test test-rust test-python test-slowpfs test-netpfs lint fmt clean
 
 setup:
 	@./scripts/setup.sh
@@ -41,8 +41,12 @@ test-python: setup
 test-slowpfs:
 	./contrib/slowpfs/test.sh
 
+# The network PFS (GlusterFS over a shaped, delayed veth link: contrib/netpfs; root).
+test-netpfs:
+	./contrib/netpfs/test.sh
+
 # The whole test suite, as CI runs it.
-test: lint test-rust test-python test-slowpfs
+test: lint test-rust test-python test-slowpfs test-netpfs
 
 fmt:
 	$(CARGO) fmt --all

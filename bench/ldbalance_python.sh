@@ -27,11 +27,15 @@ while [ $# -gt 0 ]; do
 done
 SURGE=${SURGE:-target/release/surge}
 [ -x "$SURGE" ] || cargo build --release -p surge-cli
-# The PFS: the throttled one of contrib/slowpfs when it is up, else a directory on disk.
+# The PFS: contrib/netpfs (GlusterFS over a shaped, delayed link: a PFS's per-operation
+# latency) when it is up, else contrib/slowpfs (a throttled disk), else a directory on disk.
 if [ -z "$PFS" ]; then
-    if mountpoint -q /run/surge-slowpfs/pfs 2>/dev/null; then PFS=/run/surge-slowpfs/pfs/pyenv
+    if mountpoint -q /run/surge-netpfs/pfs 2>/dev/null; then PFS=/run/surge-netpfs/pfs/pyenv
+    elif mountpoint -q /run/surge-slowpfs/pfs 2>/dev/null; then PFS=/run/surge-slowpfs/pfs/pyenv
     else PFS=/var/tmp/surge-bench-pfs/pyenv; fi
 fi
+NETPFS=0
+case $PFS in /run/surge-netpfs/pfs/*) NETPFS=1 ;; esac
 VENV=/var/tmp/surge-bench-pyenv
 if ! "$VENV/bin/python3" -c 'import numpy, scipy' 2>/dev/null; then
     echo "installing numpy and scipy from PyPI into $VENV ..." >&2
@@ -41,15 +45,17 @@ fi
 SP=$("$VENV/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 SHM=/dev/shm/surge-bench-pyenv
 mkdir -p "$PFS" "$SHM"
-cp -a "$SP/." "$PFS/"
+[ -f "$PFS/.complete" ] || { cp -a "$SP/." "$PFS/"; touch "$PFS/.complete"; }
 cp -a "$SP/." "$SHM/"
 FILES=$(find "$SHM" -type f | wc -l)
 SIZE=$(du -sh "$SHM" | cut -f1)
 echo "environment: numpy + scipy, $FILES files, $SIZE; imports: $IMPORTS; $NODES nodes"
 echo "PFS: $PFS"
 
-# Drops the PFS copy's pages from the page cache (this directory only: no global drop_caches).
+# Drops the PFS copy's pages from the page cache (this directory only: no global drop_caches);
+# on contrib/netpfs, remounts its client (GlusterFS caches names and attributes too).
 drop_pfs() {
+    if [ $NETPFS = 1 ]; then contrib/netpfs/netpfs.sh cold; return; fi
     python3 - "$PFS" <<'EOF'
 import os, sys
 for root, _, files in os.walk(sys.argv[1]):
