@@ -774,6 +774,17 @@ impl InstanceClient {
     /// Reads `len` bytes at `offset` of file `ino` into a new buffer; holes and bytes past the
     /// end of an object read as zeros. The caller bounds the range by the file size.
     pub async fn read(&self, ino: Ino, offset: u64, len: u64) -> Result<Vec<u8>> {
+        // A read within one stripe of a server's fragment (a 1 MiB read of a striped file,
+        // most reads of other hosts' stripes): the reply is the buffer, with no zeroed
+        // buffer to copy it into.
+        if let [p] = Self::split(self.layout_of(ino).await?.pieces(offset, len)).as_slice() {
+            if !self.may_read_local(p.fragment) {
+                let mut data = self.read_piece(self.file_id(ino), p).await?;
+                data.truncate(len as usize);
+                data.resize(len as usize, 0);
+                return Ok(data);
+            }
+        }
         let mut buf = vec![0u8; len as usize];
         self.read_into(ino, offset, &mut buf).await?;
         Ok(buf)
@@ -789,23 +800,7 @@ impl InstanceClient {
             let part = &mut buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
             !self.read_local(p.fragment, ino, p.object_offset, part)
         });
-        let calls = pieces.iter().map(|p| async move {
-            let req = Request::Read {
-                instance: self.instance(),
-                fragment: p.fragment,
-                file,
-                offset: p.object_offset,
-                len: p.len as u32,
-            };
-            self.counts.note(&req);
-            let pool = &self.frags[p.fragment as usize];
-            let (resp, payload) = pool.call(&req, &[]).await?;
-            match resp {
-                Response::Data => Ok(payload),
-                other => Err(self.unexpected(&pool.server, &req, other)),
-            }
-        });
-        let results = join_all(calls).await;
+        let results = join_all(pieces.iter().map(|p| self.read_piece(file, p))).await;
         for (p, r) in pieces.iter().zip(results) {
             let data = r?;
             let start = p.buf_offset as usize;
@@ -814,6 +809,35 @@ impl InstanceClient {
             buf[start + n..start + p.len as usize].fill(0);
         }
         Ok(())
+    }
+
+    /// One piece of a read, from the fragment's server: what the object holds of it (shorter
+    /// past the object's end).
+    async fn read_piece(&self, file: FileId, p: &Piece) -> Result<Vec<u8>> {
+        let req = Request::Read {
+            instance: self.instance(),
+            fragment: p.fragment,
+            file,
+            offset: p.object_offset,
+            len: p.len as u32,
+        };
+        self.counts.note(&req);
+        let pool = &self.frags[p.fragment as usize];
+        let (resp, payload) = pool.call(&req, &[]).await?;
+        match resp {
+            Response::Data => Ok(payload),
+            other => Err(self.unexpected(&pool.server, &req, other)),
+        }
+    }
+
+    /// Whether [`read_local`](Self::read_local) may read from fragment `frag` here.
+    fn may_read_local(&self, frag: u32) -> bool {
+        self.desc.cache_pfs.is_none()
+            && self
+                .local_dirs
+                .get(frag as usize)
+                .is_some_and(|d| d.get().is_some())
+            && !self.local_reads.lock().refused.contains(&frag)
     }
 
     /// Reads `out` at `offset` of the object of `ino` on fragment `frag` when the fragment is

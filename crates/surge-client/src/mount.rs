@@ -33,7 +33,14 @@ pub struct MountOptions {
     /// stripe on a fragment of this host when passthrough can serve it, the instance's rule
     /// otherwise (see `Fs::new_file_layout`).
     pub default_layout: Option<surge_core::FileLayout>,
+    /// The kernel's read-ahead window for this mount, in bytes (`read_ahead_kb` of its
+    /// backing device info); `None`: the kernel's default (128 KiB). Only root may set it.
+    pub read_ahead: Option<u64>,
 }
+
+/// The read-ahead a mount asks for by default: a sequential read of data that goes through
+/// this process (striped files, remote stripes) keeps this much in flight instead of 128 KiB.
+pub const READ_AHEAD: u64 = 16 << 20;
 
 impl Default for MountOptions {
     fn default() -> Self {
@@ -45,6 +52,7 @@ impl Default for MountOptions {
             lend: !is_root(),
             inline_metadata: true,
             default_layout: None,
+            read_ahead: Some(READ_AHEAD),
         }
     }
 }
@@ -210,6 +218,13 @@ pub fn mount(
         )
     })?;
     let _ = notifier.set(session.notifier());
+    if let Some(bytes) = opts.read_ahead {
+        match set_read_ahead(mountpoint, bytes) {
+            Ok(()) => debug!("read-ahead of {}: {bytes} bytes", mountpoint.display()),
+            Err(e) if is_root() => warn!("{e:#}: the kernel's default read-ahead stays"),
+            Err(e) => debug!("{e:#} (only root may; the kernel's default stays)"),
+        }
+    }
     if lend {
         use std::os::fd::AsFd;
         match crate::lend::Lender::connect(&socket, session.as_fd()) {
@@ -249,4 +264,68 @@ pub fn mount(
         unmounter,
         thread: Some(thread),
     })
+}
+
+/// Sets the kernel's read-ahead window of the FUSE mount at `mountpoint` (a FUSE mount gets
+/// 128 KiB, which the daemon may only lower in its handshake): `read_ahead_kb` of the mount's
+/// backing device info, found through `/proc/self/mountinfo` (a `stat` of the mount point
+/// would be a request to this very mount, whose session is not running yet).
+fn set_read_ahead(mountpoint: &Path, bytes: u64) -> anyhow::Result<()> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .context("cannot read /proc/self/mountinfo")?;
+    let want = mountpoint
+        .canonicalize()
+        .unwrap_or_else(|_| mountpoint.to_path_buf());
+    let dev = info
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let dev = f.nth(2)?;
+            let point = f.nth(1)?;
+            (unescape_mountinfo(point) == want.as_os_str().as_encoded_bytes()).then_some(dev)
+        })
+        .next_back()
+        .with_context(|| format!("{} is not in /proc/self/mountinfo", mountpoint.display()))?;
+    let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    std::fs::write(&path, format!("{}", bytes.div_ceil(1024))).with_context(|| {
+        format!(
+            "cannot set the read-ahead of {} in {path}",
+            mountpoint.display()
+        )
+    })
+}
+
+/// A path as `/proc/self/mountinfo` writes it, with its octal escapes undone (space, tab,
+/// newline and backslash are written `\040`, `\011`, `\012`, `\134`).
+pub fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_mountinfo;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo(r"/run/a\040b"), b"/run/a b");
+        assert_eq!(unescape_mountinfo(r"/x\134y"), br"/x\y");
+        assert_eq!(unescape_mountinfo(r"/end\011"), b"/end\t");
+        assert_eq!(unescape_mountinfo(r"/short\04"), br"/short\04");
+        assert_eq!(unescape_mountinfo("/plain"), b"/plain");
+    }
 }

@@ -30,6 +30,49 @@ pub fn read_full_at(f: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::
     Ok(got)
 }
 
+/// Appends up to `len` bytes read from `f` at `offset` to `buf` (fewer at the end of the file);
+/// returns how many. Unlike [`read_full_at`] the bytes are read into the vector's spare
+/// capacity, which is never zeroed first: a reused 1 MiB buffer costs no `memset` per read.
+pub fn read_full_at_append(
+    f: &std::fs::File,
+    buf: &mut Vec<u8>,
+    len: usize,
+    offset: u64,
+) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    buf.reserve(len);
+    let start = buf.len();
+    let mut got = 0;
+    while got < len {
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: `spare` has room for at least `len - got` bytes (reserved above; `got`
+        // bytes of it are already counted in the vector's length), and pread writes at most
+        // that many into it through a raw pointer (no reference to uninitialised memory).
+        let n = unsafe {
+            libc::pread(
+                f.as_raw_fd(),
+                spare.as_mut_ptr().cast(),
+                len - got,
+                (offset + got as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        // SAFETY: pread initialised the next `n` bytes of the spare capacity.
+        unsafe { buf.set_len(start + got + n as usize) };
+        got += n as usize;
+    }
+    Ok(got)
+}
+
 /// Bytes available to unprivileged users in the file system holding `dir`.
 pub fn free_space(dir: &Path) -> std::io::Result<u64> {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())

@@ -116,6 +116,20 @@ pub fn write_response<W: Write>(
     write_all_vectored(w, &prefix, payload)
 }
 
+/// Writes the header and message of a response whose `payload_len` bytes of payload the
+/// caller sends next itself (`sendfile` from a file).
+pub fn write_response_head<W: Write>(
+    w: &mut W,
+    opcode: u16,
+    request_id: u64,
+    resp: &Response,
+    payload_len: usize,
+) -> io::Result<()> {
+    let meta = encode(resp);
+    let prefix = frame_prefix(opcode | RESPONSE_BIT, request_id, &meta, payload_len);
+    w.write_all(&prefix)
+}
+
 fn write_all_vectored<W: Write>(w: &mut W, a: &[u8], b: &[u8]) -> io::Result<()> {
     let (mut a, mut b) = (a, b);
     while !a.is_empty() || !b.is_empty() {

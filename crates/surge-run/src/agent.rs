@@ -308,33 +308,5 @@ fn remove_tree_of_empty_dirs(p: &Path) -> std::io::Result<()> {
 
 /// `/proc/self/mountinfo` escapes space, tab, newline and backslash as octal.
 fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape(r"/run/a\040b"), "/run/a b");
-        assert_eq!(unescape(r"/x\134y"), r"/x\y");
-        assert_eq!(unescape("/plain"), "/plain");
-    }
+    String::from_utf8_lossy(&surge_client::mount::unescape_mountinfo(s)).into_owned()
 }

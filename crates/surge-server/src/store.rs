@@ -29,6 +29,15 @@ struct Object {
     state: Mutex<(u64, u64)>,
 }
 
+/// An object's open file, kept open while a reply is sent from it.
+pub struct ObjectFile(Arc<Object>);
+
+impl ObjectFile {
+    pub fn file(&self) -> &File {
+        &self.0.file
+    }
+}
+
 /// The space one instance may use on this server: the sum of the capacities of its fragments
 /// here, shared by them. A file of one stripe lies in one fragment, so what it may hold is what
 /// the instance has on this server, not one fragment's share (DataWarp's files, striped over
@@ -289,6 +298,37 @@ impl Fragment {
         Ok(len)
     }
 
+    /// Where a read of up to `len` bytes at `offset` lies, for a reply sent straight from the
+    /// object (`sendfile`): the object's file and how many bytes it holds there (shorter when
+    /// it ends there, `None` when it is missing: a file never written on this fragment reads
+    /// as empty). The same limits as [`read`](Self::read).
+    pub fn read_source(
+        &self,
+        file: FileId,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<(ObjectFile, usize)>, ErrorReply> {
+        if len > surge_proto::frame::MAX_IO {
+            return Err(ErrorReply::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "read of {len} bytes exceeds the {}-byte limit of one request",
+                    surge_proto::frame::MAX_IO
+                ),
+            ));
+        }
+        let Some(obj) = self.object(file, false)? else {
+            return Ok(None);
+        };
+        let size = obj
+            .file
+            .metadata()
+            .map_err(|e| io_err("cannot stat object", &self.object_path(file), e))?
+            .len();
+        let n = size.saturating_sub(offset).min(len as u64) as usize;
+        Ok(Some((ObjectFile(obj), n)))
+    }
+
     /// Reads up to `len` bytes at `offset` into `out` (cleared first). Shorter when the object
     /// ends there; a missing object reads as empty (a file never written on this fragment).
     /// A `len` over the protocol's read limit is refused before anything is allocated.
@@ -312,10 +352,8 @@ impl Fragment {
         let Some(obj) = self.object(file, false)? else {
             return Ok(());
         };
-        out.resize(len as usize, 0);
-        let got = surge_core::sys::read_full_at(&obj.file, out, offset)
+        surge_core::sys::read_full_at_append(&obj.file, out, len as usize, offset)
             .map_err(|e| io_err("cannot read object", &self.object_path(file), e))?;
-        out.truncate(got);
         Ok(())
     }
 
