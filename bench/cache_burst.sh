@@ -19,17 +19,20 @@
 # bandwidth and the end of the drain; printed against the measured medians (bar: within 20%).
 #
 #   bench/cache_burst.sh [--runs N] [--size 1G] [--jobs 2] [--write-mbps 200] [--read-mbps 400]
-#                        [--dirty-high MARK] [--passthrough on|off]
+#                        [--dirty-high MARK] [--passthrough on|off] [--pfs slow|net] [--rate 1gbit]
 #
 # --dirty-high: the cache instances' dirty_high= (80%, 400MiB, off; default: the jobdw default).
 # --passthrough: the cache instances' passthrough= (on: kernel passthrough for files of the
 #                mount's host while the tier has room at their open; default: off).
+# --pfs net:     the PFS is contrib/netpfs (GlusterFS over a veth link of --rate with a
+#                network's latency) instead of contrib/slowpfs (a throttled disk, the default;
+#                --write-mbps/--read-mbps apply to it).
 #
 # Needs root (slowpfs, FUSE). SURGE=<surge binary> (default target/release/surge, built if
 # missing). The slow PFS is brought up at /run/surge-slowpfs/pfs and taken down at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400 DIRTY_HIGH= PASSTHROUGH=
+RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400 DIRTY_HIGH= PASSTHROUGH= PFS_KIND=slow RATE=1gbit
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) RUNS=$2; shift 2 ;;
@@ -39,16 +42,31 @@ while [ $# -gt 0 ]; do
         --read-mbps) RMBPS=$2; shift 2 ;;
         --dirty-high) DIRTY_HIGH=$2; shift 2 ;;
         --passthrough) PASSTHROUGH=$2; shift 2 ;;
-        -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+        --pfs) PFS_KIND=$2; shift 2 ;;
+        --rate) RATE=$2; shift 2 ;;
+        -h|--help) sed -n 2,29p "$0"; exit 0 ;;
         *) echo "cache_burst.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 SURGE=${SURGE:-target/release/surge}
 [ -x "$SURGE" ] || cargo build --release -p surge-cli
 command -v fio >/dev/null || apt-get install -y -qq fio >/dev/null
-PFS=/run/surge-slowpfs/pfs
-contrib/slowpfs/slowpfs.sh up --dir $PFS --size 8G --write-mbps "$WMBPS" --read-mbps "$RMBPS" >/dev/null
-trap 'contrib/slowpfs/slowpfs.sh down --dir $PFS >/dev/null 2>&1 || true' EXIT
+case $PFS_KIND in
+    slow)
+        PFS=/run/surge-slowpfs/pfs
+        contrib/slowpfs/slowpfs.sh up --dir $PFS --size 8G --write-mbps "$WMBPS" --read-mbps "$RMBPS" >/dev/null
+        trap 'contrib/slowpfs/slowpfs.sh down --dir $PFS >/dev/null 2>&1 || true' EXIT
+        PFS_TEXT="$PFS throttled to $WMBPS MiB/s write, $RMBPS MiB/s read" ;;
+    net)
+        # An instance already up is used as it is (and left up).
+        if ! mountpoint -q /run/surge-netpfs/pfs 2>/dev/null; then
+            contrib/netpfs/netpfs.sh up --rate "$RATE" >/dev/null
+            trap 'contrib/netpfs/netpfs.sh down >/dev/null 2>&1 || true' EXIT
+        fi
+        PFS=/run/surge-netpfs/pfs/burst; mkdir -p $PFS
+        PFS_TEXT="$(contrib/netpfs/netpfs.sh status)" ;;
+    *) echo "cache_burst.sh: --pfs is slow or net, not '$PFS_KIND'" >&2; exit 2 ;;
+esac
 WORK=$(mktemp -d /tmp/surge-cache-burst.XXXXXX)
 FIO="fio --name=ckpt --rw=write --bs=8M --size=$SIZE --numjobs=$NJOBS --group_reporting \
 --end_fsync=0 --output-format=json"
@@ -95,7 +113,7 @@ EOF
     rm -rf "$PFS/run"
 }
 
-echo "burst: $NJOBS x $SIZE (8 MiB writes); PFS: $PFS throttled to $WMBPS MiB/s write, $RMBPS MiB/s read"
+echo "burst: $NJOBS x $SIZE (8 MiB writes); PFS: $PFS_TEXT"
 printf '%-5s %10s %10s %10s %10s %8s %12s %12s %10s %10s\n' run "pfs MiB/s" "scratch" "cache" "drain" "end s" "cache/scr" "drain/pfs" "full end" "full/pfs"
 R_PERC=() R_DRAIN=() R_FULL=() M_PFS=() M_SCR=() M_CACHE=() M_END=()
 for run in $(seq 1 "$RUNS"); do

@@ -266,14 +266,39 @@ async fn copy_file(
     }
     let dir = dst.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir).map_err(pfs_err(dir, "cannot create the directory"))?;
-    let tmp = temp_of(dst);
-    let f = std::fs::File::create(&tmp).map_err(pfs_err(&tmp, "cannot create"))?;
+    // A file the job hard-linked (more than one name in the instance) whose PFS copy has
+    // other names too (the `Link` entries made them) is written in place, so that every name
+    // sees the new data: a copy renamed onto one name would leave the others on the old one.
+    // Any other file is copied to a temporary and renamed onto its name (readers of the PFS
+    // never see half a copy).
+    let in_place = attr.nlink > 1
+        && std::fs::symlink_metadata(dst).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.is_file() && m.nlink() > 1
+        });
+    let tmp = if in_place {
+        dst.to_path_buf()
+    } else {
+        temp_of(dst)
+    };
+    let f = if in_place {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(dst)
+            .map_err(pfs_err(dst, "cannot open"))?
+    } else {
+        std::fs::File::create(&tmp).map_err(pfs_err(&tmp, "cannot create"))?
+    };
     // The next chunk is read from the instance while the last one is written to the PFS.
     let mut file = Some(f);
     let mut writing: Option<tokio::task::JoinHandle<std::io::Result<std::fs::File>>> = None;
     let mut off = 0;
-    let fail = |tmp: &Path| {
-        let _ = std::fs::remove_file(tmp);
+    // What a failed copy leaves: no temporary (a file written in place keeps its names).
+    let discard = (!in_place).then_some(tmp.as_path());
+    let fail = |tmp: Option<&Path>| {
+        if let Some(t) = tmp {
+            let _ = std::fs::remove_file(t);
+        }
     };
     while off < attr.size {
         let len = CHUNK.min(attr.size - off);
@@ -283,7 +308,7 @@ async fn copy_file(
                 if let Some(w) = writing.take() {
                     let _ = w.await;
                 }
-                fail(&tmp);
+                fail(discard);
                 if gone(&e) {
                     return Ok(Copied::default());
                 }
@@ -294,7 +319,7 @@ async fn copy_file(
             }
         };
         if let Some(w) = writing.take() {
-            file = Some(join_write(w, &tmp).await?);
+            file = Some(join_write(w, &tmp, discard).await?);
         }
         let Some(mut f) = file.take() else {
             break;
@@ -306,17 +331,27 @@ async fn copy_file(
         off += len;
     }
     if let Some(w) = writing.take() {
-        file = Some(join_write(w, &tmp).await?);
+        file = Some(join_write(w, &tmp, discard).await?);
     }
     let Some(f) = file else {
-        fail(&tmp);
+        fail(discard);
         return Ok(Copied::default());
     };
+    if in_place {
+        f.set_len(attr.size)
+            .map_err(pfs_err(&tmp, "cannot set the size of"))?;
+    }
     f.set_permissions(std::fs::Permissions::from_mode(u32::from(attr.perm)))
         .map_err(pfs_err(&tmp, "cannot set the mode of"))?;
     f.sync_all().map_err(pfs_err(&tmp, "cannot flush"))?;
     drop(f);
     set_times(&tmp, attr.atime, attr.mtime);
+    if in_place {
+        return Ok(Copied {
+            bytes: attr.size,
+            linked: attr.through == 0 && link_fill(root, ino, dst),
+        });
+    }
     // Before the rename: a name replaced later by a copy of a newer version keeps this one.
     let linked = attr.through == 0 && link_fill(root, ino, &tmp);
     std::fs::rename(&tmp, dst).map_err(pfs_err(dst, "cannot rename the copy onto"))?;
@@ -330,12 +365,15 @@ async fn copy_file(
 async fn join_write(
     w: tokio::task::JoinHandle<std::io::Result<std::fs::File>>,
     tmp: &Path,
+    discard: Option<&Path>,
 ) -> Result<std::fs::File, DrainError> {
     let r = w
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
     r.map_err(|source| {
-        let _ = std::fs::remove_file(tmp);
+        if let Some(t) = discard {
+            let _ = std::fs::remove_file(t);
+        }
         DrainError::Pfs {
             path: tmp.to_path_buf(),
             what: "cannot write",

@@ -144,6 +144,76 @@ fn a_tree_and_later_changes_reach_the_pfs_in_order() {
     });
 }
 
+/// A file with two names (a hard link made in the job) that changes after the link reached
+/// the PFS: both PFS names show the new data and stay one file (a copy renamed onto one name
+/// used to leave the other on the old data).
+#[test]
+fn a_hard_linked_file_changed_later_keeps_its_names_together_on_the_pfs() {
+    use std::os::unix::fs::MetadataExt;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("drain-links");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = cache("drain-links", &pfs).await;
+        let stats = DrainStats::default();
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let a = c
+            .client
+            .create(1, b"a", NewNode::File, 0o644, uid, gid)
+            .await
+            .unwrap();
+        let first = bytes(1, 100_000);
+        c.client.write(a.ino, 0, &first).await.unwrap();
+        c.client
+            .commit_write(a.ino, first.len() as u64, TimeSet::Now)
+            .await
+            .unwrap();
+        c.client.link(a.ino, 1, b"b").await.unwrap();
+        drain_pass(&c.client, &pfs, &stats).await.expect("drain");
+        assert_eq!(std::fs::read(pfs.join("b")).unwrap(), first);
+
+        // Longer, then shorter: both names follow, whatever their PFS size was.
+        let mut size = first.len() as u64;
+        for (seed, len) in [(2, 300_000), (3, 50_000)] {
+            let body = bytes(seed, len);
+            if (len as u64) < size {
+                let set = surge_proto::SetAttr {
+                    size: Some(len as u64),
+                    mtime: Some(TimeSet::Now),
+                    ..Default::default()
+                };
+                c.client.setattr(a.ino, set, size).await.unwrap();
+            }
+            c.client.write(a.ino, 0, &body).await.unwrap();
+            c.client
+                .commit_write(a.ino, body.len() as u64, TimeSet::Now)
+                .await
+                .unwrap();
+            size = len as u64;
+            drain_pass(&c.client, &pfs, &stats).await.expect("drain");
+            for name in ["a", "b"] {
+                assert_eq!(
+                    std::fs::read(pfs.join(name)).unwrap(),
+                    body,
+                    "{name} on the PFS after a change of {len} bytes"
+                );
+            }
+            let (ma, mb) = (
+                std::fs::metadata(pfs.join("a")).unwrap(),
+                std::fs::metadata(pfs.join("b")).unwrap(),
+            );
+            assert_eq!(
+                ma.ino(),
+                mb.ino(),
+                "a and b are no longer one file on the PFS"
+            );
+        }
+        assert!(temps_left(&pfs).is_empty());
+    });
+}
+
 #[test]
 fn a_drain_that_fails_keeps_the_journal_and_the_next_one_finishes() {
     let rt = tokio::runtime::Runtime::new().unwrap();
