@@ -915,12 +915,26 @@ fn journal_after(
         Pending::Op(op) => ops.journal(&op),
         Pending::Create { path } => match req {
             Request::Create { node, .. } => match node {
-                NewNode::Dir => ops.journal(&DrainOp::Mkdir { path }),
+                // Its mode and times follow (the drain's mkdir or create would take its own
+                // umask's; a file with data gets them again with its copy).
+                NewNode::Dir | NewNode::File => {
+                    ops.journal(&if matches!(node, NewNode::Dir) {
+                        DrainOp::Mkdir { path: path.clone() }
+                    } else {
+                        DrainOp::Create { path: path.clone() }
+                    })?;
+                    match reply {
+                        Response::Created { attr, .. } => ops.journal(&DrainOp::Attr {
+                            ino: attr.ino,
+                            path,
+                        }),
+                        _ => Ok(()),
+                    }
+                }
                 NewNode::Symlink { target } => ops.journal(&DrainOp::Symlink {
                     path,
                     target: target.clone(),
                 }),
-                NewNode::File => ops.journal(&DrainOp::Create { path }),
                 NewNode::SizedFile { .. } => {
                     ops.journal(&DrainOp::Create { path: path.clone() })?;
                     match reply {
@@ -940,7 +954,14 @@ fn journal_after(
             let Response::BatchDone(results) = reply else {
                 return Ok(());
             };
-            for (op, r) in each.into_iter().zip(results) {
+            let made = |i: usize| match req {
+                Request::NamespaceBatch { ops: batch, .. } => match batch.get(i) {
+                    Some(BatchOp::CreateFile { ino, .. }) => Some(*ino),
+                    _ => None,
+                },
+                _ => None,
+            };
+            for (i, (op, r)) in each.into_iter().zip(results).enumerate() {
                 match (op, r) {
                     (
                         Some(DrainOp::Unlink { path, .. }),
@@ -949,6 +970,13 @@ fn journal_after(
                         path,
                         gone: gone(unlinked),
                     })?,
+                    // A file made behind: its mode and times follow, as for a `Create`.
+                    (Some(DrainOp::Create { path }), Ok(_)) => {
+                        ops.journal(&DrainOp::Create { path: path.clone() })?;
+                        if let Some(ino) = made(i) {
+                            ops.journal(&DrainOp::Attr { ino, path })?;
+                        }
+                    }
                     (Some(op), Ok(_)) => ops.journal(&op)?,
                     _ => {}
                 }

@@ -18,7 +18,6 @@
 //! file's last name removes its fill name too.
 
 use std::ffi::OsStr;
-use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
@@ -321,11 +320,17 @@ async fn copy_file(
         if let Some(w) = writing.take() {
             file = Some(join_write(w, &tmp, discard).await?);
         }
-        let Some(mut f) = file.take() else {
+        let Some(f) = file.take() else {
             break;
         };
+        // A new copy keeps the file's holes: a chunk of zeros is not written (the size is
+        // set at the end), so a sparse file does not fill the PFS with zeros.
+        let at = off;
         writing = Some(tokio::task::spawn_blocking(move || {
-            f.write_all(&data)?;
+            use std::os::unix::fs::FileExt;
+            if in_place || data.iter().any(|&b| b != 0) {
+                f.write_all_at(&data, at)?;
+            }
             Ok(f)
         }));
         off += len;
@@ -337,10 +342,8 @@ async fn copy_file(
         fail(discard);
         return Ok(Copied::default());
     };
-    if in_place {
-        f.set_len(attr.size)
-            .map_err(pfs_err(&tmp, "cannot set the size of"))?;
-    }
+    f.set_len(attr.size)
+        .map_err(pfs_err(&tmp, "cannot set the size of"))?;
     f.set_permissions(std::fs::Permissions::from_mode(u32::from(attr.perm)))
         .map_err(pfs_err(&tmp, "cannot set the mode of"))?;
     f.sync_all().map_err(pfs_err(&tmp, "cannot flush"))?;

@@ -214,6 +214,85 @@ fn a_hard_linked_file_changed_later_keeps_its_names_together_on_the_pfs() {
     });
 }
 
+/// What the drain makes on the PFS has the instance's modes, not the drain's umask (a
+/// directory, an empty file never written, a file made behind by a mount), and a sparse file
+/// stays sparse (found with fsstress in a cache instance: 0777 directories came out 0755, and
+/// files with holes of gigabytes filled the PFS with zeros).
+#[test]
+fn modes_and_holes_reach_the_pfs_as_the_instance_has_them() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // SAFETY: umask has no preconditions; 022 is what a drain usually runs with.
+        unsafe { libc::umask(0o022) };
+        let scratch = surge_testkit::Scratch::new("drain-modes");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = cache("drain-modes", &pfs).await;
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        c.client
+            .create(1, b"d", NewNode::Dir, 0o777, uid, gid)
+            .await
+            .unwrap();
+        c.client
+            .create(1, b"empty", NewNode::File, 0o666, uid, gid)
+            .await
+            .unwrap();
+        // A mount that lists the directory it made creates files there behind the
+        // application (`NamespaceBatch`).
+        let ttl = std::time::Duration::from_secs(10);
+        let fs = surge_client::fs::Fs::new(c.new_client(0), ttl, ttl);
+        let made = fs.mkdir(1, b"made", 0o755, uid, gid).await.expect("mkdir");
+        for i in 0..4 {
+            let (_, fh, _) = fs
+                .create(
+                    made.ino,
+                    format!("f{i}").as_bytes(),
+                    0o666,
+                    uid,
+                    gid,
+                    libc::O_WRONLY,
+                )
+                .await
+                .expect("create");
+            fs.release(fh).await.expect("close");
+        }
+        fs.shutdown().await;
+        let sparse = c
+            .client
+            .create(1, b"sparse", NewNode::File, 0o644, uid, gid)
+            .await
+            .unwrap();
+        let tail = bytes(5, 4096);
+        let at = 64u64 << 20;
+        c.client.write(sparse.ino, at, &tail).await.unwrap();
+        c.client
+            .commit_write(sparse.ino, at + tail.len() as u64, TimeSet::Now)
+            .await
+            .unwrap();
+        drain_pass(&c.client, &pfs, &DrainStats::default())
+            .await
+            .expect("drain");
+        let mode = |n: &str| std::fs::metadata(pfs.join(n)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode("d"), 0o777, "directory");
+        assert_eq!(mode("empty"), 0o666, "empty file");
+        for i in 0..4 {
+            assert_eq!(mode(&format!("made/f{i}")), 0o666, "file {i} made behind");
+        }
+        let m = std::fs::metadata(pfs.join("sparse")).unwrap();
+        assert_eq!(m.len(), at + tail.len() as u64);
+        assert!(
+            m.blocks() * 512 < 4 << 20,
+            "the PFS copy of a 64 MiB file with 4 KiB of data takes {} bytes",
+            m.blocks() * 512
+        );
+        let data = std::fs::read(pfs.join("sparse")).unwrap();
+        assert!(data[..at as usize].iter().all(|&b| b == 0));
+        assert_eq!(&data[at as usize..], &tail[..]);
+    });
+}
+
 #[test]
 fn a_drain_that_fails_keeps_the_journal_and_the_next_one_finishes() {
     let rt = tokio::runtime::Runtime::new().unwrap();
