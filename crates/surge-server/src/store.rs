@@ -29,6 +29,21 @@ struct Object {
     state: Mutex<(u64, u64)>,
 }
 
+/// A read of `len` bytes within the protocol's limit of one request, or its refusal (before
+/// anything is allocated).
+fn read_limit(len: u32) -> Result<(), ErrorReply> {
+    if len > surge_proto::frame::MAX_IO {
+        return Err(ErrorReply::new(
+            ErrorCode::TooLarge,
+            format!(
+                "read of {len} bytes exceeds the {}-byte limit of one request",
+                surge_proto::frame::MAX_IO
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// An object's open file, kept open while a reply is sent from it.
 pub struct ObjectFile(Arc<Object>);
 
@@ -308,15 +323,7 @@ impl Fragment {
         offset: u64,
         len: u32,
     ) -> Result<Option<(ObjectFile, usize)>, ErrorReply> {
-        if len > surge_proto::frame::MAX_IO {
-            return Err(ErrorReply::new(
-                ErrorCode::TooLarge,
-                format!(
-                    "read of {len} bytes exceeds the {}-byte limit of one request",
-                    surge_proto::frame::MAX_IO
-                ),
-            ));
-        }
+        read_limit(len)?;
         let Some(obj) = self.object(file, false)? else {
             return Ok(None);
         };
@@ -340,15 +347,7 @@ impl Fragment {
         out: &mut Vec<u8>,
     ) -> Result<(), ErrorReply> {
         out.clear();
-        if len > surge_proto::frame::MAX_IO {
-            return Err(ErrorReply::new(
-                ErrorCode::TooLarge,
-                format!(
-                    "read of {len} bytes exceeds the {}-byte limit of one request",
-                    surge_proto::frame::MAX_IO
-                ),
-            ));
-        }
+        read_limit(len)?;
         let Some(obj) = self.object(file, false)? else {
             return Ok(());
         };
