@@ -175,6 +175,21 @@ fn temp_of(dst: &Path) -> PathBuf {
 /// Gives `file`, the PFS copy of inode `ino`, the inode's fill name in `root` (replacing an
 /// older copy's): a name renames do not move, which the file's reads go to once it is evicted
 /// from the fast tier. False (logged) when the PFS refuses it: the file is then not evicted.
+/// How many names the regular file at `dst` has on the PFS, its fill name (the one of `ino`)
+/// not counted; 0 when there is none.
+fn pfs_names(root: &Path, ino: u64, dst: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::symlink_metadata(dst) else {
+        return 0;
+    };
+    if !m.is_file() {
+        return 0;
+    }
+    let fill = std::fs::symlink_metadata(through_path(root, ino, surge_proto::THROUGH_FILL))
+        .is_ok_and(|f| (f.dev(), f.ino()) == (m.dev(), m.ino()));
+    m.nlink() - u64::from(fill)
+}
+
 fn link_fill(root: &Path, ino: u64, file: &Path) -> bool {
     let name = through_path(root, ino, surge_proto::THROUGH_FILL);
     let dir = root.join(THROUGH_DIR);
@@ -265,16 +280,14 @@ async fn copy_file(
     }
     let dir = dst.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir).map_err(pfs_err(dir, "cannot create the directory"))?;
-    // A file the job hard-linked (more than one name in the instance) whose PFS copy has
-    // other names too (the `Link` entries made them) is written in place, so that every name
-    // sees the new data: a copy renamed onto one name would leave the others on the old one.
-    // Any other file is copied to a temporary and renamed onto its name (readers of the PFS
-    // never see half a copy).
-    let in_place = attr.nlink > 1
-        && std::fs::symlink_metadata(dst).is_ok_and(|m| {
-            use std::os::unix::fs::MetadataExt;
-            m.is_file() && m.nlink() > 1
-        });
+    // A file whose PFS copy has more than one name besides its fill name (hard links: the
+    // job's `Link` entries made them, or the PFS had them) is written in place, so that every
+    // name sees the new data: a copy renamed onto one name would leave the others on the old
+    // data. The PFS is asked, not the instance: the instance's link count is that of the
+    // journal's end (a name removed later is still on the PFS at this entry). Any other file
+    // is copied to a temporary and renamed onto its name (readers of the PFS never see half
+    // a copy).
+    let in_place = pfs_names(root, ino, dst) > 1;
     let tmp = if in_place {
         dst.to_path_buf()
     } else {
