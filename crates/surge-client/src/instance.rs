@@ -830,14 +830,19 @@ impl InstanceClient {
         }
     }
 
+    /// The directory of fragment `frag` when it is on this host and its objects may be read
+    /// here directly (not in a cache instance, whose objects a switch to the PFS removes
+    /// while files are open).
+    fn local_read_dir(&self, frag: u32) -> Option<&std::path::PathBuf> {
+        if self.desc.cache_pfs.is_some() {
+            return None;
+        }
+        self.local_dirs.get(frag as usize).and_then(|d| d.get())
+    }
+
     /// Whether [`read_local`](Self::read_local) may read from fragment `frag` here.
     fn may_read_local(&self, frag: u32) -> bool {
-        self.desc.cache_pfs.is_none()
-            && self
-                .local_dirs
-                .get(frag as usize)
-                .is_some_and(|d| d.get().is_some())
-            && !self.local_reads.lock().refused.contains(&frag)
+        self.local_read_dir(frag).is_some() && !self.local_reads.lock().refused.contains(&frag)
     }
 
     /// Reads `out` at `offset` of the object of `ino` on fragment `frag` when the fragment is
@@ -846,10 +851,7 @@ impl InstanceClient {
     /// caller asks the server, which says what is wrong. Not for cache instances, whose
     /// objects a switch to the PFS removes while files are open.
     fn read_local(&self, frag: u32, ino: Ino, offset: u64, out: &mut [u8]) -> bool {
-        if self.desc.cache_pfs.is_some() {
-            return false;
-        }
-        let Some(dir) = self.local_dirs.get(frag as usize).and_then(|d| d.get()) else {
+        let Some(dir) = self.local_read_dir(frag) else {
             return false;
         };
         let obj = {

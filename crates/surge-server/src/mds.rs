@@ -915,20 +915,15 @@ fn journal_after(
         Pending::Op(op) => ops.journal(&op),
         Pending::Create { path } => match req {
             Request::Create { node, .. } => match node {
-                // Its mode and times follow (the drain's mkdir or create would take its own
-                // umask's; a file with data gets them again with its copy).
                 NewNode::Dir | NewNode::File => {
-                    ops.journal(&if matches!(node, NewNode::Dir) {
-                        DrainOp::Mkdir { path: path.clone() }
+                    let ino = match reply {
+                        Response::Created { attr, .. } => Some(attr.ino),
+                        _ => None,
+                    };
+                    if matches!(node, NewNode::Dir) {
+                        journal_made(ops, DrainOp::Mkdir { path: path.clone() }, ino, path)
                     } else {
-                        DrainOp::Create { path: path.clone() }
-                    })?;
-                    match reply {
-                        Response::Created { attr, .. } => ops.journal(&DrainOp::Attr {
-                            ino: attr.ino,
-                            path,
-                        }),
-                        _ => Ok(()),
+                        journal_made(ops, DrainOp::Create { path: path.clone() }, ino, path)
                     }
                 }
                 NewNode::Symlink { target } => ops.journal(&DrainOp::Symlink {
@@ -970,12 +965,9 @@ fn journal_after(
                         path,
                         gone: gone(unlinked),
                     })?,
-                    // A file made behind: its mode and times follow, as for a `Create`.
+                    // A file made behind, as a `Create`.
                     (Some(DrainOp::Create { path }), Ok(_)) => {
-                        ops.journal(&DrainOp::Create { path: path.clone() })?;
-                        if let Some(ino) = made(i) {
-                            ops.journal(&DrainOp::Attr { ino, path })?;
-                        }
+                        journal_made(ops, DrainOp::Create { path: path.clone() }, made(i), path)?
                     }
                     (Some(op), Ok(_)) => ops.journal(&op)?,
                     _ => {}
@@ -983,6 +975,22 @@ fn journal_after(
             }
             Ok(())
         }
+    }
+}
+
+/// Journals the making of a directory or file (`op`) and, when its inode is known, its mode
+/// and times (an `Attr` entry): the drain's mkdir or create would take its own umask's; a
+/// file with data gets them again with its copy.
+fn journal_made(
+    ops: &Ops<'_>,
+    op: DrainOp,
+    ino: Option<Ino>,
+    path: Vec<u8>,
+) -> Result<(), ErrorReply> {
+    ops.journal(&op)?;
+    match ino {
+        Some(ino) => ops.journal(&DrainOp::Attr { ino, path }),
+        None => Ok(()),
     }
 }
 

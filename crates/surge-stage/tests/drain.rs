@@ -125,11 +125,7 @@ fn a_tree_and_later_changes_reach_the_pfs_in_order() {
             .await
             .unwrap();
         let body = bytes(7, 300_000);
-        c.client.write(a.ino, 0, &body).await.unwrap();
-        c.client
-            .commit_write(a.ino, body.len() as u64, TimeSet::Now)
-            .await
-            .unwrap();
+        write_committed(&c, a.ino, 0, &body).await;
         c.client
             .rename(root, b"new.tmp", root, file.as_bytes(), 0, KeepOpen::All)
             .await
@@ -165,11 +161,7 @@ fn a_hard_linked_file_changed_later_keeps_its_names_together_on_the_pfs() {
             .await
             .unwrap();
         let first = bytes(1, 100_000);
-        c.client.write(a.ino, 0, &first).await.unwrap();
-        c.client
-            .commit_write(a.ino, first.len() as u64, TimeSet::Now)
-            .await
-            .unwrap();
+        write_committed(&c, a.ino, 0, &first).await;
         c.client.link(a.ino, 1, b"b").await.unwrap();
         drain_pass(&c.client, &pfs, &stats).await.expect("drain");
         assert_eq!(std::fs::read(pfs.join("b")).unwrap(), first);
@@ -186,11 +178,7 @@ fn a_hard_linked_file_changed_later_keeps_its_names_together_on_the_pfs() {
                 };
                 c.client.setattr(a.ino, set, size).await.unwrap();
             }
-            c.client.write(a.ino, 0, &body).await.unwrap();
-            c.client
-                .commit_write(a.ino, body.len() as u64, TimeSet::Now)
-                .await
-                .unwrap();
+            write_committed(&c, a.ino, 0, &body).await;
             size = len as u64;
             drain_pass(&c.client, &pfs, &stats).await.expect("drain");
             for name in ["a", "b"] {
@@ -221,11 +209,7 @@ fn a_hard_linked_file_changed_later_keeps_its_names_together_on_the_pfs() {
             }
             drain_pass(&c.client, &pfs, &stats).await.expect("drain");
             let body = bytes(if gone == "a" { 4 } else { 6 }, 200_000);
-            c.client.write(a.ino, 0, &body).await.unwrap();
-            c.client
-                .commit_write(a.ino, body.len() as u64, TimeSet::Now)
-                .await
-                .unwrap();
+            write_committed(&c, a.ino, 0, &body).await;
             c.client
                 .unlink(1, gone.as_bytes(), KeepOpen::All)
                 .await
@@ -293,11 +277,7 @@ fn modes_and_holes_reach_the_pfs_as_the_instance_has_them() {
             .unwrap();
         let tail = bytes(5, 4096);
         let at = 64u64 << 20;
-        c.client.write(sparse.ino, at, &tail).await.unwrap();
-        c.client
-            .commit_write(sparse.ino, at + tail.len() as u64, TimeSet::Now)
-            .await
-            .unwrap();
+        write_committed(&c, sparse.ino, at, &tail).await;
         drain_pass(&c.client, &pfs, &DrainStats::default())
             .await
             .expect("drain");
@@ -541,6 +521,16 @@ fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
 }
 
 /// Reads all of `name` in the root through `fs` (open, read, close).
+/// Writes `body` at `offset` of `ino` through the instance and commits the size it ends at
+/// (as a mount's close does: the change is journaled).
+async fn write_committed(c: &Cluster, ino: u64, offset: u64, body: &[u8]) {
+    c.client.write(ino, offset, body).await.unwrap();
+    c.client
+        .commit_write(ino, offset + body.len() as u64, TimeSet::Now)
+        .await
+        .unwrap();
+}
+
 async fn read_all(fs: &surge_client::fs::Fs, name: &[u8]) -> Vec<u8> {
     let a = fs.lookup(1, name).await.expect("lookup");
     let o = fs.open(a.ino, false, false).await.expect("open");
