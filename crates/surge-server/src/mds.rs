@@ -408,6 +408,16 @@ impl Namespace {
         }
     }
 
+    /// The files a mount has open.
+    fn open_files(&self) -> Vec<Ino> {
+        let now = Instant::now();
+        let mut uses = self.uses.lock();
+        let all: Vec<Ino> = uses.open.keys().copied().collect();
+        all.into_iter()
+            .filter(|ino| uses.is_open(*ino, now))
+            .collect()
+    }
+
     /// The files whose data `entries` copy that a mount has open.
     fn open_among(&self, entries: &[surge_proto::DrainEntry]) -> Vec<Ino> {
         let now = Instant::now();
@@ -738,11 +748,17 @@ impl Namespace {
     }
 
     fn execute(&self, conn: &mut Connection, req: &Request) -> Response {
-        let mut result = run(conn, req, self.journal);
+        // A switch to writing through moves the copies of the files open elsewhere after it
+        // (`Ops::cache_through`).
+        let open = match req {
+            Request::CacheThrough { .. } if self.journal => self.open_files(),
+            _ => Vec::new(),
+        };
+        let mut result = run(conn, req, self.journal, &open);
         // The device is full: give the reserve back and commit with its room (what a mount
         // acknowledged must not be lost for want of a few pages).
         if store_full(&result) && self.reserve.release() {
-            result = run(conn, req, self.journal);
+            result = run(conn, req, self.journal, &open);
         } else if !is_read_only(req) {
             self.reserve.retake_if_room();
         }
@@ -996,7 +1012,13 @@ fn journal_made(
 
 /// Runs `req`, journaling what it changed when `journal` (a cache namespace), in the same
 /// transaction: a change is acknowledged only with its journal entry.
-fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Response, ErrorReply> {
+/// `open`: for a `CacheThrough`, the files the mounts have open (see `Ops::cache_through`).
+fn execute_journaled(
+    ops: &Ops<'_>,
+    req: &Request,
+    journal: bool,
+    open: &[Ino],
+) -> Result<Response, ErrorReply> {
     match (req, journal) {
         (
             Request::DrainPoll { .. }
@@ -1023,7 +1045,7 @@ fn execute_journaled(ops: &Ops<'_>, req: &Request, journal: bool) -> Result<Resp
             })
         }
         (Request::CacheThrough { ino, .. }, true) => Ok(Response::Through {
-            seq: ops.cache_through(*ino)?,
+            seq: ops.cache_through(*ino, open)?,
         }),
         (Request::CacheFill { ino, step, .. }, true) => Ok(Response::Fill {
             through: ops.cache_fill(*ino, *step)?,
@@ -1134,14 +1156,18 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
 }
 
 /// Runs one request in a transaction; a failed request changes nothing.
-fn run(conn: &mut Connection, req: &Request, journal: bool) -> rusqlite::Result<Response> {
+fn run(
+    conn: &mut Connection,
+    req: &Request,
+    journal: bool,
+    open: &[Ino],
+) -> rusqlite::Result<Response> {
     if is_read_only(req) {
-        return Ok(
-            execute_journaled(&Ops { tx: conn }, req, journal).unwrap_or_else(Response::Error)
-        );
+        return Ok(execute_journaled(&Ops { tx: conn }, req, journal, open)
+            .unwrap_or_else(Response::Error));
     }
     let tx = conn.transaction()?;
-    match execute_journaled(&Ops { tx: &tx }, req, journal) {
+    match execute_journaled(&Ops { tx: &tx }, req, journal, open) {
         Ok(r) => {
             tx.commit()?;
             Ok(r)

@@ -341,7 +341,16 @@ impl Ops<'_> {
     /// Marks regular file `ino` of a cache namespace as written through to the PFS from now
     /// on: journals `DrainOp::Through` and returns its sequence number (the one recorded
     /// before if the file already was).
-    pub fn cache_through(&self, ino: Ino) -> MetaResult<u64> {
+    ///
+    /// The mount that asked waits until the drain has applied every entry before the
+    /// `Through`. The pending copies of the other files in `open` (files a mount has open,
+    /// still being written as a rule) are moved after it, under their current names: a file
+    /// being written would otherwise be copied while it is written, holding the switch for
+    /// the whole copy, and copied again once complete. Their order against the other files'
+    /// changes does not matter (a copy takes the file's data as the instance holds it when
+    /// the drain gets there, and its current name is right after every rename before it); a
+    /// file written through itself keeps its copies before its own `Through`.
+    pub fn cache_through(&self, ino: Ino, open: &[Ino]) -> MetaResult<u64> {
         let a = self.getattr(ino)?;
         if a.kind != FileKind::File {
             return Err(err(
@@ -367,10 +376,37 @@ impl Ops<'_> {
                 ),
             ));
         };
+        let postponed = self.take_pending_copies(ino, open)?;
         self.journal(&surge_proto::DrainOp::Through { ino, path })?;
         let seq = self.tx.last_insert_rowid() as u64;
         self.set_through(ino, seq)?;
+        for other in postponed {
+            // No name left: its data never reaches the PFS.
+            if let Some(path) = self.path_of(other)? {
+                self.journal(&surge_proto::DrainOp::Data { ino: other, path })?;
+            }
+        }
         Ok(seq)
+    }
+
+    /// Removes the pending `Data` entries of the files in `open` but `except` that are not
+    /// written through (see [`Self::cache_through`]); returns those files.
+    fn take_pending_copies(&self, except: Ino, open: &[Ino]) -> MetaResult<Vec<Ino>> {
+        let mut taken = Vec::new();
+        for &other in open {
+            if other == except || self.through_of(other)? != 0 {
+                continue;
+            }
+            let n = self
+                .tx
+                .prepare_cached("DELETE FROM drain WHERE data_ino = ?1")
+                .and_then(|mut st| st.execute([other as i64]))
+                .map_err(db_err)?;
+            if n > 0 {
+                taken.push(other);
+            }
+        }
+        Ok(taken)
     }
 
     fn set_through(&self, ino: Ino, through: u64) -> MetaResult<()> {
@@ -1600,6 +1636,95 @@ mod tests {
 
     fn code<T: std::fmt::Debug>(r: MetaResult<T>) -> ErrorCode {
         r.unwrap_err().code
+    }
+
+    #[test]
+    fn a_switch_to_writing_through_moves_the_copies_of_open_files_after_it() {
+        use surge_proto::DrainOp;
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let mut inos = Vec::new();
+        for name in [&b"a"[..], b"b", b"c"] {
+            let f = ops
+                .create(ROOT_INO, name, &NewNode::File, 0o644, 1, 1)
+                .unwrap();
+            ops.journal(&DrainOp::Create {
+                path: name.to_vec(),
+            })
+            .unwrap();
+            ops.journal(&DrainOp::Data {
+                ino: f.ino,
+                path: name.to_vec(),
+            })
+            .unwrap();
+            inos.push(f.ino);
+        }
+        let (a, b, c_) = (inos[0], inos[1], inos[2]);
+        // `a` is renamed after its copy was journaled; `c` is written through already.
+        ops.rename(ROOT_INO, b"a", ROOT_INO, b"a2", 0, &KeepOpen::All)
+            .unwrap();
+        ops.journal(&DrainOp::Rename {
+            from: b"a".to_vec(),
+            to: b"a2".to_vec(),
+            gone: None,
+        })
+        .unwrap();
+        let c_seq = ops.cache_through(c_, &[]).unwrap();
+        // `b` switches while `a` and `c` are open (and `b` itself, which keeps its copy).
+        let seq = ops.cache_through(b, &[a, b, c_]).unwrap();
+        assert!(seq > c_seq);
+        // A later commit of `a` is not journaled twice.
+        ops.journal(&DrainOp::Data {
+            ino: a,
+            path: b"a2".to_vec(),
+        })
+        .unwrap();
+        assert_eq!(ops.drain_poll(0, 0).unwrap().1.pending, 9);
+        let (entries, _) = ops.drain_poll(0, 100).unwrap();
+        let ops_of: Vec<String> = entries
+            .iter()
+            .map(|e| match &e.op {
+                DrainOp::Create { path } => format!("create {}", String::from_utf8_lossy(path)),
+                DrainOp::Data { ino, path } => {
+                    format!("data {ino} {}", String::from_utf8_lossy(path))
+                }
+                DrainOp::Rename { from, to, .. } => format!(
+                    "rename {} {}",
+                    String::from_utf8_lossy(from),
+                    String::from_utf8_lossy(to)
+                ),
+                DrainOp::Through { ino, .. } => format!("through {ino}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            ops_of,
+            vec![
+                "create a".to_string(),
+                "create b".into(),
+                format!("data {b} b"),
+                "create c".into(),
+                format!("data {c_} c"),
+                "rename a a2".into(),
+                format!("through {c_}"),
+                format!("through {b}"),
+                format!("data {a} a2"),
+            ]
+        );
+        assert_eq!(entries[7].seq, seq);
+        // A file with no name left has nothing to copy.
+        ops.unlink(ROOT_INO, b"a2", &KeepOpen::All).unwrap();
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        ops.cache_through(d.ino, &[a]).unwrap();
+        let (entries, _) = ops.drain_poll(0, 100).unwrap();
+        assert!(
+            !entries
+                .iter()
+                .any(|e| matches!(e.op, DrainOp::Data { ino, .. } if ino == a)),
+            "{entries:?}"
+        );
     }
 
     #[test]

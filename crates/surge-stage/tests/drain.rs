@@ -44,15 +44,29 @@ fn start_drain(
     Arc<std::sync::atomic::AtomicBool>,
     tokio::task::JoinHandle<()>,
 ) {
+    let (stop, task, _) = start_drain_reporting(c, pfs);
+    (stop, task)
+}
+
+/// [`start_drain`], also giving what the drain reports.
+fn start_drain_reporting(
+    c: &Cluster,
+    pfs: &Path,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<()>,
+    Arc<surge_stage::drain::DrainState>,
+) {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let state = Arc::new(surge_stage::drain::DrainState::default());
     let task = tokio::spawn(surge_stage::drain::drain_loop(
         c.new_client(0),
         pfs.to_path_buf(),
-        Arc::new(surge_stage::drain::DrainState::default()),
+        state.clone(),
         stop.clone(),
         std::time::Duration::from_millis(50),
     ));
-    (stop, task)
+    (stop, task, state)
 }
 
 /// Writes the tree at `src` into the instance root (through the staging engine, as a job's
@@ -517,6 +531,66 @@ fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
         clear_through(&pfs).expect("clear");
         assert!(!pfs.join(THROUGH_DIR).exists());
         assert_eq!(std::fs::read(pfs.join("renamed")).unwrap(), body);
+    });
+}
+
+/// A burst of two files into a full tier (fio's checkpoint: both open at once): the second
+/// switches to writing through without waiting for a copy of the first, which is still being
+/// written; the first is copied once, when complete, not once while written and again after.
+#[test]
+fn a_switch_to_writing_through_does_not_copy_another_file_being_written() {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    use surge_client::fs::Fs;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let scratch = surge_testkit::Scratch::new("drain-burst");
+        let pfs = scratch.path().join("pfs");
+        std::fs::create_dir_all(&pfs).unwrap();
+        let c = cache_of("drain-burst", &pfs, 8 << 20, false).await;
+        let (stop, drain, state) = start_drain_reporting(&c, &pfs);
+        let fs = Fs::new(c.new_client(0), Duration::ZERO, Duration::ZERO);
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let (_, afh, _) = fs
+            .create(1, b"a", 0o644, uid, gid, libc::O_RDWR)
+            .await
+            .expect("create a");
+        let a_body = bytes(31, 4 << 20);
+        fs.write(afh, 0, &a_body[..2 << 20], false)
+            .await
+            .expect("write a");
+        // Its copy is journaled (a mount commits files being written every second).
+        fs.fsync(afh).await.expect("commit a");
+        let (_, bfh, _) = fs
+            .create(1, b"b", 0o644, uid, gid, libc::O_RDWR)
+            .await
+            .expect("create b");
+        let b_body = bytes(32, 12 << 20);
+        for (i, chunk) in b_body.chunks(1 << 20).enumerate() {
+            fs.write(bfh, (i as u64) << 20, chunk, false)
+                .await
+                .unwrap_or_else(|e| panic!("write {i} of b: {e}"));
+        }
+        fs.release(bfh).await.expect("close b");
+        assert_eq!(
+            state.stats.files.load(Ordering::Relaxed),
+            1,
+            "only b's part on the tier was copied before b wrote through"
+        );
+        fs.write(afh, 2 << 20, &a_body[2 << 20..], false)
+            .await
+            .expect("write the rest of a");
+        fs.release(afh).await.expect("close a");
+        stop.store(true, Ordering::SeqCst);
+        drain.await.unwrap();
+        assert_eq!(std::fs::read(pfs.join("a")).unwrap(), a_body);
+        assert_eq!(std::fs::read(pfs.join("b")).unwrap(), b_body);
+        assert_eq!(
+            state.stats.files.load(Ordering::Relaxed),
+            2,
+            "a copied once, complete"
+        );
     });
 }
 
