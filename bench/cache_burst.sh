@@ -30,8 +30,8 @@
 #                network's latency) instead of contrib/slowpfs (a throttled disk, the default;
 #                --write-mbps/--read-mbps apply to it).
 #
-# Needs root (slowpfs, FUSE). SURGE=<surge binary> (default target/release/surge, built if
-# missing). The slow PFS is brought up at /run/surge-slowpfs/pfs and taken down at the end.
+# Needs root (slowpfs, netpfs, FUSE). SURGE=<surge binary> (default target/release/surge,
+# built if missing). The PFS is brought up (bench/lib/pfs.sh) and taken down at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400 DIRTY_HIGH= PASSTHROUGH= PFS_KIND=slow RATE=1gbit
@@ -53,22 +53,9 @@ done
 SURGE=${SURGE:-target/release/surge}
 [ -x "$SURGE" ] || cargo build --release -p surge-cli
 command -v fio >/dev/null || apt-get install -y -qq fio >/dev/null
-case $PFS_KIND in
-    slow)
-        PFS=/run/surge-slowpfs/pfs
-        contrib/slowpfs/slowpfs.sh up --dir $PFS --size 8G --write-mbps "$WMBPS" --read-mbps "$RMBPS" >/dev/null
-        trap 'contrib/slowpfs/slowpfs.sh down --dir $PFS >/dev/null 2>&1 || true' EXIT
-        PFS_TEXT="$PFS throttled to $WMBPS MiB/s write, $RMBPS MiB/s read" ;;
-    net)
-        # An instance already up is used as it is (and left up).
-        if ! mountpoint -q /run/surge-netpfs/pfs 2>/dev/null; then
-            contrib/netpfs/netpfs.sh up --rate "$RATE" >/dev/null
-            trap 'contrib/netpfs/netpfs.sh down >/dev/null 2>&1 || true' EXIT
-        fi
-        PFS=/run/surge-netpfs/pfs/burst; mkdir -p $PFS
-        PFS_TEXT="$(contrib/netpfs/netpfs.sh status)" ;;
-    *) echo "cache_burst.sh: --pfs is slow or net, not '$PFS_KIND'" >&2; exit 2 ;;
-esac
+. bench/lib/pfs.sh
+pfs_up "$PFS_KIND" burst
+trap pfs_down EXIT
 WORK=$(mktemp -d /tmp/surge-cache-burst.XXXXXX)
 FIO="fio --name=ckpt --rw=write --bs=8M --size=$SIZE --numjobs=$NJOBS --group_reporting \
 --end_fsync=0 --output-format=json"

@@ -15,16 +15,20 @@
 # Sides alternate their order from run to run.
 #
 #   bench/cache_read.sh [--runs N] [--size 1G] [--jobs 2] [--write-mbps 200] [--read-mbps 400]
-#                       [--passthrough on|off]
+#                       [--passthrough on|off] [--pfs slow|net] [--rate 1gbit]
 #
 # --passthrough: the cache instance's passthrough= (on: kernel passthrough for files of the
 #                mount's host once their copy into the tier is complete; default: off).
+# --pfs net:     the PFS is contrib/netpfs (GlusterFS over a veth link of --rate with a
+#                network's latency; its client is remounted before each PFS read) instead of
+#                contrib/slowpfs (a throttled disk, the default; --write-mbps/--read-mbps
+#                apply to it).
 #
-# Needs root (slowpfs, FUSE). SURGE=<surge binary> (default target/release/surge, built if
-# missing). The slow PFS is brought up at /run/surge-slowpfs/pfs and taken down at the end.
+# Needs root (slowpfs, netpfs, FUSE). SURGE=<surge binary> (default target/release/surge,
+# built if missing). The PFS is brought up (bench/lib/pfs.sh) and taken down at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400 PASSTHROUGH=
+RUNS=3 SIZE=1G NJOBS=2 WMBPS=200 RMBPS=400 PASSTHROUGH= PFS_KIND=slow RATE=1gbit
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) RUNS=$2; shift 2 ;;
@@ -33,24 +37,26 @@ while [ $# -gt 0 ]; do
         --write-mbps) WMBPS=$2; shift 2 ;;
         --read-mbps) RMBPS=$2; shift 2 ;;
         --passthrough) PASSTHROUGH=$2; shift 2 ;;
-        -h|--help) sed -n 2,21p "$0"; exit 0 ;;
+        --pfs) PFS_KIND=$2; shift 2 ;;
+        --rate) RATE=$2; shift 2 ;;
+        -h|--help) sed -n 2,28p "$0"; exit 0 ;;
         *) echo "cache_read.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 SURGE=${SURGE:-target/release/surge}
 [ -x "$SURGE" ] || cargo build --release -p surge-cli
 command -v fio >/dev/null || apt-get install -y -qq fio >/dev/null
-PFS=/run/surge-slowpfs/pfs
-contrib/slowpfs/slowpfs.sh up --dir $PFS --size 8G --write-mbps "$WMBPS" --read-mbps "$RMBPS" >/dev/null
+. bench/lib/pfs.sh
+pfs_up "$PFS_KIND" read
 WORK=$(mktemp -d /tmp/surge-cache-read.XXXXXX)
-trap 'contrib/slowpfs/slowpfs.sh down --dir $PFS >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
+trap 'pfs_down; rm -rf "$WORK"' EXIT
 FIO="fio --name=in --bs=1M --size=$SIZE --numjobs=$NJOBS --group_reporting --output-format=json"
 IN=$PFS/in
 mkdir -p "$IN"
 $FIO --rw=write --directory="$IN" --end_fsync=1 > /dev/null
 
-# Drops the input files' pages (posix_fadvise DONTNEED), so reads go to the PFS.
-drop() { for f in "$IN"/*; do dd if="$f" iflag=nocache count=0 status=none; done; }
+# Drops what the PFS client caches of the input files, so reads go to the PFS.
+drop() { pfs_cold "$IN"/*; }
 fio_read_mibs() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["jobs"][0]["read"]["bw_bytes"] / 1048576))' "$1"; }
 fio_read_s() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.3f" % (d["jobs"][0]["read"]["runtime"] / 1000))' "$1"; }
 # Seconds of a `surge run` phase line ("surge run: fill ... 12.3 s").
@@ -96,7 +102,7 @@ EOF
     fio_read_mibs "$WORK/scratch.json"
 }
 
-echo "input: $NJOBS x $SIZE on $PFS (throttled to $RMBPS MiB/s read); fio, 1 MiB reads, $NJOBS jobs"
+echo "input: $NJOBS x $SIZE on $PFS ($PFS_TEXT); fio, 1 MiB reads, $NJOBS jobs"
 printf '%-5s %10s %12s %8s %12s %10s %12s %12s\n' run "pfs MiB/s" "first MiB/s" "fill s" "reread MiB/s" "scratch" "first/pfs" "reread/scr"
 R_FIRST=() R_RE=()
 for run in $(seq 1 "$RUNS"); do
