@@ -485,6 +485,11 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
         std::fs::read_to_string(&pnote).unwrap_or_default(),
         "cached\nmore\n"
     );
+    let through = format!("{TB}/pfs/pcache9/.surge-through");
+    assert!(
+        Path::new(&through).is_dir(),
+        "the persistent cache keeps its fill names between jobs"
+    );
     let job = sbatch(
         "pdestroy.sh",
         "#!/bin/bash\n#DW destroy_persistent name=tbpers\n#DW destroy_persistent name=tbcache\ntrue\n",
@@ -503,6 +508,12 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
             let left = surge_tb(&format!("instance ls --json --manager {MANAGER}"));
             (!left.contains("tbpers") && !left.contains("tbcache")).then_some(())
         },
+    );
+    // Its teardown (root) removed them, as the instance's owner.
+    wait_for(
+        "the destroyed cache's .surge-through removed",
+        Duration::from_secs(30),
+        || (!Path::new(&through).exists()).then_some(()),
     );
 
     // 10. A DataWarp type=cache script under Slurm: the lazy fill before the job (a stage

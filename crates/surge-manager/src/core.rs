@@ -943,6 +943,13 @@ impl Core {
             })?;
         self.store.lock().delete_instance(inst.id)?;
         info!("instance {} ({}) destroyed", inst.id, inst.name);
+        if let Some(pfs) = inst.descriptor.cache_pfs.clone() {
+            let (uid, gid) = (inst.owner_uid, inst.owner_gid);
+            let _ = tokio::task::spawn_blocking(move || {
+                clear_through_as_owner(Path::new(&pfs), uid, gid)
+            })
+            .await;
+        }
         Ok(())
     }
 
@@ -1234,4 +1241,42 @@ pub fn spawn_reconcile(core: Arc<Core>, every: std::time::Duration) {
             core.reconcile(&host).await;
         }
     });
+}
+
+/// Removes `.surge-through` from the PFS directory `pfs` of a destroyed cache instance (the
+/// written-through and fill names, extra links once the instance is gone), with the rights of
+/// its owner `uid`/`gid` (a manager running as root acts as the owner: it removes nothing the
+/// owner could not). Whoever destroys it (a Slurm teardown runs as SlurmUser) need not be
+/// able to. A PFS not mounted here, or a failure, is logged and left: no data is lost.
+fn clear_through_as_owner(pfs: &Path, uid: u32, gid: u32) {
+    let through = pfs.join(surge_stage::drain::THROUGH_DIR);
+    if !pfs.is_dir() {
+        info!(
+            "{} is not reachable from the manager's host: {} stays (extra names; remove it \
+             as the owner)",
+            pfs.display(),
+            through.display()
+        );
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let clear = || surge_stage::drain::clear_through(pfs).map_err(std::io::Error::other);
+    let r = if me == uid {
+        clear()
+    } else {
+        let owner = surge_auth::Caller::of(uid, gid);
+        surge_core::sys::as_fs_user(uid, gid, &owner.groups, clear)
+    };
+    match r {
+        Ok(()) => info!(
+            "{} removed (the destroyed cache's written-through names)",
+            through.display()
+        ),
+        Err(e) => warn!(
+            "{}: {e} (as uid {uid}); it stays: remove it as the owner (extra names of files \
+             that have their own)",
+            through.display()
+        ),
+    }
 }
