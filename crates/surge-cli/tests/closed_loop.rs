@@ -154,9 +154,34 @@ fn swarp_profile_advise_run_tune_share_one_history() {
     )
     .unwrap();
 
+    // 3-6: run, tune, tune again, run the tuned script.
+    run_tune_rerun(
+        fast.path(),
+        w.path(),
+        (&profile, &verdict),
+        || {
+            assert!(
+                std::fs::read(data.join("out/image00.resamp.fits")).unwrap() == expected,
+                "the staged-out result differs from the stage run on the PFS"
+            )
+        },
+        || std::fs::remove_dir_all(data.join("out")).unwrap(),
+    );
+}
+
+/// Steps 3 to 6 of the loop for `job.sh` in `dir` (advised from `profile`): runs it with
+/// `surge run --history`, tunes it twice with that history (the second call runs nothing) and
+/// runs the tuned script; `check` checks the job's output after a run, `clear` removes it.
+fn run_tune_rerun(
+    fast: &Path,
+    dir: &Path,
+    (profile, verdict): (&Path, &str),
+    check: impl Fn(),
+    clear: impl Fn(),
+) {
     // 3. Run the advised job, remembered in the tune history.
-    let history = w.path().join("tune.db");
-    let o = surge_in(fast.path(), w.path())
+    let history = dir.join("tune.db");
+    let o = surge_in(fast, dir)
         .args(["run", "--history"])
         .arg(&history)
         .arg("job.sh")
@@ -168,20 +193,17 @@ fn swarp_profile_advise_run_tune_share_one_history() {
         "{}",
         text(&o)
     );
-    assert!(
-        std::fs::read(data.join("out/image00.resamp.fits")).unwrap() == expected,
-        "the advised job's staged-out result differs from the stage run on the PFS"
-    );
+    check();
 
     // 4. Tune it, seeded by the profile's verdict, with the same history: the job as written
     //    comes from step 3.
     let tune = |extra: &[&str]| {
         json_of(
-            &surge_in(fast.path(), w.path())
+            &surge_in(fast, dir)
                 .args(["tune", "job.sh", "--json", "--quiet", "--history"])
                 .arg(&history)
                 .arg("--profile")
-                .arg(&profile)
+                .arg(profile)
                 .args(["--fragments", "1,2", "--modes", "striped"])
                 .args(["--hybrid-candidates", "0", "--no-hints", "--runs", "12"])
                 .args(extra)
@@ -205,7 +227,7 @@ fn swarp_profile_advise_run_tune_share_one_history() {
     );
     let as_written_runs = first["as_written"]["runs"].as_u64().unwrap();
     assert!(as_written_runs >= 1, "{first}");
-    let tuned = w.path().join(first["tuned_script"].as_str().unwrap());
+    let tuned = dir.join(first["tuned_script"].as_str().unwrap());
     assert!(tuned.is_file());
 
     eprintln!(
@@ -223,12 +245,122 @@ fn swarp_profile_advise_run_tune_share_one_history() {
     assert_eq!(second["best"]["key"], first["best"]["key"]);
 
     // 6. The tuned script runs as is and gives the same result.
-    std::fs::remove_dir_all(data.join("out")).unwrap();
-    let o = surge_in(fast.path(), w.path())
-        .arg("run")
-        .arg(&tuned)
+    clear();
+    let o = surge_in(fast, dir).arg("run").arg(&tuned).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    check();
+}
+
+/// The CAMP-like builddb (metadata- or IOPS-bound: small SQLite transactions and a software
+/// environment on the Python path) through the same loop. Advise stages the geometa in and
+/// the database out, and leaves the environment on the PFS (no `--env-list`), so the job
+/// links it in; the database staged out has every transaction of each run.
+#[test]
+fn camp_profile_advise_run_tune_share_one_history() {
+    if skip_without_fuse("camp_profile_advise_run_tune_share_one_history") {
+        return;
+    }
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED camp_profile_advise_run_tune_share_one_history: no python3");
+        return;
+    }
+    let fast = Scratch::new("loop-camp-fast");
+    let w = Scratch::new("loop-camp");
+    let script = repo().join("examples/workflows/camp/builddb.py");
+    let py = |args: &[&str]| {
+        let o = Command::new("python3")
+            .current_dir(w.path())
+            .arg(&script)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "builddb.py {args:?}: {}", text(&o));
+    };
+    py(&["prepare", "camp"]);
+    let db = w.path().join("camp/camp.db");
+
+    // 1. Profile the stage where its data lives.
+    let profile = w.path().join("stage.json");
+    let o = Command::new(SURGE)
+        .current_dir(w.path())
+        .args(["profile", "--stage", "camp-builddb", "--data-path", "camp"])
+        .args(["--repeat", "2", "-o"])
+        .arg(&profile)
+        .args(["--", "python3"])
+        .arg(&script)
+        .args(["run", "camp"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    assert!(std::fs::read(data.join("out/image00.resamp.fits")).unwrap() == expected);
+    let prof: Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    let verdict = prof["summary"]["verdict"]["bound"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    std::fs::remove_file(&db).unwrap();
+
+    // 2. Advise from that profile.
+    let a = json_of(
+        &Command::new(SURGE)
+            .current_dir(w.path())
+            .env("SURGE_GRANULARITY", GRANULARITY)
+            .arg("advise")
+            .arg(&profile)
+            .arg("--peaks")
+            .arg(peaks(w.path()))
+            .arg("--json")
+            .output()
+            .unwrap(),
+    );
+    let lines: Vec<String> = a["directives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("stage_in") && l.contains("geometa")),
+        "advise stages the geometa in: {lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("stage_out") && l.contains("camp.db")),
+        "advise stages the database out: {lines:?}"
+    );
+    let var = if a["access_mode"] == "private" {
+        "$DW_JOB_PRIVATE"
+    } else {
+        "$DW_JOB_STRIPED"
+    };
+    std::fs::write(
+        w.path().join("job.sh"),
+        format!(
+            "#!/bin/bash\n{}\nset -e\nln -sfn {} {var}/env\npython3 {} run {var}\n",
+            lines.join("\n"),
+            w.path().join("camp/env").display(),
+            script.display()
+        ),
+    )
+    .unwrap();
+
+    // 3-6.
+    let swaths = || {
+        let o = Command::new("python3")
+            .args([
+                "-c",
+                "import sqlite3, sys; print(sqlite3.connect(sys.argv[1])\
+                 .execute('select count(*) from swath').fetchone()[0])",
+            ])
+            .arg(&db)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "300");
+    };
+    run_tune_rerun(fast.path(), w.path(), (&profile, &verdict), swaths, || {
+        std::fs::remove_file(&db).unwrap()
+    });
 }
