@@ -94,9 +94,10 @@ pub struct Advice {
     /// The job's directive lines: they parse with Surge's own parser and run under
     /// `surge run` as printed (after the setup job, when there is one).
     pub directives: Vec<String>,
-    /// The `#SURGE jobdw` performance-target line that can replace `directives[0]` (the
-    /// `#DW jobdw`): the pipelines' aggregate demand and the capacity their data needs; `surge
-    /// run --peaks` sizes it from the calibrated peaks.
+    /// The performance-target line that can replace `directives[0]` (the `#DW jobdw`): the
+    /// pipelines' aggregate demand and the capacity their data needs, as Surge keys on a
+    /// `#DW jobdw` line (what `#SURGE jobdw` asks, in the form Slurm also passes to Surge);
+    /// `surge run --peaks` or the manager sizes it from the calibrated peaks.
     pub target_directive: String,
     /// Lines of a setup job to run once before `directives` (creates the software-environment
     /// instance and stages the `--env-list` into it); empty without `--env-list`.
@@ -486,10 +487,10 @@ pub fn advise(p: &Profile, peaks: &Peaks, req: &AdviseRequest) -> Advice {
         ));
     }
     let target_directive = format!(
-        "#SURGE jobdw bandwidth={} metadata={} capacity={} access_mode={access_mode}",
+        "#DW jobdw type=scratch access_mode={access_mode} capacity={} bandwidth={} metadata={}",
+        capacity_text(capacity_needed),
         rate_bytes(target_bw),
         rate_ops(target_md),
-        capacity_text(capacity_needed)
     );
     if !data_paths_given {
         notes.push(
@@ -634,7 +635,8 @@ pub fn render(a: &Advice) -> String {
     let _ = writeln!(
         o,
         "\nOr, instead of the #DW jobdw line, by performance target (the pipelines' average \
-         demand; `surge run --peaks PEAKS` sizes it from the calibrated peaks of one fragment):"
+         demand; `surge run --peaks PEAKS`, or the manager under Slurm, sizes it from the \
+         calibrated peaks):"
     );
     let _ = writeln!(o, "{}", a.target_directive);
     if !a.notes.is_empty() {
@@ -851,6 +853,8 @@ mod tests {
         let t = d.jobdw.unwrap().targets.expect("targets");
         assert!(t.bandwidth.is_some() && t.metadata.is_some());
         assert!(a.directives.iter().all(|d| !d.starts_with("#SURGE")));
+        // One form for `surge run` and Slurm (which passes only `#DW` lines to Surge).
+        assert!(a.target_directive.starts_with("#DW jobdw type=scratch "));
     }
 
     #[test]
