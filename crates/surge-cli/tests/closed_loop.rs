@@ -105,33 +105,12 @@ fn swarp_profile_advise_run_tune_share_one_history() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let prof: Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
-    let verdict = prof["summary"]["verdict"]["bound"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let verdict = verdict_of(&profile);
     let expected = std::fs::read(data.join("out/image00.resamp.fits")).unwrap();
     std::fs::remove_dir_all(data.join("out")).unwrap();
 
     // 2. Advise from that profile: the job lines to paste.
-    let a = json_of(
-        &Command::new(SURGE)
-            .current_dir(w.path())
-            .env("SURGE_GRANULARITY", GRANULARITY)
-            .arg("advise")
-            .arg(&profile)
-            .arg("--peaks")
-            .arg(peaks(w.path()))
-            .args(["--pipelines", "2", "--json"])
-            .output()
-            .unwrap(),
-    );
-    let lines: Vec<String> = a["directives"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap().to_string())
-        .collect();
+    let (a, lines) = advise(w.path(), &profile, &["--pipelines", "2"]);
     assert!(
         lines
             .iter()
@@ -167,6 +146,39 @@ fn swarp_profile_advise_run_tune_share_one_history() {
         },
         || std::fs::remove_dir_all(data.join("out")).unwrap(),
     );
+}
+
+/// The verdict (`bound`) of a saved `surge profile`.
+fn verdict_of(profile: &Path) -> String {
+    let prof: Value = serde_json::from_str(&std::fs::read_to_string(profile).unwrap()).unwrap();
+    prof["summary"]["verdict"]["bound"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `surge advise PROFILE --json` in `dir` (with `extra`): its whole answer and the job lines.
+fn advise(dir: &Path, profile: &Path, extra: &[&str]) -> (Value, Vec<String>) {
+    let a = json_of(
+        &Command::new(SURGE)
+            .current_dir(dir)
+            .env("SURGE_GRANULARITY", GRANULARITY)
+            .arg("advise")
+            .arg(profile)
+            .arg("--peaks")
+            .arg(peaks(dir))
+            .args(extra)
+            .arg("--json")
+            .output()
+            .unwrap(),
+    );
+    let lines = a["directives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect();
+    (a, lines)
 }
 
 /// Steps 3 to 6 of the loop for `job.sh` in `dir` (advised from `profile`): runs it with
@@ -292,32 +304,11 @@ fn camp_profile_advise_run_tune_share_one_history() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let prof: Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
-    let verdict = prof["summary"]["verdict"]["bound"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let verdict = verdict_of(&profile);
     std::fs::remove_file(&db).unwrap();
 
     // 2. Advise from that profile.
-    let a = json_of(
-        &Command::new(SURGE)
-            .current_dir(w.path())
-            .env("SURGE_GRANULARITY", GRANULARITY)
-            .arg("advise")
-            .arg(&profile)
-            .arg("--peaks")
-            .arg(peaks(w.path()))
-            .arg("--json")
-            .output()
-            .unwrap(),
-    );
-    let lines: Vec<String> = a["directives"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap().to_string())
-        .collect();
+    let (a, lines) = advise(w.path(), &profile, &[]);
     assert!(
         lines
             .iter()

@@ -172,9 +172,6 @@ fn temp_of(dst: &Path) -> PathBuf {
     dst.with_file_name(format!(".{name}.surge-drain"))
 }
 
-/// Gives `file`, the PFS copy of inode `ino`, the inode's fill name in `root` (replacing an
-/// older copy's): a name renames do not move, which the file's reads go to once it is evicted
-/// from the fast tier. False (logged) when the PFS refuses it: the file is then not evicted.
 /// How many names the regular file at `dst` has on the PFS, its fill name (the one of `ino`)
 /// not counted; 0 when there is none.
 fn pfs_names(root: &Path, ino: u64, dst: &Path) -> u64 {
@@ -190,6 +187,9 @@ fn pfs_names(root: &Path, ino: u64, dst: &Path) -> u64 {
     m.nlink() - u64::from(fill)
 }
 
+/// Gives `file`, the PFS copy of inode `ino`, the inode's fill name in `root` (replacing an
+/// older copy's): a name renames do not move, which the file's reads go to once it is evicted
+/// from the fast tier. False (logged) when the PFS refuses it: the file is then not evicted.
 fn link_fill(root: &Path, ino: u64, file: &Path) -> bool {
     let name = through_path(root, ino, surge_proto::THROUGH_FILL);
     let dir = root.join(THROUGH_DIR);
