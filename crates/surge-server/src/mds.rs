@@ -186,6 +186,31 @@ fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
     }
 }
 
+/// Milliseconds since the epoch (what a recorded drainer hold is dated by: an `Instant` does
+/// not outlive the process).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The drainer hold a store recorded before this service started, while it has not lapsed
+/// (see `Namespace::drain_hold`).
+fn held_before(conn: &Connection, instance: InstanceId, ns: NamespaceId) -> Option<(u32, Instant)> {
+    let (session, at_ms) = (Ops { tx: conn }).drain_hold().ok()??;
+    let age = Duration::from_millis(wall_ms().saturating_sub(at_ms));
+    if age >= surge_proto::DRAIN_HOLD {
+        return None;
+    }
+    info!(
+        "namespace {instance}/{}: drainer session {session:#x} held the journal {:.1} s ago: \
+         the hold stands until it lapses or is renewed",
+        ns.0,
+        age.as_secs_f64()
+    );
+    Some((session, Instant::now().checked_sub(age)?))
+}
+
 impl Namespace {
     /// Opens the store in `dir` (created if missing).
     pub fn start(
@@ -199,6 +224,7 @@ impl Namespace {
         let reopened = dir.join("meta.db").exists();
         let conn = meta::open(&dir.join("meta.db"), root.0, root.1, root.2)?;
         report_orphans(&conn, instance, ns);
+        let drainer = held_before(&conn, instance, ns);
         info!("metadata service of namespace {instance}/{} open", ns.0);
         Ok(Namespace {
             instance,
@@ -217,7 +243,7 @@ impl Namespace {
                 } else {
                     Duration::ZERO
                 },
-            drainer: Mutex::new(None),
+            drainer: Mutex::new(drainer),
             drain_conns: Mutex::new(HashMap::new()),
         })
     }
@@ -275,7 +301,7 @@ impl Namespace {
                     }
                     match &req {
                         Request::DrainHold { release, .. } => {
-                            return self.drain_hold(session, *release)
+                            return self.drain_hold(conn, session, *release)
                         }
                         Request::CacheOpen { ino, .. } => {
                             return self.cache_open(conn, session, *ino)
@@ -504,7 +530,10 @@ impl Namespace {
     }
 
     /// `DrainHold` (see [`Request::DrainHold`]).
-    fn drain_hold(&self, session: u32, release: bool) -> Response {
+    /// The hold is also kept in the store: a restarted server keeps it until it lapses, so a
+    /// drainer that started while the holder's connections were down (the server restarting)
+    /// does not drain beside it; the holder, reconnected with its session, renews it.
+    fn drain_hold(&self, conn: &mut Connection, session: u32, release: bool) -> Response {
         let mut d = self.drainer.lock();
         match *d {
             Some((holder, at)) if holder != session && at.elapsed() < surge_proto::DRAIN_HOLD => {
@@ -515,7 +544,16 @@ impl Namespace {
             }
             _ => {}
         }
-        *d = (!release).then_some((session, Instant::now()));
+        let hold = (!release).then_some((session, Instant::now()));
+        let kept = (Ops { tx: conn }).set_drain_hold(hold.map(|(s, _)| (s, wall_ms())));
+        if let Err(e) = kept {
+            // Held in memory all the same: only a restart within the hold forgets it.
+            warn!(
+                "namespace {}/{}: cannot record the drainer's hold: {}",
+                self.instance, self.ns.0, e.message
+            );
+        }
+        *d = hold;
         Response::Ok
     }
 
@@ -544,6 +582,22 @@ impl Namespace {
                 self.instance, self.ns.0
             );
             *d = None;
+        } else {
+            return;
+        }
+        drop(d);
+        drop(conns);
+        // Nor does a restart keep it (unless another session took the hold meanwhile).
+        if let Some(c) = self.conn.lock().as_mut() {
+            let ops = Ops { tx: c };
+            if ops
+                .drain_hold()
+                .ok()
+                .flatten()
+                .is_some_and(|(s, _)| s == session)
+            {
+                let _ = ops.set_drain_hold(None);
+            }
         }
     }
 
@@ -1229,6 +1283,44 @@ mod tests {
                 name: name.into(),
             },
         )
+    }
+
+    #[test]
+    fn a_restarted_server_keeps_the_drainers_hold_until_it_lapses() {
+        let t = tempfile::tempdir().unwrap();
+        let hold = |ns: &Namespace, session: u32, release: bool| {
+            ns.call_as(
+                session,
+                Request::DrainHold {
+                    instance: I,
+                    ns: N,
+                    release,
+                },
+            )
+        };
+        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
+        assert!(matches!(hold(&ns, 1, false), Response::Ok));
+        drop(ns);
+        // Restarted: the hold stands for another session, and its holder renews it.
+        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
+        match hold(&ns, 2, false) {
+            Response::Error(e) => assert!(e.message.contains("another drainer"), "{e:?}"),
+            other => panic!("a second drainer got the hold after a restart: {other:?}"),
+        }
+        assert!(matches!(hold(&ns, 1, false), Response::Ok));
+        assert!(matches!(hold(&ns, 1, true), Response::Ok));
+        drop(ns);
+        // Given back before the restart: free.
+        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
+        assert!(matches!(hold(&ns, 2, false), Response::Ok));
+        // A hold older than DRAIN_HOLD has lapsed.
+        if let Some(c) = ns.conn.lock().as_mut() {
+            let old = wall_ms() - surge_proto::DRAIN_HOLD.as_millis() as u64 - 1000;
+            (Ops { tx: c }).set_drain_hold(Some((2, old))).unwrap();
+        }
+        drop(ns);
+        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
+        assert!(matches!(hold(&ns, 3, false), Response::Ok));
     }
 
     #[test]

@@ -177,7 +177,10 @@ pub fn open(
          CREATE TABLE IF NOT EXISTS drain(
             seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL,
             data_ino INTEGER, taken INTEGER NOT NULL DEFAULT 0, moves INTEGER NOT NULL DEFAULT 0);
-         CREATE INDEX IF NOT EXISTS drain_data ON drain(data_ino) WHERE data_ino IS NOT NULL;",
+         CREATE INDEX IF NOT EXISTS drain_data ON drain(data_ino) WHERE data_ino IS NOT NULL;
+         CREATE TABLE IF NOT EXISTS drain_hold(
+            one INTEGER PRIMARY KEY CHECK (one = 0), session INTEGER NOT NULL,
+            at_ms INTEGER NOT NULL);",
     )?;
     // Stores made before directories had a change counter, before special files, before
     // cache files written through, before layouts per file, before eviction of clean files.
@@ -540,6 +543,31 @@ impl Ops<'_> {
                 .map_err(db_err)?;
         }
         Ok(())
+    }
+
+    /// Records the drainer that holds the journal (`Some((session, wall-clock ms))`) or that
+    /// none does, so that a restarted server keeps the hold until it lapses.
+    pub fn set_drain_hold(&self, hold: Option<(u32, u64)>) -> MetaResult<()> {
+        match hold {
+            Some((session, at_ms)) => self.tx.execute(
+                "INSERT INTO drain_hold(one, session, at_ms) VALUES (0, ?1, ?2)
+                    ON CONFLICT(one) DO UPDATE SET session = ?1, at_ms = ?2",
+                params![i64::from(session), at_ms.min(i64::MAX as u64) as i64],
+            ),
+            None => self.tx.execute("DELETE FROM drain_hold", []),
+        }
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// The hold [`Self::set_drain_hold`] recorded last, if any.
+    pub fn drain_hold(&self) -> MetaResult<Option<(u32, u64)>> {
+        self.tx
+            .query_row("SELECT session, at_ms FROM drain_hold", [], |r| {
+                Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u64))
+            })
+            .optional()
+            .map_err(db_err)
     }
 
     /// Cache namespaces: the regular files eviction may take, but `except`: clean (the PFS
