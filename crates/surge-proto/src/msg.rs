@@ -725,6 +725,12 @@ pub enum Request {
 /// outlives a drainer that died by this much.
 pub const DRAIN_HOLD: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// How long a restarted metadata server keeps the drainer hold it read from its store (held
+/// before the restart), at most: a drainer alive renews it within a few seconds of the server's
+/// return (it renews every 3 s), and one that died with the server should not keep others
+/// waiting the whole `DRAIN_HOLD`.
+pub const DRAIN_HOLD_AFTER_RESTART: std::time::Duration = std::time::Duration::from_secs(6);
+
 /// A step of the lazy fill of a cache namespace's file (`Request::CacheFill`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FillStep {
@@ -1076,6 +1082,9 @@ pub enum ErrorCode {
     IdleClosed,
     /// A frame did not arrive whole within the server's frame timeout.
     TimedOut,
+    /// Not now, soon: what stands in the way was inherited from before the server restarted
+    /// and lapses by itself unless its holder comes back (a cache's drainer hold); ask again.
+    Again,
 }
 
 impl ErrorCode {
@@ -1102,6 +1111,7 @@ impl ErrorCode {
             ErrorCode::NoData => libc::ENODATA,
             ErrorCode::Denied => libc::EACCES,
             ErrorCode::ConnectionLimit | ErrorCode::IdleClosed | ErrorCode::TimedOut => libc::EIO,
+            ErrorCode::Again => libc::EAGAIN,
         }
     }
 

@@ -44,6 +44,9 @@ pub struct Namespace {
     /// Cache namespaces: the session that drains the journal, and when it last renewed its
     /// hold (see [`Request::DrainHold`]).
     drainer: Mutex<Option<(u32, Instant)>>,
+    /// The drainer hold was read from the store at start (held before a restart) and its
+    /// holder has not renewed it since: others are told to ask again, not that it is busy.
+    drainer_inherited: std::sync::atomic::AtomicBool,
     /// Cache namespaces: open connections that carried drain requests, per session (the hold
     /// of a session that has none left ends: its drainer died).
     drain_conns: Mutex<HashMap<u32, u32>>,
@@ -202,11 +205,15 @@ fn held_before(conn: &Connection, instance: InstanceId, ns: NamespaceId) -> Opti
     if age >= surge_proto::DRAIN_HOLD {
         return None;
     }
+    // It lapses within DRAIN_HOLD_AFTER_RESTART unless renewed: dated as renewed that long
+    // before it lapses.
+    let left = (surge_proto::DRAIN_HOLD - age).min(surge_proto::DRAIN_HOLD_AFTER_RESTART);
+    let age = surge_proto::DRAIN_HOLD - left;
     info!(
-        "namespace {instance}/{}: drainer session {session:#x} held the journal {:.1} s ago: \
-         the hold stands until it lapses or is renewed",
+        "namespace {instance}/{}: drainer session {session:#x} held the journal before this \
+         start: the hold stands for {:.1} s more unless that drainer renews it",
         ns.0,
-        age.as_secs_f64()
+        left.as_secs_f64()
     );
     Some((session, Instant::now().checked_sub(age)?))
 }
@@ -243,6 +250,7 @@ impl Namespace {
                 } else {
                     Duration::ZERO
                 },
+            drainer_inherited: std::sync::atomic::AtomicBool::new(drainer.is_some()),
             drainer: Mutex::new(drainer),
             drain_conns: Mutex::new(HashMap::new()),
         })
@@ -512,13 +520,31 @@ impl Namespace {
         }
         match *self.drainer.lock() {
             Some((holder, at)) if holder != session && at.elapsed() < surge_proto::DRAIN_HOLD => {
-                Some(self.drain_busy(holder))
+                Some(self.drain_busy(holder, at))
             }
             _ => None,
         }
     }
 
-    fn drain_busy(&self, holder: u32) -> ErrorReply {
+    /// The refusal for another session while `holder` holds the journal (renewed at `at`).
+    fn drain_busy(&self, holder: u32, at: Instant) -> ErrorReply {
+        if self
+            .drainer_inherited
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let left = surge_proto::DRAIN_HOLD.saturating_sub(at.elapsed());
+            return ErrorReply::new(
+                ErrorCode::Again,
+                format!(
+                    "namespace {}/{}: drainer session {holder:#x} held this cache's journal \
+                     when the server restarted and has not come back yet; its hold lapses in \
+                     {:.1} s unless it does",
+                    self.instance,
+                    self.ns.0,
+                    left.as_secs_f64()
+                ),
+            );
+        }
         ErrorReply::new(
             ErrorCode::Busy,
             format!(
@@ -540,10 +566,12 @@ impl Namespace {
                 if release {
                     return Response::Ok;
                 }
-                return Response::Error(self.drain_busy(holder));
+                return Response::Error(self.drain_busy(holder, at));
             }
             _ => {}
         }
+        self.drainer_inherited
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let hold = (!release).then_some((session, Instant::now()));
         let kept = (Ops { tx: conn }).set_drain_hold(hold.map(|(s, _)| (s, wall_ms())));
         if let Err(e) = kept {
@@ -1304,10 +1332,15 @@ mod tests {
         // Restarted: the hold stands for another session, and its holder renews it.
         let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
         match hold(&ns, 2, false) {
-            Response::Error(e) => assert!(e.message.contains("another drainer"), "{e:?}"),
+            Response::Error(e) => assert_eq!(e.code, ErrorCode::Again, "{e:?}"),
             other => panic!("a second drainer got the hold after a restart: {other:?}"),
         }
         assert!(matches!(hold(&ns, 1, false), Response::Ok));
+        // Renewed by its holder: busy, as before the restart.
+        match hold(&ns, 2, false) {
+            Response::Error(e) => assert_eq!(e.code, ErrorCode::Busy, "{e:?}"),
+            other => panic!("a second drainer got a renewed hold: {other:?}"),
+        }
         assert!(matches!(hold(&ns, 1, true), Response::Ok));
         drop(ns);
         // Given back before the restart: free.

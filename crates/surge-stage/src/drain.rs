@@ -80,17 +80,34 @@ const HOLD_RENEW: Duration = Duration::from_secs(3);
 
 /// Takes (or renews) the hold of `client`'s journal for this drainer: `Elsewhere` while
 /// another drainer holds it.
+/// A hold inherited by a restarted server from a drainer that has not come back
+/// (`ErrorCode::Again`) is waited for: it lapses within `DRAIN_HOLD`.
 async fn hold(client: &InstanceClient, stats: &DrainStats) -> Result<(), DrainError> {
-    match client.drain_hold(false).await {
-        Ok(()) => {
-            stats.holds.store(true, Ordering::Relaxed);
-            Ok(())
+    let start = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        match client.drain_hold(false).await {
+            Ok(()) => {
+                stats.holds.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(e) if e.code() == Some(ErrorCode::Busy) => {
+                stats.holds.store(false, Ordering::Relaxed);
+                return Err(DrainError::Elsewhere(e.to_string()));
+            }
+            Err(e)
+                if e.code() == Some(ErrorCode::Again)
+                    && start.elapsed() < surge_proto::DRAIN_HOLD * 2 =>
+            {
+                stats.holds.store(false, Ordering::Relaxed);
+                if !told {
+                    tracing::info!("drain: waiting: {e}");
+                    told = true;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(DrainError::Journal(e)),
         }
-        Err(e) if e.code() == Some(ErrorCode::Busy) => {
-            stats.holds.store(false, Ordering::Relaxed);
-            Err(DrainError::Elsewhere(e.to_string()))
-        }
-        Err(e) => Err(DrainError::Journal(e)),
     }
 }
 
