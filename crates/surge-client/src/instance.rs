@@ -551,7 +551,7 @@ impl InstanceClient {
         /// the newest entry ever journaled, and how many are pending. Takes nothing.
         drain_progress(this) -> surge_proto::DrainProgress,
         Request::DrainPoll { instance: this.instance(), ns: this.ns, after: 0, max: 0 },
-        Response::DrainBatch { pending, oldest, newest, .. } => surge_proto::DrainProgress { oldest, newest, pending });
+        Response::DrainBatch { pending, oldest, newest, oldest_entry, .. } => surge_proto::DrainProgress { oldest, newest, pending, oldest_entry });
 
     metadata_call!(
         /// The journal's entries up to `upto` reached the PFS; `linked`: files whose copy
@@ -645,19 +645,37 @@ impl InstanceClient {
         Request::CommitWrite { instance: this.instance(), ns: this.ns, ino, size, mtime },
         Response::Attr(a) => a);
 
-    /// Removes an unlinked file's objects and forgets its inode.
     /// Polls a cache namespace's drain (every 5 ms at first, backing off to 100 ms) until
     /// every change journaled up to entry `target` reached the PFS. `check` sees each progress
     /// that is not there yet and ends the wait with its error (a time limit, a stalled drain).
     pub async fn wait_drained<E: From<ClientError>>(
         &self,
         target: u64,
+        check: impl FnMut(&surge_proto::DrainProgress) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        self.wait_progress(|p| p.drained_upto(target), check).await
+    }
+
+    /// [`Self::wait_drained`] for the journal's order only: until the drain applied every entry
+    /// up to `target` (`DrainProgress::applied_upto`; what a switch to writing through waits
+    /// for).
+    pub async fn wait_applied<E: From<ClientError>>(
+        &self,
+        target: u64,
+        check: impl FnMut(&surge_proto::DrainProgress) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        self.wait_progress(|p| p.applied_upto(target), check).await
+    }
+
+    async fn wait_progress<E: From<ClientError>>(
+        &self,
+        done: impl Fn(&surge_proto::DrainProgress) -> bool,
         mut check: impl FnMut(&surge_proto::DrainProgress) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
         let mut pause = std::time::Duration::from_millis(5);
         loop {
             let p = self.drain_progress().await?;
-            if p.drained_upto(target) {
+            if done(&p) {
                 return Ok(());
             }
             check(&p)?;
@@ -666,6 +684,7 @@ impl InstanceClient {
         }
     }
 
+    /// Removes an unlinked file's objects and forgets its inode.
     pub async fn purge(&self, ino: Ino, size: u64) -> Result<()> {
         self.remove_objects(ino, size).await?;
         let req = Request::Purge {

@@ -845,17 +845,29 @@ pub fn cache_through_path(root: &std::path::Path, ino: Ino, seq: u64) -> std::pa
 /// How far a cache namespace's drain got (`Response::DrainBatch` without entries).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DrainProgress {
-    /// The oldest pending journal entry (0: none is pending).
+    /// The oldest change not yet on the PFS, by the journal entry it was made as (0: none is
+    /// pending): the oldest pending entry, or older, when a copy pending was moved after a
+    /// `Through` (`oldest_entry`).
     pub oldest: u64,
     /// The newest entry ever journaled (0: none yet).
     pub newest: u64,
     pub pending: u64,
+    /// The oldest pending journal entry (0: none): the drain's place in the journal's order.
+    /// Above `oldest` while the copy of a file moved after a switch to writing through waits
+    /// (a file still being written, see `Ops::cache_through` in surge-server).
+    pub oldest_entry: u64,
 }
 
 impl DrainProgress {
-    /// True when every change journaled up to entry `seq` reached the PFS.
+    /// True when every change journaled up to entry `seq` reached the PFS (a barrier).
     pub fn drained_upto(&self, seq: u64) -> bool {
         self.oldest == 0 || self.oldest > seq
+    }
+
+    /// True when the drain applied every journal entry up to `seq` (what a switch to writing
+    /// through waits for: copies moved after it may still wait).
+    pub fn applied_upto(&self, seq: u64) -> bool {
+        self.oldest_entry == 0 || self.oldest_entry > seq
     }
 }
 
@@ -1017,6 +1029,10 @@ pub enum Response {
         oldest: u64,
         /// Sequence number of the newest entry ever journaled (0: none yet).
         newest: u64,
+        /// Sequence number of the oldest pending entry: above `oldest` while a copy moved
+        /// after a `Through` waits (`DrainProgress::oldest_entry`).
+        #[serde(default)]
+        oldest_entry: u64,
         /// The files whose data the entries copy that a mount has open (`CacheOpen`,
         /// `CacheUse`): the drain holds back only these while they change; a file closed
         /// everywhere is complete.

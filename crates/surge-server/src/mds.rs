@@ -1122,6 +1122,7 @@ fn execute_journaled(
                 entries,
                 pending: progress.pending,
                 oldest: progress.oldest,
+                oldest_entry: progress.oldest_entry,
                 newest: progress.newest,
                 open: Vec::new(),
             })

@@ -176,7 +176,8 @@ pub fn open(
             PRIMARY KEY(ino, name)) WITHOUT ROWID;
          CREATE TABLE IF NOT EXISTS drain(
             seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL,
-            data_ino INTEGER, taken INTEGER NOT NULL DEFAULT 0, moves INTEGER NOT NULL DEFAULT 0);
+            data_ino INTEGER, taken INTEGER NOT NULL DEFAULT 0, moves INTEGER NOT NULL DEFAULT 0,
+            origin INTEGER);
          CREATE INDEX IF NOT EXISTS drain_data ON drain(data_ino) WHERE data_ino IS NOT NULL;
          CREATE TABLE IF NOT EXISTS drain_hold(
             one INTEGER PRIMARY KEY CHECK (one = 0), session INTEGER NOT NULL,
@@ -203,6 +204,15 @@ pub fn open(
                 "ALTER TABLE inodes ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
             ))?;
         }
+    }
+    // Journals made before copies could move after a `Through` (see `Ops::cache_through`).
+    let has_origin: bool = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('drain') WHERE name = 'origin'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !has_origin {
+        conn.execute_batch("ALTER TABLE drain ADD COLUMN origin INTEGER")?;
     }
     // Cache namespaces: the files eviction may take (see `Ops::clean_files`).
     conn.execute_batch("CREATE INDEX IF NOT EXISTS inodes_clean ON inodes(ino) WHERE clean = 1;")?;
@@ -383,31 +393,45 @@ impl Ops<'_> {
         self.journal(&surge_proto::DrainOp::Through { ino, path })?;
         let seq = self.tx.last_insert_rowid() as u64;
         self.set_through(ino, seq)?;
-        for other in postponed {
+        for (other, origin) in postponed {
             // No name left: its data never reaches the PFS.
             if let Some(path) = self.path_of(other)? {
                 self.journal(&surge_proto::DrainOp::Data { ino: other, path })?;
+                // Barriers (fsync=pfs, wait-drained) still count it where it was.
+                self.tx
+                    .execute(
+                        "UPDATE drain SET origin = ?2
+                            WHERE seq = (SELECT MAX(seq) FROM drain WHERE data_ino = ?1)",
+                        params![other as i64, origin as i64],
+                    )
+                    .map_err(db_err)?;
             }
         }
         Ok(seq)
     }
 
     /// Removes the pending `Data` entries of the files in `open` but `except` that are not
-    /// written through (see [`Self::cache_through`]); returns those files.
-    fn take_pending_copies(&self, except: Ino, open: &[Ino]) -> MetaResult<Vec<Ino>> {
+    /// written through (see [`Self::cache_through`]); returns those files, each with the
+    /// journal place of its oldest change removed.
+    fn take_pending_copies(&self, except: Ino, open: &[Ino]) -> MetaResult<Vec<(Ino, u64)>> {
         let mut taken = Vec::new();
         for &other in open {
             if other == except || self.through_of(other)? != 0 {
                 continue;
             }
-            let n = self
+            let origin: Option<i64> = self
                 .tx
+                .prepare_cached("SELECT MIN(COALESCE(origin, seq)) FROM drain WHERE data_ino = ?1")
+                .and_then(|mut st| st.query_row([other as i64], |r| r.get(0)))
+                .map_err(db_err)?;
+            let Some(origin) = origin else {
+                continue;
+            };
+            self.tx
                 .prepare_cached("DELETE FROM drain WHERE data_ino = ?1")
                 .and_then(|mut st| st.execute([other as i64]))
                 .map_err(db_err)?;
-            if n > 0 {
-                taken.push(other);
-            }
+            taken.push((other, origin as u64));
         }
         Ok(taken)
     }
@@ -489,11 +513,13 @@ impl Ops<'_> {
                 .map_err(|e| err(ErrorCode::Io, format!("drain journal entry {seq}: {e}")))?;
             out.push(surge_proto::DrainEntry { seq, op });
         }
-        let (pending, oldest): (i64, Option<i64>) = self
+        let (pending, oldest_entry, oldest): (i64, Option<i64>, Option<i64>) = self
             .tx
-            .query_row("SELECT COUNT(*), MIN(seq) FROM drain", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+            .query_row(
+                "SELECT COUNT(*), MIN(seq), MIN(COALESCE(origin, seq)) FROM drain",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
             .map_err(db_err)?;
         // AUTOINCREMENT: the newest sequence number ever given, also once its entry is gone.
         let newest: Option<i64> = self
@@ -518,6 +544,7 @@ impl Ops<'_> {
             oldest: oldest.unwrap_or(0) as u64,
             newest: newest.unwrap_or(0) as u64,
             pending: pending as u64,
+            oldest_entry: oldest_entry.unwrap_or(0) as u64,
         };
         Ok((out, progress))
     }
@@ -600,11 +627,14 @@ impl Ops<'_> {
     }
 
     /// Cache namespaces: with `list`, the files with a change of their data journaled and not
-    /// yet on the PFS, (ino, size); and the oldest pending journal entry (0: none).
+    /// yet on the PFS, (ino, size); and the oldest change pending (as `DrainProgress::oldest`;
+    /// 0: none).
     pub fn dirty_files(&self, list: bool) -> MetaResult<(Vec<(Ino, u64)>, u64)> {
         let oldest: Option<i64> = self
             .tx
-            .query_row("SELECT MIN(seq) FROM drain", [], |r| r.get(0))
+            .query_row("SELECT MIN(COALESCE(origin, seq)) FROM drain", [], |r| {
+                r.get(0)
+            })
             .map_err(db_err)?;
         let oldest = oldest.unwrap_or(0) as u64;
         if !list {
@@ -1740,6 +1770,12 @@ mod tests {
             ]
         );
         assert_eq!(entries[7].seq, seq);
+        // Applied up to the `Through`: a switch waits no longer, a barrier still waits for
+        // `a`'s copy, journaled (entry 2) before the switch.
+        ops.drain_ack(seq, &[]).unwrap();
+        let (_, p) = ops.drain_poll(0, 0).unwrap();
+        assert!(p.applied_upto(seq) && !p.drained_upto(seq), "{p:?}");
+        assert_eq!((p.oldest, p.oldest_entry), (entries[0].seq + 1, entries[8].seq));
         // A file with no name left has nothing to copy.
         ops.unlink(ROOT_INO, b"a2", &KeepOpen::All).unwrap();
         let d = ops

@@ -827,8 +827,8 @@ pub async fn drain_loop(
                 let st = &state.stats;
                 if let Ok(p) = client.drain_progress().await {
                     st.pending.store(p.pending, Ordering::Relaxed);
-                    if p.oldest != oldest_seen {
-                        oldest_seen = p.oldest;
+                    if p.oldest_entry != oldest_seen {
+                        oldest_seen = p.oldest_entry;
                         st.progress.fetch_add(1, Ordering::Relaxed);
                     }
                     if stopping {

@@ -34,33 +34,43 @@ impl Fs {
         self.inodes.with(ino, |i| i.through.clone()).flatten()
     }
 
-    /// Waits until every change journaled up to entry `target` is on the PFS. `what` names
-    /// the waiter in the error when the drain stops making progress for [`DRAIN_STALL`].
-    pub(super) async fn wait_drained(&self, target: u64, what: &str) -> FsResult<()> {
+    /// Waits until every change journaled up to entry `target` is on the PFS (`applied`: until
+    /// the drain applied every entry up to it, see `DrainProgress::applied_upto`). `what`
+    /// names the waiter in the error when the drain stops making progress for
+    /// [`DRAIN_STALL`].
+    pub(super) async fn wait_drained(
+        &self,
+        target: u64,
+        what: &str,
+        applied: bool,
+    ) -> FsResult<()> {
         let mut oldest = None;
         let mut moved = Instant::now();
-        self.client
-            .wait_drained(target, |p| {
-                if oldest != Some(p.oldest) {
-                    oldest = Some(p.oldest);
-                    moved = Instant::now();
-                    return Ok(());
-                }
-                if moved.elapsed() <= DRAIN_STALL {
-                    return Ok(());
-                }
-                Err(FsError::new(
-                    libc::EIO,
-                    format!(
-                        "{what}: the drain to {} made no progress for {} s ({} change(s) \
+        let check = |p: &surge_proto::DrainProgress| {
+            if oldest != Some(p.oldest_entry) {
+                oldest = Some(p.oldest_entry);
+                moved = Instant::now();
+                return Ok(());
+            }
+            if moved.elapsed() <= DRAIN_STALL {
+                return Ok(());
+            }
+            Err(FsError::new(
+                libc::EIO,
+                format!(
+                    "{what}: the drain to {} made no progress for {} s ({} change(s) \
                          pending)",
-                        self.client.desc.cache_pfs.as_deref().unwrap_or("the PFS"),
-                        DRAIN_STALL.as_secs(),
-                        p.pending
-                    ),
-                ))
-            })
-            .await
+                    self.client.desc.cache_pfs.as_deref().unwrap_or("the PFS"),
+                    DRAIN_STALL.as_secs(),
+                    p.pending
+                ),
+            ))
+        };
+        if applied {
+            self.client.wait_applied(target, check).await
+        } else {
+            self.client.wait_drained(target, check).await
+        }
     }
 
     /// `fsync=pfs`: waits until everything journaled so far (the commit just made included)
@@ -70,6 +80,7 @@ impl Fs {
         self.wait_drained(
             newest,
             &format!("fsync of inode {ino} (fsync=pfs; the file is on the fast tier only)"),
+            false,
         )
         .await
     }
@@ -89,8 +100,13 @@ impl Fs {
         };
         // A file of the lazy fill has its PFS file linked by the fill, not by the drain.
         if through < surge_proto::THROUGH_FILL_KEPT {
-            self.wait_drained(through, &format!("inode {ino}, written through to the PFS"))
-                .await?;
+            // Copies of other files moved after the `Through` need not be done.
+            self.wait_drained(
+                through,
+                &format!("inode {ino}, written through to the PFS"),
+                true,
+            )
+            .await?;
         }
         let path = surge_proto::cache_through_path(std::path::Path::new(root), ino, through);
         let f = super::fill::open_pfs_file(&path, self.pfs_user.as_ref())
