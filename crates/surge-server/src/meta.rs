@@ -1775,7 +1775,10 @@ mod tests {
         ops.drain_ack(seq, &[]).unwrap();
         let (_, p) = ops.drain_poll(0, 0).unwrap();
         assert!(p.applied_upto(seq) && !p.drained_upto(seq), "{p:?}");
-        assert_eq!((p.oldest, p.oldest_entry), (entries[0].seq + 1, entries[8].seq));
+        assert_eq!(
+            (p.oldest, p.oldest_entry),
+            (entries[0].seq + 1, entries[8].seq)
+        );
         // A file with no name left has nothing to copy.
         ops.unlink(ROOT_INO, b"a2", &KeepOpen::All).unwrap();
         let d = ops
