@@ -273,6 +273,19 @@ pub fn read_dir(dir: &Path) -> Result<(Vec<ProcessRecord>, Vec<String>), RecordE
     let mut out = Vec::new();
     let mut problems = Vec::new();
     for p in paths {
+        // A process that died (or was caught) between creating its file and sizing it leaves
+        // a file shorter than the header: nothing was recorded in it.
+        if let Ok(m) = std::fs::metadata(&p) {
+            if m.len() < HEADER_BYTES as u64 {
+                problems.push(format!(
+                    "{}: {} byte(s), shorter than a record's header (process died while \
+                     starting): skipped",
+                    p.display(),
+                    m.len()
+                ));
+                continue;
+            }
+        }
         match read_record(&p) {
             Ok(r) => out.push(r),
             // A process killed between creating its file and writing the header leaves an
@@ -437,5 +450,16 @@ mod tests {
         let p = dir.path().join("x.surgerec");
         std::fs::write(&p, vec![0u8; 8192]).unwrap();
         assert!(matches!(read_record(&p), Err(RecordError::BadMagic { .. })));
+    }
+
+    #[test]
+    fn a_record_file_shorter_than_its_header_is_skipped_and_said() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p1-1-0.surgerec"), b"").unwrap();
+        std::fs::write(dir.path().join("p2-1-0.surgerec"), [0u8; 100]).unwrap();
+        let (records, problems) = read_dir(dir.path()).expect("read_dir");
+        assert!(records.is_empty());
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("0 byte(s)"), "{problems:?}");
     }
 }
