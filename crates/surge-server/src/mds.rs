@@ -41,12 +41,8 @@ pub struct Namespace {
     /// Nothing is evicted before this: a store reopened (a restart of the server) learns
     /// the mounts' opens only from their next reports.
     evict_after: Instant,
-    /// Cache namespaces: the session that drains the journal, and when it last renewed its
-    /// hold (see [`Request::DrainHold`]).
-    drainer: Mutex<Option<(u32, Instant)>>,
-    /// The drainer hold was read from the store at start (held before a restart) and its
-    /// holder has not renewed it since: others are told to ask again, not that it is busy.
-    drainer_inherited: std::sync::atomic::AtomicBool,
+    /// Cache namespaces: the session that drains the journal (see [`Request::DrainHold`]).
+    drainer: Mutex<Option<Hold>>,
     /// Cache namespaces: open connections that carried drain requests, per session (the hold
     /// of a session that has none left ends: its drainer died).
     drain_conns: Mutex<HashMap<u32, u32>>,
@@ -189,6 +185,34 @@ fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
     }
 }
 
+/// A cache namespace's drainer hold, in memory (the store keeps `session` and a wall-clock
+/// time, see [`Ops::set_drain_hold`]).
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    session: u32,
+    /// When the holder last renewed the hold.
+    at: Instant,
+    /// When the store's copy was last written (renewals write it only every
+    /// [`RECORD_HOLD_EVERY`]).
+    recorded: Instant,
+    /// Read from the store at start (held before a restart) and not renewed since: others
+    /// are told to ask again, not that it is busy.
+    inherited: bool,
+}
+
+impl Hold {
+    /// Held by another session than `session`, and not lapsed.
+    fn bars(&self, session: u32) -> bool {
+        self.session != session && self.at.elapsed() < surge_proto::DRAIN_HOLD
+    }
+}
+
+/// A renewal of the drainer hold by its holder writes the store only when the store's copy
+/// is this old: a restarted server then still finds it renewed at most this long plus one
+/// renewal period (3 s) before, and keeps it the whole `DRAIN_HOLD_AFTER_RESTART`
+/// (15 - 6 - 3 = 6 s of slack). The drainer renews every 3 s; this halves the writes.
+const RECORD_HOLD_EVERY: Duration = Duration::from_secs(5);
+
 /// Milliseconds since the epoch (what a recorded drainer hold is dated by: an `Instant` does
 /// not outlive the process).
 fn wall_ms() -> u64 {
@@ -199,7 +223,7 @@ fn wall_ms() -> u64 {
 
 /// The drainer hold a store recorded before this service started, while it has not lapsed
 /// (see `Namespace::drain_hold`).
-fn held_before(conn: &Connection, instance: InstanceId, ns: NamespaceId) -> Option<(u32, Instant)> {
+fn held_before(conn: &Connection, instance: InstanceId, ns: NamespaceId) -> Option<Hold> {
     let (session, at_ms) = (Ops { tx: conn }).drain_hold().ok()??;
     let age = Duration::from_millis(wall_ms().saturating_sub(at_ms));
     if age >= surge_proto::DRAIN_HOLD {
@@ -215,7 +239,15 @@ fn held_before(conn: &Connection, instance: InstanceId, ns: NamespaceId) -> Opti
         ns.0,
         left.as_secs_f64()
     );
-    Some((session, Instant::now().checked_sub(age)?))
+    let now = Instant::now();
+    Some(Hold {
+        session,
+        // A clock too young to go back `age` (a host just booted): dated as renewed now, the
+        // whole DRAIN_HOLD, rather than forgotten.
+        at: now.checked_sub(age).unwrap_or(now),
+        recorded: now,
+        inherited: true,
+    })
 }
 
 impl Namespace {
@@ -250,7 +282,6 @@ impl Namespace {
                 } else {
                     Duration::ZERO
                 },
-            drainer_inherited: std::sync::atomic::AtomicBool::new(drainer.is_some()),
             drainer: Mutex::new(drainer),
             drain_conns: Mutex::new(HashMap::new()),
         })
@@ -519,20 +550,16 @@ impl Namespace {
             return None;
         }
         match *self.drainer.lock() {
-            Some((holder, at)) if holder != session && at.elapsed() < surge_proto::DRAIN_HOLD => {
-                Some(self.drain_busy(holder, at))
-            }
+            Some(hold) if hold.bars(session) => Some(self.drain_busy(&hold)),
             _ => None,
         }
     }
 
-    /// The refusal for another session while `holder` holds the journal (renewed at `at`).
-    fn drain_busy(&self, holder: u32, at: Instant) -> ErrorReply {
-        if self
-            .drainer_inherited
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            let left = surge_proto::DRAIN_HOLD.saturating_sub(at.elapsed());
+    /// The refusal for another session while `hold` stands.
+    fn drain_busy(&self, hold: &Hold) -> ErrorReply {
+        let holder = hold.session;
+        if hold.inherited {
+            let left = surge_proto::DRAIN_HOLD.saturating_sub(hold.at.elapsed());
             return ErrorReply::new(
                 ErrorCode::Again,
                 format!(
@@ -561,27 +588,40 @@ impl Namespace {
     /// does not drain beside it; the holder, reconnected with its session, renews it.
     fn drain_hold(&self, conn: &mut Connection, session: u32, release: bool) -> Response {
         let mut d = self.drainer.lock();
-        match *d {
-            Some((holder, at)) if holder != session && at.elapsed() < surge_proto::DRAIN_HOLD => {
-                if release {
-                    return Response::Ok;
-                }
-                return Response::Error(self.drain_busy(holder, at));
+        if let Some(hold) = d.as_ref().filter(|h| h.bars(session)) {
+            if release {
+                return Response::Ok;
             }
-            _ => {}
+            return Response::Error(self.drain_busy(hold));
         }
-        self.drainer_inherited
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        let hold = (!release).then_some((session, Instant::now()));
-        let kept = (Ops { tx: conn }).set_drain_hold(hold.map(|(s, _)| (s, wall_ms())));
-        if let Err(e) = kept {
-            // Held in memory all the same: only a restart within the hold forgets it.
-            warn!(
-                "namespace {}/{}: cannot record the drainer's hold: {}",
-                self.instance, self.ns.0, e.message
-            );
-        }
-        *d = hold;
+        let now = Instant::now();
+        // The store is written when the hold changes hands or ends, and by renewals only
+        // every RECORD_HOLD_EVERY.
+        let renewal = d
+            .as_ref()
+            .filter(|h| !release && h.session == session && !h.inherited)
+            .map(|h| h.recorded);
+        let recorded = match renewal {
+            Some(at) if now.duration_since(at) < RECORD_HOLD_EVERY => at,
+            _ => {
+                let kept =
+                    (Ops { tx: conn }).set_drain_hold((!release).then_some((session, wall_ms())));
+                if let Err(e) = kept {
+                    // Held in memory all the same: only a restart within the hold forgets it.
+                    warn!(
+                        "namespace {}/{}: cannot record the drainer's hold: {}",
+                        self.instance, self.ns.0, e.message
+                    );
+                }
+                now
+            }
+        };
+        *d = (!release).then_some(Hold {
+            session,
+            at: now,
+            recorded,
+            inherited: false,
+        });
         Response::Ok
     }
 
@@ -603,7 +643,7 @@ impl Namespace {
         }
         conns.remove(&session);
         let mut d = self.drainer.lock();
-        if d.is_some_and(|(holder, _)| holder == session) {
+        if d.is_some_and(|h| h.session == session) {
             info!(
                 "namespace {}/{}: drainer session {session:#x} closed; its hold of the journal \
                  is given back",
@@ -1355,6 +1395,30 @@ mod tests {
         drop(ns);
         let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
         assert!(matches!(hold(&ns, 3, false), Response::Ok));
+        // A renewal soon after writes nothing; one after RECORD_HOLD_EVERY does, and so does
+        // a release.
+        let stored = |ns: &Namespace| {
+            ns.conn
+                .lock()
+                .as_mut()
+                .and_then(|c| (Ops { tx: c }).drain_hold().unwrap())
+        };
+        let first = stored(&ns).expect("hold recorded");
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(matches!(hold(&ns, 3, false), Response::Ok));
+        assert_eq!(
+            stored(&ns),
+            Some(first),
+            "a renewal rewrote the store at once"
+        );
+        if let Some(h) = ns.drainer.lock().as_mut() {
+            h.recorded -= RECORD_HOLD_EVERY;
+        }
+        assert!(matches!(hold(&ns, 3, false), Response::Ok));
+        let later = stored(&ns).expect("hold recorded");
+        assert!(later.1 > first.1, "{later:?} not after {first:?}");
+        assert!(matches!(hold(&ns, 3, true), Response::Ok));
+        assert_eq!(stored(&ns), None);
     }
 
     #[test]
