@@ -15,12 +15,17 @@ release: setup
 	$(CARGO) build --release -p surge-cli -p surge-datawarp
 
 # For admins: `surge`, libdatawarp (codes link with -ldatawarp) and its header under $(PREFIX)
-# (staged under $(DESTDIR) when packaging).
+# (staged under $(DESTDIR) when packaging), and the passthrough helper's systemd unit, enabled
+# and started where systemd runs (HELPER=no: installed only): users' mounts then get the fast
+# tier's speed (scripts/install-helper.sh says what it did).
 PREFIX ?= /usr/local
+UNIT_DIR ?= /etc/systemd/system
+HELPER ?= yes
 install: release
 	install -D -m 0755 target/release/surge $(DESTDIR)$(PREFIX)/bin/surge
 	install -D -m 0755 target/release/libdatawarp.so $(DESTDIR)$(PREFIX)/lib/libdatawarp.so
 	install -D -m 0644 crates/surge-datawarp/include/datawarp.h $(DESTDIR)$(PREFIX)/include/datawarp.h
+	./scripts/install-helper.sh "$(PREFIX)" "$(UNIT_DIR)" "$(DESTDIR)" "$(HELPER)"
 
 # Set up everything and run the main job on the embedded default.
 demo: release

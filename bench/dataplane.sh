@@ -21,6 +21,10 @@
 #
 # Usage: bench/dataplane.sh [--reps N] [--servers N] [--size MiB] [--files N] [--runtime S] [--json FILE]
 #                           [--md-only]   (only the metadata tests)
+#                           [--halt-poll-ns NS]  (a KVM guest with the haltpoll cpuidle driver: poll
+#                                          NS before halting an idle vCPU during the run, restored
+#                                          after; the metadata rows are bound by cross-vCPU wake-ups,
+#                                          which cost a VM exit each when the guest halts at once)
 # SURGE=path/to/surge picks the binary (default target/release/surge), e.g. one built from an
 # older commit to compare two versions in alternating runs. The servers get a cluster key made
 # for the run (SURGE_KEY_FILE).
@@ -28,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPS=3 SERVERS=2 SIZE_MB=1024 FILES=10000 RUNTIME=5 JSON="" MD_ONLY=0
+REPS=3 SERVERS=2 SIZE_MB=1024 FILES=10000 RUNTIME=5 JSON="" MD_ONLY=0 HALT_POLL=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --reps) REPS=$2; shift 2 ;;
@@ -38,12 +42,20 @@ while [ $# -gt 0 ]; do
         --runtime) RUNTIME=$2; shift 2 ;;
         --json) JSON=$2; shift 2 ;;
         --md-only) MD_ONLY=1; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        --halt-poll-ns) HALT_POLL=$2; shift 2 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
 [ "$(id -u)" -eq 0 ] || { echo "dataplane.sh: needs root (FUSE mounts)" >&2; exit 1; }
 for c in fio gcc pkg-config; do command -v $c >/dev/null || { echo "missing $c: run scripts/setup.sh" >&2; exit 1; }; done
+
+# How an idle vCPU waits (a KVM guest's haltpoll driver): printed with the results, since the
+# metadata rows depend on it (docs/DATAPLANE.md).
+HP=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+HALT_POLL_WAS=$(cat "$HP" 2>/dev/null || echo -)
+[ -z "$HALT_POLL" ] || [ -w "$HP" ] || {
+    echo "dataplane.sh: --halt-poll-ns: $HP is not there (not a KVM guest with the haltpoll cpuidle driver)" >&2; exit 2; }
 
 SURGE=${SURGE:-target/release/surge}
 [ -x "$SURGE" ] || cargo build --release -p surge-cli
@@ -62,8 +74,11 @@ cleanup() {
     sleep 0.5
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
     rm -rf "$SHM" "$WORK"
+    [ -z "$HALT_POLL" ] || echo "$HALT_POLL_WAS" >"$HP"
 }
 trap cleanup EXIT INT TERM
+[ -z "$HALT_POLL" ] || echo "$HALT_POLL" >"$HP"
+echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo -), guest_halt_poll_ns $(cat "$HP" 2>/dev/null || echo -)" >&2
 
 gcc -O2 -o "$WORK/bin/md" bench/md.c
 gcc -O2 -Wall -o "$WORK/bin/passthrough_ll" /usr/share/doc/libfuse3-dev/examples/passthrough_ll.c \
@@ -168,7 +183,7 @@ ROWS=(seqwrite-1 seqwrite-2 seqwritenp-1 seqwritenp-2 seqread-1 seqread-2 randre
       create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
 [ "$MD_ONLY" -eq 0 ] || ROWS=(create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
 printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll plld surge1 surgeN surgeP s1/raw sN/raw pll/raw s1/pll sN/pll sP/pll s1/plld sN/plld sP/plld
-JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"results\": {"
+JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"guest_halt_poll_ns\": \"$(cat "$HP" 2>/dev/null || echo -)\", \"results\": {"
 first=1
 ratio() { echo "$1 $2" | awk '{ if ($1 == "-" || $2 == "-" || $2 <= 0) print "-"; else printf "%.2f", $1 / $2 }'; }
 for row in "${ROWS[@]}"; do
