@@ -4,6 +4,9 @@
 # in both directions (tc tbf: the network is the bottleneck, as on a cluster). In one run:
 #   iperf3     - TCP from the compute host to one BB host and back, STREAMS streams: what the
 #                link gives;
+#   iperf3-2   - the same to both BB hosts at once (STREAMS streams each): what two links give
+#                this compute host, the ceiling of surge-2 (on a small VM the CPU, not the
+#                links, may set it);
 #   surge-1    - fio (STREAMS processes, 8 MiB, file per process) writing then reading an
 #                instance on one BB host (through the compute host's mount; its servers' files
 #                are not visible there: each server keeps its device in a mount namespace of
@@ -11,7 +14,8 @@
 #   surge-2    - the same on an instance striped over both BB hosts (8 MiB stripes over every
 #                fragment, DataWarp's layout).
 # Bars: surge-1 >= 0.8 of iperf3 (each direction), surge-2 >= 1.6x surge-1 (bandwidth grows
-# with the BB hosts a file spans; Daley's premise). Sides alternate their order per run.
+# with the BB hosts a file spans; Daley's premise). Printed too: iperf3-2 / iperf3 (how much a
+# second host can add at all here) and surge-2 / iperf3-2. Sides alternate their order per run.
 #
 #   bench/striped_veth.sh [--runs 3] [--rate 2gbit] [--streams 2] [--size 512M]
 #
@@ -43,6 +47,8 @@ WORK=$(mktemp -d /tmp/surge-veth.XXXXXX)
 export SURGE_KEY_FILE="$WORK/surge.key"
 PIDS=()
 MNTS=()
+SERVER_PIDS=()
+declare -A MOUNT_PID
 cleanup() {
     for m in "${MNTS[@]}"; do fusermount3 -u "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -85,7 +91,7 @@ for n in sv-b1 sv-b2; do
     ip netns exec $n unshare -m --propagation private sh -c \
         "mount -t tmpfs -o size=9g tmpfs $dev && exec $SURGE server --device $dev/bb --capacity 8GiB \
          --listen ${IP[$n]}:7001 --ready-file $WORK/$n.ready" 2>"$WORK/$n.log" &
-    PIDS+=($!)
+    PIDS+=($!); SERVER_PIDS+=($!)
 done
 for n in sv-b1 sv-b2; do
     for _ in $(seq 200); do [ -s "$WORK/$n.ready" ] && break; sleep 0.05; done
@@ -102,32 +108,63 @@ for side in 1 2; do
     # of its own, out of fio's sight).
     nsenter --net=/run/netns/sv-c "$SURGE" mount --server "$S1" --instance "${!id}" --layout stripe_count=all \
         --ready-file "$WORK/m$side.ready" "$WORK/m$side" 2>"$WORK/m$side.log" &
-    PIDS+=($!); MNTS+=("$WORK/m$side")
+    PIDS+=($!); MNTS+=("$WORK/m$side"); MOUNT_PID[$side]=$!
 done
 for side in 1 2; do
     for _ in $(seq 200); do [ -s "$WORK/m$side.ready" ] && break; sleep 0.05; done
     mountpoint -q "$WORK/m$side" || { echo "mount $side failed:" >&2; cat "$WORK/m$side.log" >&2; exit 1; }
 done
-ip netns exec sv-b1 iperf3 -s -D -p 5201 -I "$WORK/iperf.pid" --logfile "$WORK/iperf.log"
-for _ in $(seq 50); do [ -s "$WORK/iperf.pid" ] && break; sleep 0.05; done
-PIDS+=("$(cat "$WORK/iperf.pid")")
+for n in sv-b1 sv-b2; do
+    ip netns exec $n iperf3 -s -D -p 5201 -I "$WORK/iperf-$n.pid" --logfile "$WORK/iperf-$n.log"
+    for _ in $(seq 50); do [ -s "$WORK/iperf-$n.pid" ] && break; sleep 0.05; done
+    PIDS+=("$(cat "$WORK/iperf-$n.pid")")
+done
 
+# CPU seconds (user + system, all threads) the given processes have used so far.
+cpu_s() { local t=0 p f; for p in "$@"; do f=$(cut -d' ' -f14,15 "/proc/$p/stat" 2>/dev/null) || continue; t=$((t + ${f% *} + ${f#* })); done
+    echo "$t $(getconf CLK_TCK)" | awk '{printf "%.2f", $1 / $2}'; }
+# Busy CPU seconds of the whole machine so far (every vCPU, all but idle and iowait).
+busy_s() { awk '/^cpu /{printf "%.2f", ($2+$3+$4+$7+$8+$9) / '"$(getconf CLK_TCK)"'}' /proc/stat; }
 mibs() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["jobs"][0]; print("%.0f" % (d[sys.argv[2]]["bw_bytes"]/1048576))' "$1" "$2"; }
 RESULTS=$WORK/results; : >"$RESULTS"
+CPU=$WORK/cpu; : >"$CPU"
 side_iperf() {
     local up down
     up=$(ip netns exec sv-c iperf3 -c ${IP[sv-b1]} -P "$STREAMS" -t 5 -J | python3 -c 'import json,sys; print("%.0f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8/1048576))')
     down=$(ip netns exec sv-c iperf3 -c ${IP[sv-b1]} -P "$STREAMS" -t 5 -R -J | python3 -c 'import json,sys; print("%.0f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8/1048576))')
     echo "$1 iperf3 write $up" >>"$RESULTS"; echo "$1 iperf3 read $down" >>"$RESULTS"
+    # Both BB hosts at once.
+    local dir flag
+    for dir in write read; do
+        flag=(); [ $dir = read ] && flag=(-R)
+        ip netns exec sv-c iperf3 -c ${IP[sv-b1]} -P "$STREAMS" -t 5 "${flag[@]}" -J >"$WORK/i1.json" &
+        ip netns exec sv-c iperf3 -c ${IP[sv-b2]} -P "$STREAMS" -t 5 "${flag[@]}" -J >"$WORK/i2.json"
+        wait $!
+        echo "$1 iperf3-2 $dir $(python3 -c 'import json,sys; print("%.0f" % (sum(json.load(open(f))["end"]["sum_received"]["bits_per_second"] for f in sys.argv[1:])/8/1048576))' "$WORK/i1.json" "$WORK/i2.json")" >>"$RESULTS"
+    done
+}
+cpu_row() { # RUN SIDE DIR MOUNT0 SERVERS0 BUSY0: CPU-s per GiB since those readings
+    local gib
+    gib=$(awk -v s="$SIZE" -v n="$STREAMS" 'BEGIN { u = toupper(substr(s, length(s))); v = s + 0;
+        if (u == "G") v *= 1024; else if (u == "K") v /= 1024; else if (u != "M") v /= 1048576; print v * n / 1024 }')
+    echo "$1 $2 $3 $(echo "$(cpu_s "${MOUNT_PID[$2]}") $4 $(cpu_s "${SERVER_PIDS[@]}") $5 $(busy_s) $6 $gib" |
+        awk '{printf "%.3f %.3f %.3f", ($1-$2)/$7, ($3-$4)/$7, ($5-$6)/$7}')" >>"$CPU"
 }
 side_surge() {
     local m=$WORK/m$2 fio=(fio --name=s --directory="$WORK/m$2/d" --bs=8M --size="$SIZE" --numjobs="$STREAMS"
         --ioengine=psync --group_reporting --output-format=json)
     mkdir -p "$m/d"
+    local c0 s0 b0
+    # Where the CPU goes (seconds per GiB moved): the compute host's mount, the servers, the
+    # whole machine (fio and the kernel's network work included).
+    c0=$(cpu_s "${MOUNT_PID[$2]}"); s0=$(cpu_s "${SERVER_PIDS[@]}"); b0=$(busy_s)
     "${fio[@]}" --rw=write --end_fsync=1 >"$WORK/w.json"
+    cpu_row "$1" "$2" write "$c0" "$s0" "$b0"
     # The client's page cache must not answer the reads: drop it.
     sync; echo 3 >/proc/sys/vm/drop_caches
+    c0=$(cpu_s "${MOUNT_PID[$2]}"); s0=$(cpu_s "${SERVER_PIDS[@]}"); b0=$(busy_s)
     "${fio[@]}" --rw=read >"$WORK/r.json"
+    cpu_row "$1" "$2" read "$c0" "$s0" "$b0"
     rm -rf "$m/d"
     echo "$1 surge-$2 write $(mibs "$WORK/w.json" write)" >>"$RESULTS"
     echo "$1 surge-$2 read $(mibs "$WORK/r.json" read)" >>"$RESULTS"
@@ -140,6 +177,18 @@ for run in $(seq "$RUNS"); do
     echo "run $run ($(IFS=,; echo "${order[*]}")) done" >&2
 done
 
+python3 - "$CPU" <<'EOF'
+import statistics, sys
+v = {}
+for l in open(sys.argv[1]):
+    run, side, d, m, srv, busy = l.split()
+    v.setdefault((side, d), []).append((float(m), float(srv), float(busy)))
+print("\nCPU seconds per GiB moved (medians): the compute host's mount, the BB servers, the whole machine")
+print(f"{'instance':9} {'dir':6} {'mount':>7} {'servers':>8} {'machine':>8}")
+for (side, d), rows in sorted(v.items()):
+    m, s, b = (statistics.median(r[i] for r in rows) for i in range(3))
+    print(f"surge-{side:3} {d:6} {m:7.2f} {s:8.2f} {b:8.2f}")
+EOF
 python3 - "$RESULTS" "$RATE" "$STREAMS" <<'EOF'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
@@ -148,9 +197,11 @@ for run, side, d, val in rows:
     v.setdefault((side, d), {})[int(run)] = float(val)
 med = lambda k: statistics.median(v[k].values())
 print(f"\nlinks shaped to {sys.argv[2]} per BB host, {sys.argv[3]} streams; MiB/s, medians of {len(v[('iperf3','write')])} runs")
-print(f"{'dir':6} {'iperf3':>8} {'surge-1':>8} {'surge-2':>8} {'s1/iperf':>9} {'s2/s1':>7}   per run s1/iperf, s2/s1")
+print(f"{'dir':6} {'iperf3':>8} {'iperf3-2':>8} {'surge-1':>8} {'surge-2':>8} {'s1/iperf':>9} {'s2/s1':>7} {'i2/i1':>6} {'s2/i2':>6}   per run s1/iperf, s2/s1, i2/i1")
 for d in ("write", "read"):
-    i, a, b = med(("iperf3", d)), med(("surge-1", d)), med(("surge-2", d))
-    per = [(v[("surge-1", d)][r] / v[("iperf3", d)][r], v[("surge-2", d)][r] / v[("surge-1", d)][r]) for r in sorted(v[("iperf3", d)])]
-    print(f"{d:6} {i:8.0f} {a:8.0f} {b:8.0f} {a/i:9.2f} {b/a:7.2f}   " + "  ".join(f"{x:.2f},{y:.2f}" for x, y in per))
+    i, i2, a, b = med(("iperf3", d)), med(("iperf3-2", d)), med(("surge-1", d)), med(("surge-2", d))
+    per = [(v[("surge-1", d)][r] / v[("iperf3", d)][r], v[("surge-2", d)][r] / v[("surge-1", d)][r],
+            v[("iperf3-2", d)][r] / v[("iperf3", d)][r]) for r in sorted(v[("iperf3", d)])]
+    print(f"{d:6} {i:8.0f} {i2:8.0f} {a:8.0f} {b:8.0f} {a/i:9.2f} {b/a:7.2f} {i2/i:6.2f} {b/i2:6.2f}   "
+          + "  ".join(f"{x:.2f},{y:.2f},{z:.2f}" for x, y, z in per))
 EOF
