@@ -797,12 +797,17 @@ impl InstanceClient {
         // most reads of other hosts' stripes): the reply is the buffer, with no zeroed
         // buffer to copy it into.
         if let [p] = Self::split(self.layout_of(ino).await?.pieces(offset, len)).as_slice() {
-            if !self.may_read_local(p.fragment) {
-                let mut data = self.read_piece(self.file_id(ino), p).await?;
-                data.truncate(len as usize);
-                data.resize(len as usize, 0);
-                return Ok(data);
-            }
+            let mut data = if !self.may_read_local(p.fragment) {
+                self.read_piece(self.file_id(ino), p).await?
+            } else if let Some(d) = self.read_local_vec(p.fragment, ino, p.object_offset, p.len) {
+                // Of this host's fragment: read into a buffer that is not zeroed first.
+                d
+            } else {
+                self.read_piece(self.file_id(ino), p).await?
+            };
+            data.truncate(len as usize);
+            data.resize(len as usize, 0);
+            return Ok(data);
         }
         let mut buf = vec![0u8; len as usize];
         self.read_into(ino, offset, &mut buf).await?;
@@ -870,14 +875,37 @@ impl InstanceClient {
     /// caller asks the server, which says what is wrong. Not for cache instances, whose
     /// objects a switch to the PFS removes while files are open.
     fn read_local(&self, frag: u32, ino: Ino, offset: u64, out: &mut [u8]) -> bool {
-        let Some(dir) = self.local_read_dir(frag) else {
+        let Some(obj) = self.local_object(frag, ino) else {
             return false;
         };
+        match surge_core::sys::read_full_at(&obj, out, offset) {
+            Ok(got) => {
+                out[got..].fill(0);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Like [`read_local`](Self::read_local), `len` bytes into a new buffer that is not zeroed
+    /// first (shorter past the object's end); `None` where the server must answer.
+    fn read_local_vec(&self, frag: u32, ino: Ino, offset: u64, len: u64) -> Option<Vec<u8>> {
+        let obj = self.local_object(frag, ino)?;
+        let mut buf = Vec::new();
+        surge_core::sys::read_full_at_append(&obj, &mut buf, len as usize, offset).ok()?;
+        Some(buf)
+    }
+
+    /// The object of `ino` on fragment `frag`, opened here (kept open for the next reads),
+    /// when the fragment is on this host and the object can be opened; `None` otherwise (the
+    /// server answers; a fragment whose objects cannot be opened here is not tried again).
+    fn local_object(&self, frag: u32, ino: Ino) -> Option<Arc<std::fs::File>> {
+        let dir = self.local_read_dir(frag)?;
         let obj = {
             let mut r = self.local_reads.lock();
             match r.open.get(&(frag, ino)) {
                 Some(f) => f.clone(),
-                None if r.refused.contains(&frag) => return false,
+                None if r.refused.contains(&frag) => return None,
                 None => {
                     let path = dir.join(surge_core::layout::object_name(self.file_id(ino)));
                     match std::fs::File::open(&path) {
@@ -893,26 +921,20 @@ impl InstanceClient {
                             f
                         }
                         // Not made yet: the server answers (zeros) and may make it meanwhile.
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
                         Err(e) => {
                             tracing::debug!(
                                 "fragment {frag}: its objects cannot be read here ({e}): \
                                  reads go to its server"
                             );
                             r.refused.insert(frag);
-                            return false;
+                            return None;
                         }
                     }
                 }
             }
         };
-        match surge_core::sys::read_full_at(&obj, out, offset) {
-            Ok(got) => {
-                out[got..].fill(0);
-                true
-            }
-            Err(_) => false,
-        }
+        Some(obj)
     }
 
     /// Cuts the objects of a file shrinking from `old_size` to `new_size`.
