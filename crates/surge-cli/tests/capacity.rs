@@ -141,6 +141,12 @@ impl Drop for SmallDevice {
             .arg("-l")
             .arg(&self.0)
             .status();
+        // The cluster's scratch directory went first, but not this mount point (busy then):
+        // remove both now that they are empty, or every run leaves one behind in /dev/shm.
+        let _ = std::fs::remove_dir(&self.0);
+        if let Some(parent) = self.0.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
 }
 

@@ -217,7 +217,10 @@ fn run_tune_rerun(
                 .arg("--profile")
                 .arg(profile)
                 .args(["--fragments", "1,2", "--modes", "striped"])
-                .args(["--hybrid-candidates", "0", "--no-hints", "--runs", "12"])
+                // A budget above the space (CAMP's is 13 configurations) and the re-runs
+                // successive halving adds: 12 ran out once in CI when close timings sent the
+                // search through every layout.
+                .args(["--hybrid-candidates", "0", "--no-hints", "--runs", "30"])
                 .args(extra)
                 .output()
                 .unwrap(),
