@@ -209,6 +209,10 @@ pub struct Polled<S> {
     /// When the current frame must be whole; `None` between frames.
     deadline: Option<std::time::Instant>,
     in_frame: bool,
+    /// A poll within the current frame ran out: its bytes come slower than the poll's
+    /// budget (a slow link), so its other reads sleep at once instead of spinning each time
+    /// (at 2 Gbit/s that spinning was a third of a server's CPU for the writes it took).
+    slow_frame: bool,
 }
 
 impl<S> Polled<S> {
@@ -229,6 +233,7 @@ impl<S> Polled<S> {
             frame,
             deadline: None,
             in_frame: false,
+            slow_frame: false,
         }
     }
 
@@ -248,10 +253,12 @@ impl<S> crate::codec::Waits for Polled<S> {
         match phase {
             crate::codec::Phase::Idle => {
                 self.in_frame = false;
+                self.slow_frame = false;
                 self.deadline = None;
             }
             crate::codec::Phase::Frame if !self.in_frame => {
                 self.in_frame = true;
+                self.slow_frame = false;
                 self.deadline = self.frame.map(|f| std::time::Instant::now() + f);
             }
             crate::codec::Phase::Frame => {}
@@ -263,7 +270,11 @@ impl<S: std::io::Read + std::os::fd::AsFd> std::io::Read for Polled<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         use std::os::fd::AsRawFd;
         let fd = self.inner.as_fd().as_raw_fd();
-        if !poll_readable(fd, poll_budget("server")) {
+        let poll = !(self.in_frame && self.slow_frame);
+        if !(poll && poll_readable(fd, poll_budget("server"))) {
+            if poll && self.in_frame {
+                self.slow_frame = true;
+            }
             if let Some(wait) = self.wait() {
                 if !wait_readable(fd, wait)? {
                     let what = if self.in_frame {
