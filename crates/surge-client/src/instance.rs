@@ -793,17 +793,13 @@ impl InstanceClient {
     /// Reads `len` bytes at `offset` of file `ino` into a new buffer; holes and bytes past the
     /// end of an object read as zeros. The caller bounds the range by the file size.
     pub async fn read(&self, ino: Ino, offset: u64, len: u64) -> Result<Vec<u8>> {
-        // A read within one stripe of a server's fragment (a 1 MiB read of a striped file,
-        // most reads of other hosts' stripes): the reply is the buffer, with no zeroed
-        // buffer to copy it into.
+        // A read within one stripe of a fragment (a 1 MiB read of a striped file): the
+        // object's bytes (this host's fragment) or the server's reply are the buffer, with no
+        // zeroed buffer to copy them into.
         if let [p] = Self::split(self.layout_of(ino).await?.pieces(offset, len)).as_slice() {
-            let mut data = if !self.may_read_local(p.fragment) {
-                self.read_piece(self.file_id(ino), p).await?
-            } else if let Some(d) = self.read_local_vec(p.fragment, ino, p.object_offset, p.len) {
-                // Of this host's fragment: read into a buffer that is not zeroed first.
-                d
-            } else {
-                self.read_piece(self.file_id(ino), p).await?
+            let mut data = match self.read_local_vec(p.fragment, ino, p.object_offset, p.len) {
+                Some(d) => d,
+                None => self.read_piece(self.file_id(ino), p).await?,
             };
             data.truncate(len as usize);
             data.resize(len as usize, 0);
@@ -862,11 +858,6 @@ impl InstanceClient {
             return None;
         }
         self.local_dirs.get(frag as usize).and_then(|d| d.get())
-    }
-
-    /// Whether [`read_local`](Self::read_local) may read from fragment `frag` here.
-    fn may_read_local(&self, frag: u32) -> bool {
-        self.local_read_dir(frag).is_some() && !self.local_reads.lock().refused.contains(&frag)
     }
 
     /// Reads `out` at `offset` of the object of `ino` on fragment `frag` when the fragment is
