@@ -78,7 +78,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 [ -z "$HALT_POLL" ] || echo "$HALT_POLL" >"$HP"
-echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo -), guest_halt_poll_ns $(cat "$HP" 2>/dev/null || echo -)" >&2
+HALT_POLL_NOW=$(cat "$HP" 2>/dev/null || echo -)
+echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo -), guest_halt_poll_ns $HALT_POLL_NOW" >&2
 
 gcc -O2 -o "$WORK/bin/md" bench/md.c
 gcc -O2 -Wall -o "$WORK/bin/passthrough_ll" /usr/share/doc/libfuse3-dev/examples/passthrough_ll.c \
@@ -183,7 +184,7 @@ ROWS=(seqwrite-1 seqwrite-2 seqwritenp-1 seqwritenp-2 seqread-1 seqread-2 randre
       create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
 [ "$MD_ONLY" -eq 0 ] || ROWS=(create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
 printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll plld surge1 surgeN surgeP s1/raw sN/raw pll/raw s1/pll sN/pll sP/pll s1/plld sN/plld sP/plld
-JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"guest_halt_poll_ns\": \"$(cat "$HP" 2>/dev/null || echo -)\", \"results\": {"
+JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"guest_halt_poll_ns\": \"$HALT_POLL_NOW\", \"results\": {"
 first=1
 ratio() { echo "$1 $2" | awk '{ if ($1 == "-" || $2 == "-" || $2 <= 0) print "-"; else printf "%.2f", $1 / $2 }'; }
 for row in "${ROWS[@]}"; do

@@ -143,28 +143,31 @@ side_iperf() {
         echo "$1 iperf3-2 $dir $(python3 -c 'import json,sys; print("%.0f" % (sum(json.load(open(f))["end"]["sum_received"]["bits_per_second"] for f in sys.argv[1:])/8/1048576))' "$WORK/i1.json" "$WORK/i2.json")" >>"$RESULTS"
     done
 }
-cpu_row() { # RUN SIDE DIR MOUNT0 SERVERS0 BUSY0: CPU-s per GiB since those readings
+cpu_mark() { # SIDE: "mount servers machine" CPU seconds so far
+    echo "$(cpu_s "${MOUNT_PID[$1]}") $(cpu_s "${SERVER_PIDS[@]}") $(busy_s)"
+}
+cpu_row() { # RUN SIDE DIR MARK: CPU-s per GiB since MARK (cpu_mark's line)
     local gib
     gib=$(awk -v s="$SIZE" -v n="$STREAMS" 'BEGIN { u = toupper(substr(s, length(s))); v = s + 0;
         if (u == "G") v *= 1024; else if (u == "K") v /= 1024; else if (u != "M") v /= 1048576; print v * n / 1024 }')
-    echo "$1 $2 $3 $(echo "$(cpu_s "${MOUNT_PID[$2]}") $4 $(cpu_s "${SERVER_PIDS[@]}") $5 $(busy_s) $6 $gib" |
-        awk '{printf "%.3f %.3f %.3f", ($1-$2)/$7, ($3-$4)/$7, ($5-$6)/$7}')" >>"$CPU"
+    echo "$1 $2 $3 $(echo "$4 $(cpu_mark "$2") $gib" |
+        awk '{printf "%.3f %.3f %.3f", ($4-$1)/$7, ($5-$2)/$7, ($6-$3)/$7}')" >>"$CPU"
 }
 side_surge() {
     local m=$WORK/m$2 fio=(fio --name=s --directory="$WORK/m$2/d" --bs=8M --size="$SIZE" --numjobs="$STREAMS"
         --ioengine=psync --group_reporting --output-format=json)
     mkdir -p "$m/d"
-    local c0 s0 b0
+    local mark
     # Where the CPU goes (seconds per GiB moved): the compute host's mount, the servers, the
     # whole machine (fio and the kernel's network work included).
-    c0=$(cpu_s "${MOUNT_PID[$2]}"); s0=$(cpu_s "${SERVER_PIDS[@]}"); b0=$(busy_s)
+    mark=$(cpu_mark "$2")
     "${fio[@]}" --rw=write --end_fsync=1 >"$WORK/w.json"
-    cpu_row "$1" "$2" write "$c0" "$s0" "$b0"
+    cpu_row "$1" "$2" write "$mark"
     # The client's page cache must not answer the reads: drop it.
     sync; echo 3 >/proc/sys/vm/drop_caches
-    c0=$(cpu_s "${MOUNT_PID[$2]}"); s0=$(cpu_s "${SERVER_PIDS[@]}"); b0=$(busy_s)
+    mark=$(cpu_mark "$2")
     "${fio[@]}" --rw=read >"$WORK/r.json"
-    cpu_row "$1" "$2" read "$c0" "$s0" "$b0"
+    cpu_row "$1" "$2" read "$mark"
     rm -rf "$m/d"
     echo "$1 surge-$2 write $(mibs "$WORK/w.json" write)" >>"$RESULTS"
     echo "$1 surge-$2 read $(mibs "$WORK/r.json" read)" >>"$RESULTS"
