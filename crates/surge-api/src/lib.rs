@@ -78,15 +78,13 @@ pub fn munge_socket() -> PathBuf {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            // SAFETY: getuid has no preconditions.
-            let uid = unsafe { libc::getuid() };
-            let user = std::env::var("USER")
-                .ok()
-                .filter(|u| !u.is_empty())
-                .or_else(|| surge_auth::user_name(uid))
-                .unwrap_or_else(|| format!("uid{uid}"));
-            PathBuf::from(format!("/dev/shm/surge-{user}"))
+            PathBuf::from(format!("/dev/shm/surge-{}", surge_core::sys::user_name()))
         });
+    // Another user's directory under our default name would hand our credentials to their
+    // munged: only a directory of our own is looked in.
+    if surge_core::private_dir::check(&fast).is_err() {
+        return system;
+    }
     let embedded = fast.join("run/munge/munge.socket");
     if embedded.exists() {
         embedded

@@ -734,3 +734,226 @@ fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
         refused("grep -r of the fast tier", &o, &["Permission denied"]);
     }
 }
+
+// --- Issue 31: the local holes (run-directory squatting, the lock, the manager's abort) ---
+
+/// A directory in a shared, sticky place (what /tmp and /dev/shm are), for one test.
+fn sticky(tag: &str) -> Scratch {
+    let s = Scratch::new(tag);
+    std::fs::set_permissions(s.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    s
+}
+
+/// What the attacker makes first: a directory of theirs, open to everyone.
+fn squat(path: &Path, uid: u32, gid: u32) {
+    std::fs::create_dir(path).unwrap();
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+}
+
+/// `surge run SCRIPT` as root with a fast tier of its own (`fast`) and `TMPDIR=tmp`.
+fn root_run(work: &Path, fast: &Path, tmp: &Path, script: &str) -> Output {
+    let job = work.join("job.sh");
+    std::fs::write(&job, script).unwrap();
+    surge_command()
+        .current_dir(work)
+        .env("SURGE_FAST_DIR", fast)
+        .env("TMPDIR", tmp)
+        .env("SURGE_SERVERS", "1")
+        .env("SURGE_SERVER_CAPACITY", "256MiB")
+        .env("SURGE_GRANULARITY", "64MiB")
+        .env_remove("SURGE_MANAGER")
+        .env_remove("SURGE_STATE_DIR")
+        .arg("run")
+        .arg(&job)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run surge run")
+}
+
+#[test]
+fn a_run_directory_another_user_made_first_is_not_where_roots_job_finds_its_commands() {
+    let name = "a_run_directory_another_user_made_first_is_not_where_roots_job_finds_its_commands";
+    if skip_without_root(name) || skip_without_fuse(name) {
+        return;
+    }
+    let (uid, gid) = attacker();
+    let tmp = sticky("squat-tmp");
+    let work = Scratch::new("squat-work");
+    let fast = Scratch::new("squat-fast");
+    let me = surge_core::sys::user_name();
+    let squatted = tmp.path().join(format!("surge-{me}"));
+    squat(&squatted, uid, gid);
+    // The job says where its commands come from: the first element of its PATH.
+    let script = format!(
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\n\
+         echo \"${{PATH%%:*}}\" > {}/path\n",
+        work.path().display()
+    );
+    let o = root_run(work.path(), fast.path(), tmp.path(), &script);
+    assert!(o.status.success(), "root's job failed\n{}", text(&o));
+    let bin = std::fs::read_to_string(work.path().join("path")).unwrap();
+    let bin = Path::new(bin.trim());
+    assert!(
+        !bin.starts_with(&squatted),
+        "root's job took its commands from {} in the attacker's directory\n{}",
+        bin.display(),
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("owned by uid {uid}")),
+        "the run did not say why it went elsewhere\n{}",
+        text(&o)
+    );
+    assert_eq!(
+        std::fs::read_dir(&squatted).unwrap().count(),
+        0,
+        "root's run left something in the attacker's directory"
+    );
+    eprintln!(
+        "refused as it should be: a squatted run directory ({})",
+        bin.display()
+    );
+
+    // A link of that name to a directory of the attacker's: not followed either.
+    std::fs::remove_dir(&squatted).unwrap();
+    let theirs = dir_of(tmp.path(), "attackers-own", uid, gid);
+    std::os::unix::fs::symlink(&theirs, &squatted).unwrap();
+    let o = root_run(work.path(), fast.path(), tmp.path(), &script);
+    assert!(o.status.success(), "root's job failed\n{}", text(&o));
+    let bin = std::fs::read_to_string(work.path().join("path")).unwrap();
+    assert!(
+        !Path::new(bin.trim()).starts_with(&squatted)
+            && std::fs::read_dir(&theirs).unwrap().count() == 0,
+        "root's job ran through the attacker's link: {bin}\n{}",
+        text(&o)
+    );
+
+    // The control: with nothing in the way, the run directory is the usual one, root's, 0700.
+    std::fs::remove_file(&squatted).unwrap();
+    let o = root_run(work.path(), fast.path(), tmp.path(), &script);
+    assert!(o.status.success(), "root's job failed\n{}", text(&o));
+    let bin = std::fs::read_to_string(work.path().join("path")).unwrap();
+    assert!(
+        Path::new(bin.trim()).starts_with(&squatted),
+        "the usual run directory was not used: {bin}"
+    );
+    let m = std::fs::symlink_metadata(&squatted).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o700));
+}
+
+#[test]
+fn a_fast_tier_directory_another_user_made_first_is_refused_before_anything_in_it_is_touched() {
+    let name =
+        "a_fast_tier_directory_another_user_made_first_is_refused_before_anything_in_it_is_touched";
+    if skip_without_root(name) || skip_without_fuse(name) {
+        return;
+    }
+    let (uid, gid) = attacker();
+    let shm = sticky("squat-shm");
+    let work = Scratch::new("squat-fast-work");
+    // Root's file the attacker cannot write but would have root truncate through a link.
+    let precious = work.path().join("precious");
+    std::fs::write(&precious, b"root's data\n").unwrap();
+    let fast = shm.path().join("surge-victim");
+    squat(&fast, uid, gid);
+    std::os::unix::fs::symlink(&precious, fast.join("lock")).unwrap();
+    let script = "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\ntrue\n";
+    let o = root_run(work.path(), &fast, work.path(), script);
+    refused(
+        "root's surge run in a fast-tier directory the attacker made",
+        &o,
+        &[&format!("owned by uid {uid}")],
+    );
+    assert_eq!(
+        std::fs::read(&precious).unwrap(),
+        b"root's data\n",
+        "the file behind the planted lock link was changed"
+    );
+    // A link in place of the directory: refused too.
+    let linked = shm.path().join("surge-linked");
+    std::os::unix::fs::symlink(work.path(), &linked).unwrap();
+    refused(
+        "root's surge run through a link named as its fast tier",
+        &root_run(work.path(), &linked, work.path(), script),
+        &["symbolic link"],
+    );
+    // The control: a fast tier of root's own, in the same shared place.
+    let own = shm.path().join("surge-own");
+    ok(
+        "root's surge run with a fast tier of its own",
+        &root_run(work.path(), &own, work.path(), script),
+    );
+}
+
+#[test]
+fn a_request_for_more_than_the_pool_has_is_an_answer_and_the_manager_lives() {
+    if skip_without_root("a_request_for_more_than_the_pool_has_is_an_answer_and_the_manager_lives")
+    {
+        return;
+    }
+    let (uid, gid) = attacker();
+    let top = Scratch::new("abort");
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = dir_of(top.path(), "home", uid, gid);
+    let c = cluster(1, "1GiB");
+    let manager = Manager::start(top.path());
+    manager.register(&c);
+    let m = manager.grpc.clone();
+    // A persistent instance of 1000 PiB, asked by an ordinary user.
+    refused(
+        "persistent create --capacity 1000PiB",
+        &surge_as(
+            uid,
+            gid,
+            &home,
+            &[
+                "persistent",
+                "create",
+                "huge",
+                "--capacity",
+                "1000PiB",
+                "--manager",
+                &m,
+            ],
+        ),
+        &["not enough space"],
+    );
+    // A session whose private job instance has 4e9 nodes, and one of 9999 PiB.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ask = |capacity: u64, nodes: u32| -> Result<u64, tonic::Status> {
+        rt.block_on(async {
+            let mut api = surge_api::connect_with(&m, surge_testkit::munge_socket().to_path_buf())
+                .await
+                .unwrap();
+            api.create_session(surge_api::v1::CreateSessionRequest {
+                job: "big.sh".into(),
+                owner_uid: uid,
+                owner_gid: gid,
+                job_instance: Some(surge_api::v1::CreateInstanceRequest {
+                    capacity,
+                    access_mode: "private".into(),
+                    nodes,
+                    owner_uid: uid,
+                    owner_gid: gid,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .map(|s| s.into_inner().id)
+        })
+    };
+    let e = ask(64 << 20, 4_000_000_000).expect_err("4e9 nodes were accepted");
+    assert!(e.message().contains("compute nodes"), "{e:?}");
+    let e = ask(9999 << 50, 4).expect_err("9999 PiB was accepted");
+    assert!(e.message().contains("not enough space"), "{e:?}");
+    eprintln!("refused as it should be: 4e9 nodes, 9999 PiB");
+    // The manager is alive and the control works: the same user's sensible request.
+    assert!(
+        ask(64 << 20, 2).is_ok(),
+        "a sensible request failed after the huge ones"
+    );
+    let pools = surge(&["pool", "ls", "--json", "--manager", &m]);
+    assert!(pools.contains("\"free\""), "{pools}");
+}

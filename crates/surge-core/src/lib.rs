@@ -3,13 +3,16 @@
 //! identifiers of instances, namespaces and inodes ([`ids`]), and the `#DW`/`#BB` directives of
 //! job scripts ([`directives`]).
 //!
-//! Nothing here does I/O; it is the part of Surge that can be unit-tested exhaustively.
+//! Little here does I/O ([`sys`] and [`private_dir`] are the exceptions); it is the part of
+//! Surge that can be unit-tested exhaustively.
 
 pub mod addr;
 pub mod directives;
 pub mod ids;
 pub mod layout;
+pub mod limits;
 pub mod peaks;
+pub mod private_dir;
 pub mod sys;
 pub mod units;
 

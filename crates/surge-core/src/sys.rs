@@ -218,3 +218,27 @@ pub fn hostname() -> String {
         .unwrap_or("")
         .to_string()
 }
+
+/// This process's user's name (effective uid) from the user database, `uid<N>` when it has
+/// none. Default directory names (`/dev/shm/surge-<name>`, `$TMPDIR/surge-<name>`) use it, not
+/// `$USER`, which a caller sets at will (and `sudo -E` keeps for root).
+pub fn user_name() -> String {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: passwd is plain data; getpwuid_r writes into `pw` and `buf` (of the given
+    // length) and sets `out` to &pw or null.
+    unsafe {
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out);
+        if rc == 0 && !out.is_null() && !pw.pw_name.is_null() {
+            if let Ok(name) = std::ffi::CStr::from_ptr(pw.pw_name).to_str() {
+                if !name.is_empty() {
+                    return name.to_string();
+                }
+            }
+        }
+    }
+    format!("uid{uid}")
+}

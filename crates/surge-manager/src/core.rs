@@ -587,6 +587,12 @@ impl Core {
             return Err(ManagerError::Invalid("capacity must be positive".into()));
         }
         let nodes = req.nodes.max(1);
+        if nodes > surge_core::limits::MAX_JOB_NODES {
+            return Err(ManagerError::Invalid(format!(
+                "nodes={nodes}: a job has at most {} compute nodes",
+                surge_core::limits::MAX_JOB_NODES
+            )));
+        }
         if let Some(name) = &req.persistent_name {
             surge_core::directives::check_persistent_name(name).map_err(ManagerError::Invalid)?;
         }
@@ -970,7 +976,10 @@ impl Core {
         // (A `surge run`'s id is its own process's: never reused.)
         if let Some(ext) = external.filter(|e| !e.starts_with("run:")) {
             let _one = self.alloc_session.lock().await;
-            if let Some(id) = self.store.lock().session_of(ext)? {
+            // The store's guard must end before `session()` takes it again (a temporary in
+            // an `if let` lives to the end of its block: that was the deadlock of issue 30).
+            let existing = self.store.lock().session_of(ext)?;
+            if let Some(id) = existing {
                 let s = self.session(id)?;
                 if s.state == "active" {
                     if s.owner_uid != uid {

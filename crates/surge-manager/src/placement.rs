@@ -32,6 +32,16 @@ pub enum PlacementError {
     #[error("the pool has no server that is up")]
     NoServers,
     #[error(
+        "{needed} fragments asked: an instance has at most {} (a larger granularity makes fewer)",
+        surge_core::limits::MAX_INSTANCE_FRAGMENTS
+    )]
+    TooManyFragments { needed: u64 },
+    #[error(
+        "{namespaces} namespaces asked: an instance has at most {} (one per compute node)",
+        surge_core::limits::MAX_JOB_NODES
+    )]
+    TooManyNamespaces { namespaces: u32 },
+    #[error(
         "not enough space: {needed} fragments of {} ({}) are needed but the pool's servers can \
          take only {placed} more (free per server: {})",
         surge_core::format_bytes(*granularity),
@@ -74,6 +84,29 @@ pub fn place(
         return Err(PlacementError::NoServers);
     }
     let needed = fragments_for(capacity, granularity);
+    // Whether it fits is known before anything is sized by the request: a capacity of
+    // 1000 PiB must be an answer, not a vector of 4 billion fragments (issue 31).
+    let free_fragments = servers
+        .iter()
+        .map(|s| s.capacity.saturating_sub(s.reserved) / granularity.max(1))
+        .fold(0u64, u64::saturating_add);
+    if needed > free_fragments {
+        return Err(PlacementError::NoSpace {
+            needed,
+            placed: free_fragments,
+            granularity,
+            free: servers
+                .iter()
+                .map(|s| s.capacity.saturating_sub(s.reserved))
+                .collect(),
+        });
+    }
+    if needed > surge_core::limits::MAX_INSTANCE_FRAGMENTS {
+        return Err(PlacementError::TooManyFragments { needed });
+    }
+    if namespaces > surge_core::limits::MAX_JOB_NODES {
+        return Err(PlacementError::TooManyNamespaces { namespaces });
+    }
     let mut free: Vec<u64> = servers
         .iter()
         .map(|s| s.capacity.saturating_sub(s.reserved))
@@ -219,6 +252,23 @@ mod tests {
             *per.entry(n).or_insert(0) += 1;
         }
         assert!(per.values().all(|v| *v == 2), "{per:?}");
+    }
+
+    #[test]
+    fn a_huge_request_is_refused_before_anything_is_sized_by_it() {
+        // 1000 PiB in 100-byte fragments: 10^16 fragments; a vector for them would abort.
+        let e = place(1000 << 50, G, &servers(&[0, 0]), 1).unwrap_err();
+        match e {
+            PlacementError::NoSpace { needed, placed, .. } => {
+                assert_eq!((needed, placed), ((1000u64 << 50).div_ceil(G), 20))
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = place(100, G, &servers(&[0]), 4_000_000_000).unwrap_err();
+        assert!(
+            matches!(e, PlacementError::TooManyNamespaces { .. }),
+            "{e:?}"
+        );
     }
 
     #[test]

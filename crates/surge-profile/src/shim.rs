@@ -22,19 +22,25 @@ fn cache_dir() -> PathBuf {
     if let Some(h) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(h).join(".cache/surge/shim");
     }
-    std::env::temp_dir().join("surge-shim")
+    std::env::temp_dir().join(format!("surge-shim-{}", surge_core::sys::user_name()))
 }
 
-/// Writes the shim out (once) and returns its path.
+/// Writes the shim out (once) and returns its path. The directory must be this user's own
+/// (the shim is preloaded into every profiled process: a file planted there by another user
+/// would run as this one).
 pub fn install() -> anyhow::Result<PathBuf> {
-    install_in(&cache_dir())
+    let dir = cache_dir();
+    surge_core::private_dir::ensure_all(&dir)
+        .map_err(|e| anyhow::anyhow!("the profiler's shim directory: {e}"))?;
+    install_in(&dir)
 }
 
 /// Like [`install`], into a given directory.
 pub fn install_in(dir: &Path) -> anyhow::Result<PathBuf> {
     use anyhow::Context;
     let path = dir.join(format!("libsurge_shim-{:016x}.so", fnv1a(SHIM_SO)));
-    if std::fs::metadata(&path).is_ok_and(|m| m.len() == SHIM_SO.len() as u64) {
+    // The same bytes, not just the same length: what is loaded is what this binary carries.
+    if std::fs::read(&path).is_ok_and(|b| b == SHIM_SO) {
         return Ok(path);
     }
     std::fs::create_dir_all(dir)

@@ -117,6 +117,9 @@ impl CommandManager {
 /// The gRPC address of the manager of a `surge run` holding `fast`'s lock, if one does.
 fn running_manager(fast: &Path) -> Option<String> {
     use std::os::fd::AsRawFd;
+    // Only a directory of our own names our manager: another user's (made first, under our
+    // default name) would send our credentials to theirs.
+    surge_core::private_dir::check(fast).ok()?;
     let lock = File::open(fast.join("lock")).ok()?;
     // SAFETY: flock on a file we opened; dropping it releases our lock if we got it.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
@@ -155,26 +158,9 @@ fn munge(dir: &Path) -> anyhow::Result<(PathBuf, Option<surge_auth::munge::Daemo
     Ok((d.socket.clone(), Some(d)))
 }
 
-/// The user's name for default directory names.
+/// The user's name for default directory names (the user database's, never `$USER`).
 pub fn user_name() -> String {
-    if let Some(u) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
-        return u;
-    }
-    // SAFETY: getuid has no preconditions; getpwuid_r writes into our buffers only.
-    unsafe {
-        let uid = libc::getuid();
-        let mut pw: libc::passwd = std::mem::zeroed();
-        let mut buf = vec![0 as libc::c_char; 4096];
-        let mut out: *mut libc::passwd = std::ptr::null_mut();
-        if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) == 0
-            && !out.is_null()
-        {
-            if let Ok(name) = std::ffi::CStr::from_ptr(pw.pw_name).to_str() {
-                return name.to_string();
-            }
-        }
-        format!("uid{uid}")
-    }
+    surge_core::sys::user_name()
 }
 
 /// Makes a child die with us and start with a clean signal mask (we block SIGINT/SIGTERM to
@@ -227,15 +213,18 @@ impl Embedded {
     /// Starts the manager and the servers. Fails if another `surge run` holds the directory.
     pub fn start(opts: &EmbeddedOptions, surge: &Path) -> anyhow::Result<Embedded> {
         let fast = &opts.fast_dir;
-        std::fs::create_dir_all(fast)
-            .with_context(|| format!("cannot create fast-tier directory {}", fast.display()))?;
-        std::fs::create_dir_all(&opts.state_dir).with_context(|| {
-            format!("cannot create state directory {}", opts.state_dir.display())
+        // The directory is checked (ours, 0700, no link) before anything in it is touched: a
+        // squatted default would otherwise take our lock, keys and sockets (issue 31).
+        surge_core::private_dir::ensure_all(fast).map_err(|e| {
+            anyhow::anyhow!(
+                "fast-tier directory: {e} (or set SURGE_FAST_DIR to a directory of your own)"
+            )
         })?;
+        surge_core::private_dir::ensure_all(&opts.state_dir)
+            .map_err(|e| anyhow::anyhow!("state directory: {e} (or set SURGE_STATE_DIR)"))?;
         let logs = fast.join("logs");
         std::fs::create_dir_all(&logs)?;
-        let lock = File::create(fast.join("lock"))
-            .with_context(|| format!("cannot create {}/lock", fast.display()))?;
+        let lock = surge_core::private_dir::open_nofollow(&fast.join("lock"))?;
         use std::os::fd::AsRawFd;
         // SAFETY: flock on a file we own.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -244,11 +233,6 @@ impl Embedded {
                  time, or start a manager and set SURGE_MANAGER)",
                 fast.display()
             );
-        }
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(fast, std::fs::Permissions::from_mode(0o700))
-                .with_context(|| format!("cannot make {} private", fast.display()))?;
         }
         let run = fast.join("run");
         let _ = std::fs::remove_dir_all(&run);

@@ -830,11 +830,7 @@ async fn job(
     // Mount on every node.
     phase(&mut c, "pre_run").await?;
     let t = Instant::now();
-    let runs = std::env::temp_dir().join(format!("surge-{}", user_name()));
-    clean_stale_runs(&runs);
-    let run_dir = runs.join(format!("session-{}-{}", session.id, std::process::id()));
-    std::fs::create_dir_all(&run_dir)
-        .with_context(|| format!("cannot create {}", run_dir.display()))?;
+    let run_dir = make_run_dir(session.id)?;
     alloc.run_dir = Some(run_dir.clone());
     let mut nodes_file = NodesFile {
         session: session.id,
@@ -1429,6 +1425,39 @@ async fn finish_job_stages(
 /// Removes what `surge run`s killed before their cleanup left under `runs`
 /// (`session-<id>-<pid>` of a pid that is gone): their mounts, dead since their FUSE daemon
 /// died ("transport endpoint is not connected"), are detached first.
+/// The job's private run directory, `$TMPDIR/surge-<user>/session-<id>-<pid>`: the job's PATH
+/// starts with its `bin/`, so nobody else may be able to write in it or in its parent. A
+/// `surge-<user>` another user made first (or a link of that name) is not used: the run goes
+/// to a fresh directory beside it, and says so (issue 31).
+fn make_run_dir(session: u64) -> anyhow::Result<PathBuf> {
+    use surge_core::private_dir;
+    let runs = std::env::temp_dir().join(format!("surge-{}", user_name()));
+    let runs = match private_dir::ensure_all(&runs) {
+        Ok(()) => {
+            clean_stale_runs(&runs);
+            runs
+        }
+        Err(e) if e.is_squatted() => {
+            let fresh = private_dir::fresh(&runs)?;
+            eprintln!(
+                "surge run: warning: not using {}: {e}; using {}",
+                runs.display(),
+                fresh.display()
+            );
+            fresh
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let run_dir = runs.join(format!("session-{session}-{}", std::process::id()));
+    // A directory left by an earlier process of the same pid is ours (the parent is private).
+    if std::fs::symlink_metadata(&run_dir).is_ok() {
+        std::fs::remove_dir_all(&run_dir)
+            .with_context(|| format!("cannot remove the stale {}", run_dir.display()))?;
+    }
+    private_dir::ensure(&run_dir)?;
+    Ok(run_dir)
+}
+
 fn clean_stale_runs(runs: &Path) {
     let Ok(rd) = std::fs::read_dir(runs) else {
         return;

@@ -242,6 +242,20 @@ pub fn skip_without_fuse(test: &str) -> bool {
     }
 }
 
+/// The one rule for tests that need root (to make users, run daemons as root, mount): they
+/// fail when not root, unless the run says it may skip them (`SURGE_SKIP_ROOT=1`), and then
+/// they say so. Returns true when the test should return now.
+pub fn skip_without_root(test: &str) -> bool {
+    if is_root() {
+        return false;
+    }
+    if std::env::var("SURGE_SKIP_ROOT").is_ok_and(|v| v == "1") {
+        eprintln!("SKIPPED {test}: needs root (SURGE_SKIP_ROOT=1)");
+        return true;
+    }
+    panic!("{test} needs root; run the tests as root, or set SURGE_SKIP_ROOT=1 to skip them")
+}
+
 /// Calls `f` every 20 ms until it returns something; panics after `timeout`.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
