@@ -9,6 +9,7 @@
 use crate::conn::ServerPool;
 use crate::error::{ClientError, Result};
 use futures::future::join_all;
+use std::time::Duration;
 use surge_auth::Token;
 use surge_core::{InstanceId, NamespaceId};
 use surge_proto::{
@@ -76,12 +77,24 @@ impl InstancePlan {
     }
 }
 
-fn pool(server: &ServerRef, token: &Token) -> Result<ServerPool> {
-    Ok(ServerPool::new(server.clone(), 1)?.with_token(std::sync::Arc::new(token.clone())))
+/// How long each call to a server waits by default (the connection's own default).
+fn default_deadline() -> Option<Duration> {
+    Some(crate::conn::DEFAULT_DEADLINE)
 }
 
-async fn call_ok(server: &ServerRef, token: &Token, req: Request) -> Result<()> {
-    match pool(server, token)?.call(&req, &[]).await?.0 {
+fn pool(server: &ServerRef, token: &Token, deadline: Option<Duration>) -> Result<ServerPool> {
+    Ok(ServerPool::new(server.clone(), 1)?
+        .with_token(std::sync::Arc::new(token.clone()))
+        .with_deadline(deadline))
+}
+
+async fn call_ok(
+    server: &ServerRef,
+    token: &Token,
+    req: Request,
+    deadline: Option<Duration>,
+) -> Result<()> {
+    match pool(server, token, deadline)?.call(&req, &[]).await?.0 {
         Response::Ok => Ok(()),
         other => Err(ClientError::Protocol {
             server: server.id.clone(),
@@ -93,11 +106,25 @@ async fn call_ok(server: &ServerRef, token: &Token, req: Request) -> Result<()> 
 
 /// Status of the server at `addr` (`host:port` or `unix:/path`).
 pub async fn status(addr: &str, token: &Token) -> Result<ServerStatus> {
+    status_within(addr, token, default_deadline()).await
+}
+
+/// [`status`], answered within `deadline` (connecting included) or an error: what liveness
+/// checks use, so a hung server is found in seconds.
+pub async fn status_within(
+    addr: &str,
+    token: &Token,
+    deadline: Option<Duration>,
+) -> Result<ServerStatus> {
     let s = ServerRef {
         id: addr.to_string(),
         addrs: vec![addr.to_string()],
     };
-    match pool(&s, token)?.call(&Request::Status, &[]).await?.0 {
+    match pool(&s, token, deadline)?
+        .call(&Request::Status, &[])
+        .await?
+        .0
+    {
         Response::Status(st) => Ok(st),
         other => Err(ClientError::Protocol {
             server: addr.to_string(),
@@ -130,7 +157,7 @@ pub async fn describe(
         id: addr.to_string(),
         addrs: vec![addr.to_string()],
     };
-    match pool(&s, token)?
+    match pool(&s, token, default_deadline())?
         .call(&Request::Describe { instance }, &[])
         .await?
         .0
@@ -147,6 +174,15 @@ pub async fn describe(
 /// Creates every fragment and namespace of the plan; on failure removes what was created and
 /// returns the first error.
 pub async fn create_instance(plan: &InstancePlan, token: &Token) -> Result<InstanceDescriptor> {
+    create_instance_within(plan, token, default_deadline()).await
+}
+
+/// [`create_instance`] with each server call bounded by `deadline`.
+pub async fn create_instance_within(
+    plan: &InstancePlan,
+    token: &Token,
+    deadline: Option<Duration>,
+) -> Result<InstanceDescriptor> {
     let desc = plan.descriptor();
     let frag_calls = desc.fragments.iter().map(|f| {
         call_ok(
@@ -158,6 +194,7 @@ pub async fn create_instance(plan: &InstancePlan, token: &Token) -> Result<Insta
                 capacity: f.capacity,
                 descriptor: desc.clone(),
             },
+            deadline,
         )
     });
     let mut first_err = join_all(frag_calls).await.into_iter().find_map(|r| r.err());
@@ -174,6 +211,7 @@ pub async fn create_instance(plan: &InstancePlan, token: &Token) -> Result<Insta
                     root_gid: plan.root_gid,
                     root_perm: plan.root_perm,
                 },
+                deadline,
             )
         });
         first_err = join_all(ns_calls).await.into_iter().find_map(|r| r.err());
@@ -181,7 +219,7 @@ pub async fn create_instance(plan: &InstancePlan, token: &Token) -> Result<Insta
     match first_err {
         None => Ok(desc),
         Some(e) => {
-            let _ = destroy_instance(&desc, token).await;
+            let _ = destroy_instance_within(&desc, token, deadline).await;
             Err(e)
         }
     }
@@ -190,6 +228,15 @@ pub async fn create_instance(plan: &InstancePlan, token: &Token) -> Result<Insta
 /// Destroys every namespace and fragment of an instance (idempotent: missing pieces are fine).
 /// Returns the first error after trying them all.
 pub async fn destroy_instance(desc: &InstanceDescriptor, token: &Token) -> Result<()> {
+    destroy_instance_within(desc, token, default_deadline()).await
+}
+
+/// [`destroy_instance`] with each server call bounded by `deadline`.
+pub async fn destroy_instance_within(
+    desc: &InstanceDescriptor,
+    token: &Token,
+    deadline: Option<Duration>,
+) -> Result<()> {
     let ns_calls = desc.namespaces.iter().map(|n| {
         call_ok(
             &n.server,
@@ -198,6 +245,7 @@ pub async fn destroy_instance(desc: &InstanceDescriptor, token: &Token) -> Resul
                 instance: desc.instance,
                 ns: n.ns,
             },
+            deadline,
         )
     });
     let frag_calls = desc.fragments.iter().map(|f| {
@@ -208,9 +256,10 @@ pub async fn destroy_instance(desc: &InstanceDescriptor, token: &Token) -> Resul
                 instance: desc.instance,
                 fragment: f.index,
             },
+            deadline,
         )
     });
-    let mut results = join_all(ns_calls).await;
-    results.extend(join_all(frag_calls).await);
-    results.into_iter().collect()
+    // All at once: a hung server costs one deadline, not one per kind of piece.
+    let (ns, frags) = futures::future::join(join_all(ns_calls), join_all(frag_calls)).await;
+    ns.into_iter().chain(frags).collect()
 }

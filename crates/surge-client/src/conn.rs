@@ -336,6 +336,22 @@ impl ServerPool {
     /// outside the pool: also for a request that waits long (the pool's connections each
     /// serve their requests in order).
     pub async fn dedicated(&self) -> Result<Arc<Connection>, ClientError> {
+        // The deadline bounds the whole attempt, every address and the capability's answer
+        // included: a hung server costs a caller one deadline, not one per address.
+        match self.deadline {
+            Some(d) => tokio::time::timeout(d, self.dedicated_unbounded())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ClientError::transport(
+                        &self.server.id,
+                        format!("no connection within {d:?}"),
+                    ))
+                }),
+            None => self.dedicated_unbounded().await,
+        }
+    }
+
+    async fn dedicated_unbounded(&self) -> Result<Arc<Connection>, ClientError> {
         let mut last = None;
         for addr in &self.addrs {
             let opened = Connection::open(

@@ -8,6 +8,7 @@
 
 pub mod addr;
 pub mod directives;
+pub mod failpoint;
 pub mod ids;
 pub mod layout;
 pub mod limits;

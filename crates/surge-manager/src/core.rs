@@ -22,6 +22,15 @@ const CAPABILITY_SECS: i64 = 14 * 24 * 3600;
 
 /// Missed liveness checks after which a server is marked down.
 const MISSES_DOWN: u32 = 3;
+/// How long a liveness check waits for a server's status: a hung (stopped, overloaded)
+/// server misses its checks in seconds, not in the connection's default minute (issue 30).
+const LIVENESS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long the manager waits for each call to a server when it creates or destroys an
+/// instance. No lock is held meanwhile: a slow server delays only its own instances.
+pub const SERVER_CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often each server's fragments are compared with the manager's records (leftovers of
+/// crashed creations, of a lost state: removed and reported).
+const GC_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[derive(Debug, Error)]
 pub enum ManagerError {
@@ -112,6 +121,12 @@ pub struct Core {
     /// Serializes creations of sessions with an external id, so a phase run twice at once
     /// makes one session.
     alloc_session: tokio::sync::Mutex<()>,
+    /// When each server's fragments were last compared with the records.
+    gc_at: Mutex<HashMap<String, std::time::Instant>>,
+    /// How often they are ([`GC_EVERY`] unless set: `surge manager --gc-interval`).
+    pub gc_every: std::time::Duration,
+    /// What the collections freed since start (fragments, bytes), for the metrics.
+    pub gc_freed: Mutex<(u64, u64)>,
 }
 
 impl Core {
@@ -130,11 +145,22 @@ impl Core {
         if n > 0 {
             warn!("{n} stage tasks were interrupted by the previous manager's stop");
         }
-        // Creations cut short by a stop: forget them; their pieces on servers are collected
-        // when the servers register.
-        for id in store.half_created()? {
-            warn!("instance {id} was being created when the manager stopped: discarding it");
-            store.delete_instance(id)?;
+        // Setups cut short by a stop: their sessions fail (the retried setup makes a new one,
+        // whole) and their instances are destroyed on the servers by the orphan collection
+        // (started with the manager), not just forgotten.
+        let (failed, orphans) = store.recover_interrupted_setups()?;
+        if !failed.is_empty() {
+            warn!(
+                "{} session(s) were being set up when the manager stopped: failed ({failed:?}); \
+                 a retried setup makes them anew",
+                failed.len()
+            );
+        }
+        if !orphans.is_empty() {
+            warn!(
+                "{} instance(s) of interrupted setups will be destroyed: {orphans:?}",
+                orphans.len()
+            );
         }
         Ok(Core {
             store: Mutex::new(store),
@@ -145,6 +171,9 @@ impl Core {
             misses: Mutex::new(HashMap::new()),
             alloc: tokio::sync::Mutex::new(()),
             alloc_session: tokio::sync::Mutex::new(()),
+            gc_at: Mutex::new(HashMap::new()),
+            gc_every: GC_EVERY,
+            gc_freed: Mutex::new((0, 0)),
         })
     }
 
@@ -423,12 +452,30 @@ impl Core {
     }
 
     /// Removes fragments and namespaces of instances the manager does not know (left by a
-    /// killed job runner or a discarded creation).
+    /// killed job runner, a creation cut by a crash, a lost state), and says what it freed.
+    /// `st` must have been read before this call: an instance's row is written before its
+    /// fragments exist, so every fragment `st` shows whose row is missing is garbage.
     async fn collect_garbage(&self, server: &ServerRow, st: &ServerStatus) {
-        let known: Vec<u64> = match self.store.lock().instance_ids() {
-            Ok(k) => k,
+        let known: std::collections::HashSet<u64> = match self.store.lock().instance_ids() {
+            Ok(k) => k.into_iter().collect(),
             Err(_) => return,
         };
+        self.gc_at
+            .lock()
+            .insert(server.id.clone(), std::time::Instant::now());
+        let stray_fragments: Vec<_> = st
+            .fragments
+            .iter()
+            .filter(|f| !known.contains(&f.instance.0))
+            .collect();
+        let stray_namespaces: Vec<_> = st
+            .namespaces
+            .iter()
+            .filter(|(i, _)| !known.contains(&i.0))
+            .collect();
+        if stray_fragments.is_empty() && stray_namespaces.is_empty() {
+            return;
+        }
         let sref = ServerRef {
             id: server.id.clone(),
             addrs: server.addrs.clone(),
@@ -436,43 +483,102 @@ impl Core {
         let Ok(pool) = surge_client::conn::ServerPool::new(sref, 1) else {
             return;
         };
-        for f in &st.fragments {
-            if !known.contains(&f.instance.0) {
-                warn!(
-                    "server {}: removing fragment {} of unknown instance {}",
-                    server.id, f.index, f.instance
-                );
-                let _ = pool
-                    .call(
-                        &Request::DestroyFragment {
-                            instance: f.instance,
-                            fragment: f.index,
-                        },
-                        &[],
-                    )
-                    .await;
+        let pool = pool
+            .with_token(Arc::new(self.admin_token()))
+            .with_deadline(Some(SERVER_CALL_DEADLINE));
+        let (mut frags, mut bytes) = (0u64, 0u64);
+        for f in stray_fragments {
+            let r = pool
+                .call(
+                    &Request::DestroyFragment {
+                        instance: f.instance,
+                        fragment: f.index,
+                    },
+                    &[],
+                )
+                .await;
+            if r.is_ok() {
+                frags += 1;
+                bytes += f.used;
             }
+            warn!(
+                "server {}: fragment {} of unknown instance {} ({} stored): {}",
+                server.id,
+                f.index,
+                f.instance,
+                surge_core::format_bytes(f.used),
+                if r.is_ok() {
+                    "removed"
+                } else {
+                    "could not be removed"
+                }
+            );
         }
-        for (i, ns) in &st.namespaces {
-            if !known.contains(&i.0) {
-                warn!(
-                    "server {}: removing namespace {} of unknown instance {i}",
-                    server.id, ns.0
-                );
-                let _ = pool
-                    .call(
-                        &Request::DestroyNamespace {
-                            instance: *i,
-                            ns: *ns,
-                        },
-                        &[],
-                    )
-                    .await;
+        for (i, ns) in stray_namespaces {
+            warn!(
+                "server {}: removing namespace {} of unknown instance {i}",
+                server.id, ns.0
+            );
+            let _ = pool
+                .call(
+                    &Request::DestroyNamespace {
+                        instance: *i,
+                        ns: *ns,
+                    },
+                    &[],
+                )
+                .await;
+        }
+        if frags > 0 {
+            info!(
+                "server {}: freed {frags} stray fragment(s), {}",
+                server.id,
+                surge_core::format_bytes(bytes)
+            );
+            let mut g = self.gc_freed.lock();
+            g.0 += frags;
+            g.1 += bytes;
+        }
+    }
+
+    /// Destroys, on their servers, the instances left by setups a crash interrupted (and
+    /// failed creations); each row goes once its pieces are gone. Run by
+    /// [`spawn_orphan_collection`], apart from the liveness checks: a hung server delays its
+    /// orphans, never the finding that it hangs.
+    pub async fn collect_orphans(&self) {
+        let orphans = match self.store.lock().orphaned_instances() {
+            Ok(o) => o,
+            Err(e) => {
+                warn!("orphaned instances: {e}");
+                return;
+            }
+        };
+        for inst in orphans {
+            match admin::destroy_instance_within(
+                &inst.descriptor,
+                &self.admin_token(),
+                Some(SERVER_CALL_DEADLINE),
+            )
+            .await
+            {
+                Ok(()) => {
+                    let _ = self.store.lock().delete_instance(inst.id);
+                    info!(
+                        "instance {} of an interrupted setup destroyed ({} freed)",
+                        inst.id,
+                        surge_core::format_bytes(inst.descriptor.capacity)
+                    );
+                }
+                Err(e) => warn!(
+                    "instance {} of an interrupted setup: cannot destroy it yet: {e}",
+                    inst.id
+                ),
             }
         }
     }
 
-    /// Checks every server once; called periodically.
+    /// Checks every server once (all at once, each within [`LIVENESS_DEADLINE`]); compares
+    /// a server's fragments with the records every [`GC_EVERY`]; called periodically.
     pub async fn check_liveness(&self) {
         let servers = match self.store.lock().servers() {
             Ok(s) => s,
@@ -481,17 +587,30 @@ impl Core {
                 return;
             }
         };
-        for s in servers {
-            let mut status = None;
-            for a in &s.addrs {
-                if a.starts_with("unix:") && !Path::new(&a[5..]).exists() {
-                    continue;
+        let token = self.admin_token();
+        let checks = servers.iter().map(|s| {
+            let token = token.clone();
+            // One deadline for the server, whichever of its addresses answers.
+            let check = async move {
+                for a in &s.addrs {
+                    if a.starts_with("unix:") && !Path::new(&a[5..]).exists() {
+                        continue;
+                    }
+                    if let Ok(st) = admin::status_within(a, &token, Some(LIVENESS_DEADLINE)).await {
+                        return Some(st);
+                    }
                 }
-                if let Ok(st) = admin::status(a, &self.admin_token()).await {
-                    status = Some(st);
-                    break;
-                }
+                None
+            };
+            async move {
+                tokio::time::timeout(LIVENESS_DEADLINE, check)
+                    .await
+                    .ok()
+                    .flatten()
             }
+        });
+        let statuses = futures::future::join_all(checks).await;
+        for (s, status) in servers.into_iter().zip(statuses) {
             match status {
                 Some(st) if st.id == s.id => {
                     self.misses.lock().remove(&s.id);
@@ -499,6 +618,14 @@ impl Core {
                         info!("server {} is up again", s.id);
                     }
                     let _ = self.store.lock().set_server_state(&s.id, "up", Some(now()));
+                    let due = self
+                        .gc_at
+                        .lock()
+                        .get(&s.id)
+                        .is_none_or(|t| t.elapsed() >= self.gc_every);
+                    if due {
+                        self.collect_garbage(&s, &st).await;
+                    }
                     self.status.lock().insert(s.id.clone(), st);
                 }
                 _ => {
@@ -552,7 +679,7 @@ impl Core {
     /// Every pool with its servers and space.
     pub fn pool_usage(&self) -> MResult<Vec<PoolUsage>> {
         let store = self.store.lock();
-        let (reserved, _) = Self::reserved_by_server(&store.instances()?);
+        let (reserved, _) = Self::reserved_by_server(&store.reserving_instances()?);
         let servers = store.servers()?;
         let mut out = Vec::new();
         for p in store.pools()? {
@@ -577,6 +704,18 @@ impl Core {
     // --- instances ---
 
     pub async fn create_instance(&self, req: &InstanceRequest) -> MResult<InstanceRow> {
+        self.create_instance_for(req, None).await
+    }
+
+    /// Allocates an instance (the job instance of `session`, if given): placement and the
+    /// record of the planned fragments under the allocation lock (so two allocations never
+    /// count the same space), the calls to the servers after it (so a slow server delays only
+    /// the instances placed on it), each within [`SERVER_CALL_DEADLINE`].
+    pub async fn create_instance_for(
+        &self,
+        req: &InstanceRequest,
+        session: Option<u64>,
+    ) -> MResult<InstanceRow> {
         let mode = req.access_mode.as_str();
         if !matches!(mode, "striped" | "private" | "ldbalance") {
             return Err(ManagerError::Invalid(format!(
@@ -607,8 +746,8 @@ impl Core {
             req.pool.clone()
         };
 
-        let _guard = self.alloc.lock().await;
-        let (plan_servers, placement, granularity, id) = {
+        let guard = self.alloc.lock().await;
+        let (plan, placement, granularity, id) = {
             let store = self.store.lock();
             let pool = store.pool(&pool_name)?.ok_or_else(|| {
                 ManagerError::NotFound(format!("pool '{pool_name}' does not exist"))
@@ -620,7 +759,7 @@ impl Core {
                     )));
                 }
             }
-            let (reserved, namespaces) = Self::reserved_by_server(&store.instances()?);
+            let (reserved, namespaces) = Self::reserved_by_server(&store.reserving_instances()?);
             let servers: Vec<ServerRow> = store
                 .servers()?
                 .into_iter()
@@ -746,38 +885,45 @@ impl Core {
                     cache_passthrough: false,
                 },
             };
-            let id = store.new_instance_id(&row)?;
-            (servers, placement, pool.granularity, id)
+            let id = store.new_instance_id(&row, session)?;
+            let name = req
+                .persistent_name
+                .clone()
+                .unwrap_or_else(|| format!("job-{id}"));
+            let sref = |i: usize| ServerRef {
+                id: servers[i].id.clone(),
+                addrs: servers[i].addrs.clone(),
+            };
+            let plan = InstancePlan {
+                instance: InstanceId(id),
+                name: name.clone(),
+                access_mode: mode.into(),
+                stripe_size: stripe,
+                fragments: placement
+                    .fragments
+                    .iter()
+                    .map(|(i, c)| (sref(*i), *c))
+                    .collect(),
+                namespaces: placement.namespaces.iter().map(|i| sref(*i)).collect(),
+                root_uid: req.owner_uid,
+                root_gid: req.owner_gid,
+                root_perm: 0o755,
+                cache_pfs: req.cache_pfs.clone(),
+                cache_fsync_pfs: req.cache_fsync_pfs && req.cache_pfs.is_some(),
+                cache_dirty_high: req.cache_dirty_high.filter(|_| req.cache_pfs.is_some()),
+                cache_passthrough: req.cache_passthrough && req.cache_pfs.is_some(),
+            };
+            // From here the planned fragments count against their servers' space.
+            store.plan_instance(id, &name, &plan.descriptor())?;
+            (plan, placement, pool.granularity, id)
         };
-        let name = req
-            .persistent_name
-            .clone()
-            .unwrap_or_else(|| format!("job-{id}"));
-        let sref = |i: usize| ServerRef {
-            id: plan_servers[i].id.clone(),
-            addrs: plan_servers[i].addrs.clone(),
-        };
-        let plan = InstancePlan {
-            instance: InstanceId(id),
-            name: name.clone(),
-            access_mode: mode.into(),
-            stripe_size: stripe,
-            fragments: placement
-                .fragments
-                .iter()
-                .map(|(i, c)| (sref(*i), *c))
-                .collect(),
-            namespaces: placement.namespaces.iter().map(|i| sref(*i)).collect(),
-            root_uid: req.owner_uid,
-            root_gid: req.owner_gid,
-            root_perm: 0o755,
-            cache_pfs: req.cache_pfs.clone(),
-            cache_fsync_pfs: req.cache_fsync_pfs && req.cache_pfs.is_some(),
-            cache_dirty_high: req.cache_dirty_high.filter(|_| req.cache_pfs.is_some()),
-            cache_passthrough: req.cache_passthrough && req.cache_pfs.is_some(),
-        };
-        match admin::create_instance(&plan, &self.admin_token()).await {
+        drop(guard);
+        let name = plan.name.clone();
+        match admin::create_instance_within(&plan, &self.admin_token(), Some(SERVER_CALL_DEADLINE))
+            .await
+        {
             Ok(desc) => {
+                surge_core::failpoint::hit("manager:instance-made");
                 let store = self.store.lock();
                 store.finish_instance(id, &name, &desc)?;
                 info!(
@@ -792,7 +938,10 @@ impl Core {
                     .ok_or_else(|| ManagerError::NotFound(format!("instance {id} vanished")))?)
             }
             Err(e) => {
-                let _ = self.store.lock().delete_instance(id);
+                // `create_instance_within` undid what it made where servers answered; the
+                // record stays, orphaned, until the orphan collection has made sure on every
+                // server (one that did not answer may still make its piece).
+                let _ = self.store.lock().orphan_instance(id);
                 Err(ManagerError::Unavailable(format!(
                     "cannot create instance: {e}"
                 )))
@@ -1013,25 +1162,34 @@ impl Core {
         for name in persistent {
             attach.push(self.instance(0, name)?.id);
         }
+        if attach.len() > surge_core::limits::MAX_ATTACHED {
+            return Err(ManagerError::Invalid(format!(
+                "{} persistent instances named: a session attaches at most {}",
+                attach.len(),
+                surge_core::limits::MAX_ATTACHED
+            )));
+        }
+        // The session is `creating` until it has every instance it asked for: a crash before
+        // then fails it at the next start (and destroys what it had), so a retried setup never
+        // finds a session without its instance (issue 30).
         let sid = self.store.lock().create_session(job, uid, gid, external)?;
+        surge_core::failpoint::hit("manager:session-row");
+        let mut made = None;
         if let Some(req) = job_instance {
-            match self.create_instance(&req).await {
-                Ok(inst) => self
-                    .store
-                    .lock()
-                    .set_session_instance(sid, inst.id, &inst.promise)?,
+            match self.create_instance_for(&req, Some(sid)).await {
+                Ok(inst) => made = Some(inst),
                 Err(e) => {
                     self.store.lock().end_session(sid, "failed")?;
                     return Err(e);
                 }
             }
         }
-        {
-            let store = self.store.lock();
-            for id in attach {
-                store.attach(sid, id)?;
-            }
-        }
+        surge_core::failpoint::hit("manager:instance-linked");
+        self.store.lock().complete_session(
+            sid,
+            made.as_ref().map(|i| (i.id, i.promise.as_str())),
+            &attach,
+        )?;
         self.session(sid)
     }
 
@@ -1150,6 +1308,16 @@ pub fn namespace_for(inst: &InstanceRow, node: u32) -> NamespaceId {
     } else {
         NamespaceId(0)
     }
+}
+
+/// Starts the collection of orphaned instances: at once, then every `every`.
+pub fn spawn_orphan_collection(core: Arc<Core>, every: std::time::Duration) {
+    tokio::spawn(async move {
+        loop {
+            core.collect_orphans().await;
+            tokio::time::sleep(every).await;
+        }
+    });
 }
 
 /// Starts the periodic liveness checks.

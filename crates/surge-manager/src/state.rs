@@ -129,53 +129,7 @@ impl Store {
         let db = Connection::open(path)?;
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "NORMAL")?;
-        db.execute_batch(
-            "CREATE TABLE IF NOT EXISTS pools(
-                name TEXT PRIMARY KEY, granularity INTEGER NOT NULL, created INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS servers(
-                id TEXT PRIMARY KEY, pool TEXT NOT NULL, addrs TEXT NOT NULL,
-                capacity INTEGER NOT NULL, state TEXT NOT NULL, last_seen INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS instances(
-                id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, kind TEXT NOT NULL,
-                persistent_name TEXT UNIQUE, access_mode TEXT NOT NULL, pool TEXT NOT NULL,
-                capacity INTEGER NOT NULL, nodes INTEGER NOT NULL, owner_uid INTEGER NOT NULL,
-                owner_gid INTEGER NOT NULL, state TEXT NOT NULL, created INTEGER NOT NULL,
-                descriptor TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS sessions(
-                id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, owner_uid INTEGER NOT NULL,
-                owner_gid INTEGER NOT NULL, state TEXT NOT NULL, created INTEGER NOT NULL,
-                ended INTEGER NOT NULL, job_instance INTEGER);
-             CREATE TABLE IF NOT EXISTS session_persistent(
-                session INTEGER NOT NULL, instance INTEGER NOT NULL, PRIMARY KEY(session, instance));
-             CREATE TABLE IF NOT EXISTS stage_tasks(
-                id INTEGER PRIMARY KEY AUTOINCREMENT, session INTEGER NOT NULL,
-                instance INTEGER NOT NULL, ns INTEGER NOT NULL, direction TEXT NOT NULL,
-                items TEXT NOT NULL, state TEXT NOT NULL, files_total INTEGER NOT NULL,
-                files_done INTEGER NOT NULL, bytes_total INTEGER NOT NULL,
-                bytes_done INTEGER NOT NULL, seconds REAL NOT NULL, failures TEXT NOT NULL,
-                error TEXT NOT NULL, created INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS server_peaks(
-                server TEXT PRIMARY KEY, peaks TEXT NOT NULL, source TEXT NOT NULL,
-                registered INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS pool_curve(
-                pool TEXT NOT NULL, servers INTEGER NOT NULL, peaks TEXT NOT NULL,
-                source TEXT NOT NULL, registered INTEGER NOT NULL, PRIMARY KEY(pool, servers));",
-        )?;
-        // Columns added since the first release: databases made before get them here.
-        add_column(
-            &db,
-            "instances",
-            "group_shared",
-            "INTEGER NOT NULL DEFAULT 0",
-        )?;
-        add_column(&db, "stage_tasks", "origin", "TEXT NOT NULL DEFAULT ''")?;
-        add_column(&db, "sessions", "external", "TEXT")?;
-        add_column(&db, "sessions", "phase", "TEXT NOT NULL DEFAULT ''")?;
-        add_column(&db, "sessions", "hosts", "TEXT NOT NULL DEFAULT '[]'")?;
-        add_column(&db, "sessions", "mount", "INTEGER NOT NULL DEFAULT 0")?;
-        // What a performance-target allocation promised (JSON, '' for the others).
-        add_column(&db, "instances", "promise", "TEXT NOT NULL DEFAULT ''")?;
-        add_column(&db, "sessions", "promise", "TEXT NOT NULL DEFAULT ''")?;
+        migrate(&db)?;
         // Instance ids name fragments on servers, which outlive a manager whose state was
         // deleted: start a fresh database at a random offset so ids are not reused.
         let empty: bool = db
@@ -407,12 +361,14 @@ impl Store {
         "id, name, kind, persistent_name, access_mode, pool, capacity, nodes, \
          owner_uid, owner_gid, state, created, descriptor, group_shared, promise";
 
-    /// Reserves an id for a new instance (the row is completed by [`Store::finish_instance`]).
-    pub fn new_instance_id(&self, row: &InstanceRow) -> R<u64> {
+    /// Reserves an id for a new instance (the row is completed by [`Store::finish_instance`]
+    /// once its servers have made it, or removed); its capacity counts from now on (see
+    /// [`Store::reserving_instances`]). `session`: the session whose job instance it is.
+    pub fn new_instance_id(&self, row: &InstanceRow, session: Option<u64>) -> R<u64> {
         self.db.execute(
             "INSERT INTO instances(name, kind, persistent_name, access_mode, pool, capacity, nodes,
-                owner_uid, owner_gid, state, created, descriptor, group_shared, promise)
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,'creating',?10,'null',?11,?12)",
+                owner_uid, owner_gid, state, created, descriptor, group_shared, promise, session)
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,'creating',?10,'null',?11,?12,?13)",
             params![
                 row.name,
                 row.kind,
@@ -425,10 +381,26 @@ impl Store {
                 i64::from(row.owner_gid),
                 now(),
                 row.group_shared,
-                row.promise
+                row.promise,
+                session.map(|s| s as i64)
             ],
         )?;
         Ok(self.db.last_insert_rowid() as u64)
+    }
+
+    /// The fragments and namespaces an instance being created will have: what its servers are
+    /// asked for, recorded before they are asked, so its capacity counts and a crash leaves a
+    /// record of what to destroy.
+    pub fn plan_instance(&self, id: u64, name: &str, planned: &InstanceDescriptor) -> R<()> {
+        self.db.execute(
+            "UPDATE instances SET name = ?2, descriptor = ?3 WHERE id = ?1 AND state = 'creating'",
+            params![
+                id as i64,
+                name,
+                serde_json::to_string(planned).map_err(json_err)?
+            ],
+        )?;
+        Ok(())
     }
 
     pub fn finish_instance(&self, id: u64, name: &str, desc: &InstanceDescriptor) -> R<()> {
@@ -461,7 +433,7 @@ impl Store {
         self.db
             .query_row(
                 &format!(
-                    "SELECT {} FROM instances WHERE id = ?1 AND state != 'creating'",
+                    "SELECT {} FROM instances WHERE id = ?1 AND state = 'active'",
                     Self::INSTANCE_COLS
                 ),
                 [id as i64],
@@ -474,7 +446,7 @@ impl Store {
         self.db
             .query_row(
                 &format!(
-                    "SELECT {} FROM instances WHERE persistent_name = ?1 AND state != 'creating'",
+                    "SELECT {} FROM instances WHERE persistent_name = ?1 AND state = 'active'",
                     Self::INSTANCE_COLS
                 ),
                 [name],
@@ -493,7 +465,7 @@ impl Store {
 
     pub fn instances(&self) -> R<Vec<InstanceRow>> {
         let mut st = self.db.prepare(&format!(
-            "SELECT {} FROM instances WHERE state != 'creating' ORDER BY id",
+            "SELECT {} FROM instances WHERE state = 'active' ORDER BY id",
             Self::INSTANCE_COLS
         ))?;
         let rows = st.query_map([], Self::instance_from_row)?;
@@ -507,13 +479,74 @@ impl Store {
         rows.collect()
     }
 
-    /// Instances left half-created by a manager that stopped in the middle of a creation.
-    pub fn half_created(&self) -> R<Vec<u64>> {
-        let mut st = self
-            .db
-            .prepare("SELECT id FROM instances WHERE state = 'creating'")?;
-        let rows = st.query_map([], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
+    /// Instances whose capacity counts: the active ones, those being created (their planned
+    /// fragments) and those waiting to be destroyed after a crash.
+    pub fn reserving_instances(&self) -> R<Vec<InstanceRow>> {
+        let mut st = self.db.prepare_cached(&format!(
+            "SELECT {} FROM instances WHERE descriptor != 'null' ORDER BY id",
+            Self::INSTANCE_COLS
+        ))?;
+        let rows = st.query_map([], Self::instance_from_row)?;
         rows.collect()
+    }
+
+    /// After a crash (at start): instances being created, and the job instances of sessions
+    /// whose setup did not finish, become `orphaned` (to be destroyed on their servers by
+    /// [`crate::core::Core::collect_orphans`]); those sessions end as `failed`. Rows of a
+    /// creation that had not planned anything yet are removed. Returns (sessions failed,
+    /// instances orphaned).
+    pub fn recover_interrupted_setups(&self) -> R<(Vec<u64>, Vec<u64>)> {
+        let tx = self.db.unchecked_transaction()?;
+        tx.execute(
+            "DELETE FROM instances WHERE state = 'creating' AND descriptor = 'null'",
+            [],
+        )?;
+        let sessions: Vec<u64> = {
+            let mut st = tx.prepare("SELECT id FROM sessions WHERE state = 'creating'")?;
+            let rows = st.query_map([], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
+            rows.collect::<R<_>>()?
+        };
+        for sid in &sessions {
+            tx.execute(
+                "UPDATE instances SET state = 'orphaned' WHERE session = ?1",
+                [*sid as i64],
+            )?;
+        }
+        tx.execute(
+            "UPDATE sessions SET state = 'failed', ended = ?1 WHERE state = 'creating'",
+            [now()],
+        )?;
+        tx.execute(
+            "UPDATE instances SET state = 'orphaned' WHERE state = 'creating'",
+            [],
+        )?;
+        let orphans: Vec<u64> = {
+            let mut st = tx.prepare("SELECT id FROM instances WHERE state = 'orphaned'")?;
+            let rows = st.query_map([], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
+            rows.collect::<R<_>>()?
+        };
+        tx.commit()?;
+        Ok((sessions, orphans))
+    }
+
+    /// Instances to destroy on their servers (see [`Store::recover_interrupted_setups`]).
+    pub fn orphaned_instances(&self) -> R<Vec<InstanceRow>> {
+        let mut st = self.db.prepare_cached(&format!(
+            "SELECT {} FROM instances WHERE state = 'orphaned' ORDER BY id",
+            Self::INSTANCE_COLS
+        ))?;
+        let rows = st.query_map([], Self::instance_from_row)?;
+        rows.collect()
+    }
+
+    /// Marks an instance to be destroyed by the orphan collection (its creation failed and
+    /// its servers could not all be told).
+    pub fn orphan_instance(&self, id: u64) -> R<()> {
+        self.db.execute(
+            "UPDATE instances SET state = 'orphaned' WHERE id = ?1",
+            [id as i64],
+        )?;
+        Ok(())
     }
 
     // --- sessions ---
@@ -522,10 +555,27 @@ impl Store {
         self.db.execute(
             "INSERT INTO sessions(job, owner_uid, owner_gid, state, created, ended, job_instance,
                                   external)
-             VALUES (?1, ?2, ?3, 'active', ?4, 0, NULL, ?5)",
-            params![job, i64::from(uid), i64::from(gid), now(), external],
+             VALUES (?1, ?2, ?3, 'creating', ?4, 0, NULL, ?5)",
+            params![
+                surge_core::limits::bounded(job, surge_core::limits::MAX_JOB_NAME),
+                i64::from(uid),
+                i64::from(gid),
+                now(),
+                external
+                    .map(|e| surge_core::limits::bounded(e, surge_core::limits::MAX_EXTERNAL_ID))
+            ],
         )?;
         Ok(self.db.last_insert_rowid() as u64)
+    }
+
+    /// A session made by [`Store::create_session`] has all its instances: it becomes
+    /// `active` (what agents mount and phases use). Until then a crash fails it.
+    pub fn activate_session(&self, session: u64) -> R<()> {
+        self.db.execute(
+            "UPDATE sessions SET state = 'active' WHERE id = ?1 AND state = 'creating'",
+            [session as i64],
+        )?;
+        Ok(())
     }
 
     /// The newest session of a workload manager's job.
@@ -571,6 +621,34 @@ impl Store {
             params![session as i64, instance as i64, promise],
         )?;
         Ok(())
+    }
+
+    /// Completes a session's setup in one transaction: its job instance (and promise), the
+    /// persistent instances it attaches, and the switch to `active`.
+    pub fn complete_session(
+        &self,
+        session: u64,
+        job_instance: Option<(u64, &str)>,
+        attach: &[u64],
+    ) -> R<()> {
+        let tx = self.db.unchecked_transaction()?;
+        if let Some((instance, promise)) = job_instance {
+            tx.execute(
+                "UPDATE sessions SET job_instance = ?2, promise = ?3 WHERE id = ?1",
+                params![session as i64, instance as i64, promise],
+            )?;
+        }
+        for id in attach {
+            tx.execute(
+                "INSERT OR IGNORE INTO session_persistent(session, instance) VALUES (?1, ?2)",
+                params![session as i64, *id as i64],
+            )?;
+        }
+        tx.execute(
+            "UPDATE sessions SET state = 'active' WHERE id = ?1 AND state = 'creating'",
+            [session as i64],
+        )?;
+        tx.commit()
     }
 
     pub fn attach(&self, session: u64, instance: u64) -> R<()> {
@@ -773,6 +851,110 @@ impl Store {
     }
 }
 
+/// Migration 1: the schema as it was before migrations were numbered (every table, and the
+/// columns added one by one since the first release; idempotent, so any older database
+/// reaches it).
+fn baseline(db: &Connection) -> R<()> {
+    db.execute_batch(
+        "CREATE TABLE IF NOT EXISTS pools(
+        name TEXT PRIMARY KEY, granularity INTEGER NOT NULL, created INTEGER NOT NULL);
+         CREATE TABLE IF NOT EXISTS servers(
+        id TEXT PRIMARY KEY, pool TEXT NOT NULL, addrs TEXT NOT NULL,
+        capacity INTEGER NOT NULL, state TEXT NOT NULL, last_seen INTEGER NOT NULL);
+         CREATE TABLE IF NOT EXISTS instances(
+        id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, kind TEXT NOT NULL,
+        persistent_name TEXT UNIQUE, access_mode TEXT NOT NULL, pool TEXT NOT NULL,
+        capacity INTEGER NOT NULL, nodes INTEGER NOT NULL, owner_uid INTEGER NOT NULL,
+        owner_gid INTEGER NOT NULL, state TEXT NOT NULL, created INTEGER NOT NULL,
+        descriptor TEXT NOT NULL);
+         CREATE TABLE IF NOT EXISTS sessions(
+        id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, owner_uid INTEGER NOT NULL,
+        owner_gid INTEGER NOT NULL, state TEXT NOT NULL, created INTEGER NOT NULL,
+        ended INTEGER NOT NULL, job_instance INTEGER);
+         CREATE TABLE IF NOT EXISTS session_persistent(
+        session INTEGER NOT NULL, instance INTEGER NOT NULL, PRIMARY KEY(session, instance));
+         CREATE TABLE IF NOT EXISTS stage_tasks(
+        id INTEGER PRIMARY KEY AUTOINCREMENT, session INTEGER NOT NULL,
+        instance INTEGER NOT NULL, ns INTEGER NOT NULL, direction TEXT NOT NULL,
+        items TEXT NOT NULL, state TEXT NOT NULL, files_total INTEGER NOT NULL,
+        files_done INTEGER NOT NULL, bytes_total INTEGER NOT NULL,
+        bytes_done INTEGER NOT NULL, seconds REAL NOT NULL, failures TEXT NOT NULL,
+        error TEXT NOT NULL, created INTEGER NOT NULL);
+         CREATE TABLE IF NOT EXISTS server_peaks(
+        server TEXT PRIMARY KEY, peaks TEXT NOT NULL, source TEXT NOT NULL,
+        registered INTEGER NOT NULL);
+         CREATE TABLE IF NOT EXISTS pool_curve(
+        pool TEXT NOT NULL, servers INTEGER NOT NULL, peaks TEXT NOT NULL,
+        source TEXT NOT NULL, registered INTEGER NOT NULL, PRIMARY KEY(pool, servers));",
+    )?;
+    // Columns added since the first release: databases made before get them here.
+    add_column(
+        db,
+        "instances",
+        "group_shared",
+        "INTEGER NOT NULL DEFAULT 0",
+    )?;
+    add_column(db, "stage_tasks", "origin", "TEXT NOT NULL DEFAULT ''")?;
+    add_column(db, "sessions", "external", "TEXT")?;
+    add_column(db, "sessions", "phase", "TEXT NOT NULL DEFAULT ''")?;
+    add_column(db, "sessions", "hosts", "TEXT NOT NULL DEFAULT '[]'")?;
+    add_column(db, "sessions", "mount", "INTEGER NOT NULL DEFAULT 0")?;
+    // What a performance-target allocation promised (JSON, '' for the others).
+    add_column(db, "instances", "promise", "TEXT NOT NULL DEFAULT ''")?;
+    add_column(db, "sessions", "promise", "TEXT NOT NULL DEFAULT ''")?;
+    Ok(())
+}
+
+/// Migration 2 (issue 30): indexes for every lookup the manager makes (history must not slow
+/// anything), the session a job instance belongs to (so an instance whose session never
+/// finished its setup is found and destroyed after a crash), and planned descriptors kept
+/// for instances being created (their capacity counts while the servers are asked).
+fn indexes_and_owners(db: &Connection) -> R<()> {
+    add_column(db, "instances", "session", "INTEGER")?;
+    db.execute_batch(
+        "CREATE INDEX IF NOT EXISTS sessions_external ON sessions(external, id);
+         CREATE INDEX IF NOT EXISTS sessions_state ON sessions(state, id);
+         CREATE INDEX IF NOT EXISTS sessions_job_instance ON sessions(job_instance);
+         CREATE INDEX IF NOT EXISTS sessions_ended ON sessions(ended);
+         CREATE INDEX IF NOT EXISTS session_persistent_instance ON session_persistent(instance);
+         CREATE INDEX IF NOT EXISTS instances_state ON instances(state);
+         CREATE INDEX IF NOT EXISTS instances_session ON instances(session);
+         CREATE INDEX IF NOT EXISTS stage_tasks_session ON stage_tasks(session, id);
+         CREATE INDEX IF NOT EXISTS stage_tasks_instance ON stage_tasks(instance, id);
+         CREATE INDEX IF NOT EXISTS stage_tasks_state ON stage_tasks(state, id);",
+    )
+}
+
+/// The schema's numbered migrations, in order: migration `i + 1` is `MIGRATIONS[i]`. A
+/// database records the last one applied (`PRAGMA user_version`); each start applies the rest,
+/// each in its own transaction. A database newer than this manager is refused.
+const MIGRATIONS: &[fn(&Connection) -> R<()>] = &[baseline, indexes_and_owners];
+
+/// The schema version this manager writes.
+pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
+
+fn migrate(db: &Connection) -> R<()> {
+    let at: i64 = db.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let at = usize::try_from(at).unwrap_or(0);
+    if at > MIGRATIONS.len() {
+        return Err(rusqlite::Error::ToSqlConversionFailure(
+            format!(
+                "the state database has schema version {at}, newer than this manager's {} \
+                 (a newer surge made it): upgrade this manager",
+                MIGRATIONS.len()
+            )
+            .into(),
+        ));
+    }
+    for (i, m) in MIGRATIONS.iter().enumerate().skip(at) {
+        let tx = db.unchecked_transaction()?;
+        m(&tx)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
 /// Adds `column` to `table` unless the database has it (a database made by an older manager).
 fn add_column(db: &Connection, table: &str, column: &str, decl: &str) -> R<()> {
     let has: bool = db.query_row(
@@ -839,10 +1021,10 @@ mod tests {
         let (iid, sid) = {
             let s = Store::open(&path).unwrap();
             s.upsert_pool("default", 1 << 30).unwrap();
-            let iid = s.new_instance_id(&row()).unwrap();
+            let iid = s.new_instance_id(&row(), None).unwrap();
             s.finish_instance(iid, "keep", &desc(iid)).unwrap();
             let sid = s.create_session("job.sh", 1, 1, None).unwrap();
-            s.attach(sid, iid).unwrap();
+            s.complete_session(sid, None, &[iid]).unwrap();
             (iid, sid)
         };
         let s = Store::open(&path).unwrap();
@@ -879,7 +1061,7 @@ mod tests {
                 .unwrap();
             let mut r = row();
             r.promise = "{\"offer\":{}}".into();
-            let iid = s.new_instance_id(&r).unwrap();
+            let iid = s.new_instance_id(&r, None).unwrap();
             s.finish_instance(iid, "keep", &desc(iid)).unwrap();
             let sid = s.create_session("job.sh", 1, 1, None).unwrap();
             s.set_session_instance(sid, iid, &r.promise).unwrap();
@@ -901,7 +1083,8 @@ mod tests {
             s.db.execute_batch(
                 "ALTER TABLE instances DROP COLUMN promise;
                  ALTER TABLE sessions DROP COLUMN promise;
-                 DROP TABLE server_peaks; DROP TABLE pool_curve;",
+                 DROP TABLE server_peaks; DROP TABLE pool_curve;
+                 PRAGMA user_version = 0;",
             )
             .unwrap();
         }
@@ -913,17 +1096,87 @@ mod tests {
     }
 
     #[test]
+    fn a_setup_cut_by_a_crash_fails_its_session_and_orphans_what_it_made() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("m.db");
+        let mut job = row();
+        job.persistent_name = None;
+        job.kind = "job".into();
+        let (cut, whole, made, planned, unplanned) = {
+            let s = Store::open(&path).unwrap();
+            // A session whose instance was made but not yet linked.
+            let cut = s.create_session("cut.sh", 1, 1, Some("slurm:1")).unwrap();
+            let made = s.new_instance_id(&job, Some(cut)).unwrap();
+            s.plan_instance(made, "job-x", &desc(made)).unwrap();
+            s.finish_instance(made, "job-x", &desc(made)).unwrap();
+            // A creation planned (servers being asked) and one not yet planned.
+            let planned = s.new_instance_id(&job, None).unwrap();
+            s.plan_instance(planned, "job-y", &desc(planned)).unwrap();
+            let unplanned = s.new_instance_id(&job, None).unwrap();
+            // A whole session stays as it is.
+            let whole = s.create_session("whole.sh", 1, 1, Some("slurm:2")).unwrap();
+            s.complete_session(whole, None, &[]).unwrap();
+            assert_eq!(s.sessions_using(made).unwrap(), Vec::<u64>::new());
+            (cut, whole, made, planned, unplanned)
+        };
+        let s = Store::open(&path).unwrap();
+        let (failed, orphans) = s.recover_interrupted_setups().unwrap();
+        assert_eq!(failed, vec![cut]);
+        assert_eq!(orphans, vec![made, planned]);
+        assert_eq!(s.session(cut).unwrap().unwrap().state, "failed");
+        assert_eq!(s.session(whole).unwrap().unwrap().state, "active");
+        assert!(
+            s.instance(made).unwrap().is_none(),
+            "an orphan is not usable"
+        );
+        let ids: Vec<u64> = s
+            .orphaned_instances()
+            .unwrap()
+            .iter()
+            .map(|i| i.id)
+            .collect();
+        assert_eq!(ids, vec![made, planned]);
+        // Orphans count against their servers' space until destroyed.
+        let reserving: Vec<u64> = s
+            .reserving_instances()
+            .unwrap()
+            .iter()
+            .map(|i| i.id)
+            .collect();
+        assert!(reserving.contains(&made) && reserving.contains(&planned));
+        assert!(!s.instance_ids().unwrap().contains(&unplanned));
+    }
+
+    #[test]
+    fn the_schema_is_migrated_in_numbered_steps_and_a_newer_one_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("m.db");
+        Store::open(&path).unwrap();
+        let v: i64 = Connection::open(&path)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v as usize, SCHEMA_VERSION);
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
+        let e = Store::open(&path).err().expect("a newer schema was opened");
+        assert!(e.to_string().contains("newer than this manager"), "{e}");
+    }
+
+    #[test]
     fn fresh_databases_start_instance_ids_at_a_random_offset() {
         let t = tempfile::tempdir().unwrap();
         let a = Store::open(&t.path().join("a.db"))
             .unwrap()
-            .new_instance_id(&row())
+            .new_instance_id(&row(), None)
             .unwrap();
         let mut r = row();
         r.persistent_name = None;
         let b = Store::open(&t.path().join("b.db"))
             .unwrap()
-            .new_instance_id(&r)
+            .new_instance_id(&r, None)
             .unwrap();
         assert_ne!(a, b);
         assert!(a > 1 || b > 1);

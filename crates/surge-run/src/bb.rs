@@ -380,6 +380,42 @@ async fn find(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<Option<api
     }
 }
 
+/// What a session lacks of what the script's directives ask for (its job instance, a
+/// persistent instance it attaches), if anything: no phase lets a job run without them.
+fn missing(d: &surge_core::directives::Directives, s: &api::Session) -> Option<String> {
+    if d.jobdw.is_some()
+        && (s.job_instance == 0 || !s.instances.iter().any(|i| i.id == s.job_instance))
+    {
+        return Some("its job instance".into());
+    }
+    let lacking: Vec<String> = attached(d)
+        .into_iter()
+        .filter(|n| {
+            !s.instances
+                .iter()
+                .any(|i| i.id != s.job_instance && &i.name == n)
+        })
+        .collect();
+    (!lacking.is_empty()).then(|| format!("persistent instance(s) {}", lacking.join(", ")))
+}
+
+/// The job's active session, complete: a session without an instance its directives ask for
+/// is an error here, so `paths` and `pre_run` never let such a job start.
+async fn complete_session(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<api::Session> {
+    let s = session(m, job).await?;
+    let (name, d) = job.directives()?;
+    if let Some(what) = missing(&d, &s) {
+        anyhow::bail!(
+            "job {}: session {} lacks {what} that {name} asks for: the job must not run \
+             (re-run setup, or end the session with `surge session end {}`)",
+            job.job_id,
+            s.id,
+            s.id
+        );
+    }
+    Ok(s)
+}
+
 async fn session(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<api::Session> {
     let s = find(m, job).await?.with_context(|| {
         format!(
@@ -436,8 +472,27 @@ async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> 
     let (name, d) = job.directives()?;
     let mut m = connect(&job.common.manager).await?;
     if let Some(s) = find(&mut m, job).await?.filter(|s| s.state == "active") {
-        println!("job {}: session {} (already set up)", job.job_id, s.id);
-        return Ok(());
+        match missing(&d, &s) {
+            None => {
+                println!("job {}: session {} (already set up)", job.job_id, s.id);
+                return Ok(());
+            }
+            // A session without what the script asks for (made by a manager that crashed in
+            // the middle of a setup, before setups were all or nothing): ended, made anew.
+            Some(what) => {
+                eprintln!(
+                    "job {}: session {} lacks {what}: ending it and setting up again",
+                    job.job_id, s.id
+                );
+                m.end_session(api::EndSessionRequest {
+                    id: s.id,
+                    keep_job_instance: false,
+                    state: "failed".into(),
+                })
+                .await
+                .map_err(status_err)?;
+            }
+        }
     }
     for cp in &d.create_persistent {
         let r = m
@@ -922,7 +977,7 @@ fn mount_path(s: &api::Session, i: &api::Instance) -> String {
 
 async fn paths(job: &Job, path_file: &Path) -> anyhow::Result<()> {
     let mut m = connect(&job.common.manager).await?;
-    let s = session(&mut m, job).await?;
+    let s = complete_session(&mut m, job).await?;
     let mut text = String::new();
     let caches = cache_instances(&s);
     for i in &s.instances {
@@ -1005,7 +1060,7 @@ async fn mount_state(
 
 async fn pre_run(job: &Job, hosts: Vec<String>, timeout: f64) -> anyhow::Result<()> {
     let mut m = connect(&job.common.manager).await?;
-    let s = session(&mut m, job).await?;
+    let s = complete_session(&mut m, job).await?;
     let hosts: Vec<String> = hosts
         .into_iter()
         .map(|h| h.trim().to_string())

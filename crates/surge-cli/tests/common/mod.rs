@@ -42,10 +42,16 @@ impl Manager {
 
     /// [`Manager::start`] with more options.
     pub fn start_with(dir: &std::path::Path, extra: &[&str]) -> Manager {
+        Manager::start_env(dir, extra, &[])
+    }
+
+    /// [`Manager::start_with`] with more environment (e.g. `SURGE_FAILPOINTS`).
+    pub fn start_env(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Manager {
         let ready = dir.join("m.ready");
         let _ = std::fs::remove_file(&ready);
         let child = ChildGuard(
             surge_command()
+                .envs(env.iter().copied())
                 .args([
                     "manager",
                     "--listen",
@@ -60,7 +66,13 @@ impl Manager {
                 .arg(dir.join("m.db"))
                 .arg("--ready-file")
                 .arg(&ready)
-                .stderr(std::fs::File::create(dir.join("manager.log")).expect("manager log"))
+                .stderr(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(dir.join("manager.log"))
+                        .expect("manager log"),
+                )
                 .spawn()
                 .expect("start surge manager"),
         );

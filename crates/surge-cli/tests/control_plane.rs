@@ -1,0 +1,332 @@
+//! The control plane's failure modes of issue 30, each driven the way a cluster meets it: a
+//! setup retried by Slurm, a manager killed at each step of a setup (failpoints: the process
+//! aborts there as `kill -9` would stop it), fragments nobody knows left on servers, and a
+//! server that stops answering while other jobs allocate.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+/// A Cori-style job script asking for a 64 MiB striped job instance.
+const SCRIPT: &str = "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\n";
+
+/// `surge bb PHASE --job-id JOB --script SCRIPT --manager M ARGS` (as Slurm's hooks call it).
+fn bb(m: &str, phase: &str, job: &str, script: &Path, args: &[&str]) -> Output {
+    surge_command()
+        .args(["bb", phase, "--job-id", job, "--manager", m, "--script"])
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run surge bb")
+}
+
+fn setup(m: &str, job: &str, script: &Path) -> Output {
+    bb(m, "setup", job, script, &["--uid", "0", "--gid", "0"])
+}
+
+/// Instances each server holds fragments of, from the servers themselves.
+fn held(c: &Cluster) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for s in &c.servers {
+        let st: serde_json::Value =
+            serde_json::from_str(&surge(&["server", "status", "--json", &s.addr])).unwrap();
+        for f in st[0]["fragments"].as_array().into_iter().flatten() {
+            ids.push(f["instance"].as_u64().expect("fragment instance"));
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The instance ids the manager lists.
+fn listed(m: &Manager) -> Vec<u64> {
+    let v: serde_json::Value =
+        serde_json::from_str(&surge(&["instance", "ls", "--json", "--manager", &m.grpc])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_retried_setup_gets_its_session_and_the_manager_keeps_serving() {
+    let dir = Scratch::new("cp-retry");
+    let c = cluster(1, "1GiB");
+    let m = Manager::start(dir.path());
+    m.register(&c);
+    let script = dir.path().join("job.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let o = setup(&m.grpc, "101", &script);
+    assert!(o.status.success(), "{}", text(&o));
+    // The retry (Slurm requeues, a setup retried after NoSpace): on the old manager this
+    // took the store's lock twice and hung every RPC for good.
+    let mut retry = surge_command()
+        .args([
+            "bb",
+            "setup",
+            "--job-id",
+            "101",
+            "--manager",
+            &m.grpc,
+            "--script",
+        ])
+        .arg(&script)
+        .args(["--uid", "0", "--gid", "0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = retry.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = retry.kill();
+            panic!("the retried setup did not answer in 20 s: the manager is stuck");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut retry.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(out.contains("already set up"), "{out}");
+    // Every other RPC still answers.
+    let sessions = surge(&["session", "ls", "--json", "--manager", &m.grpc]);
+    assert!(sessions.contains("slurm:101"), "{sessions}");
+    let o = bb(&m.grpc, "teardown", "101", &script, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    // A new setup for a job id whose session ended makes a new session.
+    let o = setup(&m.grpc, "101", &script);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("already"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_manager_killed_at_any_step_of_a_setup_never_lets_a_job_run_without_its_instance() {
+    let dir = Scratch::new("cp-crash");
+    let c = cluster(2, "1GiB");
+    let script = dir.path().join("job.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let free0 = {
+        let m = Manager::start(dir.path());
+        m.register(&c);
+        pool_free(&m)
+    };
+    for (n, point) in [
+        "manager:session-row",
+        "manager:instance-made",
+        "manager:instance-linked",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let job = format!("20{n}");
+        {
+            let m = Manager::start_env(dir.path(), &[], &[("SURGE_FAILPOINTS", point)]);
+            let o = setup(&m.grpc, &job, &script);
+            assert!(
+                !o.status.success(),
+                "{point}: the setup succeeded though the manager died\n{}",
+                text(&o)
+            );
+            let mut child = m.child;
+            let st = child.0.wait().unwrap();
+            assert!(!st.success(), "{point}: the manager did not die");
+        }
+        // Slurm retries the setup against the restarted manager (same state).
+        let m = Manager::start(dir.path());
+        let o = setup(&m.grpc, &job, &script);
+        assert!(o.status.success(), "{point}: retried setup\n{}", text(&o));
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("already set up"),
+            "{point}: the retry took the interrupted session as set up\n{}",
+            text(&o)
+        );
+        let paths = dir.path().join(format!("paths-{job}"));
+        let o = bb(
+            &m.grpc,
+            "paths",
+            &job,
+            &script,
+            &["--path-file", paths.to_str().unwrap()],
+        );
+        assert!(o.status.success(), "{point}: paths\n{}", text(&o));
+        let env = std::fs::read_to_string(&paths).unwrap();
+        assert!(
+            env.contains("DW_JOB_STRIPED="),
+            "{point}: no instance path: {env}"
+        );
+        // What the interrupted setup made is destroyed on the servers, not just forgotten.
+        wait_for(
+            &format!("{point}: servers holding only the live instance"),
+            Duration::from_secs(20),
+            || (held(&c) == listed(&m)).then_some(()),
+        );
+        let o = bb(&m.grpc, "teardown", &job, &script, &[]);
+        assert!(o.status.success(), "{point}: teardown\n{}", text(&o));
+        assert!(
+            held(&c).is_empty(),
+            "{point}: fragments left: {:?}",
+            held(&c)
+        );
+        assert_eq!(
+            pool_free(&m),
+            free0,
+            "{point}: the pool did not get its space back"
+        );
+        eprintln!("{point}: the retried setup made a whole session; nothing left behind");
+    }
+}
+
+/// The manager's servers with their states (`GET /v1/servers`, open to anyone).
+fn servers_of(m: &Manager) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&m.http).unwrap();
+    write!(
+        s,
+        "GET /v1/servers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    let body = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {r}"))
+}
+
+/// The default pool's free bytes as the manager counts them.
+fn pool_free(m: &Manager) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_str(&surge(&["pool", "ls", "--json", "--manager", &m.grpc])).unwrap();
+    v[0]["free"].as_u64().expect("free bytes")
+}
+
+#[test]
+fn fragments_nobody_knows_are_removed_while_their_server_runs() {
+    let dir = Scratch::new("cp-gc");
+    let c = cluster(1, "1GiB");
+    let m = Manager::start_with(dir.path(), &["--gc-interval", "0.5"]);
+    m.register(&c);
+    // Made behind the manager's back (what a crashed creation or a lost state leaves).
+    let stray = c.create_instance("128MiB", "1MiB", &[]);
+    assert_eq!(held(&c), vec![stray]);
+    wait_for(
+        "the stray fragments removed",
+        Duration::from_secs(20),
+        || held(&c).is_empty().then_some(()),
+    );
+    let log = std::fs::read_to_string(dir.path().join("manager.log")).unwrap();
+    assert!(
+        log.contains(&format!("unknown instance {stray}")) && log.contains("freed"),
+        "the manager did not say what it removed:\n{log}"
+    );
+    // The manager's own instances stay.
+    let script = dir.path().join("job.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let o = setup(&m.grpc, "301", &script);
+    assert!(o.status.success(), "{}", text(&o));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(held(&c), listed(&m));
+}
+
+#[test]
+fn a_stopped_server_delays_no_other_allocation_and_is_marked_down_in_seconds() {
+    let dir = Scratch::new("cp-stop");
+    let mut c = cluster(2, "1GiB");
+    let m = Manager::start(dir.path());
+    m.register(&c);
+    let servers = servers_of(&m);
+    let id_of = |addr: &str| -> String {
+        servers
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| {
+                s["addrs"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(addr)))
+            })
+            .and_then(|s| s["id"].as_str())
+            .unwrap_or_else(|| panic!("no server {addr} in {servers}"))
+            .to_string()
+    };
+    let (hung, healthy) = (id_of(&c.servers[0].addr), id_of(&c.servers[1].addr));
+    let pid = c.servers[0].child.as_ref().unwrap().id() as i32;
+    // SAFETY: stopping a child of this test.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let grpc = m.grpc.clone();
+    let on = |server: String| {
+        let grpc = grpc.clone();
+        async move {
+            let t = Instant::now();
+            let mut api =
+                surge_api::connect_with(&grpc, surge_testkit::munge_socket().to_path_buf())
+                    .await
+                    .unwrap();
+            let r = api
+                .create_instance(surge_api::v1::CreateInstanceRequest {
+                    capacity: 64 << 20,
+                    access_mode: "striped".into(),
+                    nodes: 1,
+                    server,
+                    ..Default::default()
+                })
+                .await;
+            (r.is_ok(), t.elapsed())
+        }
+    };
+    let is_down = || {
+        servers_of(&m)
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == hung.as_str() && s["state"] == "down")
+    };
+    let (on_hung, on_healthy, down) = rt.block_on(async {
+        let hung_alloc = tokio::spawn(on(hung.clone()));
+        // The one on the stopped server asks first.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let healthy_alloc = tokio::spawn(on(healthy.clone()));
+        let mut down = None;
+        while down.is_none() && stopped.elapsed() < Duration::from_secs(30) {
+            if is_down() {
+                down = Some(stopped.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (
+            hung_alloc.await.unwrap(),
+            healthy_alloc.await.unwrap(),
+            down,
+        )
+    });
+    eprintln!(
+        "healthy allocation {:?}; stopped server's {:?} (ok: {}); marked down after {down:?}",
+        on_healthy.1, on_hung.1, on_hung.0
+    );
+    assert!(
+        on_healthy.0 && on_healthy.1 < Duration::from_secs(5),
+        "an allocation on a healthy server waited {:?} behind the stopped one",
+        on_healthy.1
+    );
+    assert!(!on_hung.0, "an allocation on a stopped server succeeded");
+    assert!(
+        on_hung.1 < Duration::from_secs(40),
+        "the allocation on the stopped server took {:?} to fail",
+        on_hung.1
+    );
+    let down = down.expect("the stopped server was not marked down in 30 s");
+    assert!(down < Duration::from_secs(10), "marked down after {down:?}");
+    // SAFETY: resuming the child stopped above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    c.servers[0].kill9();
+}
