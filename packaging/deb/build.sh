@@ -98,7 +98,7 @@ Description: open burst buffer for HPC clusters (DataWarp-compatible)
  Surge turns fast devices (NVMe, SSD, RAM) on burst-buffer nodes into on-demand
  file systems for jobs, stages data between them and the parallel file system,
  and runs DataWarp job scripts (#DW jobdw, stage_in, stage_out) under Slurm's
- burst_buffer/lua or `surge run`. One binary: manager, server, agent, mover,
+ burst_buffer/lua or surge run. One binary: manager, server, agent, mover,
  passthrough helper, benchmarks, profiler, advisor, tuner and simulator;
  libdatawarp for codes that call DataWarp's C API.
 EOF

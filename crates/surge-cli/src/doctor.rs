@@ -305,7 +305,7 @@ fn check_config(r: &mut Report, role: Role, path: Option<&Path>) -> Option<Surge
                     "config",
                     format!("{}: no [{}] section", path.display(), d.section()),
                     format!(
-                        "add a [{}] section (see /usr/share/doc/surge/surge.toml)",
+                        "add the [{}] section (see /usr/share/doc/surge/surge.toml)",
                         d.section()
                     ),
                 ),
@@ -383,17 +383,24 @@ fn first_line(s: &str) -> &str {
 /// Who the role's daemon runs as: --as, the running daemon's user, the unit's `User=`, root.
 fn daemon_user(r: &mut Report, args: &DoctorArgs, s: &Settings) -> Option<accounts::User> {
     let (unit, unit_default) = args.role.unit()?;
+    let missing = |r: &mut Report, name: &str, detail: String, fix: &str| {
+        r.fail("user", detail, fix);
+        // The checks below still say what this user must own.
+        Some(accounts::User {
+            name: name.to_string(),
+            uid: u32::MAX,
+            gid: u32::MAX,
+        })
+    };
     if let Some(name) = &args.as_user {
         return match accounts::user_by_name(name) {
             Some(u) => Some(u),
-            None => {
-                r.fail(
-                    "user",
-                    format!("no user '{name}' on this host (--as)"),
-                    "create it, or name another with --as",
-                );
-                None
-            }
+            None => missing(
+                r,
+                name,
+                format!("no user '{name}' on this host (--as)"),
+                "create it, or name another with --as",
+            ),
         };
     }
     let listen = match s {
@@ -409,15 +416,13 @@ fn daemon_user(r: &mut Report, args: &DoctorArgs, s: &Settings) -> Option<accoun
     let name = unit_user(unit).unwrap_or_else(|| unit_default.to_string());
     match accounts::user_by_name(&name) {
         Some(u) => Some(u),
-        None => {
-            r.fail(
-                "user",
-                format!("{unit} runs as '{name}', which does not exist on this host"),
-                "reinstall the package (its post-install creates the service user) or: \
-                 adduser --system --group --home /var/lib/surge surge",
-            );
-            None
-        }
+        None => missing(
+            r,
+            &name,
+            format!("{unit} runs as '{name}', which does not exist on this host"),
+            "reinstall the package (its post-install creates the service user) or: \
+             adduser --system --group --home /var/lib/surge surge",
+        ),
     }
 }
 
