@@ -65,8 +65,11 @@ install -m 0644 "$ROOT/contrib/surge.toml" "$P/usr/share/doc/surge/surge.toml"
 install -m 0644 "$ROOT/docs/INSTALL.md" "$P/usr/share/doc/surge/INSTALL.md"
 install -m 0644 "$ROOT/docs/SECURITY.md" "$P/usr/share/doc/surge/SECURITY.md"
 install -m 0644 "$ROOT/docs/DIRECTIVES.md" "$P/usr/share/doc/surge/DIRECTIVES.md"
+# The Slurm files, with the package's surge in them (the manager's address, slurm.conf's path
+# and the default pool are the site's to fill in).
 for f in README.md burst_buffer.lua burst_buffer.conf job_submit.lua; do
-    install -m 0644 "$ROOT/contrib/slurm/$f" "$P/usr/share/surge/slurm/$f"
+    sed 's|@SURGE@|/usr/bin/surge|g' "$ROOT/contrib/slurm/$f" > "$P/usr/share/surge/slurm/$f"
+    chmod 0644 "$P/usr/share/surge/slurm/$f"
 done
 cat > "$P/usr/share/doc/surge/copyright" <<EOF
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/

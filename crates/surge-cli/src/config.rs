@@ -785,6 +785,7 @@ pub fn expand_args(args: impl Iterator<Item = OsString>) -> anyhow::Result<Vec<O
 /// Examples:
 ///   surge config show manager --config /etc/surge/surge.toml
 ///   surge config show server --config /etc/surge/surge.toml --listen 0.0.0.0:7171
+///   surge config show --json agent --config /etc/surge/surge.toml
 ///   surge config check --config /etc/surge/surge.toml
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
@@ -797,7 +798,8 @@ pub struct ConfigArgs {
 pub enum ConfigCommand {
     /// The command line a daemon runs with: the file's settings as flags (what the command
     /// line gives wins), checked by the daemon's own flag parser; nothing is started. Give the
-    /// daemon's subcommand and flags as a unit's ExecStart gives them.
+    /// daemon's subcommand and flags as a unit's ExecStart gives them; options of `show`
+    /// itself (--json) go before the subcommand.
     Show {
         /// The daemon's subcommand (manager, server, agent, mover, passthrough-helper) and
         /// flags, e.g. `manager --config /etc/surge/surge.toml`.

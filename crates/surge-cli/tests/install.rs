@@ -532,6 +532,7 @@ echo "state: $(stat -c '%a %U %G' /var/lib/surge)"
 echo "unit: $(grep ^ExecStart= /lib/systemd/system/surge-server.service)"
 echo "user-of-server: $(grep ^User= /lib/systemd/system/surge-server.service)"
 echo "lib: $(ldconfig -p | grep -c libdatawarp.so)"
+echo "slurm: $(grep -h '^local SURGE = ' /usr/share/surge/slurm/*.lua | sort -u)"
 /usr/bin/surge config show server --config /etc/surge/surge.toml | head -1
 dpkg --purge surge
 echo "after purge: $(ls /usr/bin/surge /etc/surge/surge.toml 2>&1 | grep -c 'No such file')"
@@ -555,6 +556,7 @@ echo "after purge: $(ls /usr/bin/surge /etc/surge/surge.toml 2>&1 | grep -c 'No 
         "unit: ExecStart=/usr/bin/surge server --config /etc/surge/surge.toml",
         "user-of-server: User=surge",
         "lib: 1",
+        "slurm: local SURGE = \"/usr/bin/surge\"",
         "surge server --device /nvme0/surge",
         "surge key create --key-file /etc/surge/surge.key",
         "after purge: 2",

@@ -367,10 +367,6 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
         "{out}"
     );
     nothing_left("refused Cori-style job");
-    eprintln!(
-        "Cori-style steps (3b, 3c) took {:.1} s",
-        t3b.elapsed().as_secs_f64()
-    );
 
     // 3d. `surge doctor` on the test bed's hosts, with the daemons' own flags: the manager, a
     //     BB server (registered and up) and a compute node (FUSE, its agent heard) pass; a
@@ -414,6 +410,10 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     assert!(
         out.contains("FAIL  agent") && out.contains("no agent called sgc9"),
         "{out}"
+    );
+    eprintln!(
+        "Cori-style jobs and the doctor (3b-3d) took {:.1} s",
+        t3b.elapsed().as_secs_f64()
     );
 
     // 4. A stage-in that fails keeps the job from running; nothing stays allocated.
