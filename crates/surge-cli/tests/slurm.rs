@@ -366,6 +366,43 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
         out.contains("batch script:2") && out.contains("2.5XB"),
         "{out}"
     );
+    // The default pool goes on a directive's last line when it is continued with `\`, and on
+    //  `--bb` text; held jobs, read back from Slurm, then cancelled.
+    let held = |args: &str| {
+        let id = ok(&format!(
+            "runuser -u {USER} -- env SLURM_CONF=$SLURM_CONF sbatch --parsable --hold {args}"
+        ))
+        .trim()
+        .to_string();
+        let (_, job) = sh(&format!(
+            "scontrol show job {id}; scontrol write batch_script {id} -"
+        ));
+        ok(&format!("scancel {id}"));
+        wait_gone(&id);
+        job
+    };
+    std::fs::write(
+        format!("{TB}/pfs/continued.sh"),
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped \\\n#DW   capacity=1GiB\nhostname\n",
+    )
+    .unwrap();
+    let job = held(&format!("{TB}/pfs/continued.sh"));
+    assert!(
+        job.contains(
+            "BurstBuffer=#DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme"
+        ) && job.contains("\n#DW   capacity=1GiB pool=nvme\nhostname"),
+        "{job}"
+    );
+    std::fs::write(format!("{TB}/pfs/plain.sh"), "#!/bin/bash\nhostname\n").unwrap();
+    let job = held(&format!(
+        "--bb '#DW jobdw type=scratch access_mode=striped capacity=1GiB' {TB}/pfs/plain.sh"
+    ));
+    assert!(
+        job.contains(
+            "BurstBuffer=#DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme"
+        ),
+        "{job}"
+    );
     nothing_left("refused Cori-style job");
 
     // 3d. `surge doctor` on the test bed's hosts, with the daemons' own flags: the manager, a
