@@ -620,6 +620,25 @@ fn check_key(r: &mut Report, path: &Path, user: Option<&accounts::User>, needed:
         ));
         fixes.push(format!("chown {}: {}", u.name, path.display()));
     }
+    // `surge key create` makes a missing directory 0700 (root's): a server running as the
+    // service user could then not reach the key inside.
+    if let (Some(u), Some(dir)) = (user.filter(|u| u.uid != 0), path.parent()) {
+        if let Ok(dm) = std::fs::metadata(dir) {
+            let m = dm.permissions().mode();
+            let reach = (dm.uid() == u.uid && m & 0o100 != 0)
+                || (dm.gid() == u.gid && m & 0o010 != 0)
+                || m & 0o001 != 0;
+            if !reach {
+                faults.push(format!(
+                    "its directory {} is {:04o}: {} cannot reach it",
+                    dir.display(),
+                    m & 0o777,
+                    u.name
+                ));
+                fixes.push(format!("chmod 755 {}", dir.display()));
+            }
+        }
+    }
     if needed && md.is_file() && md.len() != 32 {
         faults.push(format!("{} bytes, not a cluster key (32 bytes)", md.len()));
         fixes.push(format!(

@@ -359,6 +359,30 @@ fn a_host_configured_by_the_file_passes_the_doctor_and_each_fault_is_named() {
             && out.contains(&format!("chown nobody: {}", key.display())),
         "{out}"
     );
+    // A key in a directory the daemon's user cannot enter (`surge key create` makes a missing
+    // one 0700).
+    let locked = d.join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::copy(&key, locked.join("surge.key")).unwrap();
+    let broken = d.join("broken-keydir.toml");
+    std::fs::write(
+        &broken,
+        cfg_text.replace(
+            &key.display().to_string(),
+            &locked.join("surge.key").display().to_string(),
+        ),
+    )
+    .unwrap();
+    let (good, out) = doctor("server", &broken, &["--as", "nobody"]);
+    assert!(!good, "{out}");
+    assert!(
+        out.contains(&format!(
+            "its directory {} is 0700: nobody cannot reach it",
+            locked.display()
+        )) && out.contains(&format!("chmod 755 {}", locked.display())),
+        "{out}"
+    );
     // A device others can read.
     std::fs::set_permissions(&device, std::fs::Permissions::from_mode(0o755)).unwrap();
     let (good, out) = doctor("server", &cfg, &[]);
