@@ -723,21 +723,56 @@ fn check_state_dir(r: &mut Report, state: &Path, user: Option<&accounts::User>) 
     }
 }
 
+/// The users who must administer the manager (register servers, act for jobs' owners) as
+/// this host's group database says: the service user (the package's servers run as it) and
+/// SlurmUser, when they exist here.
+const ADMINS: [(&str, &str); 2] = [
+    (
+        "surge",
+        "servers running as surge (the package's surge-server) cannot register",
+    ),
+    (
+        "slurm",
+        "Slurm's hooks (as SlurmUser) cannot act for jobs' owners",
+    ),
+];
+
 fn check_admin_group(r: &mut Report, gid: Option<u32>) {
-    match gid {
-        Some(g) => match accounts::group_name(g) {
-            Some(name) => r.ok("admin", format!("admin group {name} (gid {g})")),
-            None => r.warn(
-                "admin",
-                format!("admin group gid {g} is not in this host's group database"),
-                "give the group SlurmUser is in (admin_group = \"slurm\" under [manager])",
-            ),
-        },
-        None => r.warn(
+    let Some(g) = gid else {
+        r.warn(
             "admin",
-            "no admin group: Slurm's hooks (as SlurmUser) cannot act for jobs' owners",
-            "admin_group = \"slurm\" under [manager] in /etc/surge/surge.toml (not needed without Slurm)",
-        ),
+            "no admin group: servers that run as the service user cannot register, and Slurm's \
+             hooks cannot act for jobs' owners",
+            "admin_group = \"surge\" under [manager] in /etc/surge/surge.toml (usermod -aG surge slurm)",
+        );
+        return;
+    };
+    let Some(name) = accounts::group_name(g) else {
+        r.warn(
+            "admin",
+            format!("admin group gid {g} is not in this host's group database"),
+            "admin_group = \"surge\" under [manager] (the service group, with SlurmUser in it)",
+        );
+        return;
+    };
+    let mut outside = Vec::new();
+    for (user, why) in ADMINS {
+        if let Some(u) = accounts::user_by_name(user) {
+            if !surge_auth::groups_of(u.uid, u.gid).contains(&g) {
+                outside.push((user, why));
+            }
+        }
+    }
+    if outside.is_empty() {
+        r.ok("admin", format!("admin group {name} (gid {g})"));
+        return;
+    }
+    for (user, why) in outside {
+        r.warn(
+            "admin",
+            format!("{user} is not in the admin group {name}: {why}"),
+            format!("usermod -aG {name} {user} (on this host), then restart surge-manager"),
+        );
     }
 }
 
@@ -965,6 +1000,10 @@ fn local_addr(listen: &str) -> String {
     }
 }
 
+/// How long the doctor waits for the manager's answer (a live manager answers in
+/// milliseconds; the connection itself has 5 s).
+const MANAGER_WAIT: Duration = Duration::from_secs(5);
+
 /// Reaches the manager with a MUNGE credential; for a server or agent, also finds this host
 /// in its lists. Returns the clock's skew against the manager's (seconds) when it said.
 fn check_manager(
@@ -989,7 +1028,7 @@ fn check_manager(
             let skew = date_skew(pools.metadata(), sent);
             anyhow::Ok((m, pools.into_inner().pools, skew))
         };
-        let (mut m, pools, skew) = match tokio::time::timeout(Duration::from_secs(10), call).await {
+        let (mut m, pools, skew) = match tokio::time::timeout(MANAGER_WAIT, call).await {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
                 let fix = match role {
@@ -1000,7 +1039,7 @@ fn check_manager(
                 return None;
             }
             Err(_) => {
-                r.fail("manager", format!("{addr}: no answer within 10 s"), "check the network between this host and the manager");
+                r.fail("manager", format!("{addr}: no answer within {} s (something listens there, but does not answer as a manager)", MANAGER_WAIT.as_secs()), "check that the manager runs there (systemctl status surge-manager) and the network between this host and it");
                 return None;
             }
         };
@@ -1081,7 +1120,10 @@ async fn check_registered(
                 None => r.fail(
                     "registered",
                     format!("the manager does not know server {id}"),
-                    "give [cluster] manager (or [server] manager) and restart surge-server; journalctl -u surge-server says why registration fails",
+                    "give [cluster] manager (or [server] manager) and restart surge-server; \
+                     journalctl -u surge-server says why registration fails (\"may not register \
+                     a server\": the server's user must be in the manager's admin_group, with \
+                     the same uid and gid on every node)",
                 ),
             }
         }
