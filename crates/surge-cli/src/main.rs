@@ -80,9 +80,9 @@ enum Command {
     Tune(surge_tune::cli::TuneArgs),
     /// Simulate compute nodes, burst buffers and the PFS (Liu et al.'s CODES model).
     Sim(surge_sim::cli::SimArgs),
-    /// The configuration file: what a daemon runs with, and a check of the file.
+    // Its help is ConfigArgs' own (with examples).
     Config(config::ConfigArgs),
-    /// Check this host for its role (manager, server, agent, mover, client) and say what to fix.
+    // Its help is DoctorArgs' own (with examples).
     Doctor(doctor::DoctorArgs),
 }
 
