@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 SURGE := target/release/surge
 
-.PHONY: setup build release install demo test test-rust test-python test-slowpfs test-netpfs lint fmt clean
+.PHONY: setup build release install deb demo test test-rust test-python test-slowpfs test-netpfs lint fmt clean
 
 setup:
 	@./scripts/setup.sh
@@ -17,7 +17,9 @@ release: setup
 # For admins: `surge`, libdatawarp (codes link with -ldatawarp) and its header under $(PREFIX)
 # (staged under $(DESTDIR) when packaging), and the passthrough helper's systemd unit, enabled
 # and started where systemd runs (HELPER=no: installed only): users' mounts then get the fast
-# tier's speed (scripts/install-helper.sh says what it did).
+# tier's speed (scripts/install-helper.sh says what it did). The units of the manager, server,
+# agent and mover are installed, not enabled, and /etc/surge/surge.toml if there is none
+# (docs/INSTALL.md). A Debian host: `make deb`.
 PREFIX ?= /usr/local
 UNIT_DIR ?= /etc/systemd/system
 HELPER ?= yes
@@ -26,6 +28,17 @@ install: release
 	install -D -m 0755 target/release/libdatawarp.so $(DESTDIR)$(PREFIX)/lib/libdatawarp.so
 	install -D -m 0644 crates/surge-datawarp/include/datawarp.h $(DESTDIR)$(PREFIX)/include/datawarp.h
 	./scripts/install-helper.sh "$(PREFIX)" "$(UNIT_DIR)" "$(DESTDIR)" "$(HELPER)"
+	for u in manager server agent mover; do \
+	    sed "s|/usr/local/bin/surge|$(PREFIX)/bin/surge|" contrib/systemd/surge-$$u.service > target/surge-$$u.service && \
+	    install -D -m 0644 target/surge-$$u.service $(DESTDIR)$(UNIT_DIR)/surge-$$u.service; done
+	[ -e $(DESTDIR)/etc/surge/surge.toml ] || install -D -m 0644 contrib/surge.toml $(DESTDIR)/etc/surge/surge.toml
+	@echo "daemon units installed, not enabled: see docs/INSTALL.md (surge doctor --role ROLE, then systemctl enable --now surge-ROLE)"
+
+# The Debian package (target/debian/surge_<version>_<arch>.deb): binary, libdatawarp, header,
+# systemd units, /etc/surge/surge.toml; its post-install creates the service user `surge`
+# (packaging/deb/build.sh; dpkg-deb, no network). docs/INSTALL.md.
+deb: release
+	./packaging/deb/build.sh --surge target/release/surge --libdatawarp target/release/libdatawarp.so --out target/debian
 
 # Set up everything and run the main job on the embedded default.
 demo: release

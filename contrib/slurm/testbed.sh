@@ -93,6 +93,9 @@ up() {
     install -m 644 "$HERE/burst_buffer.conf" $TB/etc/burst_buffer.conf
     sed -e "s|@SURGE@|$TB/bin/surge|; s|@MANAGER@|$MANAGER|; s|@SLURM_CONF@|$SLURM_CONF|; s|@RECONCILE_LOG@|$TB/log/surge-reconcile.log|" \
         "$HERE/burst_buffer.lua" > $TB/etc/burst_buffer.lua
+    # job_submit/lua: Surge's message for a bad directive at sbatch, and the default pool for
+    # a DataWarp capacity= without pool= (burst_buffer/lua ignores DefaultPool).
+    sed -e "s|@SURGE@|$TB/bin/surge|; s|@DEFAULT_POOL@|nvme|" "$HERE/job_submit.lua" > $TB/etc/job_submit.lua
     chown slurm:slurm $TB/log $TB/state
     touch $TB/log/slurmctld.log && chown slurm:slurm $TB/log/slurmctld.log
 

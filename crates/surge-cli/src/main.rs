@@ -1,6 +1,10 @@
 //! `surge`: one binary, one verb per task (DESIGN §2). This file only parses flags and hands each
 //! verb to the crate that owns it; no behaviour lives here.
 
+mod accounts;
+mod config;
+mod doctor;
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -19,6 +23,12 @@ struct Cli {
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+
+    /// Read the daemon's settings from this file (manager, server, agent, mover,
+    /// passthrough-helper; the units give /etc/surge/surge.toml): flags on the command line
+    /// win. `surge config show` prints what a daemon runs with; `surge doctor` reads it too.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     command: Command,
@@ -70,6 +80,10 @@ enum Command {
     Tune(surge_tune::cli::TuneArgs),
     /// Simulate compute nodes, burst buffers and the PFS (Liu et al.'s CODES model).
     Sim(surge_sim::cli::SimArgs),
+    // Its help is ConfigArgs' own (with examples).
+    Config(config::ConfigArgs),
+    // Its help is DoctorArgs' own (with examples).
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -166,7 +180,15 @@ fn with_manager<A>(
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // --config FILE: the file's settings become the daemon's flags (config.rs).
+    let args = match config::expand_args(std::env::args_os()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("surge: error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     let daemon = matches!(
         cli.command,
         Command::Manager(_)
@@ -264,6 +286,8 @@ fn main() -> ExitCode {
         Command::Advise(a) => surge_profile::cli::run_advise(a),
         Command::Tune(a) => surge_tune::cli::run(a),
         Command::Sim(a) => surge_sim::cli::run(a),
+        Command::Config(a) => config::run(a, cli.config),
+        Command::Doctor(a) => doctor::run(a, cli.config),
     };
     match result {
         Ok(code) => code,

@@ -296,6 +296,163 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     );
     nothing_left("refused job");
 
+    // 3b. A Cori-style script, as NERSC's were written: no `pool=` (burst_buffer/lua alone
+    //     refuses `capacity=` without one and ignores DefaultPool; contrib/slurm/job_submit.lua
+    //     gives it the site's default pool). Runs on both nodes, stages in and out byte for byte.
+    let t3b = Instant::now();
+    let mut cori = vec![0u8; 3 << 20];
+    rng.fill(&mut cori);
+    write_pfs("cori_in/data", &cori);
+    let job = sbatch(
+        "cori.sh",
+        &format!(
+            "#!/bin/bash\n#SBATCH -N 2\n\
+             #DW jobdw type=scratch access_mode=striped capacity=1GiB\n\
+             #DW stage_in type=directory source={TB}/pfs/cori_in destination=$DW_JOB_STRIPED/in\n\
+             #DW stage_out type=directory source=$DW_JOB_STRIPED/out destination={TB}/pfs/cori_out\n\
+             set -e\nmkdir -p $DW_JOB_STRIPED/out\n\
+             srun -N 2 sh -c 'cp $DW_JOB_STRIPED/in/data $DW_JOB_STRIPED/out/data.$(hostname)'\n"
+        ),
+        &[],
+    );
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    for h in ["sgc1", "sgc2"] {
+        let got = std::fs::read(format!("{TB}/pfs/cori_out/data.{h}")).unwrap_or_default();
+        assert!(
+            got == cori,
+            "cori_out/data.{h} differs from the staged-in file"
+        );
+    }
+    let log = slurmctld_log();
+    assert!(
+        log.contains("surge job_submit: pool=nvme added to 1 directive(s)"),
+        "the job_submit hook says what it added: {log}"
+    );
+    assert!(
+        log.contains(&format!("surge bb setup job={}", job.id)),
+        "{log}"
+    );
+    nothing_left("Cori-style job");
+
+    // 3c. A bad value without `pool=` is refused at sbatch with Surge's message, naming the
+    //     line and the value (before Slurm's own parse, which would say only "Burst Buffer
+    //     request invalid").
+    let bad_cori = format!("{TB}/pfs/bad_cori.sh");
+    std::fs::write(
+        &bad_cori,
+        "#!/bin/bash\n#SBATCH -N 2\n#DW jobdw type=scratch access_mode=stripd capacity=1GiB\nhostname\n",
+    )
+    .unwrap();
+    let (good, out) = sh(&format!(
+        "runuser -u {USER} -- env SLURM_CONF=$SLURM_CONF sbatch {bad_cori}"
+    ));
+    assert!(!good, "{out}");
+    assert!(
+        out.contains("batch script:3") && out.contains("stripd") && out.contains("striped"),
+        "Surge's message names the line, the value and what it should be: {out}"
+    );
+    assert!(out.contains("Burst Buffer request invalid"), "{out}");
+    // A capacity Slurm itself cannot read gets Surge's message too.
+    std::fs::write(
+        &bad_cori,
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=2.5XB\nhostname\n",
+    )
+    .unwrap();
+    let (good, out) = sh(&format!(
+        "runuser -u {USER} -- env SLURM_CONF=$SLURM_CONF sbatch {bad_cori}"
+    ));
+    assert!(!good, "{out}");
+    assert!(
+        out.contains("batch script:2") && out.contains("2.5XB"),
+        "{out}"
+    );
+    // The default pool goes on a directive's last line when it is continued with `\`, and on
+    //  `--bb` text; held jobs, read back from Slurm, then cancelled.
+    let held = |args: &str| {
+        let id = ok(&format!(
+            "runuser -u {USER} -- env SLURM_CONF=$SLURM_CONF sbatch --parsable --hold {args}"
+        ))
+        .trim()
+        .to_string();
+        let (_, job) = sh(&format!(
+            "scontrol show job {id}; scontrol write batch_script {id} -"
+        ));
+        ok(&format!("scancel {id}"));
+        wait_gone(&id);
+        job
+    };
+    std::fs::write(
+        format!("{TB}/pfs/continued.sh"),
+        "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped \\\n#DW   capacity=1GiB\nhostname\n",
+    )
+    .unwrap();
+    let job = held(&format!("{TB}/pfs/continued.sh"));
+    assert!(
+        job.contains(
+            "BurstBuffer=#DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme"
+        ) && job.contains("\n#DW   capacity=1GiB pool=nvme\nhostname"),
+        "{job}"
+    );
+    std::fs::write(format!("{TB}/pfs/plain.sh"), "#!/bin/bash\nhostname\n").unwrap();
+    let job = held(&format!(
+        "--bb '#DW jobdw type=scratch access_mode=striped capacity=1GiB' {TB}/pfs/plain.sh"
+    ));
+    assert!(
+        job.contains(
+            "BurstBuffer=#DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme"
+        ),
+        "{job}"
+    );
+    nothing_left("refused Cori-style job");
+
+    // 3d. `surge doctor` on the test bed's hosts, with the daemons' own flags: the manager, a
+    //     BB server (registered and up) and a compute node (FUSE, its agent heard) pass; a
+    //     compute node the manager does not know is named.
+    let doctor = |host: &str, role: &str, flags: &str| {
+        let enter = match host {
+            "ctl" => String::new(),
+            h if h.starts_with('c') => {
+                format!("nsenter --net=/run/netns/sg-{h} --mount={TB}/ns/{h}.mnt ")
+            }
+            h => format!("nsenter --net=/run/netns/sg-{h} "),
+        };
+        sh(&format!(
+            "{enter}{SURGE} doctor --role {role} --config /dev/null -- {flags}"
+        ))
+    };
+    let key = format!("--key-file {TB}/etc/surge.key");
+    let (good, out) = doctor(
+        "ctl",
+        "manager",
+        &format!("--state {TB}/state-surge/manager.db --listen {MANAGER} {key} --admin-group $(id -g slurm) --pool nvme"),
+    );
+    assert!(good, "{out}");
+    assert!(out.contains("nvme (2/2 servers up)"), "{out}");
+    let (good, out) = doctor(
+        "bb1",
+        "server",
+        &format!("--device /dev/shm/surge-tb/bb1 --capacity 4GiB --listen 0.0.0.0:7070 --advertise 10.78.0.21:7070 --manager {MANAGER} --pool nvme {key}"),
+    );
+    assert!(good, "{out}");
+    assert!(
+        out.contains("is up in pool nvme at 10.78.0.21:7070"),
+        "{out}"
+    );
+    assert!(out.contains("is bound by surge server"), "{out}");
+    let (good, out) = doctor("c1", "agent", &format!("--manager {MANAGER} --host sgc1"));
+    assert!(good, "{out}");
+    assert!(out.contains("the manager hears the agent of sgc1"), "{out}");
+    let (good, out) = doctor("c1", "agent", &format!("--manager {MANAGER} --host sgc9"));
+    assert!(!good, "{out}");
+    assert!(
+        out.contains("FAIL  agent") && out.contains("no agent called sgc9"),
+        "{out}"
+    );
+    eprintln!(
+        "Cori-style jobs and the doctor (3b-3d) took {:.1} s",
+        t3b.elapsed().as_secs_f64()
+    );
+
     // 4. A stage-in that fails keeps the job from running; nothing stays allocated.
     let id = submit(
         "missing.sh",
