@@ -65,6 +65,7 @@ pub struct ManagerConfig {
     pub pool: Option<String>,
     pub granularity: Option<Size>,
     pub liveness_interval: Option<Secs>,
+    pub gc_interval: Option<Secs>,
     pub key_file: Option<PathBuf>,
     pub admin_group: Option<Group>,
     pub munge_socket: Option<PathBuf>,
@@ -423,6 +424,7 @@ impl SurgeConfig {
                     pool,
                     granularity,
                     liveness_interval,
+                    gc_interval,
                     key_file,
                     admin_group,
                     munge_socket,
@@ -445,6 +447,7 @@ impl SurgeConfig {
                     key(s, "liveness_interval"),
                     secs(*liveness_interval),
                 );
+                f.set("--gc-interval", key(s, "gc_interval"), secs(*gc_interval));
                 f.shared(
                     "--key-file",
                     s,
@@ -999,6 +1002,7 @@ http = "0.0.0.0:7061"
 pool = "nvme"
 granularity = "1GiB"
 liveness_interval = 2
+gc_interval = "30s"
 key_file = "/etc/surge/surge.key"
 admin_group = 0
 munge_socket = "/run/munge/munge.socket.2"
