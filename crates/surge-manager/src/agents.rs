@@ -6,7 +6,7 @@
 //! What the agents said is kept in memory only: it is re-learnt within one sync interval.
 
 use crate::core::{namespace_for, Core, MResult};
-use crate::state::SessionRow;
+use crate::store::SessionRow;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -80,18 +80,18 @@ impl Agents {
 /// The mounts `host` should have: every active session that wants mounts there, each of its
 /// instances in the namespace of the host's node. With descriptors and capabilities (the
 /// agent mounts as the session's owner would).
-pub fn wanted(core: &Core, root: &str, host: &str) -> MResult<Vec<api::AgentMount>> {
+pub async fn wanted(core: &Core, root: &str, host: &str) -> MResult<Vec<api::AgentMount>> {
     let mut out = Vec::new();
-    for s in core.active_sessions(true)? {
+    for s in core.active_sessions(true).await? {
         let Some(node) = s.hosts.iter().position(|h| h == host) else {
             continue;
         };
-        out.extend(session_mounts(core, root, &s, node as u32)?);
+        out.extend(session_mounts(core, root, &s, node as u32).await?);
     }
     Ok(out)
 }
 
-fn session_mounts(
+async fn session_mounts(
     core: &Core,
     root: &str,
     s: &SessionRow,
@@ -100,7 +100,7 @@ fn session_mounts(
     let owner = surge_auth::Caller::of(s.owner_uid, s.owner_gid);
     let mut out = Vec::new();
     for id in s.job_instance.iter().chain(s.persistent.iter()) {
-        let inst = core.instance(*id, "")?;
+        let inst = core.instance(*id, "").await?;
         let ns = namespace_for(&inst, node);
         let (token, _) = core.capability(&owner, &inst, Some(ns.0))?;
         let persistent = if Some(*id) == s.job_instance {

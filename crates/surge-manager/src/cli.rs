@@ -5,6 +5,8 @@
 use crate::core::{spawn_liveness, Core};
 use crate::service::Service;
 use crate::stage::Stages;
+use crate::store::etcd::{EtcdStore, LeaderInfo};
+use crate::store::Store;
 use crate::views;
 use anyhow::Context;
 use std::path::PathBuf;
@@ -36,9 +38,21 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct ManagerArgs {
-    /// State database (created if missing; keep it on a durable disk).
+    /// State database (created if missing; keep it on a durable disk). Not used with --etcd.
     #[arg(long, value_name = "FILE", default_value = "surge-manager.db")]
     pub state: PathBuf,
+    /// Keep the state in etcd instead (comma-separated client URLs of its members, e.g.
+    /// http://e1:2379,http://e2:2379,http://e3:2379): several managers may then run on it;
+    /// one leads and serves, the others wait (not listening) and take over within seconds
+    /// when it dies (docs/OPERATIONS.md).
+    #[arg(long, value_name = "URLS", value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// The key prefix of this cluster's state in etcd.
+    #[arg(long, value_name = "PREFIX", default_value = "/surge/")]
+    pub etcd_prefix: String,
+    /// This manager's name in the leader record (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
     /// gRPC address (port 0 picks a free port; see --ready-file).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7060")]
     pub listen: String,
@@ -119,14 +133,31 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
              munged, or name its socket with --munge-socket)",
             munge_socket.display()
         );
-        let mut core = Core::open(
-            &args.state,
-            &args.pool,
-            args.granularity,
-            key,
-            args.admin_group,
-        )
-        .with_context(|| format!("cannot open manager state {}", args.state.display()))?;
+        let (store, leading) = if args.etcd.is_empty() {
+            let store = Store::sqlite(&args.state)
+                .with_context(|| format!("cannot open manager state {}", args.state.display()))?;
+            (store, None)
+        } else {
+            let etcd = EtcdStore::connect(&args.etcd, &args.etcd_prefix).await?;
+            let me = LeaderInfo {
+                name: args.name.clone().unwrap_or_else(surge_core::sys::hostname),
+                pid: std::process::id(),
+                grpc: vec![args.listen.clone()],
+                http: args.http.clone(),
+                since: crate::store::now(),
+            };
+            info!(
+                "state in etcd at {} (prefix {}): campaigning as {}",
+                args.etcd.join(","),
+                args.etcd_prefix,
+                me.name
+            );
+            let leadership = etcd.campaign(&me).await?;
+            (Store::Etcd(Box::new(etcd)), Some((leadership, me)))
+        };
+        let mut core = Core::open(store, &args.pool, args.granularity, key, args.admin_group)
+            .await
+            .context("cannot open the manager's state")?;
         core.gc_every = Duration::from_secs_f64(args.gc_interval.max(0.1));
         let core = Arc::new(core);
         let stages = Arc::new(Stages::with(core.clone(), args.stage_on));
@@ -154,6 +185,26 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
             core.clone(),
             Duration::from_secs_f64(args.liveness_interval.max(0.1)),
         );
+        if let Some((mut leadership, mut me)) = leading {
+            // The addresses clients reach this leader at, now that they are bound.
+            me.grpc = vec![grpc_addr.to_string()];
+            me.http = http_addr.map(|a| a.to_string());
+            if let Store::Etcd(e) = &core.store {
+                e.announce(&me, &leadership).await?;
+            }
+            tokio::spawn(async move {
+                while leadership.lost.changed().await.is_ok() {
+                    if *leadership.lost.borrow() {
+                        break;
+                    }
+                }
+                // A manager that may no longer lead must not serve another request: a
+                // standby may already lead. Its writes are fenced anyway; exiting makes it
+                // visible (and systemd restarts it as a standby).
+                tracing::error!("leadership lost: exiting so a standby serves");
+                std::process::exit(3);
+            });
+        }
         spawn_liveness(
             core.clone(),
             Duration::from_secs_f64(args.liveness_interval.max(0.1)),
@@ -510,7 +561,7 @@ pub enum SessionCommand {
 }
 
 fn age(t: i64) -> String {
-    let s = (crate::state::now() - t).max(0);
+    let s = (crate::store::now() - t).max(0);
     match s {
         0..=119 => format!("{s}s"),
         120..=7199 => format!("{}m", s / 60),

@@ -3,7 +3,7 @@
 //! sessions. Stage tasks are in [`crate::stage`].
 
 use crate::placement::{self, Candidate};
-use crate::state::{now, InstanceRow, PeaksRow, PoolRow, ServerRow, SessionRow, Store};
+use crate::store::{now, InstanceRow, PeaksRow, PoolRow, ServerRow, SessionRow, Store};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
@@ -46,8 +46,8 @@ pub enum ManagerError {
     Unavailable(String),
     #[error("{0}")]
     Denied(String),
-    #[error("state database: {0}")]
-    Db(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 impl From<surge_client::ClientError> for ManagerError {
@@ -106,7 +106,7 @@ pub struct PoolUsage {
 }
 
 pub struct Core {
-    pub store: Mutex<Store>,
+    pub store: Store,
     pub default_pool: String,
     /// The cluster key: the manager signs its own (administrator's) capabilities and those it
     /// gives users with it (see `surge_auth`).
@@ -130,25 +130,26 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn open(
-        state: &Path,
+    /// The manager's logic over `store` (opened, and for etcd led, by the caller): the
+    /// default pool made if missing, and what a stop interrupted recovered.
+    pub async fn open(
+        store: Store,
         default_pool: &str,
         granularity: u64,
         key: surge_auth::Key,
         admin_group: Option<u32>,
     ) -> anyhow::Result<Core> {
-        let store = Store::open(state)?;
-        if store.pool(default_pool)?.is_none() {
-            store.upsert_pool(default_pool, granularity)?;
+        if store.pool(default_pool).await?.is_none() {
+            store.upsert_pool(default_pool, granularity).await?;
         }
-        let n = store.interrupt_running_stages()?;
+        let n = store.interrupt_running_stages().await?;
         if n > 0 {
             warn!("{n} stage tasks were interrupted by the previous manager's stop");
         }
         // Setups cut short by a stop: their sessions fail (the retried setup makes a new one,
         // whole) and their instances are destroyed on the servers by the orphan collection
         // (started with the manager), not just forgotten.
-        let (failed, orphans) = store.recover_interrupted_setups()?;
+        let (failed, orphans) = store.recover_interrupted_setups().await?;
         if !failed.is_empty() {
             warn!(
                 "{} session(s) were being set up when the manager stopped: failed ({failed:?}); \
@@ -163,7 +164,7 @@ impl Core {
             );
         }
         Ok(Core {
-            store: Mutex::new(store),
+            store,
             default_pool: default_pool.to_string(),
             key,
             admin_group,
@@ -267,23 +268,23 @@ impl Core {
 
     // --- pools ---
 
-    pub fn create_pool(&self, name: &str, granularity: u64) -> MResult<PoolRow> {
+    pub async fn create_pool(&self, name: &str, granularity: u64) -> MResult<PoolRow> {
         surge_core::directives::check_pool_name(name).map_err(ManagerError::Invalid)?;
         if granularity == 0 {
             return Err(ManagerError::Invalid("granularity must be positive".into()));
         }
-        Ok(self.store.lock().upsert_pool(name, granularity)?)
+        Ok(self.store.upsert_pool(name, granularity).await?)
     }
 
-    pub fn pools(&self) -> MResult<Vec<PoolRow>> {
-        Ok(self.store.lock().pools()?)
+    pub async fn pools(&self) -> MResult<Vec<PoolRow>> {
+        Ok(self.store.pools().await?)
     }
 
     // --- calibrated peaks ---
 
     /// Keeps `peaks` for server `server` (a registered server's id), or with `aggregate` for
     /// pool `pool`'s servers measured all at once (`servers` of them).
-    pub fn register_peaks(
+    pub async fn register_peaks(
         &self,
         server: &str,
         pool: &str,
@@ -292,7 +293,7 @@ impl Core {
         source: &str,
     ) -> MResult<PeaksRow> {
         crate::targets::check_peaks(peaks).map_err(ManagerError::Invalid)?;
-        let store = self.store.lock();
+        let store = &self.store;
         match aggregate {
             Some(n) => {
                 let pool = if pool.is_empty() {
@@ -300,7 +301,7 @@ impl Core {
                 } else {
                     pool
                 };
-                if store.pool(pool)?.is_none() {
+                if store.pool(pool).await?.is_none() {
                     return Err(ManagerError::NotFound(format!(
                         "pool '{pool}' does not exist"
                     )));
@@ -310,7 +311,7 @@ impl Core {
                         "the aggregate peaks of pool '{pool}' must say how many servers they                          spanned (at least 1)"
                     )));
                 }
-                store.set_pool_peaks(pool, n, peaks, source)?;
+                store.set_pool_peaks(pool, n, peaks, source).await?;
                 info!("pool {pool}: aggregate peaks over {n} server(s) registered ({source})");
                 Ok(PeaksRow {
                     key: pool.into(),
@@ -321,12 +322,12 @@ impl Core {
                 })
             }
             None => {
-                if !store.servers()?.iter().any(|s| s.id == server) {
+                if !store.servers().await?.iter().any(|s| s.id == server) {
                     return Err(ManagerError::NotFound(format!(
                         "no server '{server}' is registered (`surge pool peaks` lists them)"
                     )));
                 }
-                store.set_server_peaks(server, peaks, source)?;
+                store.set_server_peaks(server, peaks, source).await?;
                 info!("server {server}: peaks registered ({source})");
                 Ok(PeaksRow {
                     key: server.into(),
@@ -340,21 +341,23 @@ impl Core {
     }
 
     /// The peaks of the servers of `pool` (every pool when empty) and of the pools.
-    pub fn peaks(&self, pool: &str) -> MResult<PeaksView> {
-        let store = self.store.lock();
-        if !pool.is_empty() && store.pool(pool)?.is_none() {
+    pub async fn peaks(&self, pool: &str) -> MResult<PeaksView> {
+        let store = &self.store;
+        if !pool.is_empty() && store.pool(pool).await?.is_none() {
             return Err(ManagerError::NotFound(format!(
                 "pool '{pool}' does not exist"
             )));
         }
         let mut by_server: HashMap<String, PeaksRow> = store
-            .server_peaks()?
+            .server_peaks()
+            .await?
             .into_iter()
             .map(|r| (r.key.clone(), r))
             .collect();
         Ok(PeaksView {
             servers: store
-                .servers()?
+                .servers()
+                .await?
                 .into_iter()
                 .filter(|s| pool.is_empty() || s.pool == pool)
                 .map(|s| {
@@ -363,7 +366,8 @@ impl Core {
                 })
                 .collect(),
             pools: store
-                .pool_peaks()?
+                .pool_peaks()
+                .await?
                 .into_iter()
                 .filter(|p| pool.is_empty() || p.key == pool)
                 .collect(),
@@ -379,7 +383,7 @@ impl Core {
         } else {
             pool
         };
-        if self.store.lock().pool(pool)?.is_none() {
+        if self.store.pool(pool).await?.is_none() {
             return Err(ManagerError::NotFound(format!(
                 "pool '{pool}' does not exist"
             )));
@@ -408,13 +412,13 @@ impl Core {
             last_seen: now(),
         };
         let changed_addrs = {
-            let store = self.store.lock();
-            let before = store.servers()?.into_iter().find(|s| s.id == row.id);
-            store.upsert_server(&row)?;
+            let store = &self.store;
+            let before = store.servers().await?.into_iter().find(|s| s.id == row.id);
+            store.upsert_server(&row).await?;
             before.is_some_and(|b| b.addrs != row.addrs)
         };
         if changed_addrs {
-            self.refresh_descriptors(&row)?;
+            self.refresh_descriptors(&row).await?;
         }
         self.collect_garbage(&row, &st).await;
         self.status.lock().insert(row.id.clone(), st);
@@ -428,9 +432,9 @@ impl Core {
     }
 
     /// A server came back with other addresses: point every descriptor at them.
-    fn refresh_descriptors(&self, server: &ServerRow) -> MResult<()> {
-        let store = self.store.lock();
-        for mut inst in store.instances()? {
+    async fn refresh_descriptors(&self, server: &ServerRow) -> MResult<()> {
+        let store = &self.store;
+        for mut inst in store.instances().await? {
             let mut touched = false;
             let fix = |r: &mut ServerRef, touched: &mut bool| {
                 if r.id == server.id && r.addrs != server.addrs {
@@ -445,7 +449,7 @@ impl Core {
                 fix(&mut n.server, &mut touched);
             }
             if touched {
-                store.update_descriptor(inst.id, &inst.descriptor)?;
+                store.update_descriptor(inst.id, &inst.descriptor).await?;
             }
         }
         Ok(())
@@ -456,7 +460,7 @@ impl Core {
     /// `st` must have been read before this call: an instance's row is written before its
     /// fragments exist, so every fragment `st` shows whose row is missing is garbage.
     async fn collect_garbage(&self, server: &ServerRow, st: &ServerStatus) {
-        let known: std::collections::HashSet<u64> = match self.store.lock().instance_ids() {
+        let known: std::collections::HashSet<u64> = match self.store.instance_ids().await {
             Ok(k) => k.into_iter().collect(),
             Err(_) => return,
         };
@@ -546,7 +550,7 @@ impl Core {
     /// [`spawn_orphan_collection`], apart from the liveness checks: a hung server delays its
     /// orphans, never the finding that it hangs.
     pub async fn collect_orphans(&self) {
-        let orphans = match self.store.lock().orphaned_instances() {
+        let orphans = match self.store.orphaned_instances().await {
             Ok(o) => o,
             Err(e) => {
                 warn!("orphaned instances: {e}");
@@ -562,7 +566,7 @@ impl Core {
             .await
             {
                 Ok(()) => {
-                    let _ = self.store.lock().delete_instance(inst.id);
+                    let _ = self.store.delete_instance(inst.id).await;
                     info!(
                         "instance {} of an interrupted setup destroyed ({} freed)",
                         inst.id,
@@ -580,7 +584,7 @@ impl Core {
     /// Checks every server once (all at once, each within [`LIVENESS_DEADLINE`]); compares
     /// a server's fragments with the records every [`GC_EVERY`]; called periodically.
     pub async fn check_liveness(&self) {
-        let servers = match self.store.lock().servers() {
+        let servers = match self.store.servers().await {
             Ok(s) => s,
             Err(e) => {
                 warn!("liveness: {e}");
@@ -617,7 +621,7 @@ impl Core {
                     if s.state != "up" {
                         info!("server {} is up again", s.id);
                     }
-                    let _ = self.store.lock().set_server_state(&s.id, "up", Some(now()));
+                    let _ = self.store.set_server_state(&s.id, "up", Some(now())).await;
                     let due = self
                         .gc_at
                         .lock()
@@ -640,15 +644,15 @@ impl Core {
                             "server {} missed {n} liveness checks: marking it down",
                             s.id
                         );
-                        let _ = self.store.lock().set_server_state(&s.id, "down", None);
+                        let _ = self.store.set_server_state(&s.id, "down", None).await;
                     }
                 }
             }
         }
     }
 
-    pub fn servers(&self) -> MResult<Vec<(ServerRow, Option<ServerStatus>)>> {
-        let rows = self.store.lock().servers()?;
+    pub async fn servers(&self) -> MResult<Vec<(ServerRow, Option<ServerStatus>)>> {
+        let rows = self.store.servers().await?;
         let status = self.status.lock();
         Ok(rows
             .into_iter()
@@ -677,12 +681,12 @@ impl Core {
     }
 
     /// Every pool with its servers and space.
-    pub fn pool_usage(&self) -> MResult<Vec<PoolUsage>> {
-        let store = self.store.lock();
-        let (reserved, _) = Self::reserved_by_server(&store.reserving_instances()?);
-        let servers = store.servers()?;
+    pub async fn pool_usage(&self) -> MResult<Vec<PoolUsage>> {
+        let store = &self.store;
+        let (reserved, _) = Self::reserved_by_server(&store.reserving_instances().await?);
+        let servers = store.servers().await?;
         let mut out = Vec::new();
-        for p in store.pools()? {
+        for p in store.pools().await? {
             let mine: Vec<&ServerRow> = servers.iter().filter(|s| s.pool == p.name).collect();
             let up = mine.iter().filter(|s| s.state == "up").count() as u32;
             let capacity: u64 = mine.iter().map(|s| s.capacity).sum();
@@ -748,20 +752,22 @@ impl Core {
 
         let guard = self.alloc.lock().await;
         let (plan, placement, granularity, id) = {
-            let store = self.store.lock();
-            let pool = store.pool(&pool_name)?.ok_or_else(|| {
+            let store = &self.store;
+            let pool = store.pool(&pool_name).await?.ok_or_else(|| {
                 ManagerError::NotFound(format!("pool '{pool_name}' does not exist"))
             })?;
             if let Some(name) = &req.persistent_name {
-                if store.persistent_name_taken(name)? {
+                if store.persistent_name_taken(name).await? {
                     return Err(ManagerError::Busy(format!(
                         "a persistent instance named '{name}' exists"
                     )));
                 }
             }
-            let (reserved, namespaces) = Self::reserved_by_server(&store.reserving_instances()?);
+            let (reserved, namespaces) =
+                Self::reserved_by_server(&store.reserving_instances().await?);
             let servers: Vec<ServerRow> = store
-                .servers()?
+                .servers()
+                .await?
                 .into_iter()
                 .filter(|s| s.pool == pool.name && s.state == "up")
                 .collect();
@@ -788,8 +794,9 @@ impl Core {
             // come from the calibrated peaks; placement then lays the fragments on those.
             let mut sized = None;
             if let Some(targets) = &req.targets {
-                let plan =
-                    self.plan_targets(&store, req, targets, &pool, &candidates, nodes, mode)?;
+                let plan = self
+                    .plan_targets(store, req, targets, &pool, &candidates, nodes, mode)
+                    .await?;
                 servers = plan.servers.iter().map(|&i| servers[i].clone()).collect();
                 candidates = plan
                     .servers
@@ -885,7 +892,7 @@ impl Core {
                     cache_passthrough: false,
                 },
             };
-            let id = store.new_instance_id(&row, session)?;
+            let id = store.new_instance_id(&row, session).await?;
             let name = req
                 .persistent_name
                 .clone()
@@ -914,7 +921,7 @@ impl Core {
                 cache_passthrough: req.cache_passthrough && req.cache_pfs.is_some(),
             };
             // From here the planned fragments count against their servers' space.
-            store.plan_instance(id, &name, &plan.descriptor())?;
+            store.plan_instance(id, &name, &plan.descriptor()).await?;
             (plan, placement, pool.granularity, id)
         };
         drop(guard);
@@ -924,8 +931,8 @@ impl Core {
         {
             Ok(desc) => {
                 surge_core::failpoint::hit("manager:instance-made");
-                let store = self.store.lock();
-                store.finish_instance(id, &name, &desc)?;
+                let store = &self.store;
+                store.finish_instance(id, &name, &desc).await?;
                 info!(
                     "instance {id} ({name}): {} {mode} in {} fragments of {} on {} servers",
                     surge_core::format_bytes(req.capacity),
@@ -934,14 +941,15 @@ impl Core {
                     placement.namespaces.len().max(1)
                 );
                 Ok(store
-                    .instance(id)?
+                    .instance(id)
+                    .await?
                     .ok_or_else(|| ManagerError::NotFound(format!("instance {id} vanished")))?)
             }
             Err(e) => {
                 // `create_instance_within` undid what it made where servers answered; the
                 // record stays, orphaned, until the orphan collection has made sure on every
                 // server (one that did not answer may still make its piece).
-                let _ = self.store.lock().orphan_instance(id);
+                let _ = self.store.orphan_instance(id).await;
                 Err(ManagerError::Unavailable(format!(
                     "cannot create instance: {e}"
                 )))
@@ -952,7 +960,7 @@ impl Core {
     /// Sizes an instance asked by performance targets from the calibrated peaks of the pool's
     /// `candidates` (its servers that are up), or refuses with the best the pool offers.
     #[allow(clippy::too_many_arguments)]
-    fn plan_targets(
+    async fn plan_targets(
         &self,
         store: &Store,
         req: &InstanceRequest,
@@ -972,7 +980,8 @@ impl Core {
         // Each server's peaks, and whether `surge pool calibrate` measured them through the
         // data path (see `targets::host_medians`).
         let registered: HashMap<String, (surge_core::peaks::Peaks, bool)> = store
-            .server_peaks()?
+            .server_peaks()
+            .await?
             .into_iter()
             .map(|r| {
                 let measured = r.source.starts_with(crate::targets::MEASURED_SOURCE);
@@ -980,7 +989,8 @@ impl Core {
             })
             .collect();
         let curve: Vec<PeaksRow> = store
-            .pool_peaks()?
+            .pool_peaks()
+            .await?
             .into_iter()
             .filter(|p| p.key == pool.name)
             .collect();
@@ -1031,12 +1041,12 @@ impl Core {
         })
     }
 
-    pub fn instance(&self, id: u64, persistent_name: &str) -> MResult<InstanceRow> {
-        let store = self.store.lock();
+    pub async fn instance(&self, id: u64, persistent_name: &str) -> MResult<InstanceRow> {
+        let store = &self.store;
         let found = if id != 0 {
-            store.instance(id)?
+            store.instance(id).await?
         } else {
-            store.persistent(persistent_name)?
+            store.persistent(persistent_name).await?
         };
         found.ok_or_else(|| {
             if id != 0 {
@@ -1047,12 +1057,12 @@ impl Core {
         })
     }
 
-    pub fn instances(&self) -> MResult<Vec<InstanceRow>> {
-        Ok(self.store.lock().instances()?)
+    pub async fn instances(&self) -> MResult<Vec<InstanceRow>> {
+        Ok(self.store.instances().await?)
     }
 
-    pub fn sessions_using(&self, id: u64) -> MResult<Vec<u64>> {
-        Ok(self.store.lock().sessions_using(id)?)
+    pub async fn sessions_using(&self, id: u64) -> MResult<Vec<u64>> {
+        Ok(self.store.sessions_using(id).await?)
     }
 
     /// Bytes stored in an instance (sum over its fragments), from the servers' last status.
@@ -1079,9 +1089,10 @@ impl Core {
         persistent_name: &str,
         except_session: Option<u64>,
     ) -> MResult<()> {
-        let inst = self.instance(id, persistent_name)?;
+        let inst = self.instance(id, persistent_name).await?;
         let users: Vec<u64> = self
-            .sessions_using(inst.id)?
+            .sessions_using(inst.id)
+            .await?
             .into_iter()
             .filter(|s| Some(*s) != except_session)
             .collect();
@@ -1096,7 +1107,7 @@ impl Core {
             .map_err(|e| {
                 ManagerError::Unavailable(format!("cannot destroy instance {}: {e}", inst.id))
             })?;
-        self.store.lock().delete_instance(inst.id)?;
+        self.store.delete_instance(inst.id).await?;
         info!("instance {} ({}) destroyed", inst.id, inst.name);
         if let Some(pfs) = inst.descriptor.cache_pfs.clone() {
             let (uid, gid) = (inst.owner_uid, inst.owner_gid);
@@ -1127,9 +1138,9 @@ impl Core {
             let _one = self.alloc_session.lock().await;
             // The store's guard must end before `session()` takes it again (a temporary in
             // an `if let` lives to the end of its block: that was the deadlock of issue 30).
-            let existing = self.store.lock().session_of(ext)?;
+            let existing = self.store.session_of(ext).await?;
             if let Some(id) = existing {
-                let s = self.session(id)?;
+                let s = self.session(id).await?;
                 if s.state == "active" {
                     if s.owner_uid != uid {
                         return Err(ManagerError::Denied(format!(
@@ -1160,7 +1171,7 @@ impl Core {
         // Check the names first so a typo allocates nothing.
         let mut attach = Vec::new();
         for name in persistent {
-            attach.push(self.instance(0, name)?.id);
+            attach.push(self.instance(0, name).await?.id);
         }
         if attach.len() > surge_core::limits::MAX_ATTACHED {
             return Err(ManagerError::Invalid(format!(
@@ -1172,68 +1183,70 @@ impl Core {
         // The session is `creating` until it has every instance it asked for: a crash before
         // then fails it at the next start (and destroys what it had), so a retried setup never
         // finds a session without its instance (issue 30).
-        let sid = self.store.lock().create_session(job, uid, gid, external)?;
+        let sid = self.store.create_session(job, uid, gid, external).await?;
         surge_core::failpoint::hit("manager:session-row");
         let mut made = None;
         if let Some(req) = job_instance {
             match self.create_instance_for(&req, Some(sid)).await {
                 Ok(inst) => made = Some(inst),
                 Err(e) => {
-                    self.store.lock().end_session(sid, "failed")?;
+                    self.store.end_session(sid, "failed").await?;
                     return Err(e);
                 }
             }
         }
         surge_core::failpoint::hit("manager:instance-linked");
-        self.store.lock().complete_session(
-            sid,
-            made.as_ref().map(|i| (i.id, i.promise.as_str())),
-            &attach,
-        )?;
-        self.session(sid)
+        self.store
+            .complete_session(
+                sid,
+                made.as_ref().map(|i| (i.id, i.promise.as_str())),
+                &attach,
+            )
+            .await?;
+        self.session(sid).await
     }
 
-    pub fn session(&self, id: u64) -> MResult<SessionRow> {
+    pub async fn session(&self, id: u64) -> MResult<SessionRow> {
         self.store
-            .lock()
-            .session(id)?
+            .session(id)
+            .await?
             .ok_or_else(|| ManagerError::NotFound(format!("session {id} does not exist")))
     }
 
-    pub fn sessions(&self) -> MResult<Vec<SessionRow>> {
-        Ok(self.store.lock().sessions()?)
+    pub async fn sessions(&self) -> MResult<Vec<SessionRow>> {
+        Ok(self.store.sessions().await?)
     }
 
     /// Active sessions (only those agents should mount, when `mounted`).
-    pub fn active_sessions(&self, mounted: bool) -> MResult<Vec<SessionRow>> {
-        Ok(self.store.lock().active_sessions(mounted)?)
+    pub async fn active_sessions(&self, mounted: bool) -> MResult<Vec<SessionRow>> {
+        Ok(self.store.active_sessions(mounted).await?)
     }
 
     /// The newest session of a workload manager's job.
-    pub fn session_of(&self, external: &str) -> MResult<SessionRow> {
+    pub async fn session_of(&self, external: &str) -> MResult<SessionRow> {
         let id = self
             .store
-            .lock()
-            .session_of(external)?
+            .session_of(external)
+            .await?
             .ok_or_else(|| ManagerError::NotFound(format!("job {external} has no session")))?;
-        self.session(id)
+        self.session(id).await
     }
 
-    pub fn set_phase(
+    pub async fn set_phase(
         &self,
         id: u64,
         phase: &str,
         hosts: Option<&[String]>,
         mount: bool,
     ) -> MResult<SessionRow> {
-        self.store.lock().set_phase(id, phase, hosts, mount)?;
-        self.session(id)
+        self.store.set_phase(id, phase, hosts, mount).await?;
+        self.session(id).await
     }
 
     /// Ends a session; its job instance is destroyed unless `keep` (a failed stage-out keeps
     /// the data for the user to recover).
     pub async fn end_session(&self, id: u64, keep: bool, state: &str) -> MResult<SessionRow> {
-        let s = self.session(id)?;
+        let s = self.session(id).await?;
         if s.state != "active" {
             return Ok(s);
         }
@@ -1242,7 +1255,7 @@ impl Core {
         // A cache instance whose journal still holds changes keeps them: they are the only
         // copy of data a job was told was written (`surge stage drain` finishes it).
         if let (Some(inst), false) = (s.job_instance, keep) {
-            if let Ok(row) = self.instance(inst, "") {
+            if let Ok(row) = self.instance(inst, "").await {
                 match self.undrained(&row).await {
                     None | Some(Ok(0)) => {}
                     Some(Ok(n)) => {
@@ -1269,8 +1282,8 @@ impl Core {
                 Err(e) => return Err(e),
             }
         }
-        self.store.lock().end_session(id, state)?;
-        self.session(id)
+        self.store.end_session(id, state).await?;
+        self.session(id).await
     }
 }
 
@@ -1367,7 +1380,7 @@ impl Core {
     /// a lost manager): their job instance is destroyed, unless the session's stage-out had
     /// failed (then it is kept, with the state saying why). Returns what it ended.
     pub async fn reconcile(&self, host: &str) -> Vec<(u64, String)> {
-        let sessions = match self.active_sessions(false) {
+        let sessions = match self.active_sessions(false).await {
             Ok(s) => s,
             Err(e) => {
                 warn!("reconcile: {e}");

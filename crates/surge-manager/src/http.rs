@@ -108,7 +108,8 @@ type HResult = Result<Json<Value>, HttpError>;
 async fn pools(State(s): State<AppState>) -> HResult {
     let v: Vec<Value> = s
         .core
-        .pool_usage()?
+        .pool_usage()
+        .await?
         .iter()
         .map(|u| views::pool_json(&views::pool(u)))
         .collect();
@@ -118,7 +119,8 @@ async fn pools(State(s): State<AppState>) -> HResult {
 async fn servers(State(s): State<AppState>) -> HResult {
     let v: Vec<Value> = s
         .core
-        .servers()?
+        .servers()
+        .await?
         .iter()
         .map(|(r, st)| views::server_json(&views::server(r, st.as_ref())))
         .collect();
@@ -127,7 +129,7 @@ async fn servers(State(s): State<AppState>) -> HResult {
 
 /// `{"servers": [...], "pools": [...]}`: what `surge pool peaks --json` prints.
 async fn peaks(State(s): State<AppState>) -> HResult {
-    let v = s.core.peaks("")?;
+    let v = s.core.peaks("").await?;
     Ok(Json(serde_json::json!({
         "servers": v.servers.iter()
             .map(|(r, p)| views::peaks_json(&views::server_peaks(r, p.as_ref())))
@@ -140,33 +142,41 @@ async fn peaks(State(s): State<AppState>) -> HResult {
 
 async fn instances(State(s): State<AppState>, headers: HeaderMap) -> HResult {
     let c = viewer(&s, &headers).await?;
-    let v: Vec<Value> = s
+    let mut v = Vec::new();
+    for i in s
         .core
-        .instances()?
+        .instances()
+        .await?
         .iter()
         .filter(|i| s.core.may_use(&c, i))
-        .map(|i| views::instance_json(&views::instance(&s.core, i)))
-        .collect();
+    {
+        v.push(views::instance_json(&views::instance(&s.core, i).await));
+    }
     Ok(Json(Value::Array(v)))
 }
 
 async fn instance(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<u64>) -> HResult {
     let c = viewer(&s, &headers).await?;
-    let i = s.core.instance(id, "")?;
+    let i = s.core.instance(id, "").await?;
     s.core.check_use(&c, &i)?;
-    Ok(Json(views::instance_json(&views::instance(&s.core, &i))))
+    Ok(Json(views::instance_json(
+        &views::instance(&s.core, &i).await,
+    )))
 }
 
 async fn sessions(State(s): State<AppState>, headers: HeaderMap) -> HResult {
     let c = viewer(&s, &headers).await?;
     let admin = s.core.is_admin(&c);
-    let v: Vec<Value> = s
+    let mut v = Vec::new();
+    for x in s
         .core
-        .sessions()?
+        .sessions()
+        .await?
         .iter()
         .filter(|x| admin || x.owner_uid == c.uid)
-        .map(|x| views::session_json(&views::session(&s.core, x)))
-        .collect();
+    {
+        v.push(views::session_json(&views::session(&s.core, x).await));
+    }
     Ok(Json(Value::Array(v)))
 }
 
@@ -176,7 +186,8 @@ async fn list_stages(State(s): State<AppState>, headers: HeaderMap) -> HResult {
         true => None,
         false => Some(
             s.core
-                .sessions()?
+                .sessions()
+                .await?
                 .iter()
                 .filter(|x| x.owner_uid == c.uid)
                 .map(|x| x.id)
@@ -185,7 +196,8 @@ async fn list_stages(State(s): State<AppState>, headers: HeaderMap) -> HResult {
     };
     let v: Vec<Value> = s
         .stages
-        .list(0)?
+        .list(0)
+        .await?
         .iter()
         .filter(|t| mine.as_ref().is_none_or(|m| m.contains(&t.session)))
         .map(|t| views::stage_json(&views::stage(t)))
@@ -199,7 +211,7 @@ async fn dashboard() -> axum::response::Html<&'static str> {
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
-    match crate::metrics::render(s.core, s.stages) {
+    match crate::metrics::render(s.core, s.stages).await {
         Ok(text) => (
             [(
                 axum::http::header::CONTENT_TYPE,

@@ -1,7 +1,7 @@
 //! `surge manager`: Surge's control plane (DESIGN §2).
 //!
 //! - [`core`]: servers and liveness, pools, instance allocation ([`placement`]) and
-//!   destruction, sessions; state in SQLite ([`state`]).
+//!   destruction, sessions; state behind [`store`] (SQLite or etcd).
 //! - [`stage`]: stage tasks, run with the `surge-stage` engine.
 //! - [`service`]: the gRPC API (`surge-api`); [`http`]: the JSON read API; [`views`]: the
 //!   JSON shape both the HTTP API and `--json` print; [`metrics`]: Prometheus `/metrics`.
@@ -17,6 +17,6 @@ pub mod metrics;
 pub mod placement;
 pub mod service;
 pub mod stage;
-pub mod state;
+pub mod store;
 pub mod targets;
 pub mod views;

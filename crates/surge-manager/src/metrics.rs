@@ -24,9 +24,15 @@ use tracing::warn;
 /// The content type of [`render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// What one scrape reports, read from the state before anything is encoded (the encoder is
+/// synchronous; the state is not).
 struct State {
     core: Arc<Core>,
-    stages: Arc<Stages>,
+    pools: Vec<crate::core::PoolUsage>,
+    servers: Vec<(crate::store::ServerRow, Option<surge_proto::ServerStatus>)>,
+    instances: Vec<crate::store::InstanceRow>,
+    sessions: Vec<(String, u64)>,
+    tasks: Vec<crate::store::StageRow>,
 }
 
 impl std::fmt::Debug for State {
@@ -74,7 +80,7 @@ impl State {
     fn collect(&self, e: &mut DescriptorEncoder) -> Result<(), ManagerError> {
         let fmt = |_: std::fmt::Error| ManagerError::Invalid("cannot encode metrics".into());
         // Pools.
-        let pools = self.core.pool_usage()?;
+        let pools = &self.pools;
         let pool = |p: &crate::core::PoolUsage| -> Labels { vec![("pool", p.pool.name.clone())] };
         let each = |f: &dyn Fn(&crate::core::PoolUsage) -> i64| -> Vec<(Labels, i64)> {
             pools.iter().map(|p| (pool(p), f(p))).collect()
@@ -113,12 +119,12 @@ impl State {
         .map_err(fmt)?;
 
         // Servers as the manager sees them.
-        let servers = self.core.servers()?;
-        let srv = |r: &crate::state::ServerRow| -> Labels {
+        let servers = &self.servers;
+        let srv = |r: &crate::store::ServerRow| -> Labels {
             vec![("server", r.id.clone()), ("pool", r.pool.clone())]
         };
         let each = |f: &dyn Fn(
-            &crate::state::ServerRow,
+            &crate::store::ServerRow,
             Option<&surge_proto::ServerStatus>,
         ) -> i64|
          -> Vec<(Labels, i64)> {
@@ -161,8 +167,8 @@ impl State {
         .map_err(fmt)?;
 
         // Instances.
-        let instances = self.core.instances()?;
-        let inst = |i: &crate::state::InstanceRow| -> Labels {
+        let instances = &self.instances;
+        let inst = |i: &crate::store::InstanceRow| -> Labels {
             vec![
                 ("instance_id", i.id.to_string()),
                 ("name", i.name.clone()),
@@ -209,8 +215,8 @@ impl State {
 
         // Sessions.
         let mut by_state: BTreeMap<String, i64> = BTreeMap::new();
-        for s in self.core.sessions()? {
-            *by_state.entry(s.state).or_default() += 1;
+        for (state, n) in &self.sessions {
+            *by_state.entry(state.clone()).or_default() += int(*n);
         }
         let sessions: Vec<_> = by_state
             .into_iter()
@@ -219,7 +225,7 @@ impl State {
         gauges(e, "sessions", "Sessions by state", None, &sessions).map_err(fmt)?;
 
         // Stage tasks.
-        let tasks = self.stages.list(0)?;
+        let tasks = &self.tasks;
         let mut by_state: BTreeMap<(String, String), i64> = BTreeMap::new();
         let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
         let mut files: BTreeMap<String, u64> = BTreeMap::new();
@@ -228,7 +234,7 @@ impl State {
             files.insert(d.into(), 0);
         }
         let mut active: Vec<(Labels, i64, i64)> = Vec::new();
-        for t in &tasks {
+        for t in tasks.iter() {
             *by_state
                 .entry((t.direction.clone(), t.state.clone()))
                 .or_default() += 1;
@@ -317,10 +323,19 @@ impl Collector for State {
 }
 
 /// The manager's metrics as OpenMetrics text, under the prefix `surge`.
-pub fn render(core: Arc<Core>, stages: Arc<Stages>) -> Result<String, std::fmt::Error> {
+pub async fn render(core: Arc<Core>, stages: Arc<Stages>) -> Result<String, ManagerError> {
+    let state = State {
+        pools: core.pool_usage().await?,
+        servers: core.servers().await?,
+        instances: core.instances().await?,
+        sessions: core.store.session_counts().await?,
+        tasks: stages.list(0).await?,
+        core,
+    };
     let mut r = prometheus_client::registry::Registry::with_prefix("surge");
-    r.register_collector(Box::new(State { core, stages }));
+    r.register_collector(Box::new(state));
     let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &r)?;
+    prometheus_client::encoding::text::encode(&mut out, &r)
+        .map_err(|_| ManagerError::Invalid("cannot encode metrics".into()))?;
     Ok(out)
 }

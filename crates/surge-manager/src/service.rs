@@ -35,7 +35,10 @@ impl From<ManagerError> for Status {
             ManagerError::Busy(m) => Status::failed_precondition(m),
             ManagerError::NoSpace(m) => Status::resource_exhausted(m),
             ManagerError::Unavailable(m) => Status::unavailable(m),
-            ManagerError::Db(e) => Status::internal(format!("state database: {e}")),
+            ManagerError::Store(crate::store::StoreError::NotLeader(m)) => {
+                Status::unavailable(format!("this manager no longer leads: {m}"))
+            }
+            ManagerError::Store(e) => Status::internal(e.to_string()),
         }
     }
 }
@@ -144,7 +147,7 @@ impl Manager for Service {
         self.admin(&c, "register a server")?;
         let r = req.into_inner();
         let row = self.core.register_server(&r.addr, &r.pool).await?;
-        let servers = self.core.servers()?;
+        let servers = self.core.servers().await?;
         let st = servers
             .iter()
             .find(|(s, _)| s.id == row.id)
@@ -155,7 +158,8 @@ impl Manager for Service {
     async fn list_servers(&self, _req: Request<api::Empty>) -> Res<api::ServerList> {
         let servers = self
             .core
-            .servers()?
+            .servers()
+            .await?
             .iter()
             .map(|(s, st)| views::server(s, st.as_ref()))
             .collect();
@@ -171,16 +175,20 @@ impl Manager for Service {
         let r = req.into_inner();
         let peaks: surge_core::peaks::Peaks = serde_json::from_str(&r.peaks_json)
             .map_err(|e| Status::invalid_argument(format!("the peaks are not valid: {e}")))?;
-        let row = self.core.register_peaks(
-            &r.server,
-            &r.pool,
-            r.pool_aggregate.then_some(r.servers),
-            &peaks,
-            &r.source,
-        )?;
+        let row = self
+            .core
+            .register_peaks(
+                &r.server,
+                &r.pool,
+                r.pool_aggregate.then_some(r.servers),
+                &peaks,
+                &r.source,
+            )
+            .await?;
         let view = self
             .core
-            .peaks(if r.pool_aggregate { &row.key } else { "" })?;
+            .peaks(if r.pool_aggregate { &row.key } else { "" })
+            .await?;
         let out = if r.pool_aggregate {
             view.pools
                 .iter()
@@ -198,7 +206,7 @@ impl Manager for Service {
     }
 
     async fn list_peaks(&self, req: Request<api::ListPeaksRequest>) -> Res<api::PeaksList> {
-        let v = self.core.peaks(&req.into_inner().pool)?;
+        let v = self.core.peaks(&req.into_inner().pool).await?;
         Ok(Response::new(api::PeaksList {
             servers: v
                 .servers
@@ -213,8 +221,8 @@ impl Manager for Service {
         let c = caller(&req)?;
         self.admin(&c, "create a pool")?;
         let r = req.into_inner();
-        self.core.create_pool(&r.name, r.granularity)?;
-        let usage = self.core.pool_usage()?;
+        self.core.create_pool(&r.name, r.granularity).await?;
+        let usage = self.core.pool_usage().await?;
         let u = usage
             .into_iter()
             .find(|u| u.pool.name == r.name)
@@ -223,7 +231,13 @@ impl Manager for Service {
     }
 
     async fn list_pools(&self, _req: Request<api::Empty>) -> Res<api::PoolList> {
-        let pools = self.core.pool_usage()?.iter().map(views::pool).collect();
+        let pools = self
+            .core
+            .pool_usage()
+            .await?
+            .iter()
+            .map(views::pool)
+            .collect();
         Ok(Response::new(api::PoolList { pools }))
     }
 
@@ -238,33 +252,36 @@ impl Manager for Service {
         }
         (r.owner_uid, r.owner_gid) = self.owner(&c, r.owner_uid, r.owner_gid)?;
         let inst = self.core.create_instance(&r).await?;
-        Ok(Response::new(views::instance(&self.core, &inst)))
+        Ok(Response::new(views::instance(&self.core, &inst).await))
     }
 
     async fn get_instance(&self, req: Request<api::GetInstanceRequest>) -> Res<api::Instance> {
         let c = caller(&req)?;
         let r = req.into_inner();
-        let inst = self.core.instance(r.id, &r.persistent_name)?;
+        let inst = self.core.instance(r.id, &r.persistent_name).await?;
         self.core.check_use(&c, &inst)?;
-        Ok(Response::new(views::instance(&self.core, &inst)))
+        Ok(Response::new(views::instance(&self.core, &inst).await))
     }
 
     async fn list_instances(&self, req: Request<api::Empty>) -> Res<api::InstanceList> {
         let c = caller(&req)?;
-        let instances = self
+        let mut instances = Vec::new();
+        for i in self
             .core
-            .instances()?
+            .instances()
+            .await?
             .iter()
             .filter(|i| self.core.may_use(&c, i))
-            .map(|i| views::instance(&self.core, i))
-            .collect();
+        {
+            instances.push(views::instance(&self.core, i).await);
+        }
         Ok(Response::new(api::InstanceList { instances }))
     }
 
     async fn destroy_instance(&self, req: Request<api::DestroyInstanceRequest>) -> Res<api::Empty> {
         let c = caller(&req)?;
         let r = req.into_inner();
-        let inst = self.core.instance(r.id, &r.persistent_name)?;
+        let inst = self.core.instance(r.id, &r.persistent_name).await?;
         if !self.core.is_admin(&c) && c.uid != inst.owner_uid {
             return Err(denied(format!(
                 "instance {} ({}) belongs to uid {}: only its owner or an administrator may \
@@ -272,7 +289,7 @@ impl Manager for Service {
                 inst.id, inst.name, inst.owner_uid
             )));
         }
-        if !r.hurry && self.core.sessions_using(inst.id)?.is_empty() {
+        if !r.hurry && self.core.sessions_using(inst.id).await?.is_empty() {
             self.stages.wait_idle(inst.id).await;
             // A cache's changes not yet on its PFS directory are the only copy: drained
             // first (a job that attaches it, or `surge stage drain`), or given up with hurry.
@@ -310,7 +327,7 @@ impl Manager for Service {
         // The persistent instances it attaches must be the owner's to use.
         let owner = Caller::of(uid, gid);
         for name in &r.persistent {
-            let inst = self.core.instance(0, name)?;
+            let inst = self.core.instance(0, name).await?;
             self.core.check_use(&owner, &inst)?;
         }
         let job = match r.job_instance.as_ref().map(instance_request).transpose()? {
@@ -336,15 +353,15 @@ impl Manager for Service {
             .core
             .create_session(&r.job, uid, gid, job, &r.persistent, external)
             .await?;
-        Ok(Response::new(self.session_view(&s)))
+        Ok(Response::new(self.session_view(&s).await))
     }
 
     async fn find_session(&self, req: Request<api::FindSessionRequest>) -> Res<api::Session> {
         let c = caller(&req)?;
         let r = req.into_inner();
-        let s = self.core.session_of(&r.external_id)?;
-        let s = self.own_session(&c, s.id)?;
-        Ok(Response::new(self.session_view(&s)))
+        let s = self.core.session_of(&r.external_id).await?;
+        let s = self.own_session(&c, s.id).await?;
+        Ok(Response::new(self.session_view(&s).await))
     }
 
     async fn set_session_phase(
@@ -353,7 +370,7 @@ impl Manager for Service {
     ) -> Res<api::Session> {
         let c = caller(&req)?;
         let r = req.into_inner();
-        let s = self.own_session(&c, r.id)?;
+        let s = self.own_session(&c, r.id).await?;
         // Where a job's instances are mounted is the scheduler's say, not the user's: agents
         // make root mounts on the hosts named.
         if r.mount || !r.hosts.is_empty() {
@@ -371,9 +388,9 @@ impl Manager for Service {
                 return Err(Status::invalid_argument(format!("bad host name {bad:?}")));
             }
         }
-        let s = self.core.set_phase(r.id, &r.phase, hosts, r.mount)?;
+        let s = self.core.set_phase(r.id, &r.phase, hosts, r.mount).await?;
         self.agents.poke();
-        Ok(Response::new(self.session_view(&s)))
+        Ok(Response::new(self.session_view(&s).await))
     }
 
     async fn agent_sync(&self, req: Request<api::AgentSyncRequest>) -> Res<api::AgentSyncReply> {
@@ -390,10 +407,10 @@ impl Manager for Service {
         let changed = self.agents.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let mut mounts = crate::agents::wanted(&self.core, &self.mount_root, &r.host)?;
+        let mut mounts = crate::agents::wanted(&self.core, &self.mount_root, &r.host).await?;
         if !wait.is_zero() && unchanged_failures && crate::agents::same_mounts(&have, &mounts) {
             let _ = tokio::time::timeout(wait, changed).await;
-            mounts = crate::agents::wanted(&self.core, &self.mount_root, &r.host)?;
+            mounts = crate::agents::wanted(&self.core, &self.mount_root, &r.host).await?;
         }
         Ok(Response::new(api::AgentSyncReply {
             mounts,
@@ -483,58 +500,62 @@ impl Manager for Service {
 
     async fn get_session(&self, req: Request<api::GetSessionRequest>) -> Res<api::Session> {
         let c = caller(&req)?;
-        let s = self.own_session(&c, req.into_inner().id)?;
-        Ok(Response::new(self.session_view(&s)))
+        let s = self.own_session(&c, req.into_inner().id).await?;
+        Ok(Response::new(self.session_view(&s).await))
     }
 
     async fn end_session(&self, req: Request<api::EndSessionRequest>) -> Res<api::Session> {
         let c = caller(&req)?;
         let r = req.into_inner();
-        self.own_session(&c, r.id)?;
-        self.stages.cancel_deferred(r.id)?;
+        self.own_session(&c, r.id).await?;
+        self.stages.cancel_deferred(r.id).await?;
         let s = self
             .core
             .end_session(r.id, r.keep_job_instance, &r.state)
             .await?;
         self.agents.poke();
-        Ok(Response::new(self.session_view(&s)))
+        Ok(Response::new(self.session_view(&s).await))
     }
 
     async fn list_sessions(&self, req: Request<api::Empty>) -> Res<api::SessionList> {
         let c = caller(&req)?;
         let admin = self.core.is_admin(&c);
-        let sessions = self
+        let mut sessions = Vec::new();
+        for s in self
             .core
-            .sessions()?
+            .sessions()
+            .await?
             .iter()
             .filter(|s| admin || s.owner_uid == c.uid)
-            .map(|s| self.session_view(s))
-            .collect();
+        {
+            sessions.push(self.session_view(s).await);
+        }
         Ok(Response::new(api::SessionList { sessions }))
     }
 
     async fn start_stage(&self, req: Request<api::StartStageRequest>) -> Res<api::StageTask> {
         let c = caller(&req)?;
         let r = req.into_inner();
-        self.own_session(&c, r.session)?;
+        self.own_session(&c, r.session).await?;
         let t = self.stages.start(r).await?;
         Ok(Response::new(views::stage(&t)))
     }
 
     async fn get_stage(&self, req: Request<api::GetStageRequest>) -> Res<api::StageTask> {
         let c = caller(&req)?;
-        let t = self.stages.get(req.into_inner().id)?;
-        self.own_session(&c, t.session)?;
+        let t = self.stages.get(req.into_inner().id).await?;
+        self.own_session(&c, t.session).await?;
         Ok(Response::new(views::stage(&t)))
     }
 
     async fn list_stages(&self, req: Request<api::ListStagesRequest>) -> Res<api::StageTaskList> {
         let c = caller(&req)?;
         let session = req.into_inner().session;
-        self.own_session(&c, session)?;
+        self.own_session(&c, session).await?;
         let tasks = self
             .stages
-            .list(session)?
+            .list(session)
+            .await?
             .iter()
             .map(views::stage)
             .collect();
@@ -544,7 +565,8 @@ impl Manager for Service {
     async fn activate_stage(&self, req: Request<api::GetStageRequest>) -> Res<api::StageTask> {
         let c = caller(&req)?;
         let id = req.into_inner().id;
-        self.own_session(&c, self.stages.get(id)?.session)?;
+        self.own_session(&c, self.stages.get(id).await?.session)
+            .await?;
         let t = self.stages.activate(id).await?;
         Ok(Response::new(views::stage(&t)))
     }
@@ -552,7 +574,8 @@ impl Manager for Service {
     async fn cancel_stage(&self, req: Request<api::GetStageRequest>) -> Res<api::StageTask> {
         let c = caller(&req)?;
         let id = req.into_inner().id;
-        self.own_session(&c, self.stages.get(id)?.session)?;
+        self.own_session(&c, self.stages.get(id).await?.session)
+            .await?;
         let t = self.stages.cancel(id).await?;
         Ok(Response::new(views::stage(&t)))
     }
@@ -563,9 +586,10 @@ impl Manager for Service {
     ) -> Res<api::Empty> {
         let c = caller(&req)?;
         let r = req.into_inner();
-        self.own_session(&c, r.session)?;
+        self.own_session(&c, r.session).await?;
         self.stages
-            .set_concurrency(r.session, r.instance, r.concurrency)?;
+            .set_concurrency(r.session, r.instance, r.concurrency)
+            .await?;
         Ok(Response::new(api::Empty {}))
     }
 
@@ -575,7 +599,7 @@ impl Manager for Service {
     ) -> Res<api::Capability> {
         let c = caller(&req)?;
         let r = req.into_inner();
-        let inst = self.core.instance(r.instance, &r.persistent_name)?;
+        let inst = self.core.instance(r.instance, &r.persistent_name).await?;
         let ns = (!r.all_namespaces).then_some(r.namespace);
         let (token, expires) = self.core.capability(&c, &inst, ns)?;
         Ok(Response::new(api::Capability {
@@ -598,8 +622,8 @@ impl Manager for Service {
 }
 
 impl Service {
-    fn session_view(&self, s: &crate::state::SessionRow) -> api::Session {
-        let mut v = views::session(&self.core, s);
+    async fn session_view(&self, s: &crate::store::SessionRow) -> api::Session {
+        let mut v = views::session(&self.core, s).await;
         v.mount_root = self.mount_root.clone();
         v
     }
@@ -633,8 +657,8 @@ impl Service {
     }
 
     /// Session `id`, if `c` owns it (or administers).
-    fn own_session(&self, c: &Caller, id: u64) -> Result<crate::state::SessionRow, Status> {
-        let s = self.core.session(id)?;
+    async fn own_session(&self, c: &Caller, id: u64) -> Result<crate::store::SessionRow, Status> {
+        let s = self.core.session(id).await?;
         if self.core.is_admin(c) || s.owner_uid == c.uid {
             Ok(s)
         } else {

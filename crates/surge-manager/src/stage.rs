@@ -15,7 +15,7 @@
 //! The worker gets a capability for the instance made for the owner.
 
 use crate::core::{namespace_for, Core, MResult, ManagerError};
-use crate::state::StageRow;
+use crate::store::StageRow;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -348,8 +348,8 @@ impl Stages {
             .collect()
     }
 
-    fn session_uses(&self, session: u64, instance: u64) -> MResult<()> {
-        let session = self.core.session(session)?;
+    async fn session_uses(&self, session: u64, instance: u64) -> MResult<()> {
+        let session = self.core.session(session).await?;
         if session.state != "active" {
             return Err(ManagerError::Invalid(format!(
                 "session {} is {}",
@@ -367,7 +367,7 @@ impl Stages {
 
     fn options(
         &self,
-        instance: &crate::state::InstanceRow,
+        instance: &crate::store::InstanceRow,
         workers: u32,
         checksum: bool,
     ) -> StageOptions {
@@ -389,8 +389,13 @@ impl Stages {
     }
 
     /// Sets the files in flight of the instance's later stage tasks.
-    pub fn set_concurrency(&self, session: u64, instance: u64, concurrency: u32) -> MResult<()> {
-        self.session_uses(session, instance)?;
+    pub async fn set_concurrency(
+        &self,
+        session: u64,
+        instance: u64,
+        concurrency: u32,
+    ) -> MResult<()> {
+        self.session_uses(session, instance).await?;
         if concurrency == 0 {
             return Err(ManagerError::Invalid(
                 "a stage concurrency of 0 would never copy anything".into(),
@@ -402,10 +407,10 @@ impl Stages {
         Ok(())
     }
 
-    fn finish(&self, row: &mut StageRow, state: &str, error: String) {
+    async fn finish(&self, row: &mut StageRow, state: &str, error: String) {
         row.state = state.into();
         row.error = error;
-        if let Err(e) = self.core.store.lock().update_stage(row) {
+        if let Err(e) = self.core.store.update_stage(row).await {
             warn!("stage task {}: cannot record its result: {e}", row.id);
         }
     }
@@ -415,8 +420,8 @@ impl Stages {
     /// with the reason.
     pub async fn start(self: &Arc<Self>, req: api::StartStageRequest) -> MResult<StageRow> {
         let (direction, cache) = parse_direction(&req.direction)?;
-        self.session_uses(req.session, req.instance)?;
-        let inst = self.core.instance(req.instance, "")?;
+        self.session_uses(req.session, req.instance).await?;
+        let inst = self.core.instance(req.instance, "").await?;
         if cache.is_some() && inst.descriptor.cache_pfs.is_none() {
             return Err(ManagerError::Invalid(format!(
                 "instance {} is not a type=cache instance: it has nothing to {}",
@@ -453,9 +458,9 @@ impl Stages {
             seconds: 0.0,
             failures_json: "[]".into(),
             error: String::new(),
-            created: crate::state::now(),
+            created: crate::store::now(),
         };
-        row.id = self.core.store.lock().create_stage(&row)?;
+        row.id = self.core.store.create_stage(&row).await?;
         if req.deferred {
             info!(
                 "stage task {} ({}): deferred until activated",
@@ -464,20 +469,22 @@ impl Stages {
             return Ok(row);
         }
         let opts = self.options(&inst, req.workers, req.checksum);
-        let work = self.work(&row, &inst, (direction, cache), items, opts)?;
+        let work = self
+            .work(&row, &inst, (direction, cache), items, opts)
+            .await?;
         Ok(self.launch(row, work).await)
     }
 
     /// What the worker of `row` gets: the task, and a capability for the session's owner.
-    fn work(
+    async fn work(
         &self,
         row: &StageRow,
-        inst: &crate::state::InstanceRow,
+        inst: &crate::store::InstanceRow,
         (direction, cache): (Direction, Option<CacheWork>),
         items: Vec<StageItem>,
         opts: StageOptions,
     ) -> MResult<Work> {
-        let session = self.core.session(row.session)?;
+        let session = self.core.session(row.session).await?;
         let owner = surge_auth::Caller::of(session.owner_uid, session.owner_gid);
         let (token, _) = self.core.capability(&owner, inst, Some(row.ns))?;
         Ok(Work {
@@ -494,24 +501,26 @@ impl Stages {
 
     /// Starts a deferred task.
     pub async fn activate(self: &Arc<Self>, id: u64) -> MResult<StageRow> {
-        let mut row = self.get(id)?;
+        let mut row = self.get(id).await?;
         if row.state != "deferred" {
             return Err(ManagerError::Invalid(format!(
                 "stage task {id} is {}, not deferred",
                 row.state
             )));
         }
-        self.session_uses(row.session, row.instance)?;
+        self.session_uses(row.session, row.instance).await?;
         let (direction, cache) = parse_direction(&row.direction)?;
         let items: Vec<StageItem> = serde_json::from_str(&row.items_json).map_err(|e| {
             ManagerError::Invalid(format!("stage task {id}: items are not valid JSON: {e}"))
         })?;
-        let inst = self.core.instance(row.instance, "")?;
+        let inst = self.core.instance(row.instance, "").await?;
         row.state = "running".into();
-        self.core.store.lock().update_stage(&row)?;
+        self.core.store.update_stage(&row).await?;
         info!("stage task {id} ({}): activated", row.direction);
         let opts = self.options(&inst, 0, false);
-        let work = self.work(&row, &inst, (direction, cache), items, opts)?;
+        let work = self
+            .work(&row, &inst, (direction, cache), items, opts)
+            .await?;
         Ok(self.launch(row, work).await)
     }
 
@@ -520,10 +529,11 @@ impl Stages {
     /// failed one is marked cancelled with its failures kept (DataWarp: a failed stage stays
     /// failed until it is terminated).
     pub async fn cancel(&self, id: u64) -> MResult<StageRow> {
-        let mut row = self.get(id)?;
+        let mut row = self.get(id).await?;
         match row.state.as_str() {
             "deferred" | "queued" => {
-                self.finish(&mut row, "cancelled", "terminated before it ran".into());
+                self.finish(&mut row, "cancelled", "terminated before it ran".into())
+                    .await;
                 Ok(row)
             }
             "failed" => {
@@ -532,7 +542,8 @@ impl Stages {
                     &mut row,
                     "cancelled",
                     format!("terminated after failing: {error}"),
-                );
+                )
+                .await;
                 Ok(row)
             }
             "running" => {
@@ -549,7 +560,7 @@ impl Stages {
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                self.get(id)
+                self.get(id).await
             }
             other => Err(ManagerError::Invalid(format!(
                 "stage task {id} has already ended ({other})"
@@ -558,15 +569,16 @@ impl Stages {
     }
 
     /// Cancels the deferred tasks of a session that ends (their job end has passed).
-    pub fn cancel_deferred(&self, session: u64) -> MResult<usize> {
-        let rows = self.core.store.lock().stages(session)?;
+    pub async fn cancel_deferred(&self, session: u64) -> MResult<usize> {
+        let rows = self.core.store.stages(session).await?;
         let mut n = 0;
         for mut row in rows.into_iter().filter(|r| r.state == "deferred") {
             self.finish(
                 &mut row,
                 "cancelled",
                 "the session ended before this deferred stage was activated".into(),
-            );
+            )
+            .await;
             n += 1;
         }
         Ok(n)
@@ -588,7 +600,7 @@ impl Stages {
         tokio::spawn(async move { this.run_task(row, work, live, planned_tx).await });
         match planned_rx.await {
             Ok(r) => r,
-            Err(_) => self.get(fallback.id).unwrap_or(fallback),
+            Err(_) => self.get(fallback.id).await.unwrap_or(fallback),
         }
     }
 
@@ -675,7 +687,7 @@ impl Stages {
         let mut source = match self.start_worker(row.id, &task, &owner, &live) {
             Ok(s) => s,
             Err(e) => {
-                self.finish(&mut row, "failed", e);
+                self.finish(&mut row, "failed", e).await;
                 self.running.lock().remove(&row.id);
                 if let Some(p) = planned.take() {
                     let _ = p.send(row);
@@ -689,7 +701,7 @@ impl Stages {
                 Event::Planned { files, bytes } => {
                     row.files_total = files;
                     row.bytes_total = bytes;
-                    let _ = self.core.store.lock().update_stage(&row);
+                    let _ = self.core.store.update_stage(&row).await;
                     if let Some(p) = planned.take() {
                         let _ = p.send(row.clone());
                     }
@@ -702,16 +714,16 @@ impl Stages {
                 }
                 Event::Done(report) => {
                     ended = true;
-                    self.done(&mut row, report);
+                    self.done(&mut row, report).await;
                 }
                 Event::Cancelled => {
                     ended = true;
                     info!("stage task {} ({}): terminated", row.id, row.direction);
-                    self.finish(&mut row, "cancelled", TERMINATED.into());
+                    self.finish(&mut row, "cancelled", TERMINATED.into()).await;
                 }
                 Event::Failed(msg) => {
                     ended = true;
-                    self.finish(&mut row, "failed", msg);
+                    self.finish(&mut row, "failed", msg).await;
                 }
             }
         }
@@ -727,7 +739,7 @@ impl Stages {
             } else {
                 "failed"
             };
-            self.finish(&mut row, state, why);
+            self.finish(&mut row, state, why).await;
         }
         self.running.lock().remove(&row.id);
         if let Some(p) = planned.take() {
@@ -736,7 +748,7 @@ impl Stages {
     }
 
     /// Records the report of a finished copy.
-    fn done(&self, row: &mut StageRow, report: surge_stage::StageReport) {
+    async fn done(&self, row: &mut StageRow, report: surge_stage::StageReport) {
         row.files_done = report.files;
         row.bytes_done = report.bytes;
         row.seconds = report.seconds;
@@ -750,24 +762,25 @@ impl Stages {
                 surge_core::format_bytes(report.bytes),
                 report.seconds
             );
-            self.finish(row, "done", String::new());
+            self.finish(row, "done", String::new()).await;
         } else {
             let n = report.failures.len();
             warn!(
                 "stage task {} ({}): {n} files failed",
                 row.id, row.direction
             );
-            self.finish(row, "failed", format!("{n} file(s) could not be copied"));
+            self.finish(row, "failed", format!("{n} file(s) could not be copied"))
+                .await;
         }
     }
 
     /// A task, with live progress while it runs.
-    pub fn get(&self, id: u64) -> MResult<StageRow> {
+    pub async fn get(&self, id: u64) -> MResult<StageRow> {
         let mut row = self
             .core
             .store
-            .lock()
-            .stage(id)?
+            .stage(id)
+            .await?
             .ok_or_else(|| ManagerError::NotFound(format!("stage task {id} does not exist")))?;
         self.overlay(&mut row);
         Ok(row)
@@ -788,8 +801,8 @@ impl Stages {
         }
     }
 
-    pub fn list(&self, session: u64) -> MResult<Vec<StageRow>> {
-        let mut rows = self.core.store.lock().stages(session)?;
+    pub async fn list(&self, session: u64) -> MResult<Vec<StageRow>> {
+        let mut rows = self.core.store.stages(session).await?;
         for r in &mut rows {
             self.overlay(r);
         }

@@ -2,7 +2,7 @@
 //! (served by the HTTP API and printed by `--json` in the CLI, so scripts see one format).
 
 use crate::core::{Core, PoolUsage};
-use crate::state::{InstanceRow, PeaksRow, ServerRow, SessionRow, StageRow};
+use crate::store::{InstanceRow, PeaksRow, ServerRow, SessionRow, StageRow};
 use serde_json::{json, Value};
 use surge_api::v1 as api;
 use surge_proto::ServerStatus;
@@ -33,7 +33,7 @@ pub fn server(s: &ServerRow, st: Option<&ServerStatus>) -> api::Server {
     }
 }
 
-pub fn instance(core: &Core, i: &InstanceRow) -> api::Instance {
+pub async fn instance(core: &Core, i: &InstanceRow) -> api::Instance {
     api::Instance {
         id: i.id,
         name: i.name.clone(),
@@ -47,18 +47,18 @@ pub fn instance(core: &Core, i: &InstanceRow) -> api::Instance {
         owner_gid: i.owner_gid,
         state: i.state.clone(),
         created: i.created,
-        sessions: core.sessions_using(i.id).unwrap_or_default(),
+        sessions: core.sessions_using(i.id).await.unwrap_or_default(),
         descriptor_json: serde_json::to_string(&i.descriptor).unwrap_or_default(),
         used: core.instance_used(i),
         promise_json: i.promise.clone(),
     }
 }
 
-pub fn session(core: &Core, s: &SessionRow) -> api::Session {
+pub async fn session(core: &Core, s: &SessionRow) -> api::Session {
     let mut instances = Vec::new();
     for id in s.job_instance.iter().chain(s.persistent.iter()) {
-        if let Ok(i) = core.instance(*id, "") {
-            instances.push(instance(core, &i));
+        if let Ok(i) = core.instance(*id, "").await {
+            instances.push(instance(core, &i).await);
         }
     }
     api::Session {

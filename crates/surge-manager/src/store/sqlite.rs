@@ -1,120 +1,15 @@
-//! The manager's durable state in SQLite: pools, servers, instances (with their data-plane
-//! descriptors), sessions and stage tasks. Every change is committed before the API answers,
-//! so a restarted manager carries on where it stopped.
+//! The SQLite engine of the manager's state: pools, servers, instances (with their data-plane
+//! descriptors), sessions and stage tasks in one database file. Every change is committed
+//! before the API answers, so a restarted manager carries on where it stopped.
 
+use super::{now, InstanceRow, PeaksRow, PoolRow, ServerRow, SessionRow, StageRow};
 use rusqlite::{params, Connection, OptionalExtension};
-use serde::{Deserialize, Serialize};
 use std::path::Path;
 use surge_proto::InstanceDescriptor;
 
-pub fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct PoolRow {
-    pub name: String,
-    pub granularity: u64,
-    pub created: i64,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ServerRow {
-    pub id: String,
-    pub pool: String,
-    pub addrs: Vec<String>,
-    pub capacity: u64,
-    pub state: String,
-    pub last_seen: i64,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct InstanceRow {
-    pub id: u64,
-    pub name: String,
-    /// "job" or "persistent".
-    pub kind: String,
-    pub persistent_name: Option<String>,
-    pub access_mode: String,
-    pub pool: String,
-    pub capacity: u64,
-    pub nodes: u32,
-    pub owner_uid: u32,
-    pub owner_gid: u32,
-    pub state: String,
-    pub created: i64,
-    pub descriptor: InstanceDescriptor,
-    /// Members of the owner's group may use it too (persistent instances shared by a group).
-    pub group_shared: bool,
-    /// A performance-target allocation's promise (`crate::targets::Promise` as JSON), else "".
-    #[serde(default)]
-    pub promise: String,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SessionRow {
-    pub id: u64,
-    pub job: String,
-    pub owner_uid: u32,
-    pub owner_gid: u32,
-    /// "active", "ended", "stage-out-failed".
-    pub state: String,
-    pub created: i64,
-    pub ended: i64,
-    pub job_instance: Option<u64>,
-    /// Attached persistent instances.
-    pub persistent: Vec<u64>,
-    /// A workload manager's job id ("slurm:1234").
-    pub external: Option<String>,
-    /// The last burst-buffer phase run.
-    pub phase: String,
-    /// The job's hosts, in node order.
-    pub hosts: Vec<String>,
-    /// Agents should have the session's instances mounted on `hosts`.
-    pub mount: bool,
-    /// What the manager promised for its job instance's performance targets (JSON), else "";
-    /// kept after the instance is gone.
-    #[serde(default)]
-    pub promise: String,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct StageRow {
-    pub id: u64,
-    pub session: u64,
-    pub instance: u64,
-    pub ns: u32,
-    pub direction: String,
-    pub items_json: String,
-    /// A burst-buffer phase that asked for it ("data_in", "data_out"), or "".
-    pub origin: String,
-    /// "deferred", "queued", "running", "done", "failed", "cancelled".
-    pub state: String,
-    pub files_total: u64,
-    pub files_done: u64,
-    pub bytes_total: u64,
-    pub bytes_done: u64,
-    pub seconds: f64,
-    pub failures_json: String,
-    pub error: String,
-    pub created: i64,
-}
-
-/// Calibrated peaks registered for a server (`key` = its id) or for some of a pool's servers
-/// measured at once (`key` = the pool, `servers` = how many: a point of the pool's curve).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct PeaksRow {
-    pub key: String,
-    pub peaks: surge_core::peaks::Peaks,
-    pub source: String,
-    pub registered: i64,
-    pub servers: u32,
-}
-
-pub struct Store {
+/// One SQLite database (the embedded default's and a single-host install's engine). Its methods
+/// are synchronous; [`super::Store`] calls them under a mutex, never across an await.
+pub struct Db {
     db: Connection,
 }
 
@@ -124,8 +19,8 @@ fn json_err(e: serde_json::Error) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(Box::new(e))
 }
 
-impl Store {
-    pub fn open(path: &Path) -> R<Store> {
+impl Db {
+    pub fn open(path: &Path) -> R<Db> {
         let db = Connection::open(path)?;
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "NORMAL")?;
@@ -147,7 +42,7 @@ impl Store {
                 [start],
             )?;
         }
-        Ok(Store { db })
+        Ok(Db { db })
     }
 
     // --- pools ---
@@ -361,9 +256,9 @@ impl Store {
         "id, name, kind, persistent_name, access_mode, pool, capacity, nodes, \
          owner_uid, owner_gid, state, created, descriptor, group_shared, promise";
 
-    /// Reserves an id for a new instance (the row is completed by [`Store::finish_instance`]
+    /// Reserves an id for a new instance (the row is completed by [`Db::finish_instance`]
     /// once its servers have made it, or removed); its capacity counts from now on (see
-    /// [`Store::reserving_instances`]). `session`: the session whose job instance it is.
+    /// [`Db::reserving_instances`]). `session`: the session whose job instance it is.
     pub fn new_instance_id(&self, row: &InstanceRow, session: Option<u64>) -> R<u64> {
         self.db.execute(
             "INSERT INTO instances(name, kind, persistent_name, access_mode, pool, capacity, nodes,
@@ -529,7 +424,7 @@ impl Store {
         Ok((sessions, orphans))
     }
 
-    /// Instances to destroy on their servers (see [`Store::recover_interrupted_setups`]).
+    /// Instances to destroy on their servers (see [`Db::recover_interrupted_setups`]).
     pub fn orphaned_instances(&self) -> R<Vec<InstanceRow>> {
         let mut st = self.db.prepare_cached(&format!(
             "SELECT {} FROM instances WHERE state = 'orphaned' ORDER BY id",
@@ -568,16 +463,6 @@ impl Store {
         Ok(self.db.last_insert_rowid() as u64)
     }
 
-    /// A session made by [`Store::create_session`] has all its instances: it becomes
-    /// `active` (what agents mount and phases use). Until then a crash fails it.
-    pub fn activate_session(&self, session: u64) -> R<()> {
-        self.db.execute(
-            "UPDATE sessions SET state = 'active' WHERE id = ?1 AND state = 'creating'",
-            [session as i64],
-        )?;
-        Ok(())
-    }
-
     /// The newest session of a workload manager's job.
     pub fn session_of(&self, external: &str) -> R<Option<u64>> {
         self.db
@@ -614,15 +499,6 @@ impl Store {
         Ok(())
     }
 
-    /// The session's job instance, and what it promised (see [`SessionRow::promise`]).
-    pub fn set_session_instance(&self, session: u64, instance: u64, promise: &str) -> R<()> {
-        self.db.execute(
-            "UPDATE sessions SET job_instance = ?2, promise = ?3 WHERE id = ?1",
-            params![session as i64, instance as i64, promise],
-        )?;
-        Ok(())
-    }
-
     /// Completes a session's setup in one transaction: its job instance (and promise), the
     /// persistent instances it attaches, and the switch to `active`.
     pub fn complete_session(
@@ -649,14 +525,6 @@ impl Store {
             [session as i64],
         )?;
         tx.commit()
-    }
-
-    pub fn attach(&self, session: u64, instance: u64) -> R<()> {
-        self.db.execute(
-            "INSERT OR IGNORE INTO session_persistent(session, instance) VALUES (?1, ?2)",
-            params![session as i64, instance as i64],
-        )?;
-        Ok(())
     }
 
     pub fn end_session(&self, session: u64, state: &str) -> R<()> {
@@ -742,6 +610,23 @@ impl Store {
         for s in &mut out {
             self.fill_persistent(s)?;
         }
+        Ok(out)
+    }
+
+    /// See [`super::Store::session_counts`].
+    pub fn session_counts(&self) -> R<Vec<(String, u64)>> {
+        let mut st = self.db.prepare_cached(
+            "SELECT state, COUNT(*) FROM sessions WHERE state IN ('creating', 'active')
+             GROUP BY state ORDER BY state",
+        )?;
+        let mut out: Vec<(String, u64)> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?
+            .collect::<R<_>>()?;
+        let total: i64 = self
+            .db
+            .query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))?;
+        let open: u64 = out.iter().map(|(_, n)| n).sum();
+        out.push(("ended".into(), (total as u64).saturating_sub(open)));
         Ok(out)
     }
 
@@ -1019,7 +904,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let path = t.path().join("m.db");
         let (iid, sid) = {
-            let s = Store::open(&path).unwrap();
+            let s = Db::open(&path).unwrap();
             s.upsert_pool("default", 1 << 30).unwrap();
             let iid = s.new_instance_id(&row(), None).unwrap();
             s.finish_instance(iid, "keep", &desc(iid)).unwrap();
@@ -1027,7 +912,7 @@ mod tests {
             s.complete_session(sid, None, &[iid]).unwrap();
             (iid, sid)
         };
-        let s = Store::open(&path).unwrap();
+        let s = Db::open(&path).unwrap();
         assert_eq!(s.pools().unwrap()[0].granularity, 1 << 30);
         assert_eq!(s.persistent("keep").unwrap().unwrap().id, iid);
         assert_eq!(s.session(sid).unwrap().unwrap().persistent, vec![iid]);
@@ -1052,7 +937,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let path = t.path().join("m.db");
         {
-            let s = Store::open(&path).unwrap();
+            let s = Db::open(&path).unwrap();
             s.set_server_peaks("srv-a", &peaks(1.0), "file a.json")
                 .unwrap();
             s.set_pool_peaks("default", 2, &peaks(3.0), "both").unwrap();
@@ -1064,10 +949,11 @@ mod tests {
             let iid = s.new_instance_id(&r, None).unwrap();
             s.finish_instance(iid, "keep", &desc(iid)).unwrap();
             let sid = s.create_session("job.sh", 1, 1, None).unwrap();
-            s.set_session_instance(sid, iid, &r.promise).unwrap();
+            s.complete_session(sid, Some((iid, &r.promise)), &[])
+                .unwrap();
         }
         {
-            let s = Store::open(&path).unwrap();
+            let s = Db::open(&path).unwrap();
             let sp = s.server_peaks().unwrap();
             assert_eq!((sp[0].key.as_str(), sp[0].peaks.write_bw), ("srv-a", 1.0));
             let curve: Vec<(u32, f64)> = s
@@ -1088,7 +974,7 @@ mod tests {
             )
             .unwrap();
         }
-        let s = Store::open(&path).unwrap();
+        let s = Db::open(&path).unwrap();
         assert_eq!(s.instances().unwrap()[0].promise, "");
         assert!(s.server_peaks().unwrap().is_empty());
         s.set_server_peaks("srv-b", &peaks(2.0), "x").unwrap();
@@ -1103,7 +989,7 @@ mod tests {
         job.persistent_name = None;
         job.kind = "job".into();
         let (cut, whole, made, planned, unplanned) = {
-            let s = Store::open(&path).unwrap();
+            let s = Db::open(&path).unwrap();
             // A session whose instance was made but not yet linked.
             let cut = s.create_session("cut.sh", 1, 1, Some("slurm:1")).unwrap();
             let made = s.new_instance_id(&job, Some(cut)).unwrap();
@@ -1119,7 +1005,7 @@ mod tests {
             assert_eq!(s.sessions_using(made).unwrap(), Vec::<u64>::new());
             (cut, whole, made, planned, unplanned)
         };
-        let s = Store::open(&path).unwrap();
+        let s = Db::open(&path).unwrap();
         let (failed, orphans) = s.recover_interrupted_setups().unwrap();
         assert_eq!(failed, vec![cut]);
         assert_eq!(orphans, vec![made, planned]);
@@ -1151,7 +1037,7 @@ mod tests {
     fn the_schema_is_migrated_in_numbered_steps_and_a_newer_one_is_refused() {
         let t = tempfile::tempdir().unwrap();
         let path = t.path().join("m.db");
-        Store::open(&path).unwrap();
+        Db::open(&path).unwrap();
         let v: i64 = Connection::open(&path)
             .unwrap()
             .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -1161,20 +1047,20 @@ mod tests {
             .unwrap()
             .pragma_update(None, "user_version", 99)
             .unwrap();
-        let e = Store::open(&path).err().expect("a newer schema was opened");
+        let e = Db::open(&path).err().expect("a newer schema was opened");
         assert!(e.to_string().contains("newer than this manager"), "{e}");
     }
 
     #[test]
     fn fresh_databases_start_instance_ids_at_a_random_offset() {
         let t = tempfile::tempdir().unwrap();
-        let a = Store::open(&t.path().join("a.db"))
+        let a = Db::open(&t.path().join("a.db"))
             .unwrap()
             .new_instance_id(&row(), None)
             .unwrap();
         let mut r = row();
         r.persistent_name = None;
-        let b = Store::open(&t.path().join("b.db"))
+        let b = Db::open(&t.path().join("b.db"))
             .unwrap()
             .new_instance_id(&r, None)
             .unwrap();
