@@ -30,6 +30,9 @@ have munged      || need+=(munge)
 # MPI-IO: `surge bench io --backend mpiio` and the MPI jobs `surge tune` tunes.
 have mpicc       || need+=(libopenmpi-dev)
 have mpirun      || need+=(openmpi-bin)
+# etcd: the cluster store several managers share (surge manager --etcd; tests start members).
+have etcd        || need+=(etcd-server)
+have etcdctl     || need+=(etcd-client)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && have apt-get; then

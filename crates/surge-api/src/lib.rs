@@ -50,6 +50,46 @@ impl std::fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
+/// A manager's answer that is an error, kept whole (its code says whether to retry).
+#[derive(Debug)]
+pub struct ManagerStatus(pub tonic::Status);
+
+impl std::fmt::Display for ManagerStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.message())
+    }
+}
+
+impl std::error::Error for ManagerStatus {}
+
+/// True when `e` says the manager went away (it died, lost its lead, or none answers yet)
+/// rather than that the request was wrong: an idempotent request may then be made again, to
+/// the next leader.
+pub fn manager_gone(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<ConnectError>() {
+            return true;
+        }
+        let status = err
+            .downcast_ref::<ManagerStatus>()
+            .map(|s| &s.0)
+            .or_else(|| err.downcast_ref::<tonic::Status>());
+        if let Some(s) = status {
+            return match s.code() {
+                tonic::Code::Unavailable => true,
+                tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal => {
+                    let m = s.message();
+                    m.contains("transport") || m.contains("connection") || m.contains("h2")
+                }
+                _ => false,
+            };
+        }
+        cur = err.source();
+    }
+    false
+}
+
 static MUNGE_SOCKET: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 /// Makes [`munge_socket`] answer `socket` for the rest of this process (`surge run` calls it
@@ -99,19 +139,54 @@ pub async fn connect(addr: &str) -> Result<Client, ConnectError> {
     connect_with(addr, munge_socket()).await
 }
 
-/// [`connect`] with the munged at `socket`.
-pub async fn connect_with(addr: &str, socket: PathBuf) -> Result<Client, ConnectError> {
+/// A connection to the one manager at `addr`.
+async fn channel(addr: &str) -> Result<tonic::transport::Channel, ConnectError> {
     let url = if addr.starts_with("http://") {
         addr.to_string()
     } else {
         format!("http://{addr}")
     };
-    let ch = tonic::transport::Endpoint::from_shared(url)
+    tonic::transport::Endpoint::from_shared(url)
         .map_err(|e| ConnectError(format!("'{addr}' is not a manager address: {e}")))?
         .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|e| ConnectError(format!("cannot reach the manager at {addr}: {e}")))?;
+        .map_err(|e| ConnectError(format!("cannot reach the manager at {addr}: {e}")))
+}
+
+/// How long a client of several managers (`host:port,host:port`: a leader and its standbys
+/// on etcd) keeps trying while none answers: long enough for a standby to take over after the
+/// leader died (its lease, ~3 s, then its start).
+pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// [`connect`] with the munged at `socket`. `addr` may list several managers separated by
+/// commas: the first that accepts the connection is the leader (standbys do not listen), and
+/// while none does the list is tried again for [`FAILOVER_WAIT`].
+pub async fn connect_with(addr: &str, socket: PathBuf) -> Result<Client, ConnectError> {
+    let addrs: Vec<&str> = addr
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    if addrs.is_empty() {
+        return Err(ConnectError(format!("'{addr}' names no manager")));
+    }
+    let start = std::time::Instant::now();
+    let ch = 'found: loop {
+        let mut last = None;
+        for a in &addrs {
+            match channel(a).await {
+                Ok(ch) => break 'found ch,
+                Err(e) => last = Some(e),
+            }
+        }
+        let e = last.unwrap_or_else(|| ConnectError(format!("'{addr}' names no manager")));
+        if addrs.len() == 1 || start.elapsed() >= FAILOVER_WAIT {
+            return Err(e);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     Ok(v1::manager_client::ManagerClient::with_interceptor(
         ch,
         Munge { socket },

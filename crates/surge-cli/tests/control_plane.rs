@@ -9,6 +9,32 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+/// Where a test's manager keeps its state: the embedded default's SQLite, or a real etcd
+/// (three members) that outlives the managers a test restarts.
+enum Engine {
+    Sqlite,
+    Etcd(surge_testkit::etcd::Etcd),
+}
+
+impl Engine {
+    fn etcd(tag: &str) -> Engine {
+        Engine::Etcd(surge_testkit::etcd::Etcd::start(tag))
+    }
+
+    /// `Manager::start_env` on this engine.
+    fn manager(&self, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Manager {
+        match self {
+            Engine::Sqlite => Manager::start_env(dir, extra, env),
+            Engine::Etcd(e) => {
+                let endpoints = e.endpoints();
+                let mut args = vec!["--etcd", &endpoints, "--etcd-prefix", "/surge-test/"];
+                args.extend_from_slice(extra);
+                Manager::start_env(dir, &args, env)
+            }
+        }
+    }
+}
+
 /// A Cori-style job script asking for a 64 MiB striped job instance.
 const SCRIPT: &str = "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\n";
 
@@ -54,9 +80,18 @@ fn listed(m: &Manager) -> Vec<u64> {
 
 #[test]
 fn a_retried_setup_gets_its_session_and_the_manager_keeps_serving() {
+    retried_setup(&Engine::Sqlite);
+}
+
+#[test]
+fn a_retried_setup_gets_its_session_on_etcd_too() {
+    retried_setup(&Engine::etcd("cp-retry"));
+}
+
+fn retried_setup(engine: &Engine) {
     let dir = Scratch::new("cp-retry");
     let c = cluster(1, "1GiB");
-    let m = Manager::start(dir.path());
+    let m = engine.manager(dir.path(), &[], &[]);
     m.register(&c);
     let script = dir.path().join("job.sh");
     std::fs::write(&script, SCRIPT).unwrap();
@@ -111,12 +146,21 @@ fn a_retried_setup_gets_its_session_and_the_manager_keeps_serving() {
 
 #[test]
 fn a_manager_killed_at_any_step_of_a_setup_never_lets_a_job_run_without_its_instance() {
+    killed_in_setup(&Engine::Sqlite);
+}
+
+#[test]
+fn a_manager_on_etcd_killed_in_a_setup_never_lets_a_job_run_without_its_instance() {
+    killed_in_setup(&Engine::etcd("cp-crash"));
+}
+
+fn killed_in_setup(engine: &Engine) {
     let dir = Scratch::new("cp-crash");
     let c = cluster(2, "1GiB");
     let script = dir.path().join("job.sh");
     std::fs::write(&script, SCRIPT).unwrap();
     let free0 = {
-        let m = Manager::start(dir.path());
+        let m = engine.manager(dir.path(), &[], &[]);
         m.register(&c);
         pool_free(&m)
     };
@@ -130,7 +174,7 @@ fn a_manager_killed_at_any_step_of_a_setup_never_lets_a_job_run_without_its_inst
     {
         let job = format!("20{n}");
         {
-            let m = Manager::start_env(dir.path(), &[], &[("SURGE_FAILPOINTS", point)]);
+            let m = engine.manager(dir.path(), &[], &[("SURGE_FAILPOINTS", point)]);
             let o = setup(&m.grpc, &job, &script);
             assert!(
                 !o.status.success(),
@@ -142,7 +186,7 @@ fn a_manager_killed_at_any_step_of_a_setup_never_lets_a_job_run_without_its_inst
             assert!(!st.success(), "{point}: the manager did not die");
         }
         // Slurm retries the setup against the restarted manager (same state).
-        let m = Manager::start(dir.path());
+        let m = engine.manager(dir.path(), &[], &[]);
         let o = setup(&m.grpc, &job, &script);
         assert!(o.status.success(), "{point}: retried setup\n{}", text(&o));
         assert!(

@@ -154,7 +154,7 @@ mkdir -p "$DW_JOB_STRIPED/out"
 head -c 3000000 /dev/zero > "$DW_JOB_STRIPED/in/data"
 surge layout get --json "$DW_JOB_STRIPED/in/data" > "$DW_JOB_STRIPED/out/layout.json"
 root=$(surge layout get --json "$DW_JOB_STRIPED")
-slow() { sleep 0.3; touch "$DW_JOB_STRIPED/out/waited"; }
+slow() { sleep 1; touch "$DW_JOB_STRIPED/out/waited"; }
 case "$1" in
     wide) echo "$root" | grep -q '"stripe_count":"all"' || slow ;;
     unset) echo "$root" | grep -q '"default":false' || slow ;;

@@ -300,9 +300,10 @@ pub async fn connect(addr: &str) -> anyhow::Result<surge_api::Client> {
     Ok(surge_api::connect(addr).await?)
 }
 
-/// Turns a gRPC error into the manager's own message.
+/// Turns a gRPC error into the manager's own message (the status kept: see
+/// [`surge_api::manager_gone`]).
 pub fn status_err(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{}", s.message())
+    anyhow::Error::new(surge_api::ManagerStatus(s))
 }
 
 fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {

@@ -55,7 +55,7 @@ pub struct BbArgs {
     pub phase: Phase,
 }
 
-#[derive(clap::Subcommand, Debug)]
+#[derive(clap::Subcommand, Debug, Clone)]
 pub enum Phase {
     /// Parse a job script's #DW/#BB directives; print the errors (with file:line) and exit 1
     /// if any.
@@ -179,14 +179,14 @@ pub enum Phase {
     },
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Common {
     /// The manager (default $SURGE_MANAGER).
     #[arg(long, env = "SURGE_MANAGER", value_name = "HOST:PORT")]
     pub manager: String,
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Job {
     #[command(flatten)]
     pub common: Common,
@@ -232,8 +232,48 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(async move {
-        match args.phase {
+    // Every phase is idempotent: one cut by a manager that died or lost its lead (several
+    // managers on etcd, `--manager a,b`) is run again, against the next leader, for as long
+    // as a failover takes.
+    let start = Instant::now();
+    loop {
+        match rt.block_on(phase(&args.phase)) {
+            Err(e)
+                if surge_api::manager_gone(e.as_ref())
+                    && start.elapsed() < surge_api::FAILOVER_WAIT
+                    && args.phase.manager().contains(',') =>
+            {
+                eprintln!("surge bb: the manager went away ({e:#}); running the phase again");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            r => {
+                r?;
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+}
+
+impl Phase {
+    /// The manager (list) the phase talks to.
+    fn manager(&self) -> &str {
+        match self {
+            Phase::Validate { .. } => "",
+            Phase::Pools(c) | Phase::Agents { c, .. } | Phase::Reconcile { c, .. } => &c.manager,
+            Phase::Setup { c, .. }
+            | Phase::DataIn { c, .. }
+            | Phase::Paths { c, .. }
+            | Phase::PreRun { c, .. }
+            | Phase::PostRun { c, .. }
+            | Phase::DataOut { c, .. }
+            | Phase::Teardown { c, .. } => &c.common.manager,
+        }
+    }
+}
+
+async fn phase(phase: &Phase) -> anyhow::Result<()> {
+    {
+        match phase.clone() {
             Phase::Validate { .. } => unreachable!("handled above"),
             Phase::Pools(c) => pools(&c).await,
             Phase::Agents { c, json } => agents(&c, json).await,
@@ -252,8 +292,7 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
                 json,
             } => reconcile(&c, &scheduler, &jobs_command, dry_run, json).await,
         }
-    })?;
-    Ok(ExitCode::SUCCESS)
+    }
 }
 
 fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {

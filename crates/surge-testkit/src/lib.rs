@@ -9,6 +9,7 @@
 //! - [`Scratch`], [`wait_for`], [`Rng`], [`seed`], [`ChildGuard`]: small helpers.
 //! - [`skip_without_fuse`]: the one rule for FUSE tests on machines without FUSE.
 
+pub mod etcd;
 pub mod inproc;
 pub mod procs;
 

@@ -47,19 +47,26 @@ impl Manager {
 
     /// [`Manager::start_with`] with more environment (e.g. `SURGE_FAILPOINTS`).
     pub fn start_env(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Manager {
+        let child = Manager::spawn(dir, extra, env);
+        Manager::ready(dir, child)
+    }
+
+    /// Starts a manager without waiting for it to serve (a standby on etcd serves only once
+    /// it leads); [`Manager::ready`] waits.
+    pub fn spawn(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> ChildGuard {
         let ready = dir.join("m.ready");
         let _ = std::fs::remove_file(&ready);
-        let child = ChildGuard(
-            surge_command()
-                .envs(env.iter().copied())
-                .args([
-                    "manager",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--http",
-                    "127.0.0.1:0",
-                ])
-                .args(["--granularity", "64MiB", "--liveness-interval", "0.2"])
+        let mut cmd = surge_command();
+        cmd.envs(env.iter().copied()).arg("manager");
+        // Port 0 unless the test names the addresses (managers of one etcd, listed up front).
+        if !extra.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        if !extra.contains(&"--http") {
+            cmd.args(["--http", "127.0.0.1:0"]);
+        }
+        ChildGuard(
+            cmd.args(["--granularity", "64MiB", "--liveness-interval", "0.2"])
                 .args(["--reconcile-interval", "0.3"])
                 .args(extra)
                 .arg("--state")
@@ -75,8 +82,13 @@ impl Manager {
                 )
                 .spawn()
                 .expect("start surge manager"),
-        );
-        let v: serde_json::Value = wait_for("manager", std::time::Duration::from_secs(20), || {
+        )
+    }
+
+    /// Waits until the manager `child` (started by [`Manager::spawn`] in `dir`) serves.
+    pub fn ready(dir: &std::path::Path, child: ChildGuard) -> Manager {
+        let ready = dir.join("m.ready");
+        let v: serde_json::Value = wait_for("manager", std::time::Duration::from_secs(30), || {
             serde_json::from_str(&std::fs::read_to_string(&ready).ok()?).ok()
         });
         Manager {

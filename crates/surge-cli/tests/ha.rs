@@ -1,0 +1,212 @@
+//! Managers on etcd (issue 30): a real three-member etcd (Debian's `etcd-server`), two `surge
+//! manager`s on it, one leading. A job set up through the leader goes on through the standby
+//! when the leader is killed; a leader that is paused past its lease cannot write when it
+//! wakes (it exits), and nothing is allocated twice.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+use surge_testkit::etcd::{free_port, Etcd};
+
+const SCRIPT: &str = "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\n";
+
+fn bb(m: &str, phase: &str, job: &str, script: &Path, args: &[&str]) -> Output {
+    surge_command()
+        .args(["bb", phase, "--job-id", job, "--manager", m, "--script"])
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run surge bb")
+}
+
+/// A manager on `etcd` named `name`, listening where the test says, not waited for.
+fn spawn(dir: &Path, etcd: &Etcd, name: &str, grpc: &str, http: &str) -> ChildGuard {
+    Manager::spawn(
+        dir,
+        &[
+            "--etcd",
+            &etcd.endpoints(),
+            "--etcd-prefix",
+            "/surge-test/",
+            "--name",
+            name,
+            "--listen",
+            grpc,
+            "--http",
+            http,
+        ],
+        &[],
+    )
+}
+
+/// Instances each server holds fragments of, from the servers themselves.
+fn held(c: &Cluster) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for s in &c.servers {
+        let st: serde_json::Value =
+            serde_json::from_str(&surge(&["server", "status", "--json", &s.addr])).unwrap();
+        for f in st[0]["fragments"].as_array().into_iter().flatten() {
+            ids.push(f["instance"].as_u64().expect("fragment instance"));
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+fn listed(m: &str) -> Vec<u64> {
+    let v: serde_json::Value =
+        serde_json::from_str(&surge(&["instance", "ls", "--json", "--manager", m])).unwrap();
+    let mut ids: Vec<u64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_u64().unwrap())
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+fn leader(etcd: &Etcd) -> serde_json::Value {
+    let o = etcd.ctl(&["get", "/surge-test/leader", "--print-value-only"]);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+fn a_standby_takes_over_when_the_leader_dies_and_the_job_goes_on() {
+    let etcd = Etcd::start("ha-kill");
+    let (da, db) = (Scratch::new("ha-a"), Scratch::new("ha-b"));
+    let (ga, gb) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let (ha, hb) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let a = Manager::ready(da.path(), spawn(da.path(), &etcd, "mA", &ga, &ha));
+    let b = spawn(db.path(), &etcd, "mB", &gb, &hb);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !db.path().join("m.ready").exists(),
+        "the standby serves while another leads"
+    );
+    let l = leader(&etcd);
+    assert_eq!(l["name"], "mA", "{l}");
+    let both = format!("{ga},{gb}");
+    let c = cluster(2, "1GiB");
+    for s in &c.servers {
+        surge(&["server", "register", &s.addr, "--manager", &both]);
+    }
+    let script = da.path().join("job.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let o = bb(&both, "setup", "1", &script, &["--uid", "0", "--gid", "0"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let before = listed(&both);
+    assert_eq!(before.len(), 1);
+
+    // kill -9 of the leader; the standby takes over once its lease expires.
+    let mut a = a;
+    let killed = Instant::now();
+    a.child.0.kill().unwrap();
+    let _ = a.child.0.wait();
+    let b = Manager::ready(db.path(), b);
+    let takeover = killed.elapsed();
+    assert_eq!(leader(&etcd)["name"], "mB");
+    eprintln!("the standby served {takeover:?} after the leader was killed");
+    assert!(
+        takeover < Duration::from_secs(10),
+        "takeover took {takeover:?}"
+    );
+
+    // The job goes on against the same address list: its session, its instance.
+    let paths = db.path().join("paths");
+    let o = bb(
+        &both,
+        "paths",
+        "1",
+        &script,
+        &["--path-file", paths.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(std::fs::read_to_string(&paths)
+        .unwrap()
+        .contains("DW_JOB_STRIPED="));
+    assert_eq!(listed(&b.grpc), before);
+    // A second job allocates next to it, never over it.
+    let o = bb(&both, "setup", "2", &script, &["--uid", "0", "--gid", "0"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(listed(&both).len(), 2);
+    assert_eq!(held(&c), listed(&both), "servers and records disagree");
+    for job in ["1", "2"] {
+        let o = bb(&both, "teardown", job, &script, &[]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    assert!(held(&c).is_empty(), "fragments left: {:?}", held(&c));
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_writes_nothing_when_it_wakes() {
+    let etcd = Etcd::start("ha-pause");
+    let (da, db) = (Scratch::new("ha-pa"), Scratch::new("ha-pb"));
+    let (ga, gb) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let (ha, hb) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut a = Manager::ready(da.path(), spawn(da.path(), &etcd, "mA", &ga, &ha));
+    let b = spawn(db.path(), &etcd, "mB", &gb, &hb);
+    let c = cluster(1, "1GiB");
+    surge(&[
+        "server",
+        "register",
+        &c.servers[0].addr,
+        "--manager",
+        &a.grpc,
+    ]);
+    let pid = a.child.0.id() as i32;
+    // SAFETY: stopping and resuming a child of this test.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let b = Manager::ready(db.path(), b);
+    assert_eq!(leader(&etcd)["name"], "mB");
+    // The old leader's connections are still open; it is asked to allocate as it wakes.
+    let script = da.path().join("job.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let mut racing = surge_command()
+        .args([
+            "bb",
+            "setup",
+            "--job-id",
+            "7",
+            "--manager",
+            &a.grpc,
+            "--script",
+        ])
+        .arg(&script)
+        .args(["--uid", "0", "--gid", "0"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: see above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let st = wait_for("the old leader to exit", Duration::from_secs(15), || {
+        a.child.0.try_wait().unwrap()
+    });
+    assert!(!st.success(), "the old leader exited cleanly: {st:?}");
+    let _ = racing.wait();
+    let log = std::fs::read_to_string(da.path().join("manager.log")).unwrap();
+    assert!(
+        log.contains("leadership lost") || log.contains("no longer"),
+        "{log}"
+    );
+    // Whatever the old leader was asked, the records and the servers agree: nothing was
+    // allocated by a manager that no longer led.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(held(&c), listed(&b.grpc), "a deposed leader allocated");
+}
