@@ -221,7 +221,7 @@ impl Movers {
 enum Source {
     Local {
         child: Box<tokio::process::Child>,
-        lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+        lines: surge_stage::worker::Lines<tokio::process::ChildStdout>,
     },
     Mover {
         id: u64,
@@ -236,11 +236,24 @@ impl Source {
     /// The worker's next event; None once it has ended.
     async fn next(&mut self, movers: &Movers, live: &Live) -> Option<Event> {
         match self {
-            Source::Local { lines, .. } => loop {
-                let line = lines.next_line().await.ok()??;
+            Source::Local { lines, child } => loop {
+                let line = match lines.next_line().await {
+                    Ok(Some(l)) => l,
+                    Ok(None) => return None,
+                    Err(e) => {
+                        // It runs as its owner, who may write into it: a line past the
+                        // bound ends the worker, not the manager's memory.
+                        warn!("stage worker output refused ({e}): stopping the worker");
+                        let _ = child.start_kill();
+                        return None;
+                    }
+                };
                 match serde_json::from_str::<Event>(&line) {
                     Ok(ev) => return Some(ev),
-                    Err(_) => warn!("unreadable stage worker output: {line}"),
+                    Err(_) => warn!(
+                        "unreadable stage worker output: {}",
+                        surge_core::limits::bounded(&line, 1024)
+                    ),
                 }
             },
             Source::Mover {
@@ -649,10 +662,9 @@ impl Stages {
             .stdout
             .take()
             .ok_or_else(|| "the stage worker has no stdout".to_string())?;
-        use tokio::io::AsyncBufReadExt;
         Ok(Source::Local {
             child: Box::new(child),
-            lines: tokio::io::BufReader::new(stdout).lines(),
+            lines: surge_stage::worker::Lines::new(stdout),
         })
     }
 
@@ -764,13 +776,22 @@ impl Stages {
             );
             self.finish(row, "done", String::new()).await;
         } else {
-            let n = report.failures.len();
+            let n = report.failed();
             warn!(
                 "stage task {} ({}): {n} files failed",
                 row.id, row.direction
             );
-            self.finish(row, "failed", format!("{n} file(s) could not be copied"))
-                .await;
+            let listed = if report.failures_more > 0 {
+                format!(" (the first {} listed)", report.failures.len())
+            } else {
+                String::new()
+            };
+            self.finish(
+                row,
+                "failed",
+                format!("{n} file(s) could not be copied{listed}"),
+            )
+            .await;
         }
     }
 

@@ -143,7 +143,6 @@ async fn run_task(
     t: api::MoverTask,
     running: Running,
 ) {
-    use tokio::io::AsyncBufReadExt;
     let id = t.id;
     let report = |m: &surge_api::Client, event_json: String, exited: Option<String>| {
         let req = api::MoverEventRequest {
@@ -180,8 +179,18 @@ async fn run_task(
     let pid = child.id().unwrap_or(0);
     running.lock().insert(id, pid);
     if let Some(stdout) = child.stdout.take() {
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
+        let mut lines = surge_stage::worker::Lines::new(stdout);
+        loop {
+            let line = match lines.next_line().await {
+                Ok(Some(l)) => l,
+                Ok(None) => break,
+                Err(e) => {
+                    // The worker runs as its owner: a line past the bound stops it.
+                    warn!("stage task {id}: worker output refused ({e}): stopping it");
+                    let _ = child.start_kill();
+                    break;
+                }
+            };
             match report(&m, line, None).await {
                 Ok(true) => {
                     // SAFETY: signalling our own child.

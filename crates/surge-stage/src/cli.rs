@@ -365,10 +365,11 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
             f.path, f.destination, f.error
         );
     }
-    if report.failures.len() > SHOWN {
+    if report.failed() > SHOWN as u64 {
         eprintln!(
-            "{label}: ... and {} more failures (--json lists them all)",
-            report.failures.len() - SHOWN
+            "{label}: ... and {} more failures (--json lists the first {})",
+            report.failed() - SHOWN as u64,
+            crate::MAX_FAILURES
         );
     }
     Ok(if report.ok() {

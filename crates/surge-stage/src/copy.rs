@@ -103,7 +103,7 @@ struct Ctx {
     /// Data operations (a chunk, or a small file) in flight.
     data: Arc<Semaphore>,
     buffers: BufPool,
-    failures: Mutex<Vec<StageFailure>>,
+    failures: Mutex<(Vec<StageFailure>, u64)>,
     files: AtomicU64,
     bytes: AtomicU64,
     symlinks: AtomicU64,
@@ -160,11 +160,17 @@ impl Ctx {
 
     fn fail(&self, path: &str, dest: &Path, error: String) {
         self.progress.file_failed();
-        self.failures.lock().push(StageFailure {
-            path: path.to_string(),
-            destination: dest.display().to_string(),
-            error,
-        });
+        let mut f = self.failures.lock();
+        let (list, more) = &mut *f;
+        crate::push_failure(
+            list,
+            more,
+            StageFailure {
+                path: path.to_string(),
+                destination: dest.display().to_string(),
+                error,
+            },
+        );
     }
 
     /// Owner of a copy on the instance.
@@ -259,7 +265,7 @@ async fn run(
             size: chunk as usize + DIRECT_ALIGN,
             free: Mutex::new(Vec::new()),
         },
-        failures: Mutex::new(Vec::new()),
+        failures: Mutex::new((Vec::new(), 0)),
         files: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
         symlinks: AtomicU64::new(0),
@@ -290,7 +296,7 @@ async fn run(
     // reports itself done, never "cancelled" with its files left behind.
     let landed = ctx.files.load(Ordering::Relaxed) >= plan.files
         && ctx.symlinks.load(Ordering::Relaxed) >= plan.symlinks
-        && ctx.failures.lock().is_empty();
+        && ctx.failures.lock().0.is_empty();
     if ctx.progress.is_cancelled() && !landed {
         return Err(StageError::Cancelled);
     }
@@ -310,7 +316,7 @@ async fn run(
             }
         }
     }
-    let failures = std::mem::take(&mut *ctx.failures.lock());
+    let (failures, failures_more) = std::mem::take(&mut *ctx.failures.lock());
     Ok(StageReport {
         files: ctx.files.load(Ordering::Relaxed),
         bytes: ctx.bytes.load(Ordering::Relaxed),
@@ -319,6 +325,7 @@ async fn run(
         seconds: start.elapsed().as_secs_f64(),
         checksummed: ctx.opts.checksum && failures.is_empty(),
         failures,
+        failures_more,
         skipped: plan.skipped.clone(),
         stale_temps_removed: ctx.stale.load(Ordering::Relaxed),
     })

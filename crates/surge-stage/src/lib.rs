@@ -149,8 +149,13 @@ pub struct StageReport {
     pub dirs: u64,
     pub symlinks: u64,
     pub seconds: f64,
-    /// Everything that failed; empty on success. A caller exits non-zero when it is not.
+    /// What failed, the first [`MAX_FAILURES`] of it (each text bounded); empty on success.
+    /// A caller exits non-zero when it is not.
     pub failures: Vec<StageFailure>,
+    /// Failures past the first [`MAX_FAILURES`], counted, not listed: a report stays small
+    /// however much failed (a 10,000-level tree made a 288 MB one, issue 31).
+    #[serde(default)]
+    pub failures_more: u64,
     /// Sources that are neither file, directory nor symlink (FIFOs, sockets, devices), left
     /// out by the plan.
     pub skipped: Vec<StageFailure>,
@@ -170,8 +175,38 @@ impl StageReport {
     }
 
     pub fn ok(&self) -> bool {
-        self.failures.is_empty()
+        self.failures.is_empty() && self.failures_more == 0
     }
+
+    /// Every failure, listed or counted.
+    pub fn failed(&self) -> u64 {
+        self.failures.len() as u64 + self.failures_more
+    }
+
+    /// Records a failure: listed while fewer than [`MAX_FAILURES`] are, counted after; its
+    /// texts cut to [`MAX_FAILURE_TEXT`] bytes.
+    pub fn push_failure(&mut self, f: StageFailure) {
+        push_failure(&mut self.failures, &mut self.failures_more, f);
+    }
+}
+
+/// Failures a report lists (the rest are counted).
+pub const MAX_FAILURES: usize = 100;
+/// Bytes of a failure's path, destination or error as a report keeps them.
+pub const MAX_FAILURE_TEXT: usize = 1024;
+
+/// [`StageReport::push_failure`] on a list and its overflow count.
+pub fn push_failure(list: &mut Vec<StageFailure>, more: &mut u64, f: StageFailure) {
+    if list.len() >= MAX_FAILURES {
+        *more += 1;
+        return;
+    }
+    use surge_core::limits::bounded;
+    list.push(StageFailure {
+        path: bounded(&f.path, MAX_FAILURE_TEXT),
+        destination: bounded(&f.destination, MAX_FAILURE_TEXT),
+        error: bounded(&f.error, MAX_FAILURE_TEXT),
+    });
 }
 
 /// Why a stage could not be planned or run at all (per-file problems are [`StageFailure`]s).

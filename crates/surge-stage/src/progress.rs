@@ -221,7 +221,7 @@ pub fn summary_line(label: &str, r: &StageReport) -> String {
         r.seconds,
         r.mib_per_s(),
         rate,
-        r.failures.len()
+        r.failed()
     );
     if !r.skipped.is_empty() {
         s.push_str(&format!(", {} skipped", r.skipped.len()));

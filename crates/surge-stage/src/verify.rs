@@ -58,7 +58,7 @@ pub async fn verify(
             }
             Err(e) => {
                 progress.file_failed();
-                report.failures.push(StageFailure {
+                report.push_failure(StageFailure {
                     path: f.source_name.clone(),
                     destination: f.dest.display().to_string(),
                     error: e,
@@ -66,7 +66,7 @@ pub async fn verify(
             }
         }
     }
-    report.checksummed = report.failures.is_empty();
+    report.checksummed = report.ok();
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
 }

@@ -210,11 +210,16 @@ pub fn spawn(
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let mut cmd = tokio::process::Command::new(exe);
+    // A clean environment (the manager's is root's: HOME=/root, its keys, its sockets) and
+    // only three descriptors, all pipes of this task: the owner can read what the worker
+    // holds (it runs as them), so it holds nothing of the manager's (issue 31).
     cmd.args(["stage", "worker"])
         .current_dir("/")
+        .env_clear()
+        .envs(owner_env(uid))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     if uid != me {
         if me != 0 {
@@ -233,6 +238,17 @@ pub fn spawn(
                 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // Dies with its parent (set after the uid change, which clears it): a worker
+                // outliving a killed manager would copy beside the task the next leader starts.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    } else {
+        // SAFETY: as above.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 Ok(())
             });
         }
@@ -249,5 +265,155 @@ pub fn spawn(
         use tokio::io::AsyncWriteExt;
         let _ = stdin.write_all(&text).await;
     });
+    if let Some(stderr) = child.stderr.take() {
+        let pid = child.id().unwrap_or(0);
+        tokio::spawn(log_stderr(pid, stderr));
+    }
     Ok(child)
+}
+
+/// The environment a worker of `uid` gets: a fixed PATH, the owner's name and home, a
+/// locale; nothing of its parent's.
+fn owner_env(uid: u32) -> Vec<(String, String)> {
+    let name = surge_auth_name(uid);
+    vec![
+        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+        ("HOME".into(), home_of(uid).unwrap_or_else(|| "/".into())),
+        ("USER".into(), name.clone()),
+        ("LOGNAME".into(), name),
+        ("LANG".into(), "C.UTF-8".into()),
+    ]
+}
+
+fn surge_auth_name(uid: u32) -> String {
+    passwd_field(uid, |pw| pw.pw_name).unwrap_or_else(|| format!("uid{uid}"))
+}
+
+fn home_of(uid: u32) -> Option<String> {
+    passwd_field(uid, |pw| pw.pw_dir)
+}
+
+fn passwd_field(uid: u32, f: impl Fn(&libc::passwd) -> *mut libc::c_char) -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: getpwuid_r writes into `pw` and `buf` (of the given length) and sets `out` to
+    // &pw or null; the field is read while `buf` lives.
+    unsafe {
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out);
+        if rc != 0 || out.is_null() {
+            return None;
+        }
+        let p = f(&pw);
+        if p.is_null() {
+            return None;
+        }
+        Some(std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+    }
+}
+
+/// Lines of a worker's output this long at most (an event, a log line): a worker that runs
+/// as a user is theirs to write into, so nothing it writes may grow its reader without bound.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// Log lines of one worker kept (the rest are counted).
+const MAX_LOG_LINES: usize = 200;
+
+/// Logs what a worker writes on stderr, bounded: lines cut, at most [`MAX_LOG_LINES`].
+async fn log_stderr(pid: u32, stderr: tokio::process::ChildStderr) {
+    let mut lines = Lines::new(stderr);
+    let (mut n, mut dropped) = (0usize, 0u64);
+    loop {
+        match lines.next_line().await {
+            Ok(Some(l)) if n < MAX_LOG_LINES => {
+                n += 1;
+                tracing::warn!(
+                    "stage worker {pid}: {}",
+                    surge_core::limits::bounded(&l, 1024)
+                );
+            }
+            Ok(Some(_)) => dropped += 1,
+            Ok(None) => break,
+            Err(_) => dropped += 1,
+        }
+    }
+    if dropped > 0 {
+        tracing::warn!("stage worker {pid}: {dropped} more line(s) not logged");
+    }
+}
+
+/// Lines of a worker's output, each at most [`MAX_LINE`] bytes: a longer one is an error
+/// (its bytes are skipped up to its end, never kept).
+pub struct Lines<R> {
+    reader: tokio::io::BufReader<R>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
+    pub fn new(r: R) -> Lines<R> {
+        Lines {
+            reader: tokio::io::BufReader::new(r),
+        }
+    }
+
+    /// The next line without its newline; `None` at the end.
+    pub async fn next_line(&mut self) -> std::io::Result<Option<String>> {
+        use tokio::io::AsyncBufReadExt;
+        let mut line = Vec::new();
+        let mut too_long = false;
+        loop {
+            let buf = self.reader.fill_buf().await?;
+            if buf.is_empty() {
+                if line.is_empty() && !too_long {
+                    return Ok(None);
+                }
+                break;
+            }
+            let (take, end) = match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => (i, true),
+                None => (buf.len(), false),
+            };
+            if !too_long && line.len() + take <= MAX_LINE {
+                line.extend_from_slice(&buf[..take]);
+            } else {
+                too_long = true;
+                line.clear();
+            }
+            self.reader.consume(take + usize::from(end));
+            if end {
+                break;
+            }
+        }
+        if too_long {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a line longer than {MAX_LINE} bytes"),
+            ));
+        }
+        Ok(Some(String::from_utf8_lossy(&line).into_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_line_past_the_bound_is_an_error_and_the_next_one_reads() {
+        let mut input = vec![b'x'; MAX_LINE + 10];
+        input.extend_from_slice(b"\n{\"ok\":1}\nlast");
+        let mut l = Lines::new(&input[..]);
+        let e = l.next_line().await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(l.next_line().await.unwrap().as_deref(), Some("{\"ok\":1}"));
+        assert_eq!(l.next_line().await.unwrap().as_deref(), Some("last"));
+        assert_eq!(l.next_line().await.unwrap(), None);
+    }
+
+    #[test]
+    fn a_worker_gets_none_of_its_parents_environment() {
+        let env = owner_env(0);
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["PATH", "HOME", "USER", "LOGNAME", "LANG"]);
+        assert!(env.iter().any(|(k, v)| k == "HOME" && v == "/root"));
+    }
 }
