@@ -66,6 +66,7 @@ pub struct ManagerConfig {
     pub granularity: Option<Size>,
     pub liveness_interval: Option<Secs>,
     pub gc_interval: Option<Secs>,
+    pub retention_days: Option<f64>,
     pub key_file: Option<PathBuf>,
     pub admin_group: Option<Group>,
     pub munge_socket: Option<PathBuf>,
@@ -425,6 +426,7 @@ impl SurgeConfig {
                     granularity,
                     liveness_interval,
                     gc_interval,
+                    retention_days,
                     key_file,
                     admin_group,
                     munge_socket,
@@ -448,6 +450,11 @@ impl SurgeConfig {
                     secs(*liveness_interval),
                 );
                 f.set("--gc-interval", key(s, "gc_interval"), secs(*gc_interval));
+                f.set(
+                    "--retention-days",
+                    key(s, "retention_days"),
+                    retention_days.map(|d| d.to_string()),
+                );
                 f.shared(
                     "--key-file",
                     s,
@@ -1003,6 +1010,7 @@ pool = "nvme"
 granularity = "1GiB"
 liveness_interval = 2
 gc_interval = "30s"
+retention_days = 30
 key_file = "/etc/surge/surge.key"
 admin_group = 0
 munge_socket = "/run/munge/munge.socket.2"

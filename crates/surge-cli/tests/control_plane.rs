@@ -374,3 +374,125 @@ fn a_stopped_server_delays_no_other_allocation_and_is_marked_down_in_seconds() {
     unsafe { libc::kill(pid, libc::SIGCONT) };
     c.servers[0].kill9();
 }
+
+/// Ends a session made through the gRPC API, by id.
+fn session_of_job(m: &Manager, job: &str) -> u64 {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut api = surge_api::connect_with(&m.grpc, surge_testkit::munge_socket().to_path_buf())
+            .await
+            .unwrap();
+        let s = api
+            .create_session(surge_api::v1::CreateSessionRequest {
+                job: job.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        api.end_session(surge_api::v1::EndSessionRequest {
+            id: s.id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        s.id
+    })
+}
+
+#[test]
+fn the_history_is_listed_a_page_at_a_time_and_forgotten_after_its_retention() {
+    let dir = Scratch::new("cp-history");
+    let c = cluster(1, "1GiB");
+    let m = Manager::start(dir.path());
+    m.register(&c);
+    let ids: Vec<u64> = (0..30)
+        .map(|i| session_of_job(&m, &format!("old-{i}.sh")))
+        .collect();
+    // An open session is listed by default; the history only with --all, a page at a time.
+    let script = dir.path().join("job.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let o = setup(&m.grpc, "401", &script);
+    assert!(o.status.success(), "{}", text(&o));
+    let open: serde_json::Value =
+        serde_json::from_str(&surge(&["session", "ls", "--json", "--manager", &m.grpc])).unwrap();
+    assert_eq!(open.as_array().unwrap().len(), 1, "{open}");
+    let out = surge(&[
+        "session",
+        "ls",
+        "--all",
+        "--limit",
+        "10",
+        "--manager",
+        &m.grpc,
+    ]);
+    let rows = out
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u64>().is_ok())
+        })
+        .count();
+    assert_eq!(rows, 10, "{out}");
+    let hint = out
+        .lines()
+        .find_map(|l| l.strip_prefix("(older sessions: surge session ls --all --before "))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no next page named:\n{out}"));
+    // Walking every page sees each session once.
+    let mut seen = Vec::new();
+    let mut before = 0u64;
+    loop {
+        let page: serde_json::Value = serde_json::from_str(&surge(&[
+            "session",
+            "ls",
+            "--all",
+            "--json",
+            "--limit",
+            "7",
+            "--before",
+            &before.to_string(),
+            "--manager",
+            &m.grpc,
+        ]))
+        .unwrap();
+        let page: Vec<u64> = page
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_u64().unwrap())
+            .collect();
+        if page.is_empty() {
+            break;
+        }
+        before = *page.iter().min().unwrap();
+        seen.extend(page);
+    }
+    seen.sort_unstable();
+    let mut all = ids.clone();
+    all.push(open[0]["id"].as_u64().unwrap());
+    all.sort_unstable();
+    assert_eq!(seen, all);
+    assert!(hint.parse::<u64>().is_ok(), "{hint}");
+    // A manager that keeps ended sessions 2 s forgets the 30 (and keeps the open one).
+    std::thread::sleep(Duration::from_millis(2500));
+    drop(m);
+    let m = Manager::start_with(dir.path(), &["--retention-days", "0.00002"]);
+    let log = || std::fs::read_to_string(dir.path().join("manager.log")).unwrap();
+    wait_for("the retention's pass", Duration::from_secs(20), || {
+        log()
+            .contains("retention: forgot 30 session(s)")
+            .then_some(())
+    });
+    let left: serde_json::Value = serde_json::from_str(&surge(&[
+        "session",
+        "ls",
+        "--all",
+        "--json",
+        "--manager",
+        &m.grpc,
+    ]))
+    .unwrap();
+    assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
+}

@@ -66,7 +66,7 @@ pub struct ManagerArgs {
     #[arg(long, value_parser = surge_core::sys::size_arg, default_value = "1GiB")]
     pub granularity: u64,
     /// Seconds between liveness checks of the servers (a server that misses 3 in a row,
-    /// each waited for at most 1 s, is marked down: within 6 s by default).
+    /// each waited for at most 2 s, is marked down: within 9 s by default).
     #[arg(long, default_value_t = 1.0)]
     pub liveness_interval: f64,
     /// Seconds between comparisons of each server's fragments with the manager's records:
@@ -81,6 +81,10 @@ pub struct ManagerArgs {
     /// /etc/surge/surge.key): the manager signs capabilities with it.
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+    /// Days an ended session (and its stage tasks) is kept before it is forgotten; 0: for
+    /// ever. A session whose job instance was kept (a failed stage-out) stays while it does.
+    #[arg(long, default_value_t = 30.0)]
+    pub retention_days: f64,
     /// Members of this group (gid) administer Surge like root and the manager's own user:
     /// register servers, create pools, see and act on every user's instances and sessions.
     #[arg(long, value_name = "GID")]
@@ -205,6 +209,7 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
                 std::process::exit(3);
             });
         }
+        crate::core::spawn_retention(core.clone(), args.retention_days);
         spawn_liveness(
             core.clone(),
             Duration::from_secs_f64(args.liveness_interval.max(0.1)),
@@ -540,11 +545,18 @@ pub struct SessionArgs {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SessionCommand {
-    /// List sessions.
+    /// List sessions: those being set up or active; with --all, the newest of the history
+    /// too, a page at a time (the history can be millions: --limit, --before).
     Ls {
-        /// Include ended sessions.
+        /// Include ended sessions (the newest --limit of them).
         #[arg(long, short)]
         all: bool,
+        /// With --all: sessions shown at most (the newest first).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// With --all: only sessions with ids below this one (the next page of a listing).
+        #[arg(long, default_value_t = 0)]
+        before: u64,
         /// Print the sessions as JSON (the format of the manager's `/v1/sessions`).
         #[arg(long)]
         json: bool,
@@ -573,8 +585,13 @@ fn age(t: i64) -> String {
 pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
         let mut c = connect(args.addr.get()?).await?;
-        let (all, json) = match args.command {
-            SessionCommand::Ls { all, json } => (all, json),
+        let (all, limit, before, json) = match args.command {
+            SessionCommand::Ls {
+                all,
+                limit,
+                before,
+                json,
+            } => (all, limit, before, json),
             SessionCommand::End { id, keep_instance } => {
                 let before = c
                     .get_session(api::GetSessionRequest { id })
@@ -608,15 +625,32 @@ pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
         };
-        let sessions: Vec<_> = c
-            .list_sessions(api::Empty {})
-            .await
-            .map_err(status_err)?
-            .into_inner()
-            .sessions
-            .into_iter()
-            .filter(|s| all || s.state == "active")
-            .collect();
+        // Open sessions: every page (there are as many as jobs running). With --all: the
+        // newest `limit` of the history below `before`.
+        let mut sessions = Vec::new();
+        let mut cursor = if all { before } else { 0 };
+        let more = loop {
+            let want = if all {
+                limit.saturating_sub(sessions.len() as u32).max(1)
+            } else {
+                0
+            };
+            let page = c
+                .list_sessions_page(api::ListSessionsRequest {
+                    before: cursor,
+                    limit: want,
+                    open_only: !all,
+                })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            sessions.extend(page.sessions);
+            cursor = page.next_before;
+            if cursor == 0 || (all && sessions.len() as u32 >= limit) {
+                break cursor;
+            }
+        };
+        sessions.sort_by_key(|s| s.id);
         if json {
             print_json(&serde_json::Value::Array(
                 sessions.iter().map(views::session_json).collect(),
@@ -660,6 +694,9 @@ pub fn run_session(args: SessionArgs) -> anyhow::Result<ExitCode> {
                         .join(", ")
                 );
             }
+        }
+        if more != 0 {
+            println!("(older sessions: surge session ls --all --before {more})");
         }
         Ok(ExitCode::SUCCESS)
     })

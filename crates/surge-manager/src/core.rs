@@ -20,11 +20,24 @@ pub const VIEW_SECS: i64 = 12 * 3600;
 /// How long a capability the manager gives lasts (longer than any job may run).
 const CAPABILITY_SECS: i64 = 14 * 24 * 3600;
 
+/// Rows a page of a listing has when the caller does not say.
+pub const DEFAULT_PAGE: u32 = 500;
+/// Rows a page of a listing has at most.
+pub const MAX_PAGE: u32 = 5000;
+
+/// A caller's page size, within bounds (0: the default).
+pub fn page_limit(asked: u32) -> u32 {
+    match asked {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    }
+}
+
 /// Missed liveness checks after which a server is marked down.
 const MISSES_DOWN: u32 = 3;
 /// How long a liveness check waits for a server's status: a hung (stopped, overloaded)
 /// server misses its checks in seconds, not in the connection's default minute (issue 30).
-const LIVENESS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
+const LIVENESS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long the manager waits for each call to a server when it creates or destroys an
 /// instance. No lock is held meanwhile: a slow server delays only its own instances.
 pub const SERVER_CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -1213,8 +1226,34 @@ impl Core {
             .ok_or_else(|| ManagerError::NotFound(format!("session {id} does not exist")))
     }
 
-    pub async fn sessions(&self) -> MResult<Vec<SessionRow>> {
-        Ok(self.store.sessions().await?)
+    /// A page of sessions, newest first (see [`crate::store::Store::sessions_page`]); the
+    /// limit is taken between 1 and [`MAX_PAGE`].
+    pub async fn sessions_page(
+        &self,
+        before: u64,
+        limit: u32,
+        open_only: bool,
+        owner: Option<u32>,
+    ) -> MResult<Vec<SessionRow>> {
+        Ok(self
+            .store
+            .sessions_page(before, page_limit(limit), open_only, owner)
+            .await?)
+    }
+
+    /// Forgets what ended more than `days` ago (sessions and their stage tasks), in batches;
+    /// returns what went.
+    pub async fn prune(&self, days: f64) -> MResult<(u64, u64)> {
+        let cutoff = now() - (days * 86400.0) as i64;
+        let (mut sessions, mut stages) = (0, 0);
+        loop {
+            let (s, t) = self.store.prune_ended(cutoff, 1000).await?;
+            sessions += s;
+            stages += t;
+            if s < 1000 {
+                return Ok((sessions, stages));
+            }
+        }
     }
 
     /// Active sessions (only those agents should mount, when `mounted`).
@@ -1329,6 +1368,27 @@ pub fn spawn_orphan_collection(core: Arc<Core>, every: std::time::Duration) {
         loop {
             core.collect_orphans().await;
             tokio::time::sleep(every).await;
+        }
+    });
+}
+
+/// Starts the retention: what ended more than `days` ago is forgotten, at start and every
+/// hour (0 days: kept forever).
+pub fn spawn_retention(core: Arc<Core>, days: f64) {
+    if days <= 0.0 {
+        return;
+    }
+    tokio::spawn(async move {
+        loop {
+            match core.prune(days).await {
+                Ok((0, _)) => {}
+                Ok((s, t)) => info!(
+                    "retention: forgot {s} session(s) and {t} stage task(s) ended more than \
+                     {days} day(s) ago"
+                ),
+                Err(e) => warn!("retention: {e}"),
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
         }
     });
 }

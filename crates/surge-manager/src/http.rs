@@ -12,7 +12,7 @@
 use crate::core::{Core, ManagerError};
 use crate::stage::Stages;
 use crate::views;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
@@ -164,44 +164,55 @@ async fn instance(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<
     )))
 }
 
-async fn sessions(State(s): State<AppState>, headers: HeaderMap) -> HResult {
+/// `?before=ID&limit=N&open=1` of a listing: a page, newest first (see the gRPC API's
+/// ListSessionsPage); the next page starts below the last id shown.
+#[derive(serde::Deserialize, Default)]
+struct Page {
+    #[serde(default)]
+    before: u64,
+    #[serde(default)]
+    limit: u32,
+    #[serde(default)]
+    open: u8,
+    #[serde(default)]
+    session: u64,
+}
+
+async fn sessions(State(s): State<AppState>, headers: HeaderMap, Query(p): Query<Page>) -> HResult {
     let c = viewer(&s, &headers).await?;
-    let admin = s.core.is_admin(&c);
+    let owner = (!s.core.is_admin(&c)).then_some(c.uid);
     let mut v = Vec::new();
     for x in s
         .core
-        .sessions()
+        .sessions_page(p.before, p.limit, p.open != 0, owner)
         .await?
-        .iter()
-        .filter(|x| admin || x.owner_uid == c.uid)
     {
-        v.push(views::session_json(&views::session(&s.core, x).await));
+        v.push(views::session_json(&views::session(&s.core, &x).await));
     }
     Ok(Json(Value::Array(v)))
 }
 
-async fn list_stages(State(s): State<AppState>, headers: HeaderMap) -> HResult {
+async fn list_stages(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(p): Query<Page>,
+) -> HResult {
     let c = viewer(&s, &headers).await?;
-    let mine: Option<std::collections::HashSet<u64>> = match s.core.is_admin(&c) {
-        true => None,
-        false => Some(
-            s.core
-                .sessions()
-                .await?
-                .iter()
-                .filter(|x| x.owner_uid == c.uid)
-                .map(|x| x.id)
-                .collect(),
-        ),
-    };
-    let v: Vec<Value> = s
-        .stages
-        .list(0)
-        .await?
-        .iter()
-        .filter(|t| mine.as_ref().is_none_or(|m| m.contains(&t.session)))
-        .map(|t| views::stage_json(&views::stage(t)))
-        .collect();
+    let admin = s.core.is_admin(&c);
+    if p.session != 0 && !admin && s.core.session(p.session).await?.owner_uid != c.uid {
+        return Err(ManagerError::Denied(format!("session {} is not yours", p.session)).into());
+    }
+    let mut v = Vec::new();
+    for t in s.stages.page(p.session, p.before, p.limit).await? {
+        // Without a session named, a user sees the tasks of their own sessions.
+        if !admin && p.session == 0 {
+            match s.core.session(t.session).await {
+                Ok(x) if x.owner_uid == c.uid => {}
+                _ => continue,
+            }
+        }
+        v.push(views::stage_json(&views::stage(&t)));
+    }
     Ok(Json(Value::Array(v)))
 }
 

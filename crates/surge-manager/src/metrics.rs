@@ -32,7 +32,9 @@ struct State {
     servers: Vec<(crate::store::ServerRow, Option<surge_proto::ServerStatus>)>,
     instances: Vec<crate::store::InstanceRow>,
     sessions: Vec<(String, u64)>,
+    /// Tasks not ended, and the totals of those that did.
     tasks: Vec<crate::store::StageRow>,
+    totals: Vec<crate::store::StageTotal>,
 }
 
 impl std::fmt::Debug for State {
@@ -234,16 +236,19 @@ impl State {
             files.insert(d.into(), 0);
         }
         let mut active: Vec<(Labels, i64, i64)> = Vec::new();
+        for t in &self.totals {
+            *by_state
+                .entry((t.direction.clone(), t.state.clone()))
+                .or_default() += int(t.tasks);
+            *bytes.entry(t.direction.clone()).or_default() += t.bytes;
+            *files.entry(t.direction.clone()).or_default() += t.files;
+        }
         for t in tasks.iter() {
             *by_state
                 .entry((t.direction.clone(), t.state.clone()))
                 .or_default() += 1;
-            match t.state.as_str() {
-                "done" | "failed" | "cancelled" => {
-                    *bytes.entry(t.direction.clone()).or_default() += t.bytes_done;
-                    *files.entry(t.direction.clone()).or_default() += t.files_done;
-                }
-                "queued" | "running" => active.push((
+            if matches!(t.state.as_str(), "queued" | "running") {
+                active.push((
                     vec![
                         ("task", t.id.to_string()),
                         ("direction", t.direction.clone()),
@@ -251,8 +256,7 @@ impl State {
                     ],
                     int(t.bytes_done),
                     int(t.bytes_total),
-                )),
-                _ => {}
+                ));
             }
         }
         let states: Vec<_> = by_state
@@ -329,7 +333,8 @@ pub async fn render(core: Arc<Core>, stages: Arc<Stages>) -> Result<String, Mana
         servers: core.servers().await?,
         instances: core.instances().await?,
         sessions: core.store.session_counts().await?,
-        tasks: stages.list(0).await?,
+        tasks: stages.open().await?,
+        totals: core.store.stage_totals().await?,
         core,
     };
     let mut r = prometheus_client::registry::Registry::with_prefix("surge");

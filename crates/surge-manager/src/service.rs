@@ -519,18 +519,60 @@ impl Manager for Service {
 
     async fn list_sessions(&self, req: Request<api::Empty>) -> Res<api::SessionList> {
         let c = caller(&req)?;
-        let admin = self.core.is_admin(&c);
-        let mut sessions = Vec::new();
+        let owner = (!self.core.is_admin(&c)).then_some(c.uid);
+        // Bounded for clients that cannot page: every open session (what `surge bb
+        // reconcile` needs) and the newest ended ones.
+        let mut rows = self
+            .core
+            .sessions_page(0, crate::core::MAX_PAGE, true, owner)
+            .await?;
         for s in self
             .core
-            .sessions()
+            .sessions_page(0, crate::core::DEFAULT_PAGE, false, owner)
             .await?
-            .iter()
-            .filter(|s| admin || s.owner_uid == c.uid)
         {
+            if !rows.iter().any(|r| r.id == s.id) {
+                rows.push(s);
+            }
+        }
+        rows.sort_by_key(|s| s.id);
+        let mut sessions = Vec::new();
+        for s in &rows {
             sessions.push(self.session_view(s).await);
         }
         Ok(Response::new(api::SessionList { sessions }))
+    }
+
+    async fn list_sessions_page(
+        &self,
+        req: Request<api::ListSessionsRequest>,
+    ) -> Res<api::SessionPage> {
+        let c = caller(&req)?;
+        let owner = (!self.core.is_admin(&c)).then_some(c.uid);
+        let r = req.into_inner();
+        let limit = crate::core::page_limit(r.limit);
+        let rows = self
+            .core
+            .sessions_page(r.before, limit, r.open_only, owner)
+            .await?;
+        let mut sessions = Vec::new();
+        let mut bytes = 0usize;
+        for s in &rows {
+            let v = self.session_view(s).await;
+            bytes += prost::Message::encoded_len(&v);
+            sessions.push(v);
+            if bytes > MAX_ANSWER {
+                break;
+            }
+        }
+        let next_before = match sessions.last() {
+            Some(last) if sessions.len() < rows.len() || rows.len() == limit as usize => last.id,
+            _ => 0,
+        };
+        Ok(Response::new(api::SessionPage {
+            sessions,
+            next_before,
+        }))
     }
 
     async fn start_stage(&self, req: Request<api::StartStageRequest>) -> Res<api::StageTask> {
@@ -560,6 +602,34 @@ impl Manager for Service {
             .map(views::stage)
             .collect();
         Ok(Response::new(api::StageTaskList { tasks }))
+    }
+
+    async fn list_stages_page(
+        &self,
+        req: Request<api::ListStagesPageRequest>,
+    ) -> Res<api::StageTaskPage> {
+        let c = caller(&req)?;
+        let r = req.into_inner();
+        if r.session != 0 || !self.core.is_admin(&c) {
+            self.own_session(&c, r.session).await?;
+        }
+        let limit = crate::core::page_limit(r.limit);
+        let rows = self.stages.page(r.session, r.before, limit).await?;
+        let mut tasks = Vec::new();
+        let mut bytes = 0usize;
+        for t in &rows {
+            let v = views::stage(t);
+            bytes += prost::Message::encoded_len(&v);
+            tasks.push(v);
+            if bytes > MAX_ANSWER {
+                break;
+            }
+        }
+        let next_before = match tasks.last() {
+            Some(last) if tasks.len() < rows.len() || rows.len() == limit as usize => last.id,
+            _ => 0,
+        };
+        Ok(Response::new(api::StageTaskPage { tasks, next_before }))
     }
 
     async fn activate_stage(&self, req: Request<api::GetStageRequest>) -> Res<api::StageTask> {
@@ -620,6 +690,10 @@ impl Manager for Service {
         }))
     }
 }
+
+/// Bytes of one page of a listing at most (gRPC's default message limit is 4 MiB): rows past
+/// it go to the next page.
+const MAX_ANSWER: usize = 2 << 20;
 
 impl Service {
     async fn session_view(&self, s: &crate::store::SessionRow) -> api::Session {

@@ -822,8 +822,30 @@ impl Stages {
         }
     }
 
+    /// The tasks of `session` (0: of every session), the newest [`crate::core::MAX_PAGE`] at
+    /// most, oldest first.
     pub async fn list(&self, session: u64) -> MResult<Vec<StageRow>> {
-        let mut rows = self.core.store.stages(session).await?;
+        let mut rows = self.page(session, 0, crate::core::MAX_PAGE).await?;
+        rows.reverse();
+        Ok(rows)
+    }
+
+    /// A page of tasks, newest first, with live progress.
+    pub async fn page(&self, session: u64, before: u64, limit: u32) -> MResult<Vec<StageRow>> {
+        let mut rows = self
+            .core
+            .store
+            .stages_page(session, before, crate::core::page_limit(limit))
+            .await?;
+        for r in &mut rows {
+            self.overlay(r);
+        }
+        Ok(rows)
+    }
+
+    /// Tasks not ended, with live progress.
+    pub async fn open(&self) -> MResult<Vec<StageRow>> {
+        let mut rows = self.core.store.open_stages().await?;
         for r in &mut rows {
             self.overlay(r);
         }

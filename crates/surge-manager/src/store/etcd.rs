@@ -22,7 +22,8 @@
 //! Every change of a row and its index keys is one transaction.
 
 use super::{
-    now, InstanceRow, PeaksRow, PoolRow, SResult, ServerRow, SessionRow, StageRow, StoreError,
+    is_ended, now, InstanceRow, PeaksRow, PoolRow, SResult, ServerRow, SessionRow, StageRow,
+    StageTotal, StoreError,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp,
@@ -671,6 +672,16 @@ impl EtcdStore {
             ops.push(TxnOp::put(open, "", None));
         } else {
             ops.push(TxnOp::delete(open, None));
+            // The retention's index: ended sessions in the order they ended.
+            ops.push(TxnOp::put(
+                self.key(&format!(
+                    "sessions-ended/{:020}/{}",
+                    s.ended.max(0),
+                    id_key(s.id)
+                )),
+                "",
+                None,
+            ));
         }
         if external {
             if let Some(e) = &s.external {
@@ -793,10 +804,6 @@ impl EtcdStore {
         self.session_row(id).await
     }
 
-    pub async fn sessions(&self) -> SResult<Vec<SessionRow>> {
-        self.list(&self.key("sessions/")).await
-    }
-
     pub async fn active_sessions(&self, mounted: bool) -> SResult<Vec<SessionRow>> {
         let mut out = Vec::new();
         for id in self.index(&self.key("sessions-open/")).await? {
@@ -807,6 +814,168 @@ impl EtcdStore {
             }
         }
         Ok(out)
+    }
+
+    /// Keys under `prefix` below `before_key` (all when `None`), newest (highest) first, at
+    /// most `limit`.
+    async fn range_desc(
+        &self,
+        prefix: &str,
+        before_key: Option<String>,
+        limit: i64,
+    ) -> SResult<Vec<(String, Vec<u8>)>> {
+        let end = before_key.map_or_else(|| prefix_end(prefix), String::into_bytes);
+        let o = GetOptions::new()
+            .with_range(end)
+            .with_sort(
+                etcd_client::SortTarget::Key,
+                etcd_client::SortOrder::Descend,
+            )
+            .with_limit(limit);
+        let r = self.kv().get(prefix, Some(o)).await.map_err(etcd)?;
+        Ok(r.kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    kv.value().to_vec(),
+                )
+            })
+            .collect())
+    }
+
+    pub async fn sessions_page(
+        &self,
+        before: u64,
+        limit: u32,
+        open_only: bool,
+        owner: Option<u32>,
+    ) -> SResult<Vec<SessionRow>> {
+        let (prefix, index) = if open_only {
+            (self.key("sessions-open/"), true)
+        } else {
+            (self.key("sessions/"), false)
+        };
+        let mut out = Vec::new();
+        let mut cursor = (before > 0).then(|| format!("{prefix}{}", id_key(before)));
+        // Another owner's sessions are skipped; a page looks at 20 times its size at most.
+        let mut looked = 0usize;
+        while out.len() < limit as usize && looked < 20 * limit.max(1) as usize {
+            let batch = self
+                .range_desc(&prefix, cursor.clone(), i64::from(limit.max(1)))
+                .await?;
+            if batch.is_empty() {
+                break;
+            }
+            cursor = batch.last().map(|(k, _)| k.clone());
+            looked += batch.len();
+            for (k, v) in batch {
+                let s: SessionRow = if index {
+                    let Some(id) = k.rsplit('/').next().and_then(|i| i.parse().ok()) else {
+                        continue;
+                    };
+                    match self.session_row(id).await? {
+                        Some(s) => s,
+                        None => continue,
+                    }
+                } else {
+                    serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+                        key: k.clone(),
+                        error: e.to_string(),
+                    })?
+                };
+                if owner.is_none_or(|o| o == s.owner_uid) && out.len() < limit as usize {
+                    out.push(s);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn stages_page(
+        &self,
+        session: u64,
+        before: u64,
+        limit: u32,
+    ) -> SResult<Vec<StageRow>> {
+        if session == 0 {
+            let prefix = self.key("stages/");
+            let cursor = (before > 0).then(|| format!("{prefix}{}", id_key(before)));
+            return self
+                .range_desc(&prefix, cursor, i64::from(limit))
+                .await?
+                .into_iter()
+                .map(|(k, v)| {
+                    serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+                        key: k,
+                        error: e.to_string(),
+                    })
+                })
+                .collect();
+        }
+        let prefix = self.key(&format!("stages-session/{}/", id_key(session)));
+        let cursor = (before > 0).then(|| format!("{prefix}{}", id_key(before)));
+        let mut out = Vec::new();
+        for (k, _) in self.range_desc(&prefix, cursor, i64::from(limit)).await? {
+            if let Some(id) = k.rsplit('/').next().and_then(|i| i.parse().ok()) {
+                if let Some(t) = self.stage(id).await? {
+                    out.push(t);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn prune_ended(&self, ended_before: i64, max: u32) -> SResult<(u64, u64)> {
+        let prefix = self.key("sessions-ended/");
+        let o = GetOptions::new()
+            .with_range(format!("{prefix}{:020}", ended_before.max(0)))
+            .with_keys_only()
+            .with_limit(i64::from(max));
+        let r = self.kv().get(prefix.clone(), Some(o)).await.map_err(etcd)?;
+        let (mut sessions, mut stages) = (0u64, 0u64);
+        for kv in r.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u64>().ok()) else {
+                continue;
+            };
+            let mut ops = vec![TxnOp::delete(key.clone(), None)];
+            if let Some(s) = self.session_row(id).await? {
+                if let Some(i) = s.job_instance {
+                    if self.instance_rec(i).await?.is_some() {
+                        continue; // its kept job instance is still there
+                    }
+                }
+                ops.push(TxnOp::delete(self.session_key(id), None));
+                if let Some(e) = &s.external {
+                    let ekey = self.key(&format!("sessions-external/{e}"));
+                    if self.get_json::<u64>(&ekey).await? == Some(id) {
+                        ops.push(TxnOp::delete(ekey, None));
+                    }
+                }
+                let sp = self.key(&format!("stages-session/{}/", id_key(id)));
+                // etcd takes at most 128 operations a transaction: tasks go 50 at a time.
+                for chunk in self.index(&sp).await?.chunks(50) {
+                    let mut del = Vec::new();
+                    for t in chunk {
+                        del.push(TxnOp::delete(self.stage_key(*t), None));
+                        del.push(TxnOp::delete(
+                            self.key(&format!("stages-open/{}", id_key(*t))),
+                            None,
+                        ));
+                    }
+                    self.write(del).await?;
+                    stages += chunk.len() as u64;
+                }
+                ops.push(TxnOp::delete(
+                    sp,
+                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                ));
+                sessions += 1;
+            }
+            self.write(ops).await?;
+        }
+        Ok((sessions, stages))
     }
 
     pub async fn session_counts(&self) -> SResult<Vec<(String, u64)>> {
@@ -898,6 +1067,22 @@ impl EtcdStore {
         let Some(mut row) = self.stage(t.id).await? else {
             return Ok(());
         };
+        let mut ops = Vec::new();
+        if !is_ended(&row.state) && is_ended(&t.state) {
+            let key = self.key(&format!("stage-totals/{}/{}", t.direction, t.state));
+            let mut total = self
+                .get_json::<StageTotal>(&key)
+                .await?
+                .unwrap_or(StageTotal {
+                    direction: t.direction.clone(),
+                    state: t.state.clone(),
+                    ..StageTotal::default()
+                });
+            total.tasks += 1;
+            total.bytes += t.bytes_done;
+            total.files += t.files_done;
+            ops.push(self.put(&key, &total)?);
+        }
         row.state = t.state.clone();
         row.files_total = t.files_total;
         row.files_done = t.files_done;
@@ -906,7 +1091,21 @@ impl EtcdStore {
         row.seconds = t.seconds;
         row.failures_json = t.failures_json.clone();
         row.error = t.error.clone();
-        self.put_stage(&row, Vec::new()).await
+        self.put_stage(&row, ops).await
+    }
+
+    pub async fn stage_totals(&self) -> SResult<Vec<StageTotal>> {
+        self.list(&self.key("stage-totals/")).await
+    }
+
+    pub async fn open_stages(&self) -> SResult<Vec<StageRow>> {
+        let mut out = Vec::new();
+        for id in self.index(&self.key("stages-open/")).await? {
+            if let Some(t) = self.stage(id).await? {
+                out.push(t);
+            }
+        }
+        Ok(out)
     }
 
     pub async fn stage(&self, id: u64) -> SResult<Option<StageRow>> {

@@ -132,6 +132,22 @@ pub struct PeaksRow {
     pub servers: u32,
 }
 
+/// Stage tasks that ended, by direction and state, summed as they end (what the metrics
+/// report without walking the history, which retention prunes).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StageTotal {
+    pub direction: String,
+    pub state: String,
+    pub tasks: u64,
+    pub bytes: u64,
+    pub files: u64,
+}
+
+/// True for the states a stage task ends in.
+pub fn is_ended(state: &str) -> bool {
+    matches!(state, "done" | "failed" | "cancelled")
+}
+
 /// The state, in one of its engines.
 pub enum Store {
     Sqlite(parking_lot::Mutex<sqlite::Db>),
@@ -212,7 +228,22 @@ dispatch! {
     fn complete_session(&self, session: u64, job_instance: Option<(u64, &str)>, attach: &[u64]) -> ();
     fn end_session(&self, session: u64, state: &str) -> ();
     fn session(&self, id: u64) -> Option<SessionRow>;
-    fn sessions(&self) -> Vec<SessionRow>;
+    /// At most `limit` sessions with ids below `before` (0: from the newest), newest first;
+    /// only those being set up or active if `open_only`; only `owner`'s if given.
+    fn sessions_page(
+        &self,
+        before: u64,
+        limit: u32,
+        open_only: bool,
+        owner: Option<u32>
+    ) -> Vec<SessionRow>;
+    /// At most `limit` stage tasks (of `session`, 0: of all) with ids below `before` (0: from
+    /// the newest), newest first.
+    fn stages_page(&self, session: u64, before: u64, limit: u32) -> Vec<StageRow>;
+    /// Forgets up to `max` sessions that ended before `ended_before` (seconds since the
+    /// epoch), with their stage tasks; never one whose kept job instance still exists.
+    /// Returns (sessions, stage tasks) removed.
+    fn prune_ended(&self, ended_before: i64, max: u32) -> (u64, u64);
     fn active_sessions(&self, mounted: bool) -> Vec<SessionRow>;
     /// Sessions being set up and active, by state, and all others as one "ended" count (what
     /// the metrics report; no walk over the history's rows).
@@ -223,4 +254,8 @@ dispatch! {
     fn stage(&self, id: u64) -> Option<StageRow>;
     fn stages(&self, session: u64) -> Vec<StageRow>;
     fn interrupt_running_stages(&self) -> usize;
+    /// The totals of the tasks that ended (see [`StageTotal`]).
+    fn stage_totals(&self) -> Vec<StageTotal>;
+    /// Tasks not ended (deferred, queued, running).
+    fn open_stages(&self) -> Vec<StageRow>;
 }

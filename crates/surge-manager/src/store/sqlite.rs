@@ -2,7 +2,9 @@
 //! descriptors), sessions and stage tasks in one database file. Every change is committed
 //! before the API answers, so a restarted manager carries on where it stopped.
 
-use super::{now, InstanceRow, PeaksRow, PoolRow, ServerRow, SessionRow, StageRow};
+use super::{
+    is_ended, now, InstanceRow, PeaksRow, PoolRow, ServerRow, SessionRow, StageRow, StageTotal,
+};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use surge_proto::InstanceDescriptor;
@@ -613,6 +615,77 @@ impl Db {
         Ok(out)
     }
 
+    /// See [`super::Store::sessions_page`].
+    pub fn sessions_page(
+        &self,
+        before: u64,
+        limit: u32,
+        open_only: bool,
+        owner: Option<u32>,
+    ) -> R<Vec<SessionRow>> {
+        let mut st = self.db.prepare_cached(
+            "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
+                    external, phase, hosts, mount, promise
+             FROM sessions
+             WHERE (?1 = 0 OR id < ?1) AND (?2 = 0 OR state IN ('creating', 'active'))
+                   AND (?3 < 0 OR owner_uid = ?3)
+             ORDER BY id DESC LIMIT ?4",
+        )?;
+        let mut out = st
+            .query_map(
+                params![
+                    before as i64,
+                    open_only,
+                    owner.map_or(-1, i64::from),
+                    i64::from(limit)
+                ],
+                |r| self.session_from_row(r),
+            )?
+            .collect::<R<Vec<_>>>()?;
+        for s in &mut out {
+            self.fill_persistent(s)?;
+        }
+        Ok(out)
+    }
+
+    /// See [`super::Store::stages_page`].
+    pub fn stages_page(&self, session: u64, before: u64, limit: u32) -> R<Vec<StageRow>> {
+        let mut st = self.db.prepare_cached(&format!(
+            "SELECT {} FROM stage_tasks WHERE (?1 = 0 OR session = ?1) AND (?2 = 0 OR id < ?2)
+             ORDER BY id DESC LIMIT ?3",
+            Self::STAGE_COLS
+        ))?;
+        let rows = st.query_map(
+            params![session as i64, before as i64, i64::from(limit)],
+            Self::stage_from_row,
+        )?;
+        rows.collect()
+    }
+
+    /// See [`super::Store::prune_ended`].
+    pub fn prune_ended(&self, ended_before: i64, max: u32) -> R<(u64, u64)> {
+        let tx = self.db.unchecked_transaction()?;
+        let ids: Vec<i64> = {
+            let mut st = tx.prepare_cached(
+                "SELECT s.id FROM sessions s
+                 WHERE s.state NOT IN ('creating', 'active') AND s.ended > 0 AND s.ended < ?1
+                   AND (s.job_instance IS NULL
+                        OR NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = s.job_instance))
+                 ORDER BY s.ended LIMIT ?2",
+            )?;
+            let rows = st.query_map(params![ended_before, i64::from(max)], |r| r.get(0))?;
+            rows.collect::<R<_>>()?
+        };
+        let mut stages = 0u64;
+        for id in &ids {
+            stages += tx.execute("DELETE FROM stage_tasks WHERE session = ?1", [id])? as u64;
+            tx.execute("DELETE FROM session_persistent WHERE session = ?1", [id])?;
+            tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
+        }
+        tx.commit()?;
+        Ok((ids.len() as u64, stages))
+    }
+
     /// See [`super::Store::session_counts`].
     pub fn session_counts(&self) -> R<Vec<(String, u64)>> {
         let mut st = self.db.prepare_cached(
@@ -662,7 +735,29 @@ impl Db {
     }
 
     pub fn update_stage(&self, t: &StageRow) -> R<()> {
-        self.db.execute(
+        let tx = self.db.unchecked_transaction()?;
+        let was: Option<String> = tx
+            .query_row(
+                "SELECT state FROM stage_tasks WHERE id = ?1",
+                [t.id as i64],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if was.as_deref().is_some_and(|w| !is_ended(w)) && is_ended(&t.state) {
+            tx.execute(
+                "INSERT INTO stage_totals(direction, state, tasks, bytes, files)
+                 VALUES (?1, ?2, 1, ?3, ?4)
+                 ON CONFLICT(direction, state) DO UPDATE SET tasks = tasks + 1,
+                    bytes = bytes + excluded.bytes, files = files + excluded.files",
+                params![
+                    t.direction,
+                    t.state,
+                    t.bytes_done as i64,
+                    t.files_done as i64
+                ],
+            )?;
+        }
+        tx.execute(
             "UPDATE stage_tasks SET state = ?2, files_total = ?3, files_done = ?4, bytes_total = ?5,
                 bytes_done = ?6, seconds = ?7, failures = ?8, error = ?9 WHERE id = ?1",
             params![
@@ -677,7 +772,36 @@ impl Db {
                 t.error
             ],
         )?;
-        Ok(())
+        tx.commit()
+    }
+
+    /// See [`super::Store::stage_totals`].
+    pub fn stage_totals(&self) -> R<Vec<StageTotal>> {
+        let mut st = self.db.prepare_cached(
+            "SELECT direction, state, tasks, bytes, files FROM stage_totals
+             ORDER BY direction, state",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(StageTotal {
+                direction: r.get(0)?,
+                state: r.get(1)?,
+                tasks: r.get::<_, i64>(2)? as u64,
+                bytes: r.get::<_, i64>(3)? as u64,
+                files: r.get::<_, i64>(4)? as u64,
+            })
+        })?;
+        rows.collect()
+    }
+
+    /// Tasks not ended (deferred, queued, running).
+    pub fn open_stages(&self) -> R<Vec<StageRow>> {
+        let mut st = self.db.prepare_cached(&format!(
+            "SELECT {} FROM stage_tasks WHERE state IN ('deferred', 'queued', 'running')
+             ORDER BY id",
+            Self::STAGE_COLS
+        ))?;
+        let rows = st.query_map([], Self::stage_from_row)?;
+        rows.collect()
     }
 
     fn stage_from_row(r: &rusqlite::Row<'_>) -> R<StageRow> {
@@ -806,7 +930,17 @@ fn indexes_and_owners(db: &Connection) -> R<()> {
          CREATE INDEX IF NOT EXISTS instances_session ON instances(session);
          CREATE INDEX IF NOT EXISTS stage_tasks_session ON stage_tasks(session, id);
          CREATE INDEX IF NOT EXISTS stage_tasks_instance ON stage_tasks(instance, id);
-         CREATE INDEX IF NOT EXISTS stage_tasks_state ON stage_tasks(state, id);",
+         CREATE INDEX IF NOT EXISTS stage_tasks_state ON stage_tasks(state, id);
+         CREATE INDEX IF NOT EXISTS sessions_owner ON sessions(owner_uid, id);
+         CREATE TABLE IF NOT EXISTS stage_totals(
+            direction TEXT NOT NULL, state TEXT NOT NULL, tasks INTEGER NOT NULL,
+            bytes INTEGER NOT NULL, files INTEGER NOT NULL, PRIMARY KEY(direction, state));",
+    )?;
+    // The totals of the tasks that ended before they were kept.
+    db.execute_batch(
+        "INSERT OR IGNORE INTO stage_totals(direction, state, tasks, bytes, files)
+         SELECT direction, state, COUNT(*), SUM(bytes_done), SUM(files_done) FROM stage_tasks
+         WHERE state IN ('done', 'failed', 'cancelled') GROUP BY direction, state;",
     )
 }
 
