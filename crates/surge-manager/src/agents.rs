@@ -26,8 +26,11 @@ struct Seen {
 #[derive(Default)]
 pub struct Agents {
     seen: Mutex<HashMap<String, Seen>>,
-    /// Woken when what some agent should mount may have changed (phases, ended sessions).
-    pub changed: tokio::sync::Notify,
+    /// Per host, woken when what its agent should mount may have changed (a phase of a
+    /// session on it, its end): a change wakes the agents of that job's hosts, not all.
+    changed: Mutex<HashMap<String, std::sync::Arc<tokio::sync::Notify>>>,
+    /// Per host, woken when its agent reports (what `WaitMounts` waits on).
+    reported: Mutex<HashMap<String, std::sync::Arc<tokio::sync::Notify>>>,
 }
 
 /// Where instance `var` of a session is mounted under `root` on its hosts.
@@ -39,9 +42,44 @@ pub fn mount_path(root: &str, session: u64, persistent_name: Option<&str>) -> St
 }
 
 impl Agents {
-    /// What agents should mount may have changed: wake their long polls.
-    pub fn poke(&self) {
-        self.changed.notify_waiters();
+    /// What the agents of `hosts` should mount may have changed: wake their long polls.
+    pub fn poke(&self, hosts: &[String]) {
+        let changed = self.changed.lock();
+        for h in hosts {
+            if let Some(n) = changed.get(h) {
+                n.notify_waiters();
+            }
+        }
+    }
+
+    /// What wakes `host`'s agent.
+    pub fn changed(&self, host: &str) -> std::sync::Arc<tokio::sync::Notify> {
+        self.changed
+            .lock()
+            .entry(host.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// The agents of `hosts` only (`None` for a host never heard from).
+    pub fn of(&self, hosts: &[String]) -> Vec<api::Agent> {
+        let seen = self.seen.lock();
+        hosts
+            .iter()
+            .map(|h| match seen.get(h) {
+                Some(s) => api::Agent {
+                    host: h.clone(),
+                    last_seen: s.wall,
+                    alive: s.at.elapsed() < AGENT_TIMEOUT,
+                    mounts: s.mounts.clone(),
+                    failed: s.failed.clone(),
+                },
+                None => api::Agent {
+                    host: h.clone(),
+                    ..Default::default()
+                },
+            })
+            .collect()
     }
 
     pub fn record(&self, host: &str, mounts: Vec<api::AgentMount>, failed: Vec<api::AgentMount>) {
@@ -58,6 +96,57 @@ impl Agents {
                 failed,
             },
         );
+        if let Some(n) = self.reported.lock().get(host) {
+            n.notify_waiters();
+        }
+    }
+
+    /// What wakes a wait for `host`'s next report.
+    pub fn reported(&self, host: &str) -> std::sync::Arc<tokio::sync::Notify> {
+        self.reported
+            .lock()
+            .entry(host.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Waits (at most `wait`) until every host of session `s` reports all its instances
+    /// mounted (`mounted`) or none, or an agent reports a failure for it; the agents of those
+    /// hosts as they last said.
+    pub async fn wait_mounts(
+        &self,
+        s: &SessionRow,
+        mounted: bool,
+        wait: Duration,
+    ) -> Vec<api::Agent> {
+        let want = s.job_instance.iter().count() + s.persistent.len();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notifies: Vec<_> = s.hosts.iter().map(|h| self.reported(h)).collect();
+            let woken: Vec<_> = notifies.iter().map(|n| Box::pin(n.notified())).collect();
+            let agents = self.of(&s.hosts);
+            let done = agents.iter().all(|a| {
+                let have = a.mounts.iter().filter(|m| m.session == s.id).count();
+                if mounted {
+                    a.alive && have >= want
+                } else {
+                    // A dead agent is not waited for: a restarted one cleans up.
+                    !a.alive || have == 0
+                }
+            });
+            let failed = agents
+                .iter()
+                .any(|a| a.failed.iter().any(|m| m.session == s.id));
+            if done || failed || want == 0 || tokio::time::Instant::now() >= deadline {
+                return agents;
+            }
+            let any = futures::future::select_all(woken);
+            let _ = tokio::time::timeout_at(
+                deadline.min(tokio::time::Instant::now() + Duration::from_secs(1)),
+                any,
+            )
+            .await;
+        }
     }
 
     pub fn list(&self) -> Vec<api::Agent> {
@@ -79,10 +168,17 @@ impl Agents {
 
 /// The mounts `host` should have: every active session that wants mounts there, each of its
 /// instances in the namespace of the host's node. With descriptors and capabilities (the
-/// agent mounts as the session's owner would).
+/// agent mounts as the session's owner would). Only the sessions on that host are read (the
+/// manager's index of mounts by host), never every active session.
 pub async fn wanted(core: &Core, root: &str, host: &str) -> MResult<Vec<api::AgentMount>> {
     let mut out = Vec::new();
-    for s in core.active_sessions(true).await? {
+    for id in core.sessions_on(host) {
+        let Ok(s) = core.session(id).await else {
+            continue;
+        };
+        if s.state != "active" || !s.mount {
+            continue;
+        }
         let Some(node) = s.hosts.iter().position(|h| h == host) else {
             continue;
         };

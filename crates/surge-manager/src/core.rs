@@ -140,6 +140,9 @@ pub struct Core {
     pub gc_every: std::time::Duration,
     /// What the collections freed since start (fragments, bytes), for the metrics.
     pub gc_freed: Mutex<(u64, u64)>,
+    /// Sessions that want mounts, by host: what an agent's sync reads (kept with every phase
+    /// change and end; rebuilt from the state at start and at a takeover).
+    by_host: Mutex<HashMap<String, std::collections::BTreeSet<u64>>>,
 }
 
 impl Core {
@@ -176,6 +179,12 @@ impl Core {
                 orphans.len()
             );
         }
+        let mut by_host: HashMap<String, std::collections::BTreeSet<u64>> = HashMap::new();
+        for s in store.active_sessions(true).await? {
+            for h in &s.hosts {
+                by_host.entry(h.clone()).or_default().insert(s.id);
+            }
+        }
         Ok(Core {
             store,
             default_pool: default_pool.to_string(),
@@ -188,6 +197,7 @@ impl Core {
             gc_at: Mutex::new(HashMap::new()),
             gc_every: GC_EVERY,
             gc_freed: Mutex::new((0, 0)),
+            by_host: Mutex::new(by_host),
         })
     }
 
@@ -1278,8 +1288,39 @@ impl Core {
         hosts: Option<&[String]>,
         mount: bool,
     ) -> MResult<SessionRow> {
+        let before = self.session(id).await?;
         self.store.set_phase(id, phase, hosts, mount).await?;
-        self.session(id).await
+        let s = self.session(id).await?;
+        self.index_hosts(&before.hosts, &s);
+        Ok(s)
+    }
+
+    /// Keeps the index of mounts by host for session `s` as it now is (`before`: its hosts
+    /// until now): the work is the job's hosts, not the cluster's.
+    fn index_hosts(&self, before: &[String], s: &SessionRow) {
+        let mut by = self.by_host.lock();
+        for h in before {
+            if let Some(ids) = by.get_mut(h) {
+                ids.remove(&s.id);
+                if ids.is_empty() {
+                    by.remove(h);
+                }
+            }
+        }
+        if s.state == "active" && s.mount {
+            for h in &s.hosts {
+                by.entry(h.clone()).or_default().insert(s.id);
+            }
+        }
+    }
+
+    /// The sessions that want mounts on `host`.
+    pub fn sessions_on(&self, host: &str) -> Vec<u64> {
+        self.by_host
+            .lock()
+            .get(host)
+            .map(|ids| ids.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Ends a session; its job instance is destroyed unless `keep` (a failed stage-out keeps
@@ -1322,7 +1363,9 @@ impl Core {
             }
         }
         self.store.end_session(id, state).await?;
-        self.session(id).await
+        let s = self.session(id).await?;
+        self.index_hosts(&s.hosts, &s);
+        Ok(s)
     }
 }
 

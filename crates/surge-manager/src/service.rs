@@ -388,8 +388,11 @@ impl Manager for Service {
                 return Err(Status::invalid_argument(format!("bad host name {bad:?}")));
             }
         }
+        let before = s.hosts.clone();
         let s = self.core.set_phase(r.id, &r.phase, hosts, r.mount).await?;
-        self.agents.poke();
+        // The agents of the job's hosts, before and after: no one else's.
+        self.agents.poke(&before);
+        self.agents.poke(&s.hosts);
         Ok(Response::new(self.session_view(&s).await))
     }
 
@@ -404,7 +407,8 @@ impl Manager for Service {
         let have = r.mounts.clone();
         let unchanged_failures = r.failed.is_empty();
         self.agents.record(&r.host, r.mounts, r.failed);
-        let changed = self.agents.changed.notified();
+        let notify = self.agents.changed(&r.host);
+        let changed = notify.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
         let mut mounts = crate::agents::wanted(&self.core, &self.mount_root, &r.host).await?;
@@ -416,6 +420,15 @@ impl Manager for Service {
             mounts,
             mount_root: self.mount_root.clone(),
         }))
+    }
+
+    async fn wait_mounts(&self, req: Request<api::WaitMountsRequest>) -> Res<api::AgentList> {
+        let c = caller(&req)?;
+        let r = req.into_inner();
+        let s = self.own_session(&c, r.session).await?;
+        let wait = std::time::Duration::from_millis(u64::from(r.wait_ms.min(60_000)));
+        let agents = self.agents.wait_mounts(&s, r.mounted, wait).await;
+        Ok(Response::new(api::AgentList { agents }))
     }
 
     async fn mover_poll(&self, req: Request<api::MoverPollRequest>) -> Res<api::MoverPollReply> {
@@ -513,7 +526,7 @@ impl Manager for Service {
             .core
             .end_session(r.id, r.keep_job_instance, &r.state)
             .await?;
-        self.agents.poke();
+        self.agents.poke(&s.hosts);
         Ok(Response::new(self.session_view(&s).await))
     }
 

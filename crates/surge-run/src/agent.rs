@@ -88,10 +88,16 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     // Report at once after a change (the scheduler waits for it), else wait for one.
     let mut report_now = true;
     info!(%host, manager = %args.manager, "agent started");
+    // One connection, kept across syncs (made again only when it fails): a sync is one
+    // request on it, not a new TCP connection each time (issue 30).
+    let mut conn: Option<surge_api::Client> = None;
     while !stop.load(Ordering::SeqCst) {
         let mounts: Vec<api::AgentMount> = held.values().map(|h| report(&h.spec)).collect();
         let reply = rt.block_on(async {
-            let mut m = connect(&args.manager).await?;
+            let mut m = match conn.take() {
+                Some(m) => m,
+                None => connect(&args.manager).await?,
+            };
             let r = m
                 .agent_sync(api::AgentSyncRequest {
                     host: host.clone(),
@@ -105,6 +111,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 })
                 .await
                 .map_err(status_err)?;
+            conn = Some(m);
             anyhow::Ok(r.into_inner())
         });
         let reply = match reply {
