@@ -328,6 +328,9 @@ impl Embedded {
             emb.server_children.push(child);
             res?;
         }
+        // A server writes its ready file before it registers (in the background): wait for
+        // the manager to count them all, or a job allocated at once finds no server up.
+        wait_registered(&manager, &munge_socket, opts.servers)?;
         // Peaks measured for this fast tier before (crate::calibrate): registered now, so
         // `#SURGE jobdw` targets are sized from them without measuring again.
         if crate::calibrate::EmbeddedPeaks::load(&opts.state_dir).is_some_and(|c| c.matches(opts)) {
@@ -366,6 +369,37 @@ impl Embedded {
         }
         drop(self.munged.take());
     }
+}
+
+/// Waits (at most 30 s) until the manager at `manager` has `n` servers up.
+fn wait_registered(manager: &str, munge: &Path, n: usize) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async {
+        let mut c = surge_api::connect_with(manager, munge.to_path_buf()).await?;
+        let start = Instant::now();
+        loop {
+            let up = c
+                .list_servers(surge_api::v1::Empty {})
+                .await
+                .map_err(surge_manager::cli::status_err)?
+                .into_inner()
+                .servers
+                .iter()
+                .filter(|s| s.state == "up")
+                .count();
+            if up >= n {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                start.elapsed() < Duration::from_secs(30),
+                "only {up} of the {n} servers registered with the embedded manager in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
 }
 
 fn reap(children: &mut [Child], grace: Duration) {
