@@ -110,11 +110,18 @@ fn mounts_serve_over_io_uring_where_the_kernel_offers_it_and_over_dev_fuse_other
     let (_, u0, _) = counts(&m);
     let least = work(&m, 1);
     let (kind, u1, d1) = counts(&m);
+    let direct = m.fuse_stats()["uring_direct_replies"].as_u64().unwrap_or(0);
     eprintln!(
-        "io_uring: {} requests over io_uring, {d1} over /dev/fuse",
+        "io_uring: {} requests over io_uring ({direct} reads copied straight into the ring), \
+         {d1} over /dev/fuse",
         u1 - u0
     );
     assert_eq!(kind, "io_uring");
+    // A root mount reads its own host's objects straight into the requests' ring entries.
+    assert!(
+        direct >= 100,
+        "{direct} reads copied straight into the ring"
+    );
     assert!(
         u1 - u0 >= least,
         "{} requests over io_uring for work of at least {least}",

@@ -213,6 +213,12 @@ impl ReplyData {
         self.reply.send_ll(&ll::ResponseSlice(data));
     }
 
+    /// Whether this reply goes into an io_uring ring entry, where [`ReplyData::data_with`]
+    /// saves a copy (over `/dev/fuse` it costs a zeroed buffer instead).
+    pub fn is_ring(&self) -> bool {
+        matches!(self.reply.sender, Some(ReplySender::Uring(_)))
+    }
+
     /// Reply with at most `len` bytes that `fill` writes into the buffer it is given, and
     /// returns the count of. Over io_uring the buffer is the request's ring entry, from which
     /// the kernel copies the data once; over `/dev/fuse` it is a temporary buffer, written
