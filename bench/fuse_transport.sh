@@ -51,12 +51,24 @@ WORK=$(mktemp -d /tmp/surge-fuse-transport.XXXXXX)
 chmod 755 "$WORK"
 SHM=$(mktemp -d /dev/shm/surge-fuse-transport.XXXXXX)
 WAS=$(cat "$PARAM")
+MUNGED_PID=""
 cleanup() {
     echo "$WAS" > "$PARAM" 2>/dev/null || true
+    [ -n "$MUNGED_PID" ] && kill "$MUNGED_PID" 2>/dev/null || true
     rm -rf "$WORK" "$SHM"
 }
 trap cleanup EXIT INT TERM
 echo Y > "$PARAM"
+# A munged of this run (the jobs' manager authenticates its clients with MUNGE), so that the
+# host's, which other work on a shared machine may stop, does not matter.
+mkdir -m 700 "$WORK/munge"
+mungekey --create --keyfile="$WORK/munge/munge.key" >/dev/null
+munged --foreground --force --socket="$WORK/munge/munge.socket" --key-file="$WORK/munge/munge.key" \
+    --pid-file="$WORK/munge/munged.pid" --log-file="$WORK/munge/munged.log" \
+    --seed-file="$WORK/munge/munged.seed" &
+MUNGED_PID=$!
+for _ in $(seq 100); do [ -S "$WORK/munge/munge.socket" ] && break; sleep 0.05; done
+export SURGE_MUNGE_SOCKET=$WORK/munge/munge.socket
 gcc -O2 -o "$WORK/md" bench/md.c
 
 TESTS=(create-1 stat-1 unlink-1 create-2 stat-2 unlink-2 randread4k-1 randread4k-2
