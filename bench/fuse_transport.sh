@@ -18,12 +18,13 @@
 #
 #   bench/fuse_transport.sh [--runs 3] [--size 512M] [--randsize 128M] [--runtime 3]
 #                           [--files 10000] [--kinds job,striped] [--json FILE]
+#                           [--replier-commits]  (also uringr: see below)
 # Needs root, fio, gcc, python3, and a kernel with FUSE over io_uring (Linux >= 6.14): the
 # script sets /sys/module/fuse/parameters/enable_uring to Y for the run and restores it.
 # SURGE=path/to/surge (default target/release/surge, built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=3 SIZE=512M RANDSIZE=128M RUNTIME=3 FILES=10000 KINDS=job,striped JSON=""
+RUNS=3 SIZE=512M RANDSIZE=128M RUNTIME=3 FILES=10000 KINDS=job,striped JSON="" REPLIER=0
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) RUNS=$2; shift 2 ;;
@@ -33,7 +34,8 @@ while [ $# -gt 0 ]; do
         --files) FILES=$2; shift 2 ;;
         --kinds) KINDS=$2; shift 2 ;;
         --json) JSON=$2; shift 2 ;;
-        -h|--help) sed -n 2,23p "$0"; exit 0 ;;
+        --replier-commits) REPLIER=1; shift ;;
+        -h|--help) sed -n 2,25p "$0"; exit 0 ;;
         *) echo "fuse_transport.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -54,7 +56,7 @@ WAS=$(cat "$PARAM")
 MUNGED_PID=""
 cleanup() {
     echo "$WAS" > "$PARAM" 2>/dev/null || true
-    [ -n "$MUNGED_PID" ] && kill "$MUNGED_PID" 2>/dev/null || true
+    [ -n "$MUNGED_PID" ] && { kill "$MUNGED_PID" 2>/dev/null; wait "$MUNGED_PID" 2>/dev/null; } || true
     rm -rf "$WORK" "$SHM"
 }
 trap cleanup EXIT INT TERM
@@ -126,11 +128,12 @@ side_raw() {
     "$WORK/tests.sh" "$SHM/raw" "$out"
     record "$1" raw "$out"
 }
-side_surge() { # RUN KIND TRANSPORT(uring|dev)
+side_surge() { # RUN KIND TRANSPORT(uring|uringr|dev)
     local out=$WORK/out; rm -rf "$out"; mkdir -p "$out"
-    local t=auto; [ "$3" = dev ] && t=dev-fuse
+    local t=auto commit=queue; [ "$3" = dev ] && t=dev-fuse; [ "$3" = uringr ] && commit=replier
     if ! (cd "$WORK" && env SURGE_FAST_DIR="$SHM/fast" SURGE_STATE_DIR="$WORK/state" JOB_OUT="$out" \
-            SURGE_FUSE_TRANSPORT=$t RUST_LOG=info "$SURGE" run "$WORK/$2.sh" > "$WORK/job.log" 2>&1); then
+            SURGE_FUSE_TRANSPORT=$t SURGE_FUSE_URING_COMMIT=$commit RUST_LOG=info \
+            "$SURGE" run "$WORK/$2.sh" > "$WORK/job.log" 2>&1); then
         echo "the $2 job ($3) failed; its output:" >&2; cat "$WORK/job.log" >&2; exit 1
     fi
     # The mount says which transport it got; a side that did not get what it is named for
@@ -142,6 +145,9 @@ side_surge() { # RUN KIND TRANSPORT(uring|dev)
 }
 SIDES=(raw)
 for k in ${KINDS//,/ }; do SIDES+=("$k-uring" "$k-dev"); done
+# --replier-commits: also each kind over io_uring with replies committed by the replying
+# thread (SURGE_FUSE_URING_COMMIT=replier, libfuse's way) instead of the queue's thread.
+[ "$REPLIER" -eq 1 ] && for k in ${KINDS//,/ }; do SIDES+=("$k-uringr"); done
 run_side() { # RUN SIDE
     case $2 in
         raw) side_raw "$1" ;;
@@ -172,14 +178,21 @@ med = lambda s, t: statistics.median(v[(s, t)].values()) if (s, t) in v else flo
 print(f"\nSurge mount over io_uring vs /dev/fuse vs raw /dev/shm; ops/s for md, IOPS for 4k, MiB/s for seq; medians of {runs} runs")
 summary = {}
 for k in kinds:
-    print(f"\n{k}: {'test':13} {'raw':>10} {'uring':>10} {'dev':>10} {'ur/raw':>7} {'dev/raw':>7} {'ur/dev':>7}   per run ur/dev")
+    rr = (f"{k}-uringr", tests[0]) in v
+    print(f"\n{k}: {'test':13} {'raw':>10} {'uring':>10} {'dev':>10} {'ur/raw':>7} {'dev/raw':>7} {'ur/dev':>7}   per run ur/dev"
+          + ("   uringr/dev" if rr else ""))
     for t in tests:
         raw, ur, dv = med("raw", t), med(f"{k}-uring", t), med(f"{k}-dev", t)
         per = [v[(f"{k}-uring", t)][r] / v[(f"{k}-dev", t)][r] for r in sorted(v.get((f"{k}-uring", t), {}))
                if r in v.get((f"{k}-dev", t), {}) and v[(f"{k}-dev", t)][r]]
         summary.setdefault(k, {})[t] = {"raw": raw, "uring": ur, "dev": dv, "per_run_uring_dev": per}
+        extra = ""
+        if rr:
+            urr = med(f"{k}-uringr", t)
+            summary[k][t]["uringr"] = urr
+            extra = f"   {urr/dv:.2f}"
         print(f"{' ' * len(k)}  {t:13} {raw:10.0f} {ur:10.0f} {dv:10.0f} {ur/raw:7.2f} {dv/raw:7.2f} {ur/dv:7.2f}   "
-              + " ".join(f"{x:.2f}" for x in per))
+              + " ".join(f"{x:.2f}" for x in per) + extra)
 if out:
     json.dump({"runs": runs, "kinds": summary}, open(out, "w"), indent=1)
 EOF

@@ -645,11 +645,15 @@ fn uring_plan(config: &Config, offered: bool, kc: &KernelConfig) -> (Option<Urin
         n => n.min(uring::MAX_DEPTH),
     };
     let payload = uring::payload_size(kc.max_write, kc.max_pages());
+    // Who submits a reply's commit: the queue's thread (default), or the thread that replies
+    // (libfuse's way), kept for measurements.
+    let replier_commits = std::env::var("SURGE_FUSE_URING_COMMIT").is_ok_and(|v| v == "replier");
     (
         Some(UringPlan {
             queues,
             depth,
             payload,
+            replier_commits,
         }),
         "the kernel offers it".into(),
     )

@@ -58,7 +58,6 @@ use tracing::info;
 use tracing::warn;
 
 use crate::Filesystem;
-use crate::channel::Channel;
 use crate::dev_fuse::DevFuse;
 use crate::ll::fuse_abi as abi;
 use crate::passthrough::BackingId;
@@ -93,6 +92,9 @@ const _: () = assert!(IN_HEADER_SZ + OP_IN_SZ <= PREFIX);
 pub(crate) const DEFAULT_DEPTH: usize = 16;
 /// At most this many entries per queue (their index is a `u16` in the completion token).
 pub(crate) const MAX_DEPTH: usize = 1024;
+/// How many times a reply that fills its ring entry itself yields while the entry's request
+/// is still being dispatched, before it falls back to a buffer of its own.
+const DISPATCH_WAIT_YIELDS: usize = 1000;
 /// The completion token of the queue's eventfd read (entries use their index).
 const WAKE_TOKEN: u64 = u64::MAX;
 
@@ -260,8 +262,18 @@ enum Slot {
 }
 
 /// One queue: its entries' buffers and states, and the replies ready to commit.
-#[derive(Debug)]
 pub(crate) struct Queue {
+    /// The queue's ring: submissions under `sq` (the queue thread's, and in the replier mode
+    /// the repliers'), completions reaped by the queue thread only. First, so that it is closed
+    /// before the buffers the kernel writes into are unmapped.
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    sq: Mutex<()>,
+    /// `/dev/fuse`, the file the commands are for.
+    dev_fd: i32,
+    iovecs: Vec<EntryIovecs>,
+    /// Replies submit their commits themselves (`SURGE_FUSE_URING_COMMIT=replier`) instead of
+    /// handing them to the queue thread.
+    replier_commits: bool,
     qid: u16,
     depth: usize,
     payload: usize,
@@ -281,17 +293,55 @@ pub(crate) struct Queue {
     stats: Arc<TransportStats>,
 }
 
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("qid", &self.qid)
+            .field("depth", &self.depth)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Queue {
     fn new(
         qid: u16,
-        depth: usize,
-        payload: usize,
+        plan: &UringPlan,
         dev: Arc<DevFuse>,
         stats: Arc<TransportStats>,
     ) -> io::Result<Queue> {
+        let (depth, payload) = (plan.depth, plan.payload);
         let stride = PREFIX + payload;
-        let headers = Mapping::new(depth * HEADER_STRIDE)?;
+        // The headers, then the 8 bytes the eventfd is read into.
+        let headers = Mapping::new(depth * HEADER_STRIDE + HEADER_STRIDE)?;
         let payloads = Mapping::new(depth * stride)?;
+        let entries = (depth + 1).next_power_of_two() as u32;
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+            .setup_cqsize(entries * 2)
+            .setup_submit_all()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(entries)?;
+        let iovecs = (0..depth)
+            .map(|i| {
+                // SAFETY: i < depth: inside the mappings.
+                let (h, p) = unsafe {
+                    (
+                        headers.ptr.as_ptr().add(i * HEADER_STRIDE),
+                        payloads.ptr.as_ptr().add(i * stride + PREFIX),
+                    )
+                };
+                EntryIovecs([
+                    libc::iovec {
+                        iov_base: h.cast(),
+                        iov_len: REQ_HEADER_SZ,
+                    },
+                    libc::iovec {
+                        iov_base: p.cast(),
+                        iov_len: payload,
+                    },
+                ])
+            })
+            .collect();
         // SAFETY: eventfd has no memory preconditions.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -300,6 +350,11 @@ impl Queue {
         // SAFETY: `fd` is a new descriptor owned by nobody else.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Queue {
+            ring,
+            sq: Mutex::new(()),
+            dev_fd: dev.as_raw_fd(),
+            iovecs,
+            replier_commits: plan.replier_commits,
             qid,
             depth,
             payload,
@@ -363,6 +418,56 @@ impl Queue {
             std::ptr::copy_nonoverlapping(header.as_ptr(), h, header.len());
             let sz = h.add(ENT_IN_OUT_OFF + 16).cast::<u32>();
             sz.write_unaligned(payload_sz as u32);
+        }
+    }
+
+    /// Queues an SQE (the ring's submission side is shared: under `sq`).
+    fn push(&self, e: &squeue::Entry128) -> io::Result<()> {
+        let _sq = self.sq.lock();
+        loop {
+            // SAFETY: `sq` makes this the only view of the submission queue; the SQE's buffers
+            // (iovecs, headers, payloads, the wake buffer) live in `self`, after the ring.
+            let pushed = unsafe { self.ring.submission_shared().push(e) }.is_ok();
+            if pushed {
+                return Ok(());
+            }
+            self.ring.submitter().submit()?;
+        }
+    }
+
+    fn push_cmd(&self, cmd_op: u32, idx: u16, commit_id: u64) -> io::Result<()> {
+        let e = fuse_cmd_sqe(
+            self.dev_fd,
+            cmd_op,
+            self.qid,
+            commit_id,
+            self.iovecs[usize::from(idx)].0.as_ptr(),
+            idx,
+        );
+        self.push(&e)
+    }
+
+    /// The 8 bytes the queue's eventfd is read into.
+    fn wake_buf(&self) -> *mut u8 {
+        // SAFETY: the header mapping has one stride more than the entries' headers.
+        unsafe { self.headers.ptr.as_ptr().add(self.depth * HEADER_STRIDE) }
+    }
+
+    /// Hands entry `idx`'s reply (written) to the kernel: by the queue thread, or in the
+    /// replier mode right here.
+    fn commit(&self, idx: u16, unique: u64) {
+        if self.replier_commits {
+            let r = self
+                .push_cmd(CMD_COMMIT_AND_FETCH, idx, unique)
+                .and_then(|()| self.ring.submitter().submit());
+            if let Err(e) = r {
+                error!(
+                    "io_uring queue {}: cannot commit entry {idx}: {e}",
+                    self.qid
+                );
+            }
+        } else {
+            self.push_ready(idx);
         }
     }
 
@@ -435,7 +540,7 @@ impl UringReply {
                 q.write_reply(idx, header, payload);
                 *slot = Slot::Kernel;
                 drop(slot);
-                q.push_ready(self.idx);
+                q.commit(self.idx, self.unique);
                 Ok(())
             }
             other => Err(io::Error::other(format!(
@@ -457,6 +562,16 @@ impl UringReply {
         let q = &self.queue;
         let idx = usize::from(self.idx);
         let mut slot = q.slots[idx].lock();
+        // A reply from another thread may come while the queue thread still finishes the
+        // dispatch (microseconds): wait for it a little rather than copy.
+        for _ in 0..DISPATCH_WAIT_YIELDS {
+            if !matches!(&*slot, Slot::Dispatching { unique, .. } if *unique == self.unique) {
+                break;
+            }
+            drop(slot);
+            std::thread::yield_now();
+            slot = q.slots[idx].lock();
+        }
         if !matches!(&*slot, Slot::Awaiting { unique } if *unique == self.unique) {
             return None;
         }
@@ -484,7 +599,7 @@ impl UringReply {
         }
         *slot = Slot::Kernel;
         drop(slot);
-        q.push_ready(self.idx);
+        q.commit(self.idx, self.unique);
         q.stats.uring_direct_replies.fetch_add(1, Ordering::Relaxed);
         Some(res)
     }
@@ -512,6 +627,8 @@ pub(crate) struct UringPlan {
     pub(crate) queues: usize,
     pub(crate) depth: usize,
     pub(crate) payload: usize,
+    /// See `Queue::replier_commits`.
+    pub(crate) replier_commits: bool,
 }
 
 /// The two iovecs (header, payload) of one entry, read by the kernel at registration.
@@ -519,14 +636,13 @@ struct EntryIovecs([libc::iovec; 2]);
 
 // SAFETY: the iovecs point into the queue's mapping, which is `Send`; they are only data.
 unsafe impl Send for EntryIovecs {}
+// SAFETY: as above; they are never written after the queue is made.
+unsafe impl Sync for EntryIovecs {}
 
 /// One queue's ring and the thread-side state that serves it.
 pub(crate) struct QueueThread<FS: Filesystem> {
     pub(crate) queue: Arc<Queue>,
     pub(crate) event_loop: SessionEventLoop<FS>,
-    pub(crate) ring: IoUring<squeue::Entry128, cqueue::Entry>,
-    iovecs: Vec<EntryIovecs>,
-    wake_buf: Box<u64>,
     live: usize,
     stop: Arc<AtomicBool>,
 }
@@ -543,40 +659,10 @@ pub(crate) fn make_queues<FS: Filesystem>(
     let mut out = Vec::with_capacity(plan.queues);
     for qid in 0..plan.queues {
         let qid16 = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
-        let queue = Arc::new(Queue::new(
-            qid16,
-            plan.depth,
-            plan.payload,
-            dev.clone(),
-            stats.clone(),
-        )?);
-        let entries = (plan.depth + 1).next_power_of_two() as u32;
-        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .setup_cqsize(entries * 2)
-            .setup_submit_all()
-            .setup_coop_taskrun()
-            .setup_taskrun_flag()
-            .build(entries)?;
-        let iovecs = (0..plan.depth)
-            .map(|i| {
-                EntryIovecs([
-                    libc::iovec {
-                        iov_base: queue.header_ptr(i).cast(),
-                        iov_len: REQ_HEADER_SZ,
-                    },
-                    libc::iovec {
-                        iov_base: queue.payload_ptr(i).cast(),
-                        iov_len: plan.payload,
-                    },
-                ])
-            })
-            .collect();
+        let queue = Arc::new(Queue::new(qid16, plan, dev.clone(), stats.clone())?);
         out.push(QueueThread {
             queue,
             event_loop: event_loop(qid),
-            ring,
-            iovecs,
-            wake_buf: Box::new(0),
             live: 0,
             stop: stop.clone(),
         });
@@ -613,37 +699,20 @@ fn fuse_cmd_sqe(
 }
 
 impl<FS: Filesystem> QueueThread<FS> {
-    fn push(&mut self, e: &squeue::Entry128) -> io::Result<()> {
-        // SAFETY: the SQE's buffers (iovecs, headers, payloads, wake_buf) live in `self` and
-        // in `self.queue`, which outlive the ring: `run` drops the ring before them.
-        while unsafe { self.ring.submission().push(e) }.is_err() {
-            self.ring.submit()?;
-        }
-        Ok(())
-    }
-
     fn push_cmd(&mut self, cmd_op: u32, idx: u16, commit_id: u64) -> io::Result<()> {
-        let e = fuse_cmd_sqe(
-            self.event_loop.ch.as_raw_fd_of_dev(),
-            cmd_op,
-            self.queue.qid,
-            commit_id,
-            self.iovecs[usize::from(idx)].0.as_ptr(),
-            idx,
-        );
-        self.push(&e)
+        self.queue.push_cmd(cmd_op, idx, commit_id)
     }
 
     fn arm_wake(&mut self) -> io::Result<()> {
         let e = opcode::Read::new(
             types::Fd(self.queue.wake.as_raw_fd()),
-            (&raw mut *self.wake_buf).cast::<u8>(),
+            self.queue.wake_buf(),
             8,
         )
         .build()
         .user_data(WAKE_TOKEN);
         // An Entry (64 bytes) in a ring of 128-byte SQEs.
-        self.push(&e.into())
+        self.queue.push(&e.into())
     }
 
     /// Registers every entry, then serves requests until the connection ends or the session
@@ -656,17 +725,14 @@ impl<FS: Filesystem> QueueThread<FS> {
         }
         self.live = self.queue.depth;
         self.arm_wake()?;
-        self.ring.submit()?;
+        self.queue.ring.submitter().submit()?;
         debug!(
             "io_uring queue {qid}: {} entries of {} bytes registered",
             self.queue.depth, self.queue.payload
         );
-        let res = self.serve();
-        // Close the ring first: that ends the kernel's use of the buffers.
-        let QueueThread { ring, queue, .. } = self;
-        drop(ring);
-        drop(queue);
-        res
+        // The ring is closed, and the buffers unmapped after it, when the last holder of the
+        // queue (this thread, or a late reply) lets it go.
+        self.serve()
     }
 
     fn serve(&mut self) -> io::Result<()> {
@@ -682,9 +748,9 @@ impl<FS: Filesystem> QueueThread<FS> {
             if self.queue.ready_len.load(Ordering::SeqCst) > 0 {
                 self.queue.sleeping.store(false, Ordering::SeqCst);
                 self.commit_ready(&mut ready)?;
-                self.ring.submit()?;
+                self.queue.ring.submitter().submit()?;
             } else {
-                match self.ring.submit_and_wait(1) {
+                match self.queue.ring.submitter().submit_and_wait(1) {
                     Ok(_) => {}
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                     Err(e) => {
@@ -695,7 +761,10 @@ impl<FS: Filesystem> QueueThread<FS> {
                 self.queue.sleeping.store(false, Ordering::SeqCst);
             }
             completions.clear();
-            completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            // SAFETY: only this thread reaps the queue's completions.
+            completions.extend(
+                unsafe { self.queue.ring.completion_shared() }.map(|c| (c.user_data(), c.result())),
+            );
             for &(token, res) in &completions {
                 if token == WAKE_TOKEN {
                     self.arm_wake()?;
@@ -948,14 +1017,6 @@ fn pin_to_cpu(cpu: usize) {
     {
         // An offline CPU: its queue still serves whatever the kernel puts in it.
         info!("io_uring queue {cpu}: cannot pin to CPU {cpu}: {e}");
-    }
-}
-
-impl Channel {
-    /// The raw descriptor of the `/dev/fuse` file, for io_uring commands.
-    pub(crate) fn as_raw_fd_of_dev(&self) -> i32 {
-        use std::os::fd::AsFd;
-        self.as_fd().as_raw_fd()
     }
 }
 
