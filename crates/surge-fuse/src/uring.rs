@@ -232,8 +232,8 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` are exactly what mmap returned; nothing borrows the mapping any
-        // more (the last `Arc<Queue>` holder is going, and the ring that let the kernel write
-        // into it was closed by the queue thread before it dropped its `Arc`).
+        // more: the last `Arc<Queue>` holder is going, and the queue's ring, through which the
+        // kernel wrote into it, was closed before (it is the queue's first field).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
@@ -608,6 +608,8 @@ impl UringReply {
         BackingId::create(&self.queue.dev, fd)
     }
 
+    /// # Safety
+    /// `id` must be a backing id this connection registered and nobody else closes.
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         // SAFETY: the caller's contract (see `BackingId::wrap_raw`).
         unsafe { BackingId::wrap_raw(&self.queue.dev, id) }
@@ -1047,6 +1049,7 @@ mod tests {
             iov_len: 0,
         }; 2];
         let e = fuse_cmd_sqe(7, CMD_COMMIT_AND_FETCH, 3, 0xabcdef, iov.as_ptr(), 5);
+        // SAFETY: as in `fuse_cmd_sqe`: 128 bytes of plain data.
         let raw: [u8; 128] = unsafe { std::mem::transmute(e) };
         assert_eq!(raw[0], io_uring::opcode::UringCmd80::CODE);
         assert_eq!(i32::from_ne_bytes(raw[4..8].try_into().unwrap()), 7);
