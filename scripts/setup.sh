@@ -99,3 +99,11 @@ if [ -x "$suites/build.sh" ]; then
             || { echo "setup: building fsx/fsstress failed, see /tmp/surge-fs-suites.log" >&2; exit 1; }
     fi
 fi
+
+# FUSE over io_uring (Linux >= 6.14): off by default in the kernel; Surge's mounts use it where
+# it is on (docs/DATAPLANE.md "FUSE transports"), so the tests run the mounts over it.
+uring=/sys/module/fuse/parameters/enable_uring
+if [ "$(id -u)" -eq 0 ] && [ -w "$uring" ] && [ "$(cat "$uring")" != Y ]; then
+    echo "setup: enabling FUSE over io_uring ($uring = Y)"
+    echo Y > "$uring" || echo "setup: cannot set $uring (mounts will use /dev/fuse)" >&2
+fi

@@ -91,6 +91,11 @@ fn user_job(
         .env("SURGE_SERVER_CAPACITY", "1GiB")
         .env("SURGE_GRANULARITY", "256MiB")
         .env("SURGE_PASSTHROUGH_SOCKET", socket)
+        // The meter of `job_moves` is /proc/PID/io, which counts read and write system calls:
+        // over FUSE over io_uring the kernel moves a request's bytes without any, so these
+        // jobs keep to /dev/fuse (the helper registers backing files through the /dev/fuse
+        // descriptor on either transport).
+        .env("SURGE_FUSE_TRANSPORT", "dev-fuse")
         .env_remove("SURGE_MANAGER")
         .env_remove("SURGE_STATE_DIR")
         .stdin(Stdio::null())

@@ -170,6 +170,13 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = read_ahead_arg)]
     pub read_ahead: u64,
 
+    /// How the kernel hands requests to this mount: `auto` (FUSE over io_uring, one queue per
+    /// CPU, where the kernel offers it: Linux >= 6.14 with
+    /// /sys/module/fuse/parameters/enable_uring set to Y; /dev/fuse otherwise) or `dev-fuse`
+    /// (/dev/fuse only). The mount's log line says which it got and why.
+    #[arg(long, value_name = "TRANSPORT", env = "SURGE_FUSE_TRANSPORT", default_value = "auto", value_parser = mount::parse_transport)]
+    pub fuse_transport: fuser::TransportChoice,
+
     /// Once mounted, write {"mountpoint", "pid"} as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
@@ -182,10 +189,11 @@ pub struct MountArgs {
 }
 
 /// Writes the mount's request counts to `path` (the `dumps`-th time).
-fn write_stats(path: &std::path::Path, client: &InstanceClient, dumps: u64) {
+fn write_stats(path: &std::path::Path, mounted: &MountedView, dumps: u64) {
     let text = serde_json::json!({
         "dumps": dumps,
-        "requests": client.counts().snapshot(),
+        "requests": mounted.0.counts().snapshot(),
+        "fuse": mount::fuse_stats_json(&mounted.1, &mounted.2),
     });
     let tmp = path.with_extension("tmp");
     let r = std::fs::write(&tmp, text.to_string()).and_then(|_| std::fs::rename(&tmp, path));
@@ -193,6 +201,13 @@ fn write_stats(path: &std::path::Path, client: &InstanceClient, dumps: u64) {
         tracing::warn!("cannot write {}: {e}", path.display());
     }
 }
+
+/// What `--stats-file` reports of a mount, kept past its unmount.
+type MountedView = (
+    std::sync::Arc<InstanceClient>,
+    fuser::TransportInfo,
+    std::sync::Arc<fuser::TransportStats>,
+);
 
 /// `--layout`: `auto` or a layout.
 #[derive(Clone, Copy, Debug)]
@@ -236,6 +251,7 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         inline_metadata: !args.async_metadata,
         default_layout: args.layout.0,
         read_ahead: (args.read_ahead > 0).then_some(args.read_ahead),
+        transport: args.fuse_transport,
         ..MountOptions::default()
     };
     let mut mounted = mount::mount(client, rt.handle().clone(), &args.mountpoint, &opts)?;
@@ -254,21 +270,25 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
             break;
         }
     });
-    let client = mounted.client.clone();
+    let view: MountedView = (
+        mounted.client.clone(),
+        mounted.transport.clone(),
+        mounted.fuse_stats.clone(),
+    );
     let mut dumps = 0;
     loop {
         if let Ok(sig) = rx.recv_timeout(Duration::from_millis(200)) {
             if sig == libc::SIGUSR1 {
                 if let Some(f) = &args.stats_file {
                     dumps += 1;
-                    write_stats(f, &client, dumps);
+                    write_stats(f, &view, dumps);
                 }
                 continue;
             }
             tracing::info!("signal {sig}: unmounting {}", args.mountpoint.display());
             mounted.unmount()?;
             if let Some(f) = &args.stats_file {
-                write_stats(f, &client, dumps + 1);
+                write_stats(f, &view, dumps + 1);
             }
             break;
         }

@@ -2,7 +2,7 @@
 //! Each request is handed to the tokio runtime as a task that replies when done, so the FUSE
 //! threads never block on the network and many requests are in flight at once.
 
-use crate::fs::{Fs, FsError};
+use crate::fs::{Fs, FsError, ReadSource};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
@@ -289,6 +289,22 @@ fn reply_xattr(reply: fuser::ReplyXattr, value: &[u8], size: u32) {
     } else {
         reply.data(value);
     }
+}
+
+/// Fills `buf` from `file` at `offset`; past the object's end (a hole) with zeros.
+fn read_object(file: &std::fs::File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf[done..].fill(0);
+    Ok(buf.len())
 }
 
 fn time_set(t: TimeOrNow) -> TimeSet {
@@ -603,8 +619,20 @@ impl Filesystem for FuseAdapter {
     ) {
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.read(fh.0, offset, size).await {
-                Ok(d) => reply.data(&d),
+            if !reply.is_ring() {
+                match fs.read(fh.0, offset, size).await {
+                    Ok(d) => reply.data(&d),
+                    Err(e) => reply.error(errno(&e)),
+                }
+                return;
+            }
+            // Over io_uring a local object is read straight into the request's ring entry,
+            // from which the kernel copies it once.
+            match fs.read_source(fh.0, offset, size).await {
+                Ok(ReadSource::Object { file, offset, len }) => {
+                    reply.data_with(len, |buf| read_object(&file, offset, buf))
+                }
+                Ok(ReadSource::Data(d)) => reply.data(&d),
                 Err(e) => reply.error(errno(&e)),
             }
         });

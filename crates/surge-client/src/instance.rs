@@ -810,6 +810,26 @@ impl InstanceClient {
         Ok(buf)
     }
 
+    /// The object a read of `len` bytes at `offset` lies in whole, and where in it, when that
+    /// object is on this host and this client can open it (a read within one stripe of this
+    /// host's fragment): the caller reads it into a buffer of its choosing (a FUSE reply's
+    /// ring entry), with no buffer of this client in between. `None`: use [`read`](Self::read).
+    pub async fn local_source(
+        &self,
+        ino: Ino,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<(Arc<std::fs::File>, u64)>> {
+        if let [p] = Self::split(self.layout_of(ino).await?.pieces(offset, len)).as_slice() {
+            if p.len == len {
+                return Ok(self
+                    .local_object(p.fragment, ino)
+                    .map(|f| (f, p.object_offset)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Like [`read`](Self::read) into a caller's buffer (which must be zeroed or be fully
     /// overwritten: short object reads leave their tail untouched). Stripes on fragments of
     /// this host whose objects this client can open are read from them directly.

@@ -5,7 +5,9 @@ use crate::fs::Fs;
 use crate::fuse::{CacheTimes, FuseAdapter};
 use crate::instance::InstanceClient;
 use anyhow::Context;
-use fuser::{MountOption, Session, SessionACL};
+use fuser::{
+    MountOption, Session, SessionACL, TransportChoice, TransportInfo, TransportKind, TransportStats,
+};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use tracing::{debug, info, warn};
@@ -36,6 +38,37 @@ pub struct MountOptions {
     /// The kernel's read-ahead window for this mount, in bytes (`read_ahead_kb` of its
     /// backing device info); `None`: the kernel's default (128 KiB). Only root may set it.
     pub read_ahead: Option<u64>,
+    /// How the kernel hands requests to this mount: FUSE over io_uring where the kernel offers
+    /// it, else `/dev/fuse` (`Auto`); or `/dev/fuse` only. Default: `$SURGE_FUSE_TRANSPORT`.
+    pub transport: TransportChoice,
+}
+
+/// The environment variable that picks the FUSE transport of every mount of this process
+/// (`auto`, the default: io_uring where the kernel offers it; `dev-fuse`: /dev/fuse only), for
+/// A/B measurements and as a way out.
+pub const TRANSPORT_ENV: &str = "SURGE_FUSE_TRANSPORT";
+
+/// Parses a transport name (`--fuse-transport`, `$SURGE_FUSE_TRANSPORT`).
+pub fn parse_transport(s: &str) -> Result<TransportChoice, String> {
+    match s {
+        "auto" | "io_uring" | "io-uring" | "uring" => Ok(TransportChoice::Auto),
+        "dev-fuse" | "dev_fuse" | "classic" => Ok(TransportChoice::DevFuse),
+        other => Err(format!(
+            "unknown FUSE transport '{other}' (auto: io_uring where the kernel offers it; \
+             dev-fuse: /dev/fuse only)"
+        )),
+    }
+}
+
+/// The transport `$SURGE_FUSE_TRANSPORT` asks for (`Auto` when unset or not understood).
+pub fn transport_from_env() -> TransportChoice {
+    match std::env::var(TRANSPORT_ENV) {
+        Ok(v) if !v.is_empty() => parse_transport(&v).unwrap_or_else(|e| {
+            warn!("${TRANSPORT_ENV}: {e}; using auto");
+            TransportChoice::Auto
+        }),
+        _ => TransportChoice::Auto,
+    }
 }
 
 /// The read-ahead a mount asks for by default: a sequential read of data that goes through
@@ -53,6 +86,7 @@ impl Default for MountOptions {
             inline_metadata: true,
             default_layout: None,
             read_ahead: Some(READ_AHEAD),
+            transport: transport_from_env(),
         }
     }
 }
@@ -92,6 +126,10 @@ pub struct Mounted {
     pub client: Arc<InstanceClient>,
     /// How the kernel reads and writes this mount's local one-stripe files.
     pub passthrough: Passthrough,
+    /// How the kernel hands requests to this mount, and why.
+    pub transport: TransportInfo,
+    /// Requests served per transport path.
+    pub fuse_stats: Arc<TransportStats>,
     unmounter: fuser::SessionUnmounter,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
@@ -108,7 +146,13 @@ impl Mounted {
     /// Waits until the file system is unmounted by someone else.
     pub fn join(&mut self) -> anyhow::Result<()> {
         if let Some(t) = self.thread.take() {
-            match t.join() {
+            let r = t.join();
+            info!(
+                "unmounted {}: {}",
+                self.mountpoint.display(),
+                fuse_counts(&self.fuse_stats)
+            );
+            match r {
                 Ok(r) => r.with_context(|| {
                     format!("FUSE session of {} failed", self.mountpoint.display())
                 })?,
@@ -170,6 +214,7 @@ pub fn mount(
     };
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
+    config.transport = opts.transport;
 
     let client = Arc::new(client);
     let mut fs = Fs::new(client.clone(), opts.ttl.attr, opts.ttl.entry);
@@ -218,6 +263,8 @@ pub fn mount(
         )
     })?;
     let _ = notifier.set(session.notifier());
+    let transport = session.transport();
+    let fuse_stats = session.transport_stats();
     if let Some(bytes) = opts.read_ahead {
         match set_read_ahead(mountpoint, bytes) {
             Ok(()) => debug!("read-ahead of {}: {bytes} bytes", mountpoint.display()),
@@ -251,7 +298,10 @@ pub fn mount(
     let thread = std::thread::Builder::new()
         .name("fuse-session".into())
         .spawn(move || session.run())?;
-    info!("mounted on {}", mountpoint.display());
+    info!(
+        "mounted on {} (FUSE transport: {transport})",
+        mountpoint.display()
+    );
     let passthrough = match (fs_handle.passthrough_on(), lender.get().is_some()) {
         (false, _) => Passthrough::Off,
         (true, true) => Passthrough::Helper,
@@ -261,8 +311,39 @@ pub fn mount(
         mountpoint: mountpoint.to_path_buf(),
         client,
         passthrough,
+        transport,
+        fuse_stats,
         unmounter,
         thread: Some(thread),
+    })
+}
+
+/// The requests a mount served per path, for its log.
+pub fn fuse_counts(s: &TransportStats) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    format!(
+        "{} requests over io_uring ({} replies written straight into the ring), {} over /dev/fuse",
+        s.uring_requests.load(Relaxed),
+        s.uring_direct_replies.load(Relaxed),
+        s.dev_fuse_requests.load(Relaxed)
+    )
+}
+
+/// The transport as JSON, for `--stats-file`.
+pub fn fuse_stats_json(t: &TransportInfo, s: &TransportStats) -> serde_json::Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (kind, queues, depth) = match t.kind {
+        TransportKind::IoUring { queues, depth } => ("io_uring", queues, depth),
+        TransportKind::DevFuse => ("dev_fuse", 0, 0),
+    };
+    serde_json::json!({
+        "transport": kind,
+        "queues": queues,
+        "depth": depth,
+        "reason": t.reason,
+        "uring_requests": s.uring_requests.load(Relaxed),
+        "uring_direct_replies": s.uring_direct_replies.load(Relaxed),
+        "dev_fuse_requests": s.dev_fuse_requests.load(Relaxed),
     })
 }
 

@@ -281,6 +281,25 @@ impl Mount {
     /// The requests this mount has sent to its servers so far, per operation (`surge mount
     /// --stats-file`, dumped on SIGUSR1): what its caches saved, counted.
     pub fn requests(&self) -> std::collections::BTreeMap<String, u64> {
+        self.stats()["requests"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The mount's FUSE transport and the kernel requests it served on each path
+    /// (`{"transport": "io_uring"|"dev_fuse", "uring_requests": n, "dev_fuse_requests": n,
+    /// ...}`), dumped on SIGUSR1 like [`Mount::requests`].
+    pub fn fuse_stats(&self) -> serde_json::Value {
+        self.stats()["fuse"].clone()
+    }
+
+    /// A fresh dump of the mount's `--stats-file`.
+    fn stats(&self) -> serde_json::Value {
         let child = self.child.as_ref().expect("the mount is running");
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
@@ -296,14 +315,7 @@ impl Mount {
             },
         );
         self.dumps.set(v["dumps"].as_u64().unwrap_or(want));
-        v["requests"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
-                    .collect()
-            })
-            .unwrap_or_default()
+        v
     }
 
     pub fn unmount(&mut self) {

@@ -6,6 +6,18 @@ use surge_core::Ino;
 use surge_proto::{AllocMode, Attr, FileKind, SetAttr, TimeSet, Unlinked};
 use tracing::warn;
 
+/// See [`Fs::read_source`].
+pub enum ReadSource {
+    /// `len` bytes of `file` at `offset` (zeros past its end: a hole).
+    Object {
+        file: std::sync::Arc<std::fs::File>,
+        offset: u64,
+        len: usize,
+    },
+    /// The bytes.
+    Data(Vec<u8>),
+}
+
 impl Fs {
     /// `setattr`; `kill_suidgid`: a truncate by a user without `CAP_FSETID` also clears
     /// setuid/setgid.
@@ -169,6 +181,28 @@ impl Fs {
             invalidate_attr,
             backing,
         })
+    }
+
+    /// Where a read's bytes come from when the caller can read them into a buffer of its own
+    /// (a FUSE reply's io_uring entry): an object of this host for a read within one of its
+    /// stripes, else the bytes, as [`Fs::read`] gives them.
+    pub async fn read_source(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadSource> {
+        let ino = self.inodes.handle_ino(fh)?;
+        let file_size = self.inodes.size(ino);
+        if offset >= file_size {
+            return Ok(ReadSource::Data(Vec::new()));
+        }
+        let len = u64::from(size).min(file_size - offset);
+        if self.through_file(ino).is_none() && self.fill_of(ino).is_none() {
+            if let Some((file, at)) = self.client.local_source(ino, offset, len).await? {
+                return Ok(ReadSource::Object {
+                    file,
+                    offset: at,
+                    len: len as usize,
+                });
+            }
+        }
+        self.read(fh, offset, size).await.map(ReadSource::Data)
     }
 
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
