@@ -179,7 +179,32 @@ fn with_manager<A>(
     r
 }
 
+/// `surge bench control-plane ...`: the control plane's load generator, which lives beside
+/// the embedded manager it starts (surge-run), not with the storage benchmarks.
+#[derive(Parser, Debug)]
+#[command(name = "surge bench control-plane")]
+struct ControlPlaneBench {
+    #[command(flatten)]
+    args: surge_run::loadgen::LoadArgs,
+}
+
 fn main() -> ExitCode {
+    {
+        let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if argv.len() >= 3 && argv[1] == "bench" && argv[2] == "control-plane" {
+            let rest = std::iter::once(std::ffi::OsString::from("surge bench control-plane"))
+                .chain(argv[3..].iter().cloned());
+            let b = ControlPlaneBench::parse_from(rest);
+            init_logging(0, false);
+            return match surge_run::loadgen::run(b.args) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("surge: error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+    }
     // --config FILE: the file's settings become the daemon's flags (config.rs).
     let args = match config::expand_args(std::env::args_os()) {
         Ok(a) => a,

@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod exec;
 pub mod job_stage;
 pub mod jobplan;
+pub mod loadgen;
 pub mod mover;
 pub mod nodes;
 pub mod progress;

@@ -686,6 +686,47 @@ impl Db {
         Ok((ids.len() as u64, stages))
     }
 
+    /// Writes `n` ended sessions, each with a finished stage-in task, ended over the last 20
+    /// days (inside the default retention): the history `surge bench control-plane
+    /// --history` measures the manager with. Real rows, as a cluster's would be.
+    pub fn preload_history(&self, n: u64) -> R<()> {
+        let tx = self.db.unchecked_transaction()?;
+        {
+            let mut s = tx.prepare(
+                "INSERT INTO sessions(job, owner_uid, owner_gid, state, created, ended,
+                    job_instance, external, phase, hosts, mount, promise)
+                 VALUES (?1, 1000, 1000, 'ended', ?2, ?3, NULL, ?4, 'teardown',
+                    '[\"node-00000\",\"node-00001\"]', 0, '')",
+            )?;
+            let mut t = tx.prepare(
+                "INSERT INTO stage_tasks(session, instance, ns, direction, items, state,
+                    files_total, files_done, bytes_total, bytes_done, seconds, failures, error,
+                    created, origin)
+                 VALUES (?1, 0, 0, 'in', ?2, 'done', 10, 10, 10485760, 10485760, 1.5, '[]', '',
+                    ?3, 'data_in')",
+            )?;
+            let end = now();
+            for i in 0..n {
+                let ended = end - (i % (20 * 86400)) as i64;
+                s.execute(params![
+                    format!("history-{i}.sh"),
+                    ended - 600,
+                    ended,
+                    format!("slurm:h{i}")
+                ])?;
+                let sid = tx.last_insert_rowid();
+                t.execute(params![
+                    sid,
+                    format!(
+                        "[{{\"source\":\"/pfs/in/{i}\",\"destination\":\"in\",\"kind\":\"directory\"}}]"
+                    ),
+                    ended - 500
+                ])?;
+            }
+        }
+        tx.commit()
+    }
+
     /// See [`super::Store::session_counts`].
     pub fn session_counts(&self) -> R<Vec<(String, u64)>> {
         let mut st = self.db.prepare_cached(

@@ -1,0 +1,532 @@
+//! `surge bench control-plane`: the control plane under a cluster's load (issue 30). It starts
+//! the embedded manager and servers (or uses a running manager), connects N emulated agents
+//! (each a real `AgentSync` long poll on its own connection, reporting back what it is asked
+//! to mount, without FUSE: the manager's side is what is measured), can preload the state with
+//! a history of ended sessions and stage tasks, then drives C concurrent jobs through every
+//! phase the way Slurm's hooks do (setup, paths, pre_run with mounts on their hosts, post_run,
+//! teardown), and prints per-phase p50/p99, jobs per hour, the manager's CPU per job and idle,
+//! its RSS, and how long listings take.
+
+use anyhow::Context;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use surge_api::v1 as api;
+
+/// Drive a manager as a cluster would and measure it.
+///
+/// Examples:
+///   surge bench control-plane --agents 1000 --jobs 500 --concurrency 50
+///   surge bench control-plane --agents 10000 --jobs 0 --idle 20       # idle cost only
+///   surge bench control-plane --history 1000000 --jobs 200            # with a long history
+#[derive(clap::Args, Debug, Clone)]
+#[command(verbatim_doc_comment)]
+pub struct LoadArgs {
+    /// Use this running manager (gRPC address) instead of starting the embedded one; give its
+    /// pid with --manager-pid to measure its CPU.
+    #[arg(long)]
+    pub manager: Option<String>,
+    #[arg(long)]
+    pub manager_pid: Option<u32>,
+    /// Servers of the embedded manager.
+    #[arg(long, default_value_t = 4)]
+    pub servers: usize,
+    /// Emulated compute-node agents (hosts node-00000, node-00001, ...).
+    #[arg(long, default_value_t = 100)]
+    pub agents: usize,
+    /// Jobs driven through every phase.
+    #[arg(long, default_value_t = 200)]
+    pub jobs: usize,
+    /// Jobs in flight at once.
+    #[arg(long, default_value_t = 20)]
+    pub concurrency: usize,
+    /// Compute nodes (hosts) per job.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: usize,
+    /// Ended sessions (each with a stage task) written into the embedded manager's state
+    /// before it starts.
+    #[arg(long, default_value_t = 0)]
+    pub history: u64,
+    /// Seconds the manager's idle CPU is measured with the agents connected.
+    #[arg(long, default_value_t = 10.0)]
+    pub idle: f64,
+    /// Seconds each agent's long poll waits when nothing changes.
+    #[arg(long, default_value_t = 30.0)]
+    pub agent_wait: f64,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One job's phase durations, in seconds.
+#[derive(Default, Clone)]
+struct JobTimes {
+    setup: f64,
+    paths: f64,
+    pre_run: f64,
+    post_run: f64,
+    teardown: f64,
+}
+
+const PHASES: [&str; 5] = ["setup", "paths", "pre_run", "post_run", "teardown"];
+
+impl JobTimes {
+    fn get(&self, phase: &str) -> f64 {
+        match phase {
+            "setup" => self.setup,
+            "paths" => self.paths,
+            "pre_run" => self.pre_run,
+            "post_run" => self.post_run,
+            _ => self.teardown,
+        }
+    }
+}
+
+/// The manager's CPU seconds so far (user + system), from /proc.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz.max(1.0))
+}
+
+fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn status(e: tonic::Status) -> anyhow::Error {
+    surge_manager::cli::status_err(e)
+}
+
+/// One emulated agent: syncs, "mounts" what it is asked (reports it back at once), and waits.
+async fn agent(
+    addr: String,
+    munge: std::path::PathBuf,
+    host: String,
+    wait: Duration,
+    stop: Arc<AtomicBool>,
+) {
+    let mut conn: Option<surge_api::Client> = None;
+    let mut have: Vec<api::AgentMount> = Vec::new();
+    let mut report_now = true;
+    while !stop.load(Ordering::Relaxed) {
+        let mut c = match conn.take() {
+            Some(c) => c,
+            None => match surge_api::connect_with(&addr, munge.clone()).await {
+                Ok(c) => c,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            },
+        };
+        let r = c
+            .agent_sync(api::AgentSyncRequest {
+                host: host.clone(),
+                mounts: have.clone(),
+                failed: Vec::new(),
+                wait_ms: if report_now {
+                    0
+                } else {
+                    wait.as_millis() as u32
+                },
+            })
+            .await;
+        match r {
+            Ok(reply) => {
+                let want = reply.into_inner().mounts;
+                report_now = !surge_manager::agents::same_mounts(&have, &want);
+                have = want;
+                conn = Some(c);
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// One job through every phase, as `surge bb` would drive it.
+async fn job(
+    addr: &str,
+    munge: &std::path::Path,
+    n: usize,
+    hosts: Vec<String>,
+    granularity: u64,
+) -> anyhow::Result<JobTimes> {
+    let mut t = JobTimes::default();
+    let ext = format!("loadgen:{}-{n}", std::process::id());
+    let mut m = surge_api::connect_with(addr, munge.to_path_buf()).await?;
+    let t0 = Instant::now();
+    let s = m
+        .create_session(api::CreateSessionRequest {
+            job: format!("job-{n}.sh"),
+            job_instance: Some(api::CreateInstanceRequest {
+                capacity: granularity,
+                access_mode: "striped".into(),
+                nodes: hosts.len() as u32,
+                ..Default::default()
+            }),
+            external_id: ext.clone(),
+            ..Default::default()
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    m.set_session_phase(api::SetSessionPhaseRequest {
+        id: s.id,
+        phase: "setup".into(),
+        hosts: vec![],
+        mount: false,
+    })
+    .await
+    .map_err(status)?;
+    t.setup = t0.elapsed().as_secs_f64();
+
+    let t0 = Instant::now();
+    m.find_session(api::FindSessionRequest { external_id: ext })
+        .await
+        .map_err(status)?;
+    t.paths = t0.elapsed().as_secs_f64();
+
+    let wait_for = |mounted: bool| api::WaitMountsRequest {
+        session: s.id,
+        mounted,
+        wait_ms: 30_000,
+    };
+    let t0 = Instant::now();
+    m.set_session_phase(api::SetSessionPhaseRequest {
+        id: s.id,
+        phase: "pre_run".into(),
+        hosts: hosts.clone(),
+        mount: true,
+    })
+    .await
+    .map_err(status)?;
+    let agents = m
+        .wait_mounts(wait_for(true))
+        .await
+        .map_err(status)?
+        .into_inner();
+    let mounted = agents
+        .agents
+        .iter()
+        .all(|a| a.mounts.iter().any(|x| x.session == s.id));
+    anyhow::ensure!(
+        mounted,
+        "session {}: not mounted on {hosts:?} in 30 s",
+        s.id
+    );
+    t.pre_run = t0.elapsed().as_secs_f64();
+
+    let t0 = Instant::now();
+    m.set_session_phase(api::SetSessionPhaseRequest {
+        id: s.id,
+        phase: "post_run".into(),
+        hosts: vec![],
+        mount: false,
+    })
+    .await
+    .map_err(status)?;
+    m.wait_mounts(wait_for(false)).await.map_err(status)?;
+    t.post_run = t0.elapsed().as_secs_f64();
+
+    let t0 = Instant::now();
+    m.end_session(api::EndSessionRequest {
+        id: s.id,
+        keep_job_instance: false,
+        state: String::new(),
+    })
+    .await
+    .map_err(status)?;
+    t.teardown = t0.elapsed().as_secs_f64();
+    Ok(t)
+}
+
+pub fn run(args: LoadArgs) -> anyhow::Result<std::process::ExitCode> {
+    surge_core::sys::raise_nofile_limit().ok();
+    let scratch = tempfile::tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    })
+    .context("cannot make a scratch directory")?;
+    // The embedded manager and servers, over a state preloaded with the history.
+    let mut embedded = None;
+    let (addr, pid, munge, granularity) = match &args.manager {
+        Some(a) => (
+            a.clone(),
+            args.manager_pid,
+            surge_api::munge_socket(),
+            64u64 << 20,
+        ),
+        None => {
+            let opts = crate::embedded::EmbeddedOptions {
+                fast_dir: scratch.path().join("fast"),
+                state_dir: scratch.path().join("state"),
+                servers: args.servers,
+                server_capacity: Some(1 << 40),
+                granularity: 64 << 20,
+            };
+            if args.history > 0 {
+                surge_core::private_dir::ensure_all(&opts.state_dir)?;
+                let t = Instant::now();
+                let db =
+                    surge_manager::store::sqlite::Db::open(&opts.state_dir.join("manager.db"))?;
+                db.preload_history(args.history)?;
+                eprintln!(
+                    "history: {} ended sessions and stage tasks written in {:.1} s",
+                    args.history,
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            let exe = std::env::current_exe().context("where is this surge")?;
+            let e = crate::embedded::Embedded::start(&opts, &exe)?;
+            let ready: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+                opts.fast_dir.join("run/manager.ready"),
+            )?)?;
+            let pid = ready["pid"].as_u64().map(|p| p as u32);
+            let out = (
+                e.manager.clone(),
+                pid,
+                e.munge_socket.clone(),
+                opts.granularity,
+            );
+            embedded = Some(e);
+            out
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let report = rt.block_on(drive(&args, &addr, pid, &munge, granularity))?;
+    if let Some(e) = embedded {
+        e.stop();
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+async fn drive(
+    args: &LoadArgs,
+    addr: &str,
+    pid: Option<u32>,
+    munge: &std::path::Path,
+    granularity: u64,
+) -> anyhow::Result<serde_json::Value> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let hosts: Vec<String> = (0..args.agents).map(|i| format!("node-{i:05}")).collect();
+    let wait = Duration::from_secs_f64(args.agent_wait.max(0.1));
+    let t = Instant::now();
+    let mut agents = Vec::new();
+    for h in &hosts {
+        agents.push(tokio::spawn(agent(
+            addr.to_string(),
+            munge.to_path_buf(),
+            h.clone(),
+            wait,
+            stop.clone(),
+        )));
+    }
+    // Every agent has reported once.
+    let mut m = surge_api::connect_with(addr, munge.to_path_buf()).await?;
+    loop {
+        let n = m
+            .list_agents(api::Empty {})
+            .await
+            .map_err(status)?
+            .into_inner()
+            .agents
+            .iter()
+            .filter(|a| a.alive && hosts.binary_search(&a.host).is_ok())
+            .count();
+        if n >= hosts.len() {
+            break;
+        }
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(300),
+            "only {n} of {} agents connected in 300 s",
+            hosts.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let connected = t.elapsed().as_secs_f64();
+    // Idle: the agents' long polls only.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let c0 = pid.and_then(cpu_seconds);
+    tokio::time::sleep(Duration::from_secs_f64(args.idle)).await;
+    let idle_cpu = match (c0, pid.and_then(cpu_seconds)) {
+        (Some(a), Some(b)) => Some((b - a) / args.idle),
+        _ => None,
+    };
+
+    // Jobs.
+    let sem = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
+    let c0 = pid.and_then(cpu_seconds);
+    let t0 = Instant::now();
+    let mut handles = Vec::new();
+    for n in 0..args.jobs {
+        let permit = sem.clone().acquire_owned().await?;
+        let job_hosts: Vec<String> = (0..args.nodes.min(hosts.len()).max(1))
+            .map(|k| hosts[(n * args.nodes + k) % hosts.len().max(1)].clone())
+            .collect();
+        let addr = addr.to_string();
+        let munge = munge.to_path_buf();
+        handles.push(tokio::spawn(async move {
+            let r = job(&addr, &munge, n, job_hosts, granularity).await;
+            drop(permit);
+            r
+        }));
+    }
+    let mut times = Vec::new();
+    let mut failures = Vec::new();
+    for h in handles {
+        match h.await? {
+            Ok(t) => times.push(t),
+            Err(e) => failures.push(format!("{e:#}")),
+        }
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu_jobs = match (c0, pid.and_then(cpu_seconds)) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+
+    // Listings, as an admin and a dashboard would ask them.
+    let mut listings = serde_json::Map::new();
+    let t1 = Instant::now();
+    m.list_sessions_page(api::ListSessionsRequest {
+        before: 0,
+        limit: 500,
+        open_only: false,
+    })
+    .await
+    .map_err(status)?;
+    listings.insert("sessions_page".into(), t1.elapsed().as_secs_f64().into());
+    let t1 = Instant::now();
+    m.list_sessions(api::Empty {}).await.map_err(status)?;
+    listings.insert("sessions".into(), t1.elapsed().as_secs_f64().into());
+    let t1 = Instant::now();
+    m.list_stages_page(api::ListStagesPageRequest {
+        session: 0,
+        before: 0,
+        limit: 500,
+    })
+    .await
+    .map_err(status)?;
+    listings.insert("stages_page".into(), t1.elapsed().as_secs_f64().into());
+    let t1 = Instant::now();
+    m.list_instances(api::Empty {}).await.map_err(status)?;
+    listings.insert("instances".into(), t1.elapsed().as_secs_f64().into());
+    let rss = pid.and_then(rss_mib);
+
+    stop.store(true, Ordering::Relaxed);
+    for a in agents {
+        a.abort();
+    }
+    let mut phases = serde_json::Map::new();
+    for p in PHASES {
+        let mut v: Vec<f64> = times.iter().map(|t| t.get(p)).collect();
+        phases.insert(
+            p.into(),
+            serde_json::json!({
+                "p50_ms": percentile(&mut v, 0.5) * 1000.0,
+                "p99_ms": percentile(&mut v, 0.99) * 1000.0,
+            }),
+        );
+    }
+    Ok(serde_json::json!({
+        "agents": args.agents,
+        "agents_connected_s": connected,
+        "jobs": args.jobs,
+        "jobs_ok": times.len(),
+        "failures": failures.iter().take(10).collect::<Vec<_>>(),
+        "failures_total": failures.len(),
+        "concurrency": args.concurrency,
+        "nodes_per_job": args.nodes,
+        "history": args.history,
+        "wall_s": wall,
+        "jobs_per_hour": if wall > 0.0 { times.len() as f64 / wall * 3600.0 } else { 0.0 },
+        "manager_cpu_per_job_ms": cpu_jobs.map(|c| c / times.len().max(1) as f64 * 1000.0),
+        "manager_idle_cpu": idle_cpu,
+        "manager_rss_mib": rss,
+        "phases": phases,
+        "listings_s": listings,
+    }))
+}
+
+fn print_report(r: &serde_json::Value) {
+    let f = |v: &serde_json::Value| v.as_f64().map_or("-".into(), |x| format!("{x:.1}"));
+    println!(
+        "control plane: {} agents ({} s to connect), {} of {} jobs ok, {} at once, {} nodes each, \
+         history {}",
+        r["agents"],
+        f(&r["agents_connected_s"]),
+        r["jobs_ok"],
+        r["jobs"],
+        r["concurrency"],
+        r["nodes_per_job"],
+        r["history"]
+    );
+    println!("{:<10} {:>9} {:>9}", "phase", "p50 ms", "p99 ms");
+    for p in PHASES {
+        println!(
+            "{:<10} {:>9} {:>9}",
+            p,
+            f(&r["phases"][p]["p50_ms"]),
+            f(&r["phases"][p]["p99_ms"])
+        );
+    }
+    println!(
+        "jobs/hour {}   manager CPU per job {} ms   idle CPU {}% of a core   RSS {} MiB",
+        f(&r["jobs_per_hour"]),
+        f(&r["manager_cpu_per_job_ms"]),
+        r["manager_idle_cpu"]
+            .as_f64()
+            .map_or("-".into(), |x| format!("{:.1}", x * 100.0)),
+        f(&r["manager_rss_mib"])
+    );
+    if let Some(l) = r["listings_s"].as_object() {
+        let parts: Vec<String> = l
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{k} {} ms",
+                    v.as_f64()
+                        .map_or("-".into(), |x| format!("{:.1}", x * 1000.0))
+                )
+            })
+            .collect();
+        println!("listings: {}", parts.join(", "));
+    }
+    if let Some(fs) = r["failures"].as_array().filter(|a| !a.is_empty()) {
+        println!("failures ({}):", r["failures_total"]);
+        for f in fs {
+            println!("  {}", f.as_str().unwrap_or_default());
+        }
+    }
+}
