@@ -60,6 +60,10 @@ pub struct ClusterConfig {
 #[serde(deny_unknown_fields)]
 pub struct ManagerConfig {
     pub state: Option<PathBuf>,
+    /// etcd members' client URLs: the state in etcd, managers in a leader and standbys.
+    pub etcd: Option<Vec<String>>,
+    pub etcd_prefix: Option<String>,
+    pub name: Option<String>,
     pub listen: Option<String>,
     pub http: Option<String>,
     pub pool: Option<String>,
@@ -420,6 +424,9 @@ impl SurgeConfig {
                 let dflt = ManagerConfig::default();
                 let ManagerConfig {
                     state,
+                    etcd,
+                    etcd_prefix,
+                    name,
                     listen,
                     http,
                     pool,
@@ -436,6 +443,9 @@ impl SurgeConfig {
                 } = self.manager.as_ref().unwrap_or(&dflt);
                 let s = "manager";
                 f.set("--state", key(s, "state"), state.as_deref().map(path_text));
+                f.set("--etcd", key(s, "etcd"), etcd.as_ref().map(|v| v.join(",")));
+                f.set("--etcd-prefix", key(s, "etcd_prefix"), etcd_prefix.clone());
+                f.set("--name", key(s, "name"), name.clone());
                 f.set("--listen", key(s, "listen"), listen.clone());
                 f.set("--http", key(s, "http"), http.clone());
                 f.shared("--pool", s, "pool", pool.clone(), c.pool.clone(), None);
@@ -1004,6 +1014,9 @@ pool = "nvme"
 
 [manager]
 state = "/var/lib/surge/manager.db"
+etcd = ["http://e1:2379", "http://e2:2379", "http://e3:2379"]
+etcd_prefix = "/surge/"
+name = "%h"
 listen = "0.0.0.0:7060"
 http = "0.0.0.0:7061"
 pool = "nvme"
