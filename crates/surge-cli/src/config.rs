@@ -71,6 +71,10 @@ pub struct ManagerConfig {
     pub liveness_interval: Option<Secs>,
     pub gc_interval: Option<Secs>,
     pub retention_days: Option<f64>,
+    pub grpc_max_connections: Option<u64>,
+    pub grpc_max_per_address: Option<u64>,
+    pub http_max_connections: Option<u64>,
+    pub http_max_per_address: Option<u64>,
     pub key_file: Option<PathBuf>,
     pub admin_group: Option<Group>,
     pub munge_socket: Option<PathBuf>,
@@ -434,6 +438,10 @@ impl SurgeConfig {
                     liveness_interval,
                     gc_interval,
                     retention_days,
+                    grpc_max_connections,
+                    grpc_max_per_address,
+                    http_max_connections,
+                    http_max_per_address,
                     key_file,
                     admin_group,
                     munge_socket,
@@ -465,6 +473,30 @@ impl SurgeConfig {
                     key(s, "retention_days"),
                     retention_days.map(|d| d.to_string()),
                 );
+                for (flag, name, v) in [
+                    (
+                        "--grpc-max-connections",
+                        "grpc_max_connections",
+                        grpc_max_connections,
+                    ),
+                    (
+                        "--grpc-max-per-address",
+                        "grpc_max_per_address",
+                        grpc_max_per_address,
+                    ),
+                    (
+                        "--http-max-connections",
+                        "http_max_connections",
+                        http_max_connections,
+                    ),
+                    (
+                        "--http-max-per-address",
+                        "http_max_per_address",
+                        http_max_per_address,
+                    ),
+                ] {
+                    f.set(flag, key(s, name), v.map(|n| n.to_string()));
+                }
                 f.shared(
                     "--key-file",
                     s,
@@ -1024,6 +1056,10 @@ granularity = "1GiB"
 liveness_interval = 2
 gc_interval = "30s"
 retention_days = 30
+grpc_max_connections = 60000
+grpc_max_per_address = 4096
+http_max_connections = 4096
+http_max_per_address = 64
 key_file = "/etc/surge/surge.key"
 admin_group = 0
 munge_socket = "/run/munge/munge.socket.2"

@@ -957,3 +957,79 @@ fn a_request_for_more_than_the_pool_has_is_an_answer_and_the_manager_lives() {
     let pools = surge(&["pool", "ls", "--json", "--manager", &m]);
     assert!(pools.contains("\"free\""), "{pools}");
 }
+
+/// True when the server closed `s` (reads end) within `d`.
+fn closed_within(s: &mut std::net::TcpStream, d: Duration) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(d)).unwrap();
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0) | Err(_)) && {
+        // A timeout is an error too: tell them apart.
+        s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        !matches!(s.read(&mut b), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock
+            || e.kind() == std::io::ErrorKind::TimedOut)
+    }
+}
+
+#[test]
+fn a_flood_of_idle_connections_from_one_address_starves_no_one_else() {
+    let dir = Scratch::new("flood");
+    let c = cluster(1, "1GiB");
+    let m = Manager::start_with(
+        dir.path(),
+        &[
+            "--http-max-per-address",
+            "20",
+            "--grpc-max-per-address",
+            "40",
+        ],
+    );
+    m.register(&c);
+    surge_core::sys::raise_nofile_limit().unwrap();
+    let fds = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let pid = m.child.0.id();
+    let before = fds(pid);
+    // One address opens 1,000 connections to each API and says nothing.
+    let mut held = Vec::new();
+    for _ in 0..1000 {
+        held.push(connect_from("127.0.0.1", &m.http));
+        held.push(connect_from("127.0.0.1", &m.grpc));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let during = fds(pid);
+    assert!(
+        during < before + 200,
+        "the manager holds {during} descriptors (from {before}) under the flood"
+    );
+    // Another address is served: the HTTP API, and a gRPC connection stays open.
+    let mut other = connect_from("127.0.0.2", &m.http);
+    {
+        use std::io::{Read, Write};
+        write!(
+            other,
+            "GET /v1/servers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut r = String::new();
+        other.read_to_string(&mut r).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        assert!(r.contains("\"up\""), "the server was marked down: {r}");
+    }
+    let mut g = connect_from("127.0.0.2", &m.grpc);
+    assert!(
+        !closed_within(&mut g, Duration::from_millis(300)),
+        "a gRPC connection from another address was refused"
+    );
+    eprintln!("refused as it should be: 2,000 idle connections from one address ({before} -> {during} descriptors)");
+    // The idle HTTP connections that were let in are closed after the header deadline.
+    let mut admitted = connect_from("127.0.0.3", &m.http);
+    assert!(
+        closed_within(&mut admitted, Duration::from_secs(15)),
+        "an idle HTTP connection stayed open past the header deadline"
+    );
+    drop(held);
+}

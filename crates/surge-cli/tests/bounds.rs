@@ -295,18 +295,6 @@ fn server_with_nofile(
     (child, addr, log)
 }
 
-/// A TCP connection to `addr` from loopback address `from` (e.g. 127.0.0.2).
-fn connect_from(from: &str, addr: &str) -> std::net::TcpStream {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    let local: std::net::SocketAddr = format!("{from}:0").parse().unwrap();
-    s.bind(&local.into()).unwrap();
-    let remote: std::net::SocketAddr = addr.parse().unwrap();
-    s.connect(&remote.into()).unwrap();
-    let s: std::net::TcpStream = s.into();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
 /// Runs `surge ARGS`, killed after `within`; its output if it succeeded in time.
 fn surge_within(args: &[&str], within: Duration) -> Result<String, String> {
     let mut child = ChildGuard(

@@ -81,6 +81,21 @@ pub struct ManagerArgs {
     /// /etc/surge/surge.key): the manager signs capabilities with it.
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+    /// Connections the gRPC API keeps open at most (and at most what the descriptor limit
+    /// leaves); past it, new ones are closed at once.
+    #[arg(long, default_value_t = 60000, env = "SURGE_MANAGER_MAX_CONNECTIONS")]
+    pub grpc_max_connections: usize,
+    /// gRPC connections one peer address may hold (agents, movers, servers and commands each
+    /// hold one or a few; a host running many commands at once needs more).
+    #[arg(long, default_value_t = 4096, env = "SURGE_MANAGER_MAX_PER_ADDRESS")]
+    pub grpc_max_per_address: usize,
+    /// Connections the HTTP API (dashboard, /v1, /metrics) keeps open at most.
+    #[arg(long, default_value_t = 4096)]
+    pub http_max_connections: usize,
+    /// HTTP connections one peer address may hold (a connection must send its request within
+    /// 10 s).
+    #[arg(long, default_value_t = 64)]
+    pub http_max_per_address: usize,
     /// Days an ended session (and its stage tasks) is kept before it is forgotten; 0: for
     /// ever. A session whose job instance was kept (a failed stage-out) stays while it does.
     #[arg(long, default_value_t = 30.0)]
@@ -106,13 +121,6 @@ pub struct ManagerArgs {
     /// one is alive, else here (auto); always here (local); only on movers (movers).
     #[arg(long, value_enum, default_value = "auto")]
     pub stage_on: crate::stage::StageOn,
-}
-
-/// Sets TCP_NODELAY on an accepted connection.
-fn nodelay(s: &mut tokio::net::TcpStream) {
-    if let Err(e) = s.set_nodelay(true) {
-        tracing::debug!("TCP_NODELAY: {e}");
-    }
 }
 
 pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
@@ -165,6 +173,10 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
         core.gc_every = Duration::from_secs_f64(args.gc_interval.max(0.1));
         let core = Arc::new(core);
         let stages = Arc::new(Stages::with(core.clone(), args.stage_on));
+        // Connections the listeners may hold: what the descriptor limit leaves after a
+        // reserve for servers, etcd, munged and files.
+        surge_core::sys::raise_nofile_limit().ok();
+        let budget = crate::listen::descriptor_budget(1024);
         let grpc = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -176,12 +188,14 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("cannot listen on {h}"))?;
             http_addr = Some(l.local_addr()?);
             let router = crate::http::router(core.clone(), stages.clone(), munge_socket.clone());
-            let l = axum::serve::ListenerExt::tap_io(l, nodelay);
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(l, router).await {
-                    tracing::error!("HTTP API stopped: {e}");
-                }
-            });
+            let gate = crate::listen::Gate::new(
+                "HTTP API",
+                crate::listen::Limits {
+                    global: args.http_max_connections.min(budget / 4),
+                    per_addr: args.http_max_per_address,
+                },
+            );
+            tokio::spawn(crate::listen::serve_http(l, router, gate));
         }
         // Instances of setups a crash interrupted, and failed creations: destroyed on their
         // servers now, and again until they are.
@@ -242,17 +256,18 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
             agents: Arc::new(crate::agents::Agents::default()),
             mount_root: args.mount_root.trim_end_matches('/').to_string(),
         };
-        // Small replies must leave at once: without TCP_NODELAY each phase waited ~40 ms for
-        // Nagle's algorithm and the peer's delayed ACK (issue 30).
-        let incoming = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc),
-            |s| {
-                s.inspect(|s| {
-                    if let Err(e) = s.set_nodelay(true) {
-                        tracing::debug!("TCP_NODELAY: {e}");
-                    }
-                })
-            },
+        // Small replies must leave at once (TCP_NODELAY: without it each phase waited ~40 ms
+        // for Nagle's algorithm and the peer's delayed ACK, issue 30), and no peer holds more
+        // than its share of the connections (issue 31).
+        let incoming = crate::listen::incoming(
+            grpc,
+            crate::listen::Gate::new(
+                "gRPC API",
+                crate::listen::Limits {
+                    global: args.grpc_max_connections.min(budget),
+                    per_addr: args.grpc_max_per_address,
+                },
+            ),
         );
         let shutdown = async {
             let mut term =
@@ -265,6 +280,10 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
             info!("shutting down");
         };
         tonic::transport::Server::builder()
+            // A peer that stops answering (its host died, a half-open connection) is dropped.
+            .http2_keepalive_interval(Some(Duration::from_secs(20)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .tcp_keepalive(Some(Duration::from_secs(60)))
             .add_service(ManagerServer::with_interceptor(
                 svc,
                 crate::service::authenticate(munge_socket),

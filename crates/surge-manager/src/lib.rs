@@ -13,6 +13,7 @@ pub mod agents;
 pub mod cli;
 pub mod core;
 pub mod http;
+pub mod listen;
 pub mod metrics;
 pub mod placement;
 pub mod service;

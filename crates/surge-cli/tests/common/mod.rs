@@ -146,3 +146,16 @@ pub fn peaks_file(
     .unwrap();
     p
 }
+
+/// A TCP connection to `addr` from loopback address `from` (e.g. 127.0.0.2).
+pub fn connect_from(from: &str, addr: &str) -> std::net::TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let local: std::net::SocketAddr = format!("{from}:0").parse().unwrap();
+    s.bind(&local.into()).unwrap();
+    let remote: std::net::SocketAddr = addr.parse().unwrap();
+    s.connect(&remote.into()).unwrap();
+    let s: std::net::TcpStream = s.into();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    s
+}
