@@ -1033,3 +1033,119 @@ fn a_flood_of_idle_connections_from_one_address_starves_no_one_else() {
     );
     drop(held);
 }
+
+/// The processes of `uid` whose command line says `surge stage worker`.
+fn stage_workers_of(uid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(m) = std::fs::metadata(e.path()) else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if m.uid() == uid && cmd.split(|b| *b == 0).any(|w| w == b"worker") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_stage_worker_holds_nothing_of_the_root_manager_its_owner_could_take() {
+    let name = "a_stage_worker_holds_nothing_of_the_root_manager_its_owner_could_take";
+    if skip_without_root(name) {
+        return;
+    }
+    let (uid, gid) = attacker();
+    let top = Scratch::new("worker-env");
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = dir_of(top.path(), "home", uid, gid);
+    // A big file of the user's: the copy lasts long enough to look at its worker.
+    let big = home.join("big.dat");
+    std::fs::write(&big, vec![7u8; 768 << 20]).unwrap();
+    std::os::unix::fs::chown(&big, Some(uid), Some(gid)).unwrap();
+    let c = cluster(1, "2GiB");
+    let m = Manager::start_with(top.path(), &["--stage-on", "local"]);
+    m.register(&c);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (task, env, fds) = rt.block_on(async {
+        let mut api = surge_api::connect_with(&m.grpc, surge_testkit::munge_socket().to_path_buf())
+            .await
+            .unwrap();
+        let s = api
+            .create_session(surge_api::v1::CreateSessionRequest {
+                job: "copy.sh".into(),
+                owner_uid: uid,
+                owner_gid: gid,
+                job_instance: Some(surge_api::v1::CreateInstanceRequest {
+                    capacity: 1 << 30,
+                    access_mode: "striped".into(),
+                    nodes: 1,
+                    owner_uid: uid,
+                    owner_gid: gid,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let items = serde_json::json!([{"kind": "file", "pfs": big, "instance_path": "/big.dat"}]);
+        let t = api
+            .start_stage(surge_api::v1::StartStageRequest {
+                session: s.id,
+                instance: s.job_instance,
+                direction: "in".into(),
+                items_json: items.to_string(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        // Catch the worker while it copies.
+        let start = std::time::Instant::now();
+        let pid = loop {
+            if let Some(p) = stage_workers_of(uid).first() {
+                break *p;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no stage worker of uid {uid} seen"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| std::fs::read_link(e.path()).ok())
+                    .map(|p| p.display().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        (t.id, String::from_utf8_lossy(&env).replace('\0', "\n"), fds)
+    });
+    eprintln!("stage task {task}: the worker's environment:\n{env}\nits descriptors: {fds:?}");
+    assert!(
+        !env.contains("HOME=/root") && !env.contains("SURGE_KEY_FILE"),
+        "the worker inherited the manager's environment:\n{env}"
+    );
+    assert!(env.contains(&format!("USER={USER}")), "{env}");
+    let logs: Vec<&String> = fds
+        .iter()
+        .filter(|f| f.ends_with(".log") || f.contains("manager") || f.ends_with(".db"))
+        .collect();
+    assert!(
+        logs.is_empty(),
+        "the worker holds the manager's files: {logs:?}"
+    );
+    // Its stdin, stdout and stderr are its only pipes: nothing inherited past them.
+    assert_eq!(
+        fds.iter().filter(|f| f.starts_with("pipe:")).count(),
+        3,
+        "the worker holds pipes it did not make: {fds:?}"
+    );
+    eprintln!("refused as it should be: the stage worker holds none of the manager's environment or files");
+}

@@ -241,6 +241,7 @@ pub fn spawn(
                 // Dies with its parent (set after the uid change, which clears it): a worker
                 // outliving a killed manager would copy beside the task the next leader starts.
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                close_inherited();
                 Ok(())
             });
         }
@@ -249,6 +250,7 @@ pub fn spawn(
         unsafe {
             cmd.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                close_inherited();
                 Ok(())
             });
         }
@@ -270,6 +272,25 @@ pub fn spawn(
         tokio::spawn(log_stderr(pid, stderr));
     }
     Ok(child)
+}
+
+/// Marks every descriptor above stderr close-on-exec (in the child, before exec): whatever
+/// the manager inherited or opened without it (a parent's pipe, a log) does not reach a
+/// process its owner can read the descriptors of (pidfd_getfd, /proc).
+///
+/// # Safety
+/// Async-signal-safe (one system call); called between fork and exec only.
+unsafe fn close_inherited() {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range only changes flags of this process's descriptors.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        );
+    }
 }
 
 /// The environment a worker of `uid` gets: a fixed PATH, the owner's name and home, a
