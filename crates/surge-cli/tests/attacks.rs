@@ -1149,3 +1149,70 @@ fn a_stage_worker_holds_nothing_of_the_root_manager_its_owner_could_take() {
     );
     eprintln!("refused as it should be: the stage worker holds none of the manager's environment or files");
 }
+
+#[test]
+fn a_stage_out_never_writes_through_a_link_another_user_planted() {
+    let name = "a_stage_out_never_writes_through_a_link_another_user_planted";
+    if skip_without_root(name) {
+        return;
+    }
+    let (uid, gid) = attacker();
+    let top = Scratch::new("planted-link");
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A project directory both users write in. Not sticky: the kernel's protected_symlinks
+    // guards only sticky world-writable directories, a group's setgid directory is not one.
+    let group = top.path().join("group");
+    std::fs::create_dir(&group).unwrap();
+    std::fs::set_permissions(&group, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // The attacker's loot directory, open to all, and the link planted where the victim's job
+    // writes its output.
+    let loot = dir_of(top.path(), "loot", uid, gid);
+    std::fs::set_permissions(&loot, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let planted = group.join("vout");
+    std::os::unix::fs::symlink(&loot, &planted).unwrap();
+    std::os::unix::fs::lchown(&planted, Some(uid), Some(gid)).unwrap();
+    // The victim's instance with a result in it.
+    let c = cluster(1, "1GiB");
+    let id = c.create_instance("64MiB", "1MiB", &[]).to_string();
+    let src = top.path().join("result.dat");
+    std::fs::write(&src, b"the victim's results\n").unwrap();
+    let server = c.servers[0].addr.clone();
+    let copy = |args: &[&str]| {
+        surge_command()
+            .args(["stage", "copy", "--server", &server, "--instance", &id])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    ok(
+        "the victim stages its result in",
+        &copy(&["--in", src.to_str().unwrap(), "/result.dat"]),
+    );
+    // Its stage-out names group/vout/result.dat: the link is the attacker's.
+    let dest = planted.join("result.dat");
+    refused(
+        "stage-out through the attacker's link",
+        &copy(&["--out", "/result.dat", dest.to_str().unwrap()]),
+        &["owned by uid"],
+    );
+    assert_eq!(
+        std::fs::read_dir(&loot).unwrap().count(),
+        0,
+        "the victim's file landed in the attacker's directory"
+    );
+    // The control: a directory of its own in the same group directory.
+    let own = group.join("mine");
+    std::fs::create_dir(&own).unwrap();
+    ok(
+        "the victim stages out into its own directory",
+        &copy(&[
+            "--out",
+            "/result.dat",
+            own.join("result.dat").to_str().unwrap(),
+        ]),
+    );
+    assert_eq!(
+        std::fs::read(own.join("result.dat")).unwrap(),
+        b"the victim's results\n"
+    );
+}

@@ -593,6 +593,8 @@ fn make_dirs_out(ctx: &Ctx, list: &[DirEntryPlan]) -> Vec<MadeDir> {
                 )),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     if let Some(parent) = d.dest.parent() {
+                        crate::pfs::check_links(parent)
+                            .map_err(|e| format!("cannot create {}: {e}", d.dest.display()))?;
                         std::fs::create_dir_all(parent)
                             .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
                     }

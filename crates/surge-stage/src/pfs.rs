@@ -115,10 +115,41 @@ pub(crate) fn open_direct(path: &Path) -> Option<File> {
         .ok()
 }
 
+/// Refuses a path that goes through a symbolic link someone else owns (neither this user
+/// nor root), as the kernel's `protected_symlinks` does in sticky directories, but for
+/// every directory: a stage-out into a shared directory where another user planted
+/// `out -> ~them/loot` must not write into their directory (issue 31). Links of one's own
+/// and root's (`/scratch -> /lustre/scratch`) are followed. Only what exists is looked at.
+pub(crate) fn check_links(path: &Path) -> io::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let mut prefix = PathBuf::new();
+    for c in path.components() {
+        prefix.push(c);
+        match std::fs::symlink_metadata(&prefix) {
+            Ok(m) if m.file_type().is_symlink() && m.uid() != me && m.uid() != 0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} is a symbolic link owned by uid {} (not you, not root): not followed",
+                        prefix.display(),
+                        m.uid()
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Creates a new temporary file for `final_path` in the same directory (mode 0600 until it is
-/// complete).
+/// complete), refusing a directory reached through another user's link ([`check_links`]).
 pub(crate) fn create_temp(final_path: &Path) -> io::Result<(File, PathBuf)> {
     let dir = final_path.parent().unwrap_or(Path::new("/"));
+    check_links(dir)?;
     let name = final_path.file_name().map(|n| n.as_bytes()).unwrap_or(b"");
     loop {
         let tmp = dir.join(std::ffi::OsStr::from_bytes(&names::temp_name(name)));
