@@ -4,6 +4,7 @@
 mod accounts;
 mod config;
 mod doctor;
+mod quota;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -56,6 +57,8 @@ enum Command {
     Pool(surge_manager::cli::PoolArgs),
     /// Sessions (jobs using instances).
     Session(surge_manager::cli::SessionArgs),
+    /// Quotas per user and group: capacity, instances, sessions, stage tasks.
+    Quota(quota::QuotaArgs),
     /// Run the control plane (pools, servers, instances, sessions, stage tasks).
     Manager(surge_manager::cli::ManagerArgs),
     /// Print the web dashboard's URL, with a token that shows you your own jobs.
@@ -285,6 +288,7 @@ fn main() -> ExitCode {
             )
         }
         Command::Session(a) => with_manager(a, |a| &mut a.addr, surge_manager::cli::run_session),
+        Command::Quota(a) => with_manager(a, |a| &mut a.addr, quota::run),
         Command::Manager(a) => surge_manager::cli::run_manager(a),
         Command::Dashboard(a) => surge_manager::cli::run_dashboard(a),
         Command::Key(a) => surge_manager::cli::run_key(a),

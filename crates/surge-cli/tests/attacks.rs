@@ -1216,3 +1216,106 @@ fn a_stage_out_never_writes_through_a_link_another_user_planted() {
         b"the victim's results\n"
     );
 }
+
+#[test]
+fn one_user_cannot_take_the_pool_past_the_quota_an_administrator_set() {
+    let name = "one_user_cannot_take_the_pool_past_the_quota_an_administrator_set";
+    if skip_without_root(name) {
+        return;
+    }
+    let (uid, gid) = attacker();
+    let top = Scratch::new("quota");
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = dir_of(top.path(), "home", uid, gid);
+    let c = cluster(2, "4GiB");
+    let m = Manager::start(top.path());
+    m.register(&c);
+    let g = m.grpc.clone();
+    let attacker = |args: &[&str]| surge_as(uid, gid, &home, args);
+    // Only an administrator sets quotas.
+    refused(
+        "a user sets their own quota",
+        &attacker(&[
+            "quota",
+            "set",
+            "--user",
+            USER,
+            "--capacity",
+            "1PiB",
+            "--manager",
+            &g,
+        ]),
+        &["may not set quotas"],
+    );
+    ok(
+        "root sets the default quota",
+        &surge_as(
+            0,
+            0,
+            &home,
+            &[
+                "quota",
+                "set",
+                "--default",
+                "--capacity",
+                "256MiB",
+                "--instances",
+                "10",
+                "--manager",
+                &g,
+            ],
+        ),
+    );
+    for i in 0..4 {
+        ok(
+            "the user's share",
+            &attacker(&[
+                "persistent",
+                "create",
+                &format!("mine{i}"),
+                "--capacity",
+                "64MiB",
+                "--manager",
+                &g,
+            ]),
+        );
+    }
+    refused(
+        "a fifth 64 MiB instance past a 256 MiB quota",
+        &attacker(&[
+            "persistent",
+            "create",
+            "greedy",
+            "--capacity",
+            "64MiB",
+            "--manager",
+            &g,
+        ]),
+        &["quota of uid", "256 MiB"],
+    );
+    // The rest of the pool is still everyone else's.
+    ok(
+        "root allocates what the user could not",
+        &surge_as(
+            0,
+            0,
+            &home,
+            &[
+                "persistent",
+                "create",
+                "roots",
+                "--capacity",
+                "1GiB",
+                "--manager",
+                &g,
+            ],
+        ),
+    );
+    let ls: serde_json::Value = serde_json::from_str(&ok(
+        "quota ls",
+        &attacker(&["quota", "ls", "--json", "--manager", &g]),
+    ))
+    .unwrap();
+    assert_eq!(ls[0]["kind"], "default", "{ls}");
+    eprintln!("refused as it should be: one user past the default quota");
+}

@@ -59,6 +59,9 @@ pub enum ManagerError {
     Unavailable(String),
     #[error("{0}")]
     Denied(String),
+    /// A quota would be exceeded (the message names it, what is held and what was asked).
+    #[error("{0}")]
+    Quota(String),
     #[error("{0}")]
     Store(#[from] crate::store::StoreError),
 }
@@ -915,6 +918,11 @@ impl Core {
                     cache_passthrough: false,
                 },
             };
+            // Quotas are checked under the allocation lock: two allocations of one user
+            // cannot both fit in what is left.
+            let asked: u64 = placement.fragments.iter().map(|f| f.1).sum();
+            self.check_quota(row.owner_uid, row.owner_gid, (asked, 1, 0, 0))
+                .await?;
             let id = store.new_instance_id(&row, session).await?;
             let name = req
                 .persistent_name
@@ -1142,6 +1150,128 @@ impl Core {
         Ok(())
     }
 
+    // --- quotas ---
+
+    /// The quotas that bind `uid`/`gid`: the user's own (else the default, for users other
+    /// than root) and the group's.
+    pub async fn quotas_of(&self, uid: u32, gid: u32) -> MResult<Vec<crate::store::QuotaRow>> {
+        let all = self.store.quotas().await?;
+        let mut out = Vec::new();
+        match all.iter().find(|q| q.kind == "user" && q.id == uid) {
+            Some(q) => out.push(q.clone()),
+            None if uid != 0 => {
+                if let Some(d) = all.iter().find(|q| q.kind == "default") {
+                    let mut d = d.clone();
+                    d.id = uid;
+                    out.push(d);
+                }
+            }
+            None => {}
+        }
+        if let Some(q) = all.iter().find(|q| q.kind == "group" && q.id == gid) {
+            out.push(q.clone());
+        }
+        Ok(out)
+    }
+
+    /// What a user (`kind` "user"/"default") or a group holds now: capacity and instances
+    /// (being created and to be destroyed included), open sessions, stage tasks not ended.
+    pub async fn held(&self, kind: &str, id: u32) -> MResult<(u64, u32, u32, u32)> {
+        let is_mine = |uid: u32, gid: u32| {
+            if kind == "group" {
+                gid == id
+            } else {
+                uid == id
+            }
+        };
+        let (mut cap, mut inst) = (0u64, 0u32);
+        for i in self.store.reserving_instances().await? {
+            if is_mine(i.owner_uid, i.owner_gid) {
+                cap += i
+                    .descriptor
+                    .fragments
+                    .iter()
+                    .map(|f| f.capacity)
+                    .sum::<u64>();
+                inst += 1;
+            }
+        }
+        let open = self.store.sessions_page(0, u32::MAX, true, None).await?;
+        let sessions = open
+            .iter()
+            .filter(|s| is_mine(s.owner_uid, s.owner_gid))
+            .count() as u32;
+        let mut tasks = 0u32;
+        for t in self.store.open_stages().await? {
+            if let Some(s) = open.iter().find(|s| s.id == t.session) {
+                if is_mine(s.owner_uid, s.owner_gid) {
+                    tasks += 1;
+                }
+            } else if let Ok(s) = self.session(t.session).await {
+                if is_mine(s.owner_uid, s.owner_gid) {
+                    tasks += 1;
+                }
+            }
+        }
+        Ok((cap, inst, sessions, tasks))
+    }
+
+    /// Refuses what would take `uid`/`gid` past a quota: `capacity` more bytes, `instances`
+    /// more instances, `sessions` more sessions, `tasks` more stage tasks.
+    pub async fn check_quota(
+        &self,
+        uid: u32,
+        gid: u32,
+        (capacity, instances, sessions, tasks): (u64, u32, u32, u32),
+    ) -> MResult<()> {
+        for q in self.quotas_of(uid, gid).await? {
+            let who = match q.kind.as_str() {
+                "group" => format!("group {}", q.id),
+                _ => format!(
+                    "uid {}{}",
+                    q.id,
+                    surge_auth::user_name(q.id)
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default()
+                ),
+            };
+            let kind = if q.kind == "default" { "user" } else { &q.kind };
+            let (hcap, hinst, hsess, htasks) = self.held(kind, q.id).await?;
+            let over = |limit: u64, held: u64, asked: u64| limit > 0 && held + asked > limit;
+            let fmt = surge_core::format_bytes;
+            let why = if over(q.capacity, hcap, capacity) {
+                Some(format!(
+                    "capacity {} ({} held, {} asked)",
+                    fmt(q.capacity),
+                    fmt(hcap),
+                    fmt(capacity)
+                ))
+            } else if over(q.instances.into(), hinst.into(), instances.into()) {
+                Some(format!("{} instances ({hinst} held)", q.instances))
+            } else if over(q.sessions.into(), hsess.into(), sessions.into()) {
+                Some(format!("{} sessions ({hsess} open)", q.sessions))
+            } else if over(q.stage_tasks.into(), htasks.into(), tasks.into()) {
+                Some(format!(
+                    "{} stage tasks ({htasks} not ended)",
+                    q.stage_tasks
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                let src = if q.kind == "default" {
+                    " (the default quota)"
+                } else {
+                    ""
+                };
+                return Err(ManagerError::Quota(format!(
+                    "quota of {who}{src}: at most {why}; ask an administrator (`surge quota ls`)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     // --- sessions ---
 
     /// Opens a session: allocates the job instance (if asked) and attaches persistent instances
@@ -1203,6 +1333,7 @@ impl Core {
                 surge_core::limits::MAX_ATTACHED
             )));
         }
+        self.check_quota(uid, gid, (0, 0, 1, 0)).await?;
         // The session is `creating` until it has every instance it asked for: a crash before
         // then fails it at the next start (and destroys what it had), so a retried setup never
         // finds a session without its instance (issue 30).

@@ -42,6 +42,7 @@ impl IntoResponse for HttpError {
                     ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
                     ManagerError::Invalid(_) => StatusCode::BAD_REQUEST,
                     ManagerError::Denied(_) => StatusCode::FORBIDDEN,
+                    ManagerError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
                     _ => StatusCode::INTERNAL_SERVER_ERROR,
                 },
                 e.to_string(),

@@ -30,6 +30,7 @@ impl From<ManagerError> for Status {
     fn from(e: ManagerError) -> Status {
         match e {
             ManagerError::Denied(m) => Status::permission_denied(m),
+            ManagerError::Quota(m) => Status::resource_exhausted(m),
             ManagerError::NotFound(m) => Status::not_found(m),
             ManagerError::Invalid(m) => Status::invalid_argument(m),
             ManagerError::Busy(m) => Status::failed_precondition(m),
@@ -429,6 +430,74 @@ impl Manager for Service {
         let wait = std::time::Duration::from_millis(u64::from(r.wait_ms.min(60_000)));
         let agents = self.agents.wait_mounts(&s, r.mounted, wait).await;
         Ok(Response::new(api::AgentList { agents }))
+    }
+
+    async fn set_quota(&self, req: Request<api::Quota>) -> Res<api::Quota> {
+        let c = caller(&req)?;
+        self.admin(&c, "set quotas")?;
+        let q = req.into_inner();
+        if !matches!(q.kind.as_str(), "user" | "group" | "default") {
+            return Err(Status::invalid_argument(format!(
+                "quota kind '{}' is not user, group or default",
+                q.kind
+            )));
+        }
+        let row = crate::store::QuotaRow {
+            kind: q.kind.clone(),
+            id: if q.kind == "default" { 0 } else { q.id },
+            capacity: q.capacity,
+            instances: q.instances,
+            sessions: q.sessions,
+            stage_tasks: q.stage_tasks,
+        };
+        self.core
+            .store
+            .set_quota(&row, q.clear)
+            .await
+            .map_err(crate::core::ManagerError::from)?;
+        tracing::info!(
+            "quota of {} {}: {}",
+            row.kind,
+            row.id,
+            if q.clear {
+                "removed".to_string()
+            } else {
+                format!("{row:?}")
+            }
+        );
+        Ok(Response::new(api::Quota { id: row.id, ..q }))
+    }
+
+    async fn list_quotas(&self, req: Request<api::Empty>) -> Res<api::QuotaList> {
+        let _ = caller(&req)?;
+        let mut quotas = Vec::new();
+        for q in self
+            .core
+            .store
+            .quotas()
+            .await
+            .map_err(crate::core::ManagerError::from)?
+        {
+            let (cap, inst, sess, tasks) = if q.kind == "default" {
+                (0, 0, 0, 0)
+            } else {
+                self.core.held(&q.kind, q.id).await?
+            };
+            quotas.push(api::Quota {
+                kind: q.kind,
+                id: q.id,
+                capacity: q.capacity,
+                instances: q.instances,
+                sessions: q.sessions,
+                stage_tasks: q.stage_tasks,
+                clear: false,
+                used_capacity: cap,
+                used_instances: inst,
+                used_sessions: sess,
+                used_stage_tasks: tasks,
+            });
+        }
+        Ok(Response::new(api::QuotaList { quotas }))
     }
 
     async fn mover_poll(&self, req: Request<api::MoverPollRequest>) -> Res<api::MoverPollReply> {

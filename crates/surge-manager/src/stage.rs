@@ -434,6 +434,10 @@ impl Stages {
     pub async fn start(self: &Arc<Self>, req: api::StartStageRequest) -> MResult<StageRow> {
         let (direction, cache) = parse_direction(&req.direction)?;
         self.session_uses(req.session, req.instance).await?;
+        let owner = self.core.session(req.session).await?;
+        self.core
+            .check_quota(owner.owner_uid, owner.owner_gid, (0, 0, 0, 1))
+            .await?;
         let inst = self.core.instance(req.instance, "").await?;
         if cache.is_some() && inst.descriptor.cache_pfs.is_none() {
             return Err(ManagerError::Invalid(format!(

@@ -22,8 +22,8 @@
 //! Every change of a row and its index keys is one transaction.
 
 use super::{
-    is_ended, now, InstanceRow, PeaksRow, PoolRow, SResult, ServerRow, SessionRow, StageRow,
-    StageTotal, StoreError,
+    is_ended, now, InstanceRow, PeaksRow, PoolRow, QuotaRow, SResult, ServerRow, SessionRow,
+    StageRow, StageTotal, StoreError,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp,
@@ -1092,6 +1092,18 @@ impl EtcdStore {
         row.failures_json = t.failures_json.clone();
         row.error = t.error.clone();
         self.put_stage(&row, ops).await
+    }
+
+    pub async fn set_quota(&self, q: &QuotaRow, clear: bool) -> SResult<()> {
+        let key = self.key(&format!("quotas/{}/{:010}", q.kind, q.id));
+        if clear {
+            return self.write(vec![TxnOp::delete(key, None)]).await;
+        }
+        self.write(vec![self.put(&key, q)?]).await
+    }
+
+    pub async fn quotas(&self) -> SResult<Vec<QuotaRow>> {
+        self.list(&self.key("quotas/")).await
     }
 
     pub async fn stage_totals(&self) -> SResult<Vec<StageTotal>> {

@@ -143,6 +143,18 @@ pub struct StageTotal {
     pub files: u64,
 }
 
+/// What a user or a group may hold at once (0: no limit).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct QuotaRow {
+    /// "user", "group" or "default".
+    pub kind: String,
+    pub id: u32,
+    pub capacity: u64,
+    pub instances: u32,
+    pub sessions: u32,
+    pub stage_tasks: u32,
+}
+
 /// True for the states a stage task ends in.
 pub fn is_ended(state: &str) -> bool {
     matches!(state, "done" | "failed" | "cancelled")
@@ -254,6 +266,9 @@ dispatch! {
     fn stage(&self, id: u64) -> Option<StageRow>;
     fn stages(&self, session: u64) -> Vec<StageRow>;
     fn interrupt_running_stages(&self) -> usize;
+    /// Sets (or, with every limit 0 and `clear`, removes) a quota.
+    fn set_quota(&self, q: &QuotaRow, clear: bool) -> ();
+    fn quotas(&self) -> Vec<QuotaRow>;
     /// The totals of the tasks that ended (see [`StageTotal`]).
     fn stage_totals(&self) -> Vec<StageTotal>;
     /// Tasks not ended (deferred, queued, running).

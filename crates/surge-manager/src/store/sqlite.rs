@@ -3,7 +3,8 @@
 //! before the API answers, so a restarted manager carries on where it stopped.
 
 use super::{
-    is_ended, now, InstanceRow, PeaksRow, PoolRow, ServerRow, SessionRow, StageRow, StageTotal,
+    is_ended, now, InstanceRow, PeaksRow, PoolRow, QuotaRow, ServerRow, SessionRow, StageRow,
+    StageTotal,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
@@ -816,6 +817,50 @@ impl Db {
         tx.commit()
     }
 
+    pub fn set_quota(&self, q: &QuotaRow, clear: bool) -> R<()> {
+        if clear {
+            self.db.execute(
+                "DELETE FROM quotas WHERE kind = ?1 AND id = ?2",
+                params![q.kind, i64::from(q.id)],
+            )?;
+            return Ok(());
+        }
+        self.db.execute(
+            "INSERT INTO quotas(kind, id, capacity, instances, sessions, stage_tasks)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT(kind, id) DO UPDATE SET capacity = excluded.capacity,
+                instances = excluded.instances, sessions = excluded.sessions,
+                stage_tasks = excluded.stage_tasks",
+            params![
+                q.kind,
+                i64::from(q.id),
+                q.capacity as i64,
+                i64::from(q.instances),
+                i64::from(q.sessions),
+                i64::from(q.stage_tasks)
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn quotas(&self) -> R<Vec<QuotaRow>> {
+        let mut st = self.db.prepare_cached(
+            "SELECT kind, id, capacity, instances, sessions, stage_tasks FROM quotas
+             ORDER BY kind, id",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(QuotaRow {
+                kind: r.get(0)?,
+                id: r.get::<_, i64>(1)? as u32,
+                capacity: r.get::<_, i64>(2)? as u64,
+                instances: r.get::<_, i64>(3)? as u32,
+                sessions: r.get::<_, i64>(4)? as u32,
+                stage_tasks: r.get::<_, i64>(5)? as u32,
+            })
+        })?;
+        rows.collect()
+    }
+
     /// See [`super::Store::stage_totals`].
     pub fn stage_totals(&self) -> R<Vec<StageTotal>> {
         let mut st = self.db.prepare_cached(
@@ -985,10 +1030,20 @@ fn indexes_and_owners(db: &Connection) -> R<()> {
     )
 }
 
+/// Migration 3 (issue 31): quotas per user and group, and the default.
+fn quotas(db: &Connection) -> R<()> {
+    db.execute_batch(
+        "CREATE TABLE IF NOT EXISTS quotas(
+            kind TEXT NOT NULL, id INTEGER NOT NULL, capacity INTEGER NOT NULL,
+            instances INTEGER NOT NULL, sessions INTEGER NOT NULL, stage_tasks INTEGER NOT NULL,
+            PRIMARY KEY(kind, id));",
+    )
+}
+
 /// The schema's numbered migrations, in order: migration `i + 1` is `MIGRATIONS[i]`. A
 /// database records the last one applied (`PRAGMA user_version`); each start applies the rest,
 /// each in its own transaction. A database newer than this manager is refused.
-const MIGRATIONS: &[fn(&Connection) -> R<()>] = &[baseline, indexes_and_owners];
+const MIGRATIONS: &[fn(&Connection) -> R<()>] = &[baseline, indexes_and_owners, quotas];
 
 /// The schema version this manager writes.
 pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
