@@ -1318,4 +1318,41 @@ fn one_user_cannot_take_the_pool_past_the_quota_an_administrator_set() {
     .unwrap();
     assert_eq!(ls[0]["kind"], "default", "{ls}");
     eprintln!("refused as it should be: one user past the default quota");
+    // An owner destroys an instance through the manager, without the cluster key: its
+    // record and capacity go with it; another's is refused.
+    refused(
+        "instance destroy of root's instance",
+        &attacker(&[
+            "instance",
+            "destroy",
+            "--persistent",
+            "roots",
+            "--manager",
+            &g,
+        ]),
+        &["belongs to uid 0"],
+    );
+    ok(
+        "the owner destroys its instance through the manager",
+        &attacker(&[
+            "instance",
+            "destroy",
+            "--persistent",
+            "mine0",
+            "--manager",
+            &g,
+        ]),
+    );
+    ok(
+        "the freed capacity is the user's again",
+        &attacker(&[
+            "persistent",
+            "create",
+            "again",
+            "--capacity",
+            "64MiB",
+            "--manager",
+            &g,
+        ]),
+    );
 }

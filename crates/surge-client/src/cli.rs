@@ -558,6 +558,28 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                 }
             }
             InstanceCommand::Destroy { source } => {
+                // With a manager: it checks that the caller owns the instance (MUNGE), destroys
+                // it on the servers and forgets it, so its capacity is free again. Without
+                // one (servers run by hand): the cluster key's administrator only.
+                if let Some(m) = &source.manager {
+                    let mut c = surge_api::connect(m).await?;
+                    c.destroy_instance(surge_api::v1::DestroyInstanceRequest {
+                        id: source.instance.unwrap_or(0),
+                        persistent_name: source.persistent.clone().unwrap_or_default(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| anyhow::Error::new(surge_api::ManagerStatus(e)))?;
+                    println!(
+                        "destroyed instance {}",
+                        source
+                            .persistent
+                            .clone()
+                            .or(source.instance.map(|i| i.to_string()))
+                            .unwrap_or_default()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
                 let (desc, _) = source.resolve(None).await?;
                 let token = crate::auth::admin(source.key_file.as_deref())?;
                 admin::destroy_instance(&desc, &token).await?;
