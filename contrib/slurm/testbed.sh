@@ -1,12 +1,15 @@
 #!/bin/bash
 # A whole Surge + Slurm cluster on one machine, as a recipe an admin can read (run as root).
 #
-#   testbed.sh up                  bring it up (idempotent)
+#   testbed.sh up [--ha]           bring it up (idempotent); --ha: the state in a 3-member
+#                                  etcd and two managers on it, one leading (hosts sg-m1,
+#                                  sg-m2, sg-e3), clients given both managers
 #   testbed.sh down                take it down (idempotent; leaves nothing behind)
 #   testbed.sh sbatch USER SCRIPT [SBATCH-ARGS...]
 #                                  submit SCRIPT as USER, wait for the job to end, print
 #                                  "job ID STATE EXITCODE OUTPUT-PATH"
-#   testbed.sh status              hosts, daemons, Surge sessions and agents
+#   testbed.sh status              hosts, daemons, Surge sessions and agents (with --ha, a
+#                                  line "manager NAME leader pid PID")
 #
 # Hosts are network namespaces joined by a bridge (all Surge and Slurm traffic crosses veths):
 #
@@ -29,9 +32,22 @@ export SLURM_CONF=$TB/etc/slurm.conf
 TAG="# surge-tb"
 COMPUTE="c1 c2"
 BBS="bb1 bb2"
-declare -A IP=([ctl]=10.78.0.1 [c1]=10.78.0.11 [c2]=10.78.0.12 [bb1]=10.78.0.21 [bb2]=10.78.0.22)
+declare -A IP=([ctl]=10.78.0.1 [c1]=10.78.0.11 [c2]=10.78.0.12 [bb1]=10.78.0.21 [bb2]=10.78.0.22
+              [m1]=10.78.0.31 [m2]=10.78.0.32 [e3]=10.78.0.33)
 MANAGER=${IP[ctl]}:7060
 TB_USER=${TB_USER:-sgbbuser}
+# High availability (`up --ha`, remembered in $TB/ha): etcd members on m1, m2 and e3, a
+# manager on m1 and one on m2; every client is given both managers.
+HA_HOSTS="m1 m2 e3"
+ETCD="http://${IP[m1]}:2379,http://${IP[m2]}:2379,http://${IP[e3]}:2379"
+ha_on() {
+    HA=1
+    MANAGER=${IP[m1]}:7060,${IP[m2]}:7060
+    EXTRA_HOSTS=$HA_HOSTS
+}
+HA=0
+EXTRA_HOSTS=""
+[ -e $TB/ha ] && ha_on
 
 die() { echo "testbed: $*" >&2; exit 1; }
 # pidfile -> running? (a killed daemon may linger as a zombie until reaped: not running)
@@ -76,6 +92,10 @@ daemon() { # daemon NAME COMMAND...
 up() {
     [ "$(id -u)" = 0 ] || die "run as root"
     local t0; t0=$(date +%s.%N)
+    if [ "${1:-}" = "--ha" ]; then
+        command -v etcd >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null
+        ha_on
+    fi
     # 0. packages
     if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v lua5.3 >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge lua5.3 >/dev/null
@@ -85,6 +105,7 @@ up() {
 
     # 1. runtime tree: config, logs, state, the PFS, outputs; surge where SlurmUser can run it
     mkdir -p $TB/etc $TB/log $TB/state $TB/spool/sgc1 $TB/spool/sgc2 $TB/bin $TB/ns $TB/pfs $TB/out
+    [ "$HA" = 1 ] && touch $TB/ha
     chmod 755 $TB $TB/spool $TB/spool/* $TB/bin
     chmod 1777 $TB/pfs $TB/out
     install -m 755 "$exe" $TB/bin/surge
@@ -102,7 +123,7 @@ up() {
     # 2. names
     [ -e $TB/hosts.orig ] || cp -p /etc/hosts $TB/hosts.orig
     [ -z "$(tail -c1 /etc/hosts)" ] || echo >> /etc/hosts
-    for h in ctl c1 c2 bb1 bb2; do
+    for h in ctl c1 c2 bb1 bb2 $EXTRA_HOSTS; do
         grep -q "^${IP[$h]} sg$h $TAG\$" /etc/hosts || echo "${IP[$h]} sg$h $TAG" >> /etc/hosts
     done
 
@@ -112,7 +133,7 @@ up() {
         ip addr add ${IP[ctl]}/24 dev sgbr0
     fi
     ip link set sgbr0 up
-    for h in $COMPUTE $BBS; do
+    for h in $COMPUTE $BBS $EXTRA_HOSTS; do
         ip netns list | grep -qw "^sg-$h" || ip netns add sg-$h
         if ! ip link show sg$h >/dev/null 2>&1; then
             ip link add sg$h type veth peer name eth0 netns sg-$h
@@ -156,9 +177,31 @@ up() {
     # 6. Surge: key, manager (admin group: SlurmUser's, the hooks act for the jobs' owners),
     #    servers on the BB hosts, agents on the compute hosts
     [ -s $TB/etc/surge.key ] || $TB/bin/surge key create --key-file $TB/etc/surge.key >/dev/null
-    daemon manager $TB/bin/surge manager --state $TB/state-surge/manager.db --listen $MANAGER \
-        --key-file $TB/etc/surge.key --admin-group "$(id -g slurm)" --pool nvme \
-        --granularity 64MiB --mount-root /run/surge/jobs
+    if [ "$HA" = 1 ]; then
+        # etcd: three members, one per HA host; then a manager on m1 and one on m2 (the
+        # first to win the election serves, the other stands by without listening).
+        local cluster="e1=http://${IP[m1]}:2380,e2=http://${IP[m2]}:2380,e3=http://${IP[e3]}:2380"
+        local n=1
+        for h in $HA_HOSTS; do
+            mkdir -p $TB/etcd
+            daemon etcd-$h nsenter --net=/run/netns/sg-$h etcd --name e$n --data-dir $TB/etcd/e$n \
+                --listen-client-urls http://${IP[$h]}:2379 --advertise-client-urls http://${IP[$h]}:2379 \
+                --listen-peer-urls http://${IP[$h]}:2380 --initial-advertise-peer-urls http://${IP[$h]}:2380 \
+                --initial-cluster "$cluster" --initial-cluster-state new --log-level warn
+            n=$((n + 1))
+        done
+        wait_for 30 "the etcd cluster" env ETCDCTL_API=3 etcdctl --endpoints "$ETCD" endpoint health
+        for h in m1 m2; do
+            daemon manager-$h nsenter --net=/run/netns/sg-$h $TB/bin/surge manager --etcd "$ETCD" \
+                --name $h --listen ${IP[$h]}:7060 \
+                --key-file $TB/etc/surge.key --admin-group "$(id -g slurm)" --pool nvme \
+                --granularity 64MiB --mount-root /run/surge/jobs
+        done
+    else
+        daemon manager $TB/bin/surge manager --state $TB/state-surge/manager.db --listen $MANAGER \
+            --key-file $TB/etc/surge.key --admin-group "$(id -g slurm)" --pool nvme \
+            --granularity 64MiB --mount-root /run/surge/jobs
+    fi
     wait_for 20 "the surge manager" $TB/bin/surge pool --manager $MANAGER ls
     for b in $BBS; do
         mkdir -p /dev/shm/surge-tb/$b
@@ -210,8 +253,14 @@ down() {
     for b in $BBS; do [ -s $TB/mover-$b.pid ] && stop_pid "$(cat $TB/mover-$b.pid)"; done
     for b in $BBS; do [ -s $TB/server-$b.pid ] && stop_pid "$(cat $TB/server-$b.pid)"; done
     [ -s $TB/manager.pid ] && stop_pid "$(cat $TB/manager.pid)"
+    for h in $HA_HOSTS; do
+        [ -s $TB/manager-$h.pid ] && stop_pid "$(cat $TB/manager-$h.pid)"
+    done
+    for h in $HA_HOSTS; do
+        [ -s $TB/etcd-$h.pid ] && stop_pid "$(cat $TB/etcd-$h.pid)"
+    done
     # Anything left inside the host namespaces (slurmstepd, job tasks).
-    for h in $COMPUTE $BBS; do
+    for h in $COMPUTE $BBS $HA_HOSTS; do
         if ip netns list | grep -qw "^sg-$h"; then
             for p in $(ip netns pids sg-$h); do stop_pid "$p"; done
         fi
@@ -226,9 +275,9 @@ down() {
     done
     mountpoint -q $TB/ns && umount $TB/ns
     if [ -s $TB/munged.pid ]; then stop_pid "$(cat $TB/munged.pid)"; fi
-    for h in $COMPUTE $BBS; do
+    for h in $COMPUTE $BBS $HA_HOSTS; do
         ip link del sg$h 2>/dev/null || true
-        ip netns list | grep -qw "^sg-$h" && ip netns del sg-$h
+        if ip netns list | grep -qw "^sg-$h"; then ip netns del sg-$h; fi
     done
     ip link del sgbr0 2>/dev/null || true
     if grep -q " $TAG\$" /etc/hosts; then
@@ -267,6 +316,19 @@ submit() {
 }
 
 status() {
+    if [ "$HA" = 1 ]; then
+        # Who leads: the leader record in etcd ({"name", "pid", "grpc", ...}).
+        local l
+        l=$(ETCDCTL_API=3 etcdctl --endpoints "$ETCD" get /surge/leader --print-value-only 2>/dev/null || true)
+        if [ -n "$l" ]; then
+            echo "$l" | sed -n 's/.*"name":"\([^"]*\)".*"pid":\([0-9]*\).*/manager \1 leader pid \2/p'
+        else
+            echo "manager none leader (no leader record in etcd)"
+        fi
+        for h in m1 m2; do
+            alive $TB/manager-$h.pid && echo "manager $h pid $(cat $TB/manager-$h.pid)"
+        done
+    fi
     sinfo -N 2>/dev/null || true
     $TB/bin/surge session --manager $MANAGER ls || true
     $TB/bin/surge bb agents --manager $MANAGER || true
@@ -274,9 +336,9 @@ status() {
 }
 
 case "${1:-}" in
-    up) up ;;
+    up) shift; up "$@" ;;
     down) down ;;
     sbatch) shift; [ $# -ge 2 ] || die "usage: testbed.sh sbatch USER SCRIPT [SBATCH-ARGS...]"; submit "$@" ;;
     status) status ;;
-    *) sed -n '2,22p' "$0"; exit 2 ;;
+    *) sed -n '2,25p' "$0"; exit 2 ;;
 esac

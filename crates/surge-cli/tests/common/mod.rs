@@ -4,6 +4,7 @@
 
 #![allow(dead_code, unused_imports)]
 
+pub mod testbed;
 pub mod wire;
 
 pub use surge_testkit::procs::{Mount, Server};
