@@ -101,7 +101,12 @@ fn mounts_serve_over_io_uring_where_the_kernel_offers_it_and_over_dev_fuse_other
     // 1. Offered: the requests come from the io_uring queues, one per CPU.
     let param = UringParam::set(true);
     let id = c.create_instance("512MiB", "1MiB", &[]);
-    let m = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    let m = Mount::with_args(
+        &c,
+        id,
+        0,
+        &["--no-passthrough", "--fuse-transport", "io-uring"],
+    );
     assert!(
         m.log().contains("FUSE transport: io_uring"),
         "mount log:\n{}",
@@ -168,7 +173,12 @@ fn mounts_serve_over_io_uring_where_the_kernel_offers_it_and_over_dev_fuse_other
     // 3. Not offered (the parameter off): /dev/fuse, and the log says why.
     drop(param);
     let _param = UringParam::set(false);
-    let m = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    let m = Mount::with_args(
+        &c,
+        id,
+        0,
+        &["--no-passthrough", "--fuse-transport", "io-uring"],
+    );
     assert!(
         m.log()
             .contains("FUSE transport: /dev/fuse (the kernel does not offer"),

@@ -170,11 +170,12 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = read_ahead_arg)]
     pub read_ahead: u64,
 
-    /// How the kernel hands requests to this mount: `auto` (FUSE over io_uring, one queue per
-    /// CPU, where the kernel offers it: Linux >= 6.14 with
-    /// /sys/module/fuse/parameters/enable_uring set to Y; /dev/fuse otherwise) or `dev-fuse`
-    /// (/dev/fuse only). The mount's log line says which it got and why.
-    #[arg(long, value_name = "TRANSPORT", env = "SURGE_FUSE_TRANSPORT", default_value = "auto", value_parser = mount::parse_transport)]
+    /// How the kernel hands requests to this mount: `dev-fuse` (the default) or `io-uring`
+    /// (FUSE over io_uring, one queue per CPU, where the kernel offers it: Linux >= 6.14 with
+    /// /sys/module/fuse/parameters/enable_uring set to Y; /dev/fuse otherwise). io_uring is
+    /// opt-in until a soft mount's deadline holds on it (a lookup answered ENOENT instead of
+    /// EIO while a server was stopped, bounds.rs). The mount's log line says which it got.
+    #[arg(long, value_name = "TRANSPORT", env = "SURGE_FUSE_TRANSPORT", default_value = "dev-fuse", value_parser = mount::parse_transport)]
     pub fuse_transport: fuser::TransportChoice,
 
     /// Once mounted, write {"mountpoint", "pid"} as JSON to this file.

@@ -44,8 +44,8 @@ pub struct MountOptions {
 }
 
 /// The environment variable that picks the FUSE transport of every mount of this process
-/// (`auto`, the default: io_uring where the kernel offers it; `dev-fuse`: /dev/fuse only), for
-/// A/B measurements and as a way out.
+/// (`dev-fuse`, the default: /dev/fuse only; `io-uring`: io_uring where the kernel offers it),
+/// for A/B measurements.
 pub const TRANSPORT_ENV: &str = "SURGE_FUSE_TRANSPORT";
 
 /// Parses a transport name (`--fuse-transport`, `$SURGE_FUSE_TRANSPORT`).
@@ -54,20 +54,20 @@ pub fn parse_transport(s: &str) -> Result<TransportChoice, String> {
         "auto" | "io_uring" | "io-uring" | "uring" => Ok(TransportChoice::Auto),
         "dev-fuse" | "dev_fuse" | "classic" => Ok(TransportChoice::DevFuse),
         other => Err(format!(
-            "unknown FUSE transport '{other}' (auto: io_uring where the kernel offers it; \
+            "unknown FUSE transport '{other}' (io-uring: io_uring where the kernel offers it; \
              dev-fuse: /dev/fuse only)"
         )),
     }
 }
 
-/// The transport `$SURGE_FUSE_TRANSPORT` asks for (`Auto` when unset or not understood).
+/// The transport `$SURGE_FUSE_TRANSPORT` asks for (`DevFuse` when unset or not understood).
 pub fn transport_from_env() -> TransportChoice {
     match std::env::var(TRANSPORT_ENV) {
         Ok(v) if !v.is_empty() => parse_transport(&v).unwrap_or_else(|e| {
-            warn!("${TRANSPORT_ENV}: {e}; using auto");
-            TransportChoice::Auto
+            warn!("${TRANSPORT_ENV}: {e}; using dev-fuse");
+            TransportChoice::DevFuse
         }),
-        _ => TransportChoice::Auto,
+        _ => TransportChoice::DevFuse,
     }
 }
 
