@@ -243,7 +243,12 @@ async fn job_stages(
     rep: &mut impl Report,
 ) -> anyhow::Result<Vec<String>> {
     let mut failures = Vec::new();
-    for t in session_tasks(m, s.id).await? {
+    // The job's own have no origin (the phases' tasks say which phase asked for them).
+    let own = session_tasks(m, s.id)
+        .await?
+        .into_iter()
+        .filter(|t| t.origin.is_empty());
+    for t in own {
         let deferred = match t.state.as_str() {
             "deferred" => true,
             "queued" | "running" => false,
