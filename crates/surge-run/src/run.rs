@@ -202,6 +202,37 @@ impl Reporter {
         };
         self.phase(name, detail, started, t.state == "done");
     }
+
+    fn filled(
+        &mut self,
+        var: &DwVariable,
+        i: &api::Instance,
+        pfs: &str,
+        t: &api::StageTask,
+        summary: Option<lifecycle::FillSummary>,
+        started: Instant,
+    ) {
+        let what = match var {
+            DwVariable::PersistentStriped(_) => i.name.clone(),
+            _ => var.to_string(),
+        };
+        let detail = match summary {
+            Some(f) => format!(
+                "{what} from {pfs}: {} files ({}) read from the PFS until copied into the tier \
+                 on first read, {} copied now ({}), {} directories",
+                f.lazy_files,
+                format_bytes(f.lazy_bytes),
+                f.copied_files,
+                format_bytes(f.copied_bytes),
+                f.dirs
+            ),
+            None => format!(
+                "{what} from {pfs}: {}",
+                crate::job_stage::failure_message(t)
+            ),
+        };
+        self.phase("fill", detail, started, summary.is_some());
+    }
 }
 
 impl Report for Reporter {
@@ -252,28 +283,7 @@ impl Report for Reporter {
                 task,
                 summary,
                 started,
-            } => {
-                let what = match var {
-                    DwVariable::PersistentStriped(_) => instance.name.clone(),
-                    _ => var.to_string(),
-                };
-                let detail = match summary {
-                    Some(f) => format!(
-                        "{what} from {pfs}: {} files ({}) read from the PFS until copied into \
-                         the tier on first read, {} copied now ({}), {} directories",
-                        f.lazy_files,
-                        format_bytes(f.lazy_bytes),
-                        f.copied_files,
-                        format_bytes(f.copied_bytes),
-                        f.dirs
-                    ),
-                    None => format!(
-                        "{what} from {pfs}: {}",
-                        crate::job_stage::failure_message(task)
-                    ),
-                };
-                self.phase("fill", detail, started, summary.is_some());
-            }
+            } => self.filled(var, instance, pfs, task, summary, started),
             Event::DrainStarted { .. } | Event::NoSession => {}
             Event::Drained {
                 var,
@@ -412,7 +422,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         phases: Vec::new(),
         sig: sig.clone(),
     };
-    let t = Instant::now();
     let surge_exe = std::env::current_exe().context("cannot find the surge executable")?;
     let started = Started::new(&args, &surge_exe, &mut rep)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -431,6 +440,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         embedded: started.opts.as_ref(),
     };
     let outcome = rt.block_on(drive(&ctx, &mut rep));
+    // What the phases did not get to (an error) went with the session; the embedded manager
+    // and servers go now.
+    let t = Instant::now();
     drop(rt);
     let embedded = started.embedded.is_some();
     if let Some(emb) = started.embedded {
