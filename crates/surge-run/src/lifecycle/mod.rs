@@ -458,3 +458,138 @@ pub fn mount_dir(base: &std::path::Path, s: &api::Session, i: &api::Instance) ->
         base.join("persistent").join(&i.name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(id: u64, name: &str, mode: &str, cache: Option<&str>) -> api::Instance {
+        let server = surge_proto::ServerRef {
+            id: "s".into(),
+            addrs: vec!["127.0.0.1:1".into()],
+        };
+        let desc = InstanceDescriptor {
+            instance: surge_core::InstanceId(id),
+            name: name.into(),
+            access_mode: mode.into(),
+            capacity: 1 << 30,
+            stripe_size: 8 << 20,
+            fragments: Vec::new(),
+            // Three namespaces (an ldbalance instance's replicas).
+            namespaces: (0..3)
+                .map(|ns| surge_proto::NamespaceRef {
+                    ns: surge_core::NamespaceId(ns),
+                    server: server.clone(),
+                })
+                .collect(),
+            cache_pfs: cache.map(str::to_string),
+            cache_fsync_pfs: false,
+            cache_dirty_high: None,
+            cache_passthrough: false,
+        };
+        api::Instance {
+            id,
+            name: name.into(),
+            access_mode: mode.into(),
+            nodes: 4,
+            descriptor_json: serde_json::to_string(&desc).expect("a descriptor"),
+            ..Default::default()
+        }
+    }
+
+    fn session(job: u64, instances: Vec<api::Instance>) -> api::Session {
+        api::Session {
+            id: 9,
+            job_instance: job,
+            instances,
+            ..Default::default()
+        }
+    }
+
+    fn directives(script: &str) -> Directives {
+        surge_core::directives::parse_script("job.sh", script).expect("a valid script")
+    }
+
+    #[test]
+    fn a_session_attaches_the_persistent_instances_used_and_the_caches_created() {
+        let d = directives(
+            "#!/bin/bash\n#DW persistentdw name=a\n\
+             #BB create_persistent name=c capacity=1GiB access_mode=striped type=cache pfs=/p\n\
+             #BB create_persistent name=s capacity=1GiB access_mode=striped type=scratch\n",
+        );
+        assert_eq!(attached(&d), vec!["a".to_string(), "c".to_string()]);
+    }
+
+    #[test]
+    fn a_session_without_what_the_script_asks_for_is_incomplete() {
+        let d = directives(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\n\
+             #DW persistentdw name=a\n",
+        );
+        let job = instance(1, "", "striped", None);
+        let a = instance(2, "a", "striped", None);
+        assert_eq!(missing(&d, &session(1, vec![job.clone(), a.clone()])), None);
+        assert_eq!(
+            missing(&d, &session(0, vec![a])).as_deref(),
+            Some("its job instance")
+        );
+        assert_eq!(
+            missing(&d, &session(1, vec![job])).as_deref(),
+            Some("persistent instance(s) a")
+        );
+    }
+
+    #[test]
+    fn each_instance_has_its_variable_and_each_node_its_namespace() {
+        let s = session(1, Vec::new());
+        let cases = [
+            (
+                instance(1, "", "striped", None),
+                DwVariable::JobStriped,
+                [0, 0, 0, 0],
+            ),
+            (
+                instance(1, "", "striped", Some("/p")),
+                DwVariable::JobStripedCache,
+                [0; 4],
+            ),
+            (
+                instance(1, "", "private", None),
+                DwVariable::JobPrivate,
+                [0, 1, 2, 3],
+            ),
+            // Three replicas: node 3 reads the first again.
+            (
+                instance(1, "", "ldbalance", None),
+                DwVariable::JobLdbal,
+                [0, 1, 2, 0],
+            ),
+            (
+                instance(2, "keep", "striped", None),
+                DwVariable::PersistentStriped("keep".into()),
+                [0; 4],
+            ),
+        ];
+        for (i, var, ns) in cases {
+            assert_eq!(var_of(&s, &i), var);
+            let got: Vec<u32> = (0..4).map(|node| namespace_on(&i, node)).collect();
+            assert_eq!(got, ns, "{var}");
+        }
+    }
+
+    #[test]
+    fn a_failed_task_says_why_then_each_file() {
+        let t = api::StageTask {
+            error: "1 file(s) could not be copied".into(),
+            failures_json: r#"[{"path":"/x","destination":"/o/x","error":"No space"}]"#.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            failure_lines(&t),
+            vec![
+                "1 file(s) could not be copied".to_string(),
+                "/x -> /o/x: No space".to_string()
+            ]
+        );
+    }
+}
