@@ -328,23 +328,39 @@ impl Embedded {
             emb.server_children.push(child);
             res?;
         }
-        // Peaks measured for this fast tier before (crate::calibrate): registered now, so
-        // `#SURGE jobdw` targets are sized from them without measuring again.
-        if crate::calibrate::EmbeddedPeaks::load(&opts.state_dir).is_some_and(|c| c.matches(opts)) {
-            let registered = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?
-                .block_on(async {
-                    let mut c = surge_api::connect_with(&manager, munge_socket.clone()).await?;
-                    crate::calibrate::register_embedded(&mut c, opts).await
-                });
-            if let Err(e) = registered {
-                tracing::warn!(
-                    "the peaks kept in {} were not registered: {e:#}",
-                    crate::calibrate::EmbeddedPeaks::path(&opts.state_dir).display()
-                );
-            }
+        // A server says it is ready before it has registered with the manager: wait for the
+        // registrations, so a job's first allocation finds every server. Peaks measured for
+        // this fast tier before (crate::calibrate) are registered then, so `#SURGE jobdw`
+        // targets are sized from them without measuring again.
+        let registered = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?
+            .block_on(async {
+                let mut c = surge_api::connect_with(&manager, munge_socket.clone()).await?;
+                let up = crate::calibrate::wait_servers(&mut c, opts.servers)
+                    .await?
+                    .2;
+                if up.len() < opts.servers {
+                    tracing::warn!(
+                        "{} of {} servers registered with the manager (see {})",
+                        up.len(),
+                        opts.servers,
+                        logs.display()
+                    );
+                }
+                let cached = crate::calibrate::EmbeddedPeaks::load(&opts.state_dir)
+                    .is_some_and(|c| c.matches(opts));
+                if cached {
+                    crate::calibrate::register_embedded(&mut c, opts).await?;
+                }
+                anyhow::Ok(())
+            });
+        if let Err(e) = registered {
+            tracing::warn!(
+                "the servers' registrations or the peaks kept in {}: {e:#}",
+                crate::calibrate::EmbeddedPeaks::path(&opts.state_dir).display()
+            );
         }
         Ok(emb)
     }
