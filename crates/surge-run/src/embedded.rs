@@ -328,40 +328,7 @@ impl Embedded {
             emb.server_children.push(child);
             res?;
         }
-        // A server says it is ready before it has registered with the manager: wait for the
-        // registrations, so a job's first allocation finds every server. Peaks measured for
-        // this fast tier before (crate::calibrate) are registered then, so `#SURGE jobdw`
-        // targets are sized from them without measuring again.
-        let registered = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")?
-            .block_on(async {
-                let mut c = surge_api::connect_with(&manager, munge_socket.clone()).await?;
-                let up = crate::calibrate::wait_servers(&mut c, opts.servers)
-                    .await?
-                    .2;
-                if up.len() < opts.servers {
-                    tracing::warn!(
-                        "{} of {} servers registered with the manager (see {})",
-                        up.len(),
-                        opts.servers,
-                        logs.display()
-                    );
-                }
-                let cached = crate::calibrate::EmbeddedPeaks::load(&opts.state_dir)
-                    .is_some_and(|c| c.matches(opts));
-                if cached {
-                    crate::calibrate::register_embedded(&mut c, opts).await?;
-                }
-                anyhow::Ok(())
-            });
-        if let Err(e) = registered {
-            tracing::warn!(
-                "the servers' registrations or the peaks kept in {}: {e:#}",
-                crate::calibrate::EmbeddedPeaks::path(&opts.state_dir).display()
-            );
-        }
+        registrations(&manager, &munge_socket, opts, &logs);
         Ok(emb)
     }
 
@@ -381,6 +348,45 @@ impl Embedded {
             reap(&mut m, grace);
         }
         drop(self.munged.take());
+    }
+}
+
+/// A server says it is ready before it has registered with the manager: waits for the
+/// registrations, so a job's first allocation finds every server. Peaks measured for this fast
+/// tier before (crate::calibrate) are registered then, so `#SURGE jobdw` targets are sized
+/// from them without measuring again. What fails is logged: the run goes on.
+fn registrations(manager: &str, munge_socket: &Path, opts: &EmbeddedOptions, logs: &Path) {
+    let registered = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|rt| {
+            rt.block_on(async {
+                let mut c = surge_api::connect_with(manager, munge_socket.to_path_buf()).await?;
+                let up = crate::calibrate::wait_servers(&mut c, opts.servers)
+                    .await?
+                    .2;
+                if up.len() < opts.servers {
+                    tracing::warn!(
+                        "{} of {} servers registered with the manager (see {})",
+                        up.len(),
+                        opts.servers,
+                        logs.display()
+                    );
+                }
+                let cached = crate::calibrate::EmbeddedPeaks::load(&opts.state_dir)
+                    .is_some_and(|c| c.matches(opts));
+                if cached {
+                    crate::calibrate::register_embedded(&mut c, opts).await?;
+                }
+                anyhow::Ok(())
+            })
+        });
+    if let Err(e) = registered {
+        tracing::warn!(
+            "the servers' registrations or the peaks kept in {}: {e:#}",
+            crate::calibrate::EmbeddedPeaks::path(&opts.state_dir).display()
+        );
     }
 }
 
