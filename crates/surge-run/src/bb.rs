@@ -1,36 +1,35 @@
 //! `surge bb <phase>`: the burst-buffer phases a workload manager calls for a job (Slurm's
-//! `burst_buffer/lua` hooks in `contrib/slurm/burst_buffer.lua`), each an idempotent step of
-//! the job's session, which the manager keeps (its `phase`, hosts and wanted mounts):
+//! `burst_buffer/lua` hooks in `contrib/slurm/burst_buffer.lua`), each mapped to one phase of
+//! the job lifecycle ([`crate::lifecycle`], which `surge run` calls too), with the job's mounts
+//! made by the agents of its hosts ([`lifecycle::Agents`]):
 //!
 //! | phase      | Slurm hook            | does                                                        |
 //! |------------|-----------------------|-------------------------------------------------------------|
 //! | validate   | slurm_bb_job_process  | parses the script; errors name the line (sbatch refuses it) |
 //! | pools      | slurm_bb_pools        | pools, granularity and free space as Slurm's JSON          |
-//! | setup      | slurm_bb_setup        | creates persistent instances, opens the session, allocates |
-//! | data_in    | slurm_bb_data_in      | stages in (a task already done is not redone)             |
-//! | paths      | slurm_bb_paths        | writes DW_JOB_STRIPED=... for the job's environment        |
-//! | pre_run    | slurm_bb_pre_run      | asks the agents of the job's hosts to mount, waits for it  |
-//! | post_run   | slurm_bb_post_run     | asks them to unmount, waits for it                         |
-//! | data_out   | slurm_bb_data_out     | stages out (also the job's deferred stage-outs)            |
-//! | teardown   | slurm_bb_job_teardown | unmounts, ends the session (keeps the job instance if a    |
-//! |            |                       | stage-out failed), destroys `#BB destroy_persistent`       |
+//! | setup      | slurm_bb_setup        | [`lifecycle::setup`]: persistent instances, the session    |
+//! | data_in    | slurm_bb_data_in      | [`lifecycle::data_in`]: fills caches, stages in            |
+//! | paths      | slurm_bb_paths        | [`lifecycle::paths`]: writes DW_JOB_STRIPED=... to a file  |
+//! | pre_run    | slurm_bb_pre_run      | [`lifecycle::pre_run`]: the agents of the hosts mount      |
+//! | post_run   | slurm_bb_post_run     | [`lifecycle::post_run`]: they unmount                      |
+//! | data_out   | slurm_bb_data_out     | [`lifecycle::data_out`]: drains caches, stages out         |
+//! | teardown   | slurm_bb_job_teardown | [`lifecycle::teardown`]: ends the session (keeps the job   |
+//! |            |                       | instance if a stage-out failed), destroys persistent ones  |
 //! | reconcile  | (from slurm_bb_pools) | ends sessions of jobs Slurm forgot or ended in stage-in    |
 //!
 //! Each phase finds the session by the job's id (`slurm:<id>`), so any phase may be re-run
 //! after a crash of the manager, the hook or the controller, and teardown after anything.
 
-use crate::jobplan::{self, StageGroup};
-use crate::progress::wait_stage;
+use crate::jobplan;
+use crate::lifecycle::{self, Agents, Alloc, Event, Report, Teardown};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use surge_api::v1 as api;
-use surge_client::InstanceClient;
-use surge_core::directives::{parse_script, Directives, DwVariable};
-use surge_core::{format_bytes, NamespaceId};
+use surge_core::directives::{parse_script, Directives};
+use surge_core::format_bytes;
 use surge_manager::cli::{connect, status_err};
-use surge_proto::InstanceDescriptor;
 
 /// Run one burst-buffer phase of a job for a workload manager (Slurm's burst_buffer/lua).
 ///
@@ -84,7 +83,7 @@ pub enum Phase {
     /// instance, attaches `#DW persistentdw` instances).
     Setup {
         #[command(flatten)]
-        c: Job,
+        c: JobArgs,
         /// The job's owner (Slurm's uid of the job).
         #[arg(long)]
         uid: u32,
@@ -99,7 +98,7 @@ pub enum Phase {
     #[command(name = "data_in", alias = "data-in")]
     DataIn {
         #[command(flatten)]
-        c: Job,
+        c: JobArgs,
         /// Relative stage paths are relative to this directory (the job's working directory).
         #[arg(long, default_value = "/")]
         workdir: PathBuf,
@@ -107,7 +106,7 @@ pub enum Phase {
     /// Write the job's environment variables (DW_JOB_STRIPED=... one per line) to a file.
     Paths {
         #[command(flatten)]
-        c: Job,
+        c: JobArgs,
         /// Slurm's path_file: one NAME=value per line is added to the job's environment.
         #[arg(long, value_name = "FILE")]
         path_file: PathBuf,
@@ -116,7 +115,7 @@ pub enum Phase {
     #[command(name = "pre_run", alias = "pre-run")]
     PreRun {
         #[command(flatten)]
-        c: Job,
+        c: JobArgs,
         /// The job's hosts in node order (comma-separated; node i of a private instance gets
         /// namespace i).
         #[arg(long, value_delimiter = ',', required = true)]
@@ -129,7 +128,7 @@ pub enum Phase {
     #[command(name = "post_run", alias = "post-run")]
     PostRun {
         #[command(flatten)]
-        c: Job,
+        c: JobArgs,
         /// Seconds to wait for the agents to unmount.
         #[arg(long, default_value_t = 60.0)]
         timeout: f64,
@@ -138,7 +137,7 @@ pub enum Phase {
     #[command(name = "data_out", alias = "data-out")]
     DataOut {
         #[command(flatten)]
-        c: Job,
+        c: JobArgs,
         /// Relative stage paths are relative to this directory (the job's working directory).
         #[arg(long, default_value = "/")]
         workdir: PathBuf,
@@ -172,7 +171,7 @@ pub enum Phase {
     /// script's `#BB destroy_persistent` instances. Succeeds when there is nothing left.
     Teardown {
         #[command(flatten)]
-        c: Job,
+        c: JobArgs,
         /// The job was cancelled: stop its stage tasks, do not wait long for agents.
         #[arg(long)]
         hurry: bool,
@@ -187,7 +186,7 @@ pub struct Common {
 }
 
 #[derive(clap::Args, Debug, Clone)]
-pub struct Job {
+pub struct JobArgs {
     #[command(flatten)]
     pub common: Common,
     /// The workload manager's job id.
@@ -201,10 +200,25 @@ pub struct Job {
     pub scheduler: String,
 }
 
-impl Job {
-    fn external(&self) -> String {
-        format!("{}:{}", self.scheduler, self.job_id)
+impl JobArgs {
+    /// The job as the lifecycle sees it; its directives read from the script again.
+    fn job(&self, alloc: Option<Alloc>) -> anyhow::Result<lifecycle::Job> {
+        let (script, directives) = self.directives()?;
+        Ok(self.with(script, directives, alloc))
     }
+
+    fn with(&self, script: String, directives: Directives, alloc: Option<Alloc>) -> lifecycle::Job {
+        let external = format!("{}:{}", self.scheduler, self.job_id);
+        lifecycle::Job {
+            script,
+            directives,
+            label: external.clone(),
+            external_id: external,
+            manager: self.common.manager.clone(),
+            alloc,
+        }
+    }
+
     fn directives(&self) -> anyhow::Result<(String, Directives)> {
         let text = std::fs::read_to_string(&self.script)
             .with_context(|| format!("cannot read job script {}", self.script.display()))?;
@@ -221,6 +235,18 @@ impl Job {
                     .join("\n")
             ),
         }
+    }
+
+    /// What the phase prints.
+    fn lines(&self) -> Lines<'_> {
+        Lines {
+            job: &self.job_id,
+            to_stderr: false,
+        }
+    }
+
+    async fn manager(&self) -> anyhow::Result<surge_api::Client> {
+        connect(&self.common.manager).await
     }
 }
 
@@ -271,27 +297,79 @@ impl Phase {
     }
 }
 
+/// Runs one phase: each Slurm hook is one phase of the lifecycle.
 async fn phase(phase: &Phase) -> anyhow::Result<()> {
-    {
-        match phase.clone() {
-            Phase::Validate { .. } => unreachable!("handled above"),
-            Phase::Pools(c) => pools(&c).await,
-            Phase::Agents { c, json } => agents(&c, json).await,
-            Phase::Setup { c, uid, gid, nodes } => setup(&c, uid, gid, nodes).await,
-            Phase::DataIn { c, workdir } => data_in(&c, &workdir).await,
-            Phase::Paths { c, path_file } => paths(&c, &path_file).await,
-            Phase::PreRun { c, hosts, timeout } => pre_run(&c, hosts, timeout).await,
-            Phase::PostRun { c, timeout } => post_run(&c, timeout).await,
-            Phase::DataOut { c, workdir } => data_out(&c, &workdir).await,
-            Phase::Teardown { c, hurry } => teardown(&c, hurry).await,
-            Phase::Reconcile {
-                c,
-                scheduler,
-                jobs_command,
-                dry_run,
-                json,
-            } => reconcile(&c, &scheduler, &jobs_command, dry_run, json).await,
+    match phase {
+        Phase::Validate { .. } => anyhow::bail!("validate runs without a manager"),
+        Phase::Pools(c) => pools(c).await,
+        Phase::Agents { c, json } => agents(c, *json).await,
+        Phase::Setup { c, uid, gid, nodes } => {
+            let alloc = Alloc {
+                uid: *uid,
+                gid: *gid,
+                nodes: (*nodes).max(1),
+                ..Alloc::default()
+            };
+            let job = c.job(Some(alloc))?;
+            lifecycle::setup(&mut c.manager().await?, &job, &mut c.lines()).await?;
+            Ok(())
         }
+        Phase::DataIn { c, workdir } => {
+            let job = c.job(None)?;
+            let plan = jobplan::stage_in(&job.directives, &job.script, workdir)
+                .map_err(|e| anyhow::anyhow!(e.join("\n")))?;
+            lifecycle::data_in(&mut c.manager().await?, &job, &plan, &mut c.lines()).await
+        }
+        Phase::Paths { c, path_file } => paths(c, path_file).await,
+        Phase::PreRun { c, hosts, timeout } => {
+            let mut agents = Agents {
+                hosts: hosts.clone(),
+                timeout: seconds(*timeout)?,
+            };
+            let job = c.job(None)?;
+            lifecycle::pre_run(&mut c.manager().await?, &job, &mut agents, &mut c.lines()).await
+        }
+        Phase::PostRun { c, timeout } => {
+            let mut agents = Agents {
+                hosts: Vec::new(),
+                timeout: seconds(*timeout)?,
+            };
+            let job = c.job(None)?;
+            lifecycle::post_run(&mut c.manager().await?, &job, &mut agents, &mut c.lines()).await
+        }
+        Phase::DataOut { c, workdir } => {
+            let job = c.job(None)?;
+            let mut m = c.manager().await?;
+            let failures = lifecycle::data_out(&mut m, &job, workdir, &mut c.lines()).await?;
+            anyhow::ensure!(
+                failures.is_empty(),
+                "stage-out failed; the job instance is kept (recover with `surge stage copy \
+                 --out`):\n{}",
+                failures.join("\n")
+            );
+            Ok(())
+        }
+        Phase::Teardown { c, hurry } => teardown(c, *hurry).await,
+        Phase::Reconcile {
+            c,
+            scheduler,
+            jobs_command,
+            dry_run,
+            json,
+        } => reconcile(c, scheduler, jobs_command, *dry_run, *json).await,
+    }
+}
+
+/// A timeout given in seconds.
+fn seconds(s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s).with_context(|| format!("{s} is not a number of seconds"))
+}
+
+/// The agents' mounts outside pre_run: the session knows the hosts; 60 s to unmount.
+fn agents_of_session() -> Agents {
+    Agents {
+        hosts: Vec::new(),
+        timeout: Duration::from_secs(60),
     }
 }
 
@@ -406,1051 +484,200 @@ async fn agents(c: &Common, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn find(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<Option<api::Session>> {
-    match m
-        .find_session(api::FindSessionRequest {
-            external_id: job.external(),
-        })
-        .await
-    {
-        Ok(s) => Ok(Some(s.into_inner())),
-        Err(e) if e.code() == tonic::Code::NotFound => Ok(None),
-        Err(e) => Err(status_err(e)),
-    }
+async fn paths(c: &JobArgs, path_file: &Path) -> anyhow::Result<()> {
+    let job = c.job(None)?;
+    let envs = lifecycle::paths(&mut c.manager().await?, &job, &agents_of_session()).await?;
+    // The agents mount at the same paths on every host: one environment.
+    let text: String = envs
+        .first()
+        .map(|env| env.iter().map(|(k, v)| format!("{k}={v}\n")).collect())
+        .unwrap_or_default();
+    std::fs::write(path_file, text).with_context(|| format!("cannot write {}", path_file.display()))
 }
 
-/// What a session lacks of what the script's directives ask for (its job instance, a
-/// persistent instance it attaches), if anything: no phase lets a job run without them.
-fn missing(d: &surge_core::directives::Directives, s: &api::Session) -> Option<String> {
-    if d.jobdw.is_some()
-        && (s.job_instance == 0 || !s.instances.iter().any(|i| i.id == s.job_instance))
-    {
-        return Some("its job instance".into());
-    }
-    let lacking: Vec<String> = attached(d)
-        .into_iter()
-        .filter(|n| {
-            !s.instances
-                .iter()
-                .any(|i| i.id != s.job_instance && &i.name == n)
-        })
-        .collect();
-    (!lacking.is_empty()).then(|| format!("persistent instance(s) {}", lacking.join(", ")))
-}
-
-/// The job's active session, complete: a session without an instance its directives ask for
-/// is an error here, so `paths` and `pre_run` never let such a job start.
-async fn complete_session(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<api::Session> {
-    let s = session(m, job).await?;
-    let (name, d) = job.directives()?;
-    if let Some(what) = missing(&d, &s) {
-        anyhow::bail!(
-            "job {}: session {} lacks {what} that {name} asks for: the job must not run \
-             (re-run setup, or end the session with `surge session end {}`)",
-            job.job_id,
-            s.id,
-            s.id
-        );
-    }
-    Ok(s)
-}
-
-async fn session(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<api::Session> {
-    let s = find(m, job).await?.with_context(|| {
-        format!(
-            "job {} has no burst-buffer session (was setup run?)",
-            job.job_id
-        )
-    })?;
-    anyhow::ensure!(
-        s.state == "active",
-        "job {}: session {} is {}",
-        job.job_id,
-        s.id,
-        s.state
-    );
-    Ok(s)
-}
-
-/// Records the phase session `s` is in (hosts and mounts: the scheduler's, see the manager).
-pub async fn set_phase(
-    m: &mut surge_api::Client,
-    s: &api::Session,
-    phase: &str,
-    hosts: Vec<String>,
-    mount: bool,
-) -> anyhow::Result<api::Session> {
-    Ok(m.set_session_phase(api::SetSessionPhaseRequest {
-        id: s.id,
-        phase: phase.into(),
-        hosts,
-        mount,
-    })
-    .await
-    .map_err(status_err)?
-    .into_inner())
-}
-
-/// The persistent instances a job's session attaches: its `persistentdw` ones, and the
-/// persistent caches it creates (their fill and drain are stage tasks of the session).
-fn attached(d: &surge_core::directives::Directives) -> Vec<String> {
-    let mut names: Vec<String> = d.persistentdw.iter().map(|p| p.name.clone()).collect();
-    for cp in d
-        .create_persistent
-        .iter()
-        .filter(|cp| cp.cache.pfs.is_some())
-    {
-        if !names.contains(&cp.name) {
-            names.push(cp.name.clone());
-        }
-    }
-    names
-}
-
-async fn setup(job: &Job, uid: u32, gid: u32, nodes: u32) -> anyhow::Result<()> {
-    let (name, d) = job.directives()?;
-    let mut m = connect(&job.common.manager).await?;
-    if let Some(s) = find(&mut m, job).await?.filter(|s| s.state == "active") {
-        match missing(&d, &s) {
-            None => {
-                println!("job {}: session {} (already set up)", job.job_id, s.id);
-                return Ok(());
-            }
-            // A session without what the script asks for (made by a manager that crashed in
-            // the middle of a setup, before setups were all or nothing): ended, made anew.
-            Some(what) => {
-                eprintln!(
-                    "job {}: session {} lacks {what}: ending it and setting up again",
-                    job.job_id, s.id
-                );
-                m.end_session(api::EndSessionRequest {
-                    id: s.id,
-                    keep_job_instance: false,
-                    state: "failed".into(),
-                })
-                .await
-                .map_err(status_err)?;
-            }
-        }
-    }
-    for cp in &d.create_persistent {
-        let r = m
-            .create_instance(persistent_request(
-                cp,
-                cp.pool.clone().unwrap_or_default(),
-                uid,
-                gid,
-            ))
-            .await;
-        match r {
-            Ok(_) => println!("created persistent instance {}", cp.name),
-            // Re-run after a crash: the instance is there, and the job's owner's.
-            Err(e) if e.code() == tonic::Code::AlreadyExists || e.message().contains("exists") => {
-                let i = m
-                    .get_instance(api::GetInstanceRequest {
-                        id: 0,
-                        persistent_name: cp.name.clone(),
-                    })
-                    .await
-                    .map_err(|_| {
-                        anyhow::anyhow!(
-                            "{name}:{}: #BB create_persistent name={}: {}",
-                            cp.line,
-                            cp.name,
-                            e.message()
-                        )
-                    })?
-                    .into_inner();
-                anyhow::ensure!(
-                    i.owner_uid == uid,
-                    "{name}:{}: #BB create_persistent name={}: a persistent instance of that \
-                     name belongs to uid {}",
-                    cp.line,
-                    cp.name,
-                    i.owner_uid
-                );
-            }
-            Err(e) => anyhow::bail!(
-                "{name}:{}: #BB create_persistent name={}: {}",
-                cp.line,
-                cp.name,
-                e.message()
-            ),
-        }
-    }
-    let job_req = d.jobdw.as_ref().map(|j| api::CreateInstanceRequest {
-        capacity: j.capacity,
-        access_mode: j.access_mode.as_str().into(),
-        pool: j.pool.clone().unwrap_or_default(),
-        persistent_name: String::new(),
-        nodes: nodes.max(1),
-        owner_uid: uid,
-        owner_gid: gid,
-        stripe_size: 0,
-        share_with_group: false,
-        // `#SURGE jobdw`: the manager sizes the instance from the pool's calibrated peaks.
-        targets: crate::targets::request_targets(j),
-        ..cache_request(&j.cache)
-    });
-    let s = m
-        .create_session(api::CreateSessionRequest {
-            job: job.external(),
-            owner_uid: uid,
-            owner_gid: gid,
-            job_instance: job_req,
-            persistent: attached(&d),
-            external_id: job.external(),
-        })
-        .await
-        .map_err(|e| {
-            let line = d.jobdw.as_ref().map(|j| j.line).unwrap_or(0);
-            anyhow::anyhow!(
-                "{name}:{line}: cannot allocate the burst buffer: {}",
-                e.message()
+async fn teardown(c: &JobArgs, hurry: bool) -> anyhow::Result<()> {
+    // A script that cannot be read any more: the session still goes (nothing is destroyed).
+    let job = match c.directives() {
+        Ok((script, d)) => c.with(script, d, None),
+        Err(e) => {
+            eprintln!("warning: {e:#}: no #BB destroy_persistent is done");
+            c.with(
+                format!("job {} script", c.job_id),
+                Directives::default(),
+                None,
             )
-        })?
-        .into_inner();
-    set_phase(&mut m, &s, "setup", Vec::new(), false).await?;
-    let job_inst = s.instances.iter().find(|i| i.id == s.job_instance);
-    println!(
-        "job {}: session {}{}",
-        job.job_id,
-        s.id,
-        job_inst.map_or(String::new(), |i| format!(
-            ", job instance {} {} ({} fragments)",
-            format_bytes(i.capacity),
-            i.access_mode,
-            i.fragments
-        ))
-    );
-    if let Some(p) = job_inst.and_then(crate::targets::promise_of) {
-        println!("job {}: {}", job.job_id, crate::targets::detail(&p));
-        for w in &p.why {
-            println!("job {}:   {w}", job.job_id);
         }
-    }
-    Ok(())
-}
-
-/// The instance a `#BB create_persistent` line asks for, for its owner.
-pub fn persistent_request(
-    cp: &surge_core::directives::CreatePersistent,
-    pool: String,
-    uid: u32,
-    gid: u32,
-) -> api::CreateInstanceRequest {
-    api::CreateInstanceRequest {
-        capacity: cp.capacity,
-        access_mode: "striped".into(),
-        pool,
-        persistent_name: cp.name.clone(),
-        nodes: 1,
-        owner_uid: uid,
-        owner_gid: gid,
-        stripe_size: 0,
-        share_with_group: false,
-        ..cache_request(&cp.cache)
-    }
-}
-
-/// An instance request with the `type=cache` keys of a `jobdw` or `create_persistent` line
-/// (and nothing else set).
-pub fn cache_request(c: &surge_core::directives::CacheSpec) -> api::CreateInstanceRequest {
-    api::CreateInstanceRequest {
-        cache_pfs: c.pfs.clone().unwrap_or_default(),
-        cache_fsync_pfs: c.fsync_pfs,
-        cache_dirty_high: c.dirty_high.map(|d| d.to_string()).unwrap_or_default(),
-        cache_passthrough: c.passthrough,
-        ..Default::default()
-    }
-}
-
-/// The session's instance a `$DW_...` variable names.
-fn instance_of<'a>(s: &'a api::Session, var: &DwVariable) -> Option<&'a api::Instance> {
-    match var {
-        DwVariable::PersistentStriped(n) => s.instances.iter().find(|i| &i.name == n),
-        _ => s.instances.iter().find(|i| i.id == s.job_instance),
-    }
-}
-
-fn private(i: &api::Instance) -> bool {
-    i.access_mode == "private"
-}
-
-/// The namespaces a stage-in into `i` fills: one per node (private), every replica
-/// (ldbalance), else the one.
-fn stage_in_namespaces(i: &api::Instance) -> Vec<u32> {
-    if private(i) {
-        (0..i.nodes.max(1)).collect()
-    } else if i.access_mode == "ldbalance" {
-        let replicas = serde_json::from_str::<InstanceDescriptor>(&i.descriptor_json)
-            .map_or(1, |d| d.namespaces.len().max(1));
-        (0..replicas as u32).collect()
-    } else {
-        vec![0]
-    }
-}
-
-/// Runs a stage task unless the same one (instance, namespace, direction, items) already
-/// ran to the end in this session; waits for one already running. Idempotent.
-async fn stage_once(
-    m: &mut surge_api::Client,
-    s: &api::Session,
-    inst: u64,
-    ns: u32,
-    direction: &str,
-    items_json: String,
-) -> anyhow::Result<api::StageTask> {
-    let origin = format!("data_{direction}");
-    stage_once_in(
-        m,
-        s.id,
-        inst,
-        ns,
-        direction,
-        items_json,
-        &origin,
-        true,
-        || false,
-    )
-    .await
-}
-
-/// [`stage_once`] for session `session` and phase `origin` (only tasks that phase asked for
-/// count: the job's own stage-out of the same file, earlier, does not), with progress on
-/// stderr unless `quiet`; `stop` gives up waiting (Ctrl-C of `surge run`).
-#[allow(clippy::too_many_arguments)]
-pub async fn stage_once_in(
-    m: &mut surge_api::Client,
-    session: u64,
-    inst: u64,
-    ns: u32,
-    direction: &str,
-    items_json: String,
-    origin: &str,
-    quiet: bool,
-    stop: impl Fn() -> bool,
-) -> anyhow::Result<api::StageTask> {
-    let tasks = session_tasks(m, session).await?;
-    let same = tasks.into_iter().rev().find(|t| {
-        t.origin == origin
-            && t.instance == inst
-            && t.namespace == ns
-            && t.direction == direction
-            && t.items_json == items_json
-    });
-    let task = match same {
-        Some(t) if t.state == "done" => return Ok(t),
-        Some(t) if t.state == "running" || t.state == "queued" => t,
-        _ => m
-            .start_stage(api::StartStageRequest {
-                session,
-                instance: inst,
-                namespace: ns,
-                direction: direction.into(),
-                items_json,
-                workers: 0,
-                checksum: false,
-                deferred: false,
-                origin: origin.into(),
-            })
-            .await
-            .map_err(status_err)?
-            .into_inner(),
     };
-    wait_stage(m, task, &format!("stage {direction}"), quiet, stop).await
-}
-
-/// "stage in $DW_JOB_STRIPED (node 1): 3 files, 20 MiB in 0.2 s".
-fn stage_line(
-    direction: &str,
-    g: &StageGroup,
-    inst: &api::Instance,
-    ns: u32,
-    done: &api::StageTask,
-    t: Instant,
-) -> String {
-    format!(
-        "stage {direction} {}{}: {} files, {} in {:.1} s",
-        g.instance,
-        if private(inst) {
-            format!(" (node {ns})")
-        } else {
-            String::new()
-        },
-        done.files_done,
-        format_bytes(done.bytes_done),
-        t.elapsed().as_secs_f64()
-    )
-}
-
-fn failure_lines(t: &api::StageTask) -> Vec<String> {
-    let mut out = Vec::new();
-    if !t.error.is_empty() {
-        out.push(t.error.clone());
-    }
-    out.extend(
-        crate::job_stage::failures(t)
-            .into_iter()
-            .map(|(p, e)| format!("{p}: {e}")),
-    );
-    out
-}
-
-async fn data_in(job: &Job, workdir: &Path) -> anyhow::Result<()> {
-    let (name, d) = job.directives()?;
-    let mut m = connect(&job.common.manager).await?;
-    let s = session(&mut m, job).await?;
-    let s = set_phase(&mut m, &s, "data_in", Vec::new(), false).await?;
-    let plan = jobplan::stage_in(&d, &name, workdir).map_err(|e| anyhow::anyhow!(e.join("\n")))?;
-    for g in &plan.groups {
-        let inst = instance_of(&s, &g.instance)
-            .with_context(|| format!("{name}: {} is not an instance of this job", g.instance))?;
-        for ns in stage_in_namespaces(inst) {
-            let t = Instant::now();
-            let done = stage_once(
-                &mut m,
-                &s,
-                inst.id,
-                ns,
-                "in",
-                serde_json::to_string(&g.items)?,
-            )
-            .await?;
-            if done.state != "done" {
-                anyhow::bail!(
-                    "stage-in from {name}:{:?} failed: {}",
-                    g.lines,
-                    failure_lines(&done).join("; ")
-                );
-            }
-            println!("{}", stage_line("in", g, inst, ns, &done, t));
-        }
-    }
-    for (inst, pfs) in cache_instances(&s) {
-        // The job instance and the persistent caches this job creates are new: filled first.
-        let fill = inst.id == s.job_instance
-            || d.create_persistent
-                .iter()
-                .any(|cp| cp.cache.pfs.is_some() && cp.name == inst.name);
-        cache_fill_and_drain(&mut m, &s, inst, &pfs, fill).await?;
-    }
+    let how = Teardown {
+        hurry,
+        state: if hurry { "cancelled" } else { "ended" }.into(),
+        destroy: true,
+    };
+    let mut m = c.manager().await?;
+    let mut agents = agents_of_session();
+    let ended = lifecycle::teardown(&mut m, &job, &mut agents, &how, &mut c.lines()).await?;
+    anyhow::ensure!(ended.failures.is_empty(), "{}", ended.failures.join("\n"));
     Ok(())
 }
 
-/// The session's `type=cache` instances (the job instance, persistent ones) and their PFS
-/// directories.
-fn cache_instances(s: &api::Session) -> Vec<(&api::Instance, String)> {
-    s.instances
-        .iter()
-        .filter_map(|i| {
-            let desc: surge_proto::InstanceDescriptor =
-                serde_json::from_str(&i.descriptor_json).ok()?;
-            Some((i, desc.cache_pfs?))
-        })
-        .collect()
-}
-
-/// The variable a job reaches instance `i` of session `s` by, for messages.
-fn var_of(s: &api::Session, i: &api::Instance) -> String {
-    if i.id == s.job_instance {
-        DwVariable::JobStripedCache.env_name()
-    } else {
-        DwVariable::PersistentStriped(i.name.clone()).env_name()
-    }
-}
-
-/// The stage tasks of session `session`.
-async fn session_tasks(
-    m: &mut surge_api::Client,
-    session: u64,
-) -> anyhow::Result<Vec<api::StageTask>> {
-    Ok(m.list_stages(api::ListStagesRequest { session })
-        .await
-        .map_err(status_err)?
-        .into_inner()
-        .tasks)
-}
-
-/// `type=cache` (docs/DIRECTIVES.md "Cache instances"): the lazy fill of a new cache instance
-/// from its PFS directory (`fill`: the job instance, a persistent cache this job creates), then
-/// its drain, which runs in the background (a stage task, on a data mover when one is alive)
-/// until [`finish_drains`] after the job.
-async fn cache_fill_and_drain(
+/// Ends session `s` of job `id`, which the workload manager forgot: what it says goes to stderr
+/// (stdout is the reconcile's own report).
+async fn end_session(
     m: &mut surge_api::Client,
     s: &api::Session,
-    inst: &api::Instance,
-    pfs: &str,
-    fill: bool,
-) -> anyhow::Result<()> {
-    let var = var_of(s, inst);
-    if fill {
-        let t = Instant::now();
-        let done = stage_once(m, s, inst.id, 0, "fill", "[]".into()).await?;
-        if done.state != "done" {
-            anyhow::bail!(
-                "the fill of {var} from {pfs} failed: {}",
-                failure_lines(&done).join("; ")
-            );
-        }
-        println!(
-            "fill {var} from {pfs}: {} files ({}, read from the PFS on first use) in {:.1} s",
-            done.files_done,
-            format_bytes(done.bytes_done),
-            t.elapsed().as_secs_f64()
-        );
-    }
-    let tasks = session_tasks(m, s.id).await?;
-    if tasks.iter().any(|t| {
-        t.instance == inst.id
-            && t.direction == "drain"
-            && (t.state == "running" || t.state == "queued")
-    }) {
-        return Ok(());
-    }
-    let d = m
-        .start_stage(api::StartStageRequest {
-            session: s.id,
-            instance: inst.id,
-            namespace: 0,
-            direction: "drain".into(),
-            items_json: "[]".into(),
-            workers: 0,
-            checksum: false,
-            deferred: false,
-            origin: "drain".into(),
-        })
-        .await
-        .map_err(status_err)?
-        .into_inner();
-    if d.state == "failed" {
-        anyhow::bail!("the drain of {var} could not start: {}", d.error);
-    }
-    println!("drain {var} to {pfs}: started (stage task {})", d.id);
-    Ok(())
-}
-
-/// `type=cache`, after the job (its mounts gone): the background drain is told to finish
-/// (SIGTERM: it copies what is left, then ends) and awaited, then a `drain_all` task drains
-/// whatever is still journaled (all of it when the first never ran). Returns the failures;
-/// a failed drain keeps the job instance, its data the only copy.
-async fn finish_drains(m: &mut surge_api::Client, s: &api::Session) -> anyhow::Result<Vec<String>> {
-    let mut failures = Vec::new();
-    for (inst, pfs) in cache_instances(s) {
-        failures.extend(finish_drain(m, s, inst, &pfs).await?);
-    }
-    Ok(failures)
-}
-
-/// [`finish_drains`] of one cache instance of the session.
-async fn finish_drain(
-    m: &mut surge_api::Client,
-    s: &api::Session,
-    inst: &api::Instance,
-    pfs: &str,
-) -> anyhow::Result<Option<String>> {
-    let var = var_of(s, inst);
-    let tasks = session_tasks(m, s.id).await?;
-    for t in tasks
-        .into_iter()
-        .filter(|t| t.instance == inst.id && t.direction == "drain" && t.state == "running")
-    {
-        // The manager waits 30 s for the task to end; a longer drain is awaited here.
-        let t = match m.cancel_stage(api::GetStageRequest { id: t.id }).await {
-            Ok(r) => r.into_inner(),
-            Err(e) if e.code() == tonic::Code::Unavailable => t,
-            Err(e) => return Err(status_err(e)),
-        };
-        if t.state == "running" {
-            wait_stage(m, t, "drain", true, || false).await?;
-        }
-    }
-    let t = Instant::now();
-    let done = stage_once_in(
-        m,
-        s.id,
-        inst.id,
-        0,
-        "drain_all",
-        "[]".into(),
-        "drain_all",
-        true,
-        || false,
-    )
-    .await?;
-    let ran = session_tasks(m, s.id).await?.into_iter().filter(|t| {
-        t.instance == inst.id && (t.direction == "drain" || t.direction == "drain_all")
-    });
-    let (mut files, mut bytes) = (0, 0);
-    for r in ran {
-        files += r.files_done;
-        bytes += r.bytes_done;
-    }
-    if done.state == "done" {
-        println!(
-            "drain {var} to {pfs}: {} files, {} ({:.1} s after the job)",
-            files,
-            format_bytes(bytes),
-            t.elapsed().as_secs_f64()
-        );
-        return Ok(None);
-    }
-    Ok(Some(format!(
-        "the drain of {var} to {pfs} failed (stage task {}): {}; the instance {} is kept: \
-         finish it with `surge stage drain --instance {}`",
-        done.id,
-        crate::job_stage::failure_message(&done),
-        inst.id,
-        inst.id
-    )))
-}
-
-/// Where the agents mount instance `i` of session `s`.
-fn mount_path(s: &api::Session, i: &api::Instance) -> String {
-    if i.id == s.job_instance {
-        format!("{}/{}/job", s.mount_root, s.id)
-    } else {
-        format!("{}/{}/persistent/{}", s.mount_root, s.id, i.name)
-    }
-}
-
-async fn paths(job: &Job, path_file: &Path) -> anyhow::Result<()> {
-    let mut m = connect(&job.common.manager).await?;
-    let s = complete_session(&mut m, job).await?;
-    let mut text = String::new();
-    let caches = cache_instances(&s);
-    for i in &s.instances {
-        let path = mount_path(&s, i);
-        let (dw, surge) = if i.id == s.job_instance {
-            if private(i) {
-                (
-                    DwVariable::JobPrivate.env_name(),
-                    "SURGE_JOB_PRIVATE".to_string(),
-                )
-            } else if i.access_mode == "ldbalance" {
-                (
-                    DwVariable::JobLdbal.env_name(),
-                    "SURGE_JOB_LDBAL".to_string(),
-                )
-            } else if caches.iter().any(|(c, _)| c.id == i.id) {
-                (
-                    DwVariable::JobStripedCache.env_name(),
-                    "SURGE_JOB_STRIPED_CACHE".to_string(),
-                )
-            } else {
-                (
-                    DwVariable::JobStriped.env_name(),
-                    "SURGE_JOB_STRIPED".to_string(),
-                )
-            }
-        } else {
-            (
-                DwVariable::PersistentStriped(i.name.clone()).env_name(),
-                format!("SURGE_PERSISTENT_{}", i.name),
-            )
-        };
-        text.push_str(&format!("{dw}={path}\n{surge}={path}\n"));
-    }
-    if s.job_instance != 0 {
-        text.push_str(&format!("SURGE_JOB_INSTANCE={}\n", s.job_instance));
-    }
-    text.push_str(&format!(
-        "SURGE_SESSION={}\nSURGE_MANAGER={}\n",
-        s.id, job.common.manager
-    ));
-    std::fs::write(path_file, text)
-        .with_context(|| format!("cannot write {}", path_file.display()))?;
-    set_phase(&mut m, &s, "paths", Vec::new(), false).await?;
-    Ok(())
-}
-
-/// How many of the session's mounts each host's agent reports, and what failed.
-async fn mount_state(
-    m: &mut surge_api::Client,
-    s: &api::Session,
-) -> anyhow::Result<(Vec<(String, Option<usize>)>, Vec<String>)> {
-    let agents = m
-        .list_agents(api::Empty {})
-        .await
-        .map_err(status_err)?
-        .into_inner()
-        .agents;
-    let mut per_host = Vec::new();
-    let mut errors = Vec::new();
-    for h in &s.hosts {
-        match agents.iter().find(|a| &a.host == h && a.alive) {
-            None => per_host.push((h.clone(), None)),
-            Some(a) => {
-                per_host.push((
-                    h.clone(),
-                    Some(a.mounts.iter().filter(|x| x.session == s.id).count()),
-                ));
-                errors.extend(
-                    a.failed
-                        .iter()
-                        .filter(|x| x.session == s.id)
-                        .map(|x| format!("{h}: cannot mount {}: {}", x.path, x.error)),
-                );
-            }
-        }
-    }
-    Ok((per_host, errors))
-}
-
-async fn pre_run(job: &Job, hosts: Vec<String>, timeout: f64) -> anyhow::Result<()> {
-    let mut m = connect(&job.common.manager).await?;
-    let s = complete_session(&mut m, job).await?;
-    let hosts: Vec<String> = hosts
-        .into_iter()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .collect();
-    let s = set_phase(&mut m, &s, "pre_run", hosts, true).await?;
-    let want = s.instances.len();
-    if want == 0 {
-        return Ok(());
-    }
-    let t = Instant::now();
-    loop {
-        let (per_host, errors) = mount_state(&mut m, &s).await?;
-        if !errors.is_empty() {
-            anyhow::bail!("{}", errors.join("\n"));
-        }
-        if per_host.iter().all(|(_, n)| n.is_some_and(|n| n >= want)) {
-            println!(
-                "job {}: {want} instance(s) mounted on {} in {:.1} s",
-                job.job_id,
-                s.hosts.join(","),
-                t.elapsed().as_secs_f64()
-            );
-            return Ok(());
-        }
-        if t.elapsed().as_secs_f64() > timeout {
-            let missing: Vec<String> = per_host
-                .iter()
-                .filter(|(_, n)| !n.is_some_and(|n| n >= want))
-                .map(|(h, n)| match n {
-                    None => format!("{h} (no live agent: is `surge agent` running there?)"),
-                    Some(n) => format!("{h} ({n} of {want} mounted)"),
-                })
-                .collect();
-            anyhow::bail!(
-                "job {}: not mounted after {timeout} s on {}",
-                job.job_id,
-                missing.join(", ")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Asks for the unmounts and waits until every live agent has none of the session's mounts.
-/// Dead agents are not waited for (the manager and a restarted agent clean up after them).
-async fn unmount(
-    m: &mut surge_api::Client,
-    s: &api::Session,
-    phase: &str,
-    timeout: f64,
-) -> anyhow::Result<()> {
-    let s = set_phase(m, s, phase, Vec::new(), false).await?;
-    let t = Instant::now();
-    loop {
-        let (per_host, _) = mount_state(m, &s).await?;
-        let left: Vec<&String> = per_host
-            .iter()
-            .filter(|(_, n)| n.is_some_and(|n| n > 0))
-            .map(|(h, _)| h)
-            .collect();
-        for (h, n) in &per_host {
-            if n.is_none() && t.elapsed() < Duration::from_millis(250) {
-                eprintln!(
-                    "warning: no live agent on {h}: its mounts of session {} are not waited for",
-                    s.id
-                );
-            }
-        }
-        if left.is_empty() {
-            return Ok(());
-        }
-        if t.elapsed().as_secs_f64() > timeout {
-            anyhow::bail!(
-                "session {}: still mounted on {:?} after {timeout} s",
-                s.id,
-                left
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn post_run(job: &Job, timeout: f64) -> anyhow::Result<()> {
-    let mut m = connect(&job.common.manager).await?;
-    let s = session(&mut m, job).await?;
-    unmount(&mut m, &s, "post_run", timeout).await
-}
-
-/// Reads a stage_out list file that lives in an instance, without a mount.
-async fn read_in_instance(
-    m: &mut surge_api::Client,
-    i: &api::Instance,
-    ns: u32,
-    inner: &str,
-) -> anyhow::Result<String> {
-    let desc: InstanceDescriptor = serde_json::from_str(&i.descriptor_json)
-        .with_context(|| format!("instance {}: bad descriptor", i.id))?;
-    let cap = m
-        .get_capability(api::GetCapabilityRequest {
-            instance: i.id,
-            persistent_name: String::new(),
-            namespace: ns,
-            all_namespaces: false,
-        })
-        .await
-        .map_err(status_err)?
-        .into_inner();
-    let client = InstanceClient::new(
-        desc,
-        NamespaceId(ns),
-        surge_auth::Token::from_text(&cap.token)?,
-    )?;
-    let attr = surge_stage::ns::resolve(&client, Path::new(inner)).await?;
-    let data = client.read(attr.ino, 0, attr.size).await?;
-    String::from_utf8(data).with_context(|| format!("{inner} is not text"))
-}
-
-async fn data_out(job: &Job, workdir: &Path) -> anyhow::Result<()> {
-    let (name, d) = job.directives()?;
-    let mut m = connect(&job.common.manager).await?;
-    let s = session(&mut m, job).await?;
-    let s = set_phase(&mut m, &s, "data_out", Vec::new(), false).await?;
-    // The list files of `type=list` are read from node 0's namespace.
-    let mut lists = std::collections::HashMap::new();
-    for sd in d
-        .stage_out
-        .iter()
-        .filter(|x| x.kind == surge_core::directives::StageKind::List)
-    {
-        let r = match instance_of(&s, &sd.instance) {
-            Some(i) => match jobplan::instance_path(&sd.source, &sd.instance) {
-                Ok(p) => read_in_instance(&mut m, i, 0, &p)
-                    .await
-                    .map_err(|e| format!("{e:#}")),
-                Err(e) => Err(e),
-            },
-            None => Err(format!("{} is not an instance of this job", sd.instance)),
-        };
-        lists.insert(sd.line, r);
-    }
-    let groups: anyhow::Result<Vec<StageGroup>> =
-        jobplan::stage_out(&d, &name, workdir, |sd| match lists.get(&sd.line) {
-            Some(Ok(t)) => Ok(t.clone()),
-            Some(Err(e)) => Err(std::io::Error::other(e.clone())),
-            None => Err(std::io::Error::other("not read")),
-        })
-        .map_err(|e| anyhow::anyhow!(e.join("\n")));
-    let mut failures = Vec::new();
-    match groups {
-        Err(e) => failures.push(format!("{e:#}")),
-        Ok(groups) => {
-            for g in groups {
-                let Some(inst) = instance_of(&s, &g.instance) else {
-                    failures.push(format!(
-                        "{name}: {} is not an instance of this job",
-                        g.instance
-                    ));
-                    continue;
-                };
-                let per_ns = per_namespace(&mut m, inst, &g).await;
-                let per_ns = match per_ns {
-                    Ok(p) => p,
-                    Err(lines) => {
-                        failures.extend(lines);
-                        continue;
-                    }
-                };
-                for (ns, items) in per_ns {
-                    let t = Instant::now();
-                    let done = stage_once(
-                        &mut m,
-                        &s,
-                        inst.id,
-                        ns,
-                        "out",
-                        serde_json::to_string(&items)?,
-                    )
-                    .await?;
-                    if done.state == "done" {
-                        println!("{}", stage_line("out", &g, inst, ns, &done, t));
-                    } else {
-                        failures.extend(failure_lines(&done));
-                    }
-                }
-            }
-        }
-    }
-    // A cache's drain: everything journaled reaches the PFS before the instance goes.
-    failures.extend(finish_drains(&mut m, &s).await?);
-    // What the job itself left: pending tasks and deferred stage-outs.
-    let tasks = session_tasks(&mut m, s.id).await?;
-    for t in tasks {
-        let t = match t.state.as_str() {
-            "deferred" => m
-                .activate_stage(api::GetStageRequest { id: t.id })
-                .await
-                .map_err(status_err)?
-                .into_inner(),
-            "queued" | "running" => t,
-            _ => continue,
-        };
-        let done = wait_stage(&mut m, t, "job's stage", true, || false).await?;
-        if done.state != "done" && done.direction == "out" {
-            failures.push(format!(
-                "stage task {} (started by the job): {}",
-                done.id,
-                crate::job_stage::failure_message(&done)
-            ));
-        }
-    }
-    if failures.is_empty() {
-        return Ok(());
-    }
-    // Teardown keeps the job instance of a session whose stage-out failed.
-    set_phase(&mut m, &s, "data_out_failed", Vec::new(), false).await?;
-    anyhow::bail!(
-        "stage-out failed; the job instance is kept (recover with `surge stage copy --out`):\n{}",
-        failures.join("\n")
-    )
-}
-
-/// A stage-out group per namespace: one for a striped instance; for a private one, the items
-/// each node's namespace holds (collisions refused, as `surge run` does).
-async fn per_namespace(
-    m: &mut surge_api::Client,
-    inst: &api::Instance,
-    g: &StageGroup,
-) -> Result<Vec<(u32, Vec<surge_stage::StageItem>)>, Vec<String>> {
-    if !private(inst) || inst.nodes <= 1 {
-        return Ok(vec![(0, g.items.clone())]);
-    }
-    let err = |e: String| vec![format!("stage out of {}: {e}", g.instance)];
-    let desc: InstanceDescriptor =
-        serde_json::from_str(&inst.descriptor_json).map_err(|e| err(e.to_string()))?;
-    let cap = m
-        .get_capability(api::GetCapabilityRequest {
-            instance: inst.id,
-            persistent_name: String::new(),
-            namespace: 0,
-            all_namespaces: true,
-        })
-        .await
-        .map_err(|e| err(e.message().to_string()))?
-        .into_inner();
-    let token = surge_auth::Token::from_text(&cap.token).map_err(|e| err(e.to_string()))?;
-    split_private(&g.instance, &desc, &token, inst.nodes, &g.items).await
-}
-
-/// The stage-out of `items` from a private instance of `nodes` namespaces, per namespace: each
-/// node's namespace with the items it holds (all of them staged to the same destinations, the
-/// nodes' trees merged). A destination two nodes would both write is refused before anything
-/// is copied (the lines say which and why), so no node's output silently replaces another's;
-/// an item no node holds stays with node 0, whose stage then says it is missing.
-pub async fn split_private(
-    var: &DwVariable,
-    desc: &InstanceDescriptor,
-    token: &surge_auth::Token,
-    nodes: u32,
-    items: &[surge_stage::StageItem],
-) -> Result<Vec<(u32, Vec<surge_stage::StageItem>)>, Vec<String>> {
-    let clients = (0..nodes)
-        .map(|ns| {
-            InstanceClient::new(desc.clone(), NamespaceId(ns), token.clone())
-                .map(std::sync::Arc::new)
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| vec![format!("stage out of {var}: {e}")])?;
-    let held = surge_stage::merge::private_outputs(&clients, items)
-        .await
-        .map_err(|e| vec![format!("stage out of {var}: {e}")])?;
-    if !held.conflicts.is_empty() {
-        let mut lines: Vec<String> = held
-            .conflicts
-            .iter()
-            .take(20)
-            .map(|(path, nodes)| {
-                format!(
-                    "stage out of {var} (access_mode=private): {} would be written by nodes \
-                     {nodes:?}; each node's namespace goes to the same destination, so give the \
-                     nodes' outputs different names or directories",
-                    path.display(),
-                )
-            })
-            .collect();
-        if held.conflicts.len() > 20 {
-            lines.push(format!(
-                "stage out of {var}: {} more paths written by several nodes",
-                held.conflicts.len() - 20
-            ));
-        }
-        lines.push(format!(
-            "stage out of {var}: nothing of it was staged out; the instance is kept"
-        ));
-        return Err(lines);
-    }
-    let mut per_node: Vec<(u32, Vec<surge_stage::StageItem>)> = held
-        .items
-        .into_iter()
-        .enumerate()
-        .map(|(k, v)| (k as u32, v))
-        .collect();
-    for item in items {
-        if per_node.iter().all(|(_, v)| !v.contains(item)) {
-            per_node[0].1.push(item.clone());
-        }
-    }
-    per_node.retain(|(_, v)| !v.is_empty());
-    Ok(per_node)
-}
-
-/// Ends an active session of a job: has the agents unmount its instances, stops its stage
-/// tasks when `hurry`, and ends it as `state` (the job instance is kept, and the state says
-/// "stage-out-failed", when its stage-out failed).
-async fn end_job_session(
-    m: &mut surge_api::Client,
-    s: &api::Session,
-    hurry: bool,
-    state: &str,
+    id: &str,
 ) -> anyhow::Result<api::Session> {
-    // Unmount first: a mount of a destroyed instance would answer ESTALE to the job.
-    if s.mount || !s.hosts.is_empty() {
-        if let Err(e) = unmount(m, s, "teardown", if hurry { 10.0 } else { 60.0 }).await {
-            eprintln!("warning: {e:#}");
-        }
-    } else {
-        set_phase(m, s, "teardown", Vec::new(), false).await?;
-    }
-    if hurry {
-        let tasks = session_tasks(m, s.id).await?;
-        for t in tasks
-            .iter()
-            .filter(|t| t.state == "running" || t.state == "queued")
-        {
-            let _ = m.cancel_stage(api::GetStageRequest { id: t.id }).await;
-        }
-    }
-    // A cache's drain (done by data_out unless Slurm skipped it): nothing journaled is lost.
-    let drain_failures = finish_drains(m, s).await?;
-    for f in &drain_failures {
-        eprintln!("{f}");
-    }
-    let keep = s.phase == "data_out_failed" || !drain_failures.is_empty();
-    Ok(m.end_session(api::EndSessionRequest {
-        id: s.id,
-        keep_job_instance: keep,
-        state: if keep { "stage-out-failed" } else { state }.into(),
-    })
+    let mut lines = Lines {
+        job: id,
+        to_stderr: true,
+    };
+    lifecycle::end_job_session(
+        m,
+        s,
+        &mut agents_of_session(),
+        true,
+        "abandoned",
+        &mut lines,
+    )
     .await
-    .map_err(status_err)?
-    .into_inner())
+}
+
+/// What a phase prints, as the hooks always did: on stdout for Slurm's log (stderr for
+/// problems, and for everything in a reconcile, whose stdout is its report).
+struct Lines<'a> {
+    job: &'a str,
+    to_stderr: bool,
+}
+
+impl Lines<'_> {
+    fn say(&self, line: String) {
+        if self.to_stderr {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+}
+
+impl Report for Lines<'_> {
+    fn event(&mut self, e: Event<'_>) {
+        let job = self.job;
+        match e {
+            Event::PoolFallback { pool } => self.say(format!(
+                "pool '{pool}' is not defined here: using the default pool"
+            )),
+            Event::Persistent { name, created, .. } => self.say(if created {
+                format!("created persistent instance {name}")
+            } else {
+                format!("persistent instance {name}: there already, the job owner's (set up again)")
+            }),
+            Event::PersistentFailed { .. } | Event::Unmounted { .. } | Event::JobStage { .. } => {}
+            Event::AlreadySetUp { session } => self.say(format!(
+                "job {job}: session {} (already set up)",
+                session.id
+            )),
+            Event::Incomplete { session, lacks } => eprintln!(
+                "job {job}: session {} lacks {lacks}: ending it and setting up again",
+                session.id
+            ),
+            Event::Allocated { session, .. } => self.allocated(session),
+            Event::Staged {
+                direction,
+                var,
+                instance,
+                ns,
+                task,
+                started,
+            } if task.state == "done" => self.say(format!(
+                "stage {direction} {var}{}: {} files, {} in {:.1} s",
+                if instance.access_mode == "private" {
+                    format!(" (node {ns})")
+                } else {
+                    String::new()
+                },
+                task.files_done,
+                format_bytes(task.bytes_done),
+                started.elapsed().as_secs_f64()
+            )),
+            Event::Staged { .. } => {}
+            Event::Filled {
+                var,
+                pfs,
+                task,
+                started,
+                ..
+            } if task.state == "done" => self.say(format!(
+                "fill {} from {pfs}: {} files ({}, read from the PFS on first use) in {:.1} s",
+                var.env_name(),
+                task.files_done,
+                format_bytes(task.bytes_done),
+                started.elapsed().as_secs_f64()
+            )),
+            Event::Filled { .. } => {}
+            Event::DrainStarted { var, pfs, task } => self.say(format!(
+                "drain {} to {pfs}: started (stage task {})",
+                var.env_name(),
+                task.id
+            )),
+            Event::Drained {
+                var,
+                pfs,
+                files,
+                bytes,
+                seconds,
+                error,
+                ..
+            } => match error {
+                None => self.say(format!(
+                    "drain {} to {pfs}: {files} files, {} ({seconds:.1} s after the job)",
+                    var.env_name(),
+                    format_bytes(bytes)
+                )),
+                Some(e) => eprintln!("{e}"),
+            },
+            Event::Mounted { detail, .. } => self.say(format!("job {job}: {detail}")),
+            Event::NoSession => self.say(format!("job {job}: no session: nothing to tear down")),
+            Event::Ended { session, kept, .. } => self.say(format!(
+                "job {job}: session {} {}{}",
+                session.id,
+                session.state,
+                match kept {
+                    Some(i) => format!("; job instance {i} KEPT (stage-out or drain failed)"),
+                    None => String::new(),
+                }
+            )),
+            Event::Destroyed {
+                name,
+                existed: true,
+                ok: true,
+                ..
+            } => self.say(format!("destroyed persistent instance {name}")),
+            Event::Destroyed { .. } => {}
+        }
+    }
+}
+
+impl Lines<'_> {
+    fn allocated(&self, s: &api::Session) {
+        let job = self.job;
+        let job_inst = s.instances.iter().find(|i| i.id == s.job_instance);
+        self.say(format!(
+            "job {job}: session {}{}",
+            s.id,
+            job_inst.map_or(String::new(), |i| format!(
+                ", job instance {} {} ({} fragments)",
+                format_bytes(i.capacity),
+                i.access_mode,
+                i.fragments
+            ))
+        ));
+        if let Some(p) = job_inst.and_then(crate::targets::promise_of) {
+            self.say(format!("job {job}: {}", crate::targets::detail(&p)));
+            for w in &p.why {
+                self.say(format!("job {job}:   {w}"));
+            }
+        }
+    }
 }
 
 /// Job states after which Slurm runs no more hooks for a job still in stage-in.
@@ -1537,7 +764,7 @@ async fn reconcile(
             let ended = if dry_run {
                 "would end".to_string()
             } else {
-                match end_job_session(&mut m, s, true, "abandoned").await {
+                match end_session(&mut m, s, id).await {
                     Ok(e) => e.state,
                     Err(e) => format!("ending it failed: {e:#}"),
                 }
@@ -1557,57 +784,6 @@ async fn reconcile(
         println!("{}", serde_json::Value::Array(done));
     } else if done.is_empty() {
         println!("nothing to reconcile");
-    }
-    Ok(())
-}
-
-async fn teardown(job: &Job, hurry: bool) -> anyhow::Result<()> {
-    let directives = job.directives();
-    let mut m = connect(&job.common.manager).await?;
-    let Some(s) = find(&mut m, job).await? else {
-        println!("job {}: no session: nothing to tear down", job.job_id);
-        return Ok(());
-    };
-    if s.state == "active" {
-        let ended =
-            end_job_session(&mut m, &s, hurry, if hurry { "cancelled" } else { "ended" }).await?;
-        let keep = ended.state == "stage-out-failed";
-        println!(
-            "job {}: session {} {}{}",
-            job.job_id,
-            ended.id,
-            ended.state,
-            if keep {
-                format!(
-                    "; job instance {} KEPT (stage-out or drain failed)",
-                    s.job_instance
-                )
-            } else {
-                String::new()
-            }
-        );
-    }
-    // Persistent instances the script destroys (after the job, as DataWarp does).
-    if let Ok((name, d)) = directives {
-        for dp in &d.destroy_persistent {
-            match m
-                .destroy_instance(api::DestroyInstanceRequest {
-                    id: 0,
-                    persistent_name: dp.name.clone(),
-                    hurry: dp.hurry || hurry,
-                })
-                .await
-            {
-                Ok(_) => println!("destroyed persistent instance {}", dp.name),
-                Err(e) if e.code() == tonic::Code::NotFound => {}
-                Err(e) => anyhow::bail!(
-                    "{name}:{}: #BB destroy_persistent name={}: {}",
-                    dp.line,
-                    dp.name,
-                    e.message()
-                ),
-            }
-        }
     }
     Ok(())
 }

@@ -455,9 +455,9 @@ impl EmbeddedPeaks {
     }
 }
 
-/// Waits until `n` servers are up in the default pool (the embedded servers register
-/// themselves in the background); their ids.
-async fn wait_servers(
+/// Waits (10 s at most) until `n` servers are up in the default pool (the embedded servers
+/// register themselves in the background): the pool, its granularity, the servers up.
+pub(crate) async fn wait_servers(
     c: &mut surge_api::Client,
     n: usize,
 ) -> anyhow::Result<(String, u64, Vec<String>)> {

@@ -328,27 +328,7 @@ impl Embedded {
             emb.server_children.push(child);
             res?;
         }
-        // A server writes its ready file before it registers (in the background): wait for
-        // the manager to count them all, or a job allocated at once finds no server up.
-        wait_registered(&manager, &munge_socket, opts.servers)?;
-        // Peaks measured for this fast tier before (crate::calibrate): registered now, so
-        // `#SURGE jobdw` targets are sized from them without measuring again.
-        if crate::calibrate::EmbeddedPeaks::load(&opts.state_dir).is_some_and(|c| c.matches(opts)) {
-            let registered = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?
-                .block_on(async {
-                    let mut c = surge_api::connect_with(&manager, munge_socket.clone()).await?;
-                    crate::calibrate::register_embedded(&mut c, opts).await
-                });
-            if let Err(e) = registered {
-                tracing::warn!(
-                    "the peaks kept in {} were not registered: {e:#}",
-                    crate::calibrate::EmbeddedPeaks::path(&opts.state_dir).display()
-                );
-            }
-        }
+        registrations(&manager, &munge_socket, opts, &logs);
         Ok(emb)
     }
 
@@ -371,35 +351,43 @@ impl Embedded {
     }
 }
 
-/// Waits (at most 30 s) until the manager at `manager` has `n` servers up.
-fn wait_registered(manager: &str, munge: &Path, n: usize) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A server says it is ready before it has registered with the manager: waits for the
+/// registrations, so a job's first allocation finds every server. Peaks measured for this fast
+/// tier before (crate::calibrate) are registered then, so `#SURGE jobdw` targets are sized
+/// from them without measuring again. What fails is logged: the run goes on.
+fn registrations(manager: &str, munge_socket: &Path, opts: &EmbeddedOptions, logs: &Path) {
+    let registered = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
-    rt.block_on(async {
-        let mut c = surge_api::connect_with(manager, munge.to_path_buf()).await?;
-        let start = Instant::now();
-        loop {
-            let up = c
-                .list_servers(surge_api::v1::Empty {})
-                .await
-                .map_err(surge_manager::cli::status_err)?
-                .into_inner()
-                .servers
-                .iter()
-                .filter(|s| s.state == "up")
-                .count();
-            if up >= n {
-                return Ok(());
-            }
-            anyhow::ensure!(
-                start.elapsed() < Duration::from_secs(30),
-                "only {up} of the {n} servers registered with the embedded manager in 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+        .context("cannot start the async runtime")
+        .and_then(|rt| {
+            rt.block_on(async {
+                let mut c = surge_api::connect_with(manager, munge_socket.to_path_buf()).await?;
+                let up = crate::calibrate::wait_servers(&mut c, opts.servers)
+                    .await?
+                    .2;
+                if up.len() < opts.servers {
+                    tracing::warn!(
+                        "{} of {} servers registered with the manager (see {})",
+                        up.len(),
+                        opts.servers,
+                        logs.display()
+                    );
+                }
+                let cached = crate::calibrate::EmbeddedPeaks::load(&opts.state_dir)
+                    .is_some_and(|c| c.matches(opts));
+                if cached {
+                    crate::calibrate::register_embedded(&mut c, opts).await?;
+                }
+                anyhow::Ok(())
+            })
+        });
+    if let Err(e) = registered {
+        tracing::warn!(
+            "the servers' registrations or the peaks kept in {}: {e:#}",
+            crate::calibrate::EmbeddedPeaks::path(&opts.state_dir).display()
+        );
+    }
 }
 
 fn reap(children: &mut [Child], grace: Duration) {

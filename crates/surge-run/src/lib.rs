@@ -1,5 +1,6 @@
-//! The job lifecycle without a scheduler: `surge run job.sh` ([`run`]) with the embedded default
-//! ([`embedded`]), the translation of stage directives ([`jobplan`]), `surge exec` on emulated
+//! The job lifecycle ([`lifecycle`]: one set of phases) and its two drivers: `surge run job.sh`
+//! ([`run`]) with the embedded default ([`embedded`]), and a workload manager's hooks (`surge bb`,
+//! [`bb`]); the translation of stage directives ([`jobplan`]), `surge exec` on emulated
 //! nodes ([`exec`]), `surge stage` from inside a job ([`stage_cli`], over the library of
 //! [`job_stage`], which libdatawarp's compatibility library shares) and the sizing of
 //! `#SURGE jobdw` performance targets ([`targets`]).
@@ -11,6 +12,7 @@ pub mod embedded;
 pub mod exec;
 pub mod job_stage;
 pub mod jobplan;
+pub mod lifecycle;
 pub mod loadgen;
 pub mod mover;
 pub mod nodes;

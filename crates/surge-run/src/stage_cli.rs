@@ -43,7 +43,8 @@ pub enum StageCommand {
         json: bool,
     },
     /// Wait for stage tasks of this job (all, or the given ids); fails if any failed.
-    /// Deferred tasks (`out --at-job-end`) are not waited for: they run when the job ends.
+    /// Deferred tasks (`out --at-job-end`) and the drains of cache instances are not waited
+    /// for: they run until the job ends (`--drained` waits for what the drains have to copy).
     Wait {
         /// Task ids (default: every task of this job).
         tasks: Vec<u64>,
@@ -150,6 +151,11 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
                 let mut failed = 0;
                 for t in selected(js.tasks().await?, &tasks) {
                     if t.state == "deferred" || t.state == "cancelled" {
+                        continue;
+                    }
+                    // A cache's drain runs until the job ends (`--drained` waits for what it
+                    // has to copy); only a wait that names it waits for its end.
+                    if t.direction == "drain" && tasks.is_empty() {
                         continue;
                     }
                     let label = format!("stage {} task {}", t.direction, t.id);

@@ -83,7 +83,21 @@ async fn fill(client: &InstanceClient, pfs: &std::path::Path, say: &impl Fn(&Eve
         say(&Event::Failed(e.to_string()));
         return false;
     }
-    match crate::fill::fill_lazy(client, pfs, || false).await {
+    let filled = match crate::fill::fill_lazy(client, pfs, || false).await {
+        // What the fill made is journaled like any change, and is on the PFS already: the
+        // journal is emptied, so the drain copies only what the job changes.
+        Ok(st) => match client.drain_ack(u64::MAX, Vec::new()).await {
+            Ok(()) => Ok(st),
+            Err(e) => Err(format!(
+                "cannot clear the cache's journal after the fill: {e}"
+            )),
+        },
+        Err(e) => Err(format!(
+            "the fill of the cache from {} failed: {e}",
+            pfs.display()
+        )),
+    };
+    match filled {
         Ok(st) => {
             say(&Event::Done(StageReport {
                 files: st.lazy_files + st.copied_files,
@@ -96,10 +110,7 @@ async fn fill(client: &InstanceClient, pfs: &std::path::Path, say: &impl Fn(&Eve
             true
         }
         Err(e) => {
-            say(&Event::Failed(format!(
-                "the fill of the cache from {} failed: {e}",
-                pfs.display()
-            )));
+            say(&Event::Failed(e));
             false
         }
     }

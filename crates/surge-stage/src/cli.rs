@@ -218,8 +218,9 @@ fn watch_signals(progress: Arc<Progress>) {
 /// changes until SIGINT/SIGTERM, then drains what is left and exits.
 ///
 /// One drainer at a time: while another drain holds the journal (a job's, a drain task's),
-/// this one exits 1 saying so, or with --follow waits, and once told to stop ends when the
-/// holder has drained everything journaled before the stop.
+/// this one waits until the holder has drained everything journaled when it started (exits 1
+/// if the holder makes no progress for 60 s), or with --follow waits, and once told to stop
+/// ends when the holder has drained everything journaled before the stop.
 ///
 /// Examples:
 ///   surge stage drain --manager mgr:7060 --instance 42
@@ -280,9 +281,23 @@ pub fn run_drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
                 std::time::Duration::from_millis(100),
             )
             .await;
-        } else if let Err(e) = crate::drain::drain_pass(&client, &pfs, &state.stats).await {
-            eprintln!("surge stage drain: {e}");
-            return Ok(ExitCode::from(1));
+        } else {
+            match crate::drain::drain_pass(&client, &pfs, &state.stats).await {
+                Ok(_) => {}
+                // Another drainer holds the journal (the drain of a job that uses the cache):
+                // what is journaled now is on the PFS once that one has applied it.
+                Err(crate::drain::DrainError::Elsewhere(why)) => {
+                    eprintln!("surge stage drain: {why}: waiting for it to drain the changes");
+                    if let Err(e) = drained_elsewhere(&client).await {
+                        eprintln!("surge stage drain: {e:#}");
+                        return Ok(ExitCode::from(1));
+                    }
+                }
+                Err(e) => {
+                    eprintln!("surge stage drain: {e}");
+                    return Ok(ExitCode::from(1));
+                }
+            }
         }
         let st = &state.stats;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
@@ -306,6 +321,29 @@ pub fn run_drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Waits until every change journaled in `client`'s cache now is on the PFS, applied by the
+/// drainer that holds the journal; gives up when the journal has not moved for
+/// [`crate::drain::DRAIN_STALL`] (that drainer is stuck: its PFS is gone, or it is).
+async fn drained_elsewhere(client: &InstanceClient) -> anyhow::Result<()> {
+    let target = client.drain_progress().await?.newest;
+    let (mut oldest, mut since) = (0, std::time::Instant::now());
+    client
+        .wait_drained(target, |p| -> anyhow::Result<()> {
+            if p.oldest_entry != oldest {
+                (oldest, since) = (p.oldest_entry, std::time::Instant::now());
+            }
+            anyhow::ensure!(
+                since.elapsed() < crate::drain::DRAIN_STALL,
+                "the drainer holding the journal made no progress for {} s; {} change(s) not on \
+                 the PFS",
+                crate::drain::DRAIN_STALL.as_secs(),
+                p.pending
+            );
+            Ok(())
+        })
+        .await
 }
 
 pub fn run_copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
