@@ -173,6 +173,7 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
         core.gc_every = Duration::from_secs_f64(args.gc_interval.max(0.1));
         let core = Arc::new(core);
         let stages = Arc::new(Stages::with(core.clone(), args.stage_on));
+        stages.watch_sessions();
         // Connections the listeners may hold: what the descriptor limit leaves after a
         // reserve for servers, etcd, munged and files.
         surge_core::sys::raise_nofile_limit().ok();

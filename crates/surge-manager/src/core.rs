@@ -143,6 +143,9 @@ pub struct Core {
     pub gc_every: std::time::Duration,
     /// What the collections freed since start (fragments, bytes), for the metrics.
     pub gc_freed: Mutex<(u64, u64)>,
+    /// Sessions as they end (their id): stage tasks they left running are stopped
+    /// ([`crate::stage::Stages`] listens).
+    pub ended: tokio::sync::broadcast::Sender<u64>,
     /// Sessions that want mounts, by host: what an agent's sync reads (kept with every phase
     /// change and end; rebuilt from the state at start and at a takeover).
     by_host: Mutex<HashMap<String, std::collections::BTreeSet<u64>>>,
@@ -201,6 +204,7 @@ impl Core {
             gc_every: GC_EVERY,
             gc_freed: Mutex::new((0, 0)),
             by_host: Mutex::new(by_host),
+            ended: tokio::sync::broadcast::channel(1024).0,
         })
     }
 
@@ -1496,6 +1500,8 @@ impl Core {
         self.store.end_session(id, state).await?;
         let s = self.session(id).await?;
         self.index_hosts(&s.hosts, &s);
+        // Nobody listening (a manager without stage tasks) is fine.
+        let _ = self.ended.send(id);
         Ok(s)
     }
 }

@@ -342,6 +342,51 @@ impl Stages {
     }
 
     pub fn with(core: Arc<Core>, stage_on: StageOn) -> Stages {
+        Stages::new_with(core, stage_on)
+    }
+
+    /// Starts listening for ended sessions: what they leave queued or running is stopped
+    /// (a `surge run` killed while its cache drained, ended by the reconciliation, left its
+    /// drain holding the journal for ever). Call once, on the `Arc` the manager serves.
+    pub fn watch_sessions(self: &Arc<Self>) {
+        let mut rx = self.core.ended.subscribe();
+        let this = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let id = match rx.recv().await {
+                    Ok(id) => id,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return,
+                };
+                let Some(stages) = this.upgrade() else { return };
+                if let Err(e) = stages.stop_session_tasks(id).await {
+                    warn!("session {id}: cannot stop its stage tasks: {e}");
+                }
+            }
+        });
+    }
+
+    /// Stops the deferred, queued and running tasks of an ended session (without waiting for
+    /// the running ones: their workers stop at their next chunk).
+    pub async fn stop_session_tasks(&self, session: u64) -> MResult<usize> {
+        let mut n = self.cancel_deferred(session).await?;
+        for row in self.core.store.stages(session).await? {
+            if !matches!(row.state.as_str(), "queued" | "running") {
+                continue;
+            }
+            if let Some(r) = self.running.lock().get(&row.id) {
+                info!(
+                    "stage task {} ({}): session {session} ended: stopping it",
+                    row.id, row.direction
+                );
+                r.live.cancel();
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    fn new_with(core: Arc<Core>, stage_on: StageOn) -> Stages {
         Stages {
             core,
             exe: std::env::current_exe().unwrap_or_else(|_| "surge".into()),

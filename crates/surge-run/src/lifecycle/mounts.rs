@@ -136,8 +136,6 @@ pub struct Agents {
 
 /// How long a hurried teardown waits for the agents to unmount.
 const HURRIED: Duration = Duration::from_secs(10);
-/// How often the agents' reports are looked at while waiting.
-const POLL: Duration = Duration::from_millis(50);
 
 impl Mounts for Agents {
     fn nodes(&self) -> u32 {
@@ -169,7 +167,8 @@ impl Mounts for Agents {
         }
         let t = Instant::now();
         loop {
-            let (per_host, errors) = mount_state(m, s).await?;
+            let left = self.timeout.saturating_sub(t.elapsed());
+            let (per_host, errors) = mount_state(m, s, true, left).await?;
             if !errors.is_empty() {
                 anyhow::bail!("{}", errors.join("\n"));
             }
@@ -196,7 +195,6 @@ impl Mounts for Agents {
                     missing.join(", ")
                 );
             }
-            tokio::time::sleep(POLL).await;
         }
     }
 
@@ -212,7 +210,8 @@ impl Mounts for Agents {
         let t = Instant::now();
         let mut warned = false;
         loop {
-            let (per_host, _) = mount_state(m, s).await?;
+            let left = timeout.saturating_sub(t.elapsed());
+            let (per_host, _) = mount_state(m, s, false, left).await?;
             if !warned {
                 for (h, _) in per_host.iter().filter(|(_, n)| n.is_none()) {
                     eprintln!(
@@ -238,19 +237,26 @@ impl Mounts for Agents {
                     timeout.as_secs_f64()
                 );
             }
-            tokio::time::sleep(POLL).await;
         }
     }
 }
 
 /// How many of the session's mounts each of its hosts' agent reports (`None`: no live agent),
-/// and what failed.
+/// and what failed: the manager answers once those hosts report every instance mounted
+/// (`mounted`) or none, or a failure, or after `wait` (at most a second at a time, so the
+/// caller's timeout holds). Only the session's hosts are asked about, and nothing polls.
 async fn mount_state(
     m: &mut surge_api::Client,
     s: &api::Session,
+    mounted: bool,
+    wait: Duration,
 ) -> anyhow::Result<(Vec<(String, Option<usize>)>, Vec<String>)> {
     let agents = m
-        .list_agents(api::Empty {})
+        .wait_mounts(api::WaitMountsRequest {
+            session: s.id,
+            mounted,
+            wait_ms: wait.min(Duration::from_secs(1)).as_millis() as u32,
+        })
         .await
         .map_err(status_err)?
         .into_inner()
