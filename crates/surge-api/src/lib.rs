@@ -17,15 +17,48 @@ use tonic::transport::Channel;
 /// The metadata key carrying a call's MUNGE credential.
 pub const MUNGE_HEADER: &str = "x-surge-munge";
 
-/// Adds a fresh MUNGE credential (from the munged at `socket`) to every call.
+/// How long a client sends the same MUNGE credential (well inside munged's default time to
+/// live of 300 s): the manager decodes it once and knows it from its cache for the rest of
+/// this time (see the manager's `service::authenticate`), so a client's calls do not each
+/// cost a credential on both sides.
+pub const CREDENTIAL_REUSE: Duration = Duration::from_secs(30);
+
+/// Adds a MUNGE credential (from the munged at `socket`) to every call: one credential for
+/// [`CREDENTIAL_REUSE`], then a fresh one.
 #[derive(Clone, Debug)]
 pub struct Munge {
     pub socket: PathBuf,
+    cred: std::sync::Arc<std::sync::Mutex<Option<(String, std::time::Instant, u32)>>>,
+}
+
+impl Munge {
+    pub fn new(socket: PathBuf) -> Munge {
+        Munge {
+            socket,
+            cred: Default::default(),
+        }
+    }
+
+    fn credential(&self) -> Result<String, surge_auth::AuthError> {
+        // SAFETY: geteuid has no preconditions. A process that changed its user makes a
+        // credential of the new one.
+        let euid = unsafe { libc::geteuid() };
+        let mut c = self.cred.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((cred, made, uid)) = c.as_ref() {
+            if *uid == euid && made.elapsed() < CREDENTIAL_REUSE {
+                return Ok(cred.clone());
+            }
+        }
+        let cred = surge_auth::munge::encode(&self.socket)?;
+        *c = Some((cred.clone(), std::time::Instant::now(), euid));
+        Ok(cred)
+    }
 }
 
 impl tonic::service::Interceptor for Munge {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        let cred = surge_auth::munge::encode(&self.socket)
+        let cred = self
+            .credential()
             .map_err(|e| tonic::Status::unauthenticated(e.to_string()))?;
         let value = cred
             .parse()
@@ -189,6 +222,6 @@ pub async fn connect_with(addr: &str, socket: PathBuf) -> Result<Client, Connect
     };
     Ok(v1::manager_client::ManagerClient::with_interceptor(
         ch,
-        Munge { socket },
+        Munge::new(socket),
     ))
 }

@@ -9,6 +9,7 @@
 use crate::core::{Core, InstanceRequest, ManagerError};
 use crate::stage::Stages;
 use crate::views;
+use std::collections::HashMap;
 use std::sync::Arc;
 use surge_api::v1 as api;
 use surge_api::v1::manager_server::Manager;
@@ -104,11 +105,48 @@ pub fn instance_request(r: &api::CreateInstanceRequest) -> Result<InstanceReques
     })
 }
 
+/// How long a decoded credential is known without asking munged again: twice what a client
+/// reuses one for ([`surge_api::CREDENTIAL_REUSE`]), far inside munged's time to live.
+const CREDENTIAL_KNOWN: std::time::Duration = std::time::Duration::from_secs(60);
+/// At most this many credentials are known at once (expired ones are dropped first; past it
+/// a credential is decoded on every call).
+const CREDENTIALS_KNOWN_MAX: usize = 100_000;
+
+/// The credentials decoded lately: who made each, from which address, when first decoded.
+/// munged refuses a credential decoded before (a replay), so a client that sends one
+/// credential for several calls ([`surge_api::Munge`]) is known from here: on every
+/// connection from the same address (a client's channel reconnects), never from another, and
+/// for [`CREDENTIAL_KNOWN`] only.
+#[derive(Default)]
+struct Known(HashMap<String, (u32, u32, std::net::IpAddr, std::time::Instant)>);
+
+impl Known {
+    fn get(&self, cred: &str, from: std::net::IpAddr) -> Option<(u32, u32)> {
+        let (uid, gid, ip, at) = self.0.get(cred)?;
+        (*ip == from && at.elapsed() < CREDENTIAL_KNOWN).then_some((*uid, *gid))
+    }
+
+    fn insert(&mut self, cred: &str, from: std::net::IpAddr, who: (u32, u32)) {
+        if self.0.len() >= CREDENTIALS_KNOWN_MAX {
+            self.0.retain(|_, v| v.3.elapsed() < CREDENTIAL_KNOWN);
+            if self.0.len() >= CREDENTIALS_KNOWN_MAX {
+                return;
+            }
+        }
+        self.0.insert(
+            cred.to_string(),
+            (who.0, who.1, from, std::time::Instant::now()),
+        );
+    }
+}
+
 /// The tonic interceptor of the manager's API: takes the caller from the call's MUNGE
-/// credential (decoded by the munged at `socket`), or refuses the call.
+/// credential (decoded by the munged at `socket`, or known from an earlier call of the same
+/// client: see [`Known`]), or refuses the call.
 pub fn authenticate(
     socket: std::path::PathBuf,
 ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    let known = Arc::new(std::sync::Mutex::new(Known::default()));
     move |mut req: Request<()>| {
         let cred = req
             .metadata()
@@ -120,8 +158,27 @@ pub fn authenticate(
                      commands, which send one; is munged running?)",
                 )
             })?;
-        let (uid, gid) = surge_auth::munge::decode(cred, &socket)
-            .map_err(|e| Status::unauthenticated(e.to_string()))?;
+        let from = req.remote_addr().map(|a| a.ip());
+        let cached = from.and_then(|ip| {
+            known
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(cred, ip)
+        });
+        let (uid, gid) = match cached {
+            Some(who) => who,
+            None => {
+                let who = surge_auth::munge::decode(cred, &socket)
+                    .map_err(|e| Status::unauthenticated(e.to_string()))?;
+                if let Some(ip) = from {
+                    known
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(cred, ip, who);
+                }
+                who
+            }
+        };
         req.extensions_mut().insert(Caller::of(uid, gid));
         Ok(req)
     }

@@ -19,6 +19,10 @@ use surge_api::v1 as api;
 ///   surge bench control-plane --agents 1000 --jobs 500 --concurrency 50
 ///   surge bench control-plane --agents 10000 --jobs 0 --idle 20       # idle cost only
 ///   surge bench control-plane --history 1000000 --jobs 200            # with a long history
+///   surge bench control-plane --agents 1000 --concurrency 50 --run-seconds 3 --jobs 3000
+///                                               # 50 jobs running at once, phases as they end
+///   surge bench control-plane --manager a:7070,b:7070 --duration 600 --run-seconds 3
+///                                               # managers on etcd (bench/control_plane_ha.sh)
 #[derive(clap::Args, Debug, Clone)]
 #[command(verbatim_doc_comment)]
 pub struct LoadArgs {
@@ -53,12 +57,21 @@ pub struct LoadArgs {
     /// Seconds each agent's long poll waits when nothing changes.
     #[arg(long, default_value_t = 30.0)]
     pub agent_wait: f64,
+    /// Seconds each job runs between pre_run and post_run (its compute). 0 drives the phases
+    /// back to back: the control plane saturated; a few seconds is a cluster where
+    /// --concurrency jobs are running at once and phases arrive as they end.
+    #[arg(long, default_value_t = 0.0)]
+    pub run_seconds: f64,
+    /// Keep starting jobs for this many seconds (--jobs is then the most started); 0: run
+    /// --jobs jobs.
+    #[arg(long, default_value_t = 0.0)]
+    pub duration: f64,
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
-/// One job's phase durations, in seconds.
+/// One job's phase durations, in seconds, and what it saw.
 #[derive(Default, Clone)]
 struct JobTimes {
     setup: f64,
@@ -66,6 +79,12 @@ struct JobTimes {
     pre_run: f64,
     post_run: f64,
     teardown: f64,
+    /// Phases run again because the manager went away (a failover).
+    retries: u32,
+    /// The job instance it ran with.
+    instance: u64,
+    /// It passed pre_run without an active session holding a job instance.
+    without_instance: bool,
 }
 
 const PHASES: [&str; 5] = ["setup", "paths", "pre_run", "post_run", "teardown"];
@@ -165,47 +184,138 @@ async fn agent(
     }
 }
 
-/// One job through every phase, as `surge bb` would drive it.
+/// A connection to the manager(s) that a phase can drop and make again: each phase is run
+/// again, on a new connection to whichever manager leads, when the manager went away (as
+/// `surge bb` does for Slurm), for as long as a failover takes.
+struct Phases<'a> {
+    addr: &'a str,
+    munge: &'a std::path::Path,
+    conn: Option<surge_api::Client>,
+    retries: u32,
+}
+
+impl Phases<'_> {
+    async fn run<T, F, Fut>(&mut self, mut f: F) -> anyhow::Result<T>
+    where
+        F: FnMut(surge_api::Client) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<T>>,
+    {
+        let start = Instant::now();
+        loop {
+            let c = match self.conn.take() {
+                Some(c) => c,
+                None => match surge_api::connect_with(self.addr, self.munge.to_path_buf()).await {
+                    Ok(c) => c,
+                    Err(e) if start.elapsed() < surge_api::FAILOVER_WAIT * 2 => {
+                        let _ = e;
+                        self.retries += 1;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            match f(c.clone()).await {
+                Ok(v) => {
+                    self.conn = Some(c);
+                    return Ok(v);
+                }
+                Err(e)
+                    if surge_api::manager_gone(e.as_ref())
+                        && start.elapsed() < surge_api::FAILOVER_WAIT * 2 =>
+                {
+                    self.retries += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+fn gone(e: tonic::Status) -> anyhow::Error {
+    anyhow::Error::new(surge_api::ManagerStatus(e))
+}
+
+/// One job through every phase, as `surge bb` would drive it: each phase idempotent, run again
+/// against the next leader when the manager goes away.
 async fn job(
     addr: &str,
     munge: &std::path::Path,
     n: usize,
     hosts: Vec<String>,
     granularity: u64,
+    run_for: Duration,
 ) -> anyhow::Result<JobTimes> {
     let mut t = JobTimes::default();
     let ext = format!("loadgen:{}-{n}", std::process::id());
-    let mut m = surge_api::connect_with(addr, munge.to_path_buf()).await?;
+    let mut p = Phases {
+        addr,
+        munge,
+        conn: None,
+        retries: 0,
+    };
     let t0 = Instant::now();
-    let s = m
-        .create_session(api::CreateSessionRequest {
-            job: format!("job-{n}.sh"),
-            job_instance: Some(api::CreateInstanceRequest {
-                capacity: granularity,
-                access_mode: "striped".into(),
-                nodes: hosts.len() as u32,
-                ..Default::default()
-            }),
-            external_id: ext.clone(),
-            ..Default::default()
+    let s = p
+        .run(|mut m| {
+            let ext = ext.clone();
+            let nodes = hosts.len() as u32;
+            async move {
+                // A setup run again finds the session the first made (as `surge bb setup`).
+                let found = match m
+                    .find_session(api::FindSessionRequest {
+                        external_id: ext.clone(),
+                    })
+                    .await
+                {
+                    Ok(s) => Some(s.into_inner()).filter(|s| s.state == "active"),
+                    Err(e) if e.code() == tonic::Code::NotFound => None,
+                    Err(e) => return Err(gone(e)),
+                };
+                let s = match found {
+                    Some(s) => s,
+                    None => m
+                        .create_session(api::CreateSessionRequest {
+                            job: format!("job-{n}.sh"),
+                            job_instance: Some(api::CreateInstanceRequest {
+                                capacity: granularity,
+                                access_mode: "striped".into(),
+                                nodes,
+                                ..Default::default()
+                            }),
+                            external_id: ext,
+                            ..Default::default()
+                        })
+                        .await
+                        .map_err(gone)?
+                        .into_inner(),
+                };
+                m.set_session_phase(api::SetSessionPhaseRequest {
+                    id: s.id,
+                    phase: "setup".into(),
+                    hosts: vec![],
+                    mount: false,
+                })
+                .await
+                .map_err(gone)?;
+                Ok(s)
+            }
         })
-        .await
-        .map_err(status)?
-        .into_inner();
-    m.set_session_phase(api::SetSessionPhaseRequest {
-        id: s.id,
-        phase: "setup".into(),
-        hosts: vec![],
-        mount: false,
-    })
-    .await
-    .map_err(status)?;
+        .await?;
     t.setup = t0.elapsed().as_secs_f64();
 
     let t0 = Instant::now();
-    m.find_session(api::FindSessionRequest { external_id: ext })
-        .await
-        .map_err(status)?;
+    let found = p
+        .run(|mut m| {
+            let ext = ext.clone();
+            async move {
+                Ok(m.find_session(api::FindSessionRequest { external_id: ext })
+                    .await
+                    .map_err(gone)?
+                    .into_inner())
+            }
+        })
+        .await?;
     t.paths = t0.elapsed().as_secs_f64();
 
     let wait_for = |mounted: bool| api::WaitMountsRequest {
@@ -214,19 +324,25 @@ async fn job(
         wait_ms: 30_000,
     };
     let t0 = Instant::now();
-    m.set_session_phase(api::SetSessionPhaseRequest {
-        id: s.id,
-        phase: "pre_run".into(),
-        hosts: hosts.clone(),
-        mount: true,
-    })
-    .await
-    .map_err(status)?;
-    let agents = m
-        .wait_mounts(wait_for(true))
-        .await
-        .map_err(status)?
-        .into_inner();
+    let agents = p
+        .run(|mut m| {
+            let hosts = hosts.clone();
+            async move {
+                m.set_session_phase(api::SetSessionPhaseRequest {
+                    id: s.id,
+                    phase: "pre_run".into(),
+                    hosts,
+                    mount: true,
+                })
+                .await
+                .map_err(gone)?;
+                Ok(m.wait_mounts(wait_for(true))
+                    .await
+                    .map_err(gone)?
+                    .into_inner())
+            }
+        })
+        .await?;
     let mounted = agents
         .agents
         .iter()
@@ -237,28 +353,49 @@ async fn job(
         s.id
     );
     t.pre_run = t0.elapsed().as_secs_f64();
+    // What the job would run with: its session active and holding its job instance.
+    t.instance = found.job_instance;
+    t.without_instance = found.state != "active"
+        || found.job_instance == 0
+        || !found.instances.iter().any(|i| i.id == found.job_instance);
+
+    tokio::time::sleep(run_for).await;
 
     let t0 = Instant::now();
-    m.set_session_phase(api::SetSessionPhaseRequest {
-        id: s.id,
-        phase: "post_run".into(),
-        hosts: vec![],
-        mount: false,
+    p.run(|mut m| async move {
+        m.set_session_phase(api::SetSessionPhaseRequest {
+            id: s.id,
+            phase: "post_run".into(),
+            hosts: vec![],
+            mount: false,
+        })
+        .await
+        .map_err(gone)?;
+        m.wait_mounts(wait_for(false)).await.map_err(gone)?;
+        Ok(())
     })
-    .await
-    .map_err(status)?;
-    m.wait_mounts(wait_for(false)).await.map_err(status)?;
+    .await?;
     t.post_run = t0.elapsed().as_secs_f64();
 
     let t0 = Instant::now();
-    m.end_session(api::EndSessionRequest {
-        id: s.id,
-        keep_job_instance: false,
-        state: String::new(),
+    p.run(|mut m| async move {
+        match m
+            .end_session(api::EndSessionRequest {
+                id: s.id,
+                keep_job_instance: false,
+                state: String::new(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Ended by the first try, before the manager that ended it went away.
+            Err(e) if e.code() == tonic::Code::FailedPrecondition => Ok(()),
+            Err(e) => Err(gone(e)),
+        }
     })
-    .await
-    .map_err(status)?;
+    .await?;
     t.teardown = t0.elapsed().as_secs_f64();
+    t.retries = p.retries;
     Ok(t)
 }
 
@@ -384,30 +521,38 @@ async fn drive(
         _ => None,
     };
 
+    // What the pools hold free before the jobs: all of it comes back after the last teardown.
+    let free_before = pools_free(&mut m).await?;
+
     // Jobs.
     let sem = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
     let c0 = pid.and_then(cpu_seconds);
     let t0 = Instant::now();
+    let run_for = Duration::from_secs_f64(args.run_seconds.max(0.0));
     let mut handles = Vec::new();
     for n in 0..args.jobs {
+        if args.duration > 0.0 && t0.elapsed().as_secs_f64() >= args.duration {
+            break;
+        }
         let permit = sem.clone().acquire_owned().await?;
         let job_hosts: Vec<String> = (0..args.nodes.min(hosts.len()).max(1))
             .map(|k| hosts[(n * args.nodes + k) % hosts.len().max(1)].clone())
             .collect();
         let addr = addr.to_string();
         let munge = munge.to_path_buf();
+        let started = t0.elapsed().as_secs_f64();
         handles.push(tokio::spawn(async move {
-            let r = job(&addr, &munge, n, job_hosts, granularity).await;
+            let r = job(&addr, &munge, n, job_hosts, granularity, run_for).await;
             drop(permit);
-            r
+            (started, r)
         }));
     }
     let mut times = Vec::new();
     let mut failures = Vec::new();
     for h in handles {
         match h.await? {
-            Ok(t) => times.push(t),
-            Err(e) => failures.push(format!("{e:#}")),
+            (at, Ok(t)) => times.push((at, t)),
+            (at, Err(e)) => failures.push(format!("job started at {at:.1} s: {e:#}")),
         }
     }
     let wall = t0.elapsed().as_secs_f64();
@@ -415,6 +560,26 @@ async fn drive(
         (Some(a), Some(b)) => Some(b - a),
         _ => None,
     };
+    // An instance given to two jobs, a job past pre_run without its instance, space not
+    // given back.
+    let mut ids: Vec<u64> = times.iter().map(|(_, t)| t.instance).collect();
+    ids.sort_unstable();
+    let given_twice = ids.windows(2).filter(|w| w[0] == w[1]).count();
+    let without_instance = times.iter().filter(|(_, t)| t.without_instance).count();
+    let retried = times.iter().filter(|(_, t)| t.retries > 0).count();
+    // The manager that answers now may be a new leader.
+    let mut m = connect_again(addr, munge).await?;
+    // An instance whose destroy a dying leader cut is collected by the next one's orphan
+    // collection (every --gc-interval): wait for it, a minute at most.
+    let mut free_after = pools_free(&mut m).await?;
+    let waited = Instant::now();
+    while free_after < free_before && waited.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        m = connect_again(addr, munge).await?;
+        free_after = pools_free(&mut m).await?;
+    }
+    let free_wait = waited.elapsed().as_secs_f64();
+    let times: Vec<JobTimes> = times.into_iter().map(|(_, t)| t).collect();
 
     // Listings, as an admin and a dashboard would ask them.
     let mut listings = serde_json::Map::new();
@@ -456,6 +621,7 @@ async fn drive(
             serde_json::json!({
                 "p50_ms": percentile(&mut v, 0.5) * 1000.0,
                 "p99_ms": percentile(&mut v, 0.99) * 1000.0,
+                "max_ms": percentile(&mut v, 1.0) * 1000.0,
             }),
         );
     }
@@ -469,7 +635,15 @@ async fn drive(
         "concurrency": args.concurrency,
         "nodes_per_job": args.nodes,
         "history": args.history,
+        "run_seconds": args.run_seconds,
         "wall_s": wall,
+        "jobs_retried_after_manager_loss": retried,
+        "jobs_without_instance": without_instance,
+        "instances_given_twice": given_twice,
+        "pool_free_before": free_before,
+        "pool_free_after": free_after,
+        "pool_bytes_not_returned": free_before.saturating_sub(free_after),
+        "pool_free_wait_s": free_wait,
         "jobs_per_hour": if wall > 0.0 { times.len() as f64 / wall * 3600.0 } else { 0.0 },
         "manager_cpu_per_job_ms": cpu_jobs.map(|c| c / times.len().max(1) as f64 * 1000.0),
         "manager_idle_cpu": idle_cpu,
@@ -477,6 +651,34 @@ async fn drive(
         "phases": phases,
         "listings_s": listings,
     }))
+}
+
+/// The free bytes of every pool, summed.
+async fn pools_free(m: &mut surge_api::Client) -> anyhow::Result<u64> {
+    Ok(m.list_pools(api::Empty {})
+        .await
+        .map_err(status)?
+        .into_inner()
+        .pools
+        .iter()
+        .map(|p| p.free)
+        .sum())
+}
+
+/// A connection to whichever manager leads now (after a failover, for as long as one takes).
+async fn connect_again(addr: &str, munge: &std::path::Path) -> anyhow::Result<surge_api::Client> {
+    let start = Instant::now();
+    loop {
+        let mut c = surge_api::connect_with(addr, munge.to_path_buf()).await?;
+        match c.list_pools(api::Empty {}).await {
+            Ok(_) => return Ok(c),
+            Err(e) if start.elapsed() < surge_api::FAILOVER_WAIT * 2 => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => return Err(status(e)),
+        }
+    }
 }
 
 fn print_report(r: &serde_json::Value) {
@@ -492,15 +694,27 @@ fn print_report(r: &serde_json::Value) {
         r["nodes_per_job"],
         r["history"]
     );
-    println!("{:<10} {:>9} {:>9}", "phase", "p50 ms", "p99 ms");
+    println!(
+        "{:<10} {:>9} {:>9} {:>9}",
+        "phase", "p50 ms", "p99 ms", "max ms"
+    );
     for p in PHASES {
         println!(
-            "{:<10} {:>9} {:>9}",
+            "{:<10} {:>9} {:>9} {:>9}",
             p,
             f(&r["phases"][p]["p50_ms"]),
-            f(&r["phases"][p]["p99_ms"])
+            f(&r["phases"][p]["p99_ms"]),
+            f(&r["phases"][p]["max_ms"])
         );
     }
+    println!(
+        "jobs without their instance {}   instances given twice {}   pool bytes not returned {}   \
+         jobs that ran a phase again after losing the manager {}",
+        r["jobs_without_instance"],
+        r["instances_given_twice"],
+        r["pool_bytes_not_returned"],
+        r["jobs_retried_after_manager_loss"]
+    );
     println!(
         "jobs/hour {}   manager CPU per job {} ms   idle CPU {}% of a core   RSS {} MiB",
         f(&r["jobs_per_hour"]),

@@ -18,6 +18,33 @@ pub struct Db {
 
 type R<T> = rusqlite::Result<T>;
 
+/// Statements prepared once per connection and kept (rusqlite's statement cache): parsing the
+/// SQL of every call was an eighth of the manager's CPU under load.
+trait Cached {
+    fn exec<P: rusqlite::Params>(&self, sql: &str, p: P) -> R<usize>;
+    fn row<T, P: rusqlite::Params, F: FnOnce(&rusqlite::Row<'_>) -> R<T>>(
+        &self,
+        sql: &str,
+        p: P,
+        f: F,
+    ) -> R<T>;
+}
+
+impl Cached for Connection {
+    fn exec<P: rusqlite::Params>(&self, sql: &str, p: P) -> R<usize> {
+        self.prepare_cached(sql)?.execute(p)
+    }
+
+    fn row<T, P: rusqlite::Params, F: FnOnce(&rusqlite::Row<'_>) -> R<T>>(
+        &self,
+        sql: &str,
+        p: P,
+        f: F,
+    ) -> R<T> {
+        self.prepare_cached(sql)?.query_row(p, f)
+    }
+}
+
 fn json_err(e: serde_json::Error) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(Box::new(e))
 }
@@ -28,6 +55,7 @@ impl Db {
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "NORMAL")?;
         migrate(&db)?;
+        db.set_prepared_statement_cache_capacity(128);
         // Instance ids name fragments on servers, which outlive a manager whose state was
         // deleted: start a fresh database at a random offset so ids are not reused.
         let empty: bool = db
@@ -51,7 +79,7 @@ impl Db {
     // --- pools ---
 
     pub fn upsert_pool(&self, name: &str, granularity: u64) -> R<PoolRow> {
-        self.db.execute(
+        self.db.exec(
             "INSERT INTO pools(name, granularity, created) VALUES (?1, ?2, ?3)
              ON CONFLICT(name) DO UPDATE SET granularity = excluded.granularity",
             params![name, granularity as i64, now()],
@@ -67,7 +95,7 @@ impl Db {
 
     pub fn pool(&self, name: &str) -> R<Option<PoolRow>> {
         self.db
-            .query_row(
+            .row(
                 "SELECT name, granularity, created FROM pools WHERE name = ?1",
                 [name],
                 |r| {
@@ -98,7 +126,7 @@ impl Db {
     // --- servers ---
 
     pub fn upsert_server(&self, s: &ServerRow) -> R<()> {
-        self.db.execute(
+        self.db.exec(
             "INSERT INTO servers(id, pool, addrs, capacity, state, last_seen) VALUES (?1,?2,?3,?4,?5,?6)
              ON CONFLICT(id) DO UPDATE SET pool = excluded.pool, addrs = excluded.addrs,
                 capacity = excluded.capacity, state = excluded.state, last_seen = excluded.last_seen",
@@ -116,11 +144,11 @@ impl Db {
 
     pub fn set_server_state(&self, id: &str, state: &str, last_seen: Option<i64>) -> R<()> {
         match last_seen {
-            Some(t) => self.db.execute(
+            Some(t) => self.db.exec(
                 "UPDATE servers SET state = ?2, last_seen = ?3 WHERE id = ?1",
                 params![id, state, t],
             )?,
-            None => self.db.execute(
+            None => self.db.exec(
                 "UPDATE servers SET state = ?2 WHERE id = ?1",
                 params![id, state],
             )?,
@@ -129,7 +157,7 @@ impl Db {
     }
 
     pub fn servers(&self) -> R<Vec<ServerRow>> {
-        let mut st = self.db.prepare(
+        let mut st = self.db.prepare_cached(
             "SELECT id, pool, addrs, capacity, state, last_seen FROM servers ORDER BY pool, id",
         )?;
         let rows = st.query_map([], |r| {
@@ -154,7 +182,7 @@ impl Db {
         peaks: &surge_core::peaks::Peaks,
         source: &str,
     ) -> R<()> {
-        self.db.execute(
+        self.db.exec(
             "INSERT INTO server_peaks(server, peaks, source, registered) VALUES (?1,?2,?3,?4)
              ON CONFLICT(server) DO UPDATE SET peaks = excluded.peaks, source = excluded.source,
                 registered = excluded.registered",
@@ -175,7 +203,7 @@ impl Db {
         peaks: &surge_core::peaks::Peaks,
         source: &str,
     ) -> R<()> {
-        self.db.execute(
+        self.db.exec(
             "INSERT INTO pool_curve(pool, servers, peaks, source, registered) VALUES (?1,?2,?3,?4,?5)
              ON CONFLICT(pool, servers) DO UPDATE SET peaks = excluded.peaks,
                 source = excluded.source, registered = excluded.registered",
@@ -191,7 +219,7 @@ impl Db {
     }
 
     fn peaks_rows(&self, sql: &str) -> R<Vec<PeaksRow>> {
-        let mut st = self.db.prepare(sql)?;
+        let mut st = self.db.prepare_cached(sql)?;
         let rows = st.query_map([], |r| {
             let text: String = r.get(1)?;
             Ok(PeaksRow {
@@ -263,7 +291,7 @@ impl Db {
     /// once its servers have made it, or removed); its capacity counts from now on (see
     /// [`Db::reserving_instances`]). `session`: the session whose job instance it is.
     pub fn new_instance_id(&self, row: &InstanceRow, session: Option<u64>) -> R<u64> {
-        self.db.execute(
+        self.db.exec(
             "INSERT INTO instances(name, kind, persistent_name, access_mode, pool, capacity, nodes,
                 owner_uid, owner_gid, state, created, descriptor, group_shared, promise, session)
              VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,'creating',?10,'null',?11,?12,?13)",
@@ -290,7 +318,7 @@ impl Db {
     /// asked for, recorded before they are asked, so its capacity counts and a crash leaves a
     /// record of what to destroy.
     pub fn plan_instance(&self, id: u64, name: &str, planned: &InstanceDescriptor) -> R<()> {
-        self.db.execute(
+        self.db.exec(
             "UPDATE instances SET name = ?2, descriptor = ?3 WHERE id = ?1 AND state = 'creating'",
             params![
                 id as i64,
@@ -302,7 +330,7 @@ impl Db {
     }
 
     pub fn finish_instance(&self, id: u64, name: &str, desc: &InstanceDescriptor) -> R<()> {
-        self.db.execute(
+        self.db.exec(
             "UPDATE instances SET state = 'active', name = ?2, descriptor = ?3 WHERE id = ?1",
             params![
                 id as i64,
@@ -314,7 +342,7 @@ impl Db {
     }
 
     pub fn update_descriptor(&self, id: u64, desc: &InstanceDescriptor) -> R<()> {
-        self.db.execute(
+        self.db.exec(
             "UPDATE instances SET descriptor = ?2 WHERE id = ?1",
             params![id as i64, serde_json::to_string(desc).map_err(json_err)?],
         )?;
@@ -329,7 +357,7 @@ impl Db {
 
     pub fn instance(&self, id: u64) -> R<Option<InstanceRow>> {
         self.db
-            .query_row(
+            .row(
                 &format!(
                     "SELECT {} FROM instances WHERE id = ?1 AND state = 'active'",
                     Self::INSTANCE_COLS
@@ -342,7 +370,7 @@ impl Db {
 
     pub fn persistent(&self, name: &str) -> R<Option<InstanceRow>> {
         self.db
-            .query_row(
+            .row(
                 &format!(
                     "SELECT {} FROM instances WHERE persistent_name = ?1 AND state = 'active'",
                     Self::INSTANCE_COLS
@@ -354,7 +382,7 @@ impl Db {
     }
 
     pub fn persistent_name_taken(&self, name: &str) -> R<bool> {
-        self.db.query_row(
+        self.db.row(
             "SELECT EXISTS(SELECT 1 FROM instances WHERE persistent_name = ?1)",
             [name],
             |r| r.get(0),
@@ -362,7 +390,7 @@ impl Db {
     }
 
     pub fn instances(&self) -> R<Vec<InstanceRow>> {
-        let mut st = self.db.prepare(&format!(
+        let mut st = self.db.prepare_cached(&format!(
             "SELECT {} FROM instances WHERE state = 'active' ORDER BY id",
             Self::INSTANCE_COLS
         ))?;
@@ -372,7 +400,7 @@ impl Db {
 
     /// Ids of every instance the manager knows (including ones being created).
     pub fn instance_ids(&self) -> R<Vec<u64>> {
-        let mut st = self.db.prepare("SELECT id FROM instances")?;
+        let mut st = self.db.prepare_cached("SELECT id FROM instances")?;
         let rows = st.query_map([], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
         rows.collect()
     }
@@ -395,31 +423,31 @@ impl Db {
     /// instances orphaned).
     pub fn recover_interrupted_setups(&self) -> R<(Vec<u64>, Vec<u64>)> {
         let tx = self.db.unchecked_transaction()?;
-        tx.execute(
+        tx.exec(
             "DELETE FROM instances WHERE state = 'creating' AND descriptor = 'null'",
             [],
         )?;
         let sessions: Vec<u64> = {
-            let mut st = tx.prepare("SELECT id FROM sessions WHERE state = 'creating'")?;
+            let mut st = tx.prepare_cached("SELECT id FROM sessions WHERE state = 'creating'")?;
             let rows = st.query_map([], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
             rows.collect::<R<_>>()?
         };
         for sid in &sessions {
-            tx.execute(
+            tx.exec(
                 "UPDATE instances SET state = 'orphaned' WHERE session = ?1",
                 [*sid as i64],
             )?;
         }
-        tx.execute(
+        tx.exec(
             "UPDATE sessions SET state = 'failed', ended = ?1 WHERE state = 'creating'",
             [now()],
         )?;
-        tx.execute(
+        tx.exec(
             "UPDATE instances SET state = 'orphaned' WHERE state = 'creating'",
             [],
         )?;
         let orphans: Vec<u64> = {
-            let mut st = tx.prepare("SELECT id FROM instances WHERE state = 'orphaned'")?;
+            let mut st = tx.prepare_cached("SELECT id FROM instances WHERE state = 'orphaned'")?;
             let rows = st.query_map([], |r| r.get::<_, i64>(0).map(|v| v as u64))?;
             rows.collect::<R<_>>()?
         };
@@ -440,7 +468,7 @@ impl Db {
     /// Marks an instance to be destroyed by the orphan collection (its creation failed and
     /// its servers could not all be told).
     pub fn orphan_instance(&self, id: u64) -> R<()> {
-        self.db.execute(
+        self.db.exec(
             "UPDATE instances SET state = 'orphaned' WHERE id = ?1",
             [id as i64],
         )?;
@@ -450,7 +478,7 @@ impl Db {
     // --- sessions ---
 
     pub fn create_session(&self, job: &str, uid: u32, gid: u32, external: Option<&str>) -> R<u64> {
-        self.db.execute(
+        self.db.exec(
             "INSERT INTO sessions(job, owner_uid, owner_gid, state, created, ended, job_instance,
                                   external)
              VALUES (?1, ?2, ?3, 'creating', ?4, 0, NULL, ?5)",
@@ -469,7 +497,7 @@ impl Db {
     /// The newest session of a workload manager's job.
     pub fn session_of(&self, external: &str) -> R<Option<u64>> {
         self.db
-            .query_row(
+            .row(
                 "SELECT id FROM sessions WHERE external = ?1 ORDER BY id DESC LIMIT 1",
                 [external],
                 |r| r.get::<_, i64>(0).map(|v| v as u64),
@@ -485,7 +513,7 @@ impl Db {
         mount: bool,
     ) -> R<()> {
         match hosts {
-            Some(h) => self.db.execute(
+            Some(h) => self.db.exec(
                 "UPDATE sessions SET phase = ?2, hosts = ?3, mount = ?4 WHERE id = ?1",
                 params![
                     session as i64,
@@ -494,7 +522,7 @@ impl Db {
                     mount
                 ],
             )?,
-            None => self.db.execute(
+            None => self.db.exec(
                 "UPDATE sessions SET phase = ?2, mount = ?3 WHERE id = ?1",
                 params![session as i64, phase, mount],
             )?,
@@ -512,18 +540,18 @@ impl Db {
     ) -> R<()> {
         let tx = self.db.unchecked_transaction()?;
         if let Some((instance, promise)) = job_instance {
-            tx.execute(
+            tx.exec(
                 "UPDATE sessions SET job_instance = ?2, promise = ?3 WHERE id = ?1",
                 params![session as i64, instance as i64, promise],
             )?;
         }
         for id in attach {
-            tx.execute(
+            tx.exec(
                 "INSERT OR IGNORE INTO session_persistent(session, instance) VALUES (?1, ?2)",
                 params![session as i64, *id as i64],
             )?;
         }
-        tx.execute(
+        tx.exec(
             "UPDATE sessions SET state = 'active' WHERE id = ?1 AND state = 'creating'",
             [session as i64],
         )?;
@@ -531,7 +559,7 @@ impl Db {
     }
 
     pub fn end_session(&self, session: u64, state: &str) -> R<()> {
-        self.db.execute(
+        self.db.exec(
             "UPDATE sessions SET state = ?2, ended = ?3 WHERE id = ?1",
             params![session as i64, state, now()],
         )?;
@@ -570,7 +598,7 @@ impl Db {
     pub fn session(&self, id: u64) -> R<Option<SessionRow>> {
         let s = self
             .db
-            .query_row(
+            .row(
                 "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
                         external, phase, hosts, mount, promise
                  FROM sessions WHERE id = ?1",
@@ -602,7 +630,7 @@ impl Db {
     }
 
     fn sessions_where(&self, cond: &str) -> R<Vec<SessionRow>> {
-        let mut st = self.db.prepare(&format!(
+        let mut st = self.db.prepare_cached(&format!(
             "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
                     external, phase, hosts, mount, promise
              FROM sessions WHERE {cond} ORDER BY id"
@@ -679,9 +707,9 @@ impl Db {
         };
         let mut stages = 0u64;
         for id in &ids {
-            stages += tx.execute("DELETE FROM stage_tasks WHERE session = ?1", [id])? as u64;
-            tx.execute("DELETE FROM session_persistent WHERE session = ?1", [id])?;
-            tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
+            stages += tx.exec("DELETE FROM stage_tasks WHERE session = ?1", [id])? as u64;
+            tx.exec("DELETE FROM session_persistent WHERE session = ?1", [id])?;
+            tx.exec("DELETE FROM sessions WHERE id = ?1", [id])?;
         }
         tx.commit()?;
         Ok((ids.len() as u64, stages))
@@ -693,13 +721,13 @@ impl Db {
     pub fn preload_history(&self, n: u64) -> R<()> {
         let tx = self.db.unchecked_transaction()?;
         {
-            let mut s = tx.prepare(
+            let mut s = tx.prepare_cached(
                 "INSERT INTO sessions(job, owner_uid, owner_gid, state, created, ended,
                     job_instance, external, phase, hosts, mount, promise)
                  VALUES (?1, 1000, 1000, 'ended', ?2, ?3, NULL, ?4, 'teardown',
                     '[\"node-00000\",\"node-00001\"]', 0, '')",
             )?;
-            let mut t = tx.prepare(
+            let mut t = tx.prepare_cached(
                 "INSERT INTO stage_tasks(session, instance, ns, direction, items, state,
                     files_total, files_done, bytes_total, bytes_done, seconds, failures, error,
                     created, origin)
@@ -739,7 +767,7 @@ impl Db {
             .collect::<R<_>>()?;
         let total: i64 = self
             .db
-            .query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))?;
+            .row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))?;
         let open: u64 = out.iter().map(|(_, n)| n).sum();
         out.push(("ended".into(), (total as u64).saturating_sub(open)));
         Ok(out)
@@ -747,7 +775,7 @@ impl Db {
 
     /// Active sessions using `instance` (as job instance or attached).
     pub fn sessions_using(&self, instance: u64) -> R<Vec<u64>> {
-        let mut st = self.db.prepare(
+        let mut st = self.db.prepare_cached(
             "SELECT id FROM sessions WHERE state = 'active' AND (job_instance = ?1 OR id IN
                 (SELECT session FROM session_persistent WHERE instance = ?1)) ORDER BY id",
         )?;
@@ -758,7 +786,7 @@ impl Db {
     // --- stage tasks ---
 
     pub fn create_stage(&self, t: &StageRow) -> R<u64> {
-        self.db.execute(
+        self.db.exec(
             "INSERT INTO stage_tasks(session, instance, ns, direction, items, state, files_total,
                 files_done, bytes_total, bytes_done, seconds, failures, error, created, origin)
              VALUES (?1,?2,?3,?4,?5,?6,0,0,0,0,0,'[]','',?7,?8)",
@@ -779,14 +807,14 @@ impl Db {
     pub fn update_stage(&self, t: &StageRow) -> R<()> {
         let tx = self.db.unchecked_transaction()?;
         let was: Option<String> = tx
-            .query_row(
+            .row(
                 "SELECT state FROM stage_tasks WHERE id = ?1",
                 [t.id as i64],
                 |r| r.get(0),
             )
             .optional()?;
         if was.as_deref().is_some_and(|w| !is_ended(w)) && is_ended(&t.state) {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO stage_totals(direction, state, tasks, bytes, files)
                  VALUES (?1, ?2, 1, ?3, ?4)
                  ON CONFLICT(direction, state) DO UPDATE SET tasks = tasks + 1,
@@ -799,7 +827,7 @@ impl Db {
                 ],
             )?;
         }
-        tx.execute(
+        tx.exec(
             "UPDATE stage_tasks SET state = ?2, files_total = ?3, files_done = ?4, bytes_total = ?5,
                 bytes_done = ?6, seconds = ?7, failures = ?8, error = ?9 WHERE id = ?1",
             params![
@@ -819,13 +847,13 @@ impl Db {
 
     pub fn set_quota(&self, q: &QuotaRow, clear: bool) -> R<()> {
         if clear {
-            self.db.execute(
+            self.db.exec(
                 "DELETE FROM quotas WHERE kind = ?1 AND id = ?2",
                 params![q.kind, i64::from(q.id)],
             )?;
             return Ok(());
         }
-        self.db.execute(
+        self.db.exec(
             "INSERT INTO quotas(kind, id, capacity, instances, sessions, stage_tasks)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT(kind, id) DO UPDATE SET capacity = excluded.capacity,
@@ -917,7 +945,7 @@ impl Db {
 
     pub fn stage(&self, id: u64) -> R<Option<StageRow>> {
         self.db
-            .query_row(
+            .row(
                 &format!("SELECT {} FROM stage_tasks WHERE id = ?1", Self::STAGE_COLS),
                 [id as i64],
                 Self::stage_from_row,
@@ -927,7 +955,7 @@ impl Db {
 
     /// Stage tasks of one session (0: all).
     pub fn stages(&self, session: u64) -> R<Vec<StageRow>> {
-        let mut st = self.db.prepare(&format!(
+        let mut st = self.db.prepare_cached(&format!(
             "SELECT {} FROM stage_tasks WHERE ?1 = 0 OR session = ?1 ORDER BY id",
             Self::STAGE_COLS
         ))?;
@@ -937,7 +965,7 @@ impl Db {
 
     /// Tasks that were running when the manager stopped: they did not finish.
     pub fn interrupt_running_stages(&self) -> R<usize> {
-        self.db.execute(
+        self.db.exec(
             "UPDATE stage_tasks SET state = 'failed',
                 error = 'interrupted: the manager stopped while this task ran'
              WHERE state IN ('queued', 'running')",
