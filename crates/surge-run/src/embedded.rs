@@ -332,6 +332,11 @@ impl Embedded {
         Ok(emb)
     }
 
+    /// The process ids of the servers, in the order started.
+    pub fn server_pids(&self) -> Vec<u32> {
+        self.server_children.iter().map(Child::id).collect()
+    }
+
     /// Stops servers then the manager (SIGTERM, then SIGKILL after a grace period).
     pub fn stop(mut self) {
         let grace = Duration::from_secs(10);

@@ -66,6 +66,11 @@ pub struct LoadArgs {
     /// --jobs jobs.
     #[arg(long, default_value_t = 0.0)]
     pub duration: f64,
+    /// Stop one of the embedded servers (SIGSTOP, continued at the end) this many seconds into
+    /// the jobs, and report when the manager marked it down and the setups of the jobs that
+    /// came after.
+    #[arg(long)]
+    pub stop_server_at: Option<f64>,
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
@@ -409,6 +414,7 @@ pub fn run(args: LoadArgs) -> anyhow::Result<std::process::ExitCode> {
     .context("cannot make a scratch directory")?;
     // The embedded manager and servers, over a state preloaded with the history.
     let mut embedded = None;
+    let mut stoppable = None;
     let (addr, pid, munge, granularity) = match &args.manager {
         Some(a) => (
             a.clone(),
@@ -448,6 +454,7 @@ pub fn run(args: LoadArgs) -> anyhow::Result<std::process::ExitCode> {
                 e.munge_socket.clone(),
                 opts.granularity,
             );
+            stoppable = e.server_pids().last().copied();
             embedded = Some(e);
             out
         }
@@ -456,7 +463,15 @@ pub fn run(args: LoadArgs) -> anyhow::Result<std::process::ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let report = rt.block_on(drive(&args, &addr, pid, &munge, granularity))?;
+    anyhow::ensure!(
+        args.stop_server_at.is_none() || stoppable.is_some(),
+        "--stop-server-at needs the embedded servers (not --manager)"
+    );
+    let report = rt.block_on(drive(&args, &addr, pid, &munge, granularity, stoppable))?;
+    if let Some(p) = stoppable {
+        // SAFETY: our own child; a stopped server is continued before it is stopped for good.
+        unsafe { libc::kill(p as i32, libc::SIGCONT) };
+    }
     if let Some(e) = embedded {
         e.stop();
     }
@@ -474,6 +489,7 @@ async fn drive(
     pid: Option<u32>,
     munge: &std::path::Path,
     granularity: u64,
+    stoppable: Option<u32>,
 ) -> anyhow::Result<serde_json::Value> {
     let stop = Arc::new(AtomicBool::new(false));
     let hosts: Vec<String> = (0..args.agents).map(|i| format!("node-{i:05}")).collect();
@@ -529,6 +545,31 @@ async fn drive(
     let c0 = pid.and_then(cpu_seconds);
     let t0 = Instant::now();
     let run_for = Duration::from_secs_f64(args.run_seconds.max(0.0));
+    // A server stopped (SIGSTOP) in the middle: when the manager says it is down.
+    let stopped = match (args.stop_server_at, stoppable) {
+        (Some(at), Some(spid)) => {
+            let (addr, munge) = (addr.to_string(), munge.to_path_buf());
+            Some(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs_f64(at)).await;
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(spid as i32, libc::SIGSTOP) };
+                let stopped = Instant::now();
+                let mut c = surge_api::connect_with(&addr, munge).await.ok()?;
+                // Every other server answers: the first one down is the stopped one.
+                loop {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let servers = c.list_servers(api::Empty {}).await.ok()?.into_inner();
+                    if servers.servers.iter().any(|s| s.state == "down") {
+                        return Some(stopped.elapsed().as_secs_f64());
+                    }
+                    if stopped.elapsed() > Duration::from_secs(300) {
+                        return None;
+                    }
+                }
+            }))
+        }
+        _ => None,
+    };
     let mut handles = Vec::new();
     for n in 0..args.jobs {
         if args.duration > 0.0 && t0.elapsed().as_secs_f64() >= args.duration {
@@ -547,6 +588,10 @@ async fn drive(
             (started, r)
         }));
     }
+    let stopped_down_after = match stopped {
+        Some(h) => h.await.ok().flatten(),
+        None => None,
+    };
     let mut times = Vec::new();
     let mut failures = Vec::new();
     for h in handles {
@@ -579,6 +624,27 @@ async fn drive(
         free_after = pools_free(&mut m).await?;
     }
     let free_wait = waited.elapsed().as_secs_f64();
+    // Setups of the jobs started before the stop and after it.
+    let stop_view = args.stop_server_at.map(|at| {
+        let pick = |after: bool| {
+            let mut v: Vec<f64> = times
+                .iter()
+                .filter(|(s, _)| (*s >= at) == after)
+                .map(|(_, t)| t.setup)
+                .collect();
+            serde_json::json!({
+                "jobs": v.len(),
+                "setup_p50_ms": percentile(&mut v, 0.5) * 1000.0,
+                "setup_p99_ms": percentile(&mut v, 0.99) * 1000.0,
+            })
+        };
+        serde_json::json!({
+            "at_s": at,
+            "marked_down_after_s": stopped_down_after,
+            "before": pick(false),
+            "after": pick(true),
+        })
+    });
     let times: Vec<JobTimes> = times.into_iter().map(|(_, t)| t).collect();
 
     // Listings, as an admin and a dashboard would ask them.
@@ -644,6 +710,7 @@ async fn drive(
         "pool_free_after": free_after,
         "pool_bytes_not_returned": free_before.saturating_sub(free_after),
         "pool_free_wait_s": free_wait,
+        "stopped_server": stop_view,
         "jobs_per_hour": if wall > 0.0 { times.len() as f64 / wall * 3600.0 } else { 0.0 },
         "manager_cpu_per_job_ms": cpu_jobs.map(|c| c / times.len().max(1) as f64 * 1000.0),
         "manager_idle_cpu": idle_cpu,
@@ -724,6 +791,20 @@ fn print_report(r: &serde_json::Value) {
             .map_or("-".into(), |x| format!("{:.1}", x * 100.0)),
         f(&r["manager_rss_mib"])
     );
+    if let Some(st) = r["stopped_server"].as_object() {
+        println!(
+            "server stopped at {} s: marked down {} s later; setup p50/p99 of jobs started \
+             before {}/{} ms ({} jobs), after {}/{} ms ({} jobs)",
+            f(&st["at_s"]),
+            f(&st["marked_down_after_s"]),
+            f(&st["before"]["setup_p50_ms"]),
+            f(&st["before"]["setup_p99_ms"]),
+            st["before"]["jobs"],
+            f(&st["after"]["setup_p50_ms"]),
+            f(&st["after"]["setup_p99_ms"]),
+            st["after"]["jobs"]
+        );
+    }
     if let Some(l) = r["listings_s"].as_object() {
         let parts: Vec<String> = l
             .iter()
