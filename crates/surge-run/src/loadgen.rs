@@ -442,6 +442,13 @@ pub fn run(args: LoadArgs) -> anyhow::Result<std::process::ExitCode> {
                     t.elapsed().as_secs_f64()
                 );
             }
+            // The agents all connect from this host: the manager's per-address cap (4096 by
+            // default, there against one host's flood) must let them in.
+            const CAP: &str = "SURGE_MANAGER_MAX_PER_ADDRESS";
+            if std::env::var_os(CAP).is_none() {
+                // Set before any thread of this process starts (the runtime is made later).
+                std::env::set_var(CAP, (args.agents * 2 + 1000).to_string());
+            }
             let exe = std::env::current_exe().context("where is this surge")?;
             let e = crate::embedded::Embedded::start(&opts, &exe)?;
             let ready: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
@@ -508,15 +515,20 @@ async fn drive(
     // Every agent has reported once.
     let mut m = surge_api::connect_with(addr, munge.to_path_buf()).await?;
     loop {
-        let n = m
-            .list_agents(api::Empty {})
-            .await
-            .map_err(status)?
-            .into_inner()
-            .agents
-            .iter()
-            .filter(|a| a.alive && hosts.binary_search(&a.host).is_ok())
-            .count();
+        // While thousands of agents connect at once munged may refuse a credential: ask again.
+        let n = match m.list_agents(api::Empty {}).await {
+            Ok(r) => r
+                .into_inner()
+                .agents
+                .iter()
+                .filter(|a| a.alive && hosts.binary_search(&a.host).is_ok())
+                .count(),
+            Err(e) if t.elapsed() < Duration::from_secs(300) => {
+                tracing::debug!("list agents: {e}");
+                0
+            }
+            Err(e) => return Err(status(e)),
+        };
         if n >= hosts.len() {
             break;
         }
