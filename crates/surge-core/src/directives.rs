@@ -2163,11 +2163,13 @@ impl<'a> Parser<'a> {
                         .iter()
                         .any(|(n, _)| allocation_var_suffix(n) == *suffix);
                     (!defined && !self.allocation_unread).then(|| {
-                        let vars: Vec<String> = self
-                            .allocation_names
-                            .iter()
-                            .map(|(n, _)| format!("DW_JOB_{}", allocation_var_suffix(n)))
-                            .collect();
+                        let mut vars: Vec<String> = Vec::new();
+                        for (n, _) in &self.allocation_names {
+                            let v = format!("DW_JOB_{}", allocation_var_suffix(n));
+                            if !vars.contains(&v) {
+                                vars.push(v);
+                            }
+                        }
                         let vars: Vec<&str> = vars.iter().map(String::as_str).collect();
                         let wanted = format!("DW_JOB_{suffix}");
                         let hint = suggest(&wanted, &vars)
