@@ -93,6 +93,23 @@ pub enum Event<'a> {
         created: bool,
         started: Instant,
     },
+    /// The instance of a Rabbit allocation (`#DW jobdw ... name=`): made now, or there
+    /// already (a re-run). `var` is its `$DW_JOB_<name>`.
+    Allocation {
+        var: &'a DwVariable,
+        instance: &'a api::Instance,
+        created: bool,
+        started: Instant,
+    },
+    /// The instance of a Rabbit allocation is gone (`existed`: this phase destroyed it), or
+    /// could not be destroyed (`ok` false; the phase's failures say why).
+    AllocationDestroyed {
+        var: &'a DwVariable,
+        instance: &'a str,
+        existed: bool,
+        ok: bool,
+        started: Instant,
+    },
     /// A `#BB create_persistent` instance could not be made (the phase fails with why).
     PersistentFailed { name: &'a str, started: Instant },
     /// The job's session is there already with everything its script asks for.

@@ -73,8 +73,8 @@ pub async fn setup(
             job.script, a.line, a.fs, a.name
         );
         match create_named(m, alloc, req, &name, what).await {
-            Ok((instance, created)) => rep.event(Event::Persistent {
-                name: &name,
+            Ok((instance, created)) => rep.event(Event::Allocation {
+                var: &a.var(),
                 instance: &instance,
                 created,
                 started: t,

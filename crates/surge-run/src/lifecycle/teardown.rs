@@ -160,8 +160,9 @@ async fn destroy_allocations(
                 (true, false)
             }
         };
-        rep.event(Event::Destroyed {
-            name: &name,
+        rep.event(Event::AllocationDestroyed {
+            var: &a.var(),
+            instance: &name,
             existed,
             ok,
             started: t,
