@@ -2046,6 +2046,25 @@ impl<'a> Parser<'a> {
     }
 
     fn create_persistent(&mut self, ctx: &Ctx) {
+        // Rabbit's form (`type=xfs|gfs2|lustre|raw name=... capacity=...`, no access_mode).
+        if let Some(t) = ctx.args.iter().find(|t| {
+            t.key.as_deref() == Some("type")
+                && matches!(t.value.as_str(), "xfs" | "gfs2" | "lustre" | "raw")
+        }) {
+            self.sink.error(
+                t.line,
+                &t.raw,
+                format!(
+                    "Rabbit's `create_persistent {}` is not read by Surge: a persistent instance \
+                     is DataWarp's, shared by the jobs that attach it; write `#BB \
+                     create_persistent name=NAME capacity=SIZE access_mode=striped \
+                     type=scratch` (NAME of letters, digits and `_`), which jobs attach with \
+                     `#DW persistentdw name=NAME` either way",
+                    t.raw
+                ),
+            );
+            return;
+        }
         let errors_before = self.sink.errors.len();
         let args = self.args(ctx, &CREATE_PERSISTENT);
         if let Some(token) = args.get("name") {

@@ -366,3 +366,26 @@ fn copy_in_with_bb_prefix_is_refused() {
     );
     assert_says(&e, &["`#DW copy_in"]);
 }
+
+#[test]
+fn rabbits_create_persistent_is_refused_pointing_to_datawarps() {
+    let e = the_error(
+        "#DW create_persistent type=lustre capacity=10TiB name=shared-data\n",
+        1,
+        "type=lustre",
+    );
+    assert_says(
+        &e,
+        &[
+            "Rabbit's",
+            "#BB create_persistent name=NAME",
+            "access_mode=striped",
+        ],
+    );
+}
+
+#[test]
+fn a_persistent_name_with_a_dash_is_refused_as_before() {
+    let e = the_error("#DW persistentdw name=shared-data\n", 1, "name=shared-data");
+    assert_says(&e, &["contains `-`"]);
+}
