@@ -211,3 +211,26 @@ fn a_rabbit_script_surge_refuses_allocates_nothing_and_runs_nothing() {
         );
     }
 }
+
+/// A setup that fails on the second allocation (it does not fit the pool) destroys the first:
+/// nothing of the job stays allocated, and the job does not run.
+#[test]
+fn an_allocation_that_does_not_fit_leaves_nothing_allocated() {
+    if skip_without_fuse("an_allocation_that_does_not_fit_leaves_nothing_allocated") {
+        return;
+    }
+    let j = Job::new("nofit");
+    let out = j.run(
+        1,
+        "#!/bin/bash\n#DW jobdw type=xfs capacity=64MiB name=fits\n\
+         #DW jobdw type=lustre capacity=100GiB name=too-big\ntouch ran\n",
+    );
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("job.sh:3"), "the error names the line: {err}");
+    assert!(
+        err.contains("destroy named") && err.contains("$DW_JOB_fits: instance job"),
+        "the allocation made before is destroyed: {err}"
+    );
+    assert!(!j.path("ran").exists(), "the job must not run");
+}

@@ -84,14 +84,14 @@ pub async fn setup(
                     name: &name,
                     started: t,
                 });
-                return Err(e);
+                return Err(undo_allocations(m, job, rep, e).await);
             }
         }
     }
     let t = Instant::now();
     let job_instance = job_request(job, alloc, &pools, rep);
     let line = job.directives.jobdw.as_ref().map_or(0, |j| j.line);
-    let s = m
+    let s = match m
         .create_session(api::CreateSessionRequest {
             job: job.label.clone(),
             owner_uid: alloc.uid,
@@ -101,19 +101,38 @@ pub async fn setup(
             external_id: job.external_id.clone(),
         })
         .await
-        .map_err(|e| {
-            status_err(e).context(format!(
+    {
+        Ok(s) => s.into_inner(),
+        Err(e) => {
+            let e = status_err(e).context(format!(
                 "{}:{line}: cannot allocate the burst buffer",
                 job.script
-            ))
-        })?
-        .into_inner();
+            ));
+            return Err(undo_allocations(m, job, rep, e).await);
+        }
+    };
     let s = set_phase(m, &s, "setup", Vec::new(), false).await?;
     rep.event(Event::Allocated {
         session: &s,
         started: t,
     });
     Ok(s)
+}
+
+/// A setup that fails destroys the job's Rabbit allocations made before (the job will not
+/// run; they would stay allocated without a session) and returns `e`, with what could not be
+/// destroyed added.
+async fn undo_allocations(
+    m: &mut surge_api::Client,
+    job: &Job,
+    rep: &mut impl Report,
+    e: anyhow::Error,
+) -> anyhow::Error {
+    match super::teardown::destroy_allocations(m, job, false, rep).await {
+        Ok(failures) if failures.is_empty() => e,
+        Ok(failures) => anyhow::anyhow!("{e:#}; and {}", failures.join("; ")),
+        Err(d) => anyhow::anyhow!("{e:#}; and the job's allocations stay: {d:#}"),
+    }
 }
 
 /// The pools the manager has, when a script's unknown pool falls back to the default.

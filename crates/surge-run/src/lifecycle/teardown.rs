@@ -42,7 +42,13 @@ pub async fn teardown(
 ) -> anyhow::Result<Ended> {
     let Some(s) = find(m, job).await? else {
         rep.event(Event::NoSession);
-        return Ok(Ended::default());
+        // A setup that failed after making some of the job's Rabbit allocations (the next one
+        // did not fit) left them without a session.
+        let failures = destroy_allocations(m, job, how.hurry, rep).await?;
+        return Ok(Ended {
+            failures,
+            ..Ended::default()
+        });
     };
     let mut ended = Ended::default();
     let s = if s.state == "active" {
@@ -128,7 +134,7 @@ pub async fn end_job_session(
 /// Destroys the instances of the script's Rabbit allocations (see
 /// [`super::allocation_instance`]); one that is not there is not an error (a teardown run
 /// again). Returns what could not be destroyed and why.
-async fn destroy_allocations(
+pub(super) async fn destroy_allocations(
     m: &mut surge_api::Client,
     job: &Job,
     hurry: bool,
