@@ -14,6 +14,12 @@
 --      ` pool=DEFAULT_POOL` appended (on its last line when it is continued with `\`), in the
 --      script and in `--bb` text. Nothing else is changed; lines keep their numbers.
 --
+-- HPE Rabbit (DWS) scripts go the same way: each `#DW jobdw type=xfs|gfs2|lustre capacity=...
+-- name=...` gets the default pool (Surge takes `pool=` on them as its own key, and Rabbit
+-- scripts never name one), `#DW copy_in` / `#DW copy_out` have no capacity and are left alone,
+-- and what Surge does not do (`type=raw`, `#DW container`, `profile=`) is refused here with
+-- Surge's message (docs/DIRECTIVES.md, "HPE Rabbit").
+--
 -- Install: copy next to slurm.conf as job_submit.lua, set JobSubmitPlugins=lua in slurm.conf,
 -- and edit the settings below. A site that already has a job_submit.lua: copy everything above
 -- "The plugin's entry points" into it and call surge_job_submit(job_desc) first in its

@@ -1,5 +1,6 @@
 //! The burst-buffer directives of a job script: DataWarp's `#DW jobdw`, `#DW persistentdw`,
-//! `#DW stage_in`, `#DW stage_out`, `#BB create_persistent` and `#BB destroy_persistent`, and
+//! `#DW stage_in`, `#DW stage_out`, `#BB create_persistent` and `#BB destroy_persistent`, HPE
+//! Rabbit's (DWS) named `#DW jobdw ... name=` allocations with `#DW copy_in`/`#DW copy_out`, and
 //! the `#SURGE` prefix reserved for Surge's own directives. `docs/DIRECTIVES.md` is the user's
 //! reference; this module implements it, and the document's examples are run as tests.
 //!
@@ -22,11 +23,29 @@ use std::fmt;
 /// Longest persistent-instance or pool name accepted (Surge's limit; DataWarp documented none).
 pub const MAX_NAME_LEN: usize = 64;
 
+/// Longest name of a Rabbit job allocation (`#DW jobdw ... name=`): the instance Surge makes
+/// for it is named `<job tag>_<name>`, and the tag takes at most [`MAX_JOB_TAG_LEN`] + 1 of the
+/// [`MAX_NAME_LEN`] characters.
+pub const MAX_ALLOCATION_NAME_LEN: usize = 40;
+
+/// Longest job tag a Rabbit allocation's instance name starts with (see the lifecycle).
+pub const MAX_JOB_TAG_LEN: usize = 23;
+
+// The tag, `_`, then the name.
+const _: () = assert!(MAX_ALLOCATION_NAME_LEN + MAX_JOB_TAG_LEN < MAX_NAME_LEN);
+
+/// Most Rabbit job allocations one job may ask for.
+pub const MAX_ALLOCATIONS: usize = 16;
+
 /// Everything a job script asks of the burst buffer, each kind in script order.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Directives {
     /// The job instance (`#DW jobdw`), at most one per job; it lives as long as the job.
     pub jobdw: Option<JobDw>,
+    /// Rabbit's named job allocations (`#DW jobdw type=xfs|gfs2|lustre capacity=N name=X`),
+    /// several per job, each an instance of its own reached at `$DW_JOB_<name>`.
+    #[serde(default)]
+    pub allocations: Vec<JobAllocation>,
     /// Persistent instances the job attaches (`#DW persistentdw`), each mounted for the job at
     /// `$DW_PERSISTENT_STRIPED_<name>`.
     pub persistentdw: Vec<PersistentDw>,
@@ -47,6 +66,7 @@ impl Directives {
     /// True when the script asks nothing of the burst buffer (warnings aside).
     pub fn is_empty(&self) -> bool {
         self.jobdw.is_none()
+            && self.allocations.is_empty()
             && self.persistentdw.is_empty()
             && self.stage_in.is_empty()
             && self.stage_out.is_empty()
@@ -74,6 +94,80 @@ pub struct JobDw {
     /// The `type=cache` keys (all unset for `type=scratch`).
     #[serde(flatten)]
     pub cache: CacheSpec,
+}
+
+/// `#DW jobdw type=xfs|gfs2|lustre capacity=N name=NAME` (HPE Rabbit's dialect, told apart
+/// from DataWarp's by `name=` or by one of Rabbit's types): a job allocation of its own, reached
+/// at `$DW_JOB_<name>` (`-` in the name written `_`), living as long as the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobAllocation {
+    pub line: usize,
+    /// As written: a lower-case letter, then lower-case letters, digits or `-`.
+    pub name: String,
+    pub fs: RabbitFs,
+    /// As written: per compute node for xfs and gfs2, for the whole job for lustre (Rabbit's
+    /// meaning); see [`JobAllocation::capacity_for`].
+    pub capacity: u64,
+    /// A Surge key: the pool to allocate from (`None`: the manager's default).
+    pub pool: Option<String>,
+}
+
+impl JobAllocation {
+    /// Surge's access mode for the allocation: xfs and gfs2 are one file system per compute
+    /// node on Rabbit (Surge: `private`, a namespace per node); lustre one for the whole job
+    /// (Surge: `striped`).
+    pub fn access_mode(&self) -> AccessMode {
+        self.fs.access_mode()
+    }
+
+    /// The variable the job reaches the allocation by: `$DW_JOB_<name>`.
+    pub fn var(&self) -> DwVariable {
+        DwVariable::JobNamed(allocation_var_suffix(&self.name))
+    }
+
+    /// The capacity to allocate for a job of `nodes` compute nodes (xfs and gfs2: per node).
+    pub fn capacity_for(&self, nodes: u32) -> u64 {
+        match self.access_mode() {
+            AccessMode::Private => self.capacity.saturating_mul(u64::from(nodes.max(1))),
+            AccessMode::Striped | AccessMode::Ldbalance => self.capacity,
+        }
+    }
+}
+
+/// The part of `$DW_JOB_<name>` after `DW_JOB_` for a Rabbit allocation named `name`: `-`
+/// becomes `_` (Rabbit's rule, as a shell variable cannot hold `-`).
+pub fn allocation_var_suffix(name: &str) -> String {
+    name.replace('-', "_")
+}
+
+/// The file system a Rabbit job allocation asks for (`type=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RabbitFs {
+    /// One XFS per compute node on Rabbit: Surge's `private`.
+    Xfs,
+    /// One GFS2 per compute node on Rabbit (shared by the nodes of a chassis there): Surge's
+    /// `private`.
+    Gfs2,
+    /// One Lustre for the whole job on Rabbit: Surge's `striped`.
+    Lustre,
+}
+
+impl RabbitFs {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RabbitFs::Xfs => "xfs",
+            RabbitFs::Gfs2 => "gfs2",
+            RabbitFs::Lustre => "lustre",
+        }
+    }
+
+    pub fn access_mode(self) -> AccessMode {
+        match self {
+            RabbitFs::Xfs | RabbitFs::Gfs2 => AccessMode::Private,
+            RabbitFs::Lustre => AccessMode::Striped,
+        }
+    }
 }
 
 /// The `type=cache` keys of a `jobdw` or `create_persistent` line.
@@ -179,7 +273,8 @@ pub struct PersistentDw {
     pub name: String,
 }
 
-/// `#DW stage_in` or `#DW stage_out`. Paths are kept as written (quotes removed), with their
+/// `#DW stage_in` or `#DW stage_out` (and Rabbit's `#DW copy_in` / `#DW copy_out`, whose
+/// kind is [`StageKind::Any`]). Paths are kept as written (quotes removed), with their
 /// `$DW_*` variable unexpanded: see [`StageDirective::expanded`].
 ///
 /// Meaning, as in DataWarp: `type=directory` copies the *contents* of `source` into the
@@ -262,6 +357,9 @@ pub enum StageKind {
     File,
     Directory,
     List,
+    /// Rabbit's `copy_in`/`copy_out` (no `type=`): a file or a directory, as the source turns
+    /// out to be when the copy runs; a directory's contents go into `destination`.
+    Any,
 }
 
 /// Which way a stage copies.
@@ -287,8 +385,12 @@ pub enum DwVariable {
     JobLdbal,
     /// `$DW_JOB_STRIPED_CACHE`: the job instance, a striped cache of a PFS directory.
     JobStripedCache,
-    /// `$DW_PERSISTENT_STRIPED_<name>`: an attached persistent instance.
+    /// `$DW_PERSISTENT_STRIPED_<name>`: an attached persistent instance (Rabbit's
+    /// `$DW_PERSISTENT_<name>` is read as this too: both are set for every attached instance).
     PersistentStriped(String),
+    /// `$DW_JOB_<name>`: a Rabbit job allocation; the string is what follows `DW_JOB_` (the
+    /// allocation's name with `-` written `_`).
+    JobNamed(String),
 }
 
 /// An error in a script (or a stage list file): where, what, and what was expected.
@@ -409,6 +511,7 @@ impl StageKind {
             StageKind::File => "file",
             StageKind::Directory => "directory",
             StageKind::List => "list",
+            StageKind::Any => "any",
         }
     }
 }
@@ -432,7 +535,13 @@ macro_rules! display_as_str {
         }
     )*};
 }
-display_as_str!(InstanceType, AccessMode, StageKind, StageDirection);
+display_as_str!(
+    InstanceType,
+    AccessMode,
+    StageKind,
+    StageDirection,
+    RabbitFs
+);
 
 impl DwVariable {
     /// The environment variable's name, e.g. `DW_JOB_STRIPED`, `DW_PERSISTENT_STRIPED_proj`.
@@ -443,6 +552,7 @@ impl DwVariable {
             DwVariable::JobLdbal => "DW_JOB_LDBAL".to_string(),
             DwVariable::JobStripedCache => "DW_JOB_STRIPED_CACHE".to_string(),
             DwVariable::PersistentStriped(name) => format!("DW_PERSISTENT_STRIPED_{name}"),
+            DwVariable::JobNamed(suffix) => format!("DW_JOB_{suffix}"),
         }
     }
 
@@ -481,12 +591,12 @@ impl StageDirective {
         })
     }
 
-    /// For `type=file`, the path the file is copied to (unexpanded): `destination` itself, or
-    /// `destination/<file name of source>` when `destination` ends with `/` or is a bare
-    /// `$DW_…` variable (`destination=$DW_JOB_STRIPED/` in Bhimji §2.3). `None` for the other
-    /// types.
+    /// For `type=file` (and a `copy_in`/`copy_out` whose source is a file), the path the file
+    /// is copied to (unexpanded): `destination` itself, or `destination/<file name of source>`
+    /// when `destination` ends with `/` or is a bare `$DW_…` variable
+    /// (`destination=$DW_JOB_STRIPED/` in Bhimji §2.3). `None` for the other types.
     pub fn file_target(&self) -> Option<String> {
-        if self.kind != StageKind::File {
+        if !matches!(self.kind, StageKind::File | StageKind::Any) {
             return None;
         }
         let bare_variable = matches!(
@@ -636,8 +746,8 @@ impl Prefix {
     }
 }
 
-/// The directive words DataWarp and Slurm know, for recognising near-misses.
-const KNOWN_WORDS: [&str; 7] = [
+/// The directive words DataWarp, Rabbit and Slurm know, for recognising near-misses.
+const KNOWN_WORDS: [&str; 10] = [
     "jobdw",
     "persistentdw",
     "stage_in",
@@ -645,14 +755,19 @@ const KNOWN_WORDS: [&str; 7] = [
     "create_persistent",
     "destroy_persistent",
     "swap",
+    "copy_in",
+    "copy_out",
+    "container",
 ];
 
 /// Directive words Surge supports, for "did you mean" and "expected one of".
-const SUPPORTED_WORDS: [&str; 6] = [
+const SUPPORTED_WORDS: [&str; 8] = [
     "jobdw",
     "persistentdw",
     "stage_in",
     "stage_out",
+    "copy_in",
+    "copy_out",
     "create_persistent",
     "destroy_persistent",
 ];
@@ -1101,6 +1216,30 @@ const SURGE_JOBDW: Spec = Spec {
     example: "#SURGE jobdw bandwidth=4GiB/s metadata=50k/s capacity=100GiB",
 };
 
+const RABBIT_JOBDW: Spec = Spec {
+    name: "jobdw",
+    required: &["type", "capacity", "name"],
+    optional: &["pool", "profile", "requires"],
+    flags: &[],
+    example: "#DW jobdw type=xfs capacity=10GiB name=scratch",
+};
+
+const COPY_IN: Spec = Spec {
+    name: "copy_in",
+    required: &["source", "destination"],
+    optional: &["profile"],
+    flags: &[],
+    example: "#DW copy_in source=/pfs/input destination=$DW_JOB_scratch/input",
+};
+
+const COPY_OUT: Spec = Spec {
+    name: "copy_out",
+    required: &["source", "destination"],
+    optional: &["profile"],
+    flags: &[],
+    example: "#DW copy_out source=$DW_JOB_scratch/output destination=/pfs/output",
+};
+
 const PERSISTENTDW: Spec = Spec {
     name: "persistentdw",
     required: &["name"],
@@ -1199,6 +1338,10 @@ struct Parser<'a> {
     created: Vec<(String, usize)>,
     destroyed: Vec<(String, usize)>,
     stage_refs: Vec<StageRef>,
+    /// Names of Rabbit allocations as written, with their line, valid or not.
+    allocation_names: Vec<(String, usize)>,
+    /// A Rabbit `jobdw` whose name could not be read.
+    allocation_unread: bool,
 }
 
 impl<'a> Parser<'a> {
@@ -1213,6 +1356,8 @@ impl<'a> Parser<'a> {
             created: Vec::new(),
             destroyed: Vec::new(),
             stage_refs: Vec::new(),
+            allocation_names: Vec::new(),
+            allocation_unread: false,
         }
     }
 
@@ -1295,6 +1440,15 @@ impl<'a> Parser<'a> {
             (Prefix::Dw, "persistentdw") => self.persistentdw(&ctx),
             (Prefix::Dw, "stage_in") => self.stage(&ctx, StageDirection::In),
             (Prefix::Dw, "stage_out") => self.stage(&ctx, StageDirection::Out),
+            (Prefix::Dw, "copy_in") => self.copy(&ctx, StageDirection::In),
+            (Prefix::Dw, "copy_out") => self.copy(&ctx, StageDirection::Out),
+            (Prefix::Dw, "container") => self.sink.error(
+                raw.line,
+                ctx.text,
+                "`#DW container` (Rabbit's user containers, run on the Rabbit nodes) is not \
+                 something Surge does: its BB servers run no user code; run the container on the \
+                 compute nodes, with the job's $DW_JOB_<name> paths",
+            ),
             // `#BB` is the original form; Slurm 18.08 and CLE6.0UP06 accept `#DW` too.
             (Prefix::Dw | Prefix::Bb, "create_persistent") => self.create_persistent(&ctx),
             (Prefix::Dw | Prefix::Bb, "destroy_persistent") => self.destroy_persistent(&ctx),
@@ -1304,13 +1458,15 @@ impl<'a> Parser<'a> {
                 "`#DW swap` (swap space for compute nodes on the burst buffer) is a DataWarp \
                  directive that Surge does not support",
             ),
-            (Prefix::Bb, word @ ("jobdw" | "persistentdw" | "stage_in" | "stage_out" | "swap")) => {
-                self.sink.error(
-                    raw.line,
-                    ctx.text,
-                    format!("`{word}` is a `#DW` directive: write `#DW {word} ...`"),
-                )
-            }
+            (
+                Prefix::Bb,
+                word @ ("jobdw" | "persistentdw" | "stage_in" | "stage_out" | "swap" | "copy_in"
+                | "copy_out" | "container"),
+            ) => self.sink.error(
+                raw.line,
+                ctx.text,
+                format!("`{word}` is a `#DW` directive: write `#DW {word} ...`"),
+            ),
             (Prefix::Surge, "jobdw") => self.jobdw(&ctx),
             (Prefix::Surge, word) => self.sink.error(
                 raw.line,
@@ -1555,6 +1711,10 @@ impl<'a> Parser<'a> {
     }
 
     fn jobdw(&mut self, ctx: &Ctx) {
+        if ctx.raw.prefix == Prefix::Dw && is_rabbit_jobdw(ctx) {
+            self.rabbit_jobdw(ctx);
+            return;
+        }
         let errors_before = self.sink.errors.len();
         let first = self.jobdw_lines.first().copied();
         self.jobdw_lines.push(ctx.raw.line);
@@ -1651,6 +1811,117 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// Rabbit's `#DW jobdw type=xfs|gfs2|lustre capacity=N name=NAME`: one named allocation.
+    fn rabbit_jobdw(&mut self, ctx: &Ctx) {
+        let errors_before = self.sink.errors.len();
+        // DataWarp's keys on a Rabbit line: said plainly rather than "unknown key".
+        let mut args = Vec::new();
+        for t in &ctx.args {
+            match t.key.as_deref() {
+                Some(
+                    k
+                    @ ("access_mode" | "pfs" | "optimization" | "bandwidth" | "iops" | "metadata"),
+                ) => self.sink.error(
+                    t.line,
+                    &t.raw,
+                    format!(
+                        "`{k}=` is DataWarp's (or Surge's `#SURGE jobdw`), and this jobdw is \
+                         Rabbit's (it has name= or type=xfs|gfs2|lustre|raw), whose type says how \
+                         the compute nodes share it: xfs and gfs2 one per node, lustre one for \
+                         the job; drop `{k}=`, or write DataWarp's jobdw without name="
+                    ),
+                ),
+                _ => args.push(t.clone()),
+            }
+        }
+        let ctx = Ctx {
+            raw: ctx.raw,
+            text: ctx.text.clone(),
+            args,
+            failed_keys: ctx.failed_keys.clone(),
+            incomplete: ctx.incomplete,
+        };
+        let args = self.args(&ctx, &RABBIT_JOBDW);
+        let fs = self.value(args.get("type"), parse_rabbit_fs);
+        let capacity = self.value(args.get("capacity"), parse_capacity);
+        let pool = self.value(args.get("pool"), parse_pool);
+        if let Some(t) = args.get("profile") {
+            self.sink.error(
+                t.line,
+                &t.raw,
+                "Rabbit storage profiles (profile=) are an NNF administrator's settings that \
+                 Surge does not have; drop profile= (Surge's pools are chosen with pool=)",
+            );
+        }
+        // `requires=copy-offload` starts Rabbit's copy-offload daemon; Surge's job-initiated
+        // copies (`surge stage`, libdatawarp) are always there, so it asks for nothing more.
+        self.value(args.get("requires"), |v| match v {
+            "copy-offload" => Ok(()),
+            _ => Err(format!(
+                "unknown requires `{v}`{}; Rabbit's only value is copy-offload",
+                hint(v, &["copy-offload"])
+            )),
+        });
+        let name = match args.get("name") {
+            Some(t) => {
+                let first = self
+                    .allocation_names
+                    .iter()
+                    .find(|(n, _)| *n == t.value)
+                    .map(|(_, l)| *l);
+                if let Some(first) = first {
+                    self.sink.error(
+                        t.line,
+                        &t.raw,
+                        format!(
+                            "two job allocations are named `{}` (the first on line {first}); a \
+                             name is unique within a job, as $DW_JOB_{} names one allocation",
+                            t.value,
+                            allocation_var_suffix(&t.value)
+                        ),
+                    );
+                }
+                self.allocation_names.push((t.value.clone(), t.line));
+                self.value(Some(t), |v| {
+                    check_allocation_name(v).map(|()| v.to_string())
+                })
+            }
+            None => None,
+        };
+        if name.is_none() {
+            self.allocation_unread = true;
+        }
+        if self.allocation_names.len() == MAX_ALLOCATIONS + 1 {
+            self.sink.error(
+                ctx.raw.line,
+                &ctx.text,
+                format!("a job has at most {MAX_ALLOCATIONS} Rabbit job allocations"),
+            );
+        }
+        if self.sink.errors.len() != errors_before || ctx.raw.broken {
+            return;
+        }
+        if let (Some(name), Some(fs), Some(capacity)) = (name, fs, capacity) {
+            self.out.allocations.push(JobAllocation {
+                line: ctx.raw.line,
+                name,
+                fs,
+                capacity,
+                pool,
+            });
+        }
+    }
+
+    /// Rabbit's `#DW copy_in` / `#DW copy_out`: a stage without `type=`, the source's kind
+    /// deciding when it runs.
+    fn copy(&mut self, ctx: &Ctx, direction: StageDirection) {
+        let spec = match direction {
+            StageDirection::In => &COPY_IN,
+            StageDirection::Out => &COPY_OUT,
+        };
+        self.stage_with(ctx, direction, spec, true);
+    }
+
     fn persistentdw(&mut self, ctx: &Ctx) {
         let errors_before = self.sink.errors.len();
         let args = self.args(ctx, &PERSISTENTDW);
@@ -1684,18 +1955,37 @@ impl<'a> Parser<'a> {
     }
 
     fn stage(&mut self, ctx: &Ctx, direction: StageDirection) {
-        let errors_before = self.sink.errors.len();
         let spec = match direction {
             StageDirection::In => &STAGE_IN,
             StageDirection::Out => &STAGE_OUT,
         };
+        self.stage_with(ctx, direction, spec, false);
+    }
+
+    /// A stage directive: DataWarp's (`type=` given) or Rabbit's `copy` (none: [`StageKind::Any`]).
+    fn stage_with(&mut self, ctx: &Ctx, direction: StageDirection, spec: &Spec, copy: bool) {
+        let errors_before = self.sink.errors.len();
         let args = self.args(ctx, spec);
-        let kind = self.value(args.get("type"), parse_stage_kind);
+        let kind = if copy {
+            if let Some(t) = args.get("profile") {
+                self.sink.error(
+                    t.line,
+                    &t.raw,
+                    "Rabbit copy profiles (profile=) are an NNF administrator's settings that \
+                     Surge does not have; drop profile= (Surge copies data, modes and times, \
+                     never extended attributes)",
+                );
+            }
+            Some(StageKind::Any)
+        } else {
+            self.value(args.get("type"), parse_stage_kind)
+        };
+        let word = spec.name;
         let source = self.value(args.get("source"), |v| {
-            stage_path(v, direction, End::Source)
+            stage_path(v, direction, End::Source, word)
         });
         let destination = self.value(args.get("destination"), |v| {
-            stage_path(v, direction, End::Destination)
+            stage_path(v, direction, End::Destination, word)
         });
         if let (Some(StageKind::File), Some(token)) = (kind, args.get("source")) {
             if token.value.ends_with('/') {
@@ -1756,6 +2046,25 @@ impl<'a> Parser<'a> {
     }
 
     fn create_persistent(&mut self, ctx: &Ctx) {
+        // Rabbit's form (`type=xfs|gfs2|lustre|raw name=... capacity=...`, no access_mode).
+        if let Some(t) = ctx.args.iter().find(|t| {
+            t.key.as_deref() == Some("type")
+                && matches!(t.value.as_str(), "xfs" | "gfs2" | "lustre" | "raw")
+        }) {
+            self.sink.error(
+                t.line,
+                &t.raw,
+                format!(
+                    "Rabbit's `create_persistent {}` is not read by Surge: a persistent instance \
+                     is DataWarp's, shared by the jobs that attach it; write `#BB \
+                     create_persistent name=NAME capacity=SIZE access_mode=striped \
+                     type=scratch` (NAME of letters, digits and `_`), which jobs attach with \
+                     `#DW persistentdw name=NAME` either way",
+                    t.raw
+                ),
+            );
+            return;
+        }
         let errors_before = self.sink.errors.len();
         let args = self.args(ctx, &CREATE_PERSISTENT);
         if let Some(token) = args.get("name") {
@@ -1844,11 +2153,19 @@ impl<'a> Parser<'a> {
                             j.access_mode,
                             other = DwVariable::of_job(j.access_mode)
                         )),
+                        None if self.jobdw_lines.is_empty() && self.allocation_names.is_empty() => {
+                            Some(format!(
+                                "{} is the job instance, but the script has no `#DW jobdw` to \
+                                 create one; add e.g. `#DW jobdw type=scratch \
+                                 access_mode={wanted} capacity=100GiB`",
+                                r.var
+                            ))
+                        }
                         None if self.jobdw_lines.is_empty() => Some(format!(
-                            "{} is the job instance, but the script has no `#DW jobdw` to \
-                             create one; add e.g. `#DW jobdw type=scratch access_mode={wanted} \
-                             capacity=100GiB`",
-                            r.var
+                            "{} is DataWarp's job instance, but this script's jobdw lines are \
+                             Rabbit's named allocations (line {}); use $DW_JOB_<name> of one \
+                             of them",
+                            r.var, self.allocation_names[0].1
                         )),
                         _ => None,
                     }
@@ -1859,6 +2176,39 @@ impl<'a> Parser<'a> {
                      change back to it; stage from and to that directory's files directly"
                         .to_string(),
                 ),
+                DwVariable::JobNamed(suffix) => {
+                    let defined = self
+                        .allocation_names
+                        .iter()
+                        .any(|(n, _)| allocation_var_suffix(n) == *suffix);
+                    (!defined && !self.allocation_unread).then(|| {
+                        let mut vars: Vec<String> = Vec::new();
+                        for (n, _) in &self.allocation_names {
+                            let v = format!("DW_JOB_{}", allocation_var_suffix(n));
+                            if !vars.contains(&v) {
+                                vars.push(v);
+                            }
+                        }
+                        let vars: Vec<&str> = vars.iter().map(String::as_str).collect();
+                        let wanted = format!("DW_JOB_{suffix}");
+                        let hint = suggest(&wanted, &vars)
+                            .map(|s| format!(" (did you mean ${s}?)"))
+                            .unwrap_or_default();
+                        let have = if vars.is_empty() {
+                            "the script defines none".to_string()
+                        } else {
+                            let v: Vec<String> = vars.iter().map(|v| format!("${v}")).collect();
+                            let v: Vec<&str> = v.iter().map(String::as_str).collect();
+                            format!("the script defines {}", join_and(&v))
+                        };
+                        format!(
+                            "{} names no job allocation{hint}: add `#DW jobdw type=xfs \
+                             capacity=10GiB name={}` ({have})",
+                            r.var,
+                            suffix.replace('_', "-")
+                        )
+                    })
+                }
                 DwVariable::PersistentStriped(name) => {
                     let attached = self.attached.iter().any(|(n, _)| n == name);
                     (!attached && !self.attach_unread).then(|| {
@@ -2091,10 +2441,30 @@ fn dw_variable(name: &str) -> Result<DwVariable, String> {
         Ok(DwVariable::JobLdbal)
     } else if name == "DW_JOB_STRIPED_CACHE" {
         Ok(DwVariable::JobStripedCache)
-    } else if let Some(instance) = name.strip_prefix("DW_PERSISTENT_STRIPED_") {
+    } else if let Some(instance) = name
+        .strip_prefix("DW_PERSISTENT_STRIPED_")
+        .or_else(|| name.strip_prefix("DW_PERSISTENT_"))
+    {
+        // `$DW_PERSISTENT_<name>` is Rabbit's name of what DataWarp calls
+        // `$DW_PERSISTENT_STRIPED_<name>`: both are set for an attached instance.
         check_persistent_name(instance)
             .map(|()| DwVariable::PersistentStriped(instance.to_string()))
             .map_err(|e| format!("bad ${name}: {e}"))
+    } else if let Some(suffix) = name
+        .strip_prefix("DW_JOB_")
+        .filter(|s| s.starts_with(|c: char| c.is_ascii_lowercase()))
+    {
+        // Rabbit's `$DW_JOB_<name>`: its names are lower case, DataWarp's variables upper.
+        if let Some(bad) = suffix
+            .chars()
+            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_'))
+        {
+            return Err(format!(
+                "${name} contains `{bad}`: $DW_JOB_<name> is a Rabbit allocation's name, lower \
+                 case letters, digits and `_` (for the name's `-`)"
+            ));
+        }
+        Ok(DwVariable::JobNamed(suffix.to_string()))
     } else if name.is_empty() {
         Err("`$` must be followed by a variable name".to_string())
     } else if name.starts_with("DW_") {
@@ -2112,6 +2482,68 @@ fn dw_variable(name: &str) -> Result<DwVariable, String> {
     }
 }
 
+/// A Rabbit `jobdw` line: it has `name=`, or its type is one of Rabbit's. Everything else is
+/// DataWarp's (whose `jobdw` never had a name).
+fn is_rabbit_jobdw(ctx: &Ctx) -> bool {
+    ctx.args.iter().any(|t| match t.key.as_deref() {
+        Some("name") => true,
+        Some("type") => matches!(t.value.as_str(), "xfs" | "gfs2" | "lustre" | "raw"),
+        _ => false,
+    })
+}
+
+fn parse_rabbit_fs(v: &str) -> Result<RabbitFs, String> {
+    match v {
+        "xfs" => Ok(RabbitFs::Xfs),
+        "gfs2" => Ok(RabbitFs::Gfs2),
+        "lustre" => Ok(RabbitFs::Lustre),
+        "raw" => Err(
+            "type=raw (a bare block device per compute node) is not something Surge \
+                      gives: its instances are file systems; use type=xfs for one per node"
+                .to_string(),
+        ),
+        "scratch" | "cache" => Err(format!(
+            "type={v} is DataWarp's, but name= makes this jobdw Rabbit's; write Rabbit's \
+             type=xfs, gfs2 or lustre, or drop name= for DataWarp's `#DW jobdw type={v} \
+             access_mode=striped capacity=...`"
+        )),
+        _ => Err(format!(
+            "unknown type `{v}`{}; a Rabbit jobdw takes type=xfs, gfs2 or lustre",
+            hint(v, &["xfs", "gfs2", "lustre"])
+        )),
+    }
+}
+
+/// Checks a Rabbit allocation name: a lower-case letter, then lower-case letters, digits or
+/// `-` (Rabbit's rule), at most [`MAX_ALLOCATION_NAME_LEN`] characters.
+pub fn check_allocation_name(name: &str) -> Result<(), String> {
+    let rule = format!(
+        "a job allocation's name is a lower-case letter followed by lower-case letters, digits \
+         or `-`, at most {MAX_ALLOCATION_NAME_LEN} characters (as Rabbit's)"
+    );
+    match name.chars().next() {
+        None => Err(format!("empty name: {rule}")),
+        Some(c) if !c.is_ascii_lowercase() => Err(format!(
+            "`{name}` does not start with a lower-case letter: {rule}"
+        )),
+        Some(_) => {
+            if let Some(bad) = name
+                .chars()
+                .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+            {
+                Err(format!("`{name}` contains `{bad}`: {rule}"))
+            } else if name.len() > MAX_ALLOCATION_NAME_LEN {
+                Err(format!(
+                    "`{name}` is {} characters long: {rule}",
+                    name.len()
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Which end of a copy a path is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum End {
@@ -2121,12 +2553,43 @@ enum End {
 
 /// Checks a stage path and that it is on the right side: stage_in reads the PFS and writes an
 /// instance, stage_out the reverse.
-fn stage_path(path: &str, direction: StageDirection, end: End) -> Result<PathSide, String> {
+fn stage_path(
+    path: &str,
+    direction: StageDirection,
+    end: End,
+    word: &str,
+) -> Result<PathSide, String> {
     let side = classify_path(path)?;
     let wants_instance = matches!(
         (direction, end),
         (StageDirection::In, End::Destination) | (StageDirection::Out, End::Source)
     );
+    if word.starts_with("copy_") {
+        // Rabbit also copies between two allocations; Surge's stage tasks have one end on the
+        // PFS.
+        return match (wants_instance, &side) {
+            (true, PathSide::Pfs) => Err(format!(
+                "{word} copies {} the burst buffer: its {} must start with $DW_JOB_<name>, \
+                 $DW_PERSISTENT_<name> (or DataWarp's $DW_JOB_STRIPED, ...)",
+                if direction == StageDirection::In {
+                    "into"
+                } else {
+                    "out of"
+                },
+                if direction == StageDirection::In {
+                    "destination"
+                } else {
+                    "source"
+                },
+            )),
+            (false, PathSide::Instance { var, .. }) => Err(format!(
+                "{word}: both ends are in the burst buffer ({var} here); Surge copies between \
+                 the burst buffer and the parallel file system only, so copy from one instance \
+                 to the other in the job (cp -r)"
+            )),
+            _ => Ok(side),
+        };
+    }
     match (wants_instance, &side) {
         (true, PathSide::Pfs) => Err(match direction {
             StageDirection::In => "stage_in copies into the burst buffer: its destination must \

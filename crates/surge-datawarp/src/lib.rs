@@ -59,7 +59,7 @@ fn into_dir(dir: &Path, f: &Path) -> Result<PathBuf> {
 fn scope_of(kind: ItemKind) -> Scope {
     match kind {
         ItemKind::File => Scope::File,
-        ItemKind::Directory => Scope::Directory,
+        ItemKind::Directory | ItemKind::Any => Scope::Directory,
     }
 }
 

@@ -403,6 +403,14 @@ fn validate(script: &Path, name: Option<&str>, json: bool) -> anyhow::Result<Exi
                             "pool": j.pool,
                         })),
                         "persistentdw": d.persistentdw.iter().map(|p| &p.name).collect::<Vec<_>>(),
+                        "allocations": d.allocations.iter().map(|a| serde_json::json!({
+                            "name": a.name,
+                            "type": a.fs.as_str(),
+                            "capacity": a.capacity,
+                            "access_mode": a.access_mode().as_str(),
+                            "pool": a.pool,
+                            "variable": a.var().env_name(),
+                        })).collect::<Vec<_>>(),
                         "stage_in": d.stage_in.len(),
                         "stage_out": d.stage_out.len(),
                     })
@@ -653,6 +661,30 @@ impl Report for Lines<'_> {
                 ..
             } => self.say(format!("destroyed persistent instance {name}")),
             Event::Destroyed { .. } => {}
+            Event::Allocation {
+                var,
+                instance,
+                created,
+                ..
+            } => self.say(format!(
+                "job {job}: {var} is instance {} ({} {}){}",
+                instance.name,
+                format_bytes(instance.capacity),
+                instance.access_mode,
+                if created {
+                    ""
+                } else {
+                    ", there already (set up again)"
+                }
+            )),
+            Event::AllocationDestroyed {
+                var,
+                instance,
+                existed: true,
+                ok: true,
+                ..
+            } => self.say(format!("job {job}: destroyed {var}'s instance {instance}")),
+            Event::AllocationDestroyed { .. } => {}
         }
     }
 }

@@ -152,9 +152,12 @@ fn item_covers(item: &StageItem, inner: &str, scope: Scope) -> bool {
     let ip = item.instance_path.as_str();
     match (scope, item.kind) {
         (Scope::File, ItemKind::File) => ip == inner,
-        (Scope::File, ItemKind::Directory) => is_under(inner, ip),
+        // A copy_out item (`Any`): a file or a directory, so whatever either would cover.
+        (Scope::File, ItemKind::Directory | ItemKind::Any) => is_under(inner, ip),
         (Scope::Directory, ItemKind::File) => is_under(ip, inner),
-        (Scope::Directory, ItemKind::Directory) => is_under(ip, inner) || is_under(inner, ip),
+        (Scope::Directory, ItemKind::Directory | ItemKind::Any) => {
+            is_under(ip, inner) || is_under(inner, ip)
+        }
     }
 }
 

@@ -140,6 +140,22 @@ pub fn stage_in(d: &Directives, script: &str, cwd: &Path) -> Result<StageIn, Vec
                 s.line,
                 &mut errors,
             ),
+            // Rabbit's copy_in: a directory's contents, or a file, as the source is.
+            StageKind::Any => {
+                let src = pfs_path(&s.source, cwd);
+                if src.is_dir() {
+                    add(
+                        &src,
+                        &s.destination,
+                        ItemKind::Directory,
+                        s.line,
+                        &mut errors,
+                    );
+                } else {
+                    let dst = s.file_target().unwrap_or_else(|| s.destination.clone());
+                    add(&src, &dst, ItemKind::File, s.line, &mut errors);
+                }
+            }
             StageKind::List => {
                 let list = pfs_path(&s.source, cwd);
                 let text = match std::fs::read_to_string(&list) {
@@ -213,6 +229,8 @@ pub fn stage_out(
             StageKind::Directory => {
                 add(&s.source, &s.destination, ItemKind::Directory, &mut errors)
             }
+            // Rabbit's copy_out: the stager sees what the source is.
+            StageKind::Any => add(&s.source, &s.destination, ItemKind::Any, &mut errors),
             StageKind::List => match read_list(s) {
                 Ok(text) => match parse_stage_list(&s.source, &text, s) {
                     Ok(entries) => {

@@ -154,11 +154,7 @@ impl Reporter {
                     format!(", {} persistent", s.persistent.len())
                 }
             ),
-            None => format!(
-                "session {}: {} persistent instance(s)",
-                s.id,
-                s.persistent.len()
-            ),
+            None => format!("session {}: {} named instance(s)", s.id, s.persistent.len()),
         };
         self.phase("allocate", detail, started, true);
         // What the manager promised for the targets, and why.
@@ -256,6 +252,40 @@ impl Report for Reporter {
                 ),
                 started,
                 true,
+            ),
+            Event::Allocation {
+                var,
+                instance: i,
+                created,
+                started,
+            } => self.phase(
+                "allocate named",
+                format!(
+                    "{var}: instance {} {} {} ({} fragments){}",
+                    i.name,
+                    format_bytes(i.capacity),
+                    i.access_mode,
+                    i.fragments,
+                    if created { "" } else { ", there already" }
+                ),
+                started,
+                true,
+            ),
+            Event::AllocationDestroyed {
+                var,
+                instance,
+                existed,
+                ok,
+                started,
+            } => self.phase(
+                "destroy named",
+                if existed {
+                    format!("{var}: instance {instance}")
+                } else {
+                    format!("{var}: instance {instance} not there (destroyed before)")
+                },
+                started,
+                ok,
             ),
             Event::PersistentFailed { name, started } => {
                 self.phase("create persistent", name.to_string(), started, false)

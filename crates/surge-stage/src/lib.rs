@@ -79,6 +79,10 @@ impl From<surge_core::directives::StageDirection> for Direction {
 pub enum ItemKind {
     File,
     Directory,
+    /// Rabbit's `copy_in`/`copy_out` (no type): a `Directory` when the source is one, else a
+    /// `File`, whose destination is taken as a directory to copy into when it ends with `/`
+    /// (or is an existing directory on the PFS).
+    Any,
 }
 
 /// One thing to copy. `pfs` is a path on the POSIX file system (absolute; a relative path is

@@ -200,6 +200,15 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StageError + '_ {
     }
 }
 
+/// An item's kind once its source is known: [`ItemKind::Any`] becomes what the source is.
+fn settle(kind: ItemKind, source_is_dir: bool) -> ItemKind {
+    match kind {
+        ItemKind::Any if source_is_dir => ItemKind::Directory,
+        ItemKind::Any => ItemKind::File,
+        k => k,
+    }
+}
+
 fn absolute(p: &Path) -> Result<PathBuf, StageError> {
     std::path::absolute(p).map_err(|e| StageError::Io {
         path: p.display().to_string(),
@@ -233,11 +242,21 @@ fn scan_pfs(items: &[StageItem]) -> Result<Parts, StageError> {
     let mut parts = Parts::default();
     for item in items {
         let src = absolute(&item.pfs)?;
-        let dest = ns::parse_instance_path(&item.instance_path)?;
+        let mut dest = ns::parse_instance_path(&item.instance_path)?;
         // The item's own source is followed if it is a symlink (as `cp` does with its
         // arguments); symlinks inside a tree are copied as symlinks.
         let md = std::fs::metadata(&src).map_err(io_err(&src))?;
-        match item.kind {
+        let kind = settle(item.kind, md.is_dir());
+        if item.kind == ItemKind::Any
+            && kind == ItemKind::File
+            && (item.instance_path.ends_with('/') || file_name(&dest).is_empty())
+        {
+            if let Some(name) = src.file_name() {
+                dest = dest.join(name);
+            }
+        }
+        match kind {
+            ItemKind::Any => unreachable!("settled above"),
             ItemKind::File => {
                 if md.is_dir() {
                     return Err(StageError::WrongKind {
@@ -364,11 +383,21 @@ async fn scan_instance(client: &InstanceClient, items: &[StageItem]) -> Result<P
     let mut parts = Parts::default();
     for item in items {
         let src = ns::parse_instance_path(&item.instance_path)?;
-        let dest = absolute(&item.pfs)?;
+        let mut dest = absolute(&item.pfs)?;
         let attr = ns::resolve(client, &src)
             .await
             .map_err(|e| instance_err(&src, e))?;
-        match item.kind {
+        let kind = settle(item.kind, attr.kind == FileKind::Dir);
+        if item.kind == ItemKind::Any
+            && kind == ItemKind::File
+            && (item.pfs.as_os_str().as_bytes().ends_with(b"/") || dest.is_dir())
+        {
+            if let Some(name) = src.file_name() {
+                dest = dest.join(name);
+            }
+        }
+        match kind {
+            ItemKind::Any => unreachable!("settled above"),
             ItemKind::File => {
                 if attr.kind == FileKind::Dir {
                     return Err(StageError::WrongKind {

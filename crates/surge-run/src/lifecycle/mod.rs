@@ -41,7 +41,7 @@ use anyhow::Context;
 use std::path::PathBuf;
 use std::time::Instant;
 use surge_api::v1 as api;
-use surge_core::directives::{Directives, DwVariable};
+use surge_core::directives::{allocation_var_suffix, Directives, DwVariable, JobAllocation};
 use surge_manager::cli::status_err;
 use surge_proto::InstanceDescriptor;
 
@@ -91,6 +91,23 @@ pub enum Event<'a> {
         name: &'a str,
         instance: &'a api::Instance,
         created: bool,
+        started: Instant,
+    },
+    /// The instance of a Rabbit allocation (`#DW jobdw ... name=`): made now, or there
+    /// already (a re-run). `var` is its `$DW_JOB_<name>`.
+    Allocation {
+        var: &'a DwVariable,
+        instance: &'a api::Instance,
+        created: bool,
+        started: Instant,
+    },
+    /// The instance of a Rabbit allocation is gone (`existed`: this phase destroyed it), or
+    /// could not be destroyed (`ok` false; the phase's failures say why).
+    AllocationDestroyed {
+        var: &'a DwVariable,
+        instance: &'a str,
+        existed: bool,
+        ok: bool,
         started: Instant,
     },
     /// A `#BB create_persistent` instance could not be made (the phase fails with why).
@@ -222,7 +239,7 @@ pub async fn complete_session(
     job: &Job,
 ) -> anyhow::Result<api::Session> {
     let s = session(m, job).await?;
-    if let Some(what) = missing(&job.directives, &s) {
+    if let Some(what) = missing(job, &s) {
         anyhow::bail!(
             "{}: session {} lacks {what} that {} asks for: the job must not run (re-run \
              setup, or end the session with `surge session end {}`)",
@@ -243,15 +260,17 @@ fn who(job: &Job) -> String {
     }
 }
 
-/// What session `s` lacks of what directives `d` ask for (its job instance, a persistent
-/// instance it attaches), if anything: no phase lets a job run without them.
-pub fn missing(d: &Directives, s: &api::Session) -> Option<String> {
+/// What session `s` lacks of what job `job`'s directives ask for (its job instance, a
+/// persistent instance it attaches, a Rabbit allocation), if anything: no phase lets a job run
+/// without them.
+pub fn missing(job: &Job, s: &api::Session) -> Option<String> {
+    let d = &job.directives;
     if d.jobdw.is_some()
         && (s.job_instance == 0 || !s.instances.iter().any(|i| i.id == s.job_instance))
     {
         return Some("its job instance".into());
     }
-    let lacking: Vec<String> = attached(d)
+    let lacking: Vec<String> = attached(job)
         .into_iter()
         .filter(|n| {
             !s.instances
@@ -262,10 +281,17 @@ pub fn missing(d: &Directives, s: &api::Session) -> Option<String> {
     (!lacking.is_empty()).then(|| format!("persistent instance(s) {}", lacking.join(", ")))
 }
 
-/// The persistent instances a job's session attaches: its `persistentdw` ones, and the
-/// persistent caches it creates (their fill and drain are stage tasks of the session).
-pub fn attached(d: &Directives) -> Vec<String> {
+/// The named instances a job's session attaches: its `persistentdw` ones, the persistent
+/// caches it creates (their fill and drain are stage tasks of the session) and the instances
+/// of its Rabbit allocations (see [`allocation_instance`]).
+pub fn attached(job: &Job) -> Vec<String> {
+    let d = &job.directives;
     let mut names: Vec<String> = d.persistentdw.iter().map(|p| p.name.clone()).collect();
+    names.extend(
+        d.allocations
+            .iter()
+            .map(|a| allocation_instance(&job.external_id, a)),
+    );
     for cp in d
         .create_persistent
         .iter()
@@ -298,9 +324,48 @@ pub async fn set_phase(
     .into_inner())
 }
 
+/// The tag the instances of a job's Rabbit allocations are named with: `slurm<id>` for a
+/// Slurm job, `job<hash of the external id>` otherwise (a `surge run`'s id names a host, a pid
+/// and a time). The same in every phase and every process, so a phase run again finds them.
+pub fn job_tag(external_id: &str) -> String {
+    let slurm = external_id
+        .strip_prefix("slurm:")
+        .filter(|id| (1..=18).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_digit()));
+    let tag = match slurm {
+        Some(id) => format!("slurm{id}"),
+        None => {
+            // FNV-1a: stable across processes and releases, unlike std's hasher.
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in external_id.bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x100_0000_01b3);
+            }
+            format!("job{h:016x}")
+        }
+    };
+    debug_assert!(tag.len() <= surge_core::directives::MAX_JOB_TAG_LEN);
+    tag
+}
+
+/// The name of the instance Surge makes for Rabbit allocation `a` of the job `external_id`:
+/// `<job tag>_<name>` (`-` written `_`). A Rabbit allocation is a named instance of the job's
+/// owner, attached to the job's session, made at setup and destroyed at teardown, since a
+/// session has one unnamed job instance.
+pub fn allocation_instance(external_id: &str, a: &JobAllocation) -> String {
+    format!(
+        "{}_{}",
+        job_tag(external_id),
+        allocation_var_suffix(&a.name)
+    )
+}
+
 /// The variable a job reaches instance `i` of session `s` by.
 pub fn var_of(s: &api::Session, i: &api::Instance) -> DwVariable {
     if i.id != s.job_instance {
+        let tag = format!("{}_", job_tag(&s.external_id));
+        if let Some(suffix) = i.name.strip_prefix(&tag) {
+            return DwVariable::JobNamed(suffix.to_string());
+        }
         return DwVariable::PersistentStriped(i.name.clone());
     }
     match i.access_mode.as_str() {
@@ -318,6 +383,12 @@ pub fn instance_of<'a>(s: &'a api::Session, var: &DwVariable) -> Option<&'a api:
             .instances
             .iter()
             .find(|i| &i.name == n && i.id != s.job_instance),
+        DwVariable::JobNamed(suffix) => {
+            let name = format!("{}_{suffix}", job_tag(&s.external_id));
+            s.instances
+                .iter()
+                .find(|i| i.name == name && i.id != s.job_instance)
+        }
         _ => s.instances.iter().find(|i| i.id == s.job_instance),
     }
 }
@@ -510,21 +581,34 @@ mod tests {
         surge_core::directives::parse_script("job.sh", script).expect("a valid script")
     }
 
+    fn job(script: &str, external_id: &str) -> Job {
+        Job {
+            script: "job.sh".into(),
+            directives: directives(script),
+            external_id: external_id.into(),
+            label: "job".into(),
+            manager: String::new(),
+            alloc: None,
+        }
+    }
+
     #[test]
     fn a_session_attaches_the_persistent_instances_used_and_the_caches_created() {
-        let d = directives(
+        let j = job(
             "#!/bin/bash\n#DW persistentdw name=a\n\
              #BB create_persistent name=c capacity=1GiB access_mode=striped type=cache pfs=/p\n\
              #BB create_persistent name=s capacity=1GiB access_mode=striped type=scratch\n",
+            "slurm:42",
         );
-        assert_eq!(attached(&d), vec!["a".to_string(), "c".to_string()]);
+        assert_eq!(attached(&j), vec!["a".to_string(), "c".to_string()]);
     }
 
     #[test]
     fn a_session_without_what_the_script_asks_for_is_incomplete() {
-        let d = directives(
+        let d = job(
             "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=1GiB\n\
              #DW persistentdw name=a\n",
+            "slurm:42",
         );
         let job = instance(1, "", "striped", None);
         let a = instance(2, "a", "striped", None);
@@ -537,6 +621,50 @@ mod tests {
             missing(&d, &session(1, vec![job])).as_deref(),
             Some("persistent instance(s) a")
         );
+    }
+
+    #[test]
+    fn rabbit_allocations_are_instances_named_after_the_job_with_their_own_variables() {
+        let j = job(
+            "#!/bin/bash\n#DW jobdw type=xfs capacity=1GiB name=node-local\n\
+             #DW jobdw type=lustre capacity=1GiB name=shared\n#DW persistentdw name=p\n",
+            "slurm:42",
+        );
+        assert_eq!(
+            attached(&j),
+            ["p", "slurm42_node_local", "slurm42_shared"].map(String::from)
+        );
+        let mut s = session(
+            0,
+            vec![
+                instance(2, "p", "striped", None),
+                instance(3, "slurm42_node_local", "private", None),
+            ],
+        );
+        s.external_id = "slurm:42".into();
+        assert_eq!(
+            missing(&j, &s).as_deref(),
+            Some("persistent instance(s) slurm42_shared")
+        );
+        s.instances
+            .push(instance(4, "slurm42_shared", "striped", None));
+        assert_eq!(missing(&j, &s), None);
+        let vars: Vec<DwVariable> = s.instances.iter().map(|i| var_of(&s, i)).collect();
+        assert_eq!(
+            vars,
+            [
+                DwVariable::PersistentStriped("p".into()),
+                DwVariable::JobNamed("node_local".into()),
+                DwVariable::JobNamed("shared".into()),
+            ]
+        );
+        let found = instance_of(&s, &DwVariable::JobNamed("shared".into())).map(|i| i.id);
+        assert_eq!(found, Some(4));
+        // Another job's tag: a `surge run`'s id is hashed, stable, and differs per run.
+        let a = job_tag("run:host:1:2");
+        assert_eq!(a, job_tag("run:host:1:2"));
+        assert_ne!(a, job_tag("run:host:1:3"));
+        assert!(a.starts_with("job") && a.len() == 19, "{a}");
     }
 
     #[test]

@@ -66,6 +66,10 @@ fn env(
     for i in &s.instances {
         let var = var_of(s, i);
         let path = path_of(i).display().to_string();
+        if let DwVariable::PersistentStriped(n) = &var {
+            // Rabbit's name of the same mount.
+            env.insert(format!("DW_PERSISTENT_{n}"), path.clone());
+        }
         env.insert(var.env_name(), path.clone());
         env.insert(surge_name(&var), path);
     }
@@ -85,6 +89,7 @@ fn surge_name(var: &DwVariable) -> String {
         DwVariable::JobLdbal => "SURGE_JOB_LDBAL".into(),
         DwVariable::JobStripedCache => "SURGE_JOB_STRIPED_CACHE".into(),
         DwVariable::PersistentStriped(n) => format!("SURGE_PERSISTENT_{n}"),
+        DwVariable::JobNamed(n) => format!("SURGE_JOB_{n}"),
     }
 }
 

@@ -6,7 +6,7 @@ use super::{attached, find, missing, set_phase, Alloc, Event, Job, Report};
 use anyhow::Context;
 use std::time::Instant;
 use surge_api::v1 as api;
-use surge_core::directives::{CacheSpec, CreatePersistent};
+use surge_core::directives::{CacheSpec, CreatePersistent, JobAllocation};
 use surge_manager::cli::status_err;
 
 /// Opens the job's session: creates the script's `#BB create_persistent` instances (one of the
@@ -24,7 +24,7 @@ pub async fn setup(
         .as_ref()
         .context("setup needs the job's owner and nodes")?;
     if let Some(s) = find(m, job).await?.filter(|s| s.state == "active") {
-        match missing(&job.directives, &s) {
+        match missing(job, &s) {
             None => {
                 rep.event(Event::AlreadySetUp { session: &s });
                 return Ok(s);
@@ -64,32 +64,75 @@ pub async fn setup(
             }
         }
     }
+    for a in &job.directives.allocations {
+        let t = Instant::now();
+        let name = super::allocation_instance(&job.external_id, a);
+        let req = allocation_request(a, &name, pools.pool_for(&a.pool, rep), alloc);
+        let what = format!(
+            "{}:{}: #DW jobdw type={} name={}",
+            job.script, a.line, a.fs, a.name
+        );
+        match create_named(m, alloc, req, &name, what).await {
+            Ok((instance, created)) => rep.event(Event::Allocation {
+                var: &a.var(),
+                instance: &instance,
+                created,
+                started: t,
+            }),
+            Err(e) => {
+                rep.event(Event::PersistentFailed {
+                    name: &name,
+                    started: t,
+                });
+                return Err(undo_allocations(m, job, rep, e).await);
+            }
+        }
+    }
     let t = Instant::now();
     let job_instance = job_request(job, alloc, &pools, rep);
     let line = job.directives.jobdw.as_ref().map_or(0, |j| j.line);
-    let s = m
+    let s = match m
         .create_session(api::CreateSessionRequest {
             job: job.label.clone(),
             owner_uid: alloc.uid,
             owner_gid: alloc.gid,
             job_instance,
-            persistent: attached(&job.directives),
+            persistent: attached(job),
             external_id: job.external_id.clone(),
         })
         .await
-        .map_err(|e| {
-            status_err(e).context(format!(
+    {
+        Ok(s) => s.into_inner(),
+        Err(e) => {
+            let e = status_err(e).context(format!(
                 "{}:{line}: cannot allocate the burst buffer",
                 job.script
-            ))
-        })?
-        .into_inner();
+            ));
+            return Err(undo_allocations(m, job, rep, e).await);
+        }
+    };
     let s = set_phase(m, &s, "setup", Vec::new(), false).await?;
     rep.event(Event::Allocated {
         session: &s,
         started: t,
     });
     Ok(s)
+}
+
+/// A setup that fails destroys the job's Rabbit allocations made before (the job will not
+/// run; they would stay allocated without a session) and returns `e`, with what could not be
+/// destroyed added.
+async fn undo_allocations(
+    m: &mut surge_api::Client,
+    job: &Job,
+    rep: &mut impl Report,
+    e: anyhow::Error,
+) -> anyhow::Error {
+    match super::teardown::destroy_allocations(m, job, false, rep).await {
+        Ok(failures) if failures.is_empty() => e,
+        Ok(failures) => anyhow::anyhow!("{e:#}; and {}", failures.join("; ")),
+        Err(d) => anyhow::anyhow!("{e:#}; and the job's allocations stay: {d:#}"),
+    }
 }
 
 /// The pools the manager has, when a script's unknown pool falls back to the default.
@@ -135,16 +178,26 @@ async fn create_persistent(
     cp: &CreatePersistent,
     pool: String,
 ) -> anyhow::Result<(api::Instance, bool)> {
-    let what = || {
-        format!(
-            "{}:{}: #BB create_persistent name={}",
-            job.script, cp.line, cp.name
-        )
-    };
-    let refused = match m
-        .create_instance(persistent_request(cp, pool, alloc.uid, alloc.gid))
-        .await
-    {
+    let what = format!(
+        "{}:{}: #BB create_persistent name={}",
+        job.script, cp.line, cp.name
+    );
+    let req = persistent_request(cp, pool, alloc.uid, alloc.gid);
+    create_named(m, alloc, req, &cp.name, what).await
+}
+
+/// Creates the named instance `req` (`name`) for the job's owner; one of that name that is
+/// there already and is the owner's is taken (a setup run again). `what` names the directive
+/// in errors.
+async fn create_named(
+    m: &mut surge_api::Client,
+    alloc: &Alloc,
+    req: api::CreateInstanceRequest,
+    name: &str,
+    what: String,
+) -> anyhow::Result<(api::Instance, bool)> {
+    let what = || what.clone();
+    let refused = match m.create_instance(req).await {
         Ok(i) => return Ok((i.into_inner(), true)),
         Err(e)
             if matches!(
@@ -156,7 +209,7 @@ async fn create_persistent(
         }
         Err(e) => return Err(status_err(e).context(what())),
     };
-    match super::persistent(m, &cp.name).await? {
+    match super::persistent(m, name).await? {
         Some(i) if i.owner_uid == alloc.uid => Ok((i, false)),
         Some(i) => anyhow::bail!(
             "{}: a persistent instance of that name belongs to uid {}",
@@ -197,6 +250,30 @@ fn job_request(
         peaks_json: alloc.peaks_json.clone(),
         ..cache_request(&j.cache)
     })
+}
+
+/// The instance of a Rabbit allocation (`#DW jobdw type=xfs|gfs2|lustre ... name=`): xfs and
+/// gfs2 private (a namespace per compute node, Rabbit's capacity being per node), lustre
+/// striped; named `name` ([`super::allocation_instance`]).
+fn allocation_request(
+    a: &JobAllocation,
+    name: &str,
+    pool: String,
+    alloc: &Alloc,
+) -> api::CreateInstanceRequest {
+    let nodes = alloc.nodes.max(1);
+    api::CreateInstanceRequest {
+        capacity: a.capacity_for(nodes),
+        access_mode: a.access_mode().as_str().into(),
+        pool,
+        persistent_name: name.to_string(),
+        nodes,
+        owner_uid: alloc.uid,
+        owner_gid: alloc.gid,
+        stripe_size: 0,
+        share_with_group: false,
+        ..Default::default()
+    }
 }
 
 /// The instance a `#BB create_persistent` line asks for, for its owner.

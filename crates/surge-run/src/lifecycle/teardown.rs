@@ -42,7 +42,13 @@ pub async fn teardown(
 ) -> anyhow::Result<Ended> {
     let Some(s) = find(m, job).await? else {
         rep.event(Event::NoSession);
-        return Ok(Ended::default());
+        // A setup that failed after making some of the job's Rabbit allocations (the next one
+        // did not fit) left them without a session.
+        let failures = destroy_allocations(m, job, how.hurry, rep).await?;
+        return Ok(Ended {
+            failures,
+            ..Ended::default()
+        });
     };
     let mut ended = Ended::default();
     let s = if s.state == "active" {
@@ -60,6 +66,13 @@ pub async fn teardown(
     };
     if how.destroy {
         ended.failures = destroy_persistent(m, job, &s, how.hurry, rep).await?;
+    }
+    // A Rabbit allocation lives as long as the job, as the job instance does: it is kept, with
+    // its data, when the stage-out failed.
+    if !matches!(s.state.as_str(), "stage-out-failed" | "drain-pending") {
+        ended
+            .failures
+            .extend(destroy_allocations(m, job, how.hurry, rep).await?);
     }
     ended.session = Some(s);
     Ok(ended)
@@ -116,6 +129,52 @@ pub async fn end_job_session(
     .await
     .map_err(status_err)?
     .into_inner())
+}
+
+/// Destroys the instances of the script's Rabbit allocations (see
+/// [`super::allocation_instance`]); one that is not there is not an error (a teardown run
+/// again). Returns what could not be destroyed and why.
+pub(super) async fn destroy_allocations(
+    m: &mut surge_api::Client,
+    job: &Job,
+    hurry: bool,
+    rep: &mut impl Report,
+) -> anyhow::Result<Vec<String>> {
+    let mut failures = Vec::new();
+    for a in &job.directives.allocations {
+        let t = Instant::now();
+        let name = super::allocation_instance(&job.external_id, a);
+        let r = m
+            .destroy_instance(api::DestroyInstanceRequest {
+                id: 0,
+                persistent_name: name.clone(),
+                hurry,
+            })
+            .await;
+        let (existed, ok) = match r {
+            Ok(_) => (true, true),
+            Err(e) if e.code() == tonic::Code::NotFound => (false, true),
+            Err(e) => {
+                let e = status_err(e);
+                if surge_api::manager_gone(e.as_ref()) {
+                    return Err(e);
+                }
+                failures.push(format!(
+                    "{}:{}: #DW jobdw name={} (instance {name}): {e:#}",
+                    job.script, a.line, a.name
+                ));
+                (true, false)
+            }
+        };
+        rep.event(Event::AllocationDestroyed {
+            var: &a.var(),
+            instance: &name,
+            existed,
+            ok,
+            started: t,
+        });
+    }
+    Ok(failures)
 }
 
 /// Destroys the script's `#BB destroy_persistent` instances (after the job, as DataWarp does),
