@@ -587,6 +587,12 @@ async fn drive(
         if args.duration > 0.0 && t0.elapsed().as_secs_f64() >= args.duration {
             break;
         }
+        // With a run time, the first --concurrency jobs arrive spread over it (as jobs do on a
+        // running cluster), not all in the same instant; later ones start as others end.
+        if args.run_seconds > 0.0 && n < args.concurrency {
+            let at = args.run_seconds * n as f64 / args.concurrency.max(1) as f64;
+            tokio::time::sleep_until((t0 + Duration::from_secs_f64(at)).into()).await;
+        }
         let permit = sem.clone().acquire_owned().await?;
         let job_hosts: Vec<String> = (0..args.nodes.min(hosts.len()).max(1))
             .map(|k| hosts[(n * args.nodes + k) % hosts.len().max(1)].clone())
