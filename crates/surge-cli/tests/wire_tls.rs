@@ -399,7 +399,8 @@ fn a_destroyed_instance_s_capability_no_longer_authenticates() {
 
     // Control: it works while the instance lives, on a connection that stays open.
     let mut open = tls_connect(&rt, &srv.proxy.addr, &ca).expect("TLS");
-    assert_eq!(call(&rt, &mut open, 1, &present(&open)), Response::Ok);
+    let auth = present(&open);
+    assert_eq!(call(&rt, &mut open, 1, &auth), Response::Ok);
     assert!(matches!(
         call(&rt, &mut open, 2, &describe),
         Response::Descriptor(_)
@@ -419,7 +420,8 @@ fn a_destroyed_instance_s_capability_no_longer_authenticates() {
 
     // A new connection: refused at Authenticate.
     let mut c = tls_connect(&rt, &srv.proxy.addr, &ca).expect("TLS");
-    let m = denied(call(&rt, &mut c, 1, &present(&c)));
+    let auth = present(&c);
+    let m = denied(call(&rt, &mut c, 1, &auth));
     assert!(m.contains("revoked"), "{m}");
     // The connection that authenticated before: its next request is refused too.
     let m = denied(call(&rt, &mut open, 3, &describe));
@@ -440,7 +442,8 @@ fn a_destroyed_instance_s_capability_no_longer_authenticates() {
         &on,
     );
     let mut c = tls_connect(&rt, &srv.proxy.addr, &ca).expect("TLS");
-    let m = denied(call(&rt, &mut c, 1, &present(&c)));
+    let auth = present(&c);
+    let m = denied(call(&rt, &mut c, 1, &auth));
     assert!(m.contains("made again"), "{m}");
 }
 
