@@ -228,13 +228,23 @@ pub fn start(
     start_with(
         devices,
         capacity,
-        listen,
-        unix,
+        Listen {
+            tcp: listen,
+            unix,
+            tls: None,
+        },
         id,
         key,
         ConnLimits::default(),
-        None,
     )
+}
+
+/// Where a server listens: a TCP address (in TLS with `tls`, see `conn::serve_socket`) and
+/// optionally a Unix socket (never encrypted: it does not leave the host).
+pub struct Listen<'a> {
+    pub tcp: &'a str,
+    pub unix: Option<&'a std::path::Path>,
+    pub tls: Option<Arc<surge_proto::tls::ServerTls>>,
 }
 
 /// [`start`] with connection bounds `limits` (lowered to what the open-file limit allows,
@@ -242,13 +252,16 @@ pub fn start(
 pub fn start_with(
     devices: Vec<PathBuf>,
     capacity: Option<u64>,
-    listen: &str,
-    unix: Option<&std::path::Path>,
+    listen: Listen<'_>,
     id: Option<String>,
     key: surge_auth::Key,
     limits: ConnLimits,
-    tls: Option<Arc<surge_proto::tls::ServerTls>>,
 ) -> anyhow::Result<Running> {
+    let Listen {
+        tcp: listen,
+        unix,
+        tls,
+    } = listen;
     let nofile = surge_core::sys::raise_nofile_limit().context("cannot read RLIMIT_NOFILE")?;
     let admission = Admission::new(limits.within_nofile(nofile)?);
     let capacity = match capacity {
@@ -336,12 +349,14 @@ pub fn run(
     let mut running = start_with(
         args.devices.clone(),
         args.capacity,
-        &args.listen,
-        args.unix.as_deref(),
+        Listen {
+            tcp: &args.listen,
+            unix: args.unix.as_deref(),
+            tls,
+        },
         args.id.clone(),
         key,
         args.conn_limits(),
-        tls,
     )?;
     match &args.advertise {
         Some(a) => running.advertise(a)?,

@@ -831,7 +831,7 @@ mod tests {
             .write_all(b"0123456789")
             .unwrap();
         let f = std::fs::File::open(&path).unwrap();
-        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         // From offset 4 within the file, then past its end (a truncation while the header
         // announcing 20 bytes was sent): the rest comes as zeros.
         use std::os::fd::AsRawFd;
