@@ -23,7 +23,8 @@ use surge_proto::frame::CONNECTION_ID;
 use surge_proto::transport::Addr;
 use surge_proto::{Request, Response, ServerRef};
 
-type TlsStream = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+type TlsStream =
+    rustls::StreamOwned<rustls::ClientConnection, surge_proto::tls::ReadAhead<TcpStream>>;
 
 enum Stream {
     Tcp(TcpStream),
@@ -36,7 +37,7 @@ impl std::os::fd::AsRawFd for Stream {
         match self {
             Stream::Tcp(s) => s.as_raw_fd(),
             Stream::Unix(s) => s.as_raw_fd(),
-            Stream::Tls(s) => s.sock.as_raw_fd(),
+            Stream::Tls(s) => s.sock.inner.as_raw_fd(),
         }
     }
 }
@@ -45,7 +46,7 @@ impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::fd::AsRawFd;
         // A reply is expected soon: see `poll_budget` (unless TLS holds decrypted bytes).
-        if !matches!(self, Stream::Tls(s) if !s.conn.wants_read()) {
+        if !matches!(self, Stream::Tls(s) if !s.conn.wants_read() || s.sock.buffered()) {
             surge_proto::transport::poll_readable(
                 self.as_raw_fd(),
                 surge_proto::transport::poll_budget("client"),
@@ -92,7 +93,7 @@ fn secure(s: TcpStream, host: &str) -> std::io::Result<(Stream, Vec<u8>)> {
     let name = surge_proto::tls::ClientTls::server_name(host)?;
     let mut conn = rustls::ClientConnection::new(tls.config.clone(), name)
         .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
-    let mut sock = s;
+    let mut sock = surge_proto::tls::ReadAhead::new(s);
     while conn.is_handshaking() {
         conn.complete_io(&mut sock).map_err(|e| {
             std::io::Error::new(

@@ -106,6 +106,8 @@ pub async fn connect_tcp(hp: &str, tls: Option<&crate::tls::ClientTls>) -> io::R
         }
         Some(t) => {
             let name = crate::tls::ClientTls::server_name(host)?;
+            // rustls reads 4 KiB at a time: a buffer under it makes that one read per 64 KiB.
+            let s = tokio::io::BufReader::with_capacity(crate::tls::READ_AHEAD, s);
             let stream = tokio_rustls::TlsConnector::from(t.config.clone())
                 .connect(name, s)
                 .await

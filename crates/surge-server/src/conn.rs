@@ -518,7 +518,7 @@ impl Write for Wire<'_> {
 
 /// A TLS 1.3 connection (see `surge_proto::tls`).
 pub struct Tls<'a> {
-    stream: rustls::StreamOwned<rustls::ServerConnection, Wire<'a>>,
+    stream: rustls::StreamOwned<rustls::ServerConnection, surge_proto::tls::ReadAhead<Wire<'a>>>,
     binding: Vec<u8>,
 }
 
@@ -539,7 +539,7 @@ impl Write for Tls<'_> {
 
 impl codec::Waits for Tls<'_> {
     fn waiting(&mut self, phase: codec::Phase) {
-        self.stream.sock.polled.waiting(phase)
+        self.stream.sock.inner.polled.waiting(phase)
     }
 }
 
@@ -653,6 +653,7 @@ where
                     polled: Polled::bounded(sock, idle, frame),
                     sock,
                 };
+                let wire = surge_proto::tls::ReadAhead::new(wire);
                 let stream = rustls::StreamOwned::new(conn, wire);
                 serve(reg, Tls { stream, binding }, name.clone(), Some(ticket))
             }
