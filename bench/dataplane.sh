@@ -21,6 +21,12 @@
 #
 # Usage: bench/dataplane.sh [--reps N] [--servers N] [--size MiB] [--files N] [--runtime S] [--json FILE]
 #                           [--md-only]   (only the metadata tests)
+#                           [--tls]   (instead of the targets above: TLS against clear text, both
+#                                      a one-fragment instance on a local server reached over
+#                                      loopback TCP, no Unix socket: "tcp" (server --tls off)
+#                                      and "tls" (server --tls on, a certificate of a CA made
+#                                      for the run, the mount verifying it); their order
+#                                      alternates per rep; prints tls/tcp per test)
 #                           [--halt-poll-ns NS]  (a KVM guest with the haltpoll cpuidle driver: poll
 #                                          NS before halting an idle vCPU during the run, restored
 #                                          after; the metadata rows are bound by cross-vCPU wake-ups,
@@ -32,7 +38,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPS=3 SERVERS=2 SIZE_MB=1024 FILES=10000 RUNTIME=5 JSON="" MD_ONLY=0 HALT_POLL=""
+REPS=3 SERVERS=2 SIZE_MB=1024 FILES=10000 RUNTIME=5 JSON="" MD_ONLY=0 HALT_POLL="" TLS=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --reps) REPS=$2; shift 2 ;;
@@ -42,8 +48,9 @@ while [ $# -gt 0 ]; do
         --runtime) RUNTIME=$2; shift 2 ;;
         --json) JSON=$2; shift 2 ;;
         --md-only) MD_ONLY=1; shift ;;
+        --tls) TLS=1; shift ;;
         --halt-poll-ns) HALT_POLL=$2; shift 2 ;;
-        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -118,6 +125,31 @@ for m in surge1 surgeN surgeP pll plld; do mountpoint -q "$WORK/$m" || { echo "$
 declare -A DIR=([raw]="$SHM/raw" [pll]="$WORK/pll" [plld]="$WORK/plld" [surge1]="$WORK/surge1" [surgeN]="$WORK/surgeN" [surgeP]="$WORK/surgeP")
 TARGETS=(raw pll surge1 surgeN)
 MD_TARGETS=(raw pll plld surge1 surgeN surgeP)
+if [ "$TLS" -eq 1 ]; then
+    # TLS against clear text on the same path: a one-fragment instance on a local server over
+    # loopback TCP (no Unix socket, which is never encrypted), the server in --tls off / on.
+    "$SURGE" cert ca --dir "$WORK/tls" >/dev/null
+    "$SURGE" cert server 127.0.0.1 --ca-cert "$WORK/tls/ca.crt" --out "$WORK/tls" >/dev/null
+    for m in tcp:off tls:on; do
+        t=${m%%:*}
+        $SURGE server --device "$SHM/bb-$t" --capacity 16GiB --listen 127.0.0.1:0 --tls "${m#*:}" \
+            --tls-cert "$WORK/tls/server.crt" --ready-file "$WORK/bb-$t.ready" 2>"$WORK/bb-$t.log" &
+        PIDS+=($!)
+        for _ in $(seq 100); do [ -s "$WORK/bb-$t.ready" ] && break; sleep 0.05; done
+        a=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["addrs"][0])' "$WORK/bb-$t.ready")
+        id=$(SURGE_TLS=${m#*:} SURGE_TLS_CA="$WORK/tls/ca.crt" $SURGE instance create --servers "$a" --capacity 8GiB --json | mkid)
+        mkdir -p "$WORK/$t"
+        SURGE_TLS=${m#*:} SURGE_TLS_CA="$WORK/tls/ca.crt" $SURGE mount --server "$a" --instance "$id" \
+            --ready-file "$WORK/mnt-$t.ready" "$WORK/$t" 2>"$WORK/mount-$t.log" &
+        PIDS+=($!); MOUNTS+=("$WORK/$t")
+        for _ in $(seq 100); do [ -s "$WORK/mnt-$t.ready" ] && break; sleep 0.05; done
+        mountpoint -q "$WORK/$t" || { echo "$t mount failed"; cat "$WORK/mount-$t.log"; exit 1; }
+        DIR[$t]="$WORK/$t"
+    done
+    grep -h "TLS" "$WORK"/bb-t*.log | head -2 >&2 || true
+    TARGETS=(tcp tls)
+    MD_TARGETS=(tcp tls)
+fi
 
 # fio_run TARGET NAME RW BS JOBS -> prints MiB/s (bw tests) or IOPS
 fio_run() {
@@ -159,13 +191,18 @@ declare -A R
 # Warm up: first writes to fresh memory are slow on this VM.
 [ "$MD_ONLY" -eq 1 ] || for t in "${TARGETS[@]}"; do fio_run "$t" warm write 8M 1 >/dev/null; done
 for rep in $(seq 1 "$REPS"); do
+    if [ "$TLS" -eq 1 ]; then
+        # Sides alternate their order per rep.
+        if [ $((rep % 2)) -eq 1 ]; then TARGETS=(tcp tls); else TARGETS=(tls tcp); fi
+        MD_TARGETS=("${TARGETS[@]}")
+    fi
     for spec in ${TESTS[@]+"${TESTS[@]}"}; do
         IFS=: read -r name rw bs jobs <<<"$spec"
         for t in "${TARGETS[@]}"; do
             v=$(fio_run "$t" "$name" "$rw" "$bs" "$jobs")
             R[$t,$name]="${R[$t,$name]:-} $v"
         done
-        echo "rep $rep $name: raw ${R[raw,$name]##* } pll ${R[pll,$name]##* } surge1 ${R[surge1,$name]##* } surgeN ${R[surgeN,$name]##* }" >&2
+        echo "rep $rep $name: $(for t in "${TARGETS[@]}"; do printf '%s %s ' "$t" "${R[$t,$name]##* }"; done)" >&2
     done
     for procs in 1 2; do
         for t in "${MD_TARGETS[@]}"; do
@@ -183,6 +220,19 @@ median() { tr ' ' '\n' | { grep -v '^$' || true; } | sort -n | awk '{a[NR]=$1} E
 ROWS=(seqwrite-1 seqwrite-2 seqwritenp-1 seqwritenp-2 seqread-1 seqread-2 randread4k-1 randread4k-2 randwrite4k-1 randwrite4k-2
       create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
 [ "$MD_ONLY" -eq 0 ] || ROWS=(create-1 create-2 stat-1 stat-2 unlink-1 unlink-2)
+ratio() { echo "$1 $2" | awk '{ if ($1 == "-" || $2 == "-" || $2 <= 0) print "-"; else printf "%.2f", $1 / $2 }'; }
+if [ "$TLS" -eq 1 ]; then
+    printf '\nTLS against clear text over loopback TCP, medians of %s reps (per rep tls/tcp)\n' "$REPS"
+    printf '%-15s %9s %9s %8s   %s\n' test tcp tls tls/tcp "per rep"
+    for row in "${ROWS[@]}"; do
+        c=$(echo "${R[tcp,$row]}" | median); t=$(echo "${R[tls,$row]}" | median)
+        read -ra cs <<<"${R[tcp,$row]}"; read -ra ts <<<"${R[tls,$row]}"
+        per=""; for i in "${!cs[@]}"; do per+="$(ratio "${ts[$i]}" "${cs[$i]}") "; done
+        printf '%-15s %9s %9s %8s   %s %s\n' "$row" "$c" "$t" "$(ratio "$t" "$c")" "$per" \
+            "$([[ $row == seq* ]] && echo MiB/s || echo ops/s)"
+    done
+    exit 0
+fi
 printf '\n%-15s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' test raw pll plld surge1 surgeN surgeP s1/raw sN/raw pll/raw s1/pll sN/pll sP/pll s1/plld sN/plld sP/plld
 JS="{\"servers\": $SERVERS, \"reps\": $REPS, \"guest_halt_poll_ns\": \"$HALT_POLL_NOW\", \"results\": {"
 first=1

@@ -16,20 +16,25 @@
 # Bars: surge-1 >= 0.8 of iperf3 (each direction), surge-2 >= 1.6x surge-1 (bandwidth grows
 # with the BB hosts a file spans; Daley's premise). Printed too: iperf3-2 / iperf3 (how much a
 # second host can add at all here) and surge-2 / iperf3-2. Sides alternate their order per run.
+# With --tls, each BB host also runs a server with TLS on (a certificate of a CA made for the
+# run; the other server is --tls off), and surge-1t / surge-2t (the same instances, the mounts
+# verifying the certificates) run beside surge-1 / surge-2 in every run, order alternating;
+# printed: surge-Nt / surge-N per direction (bars: >= 0.8 at 10gbit, >= 0.95 at 2gbit).
 #
-#   bench/striped_veth.sh [--runs 3] [--rate 2gbit] [--streams 2] [--size 512M]
+#   bench/striped_veth.sh [--runs 3] [--rate 2gbit] [--streams 2] [--size 512M] [--tls]
 #
 # Needs root (namespaces, tc, FUSE), fio, iperf3. SURGE=path (default target/release/surge).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=3 RATE=2gbit STREAMS=2 SIZE=512M
+RUNS=3 RATE=2gbit STREAMS=2 SIZE=512M TLS=0
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) RUNS=$2; shift 2 ;;
         --rate) RATE=$2; shift 2 ;;
         --streams) STREAMS=$2; shift 2 ;;
         --size) SIZE=$2; shift 2 ;;
-        -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+        --tls) TLS=1; shift ;;
+        -h|--help) sed -n 2,24p "$0"; exit 0 ;;
         *) echo "striped_veth.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -85,32 +90,59 @@ for n in sv-b1 sv-b2; do
 done
 
 # --- servers, each with its device in a mount namespace of its own ---
+# Clear text on port 7001 (--tls off); with --tls, a second server on 7002 speaks TLS only.
+if [ "$TLS" -eq 1 ]; then
+    "$SURGE" cert ca --dir "$WORK/tls" >/dev/null
+    for n in sv-b1 sv-b2; do
+        "$SURGE" cert server "${IP[$n]}" --ca-cert "$WORK/tls/ca.crt" --out "$WORK/tls/$n" >/dev/null
+    done
+    export SURGE_TLS_CA="$WORK/tls/ca.crt"
+    PORTS="7001:off 7002:on"
+else
+    PORTS="7001:off"
+fi
 for n in sv-b1 sv-b2; do
-    dev=/run/$n-dev
-    mkdir -p "$dev"
-    ip netns exec $n unshare -m --propagation private sh -c \
-        "mount -t tmpfs -o size=9g tmpfs $dev && exec $SURGE server --device $dev/bb --capacity 8GiB \
-         --listen ${IP[$n]}:7001 --ready-file $WORK/$n.ready" 2>"$WORK/$n.log" &
-    PIDS+=($!); SERVER_PIDS+=($!)
+    for pt in $PORTS; do
+        port=${pt%%:*} dev=/run/$n-dev-${pt%%:*}
+        mkdir -p "$dev"
+        ip netns exec $n unshare -m --propagation private sh -c \
+            "mount -t tmpfs -o size=9g tmpfs $dev && exec $SURGE server --device $dev/bb --capacity 8GiB \
+             --listen ${IP[$n]}:$port --tls ${pt#*:} --tls-cert $WORK/tls/$n/server.crt \
+             --ready-file $WORK/$n-$port.ready" 2>"$WORK/$n-$port.log" &
+        PIDS+=($!); SERVER_PIDS+=($!)
+    done
 done
 for n in sv-b1 sv-b2; do
-    for _ in $(seq 200); do [ -s "$WORK/$n.ready" ] && break; sleep 0.05; done
-    [ -s "$WORK/$n.ready" ] || { echo "server in $n did not start:" >&2; cat "$WORK/$n.log" >&2; exit 1; }
+    for pt in $PORTS; do
+        r=$WORK/$n-${pt%%:*}
+        for _ in $(seq 200); do [ -s "$r.ready" ] && break; sleep 0.05; done
+        [ -s "$r.ready" ] || { echo "server in $n did not start:" >&2; cat "$r.log" >&2; exit 1; }
+    done
 done
 mkid() { python3 -c 'import json,sys; print(json.load(sys.stdin)["instance"])'; }
 S1=${IP[sv-b1]}:7001 S2=${IP[sv-b2]}:7001
-ID1=$(ip netns exec sv-c "$SURGE" instance create --servers "$S1" --capacity 4GiB --json | mkid)
-ID2=$(ip netns exec sv-c "$SURGE" instance create --servers "$S1,$S2" --capacity 6GiB --json | mkid)
-for side in 1 2; do
+ID1=$(ip netns exec sv-c env SURGE_TLS=off "$SURGE" instance create --servers "$S1" --capacity 4GiB --json | mkid)
+ID2=$(ip netns exec sv-c env SURGE_TLS=off "$SURGE" instance create --servers "$S1,$S2" --capacity 6GiB --json | mkid)
+SIDES="1 2"
+declare -A SRV=([1]=$S1 [2]=$S1) TLSMODE=([1]=off [2]=off)
+if [ "$TLS" -eq 1 ]; then
+    T1=${IP[sv-b1]}:7002 T2=${IP[sv-b2]}:7002
+    ID1t=$(ip netns exec sv-c env SURGE_TLS=on "$SURGE" instance create --servers "$T1" --capacity 4GiB --json | mkid)
+    ID2t=$(ip netns exec sv-c env SURGE_TLS=on "$SURGE" instance create --servers "$T1,$T2" --capacity 6GiB --json | mkid)
+    SIDES="1 2 1t 2t"
+    SRV+=([1t]=$T1 [2t]=$T1); TLSMODE+=([1t]=on [2t]=on)
+fi
+for side in $SIDES; do
     id=ID$side
     mkdir -p "$WORK/m$side"
     # nsenter --net: the network namespace only (ip netns exec would mount in a mount namespace
     # of its own, out of fio's sight).
-    nsenter --net=/run/netns/sv-c "$SURGE" mount --server "$S1" --instance "${!id}" --layout stripe_count=all \
+    SURGE_TLS=${TLSMODE[$side]} nsenter --net=/run/netns/sv-c "$SURGE" mount --server "${SRV[$side]}" \
+        --instance "${!id}" --layout stripe_count=all \
         --ready-file "$WORK/m$side.ready" "$WORK/m$side" 2>"$WORK/m$side.log" &
     PIDS+=($!); MNTS+=("$WORK/m$side"); MOUNT_PID[$side]=$!
 done
-for side in 1 2; do
+for side in $SIDES; do
     for _ in $(seq 200); do [ -s "$WORK/m$side.ready" ] && break; sleep 0.05; done
     mountpoint -q "$WORK/m$side" || { echo "mount $side failed:" >&2; cat "$WORK/m$side.log" >&2; exit 1; }
 done
@@ -173,9 +205,11 @@ side_surge() {
     echo "$1 surge-$2 read $(mibs "$WORK/r.json" read)" >>"$RESULTS"
 }
 for run in $(seq "$RUNS"); do
-    if [ $((run % 2)) -eq 1 ]; then order=(iperf one two); else order=(two one iperf); fi
+    if [ "$TLS" -eq 1 ]; then
+        if [ $((run % 2)) -eq 1 ]; then order=(iperf 1 1t 2 2t); else order=(2t 2 1t 1 iperf); fi
+    elif [ $((run % 2)) -eq 1 ]; then order=(iperf 1 2); else order=(2 1 iperf); fi
     for s in "${order[@]}"; do
-        case $s in iperf) side_iperf "$run" ;; one) side_surge "$run" 1 ;; two) side_surge "$run" 2 ;; esac
+        case $s in iperf) side_iperf "$run" ;; *) side_surge "$run" "$s" ;; esac
     done
     echo "run $run ($(IFS=,; echo "${order[*]}")) done" >&2
 done
@@ -207,4 +241,13 @@ for d in ("write", "read"):
             v[("iperf3-2", d)][r] / v[("iperf3", d)][r]) for r in sorted(v[("iperf3", d)])]
     print(f"{d:6} {i:8.0f} {i2:8.0f} {a:8.0f} {b:8.0f} {a/i:9.2f} {b/a:7.2f} {i2/i:6.2f} {b/i2:6.2f}   "
           + "  ".join(f"{x:.2f},{y:.2f},{z:.2f}" for x, y, z in per))
+if ("surge-1t", "write") in v:
+    print(f"\nTLS against clear text (same run, order alternating): MiB/s, medians; tls/clear per run")
+    print(f"{'dir':6} {'surge-1':>8} {'surge-1t':>8} {'1t/1':>6} {'surge-2':>8} {'surge-2t':>8} {'2t/2':>6}   per run 1t/1, 2t/2")
+    for d in ("write", "read"):
+        a, at, b, bt = (med((k, d)) for k in ("surge-1", "surge-1t", "surge-2", "surge-2t"))
+        per = [(v[("surge-1t", d)][r] / v[("surge-1", d)][r], v[("surge-2t", d)][r] / v[("surge-2", d)][r])
+               for r in sorted(v[("surge-1", d)])]
+        print(f"{d:6} {a:8.0f} {at:8.0f} {at/a:6.2f} {b:8.0f} {bt:8.0f} {bt/b:6.2f}   "
+              + "  ".join(f"{x:.2f},{y:.2f}" for x, y in per))
 EOF

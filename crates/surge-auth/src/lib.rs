@@ -4,11 +4,13 @@
 //!   and the manager takes the caller's uid and gid from it, never from a request field.
 //! - [`key`]: the cluster key, a secret shared by the manager and its servers (a file readable
 //!   by the service user only), created at install.
+//! - [`cert`]: the site CA and the servers' certificates for TLS on the data protocol.
 //! - [`token`]: capabilities: what the manager (or anyone holding the key) grants a client of
 //!   the servers (one instance, or one namespace of it, for one user, until a time), signed with
 //!   the key; the servers check one on every connection.
 //! - [`Caller`]: a uid with its groups, as the manager and the servers see the other side.
 
+pub mod cert;
 pub mod key;
 pub mod munge;
 pub mod token;
@@ -107,4 +109,6 @@ pub enum AuthError {
     Munge(String),
     #[error("capability refused: {0}")]
     Token(String),
+    #[error("certificates: {0}")]
+    Cert(String),
 }

@@ -40,6 +40,12 @@ pub struct Claims {
     pub rights: Rights,
     /// Unix seconds after which the token is refused.
     pub expires: i64,
+    /// The generation of the instance it was issued for (`InstanceDescriptor::generation`, a
+    /// random number drawn when the instance was made): servers refuse it once they hold no
+    /// instance of that generation, so destroying an instance revokes its capabilities at
+    /// once, and an instance made later with the same id is not covered. 0: not bound to one
+    /// (made by hand with the cluster key; admin capabilities).
+    pub generation: u64,
 }
 
 impl Claims {
@@ -58,6 +64,20 @@ impl Claims {
             }
         }
     }
+}
+
+/// A new instance generation (`Claims::generation`): random, never 0.
+pub fn new_generation() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        // No randomness: the time still differs from any earlier instance's.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        b = t.to_le_bytes();
+    }
+    u64::from_le_bytes(b).max(1)
 }
 
 /// Seconds since the epoch.
@@ -82,6 +102,17 @@ fn mac(key: &Key) -> Hmac<Sha256> {
     <Hmac<Sha256> as Mac>::new_from_slice(key.bytes()).unwrap_or_else(|_| unreachable!())
 }
 
+/// The label of a presentation's proof (the binding follows it).
+const PROOF_LABEL: &[u8] = b"surge capability proof v1|";
+
+/// `HMAC(signature, label | binding)`, ready to finalize or verify.
+fn proof(sig: &[u8], binding: &[u8]) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(sig).unwrap_or_else(|_| unreachable!());
+    m.update(PROOF_LABEL);
+    m.update(binding);
+    m
+}
+
 impl Token {
     /// Signs `claims` with `key`.
     pub fn mint(key: &Key, claims: &Claims) -> Token {
@@ -104,6 +135,7 @@ impl Token {
                 caller,
                 rights: Rights::Admin,
                 expires: now() + secs,
+                generation: 0,
             },
         )
     }
@@ -129,6 +161,51 @@ impl Token {
             )));
         }
         Ok(claims)
+    }
+
+    /// What a client sends in `Authenticate` on a connection whose channel binding is
+    /// `binding` (the TLS exporter of RFC 9266, empty on a clear channel): the token's claims
+    /// and a proof made with its signature, `HMAC(signature, label | binding)`, instead of the
+    /// signature itself. The signature never crosses the wire, so a captured presentation
+    /// cannot be turned into a token, and it proves nothing on another TLS connection.
+    pub fn present(&self, binding: &[u8]) -> Vec<u8> {
+        let b = &self.0;
+        if b.len() < MAGIC.len() + MAC_LEN {
+            // Not a token: sent as is, and refused by the server.
+            return b.clone();
+        }
+        let (body, sig) = b.split_at(b.len() - MAC_LEN);
+        let mut out = body.to_vec();
+        out.extend(proof(sig, binding).finalize().into_bytes());
+        out
+    }
+
+    /// The claims of a presentation ([`present`](Self::present)) received on a channel whose
+    /// binding is `binding`, if `key` signed them, the proof was made for this channel, and
+    /// they have not expired at `at`.
+    pub fn verify_presented(
+        key: &Key,
+        presented: &[u8],
+        binding: &[u8],
+        at: i64,
+    ) -> Result<Claims, AuthError> {
+        if presented.len() < MAGIC.len() + MAC_LEN || &presented[..MAGIC.len()] != MAGIC {
+            return Err(AuthError::Token("not a Surge capability".into()));
+        }
+        let (body, got) = presented.split_at(presented.len() - MAC_LEN);
+        let mut m = mac(key);
+        m.update(body);
+        let sig = m.finalize().into_bytes();
+        proof(&sig, binding).verify_slice(got).map_err(|_| {
+            AuthError::Token(
+                "bad proof: not signed with this cluster's key, or presented on another \
+                 connection than the one it was made for"
+                    .into(),
+            )
+        })?;
+        let mut whole = body.to_vec();
+        whole.extend(sig);
+        Token(whole).verify(key, at)
     }
 
     /// The claims as written, without checking the signature or the expiry (`None` if they do
@@ -185,6 +262,7 @@ mod tests {
             },
             rights: Rights::Instance,
             expires,
+            generation: 7,
         }
     }
 
@@ -213,6 +291,31 @@ mod tests {
         assert!(Token::from_bytes(b"SRG1".to_vec())
             .verify(&k, now())
             .is_err());
+    }
+
+    #[test]
+    fn a_presentation_proves_the_token_on_its_own_channel_only() {
+        let k = Key::generate().unwrap();
+        let t = Token::mint(&k, &claims(now() + 60));
+        let on_a = t.present(b"channel A");
+        assert!(
+            !on_a
+                .windows(MAC_LEN)
+                .any(|w| w == &t.bytes()[t.bytes().len() - MAC_LEN..]),
+            "the signature itself is never sent"
+        );
+        assert_eq!(
+            Token::verify_presented(&k, &on_a, b"channel A", now())
+                .unwrap()
+                .instance,
+            42
+        );
+        assert!(Token::verify_presented(&k, &on_a, b"channel B", now()).is_err());
+        assert!(Token::verify_presented(&k, t.bytes(), b"channel A", now()).is_err());
+        let other = Key::generate().unwrap();
+        assert!(Token::verify_presented(&other, &on_a, b"channel A", now()).is_err());
+        let late = t.present(b"");
+        assert!(Token::verify_presented(&k, &late, b"", now() + 120).is_err());
     }
 
     #[test]

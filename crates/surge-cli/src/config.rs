@@ -103,6 +103,10 @@ pub struct ServerConfig {
     pub max_connections_per_peer: Option<u32>,
     pub idle_timeout: Option<Secs>,
     pub frame_timeout: Option<Secs>,
+    /// `auto`, `on` or `off` (docs/SECURITY.md, "On the wire").
+    pub tls: Option<String>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `surge agent`.
@@ -546,6 +550,9 @@ impl SurgeConfig {
                     max_connections_per_peer,
                     idle_timeout,
                     frame_timeout,
+                    tls,
+                    tls_cert,
+                    tls_key,
                 } = self.server.as_ref().unwrap_or(&dflt);
                 let s = "server";
                 if !devices.is_empty() {
@@ -612,6 +619,17 @@ impl SurgeConfig {
                     "--frame-timeout",
                     key(s, "frame_timeout"),
                     secs(*frame_timeout),
+                );
+                f.set_env("--tls", key(s, "tls"), tls.clone(), Some("SURGE_TLS"));
+                f.set(
+                    "--tls-cert",
+                    key(s, "tls_cert"),
+                    tls_cert.as_deref().map(path_text),
+                );
+                f.set(
+                    "--tls-key",
+                    key(s, "tls_key"),
+                    tls_key.as_deref().map(path_text),
                 );
             }
             Daemon::Agent => {
@@ -1083,6 +1101,9 @@ max_connections = 4096
 max_connections_per_peer = 256
 idle_timeout = 300
 frame_timeout = 30.5
+tls = "auto"
+tls_cert = "/etc/surge/tls/server.crt"
+tls_key = "/etc/surge/tls/server.key"
 
 [agent]
 manager = "mgr:7060"

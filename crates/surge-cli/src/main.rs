@@ -65,6 +65,8 @@ enum Command {
     Dashboard(surge_manager::cli::DashboardArgs),
     /// The cluster key shared by the manager and its servers (create it at install).
     Key(surge_manager::cli::KeyArgs),
+    /// Certificates for TLS on the data protocol: the site CA and the servers' (at install).
+    Cert(surge_manager::cli::CertArgs),
     /// Run a burst-buffer server, or query/register servers.
     Server(ServerCmd),
     /// Mount an instance's namespace as a POSIX directory (FUSE).
@@ -292,6 +294,7 @@ fn main() -> ExitCode {
         Command::Manager(a) => surge_manager::cli::run_manager(a),
         Command::Dashboard(a) => surge_manager::cli::run_dashboard(a),
         Command::Key(a) => surge_manager::cli::run_key(a),
+        Command::Cert(a) => surge_manager::cli::run_cert(a),
         Command::Server(ServerCmd { sub: Some(s), .. }) => match s {
             ServerSub::Status(a) => surge_client::cli::run_status(a),
             ServerSub::Register(a) => surge_manager::cli::run_register(a),

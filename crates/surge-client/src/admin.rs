@@ -40,6 +40,8 @@ pub struct InstancePlan {
     pub cache_dirty_high: Option<surge_core::directives::DirtyHigh>,
     /// `type=cache` with `passthrough=on`.
     pub cache_passthrough: bool,
+    /// The instance's generation (`surge_auth::token::new_generation`).
+    pub generation: u64,
 }
 
 impl InstancePlan {
@@ -73,6 +75,7 @@ impl InstancePlan {
             cache_fsync_pfs: self.cache_fsync_pfs,
             cache_dirty_high: self.cache_dirty_high,
             cache_passthrough: self.cache_passthrough,
+            generation: self.generation,
         }
     }
 }

@@ -45,6 +45,8 @@ pub fn for_instance(key: Option<&Path>, instance: u64, ns: Option<u32>) -> anyho
             caller: Caller::me(),
             rights: Rights::Instance,
             expires: surge_auth::token::now() + KEY_TOKEN_SECS,
+            // Made by hand with the key: bound to no generation of the instance.
+            generation: 0,
         },
     ))
 }

@@ -23,9 +23,13 @@ use surge_proto::frame::CONNECTION_ID;
 use surge_proto::transport::Addr;
 use surge_proto::{Request, Response, ServerRef};
 
+type TlsStream =
+    rustls::StreamOwned<rustls::ClientConnection, surge_proto::tls::ReadAhead<TcpStream>>;
+
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Tls(Box<TlsStream>),
 }
 
 impl std::os::fd::AsRawFd for Stream {
@@ -33,6 +37,7 @@ impl std::os::fd::AsRawFd for Stream {
         match self {
             Stream::Tcp(s) => s.as_raw_fd(),
             Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tls(s) => s.sock.inner.as_raw_fd(),
         }
     }
 }
@@ -40,14 +45,17 @@ impl std::os::fd::AsRawFd for Stream {
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::fd::AsRawFd;
-        // A reply is expected soon: see `poll_budget`.
-        surge_proto::transport::poll_readable(
-            self.as_raw_fd(),
-            surge_proto::transport::poll_budget("client"),
-        );
+        // A reply is expected soon: see `poll_budget` (unless TLS holds decrypted bytes).
+        if !matches!(self, Stream::Tls(s) if !s.conn.wants_read() || s.sock.buffered()) {
+            surge_proto::transport::poll_readable(
+                self.as_raw_fd(),
+                surge_proto::transport::poll_budget("client"),
+            );
+        }
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -57,21 +65,57 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
         }
     }
     fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.write_vectored(bufs),
             Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tls(s) => s.write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        match self {
+            Stream::Tls(s) => s.flush(),
+            _ => Ok(()),
+        }
     }
+}
+
+/// Wraps `s` (connected to `host`) in TLS when the process's client TLS applies to `host`
+/// (see `surge_proto::tls`), and returns its channel binding (empty when clear).
+fn secure(s: TcpStream, host: &str) -> std::io::Result<(Stream, Vec<u8>)> {
+    let tls = surge_proto::tls::client().map_err(std::io::Error::other)?;
+    let Some(tls) = tls.filter(|t| t.applies(host)) else {
+        return Ok((Stream::Tcp(s), Vec::new()));
+    };
+    let name = surge_proto::tls::ClientTls::server_name(host)?;
+    let mut conn = rustls::ClientConnection::new(tls.config.clone(), name)
+        .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
+    let mut sock = surge_proto::tls::ReadAhead::new(s);
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "TLS with {host} (verified against the CA {}): {e}",
+                    tls.ca.display()
+                ),
+            )
+        })?;
+    }
+    let binding = surge_proto::tls::binding(&conn)?;
+    Ok((
+        Stream::Tls(Box::new(rustls::StreamOwned::new(conn, sock))),
+        binding,
+    ))
 }
 
 struct Conn {
     stream: Stream,
+    /// The channel binding capabilities are presented for (empty when clear).
+    binding: Vec<u8>,
     next_id: u64,
     /// When its last reply came.
     used: std::time::Instant,
@@ -125,7 +169,7 @@ fn connect(
     if let Some(t) = token {
         let id = conn.next_id;
         conn.next_id += 1;
-        let req = crate::conn::authenticate(t);
+        let req = crate::conn::authenticate(t, &conn.binding);
         let f = codec::call_blocking(&mut conn.stream, id, 0, &req, &[])
             .map_err(|e| ClientError::transport(&server.id, format!("Authenticate: {e}")))?;
         crate::conn::authenticated(&server.id, f.response)?;
@@ -146,18 +190,19 @@ fn connect_stream(server: &ServerRef, deadline: Option<Duration>) -> Result<Conn
             }
         };
         let stream = match &addr {
-            Addr::Unix(p) => connect_unix(p, deadline).map(Stream::Unix),
+            Addr::Unix(p) => connect_unix(p, deadline).map(|s| (Stream::Unix(s), Vec::new())),
             Addr::Tcp(hp) => connect_tcp(hp, deadline).and_then(|s| {
                 s.set_nodelay(true)?;
                 s.set_read_timeout(deadline)?;
                 s.set_write_timeout(deadline)?;
-                Ok(Stream::Tcp(s))
+                secure(s, surge_proto::tls::host_of(hp))
             }),
         };
         match stream {
-            Ok(stream) => {
+            Ok((stream, binding)) => {
                 return Ok(Conn {
                     stream,
+                    binding,
                     next_id: 1,
                     used: std::time::Instant::now(),
                 })

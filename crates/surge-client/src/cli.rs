@@ -542,6 +542,7 @@ pub fn run_instance_command(command: InstanceCommand) -> anyhow::Result<ExitCode
                     cache_fsync_pfs,
                     cache_dirty_high,
                     cache_passthrough,
+                    generation: surge_auth::token::new_generation(),
                 };
                 let desc = admin::create_instance(&plan, &token).await?;
                 if json {

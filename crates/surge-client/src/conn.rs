@@ -29,10 +29,12 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// A server's notice about the connection itself (request id [`CONNECTION_ID`]) as the error
 /// of the requests it leaves unanswered.
-/// The request presenting capability `t`, the first on every connection.
-pub(crate) fn authenticate(t: &surge_auth::Token) -> Request {
+/// The request presenting capability `t`, the first on every connection: its claims and a
+/// proof made for the connection's channel binding `binding` (see
+/// `surge_auth::Token::present`), never the capability itself.
+pub(crate) fn authenticate(t: &surge_auth::Token, binding: &[u8]) -> Request {
     Request::Authenticate {
-        token: t.bytes().to_vec(),
+        token: t.present(binding),
     }
 }
 
@@ -75,6 +77,8 @@ pub struct Connection {
     session: u32,
     /// How long a request may take (see the module doc); `None`: no bound.
     deadline: Option<Duration>,
+    /// The channel binding capabilities are presented for on it (empty when clear).
+    binding: Vec<u8>,
 }
 
 impl Connection {
@@ -98,9 +102,10 @@ impl Connection {
                 }),
             None => connecting.await,
         };
-        let (mut reader, writer) = connected.map_err(|e| {
+        let connected = connected.map_err(|e| {
             ClientError::transport(server, format!("cannot connect to {addr}: {e}"))
         })?;
+        let (mut reader, writer) = (connected.read, connected.write);
         let conn = Arc::new(Connection {
             server: server.to_string(),
             writer: tokio::sync::Mutex::new(writer),
@@ -109,6 +114,7 @@ impl Connection {
             dead: AtomicBool::new(false),
             session,
             deadline,
+            binding: connected.binding,
         });
         let weak = Arc::downgrade(&conn);
         // If the runtime that runs the reader goes away, the connection is dead: mark it so the
@@ -168,6 +174,11 @@ impl Connection {
         for (_, tx) in pending {
             let _ = tx.send(Err(e.clone()));
         }
+    }
+
+    /// The channel binding capabilities are presented for on this connection.
+    pub fn binding(&self) -> &[u8] {
+        &self.binding
     }
 
     pub fn is_dead(&self) -> bool {
@@ -364,7 +375,7 @@ impl ServerPool {
             match opened.await {
                 Ok(c) => {
                     if let Some(t) = &self.token {
-                        let (resp, _) = c.call(&authenticate(t), &[]).await?;
+                        let (resp, _) = c.call(&authenticate(t, c.binding()), &[]).await?;
                         authenticated(&self.server.id, resp)?;
                     }
                     return Ok(c);

@@ -1060,6 +1060,96 @@ pub enum KeyCommand {
     },
 }
 
+/// Certificates for TLS on the data protocol (docs/SECURITY.md, "Certificates"). Once, at
+/// install: `surge cert ca` makes the site CA (or bring the site's own: --ca-cert/--ca-key);
+/// then `surge cert server NAME...` per burst-buffer host, with every name and address
+/// clients reach it by; copy its server.crt and server.key to that host's /etc/surge/tls/
+/// (the key 0600, owned by the server's user), and ca.crt to every host. Servers with a
+/// certificate speak TLS to other hosts; clients with ca.crt verify it.
+///
+///   surge cert ca
+///   surge cert server bb1 10.0.0.11 --out /tmp/bb1
+///   scp /tmp/bb1/server.* bb1:/etc/surge/tls/
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct CertArgs {
+    #[command(subcommand)]
+    pub command: CertCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum CertCommand {
+    /// Make the site CA: ca.crt (0644) and ca.key (0600) in --dir; never overwrites.
+    Ca {
+        /// Where (default $SURGE_TLS_DIR, else /etc/surge/tls).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// The CA's name.
+        #[arg(long, default_value = "Surge site CA")]
+        name: String,
+        /// Days it is valid.
+        #[arg(long, default_value_t = 3650)]
+        days: u32,
+    },
+    /// Make a server's certificate (server.crt, server.key 0600 in --out), signed by the CA.
+    Server {
+        /// The host names and IP addresses clients connect to it by (as in its --advertise
+        /// and --listen addresses).
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        /// Where to write it (default: the certificate directory, for this host).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// The CA's certificate (default ca.crt in $SURGE_TLS_DIR, else /etc/surge/tls): the
+        /// site's own CA works as well.
+        #[arg(long, value_name = "FILE")]
+        ca_cert: Option<PathBuf>,
+        /// The CA's key (default ca.key beside --ca-cert).
+        #[arg(long, value_name = "FILE")]
+        ca_key: Option<PathBuf>,
+        /// Days it is valid.
+        #[arg(long, default_value_t = 825)]
+        days: u32,
+    },
+}
+
+pub fn run_cert(args: CertArgs) -> anyhow::Result<ExitCode> {
+    use surge_auth::cert;
+    match args.command {
+        CertCommand::Ca { dir, name, days } => {
+            let dir = dir.unwrap_or_else(cert::default_dir);
+            let (c, k) = cert::create_ca(&dir, &name, days)?;
+            println!(
+                "created {} and {} (0600): copy the certificate to every host; keep the key \
+                 where certificates are made",
+                c.display(),
+                k.display()
+            );
+        }
+        CertCommand::Server {
+            names,
+            out,
+            ca_cert,
+            ca_key,
+            days,
+        } => {
+            let ca_cert = ca_cert.unwrap_or_else(|| cert::default_dir().join(cert::CA_CERT));
+            let ca_key = ca_key.unwrap_or_else(|| ca_cert.with_file_name(cert::CA_KEY));
+            let out = out.unwrap_or_else(cert::default_dir);
+            let (c, k) = (out.join(cert::SERVER_CERT), out.join(cert::SERVER_KEY));
+            cert::create_server(&ca_cert, &ca_key, &names, days, &c, &k)?;
+            println!(
+                "created {} and {} (0600) for {}: install them in /etc/surge/tls/ of that host, \
+                 the key owned by the server's user",
+                c.display(),
+                k.display(),
+                names.join(", ")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run_key(args: KeyArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         KeyCommand::Create { key_file } => {

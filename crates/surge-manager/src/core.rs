@@ -260,6 +260,7 @@ impl Core {
                 caller: c.clone(),
                 rights: surge_auth::Rights::Instance,
                 expires,
+                generation: inst.descriptor.generation,
             },
         );
         Ok((t, expires))
@@ -277,6 +278,7 @@ impl Core {
                 caller: c.clone(),
                 rights: surge_auth::Rights::View,
                 expires,
+                generation: 0,
             },
         );
         (t, expires)
@@ -920,6 +922,7 @@ impl Core {
                     cache_fsync_pfs: false,
                     cache_dirty_high: None,
                     cache_passthrough: false,
+                    generation: 0,
                 },
             };
             // Quotas are checked under the allocation lock: two allocations of one user
@@ -954,6 +957,7 @@ impl Core {
                 cache_fsync_pfs: req.cache_fsync_pfs && req.cache_pfs.is_some(),
                 cache_dirty_high: req.cache_dirty_high.filter(|_| req.cache_pfs.is_some()),
                 cache_passthrough: req.cache_passthrough && req.cache_pfs.is_some(),
+                generation: surge_auth::token::new_generation(),
             };
             // From here the planned fragments count against their servers' space.
             store.plan_instance(id, &name, &plan.descriptor()).await?;

@@ -269,6 +269,11 @@ pub struct InstanceDescriptor {
     /// to the PFS mid-write).
     #[serde(default)]
     pub cache_passthrough: bool,
+    /// A random number drawn when the instance was made: its capabilities carry it, and
+    /// servers refuse them once they hold no instance of that generation (destroyed, or made
+    /// again under the same id). 0: none (instances made before generations existed).
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl InstanceDescriptor {

@@ -46,15 +46,23 @@ impl std::fmt::Display for Addr {
 
 pub type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 pub type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
-pub type ConnectFuture<'a> =
-    Pin<Box<dyn Future<Output = io::Result<(BoxRead, BoxWrite)>> + Send + 'a>>;
+pub type ConnectFuture<'a> = Pin<Box<dyn Future<Output = io::Result<Connected>> + Send + 'a>>;
+
+/// An open byte stream to a server.
+pub struct Connected {
+    pub read: BoxRead,
+    pub write: BoxWrite,
+    /// The channel binding a capability is presented for (`surge_auth::Token::present`): the
+    /// TLS exporter (RFC 9266) on a TLS connection, empty on a clear one.
+    pub binding: Vec<u8>,
+}
 
 /// Opens byte streams to servers.
 pub trait Transport: Send + Sync + 'static {
     fn connect<'a>(&'a self, addr: &'a Addr) -> ConnectFuture<'a>;
 }
 
-/// TCP and Unix-domain sockets.
+/// TCP (with TLS where [`crate::tls::client`] says so) and Unix-domain sockets.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SocketTransport;
 
@@ -63,20 +71,63 @@ impl Transport for SocketTransport {
         Box::pin(async move {
             match addr {
                 Addr::Tcp(hp) => {
-                    let s = tokio::net::TcpStream::connect(hp.as_str()).await?;
-                    // Requests are small and latency-bound; never wait to coalesce them.
-                    s.set_nodelay(true)?;
-                    keepalive(&s)?;
-                    let (r, w) = s.into_split();
-                    Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
+                    let tls = crate::tls::client().map_err(io::Error::other)?;
+                    connect_tcp(hp, tls.as_deref()).await
                 }
                 Addr::Unix(p) => {
                     let s = tokio::net::UnixStream::connect(p).await?;
                     let (r, w) = s.into_split();
-                    Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
+                    Ok(Connected {
+                        read: Box::new(r),
+                        write: Box::new(w),
+                        binding: Vec::new(),
+                    })
                 }
             }
         })
+    }
+}
+
+/// Connects to `hp`, over TLS when `tls` applies to its host.
+pub async fn connect_tcp(hp: &str, tls: Option<&crate::tls::ClientTls>) -> io::Result<Connected> {
+    let s = tokio::net::TcpStream::connect(hp).await?;
+    // Requests are small and latency-bound; never wait to coalesce them.
+    s.set_nodelay(true)?;
+    keepalive(&s)?;
+    let host = crate::tls::host_of(hp);
+    match tls.filter(|t| t.applies(host)) {
+        None => {
+            let (r, w) = s.into_split();
+            Ok(Connected {
+                read: Box::new(r),
+                write: Box::new(w),
+                binding: Vec::new(),
+            })
+        }
+        Some(t) => {
+            let name = crate::tls::ClientTls::server_name(host)?;
+            // rustls reads 4 KiB at a time: a buffer under it makes that one read per 64 KiB.
+            let s = tokio::io::BufReader::with_capacity(crate::tls::READ_AHEAD, s);
+            let stream = tokio_rustls::TlsConnector::from(t.config.clone())
+                .connect(name, s)
+                .await
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "TLS with {hp} (verified against the CA {}): {e}",
+                            t.ca.display()
+                        ),
+                    )
+                })?;
+            let binding = crate::tls::binding(stream.get_ref().1)?;
+            let (r, w) = tokio::io::split(stream);
+            Ok(Connected {
+                read: Box::new(r),
+                write: Box::new(w),
+                binding,
+            })
+        }
     }
 }
 

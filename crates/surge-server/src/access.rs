@@ -11,10 +11,23 @@ fn denied(msg: impl Into<String>) -> ErrorReply {
     ErrorReply::new(ErrorCode::Denied, msg)
 }
 
-/// Checks a capability presented with `Authenticate`.
-pub fn authenticate(key: &Key, token: &[u8]) -> Result<Claims, ErrorReply> {
-    let claims = Token::from_bytes(token.to_vec())
-        .verify(key, surge_auth::token::now())
+/// Checks a capability presented with `Authenticate` (`surge_auth::Token::present`) on a
+/// connection whose channel binding is `binding`: signed with the cluster key, presented for
+/// this very connection, not expired, and (see [`not_revoked`]) for an instance this server
+/// holds now.
+pub fn authenticate(
+    reg: &crate::registry::Registry,
+    presented: &[u8],
+    binding: &[u8],
+) -> Result<Claims, ErrorReply> {
+    let claims = check(&reg.key, presented, binding)?;
+    not_revoked(reg, Some(&claims))?;
+    Ok(claims)
+}
+
+/// The signature, channel and expiry checks of [`authenticate`].
+fn check(key: &Key, presented: &[u8], binding: &[u8]) -> Result<Claims, ErrorReply> {
+    let claims = Token::verify_presented(key, presented, binding, surge_auth::token::now())
         .map_err(|e| denied(e.to_string()))?;
     if claims.rights == Rights::View {
         return Err(denied(
@@ -22,6 +35,31 @@ pub fn authenticate(key: &Key, token: &[u8]) -> Result<Claims, ErrorReply> {
         ));
     }
     Ok(claims)
+}
+
+/// Refuses a capability issued for an instance this server no longer holds in the same
+/// generation: destroyed (its capabilities are revoked at once, on open connections too), or
+/// destroyed and made again under the same id. Capabilities bound to no generation (made
+/// with the cluster key by hand, admin ones) pass.
+pub fn not_revoked(
+    reg: &crate::registry::Registry,
+    grant: Option<&Claims>,
+) -> Result<(), ErrorReply> {
+    let Some(c) = grant else { return Ok(()) };
+    if c.rights != Rights::Instance || c.generation == 0 {
+        return Ok(());
+    }
+    match reg.generation(surge_core::InstanceId(c.instance)) {
+        Some(g) if g == c.generation => Ok(()),
+        Some(_) => Err(denied(format!(
+            "capability revoked: instance {} was destroyed and made again",
+            c.instance
+        ))),
+        None => Err(denied(format!(
+            "capability revoked: instance {} does not exist here (destroyed)",
+            c.instance
+        ))),
+    }
 }
 
 /// The instance and namespace a request is about (`None` for server administration).
@@ -149,6 +187,7 @@ mod tests {
             },
             rights: Rights::Instance,
             expires: i64::MAX,
+            generation: 0,
         }
     }
 
@@ -221,9 +260,11 @@ mod tests {
     fn a_key_signs_what_servers_accept() {
         let k = Key::generate().unwrap();
         let t = Token::mint(&k, &user(7, None));
-        assert_eq!(authenticate(&k, t.bytes()).unwrap(), user(7, None));
+        assert_eq!(check(&k, &t.present(b"c"), b"c").unwrap(), user(7, None));
         let other = Key::generate().unwrap();
-        assert!(authenticate(&other, t.bytes()).is_err());
-        assert!(authenticate(&k, b"garbage").is_err());
+        assert!(check(&other, &t.present(b"c"), b"c").is_err());
+        assert!(check(&k, &t.present(b"c"), b"another channel").is_err());
+        assert!(check(&k, t.bytes(), b"c").is_err(), "the token itself");
+        assert!(check(&k, b"garbage", b"c").is_err());
     }
 }

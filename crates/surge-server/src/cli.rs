@@ -107,9 +107,58 @@ pub struct ServerArgs {
     /// take its reply within this long (seconds; 0: no bound).
     #[arg(long, value_name = "SECS", default_value = "30", value_parser = surge_core::sys::secs_arg)]
     pub frame_timeout: Duration,
+
+    /// TLS 1.3 on the TCP listener (docs/SECURITY.md, "On the wire"). auto: with a
+    /// certificate (--tls-cert), every peer on another host must speak TLS and loopback peers
+    /// may; without one, everything in clear. on: a certificate is required and every TCP
+    /// peer must speak TLS. off: clear text only (a private fabric). The Unix socket is
+    /// never encrypted: it does not leave the host.
+    #[arg(
+        long,
+        value_name = "auto|on|off",
+        env = "SURGE_TLS",
+        default_value = "auto"
+    )]
+    pub tls: surge_proto::tls::Mode,
+
+    /// This server's certificate (PEM, signed by the site CA; `surge cert server`). Default:
+    /// server.crt in $SURGE_TLS_DIR, else /etc/surge/tls.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The certificate's private key (PEM). Default: server.key beside the certificate.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl ServerArgs {
+    /// The TLS the flags ask for: `None` when the TCP listener speaks clear text only.
+    pub fn server_tls(&self) -> anyhow::Result<Option<Arc<surge_proto::tls::ServerTls>>> {
+        use surge_proto::tls::{Mode, ServerTls};
+        let cert = self
+            .tls_cert
+            .clone()
+            .unwrap_or_else(|| surge_proto::tls::cert_dir().join("server.crt"));
+        let key = self
+            .tls_key
+            .clone()
+            .unwrap_or_else(|| cert.with_file_name("server.key"));
+        match self.tls {
+            Mode::Off => Ok(None),
+            Mode::Auto if !cert.exists() => {
+                info!(
+                    "no certificate at {}: the data protocol is in clear text (make one with \
+                     `surge cert server`, or say --tls off on a private fabric)",
+                    cert.display()
+                );
+                Ok(None)
+            }
+            mode => ServerTls::from_files(&cert, &key, mode)
+                .map(|t| Some(Arc::new(t)))
+                .map_err(|e| anyhow::anyhow!("--tls {mode}: {e}")),
+        }
+    }
+
     /// The connection bounds the flags ask for.
     pub fn conn_limits(&self) -> ConnLimits {
         let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
@@ -179,12 +228,23 @@ pub fn start(
     start_with(
         devices,
         capacity,
-        listen,
-        unix,
+        Listen {
+            tcp: listen,
+            unix,
+            tls: None,
+        },
         id,
         key,
         ConnLimits::default(),
     )
+}
+
+/// Where a server listens: a TCP address (in TLS with `tls`, see `conn::serve_socket`) and
+/// optionally a Unix socket (never encrypted: it does not leave the host).
+pub struct Listen<'a> {
+    pub tcp: &'a str,
+    pub unix: Option<&'a std::path::Path>,
+    pub tls: Option<Arc<surge_proto::tls::ServerTls>>,
 }
 
 /// [`start`] with connection bounds `limits` (lowered to what the open-file limit allows,
@@ -192,12 +252,16 @@ pub fn start(
 pub fn start_with(
     devices: Vec<PathBuf>,
     capacity: Option<u64>,
-    listen: &str,
-    unix: Option<&std::path::Path>,
+    listen: Listen<'_>,
     id: Option<String>,
     key: surge_auth::Key,
     limits: ConnLimits,
 ) -> anyhow::Result<Running> {
+    let Listen {
+        tcp: listen,
+        unix,
+        tls,
+    } = listen;
     let nofile = surge_core::sys::raise_nofile_limit().context("cannot read RLIMIT_NOFILE")?;
     let admission = Admission::new(limits.within_nofile(nofile)?);
     let capacity = match capacity {
@@ -218,11 +282,12 @@ pub fn start_with(
     let tcp = std::net::TcpListener::bind(listen)
         .with_context(|| format!("cannot listen on {listen}"))?;
     let mut addrs = vec![tcp.local_addr()?.to_string()];
+    let tls_mode = tls.as_ref().map_or(surge_proto::tls::Mode::Off, |t| t.mode);
     {
         let (reg, admission) = (reg.clone(), admission.clone());
         std::thread::Builder::new()
             .name("accept-tcp".into())
-            .spawn(move || conn::accept_tcp(reg, admission, tcp))?;
+            .spawn(move || conn::accept_tcp(reg, admission, tls, tcp))?;
     }
     if let Some(path) = unix {
         if let Some(parent) = path.parent() {
@@ -242,12 +307,17 @@ pub fn start_with(
     *reg.addrs.write() = addrs.clone();
     let l = reg.limits.read().clone();
     info!(
-        "surge server {} listening on {} ({} capacity, devices {:?}); at most {} connections, \
-         {} per peer, idle timeout {} ms, frame timeout {} ms (0: none)",
+        "surge server {} listening on {} ({} capacity, devices {:?}); TLS {}; at most {} \
+         connections, {} per peer, idle timeout {} ms, frame timeout {} ms (0: none)",
         reg.id,
         addrs.join(", "),
         surge_core::format_bytes(capacity),
         devices,
+        match tls_mode {
+            surge_proto::tls::Mode::Off => "off (clear text)",
+            surge_proto::tls::Mode::Auto => "for peers on other hosts",
+            surge_proto::tls::Mode::On => "on every TCP connection",
+        },
         l.max_connections,
         l.max_connections_per_peer,
         l.idle_timeout_ms,
@@ -275,11 +345,15 @@ pub fn run(
         .clone()
         .unwrap_or_else(surge_auth::Key::default_path);
     let key = surge_auth::Key::load(&key_file)?;
+    let tls = args.server_tls()?;
     let mut running = start_with(
         args.devices.clone(),
         args.capacity,
-        &args.listen,
-        args.unix.as_deref(),
+        Listen {
+            tcp: &args.listen,
+            unix: args.unix.as_deref(),
+            tls,
+        },
         args.id.clone(),
         key,
         args.conn_limits(),

@@ -211,16 +211,15 @@ pub enum Ended {
 /// Serves one connection until the peer closes it, sends something unparseable, stalls in the
 /// middle of a frame or stays idle past the bounds of `stream` (see [`codec::Waits`]).
 /// `ticket` is told when the first request has come (see [`Ticket::spoke`]).
-pub fn serve<S: Read + codec::Waits>(
+pub fn serve<C: Channel>(
     reg: Arc<Registry>,
-    stream: S,
-    mut writer: impl Write + AsFd,
+    channel: C,
     peer: String,
     ticket: Option<&Ticket>,
 ) -> Ended {
     debug!("connection from {peer}");
     let _counted = crate::metrics::connection();
-    let mut reader = BufReader::with_capacity(64 * 1024, stream);
+    let mut reader = BufReader::with_capacity(64 * 1024, channel);
     let mut payload = Vec::new();
     let mut out = Vec::new();
     let mut spoke = false;
@@ -246,7 +245,8 @@ pub fn serve<S: Read + codec::Waits>(
                 let id = frame.header.request_id;
                 let session = frame.header.session;
                 if let Request::Authenticate { token } = &frame.request {
-                    let resp = match crate::access::authenticate(&reg.key, token) {
+                    let binding = reader.get_ref().binding().to_vec();
+                    let resp = match crate::access::authenticate(&reg, token, &binding) {
                         Ok(claims) => {
                             debug!(
                                 "{peer}: acts for uid {} ({:?}, instance {})",
@@ -260,15 +260,17 @@ pub fn serve<S: Read + codec::Waits>(
                             Response::Error(e)
                         }
                     };
-                    if codec::write_response(&mut writer, op, id, &resp, &[]).is_err() {
+                    if codec::write_response(reader.get_mut(), op, id, &resp, &[]).is_err() {
                         break;
                     }
                     continue;
                 }
-                if let Err(e) = crate::access::allowed(grant.as_ref(), &frame.request) {
+                let checked = crate::access::allowed(grant.as_ref(), &frame.request)
+                    .and_then(|()| crate::access::not_revoked(&reg, grant.as_ref()));
+                if let Err(e) = checked {
                     debug!("{peer}: request {id} (op {op}) refused: {e}");
                     let resp = Response::Error(e);
-                    if codec::write_response(&mut writer, op, id, &resp, &[]).is_err() {
+                    if codec::write_response(reader.get_mut(), op, id, &resp, &[]).is_err() {
                         break;
                     }
                     continue;
@@ -291,29 +293,32 @@ pub fn serve<S: Read + codec::Waits>(
                 }
                 let started = std::time::Instant::now();
                 let name = frame.request.name();
-                if let Request::Read {
-                    instance,
-                    fragment,
-                    file,
-                    offset,
-                    len,
-                } = &frame.request
+                let sendfile_fd = reader.get_ref().sendfile_fd();
+                if let (
+                    Some(out_fd),
+                    Request::Read {
+                        instance,
+                        fragment,
+                        file,
+                        offset,
+                        len,
+                    },
+                ) = (sendfile_fd, &frame.request)
                 {
                     // The data goes from the object to the socket in the kernel (sendfile):
-                    // no copy through this process. Errors take the general path below.
+                    // no copy through this process (a clear connection only: TLS encrypts
+                    // it here). Errors take the general path below.
                     let source = reg
                         .fragment(*instance, *fragment)
                         .and_then(|f| f.read_source(*file, *offset, *len));
                     if let Ok(source) = source {
                         let n = source.as_ref().map_or(0, |(_, n)| *n);
-                        let sent =
-                            codec::write_response_head(&mut writer, op, id, &Response::Data, n)
-                                .and_then(|()| match &source {
-                                    Some((obj, n)) => {
-                                        send_file(&mut writer, obj.file(), *offset, *n)
-                                    }
-                                    None => Ok(()),
-                                });
+                        let w = reader.get_mut();
+                        let sent = codec::write_response_head(w, op, id, &Response::Data, n)
+                            .and_then(|()| match &source {
+                                Some((obj, n)) => send_file(out_fd, w, obj.file(), *offset, *n),
+                                None => Ok(()),
+                            });
                         crate::metrics::request(name, started.elapsed(), 0, n, false);
                         if let Err(e) = sent {
                             debug!("{peer}: cannot reply: {e}");
@@ -327,7 +332,7 @@ pub fn serve<S: Read + codec::Waits>(
                 if let Response::Error(e) = &resp {
                     debug!("{peer}: request {id} (op {op}) failed: {e}");
                 }
-                let written = codec::write_response(&mut writer, op, id, &resp, &out);
+                let written = codec::write_response(reader.get_mut(), op, id, &resp, &out);
                 crate::metrics::request(name, started.elapsed(), payload.len(), out.len(), failed);
                 if let Err(e) = written {
                     debug!("{peer}: cannot reply: {e}");
@@ -346,7 +351,7 @@ pub fn serve<S: Read + codec::Waits>(
                 // is not made, and the peer may send it again elsewhere.
                 debug!("{peer}: closing an idle connection ({e})");
                 let _ = codec::write_error(
-                    &mut writer,
+                    reader.get_mut(),
                     0,
                     CONNECTION_ID,
                     ErrorCode::IdleClosed,
@@ -357,13 +362,20 @@ pub fn serve<S: Read + codec::Waits>(
             }
             Err((id, e)) => {
                 match &e {
-                    CodecError::Io(ioe) if ioe.kind() == std::io::ErrorKind::ConnectionReset => {
-                        debug!("{peer}: connection reset")
+                    // A TLS peer that closes without close_notify reads as UnexpectedEof.
+                    CodecError::Io(ioe)
+                        if matches!(
+                            ioe.kind(),
+                            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+                        ) =>
+                    {
+                        debug!("{peer}: connection reset ({ioe})")
                     }
                     _ => warn!("{peer}: closing connection: {e}"),
                 }
                 if let Some(id) = id {
-                    let _ = codec::write_error(&mut writer, 0, id, e.reply_code(), e.to_string());
+                    let _ =
+                        codec::write_error(reader.get_mut(), 0, id, e.reply_code(), e.to_string());
                 }
                 break;
             }
@@ -387,12 +399,12 @@ pub fn serve<S: Read + codec::Waits>(
 /// file no longer holds (truncated meanwhile) are sent as zeros, so the frame keeps the length
 /// its header announced.
 fn send_file(
-    to: &mut (impl Write + AsFd),
+    out_fd: RawFd,
+    to: &mut impl Write,
     file: &std::fs::File,
     offset: u64,
     len: usize,
 ) -> std::io::Result<()> {
-    let out_fd = to.as_fd().as_raw_fd();
     let mut off = offset as libc::off_t;
     let mut left = len;
     while left > 0 {
@@ -425,17 +437,137 @@ fn send_file(
 /// that the peer reads the `IdleClosed` notice before the close, not a reset.
 const LINGER: Duration = Duration::from_secs(1);
 
+/// A client connection as [`serve`] sees it: request frames in, replies out.
+pub trait Channel: Read + Write + codec::Waits {
+    /// The socket replies may be sent to with `sendfile(2)`: a clear connection's only.
+    fn sendfile_fd(&self) -> Option<RawFd>;
+    /// The channel binding a capability must be presented for (empty when clear; see
+    /// `surge_auth::Token::present`).
+    fn binding(&self) -> &[u8];
+}
+
+/// A clear connection: reads wait as [`Polled`] says, writes go to the socket.
+pub struct Clear<'a, S> {
+    polled: Polled<&'a S>,
+    sock: &'a S,
+}
+
+impl<S: AsFd> Read for Clear<'_, S>
+where
+    for<'b> &'b S: Read,
+{
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.polled.read(buf)
+    }
+}
+
+impl<S> Write for Clear<'_, S>
+where
+    for<'b> &'b S: Write,
+{
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        (&mut &*self.sock).write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        (&mut &*self.sock).write_vectored(bufs)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<S> codec::Waits for Clear<'_, S> {
+    fn waiting(&mut self, phase: codec::Phase) {
+        self.polled.waiting(phase)
+    }
+}
+
+impl<S: AsFd> Channel for Clear<'_, S>
+where
+    for<'b> &'b S: Read + Write,
+{
+    fn sendfile_fd(&self) -> Option<RawFd> {
+        Some(self.sock.as_fd().as_raw_fd())
+    }
+    fn binding(&self) -> &[u8] {
+        &[]
+    }
+}
+
+/// The TCP socket under a TLS connection: reads wait as [`Polled`] says (TLS reads it only
+/// when it holds no decrypted bytes), writes go to the socket.
+struct Wire<'a> {
+    polled: Polled<&'a std::net::TcpStream>,
+    sock: &'a std::net::TcpStream,
+}
+
+impl Read for Wire<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.polled.read(buf)
+    }
+}
+
+impl Write for Wire<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        (&mut &*self.sock).write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A TLS 1.3 connection (see `surge_proto::tls`).
+pub struct Tls<'a> {
+    stream: rustls::StreamOwned<rustls::ServerConnection, surge_proto::tls::ReadAhead<Wire<'a>>>,
+    binding: Vec<u8>,
+}
+
+impl Read for Tls<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Tls<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+impl codec::Waits for Tls<'_> {
+    fn waiting(&mut self, phase: codec::Phase) {
+        self.stream.sock.inner.polled.waiting(phase)
+    }
+}
+
+impl Channel for Tls<'_> {
+    fn sendfile_fd(&self) -> Option<RawFd> {
+        None
+    }
+    fn binding(&self) -> &[u8] {
+        &self.binding
+    }
+}
+
 /// A socket the server serves connections on.
 trait Socket: AsFd + Send + 'static
 where
     for<'a> &'a Self: Read + Write,
 {
     fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()>;
+    /// The TCP stream, to speak TLS on (a Unix socket never does: it never leaves the host).
+    fn tcp(&self) -> Option<&std::net::TcpStream>;
 }
 
 impl Socket for std::net::TcpStream {
     fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
         std::net::TcpStream::set_write_timeout(self, t)
+    }
+    fn tcp(&self) -> Option<&std::net::TcpStream> {
+        Some(self)
     }
 }
 
@@ -443,11 +575,120 @@ impl Socket for std::os::unix::net::UnixStream {
     fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
         std::os::unix::net::UnixStream::set_write_timeout(self, t)
     }
+    fn tcp(&self) -> Option<&std::net::TcpStream> {
+        None
+    }
+}
+
+/// How a TCP peer speaks, from its first byte: `Some(true)` TLS, `Some(false)` clear frames,
+/// `None` nothing within `wait` (or the peer left).
+fn speaks_tls(sock: &std::net::TcpStream, wait: Option<Duration>) -> Option<bool> {
+    let fd = sock.as_raw_fd();
+    let ready = match wait {
+        Some(w) => matches!(surge_proto::transport::wait_readable(fd, w), Ok(true)),
+        None => matches!(
+            surge_proto::transport::wait_readable(fd, Duration::from_secs(3600 * 24)),
+            Ok(true)
+        ),
+    };
+    if !ready {
+        return None;
+    }
+    let mut b = [0u8; 1];
+    match sock.peek(&mut b) {
+        Ok(1) => Some(b[0] == surge_proto::tls::HANDSHAKE_BYTE),
+        _ => None,
+    }
+}
+
+/// The server side of a TLS handshake on `sock`, within `wait`; the connection and its
+/// channel binding.
+fn handshake(
+    sock: &std::net::TcpStream,
+    tls: &surge_proto::tls::ServerTls,
+    wait: Option<Duration>,
+) -> std::io::Result<(rustls::ServerConnection, Vec<u8>)> {
+    let mut conn = rustls::ServerConnection::new(tls.config.clone())
+        .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
+    sock.set_read_timeout(wait)?;
+    let mut io = sock;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut io)?;
+    }
+    sock.set_read_timeout(None)?;
+    let binding = surge_proto::tls::binding(&conn)?;
+    Ok((conn, binding))
+}
+
+/// Serves socket `s` of `name` until it ends: in TLS when the peer starts a handshake (and
+/// this server has a certificate), in clear when it may (see `ServerTls::required_from`).
+fn serve_socket<S: Socket>(
+    reg: Arc<Registry>,
+    s: &S,
+    tls: Option<&surge_proto::tls::ServerTls>,
+    limits: &crate::admission::ConnLimits,
+    name: String,
+    ticket: &Ticket,
+) -> Ended
+where
+    for<'a> &'a S: Read + Write,
+{
+    let (idle, frame) = (limits.idle_timeout, limits.frame_timeout);
+    let clear = |reg| {
+        let polled = Polled::bounded(s, idle, frame);
+        serve(reg, Clear { polled, sock: s }, name.clone(), Some(ticket))
+    };
+    let tcp = s.tcp();
+    let Some(sock) = tcp.filter(|_| tls.is_some()) else {
+        return clear(reg);
+    };
+    let Some(tls) = tls else {
+        return Ended::Closed;
+    };
+    match speaks_tls(sock, limits.idle_timeout) {
+        None => Ended::Closed,
+        Some(true) => match handshake(sock, tls, limits.frame_timeout) {
+            Ok((conn, binding)) => {
+                let wire = Wire {
+                    polled: Polled::bounded(sock, idle, frame),
+                    sock,
+                };
+                let wire = surge_proto::tls::ReadAhead::new(wire);
+                let stream = rustls::StreamOwned::new(conn, wire);
+                serve(reg, Tls { stream, binding }, name.clone(), Some(ticket))
+            }
+            Err(e) => {
+                warn!("{name}: TLS handshake failed: {e}");
+                Ended::Closed
+            }
+        },
+        Some(false) if tls.required_from(sock.peer_addr().ok().map(|a| a.ip())) => {
+            warn!("{name}: refused a clear connection: this server speaks TLS to other hosts");
+            let _ = codec::write_error(
+                &mut &*sock,
+                0,
+                CONNECTION_ID,
+                ErrorCode::Denied,
+                "this server accepts only TLS connections: give the client the site's CA \
+                 (SURGE_TLS_CA, default /etc/surge/tls/ca.crt; docs/SECURITY.md)"
+                    .into(),
+            );
+            drain(sock.as_raw_fd());
+            Ended::Closed
+        }
+        Some(false) => clear(reg),
+    }
 }
 
 /// Admits connection `s` of `peer` and serves it on a thread of its own, or refuses it.
-fn admit<S: Socket>(reg: &Arc<Registry>, admission: &Arc<Admission>, s: S, peer: Peer, name: String)
-where
+fn admit<S: Socket>(
+    reg: &Arc<Registry>,
+    admission: &Arc<Admission>,
+    tls: Option<Arc<surge_proto::tls::ServerTls>>,
+    s: S,
+    peer: Peer,
+    name: String,
+) where
     for<'a> &'a S: Read + Write,
 {
     let fd = s.as_fd().as_raw_fd();
@@ -462,8 +703,7 @@ where
     let spawned = std::thread::Builder::new()
         .name(format!("conn-{name}"))
         .spawn(move || {
-            let stream = Polled::bounded(&s, limits.idle_timeout, limits.frame_timeout);
-            let ended = serve(reg, stream, &s, name, Some(&ticket));
+            let ended = serve_socket(reg, &s, tls.as_deref(), &limits, name, &ticket);
             if ended == Ended::Idle {
                 linger(s.as_fd().as_raw_fd());
             }
@@ -527,8 +767,14 @@ fn drain(fd: RawFd) -> usize {
     }
 }
 
-/// Accepts TCP connections forever, one thread each, within the bounds of `admission`.
-pub fn accept_tcp(reg: Arc<Registry>, admission: Arc<Admission>, listener: std::net::TcpListener) {
+/// Accepts TCP connections forever, one thread each, within the bounds of `admission`, in
+/// TLS with `tls` (see [`serve_socket`]).
+pub fn accept_tcp(
+    reg: Arc<Registry>,
+    admission: Arc<Admission>,
+    tls: Option<Arc<surge_proto::tls::ServerTls>>,
+    listener: std::net::TcpListener,
+) {
     for conn in listener.incoming() {
         match conn {
             Ok(s) => {
@@ -536,7 +782,7 @@ pub fn accept_tcp(reg: Arc<Registry>, admission: Arc<Admission>, listener: std::
                 let addr = s.peer_addr().ok();
                 let peer = addr.map_or(Peer::Unknown, |a| Peer::Ip(a.ip()));
                 let name = addr.map(|a| a.to_string()).unwrap_or_default();
-                admit(&reg, &admission, s, peer, name);
+                admit(&reg, &admission, tls.clone(), s, peer, name);
             }
             Err(e) => accept_failed(&e),
         }
@@ -558,7 +804,7 @@ pub fn accept_unix(
                     Peer::Uid(u) => format!("unix-uid{u}"),
                     _ => "unix".into(),
                 };
-                admit(&reg, &admission, s, peer, name);
+                admit(&reg, &admission, None, s, peer, name);
             }
             Err(e) => accept_failed(&e),
         }
@@ -586,10 +832,11 @@ mod tests {
             .write_all(b"0123456789")
             .unwrap();
         let f = std::fs::File::open(&path).unwrap();
-        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         // From offset 4 within the file, then past its end (a truncation while the header
         // announcing 20 bytes was sent): the rest comes as zeros.
-        send_file(&mut a, &f, 4, 20).unwrap();
+        use std::os::fd::AsRawFd;
+        send_file(a.as_raw_fd(), &mut &a, &f, 4, 20).unwrap();
         drop(a);
         let mut got = Vec::new();
         b.read_to_end(&mut got).unwrap();

@@ -467,6 +467,12 @@ impl Registry {
         }
     }
 
+    /// The generation of `instance` as this server holds it (`None`: it holds nothing of it);
+    /// see `access::not_revoked`.
+    pub fn generation(&self, instance: InstanceId) -> Option<u64> {
+        self.descriptors.read().get(&instance).map(|d| d.generation)
+    }
+
     pub fn describe(&self, instance: InstanceId) -> Result<InstanceDescriptor, ErrorReply> {
         self.descriptors
             .read()

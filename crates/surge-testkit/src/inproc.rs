@@ -124,6 +124,7 @@ impl Cluster {
             cache_fsync_pfs: spec.cache_fsync_pfs,
             cache_dirty_high: None,
             cache_passthrough: spec.cache_passthrough,
+            generation: surge_auth::token::new_generation(),
         };
         let desc = admin::create_instance(&plan, &admin_token)
             .await

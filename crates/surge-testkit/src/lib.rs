@@ -131,6 +131,7 @@ pub fn instance_token_for(instance: u64, caller: surge_auth::Caller) -> surge_au
             caller,
             rights: surge_auth::Rights::Instance,
             expires: surge_auth::token::now() + 3600,
+            generation: 0,
         },
     )
 }

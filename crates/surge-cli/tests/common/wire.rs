@@ -23,10 +23,11 @@ pub fn connect_anonymous(addr: &str) -> TcpStream {
     s
 }
 
-/// Presents `token` on `s` (request id 0); panics unless the server accepts it.
+/// Presents `token` on clear connection `s` (request id 0), as Surge's clients do (see
+/// `surge_auth::Token::present`); panics unless the server accepts it.
 pub fn authenticate(s: &mut TcpStream, token: &surge_auth::Token) {
     let req = Request::Authenticate {
-        token: token.bytes().to_vec(),
+        token: token.present(b""),
     };
     match call(s, 0, &req, &[]).0 {
         Response::Ok => {}

@@ -557,6 +557,7 @@ mod tests {
             cache_fsync_pfs: false,
             cache_dirty_high: None,
             cache_passthrough: false,
+            generation: 0,
         };
         api::Instance {
             id,

@@ -1,0 +1,322 @@
+//! TLS 1.3 on the data protocol (docs/SECURITY.md, "On the wire"): servers present a
+//! certificate signed by the site CA, clients verify it against the CA's certificate, and
+//! both sides derive the connection's channel binding (RFC 9266 `tls-exporter`), which the
+//! client's capability proof is made for (`surge_auth::Token::present`).
+//!
+//! What is encrypted ([`Mode`]): `auto` (the default) encrypts every TCP connection that leaves
+//! the host wherever certificates are installed, and leaves loopback TCP and Unix sockets (which
+//! never leave the host: the embedded `surge run`, a mount beside its server) in clear; `on`
+//! encrypts loopback TCP too; `off` is for a private fabric, and sends everything in clear.
+//! A server that has a certificate never serves a clear connection from another host, and a
+//! client that has the CA never sends one to another host: neither side can be talked down.
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// RFC 9266's exporter label for channel bindings.
+pub const EXPORTER_LABEL: &[u8] = b"EXPORTER-Channel-Binding";
+/// Bytes of a channel binding.
+pub const BINDING_LEN: usize = 32;
+/// The first byte of a TLS handshake record: how a server tells TLS from a clear frame.
+pub const HANDSHAKE_BYTE: u8 = 0x16;
+
+/// Where TLS is used (`SURGE_TLS`, `surge server --tls`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Never: everything in clear (a private fabric).
+    Off,
+    /// On every TCP connection that leaves the host, when certificates are installed.
+    Auto,
+    /// On every TCP connection, loopback included; certificates required.
+    On,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "off" => Ok(Mode::Off),
+            "auto" => Ok(Mode::Auto),
+            "on" => Ok(Mode::On),
+            _ => Err(format!("'{s}': TLS mode is on, auto or off")),
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Off => "off",
+            Mode::Auto => "auto",
+            Mode::On => "on",
+        })
+    }
+}
+
+/// The host of `host:port` (`[v6]:port` gives `v6`).
+pub fn host_of(hp: &str) -> &str {
+    let h = hp.rsplit_once(':').map_or(hp, |(h, _)| h);
+    h.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(h)
+}
+
+/// True for names and addresses that never leave the host.
+pub fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The crypto provider: ring, TLS 1.3 suites only, AES-128-GCM first (the fastest with AES
+/// instructions, which every x86 and Arm server CPU has).
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    use rustls::crypto::ring as r;
+    let mut p = r::default_provider();
+    p.cipher_suites = vec![
+        r::cipher_suite::TLS13_AES_128_GCM_SHA256,
+        r::cipher_suite::TLS13_AES_256_GCM_SHA384,
+        r::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
+    ];
+    Arc::new(p)
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("cannot read certificates from {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{} holds no certificate", path.display()));
+    }
+    Ok(certs)
+}
+
+/// A client's TLS: the CA it trusts and where it uses TLS.
+pub struct ClientTls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub mode: Mode,
+    /// The CA file it was loaded from (for messages).
+    pub ca: PathBuf,
+}
+
+impl ClientTls {
+    /// Trusts the certificates in `ca` (PEM).
+    pub fn from_ca_file(ca: &Path, mode: Mode) -> Result<ClientTls, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs(ca)? {
+            roots
+                .add(c)
+                .map_err(|e| format!("{}: not a usable CA certificate: {e}", ca.display()))?;
+        }
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(ClientTls {
+            config: Arc::new(config),
+            mode,
+            ca: ca.to_path_buf(),
+        })
+    }
+
+    /// True when a connection to `host` is encrypted.
+    pub fn applies(&self, host: &str) -> bool {
+        match self.mode {
+            Mode::Off => false,
+            Mode::Auto => !is_loopback(host),
+            Mode::On => true,
+        }
+    }
+
+    /// The name the server's certificate must carry for a connection to `host`.
+    pub fn server_name(host: &str) -> std::io::Result<ServerName<'static>> {
+        ServerName::try_from(host.to_string()).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("'{host}' is not a name a certificate can carry: {e}"),
+            )
+        })
+    }
+}
+
+/// The CA file clients trust: `$SURGE_TLS_CA`, else `ca.crt` in the certificate directory
+/// (`$SURGE_TLS_DIR`, else `/etc/surge/tls`).
+pub fn default_ca() -> PathBuf {
+    if let Some(p) = std::env::var_os("SURGE_TLS_CA") {
+        return p.into();
+    }
+    cert_dir().join("ca.crt")
+}
+
+/// `$SURGE_TLS_DIR`, else `/etc/surge/tls`.
+pub fn cert_dir() -> PathBuf {
+    std::env::var_os("SURGE_TLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/etc/surge/tls".into())
+}
+
+/// The client TLS of mode `mode` with the CA at `ca`: `None` when nothing is encrypted
+/// (`off`, or `auto` without a CA file); an error when `on` and the CA cannot be loaded.
+pub fn client_with(mode: Mode, ca: &Path) -> Result<Option<ClientTls>, String> {
+    match mode {
+        Mode::Off => Ok(None),
+        Mode::Auto if !ca.exists() => Ok(None),
+        _ => ClientTls::from_ca_file(ca, mode).map(Some),
+    }
+}
+
+/// This process's client TLS, from `SURGE_TLS` (`on`, `auto`, `off`; default `auto`) and the
+/// CA file ([`default_ca`]); loaded once.
+pub fn client() -> Result<Option<Arc<ClientTls>>, String> {
+    static CLIENT: std::sync::OnceLock<Result<Option<Arc<ClientTls>>, String>> =
+        std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            let mode = match std::env::var("SURGE_TLS") {
+                Ok(v) if !v.is_empty() => {
+                    v.parse::<Mode>().map_err(|e| format!("SURGE_TLS: {e}"))?
+                }
+                _ => Mode::Auto,
+            };
+            Ok(client_with(mode, &default_ca())?.map(Arc::new))
+        })
+        .clone()
+}
+
+/// A server's TLS: its certificate and key, and which peers must use it.
+pub struct ServerTls {
+    pub config: Arc<rustls::ServerConfig>,
+    pub mode: Mode,
+}
+
+impl ServerTls {
+    /// Presents the certificate chain in `cert` with the key in `key` (PEM).
+    pub fn from_files(cert: &Path, key: &Path, mode: Mode) -> Result<ServerTls, String> {
+        let chain = certs(cert)?;
+        let key = PrivateKeyDer::from_pem_file(key)
+            .map_err(|e| format!("cannot read the key {}: {e}", key.display()))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| format!("{} and its key: {e}", cert.display()))?;
+        // No session tickets: a client's idle-connection check (a peek at its socket) must not
+        // find bytes nobody asked for; connections are long-lived, resumption gains nothing.
+        config.send_tls13_tickets = 0;
+        Ok(ServerTls {
+            config: Arc::new(config),
+            mode,
+        })
+    }
+
+    /// True when a peer at `ip` must use TLS (it may always choose to).
+    pub fn required_from(&self, ip: Option<std::net::IpAddr>) -> bool {
+        match self.mode {
+            Mode::Off => false,
+            Mode::Auto => !ip.is_some_and(|ip| ip.is_loopback()),
+            Mode::On => true,
+        }
+    }
+}
+
+/// Bytes a TLS connection reads from its socket at once (see [`ReadAhead`]).
+pub const READ_AHEAD: usize = 64 * 1024;
+
+/// A TLS connection's socket, read in pieces of [`READ_AHEAD`]: rustls asks for 4 KiB at a
+/// time, which would cost a system call (and a server's poll) per 4 KiB of a 1 MiB request.
+/// Writes pass through.
+pub struct ReadAhead<S> {
+    pub inner: S,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+}
+
+impl<S> ReadAhead<S> {
+    pub fn new(inner: S) -> ReadAhead<S> {
+        ReadAhead {
+            inner,
+            buf: Vec::new(),
+            pos: 0,
+            end: 0,
+        }
+    }
+
+    /// True when bytes read from the socket wait here.
+    pub fn buffered(&self) -> bool {
+        self.pos < self.end
+    }
+}
+
+impl<S: std::io::Read> std::io::Read for ReadAhead<S> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.end {
+            if out.len() >= READ_AHEAD {
+                return self.inner.read(out);
+            }
+            if self.buf.is_empty() {
+                self.buf = vec![0u8; READ_AHEAD];
+            }
+            self.pos = 0;
+            self.end = self.inner.read(&mut self.buf)?;
+        }
+        let n = out.len().min(self.end - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+impl<S: std::io::Write> std::io::Write for ReadAhead<S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.inner.write_vectored(bufs)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The channel binding of an established TLS connection (RFC 9266 `tls-exporter`).
+pub fn binding<D>(conn: &rustls::ConnectionCommon<D>) -> std::io::Result<Vec<u8>> {
+    conn.export_keying_material(vec![0u8; BINDING_LEN], EXPORTER_LABEL, None)
+        .map_err(|e| std::io::Error::other(format!("TLS exporter: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_ahead_gives_every_byte_in_order() {
+        use std::io::Read;
+        let data: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+        let mut r = ReadAhead::new(&data[..]);
+        let mut got = Vec::new();
+        let mut b = [0u8; 4096];
+        loop {
+            let n = r.read(&mut b).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&b[..n]);
+        }
+        assert_eq!(got, data);
+    }
+
+    #[test]
+    fn hosts_and_loopback() {
+        assert_eq!(host_of("10.0.0.1:7070"), "10.0.0.1");
+        assert_eq!(host_of("[::1]:7070"), "::1");
+        assert_eq!(host_of("bb1:7070"), "bb1");
+        assert!(is_loopback("127.0.0.1") && is_loopback("::1") && is_loopback("localhost"));
+        assert!(!is_loopback("10.0.0.1") && !is_loopback("bb1"));
+    }
+}
