@@ -652,24 +652,34 @@ impl Db {
         open_only: bool,
         owner: Option<u32>,
     ) -> R<Vec<SessionRow>> {
-        let mut st = self.db.prepare_cached(
+        // Only the conditions asked for are in the statement: a condition such as `(?1 = 0 OR
+        // id < ?1)` keeps SQLite from using an index, and a listing of open sessions then
+        // read the whole history (1M ended sessions: 110 ms per listing).
+        let mut cond = vec!["1"];
+        let mut named: Vec<(&str, i64)> = vec![(":limit", i64::from(limit))];
+        if before > 0 {
+            cond.push("id < :before");
+            named.push((":before", before as i64));
+        }
+        if open_only {
+            cond.push("state IN ('creating', 'active')");
+        }
+        if let Some(o) = owner {
+            cond.push("owner_uid = :owner");
+            named.push((":owner", i64::from(o)));
+        }
+        let mut st = self.db.prepare_cached(&format!(
             "SELECT id, job, owner_uid, owner_gid, state, created, ended, job_instance,
                     external, phase, hosts, mount, promise
-             FROM sessions
-             WHERE (?1 = 0 OR id < ?1) AND (?2 = 0 OR state IN ('creating', 'active'))
-                   AND (?3 < 0 OR owner_uid = ?3)
-             ORDER BY id DESC LIMIT ?4",
-        )?;
+             FROM sessions WHERE {} ORDER BY id DESC LIMIT :limit",
+            cond.join(" AND ")
+        ))?;
+        let named: Vec<(&str, &dyn rusqlite::ToSql)> = named
+            .iter()
+            .map(|(k, v)| (*k, v as &dyn rusqlite::ToSql))
+            .collect();
         let mut out = st
-            .query_map(
-                params![
-                    before as i64,
-                    open_only,
-                    owner.map_or(-1, i64::from),
-                    i64::from(limit)
-                ],
-                |r| self.session_from_row(r),
-            )?
+            .query_map(named.as_slice(), |r| self.session_from_row(r))?
             .collect::<R<Vec<_>>>()?;
         for s in &mut out {
             self.fill_persistent(s)?;
@@ -679,15 +689,27 @@ impl Db {
 
     /// See [`super::Store::stages_page`].
     pub fn stages_page(&self, session: u64, before: u64, limit: u32) -> R<Vec<StageRow>> {
+        // As in `sessions_page`: only the conditions asked for, so the indexes are used.
+        let mut cond = vec!["1"];
+        let mut named: Vec<(&str, i64)> = vec![(":limit", i64::from(limit))];
+        if session > 0 {
+            cond.push("session = :session");
+            named.push((":session", session as i64));
+        }
+        if before > 0 {
+            cond.push("id < :before");
+            named.push((":before", before as i64));
+        }
         let mut st = self.db.prepare_cached(&format!(
-            "SELECT {} FROM stage_tasks WHERE (?1 = 0 OR session = ?1) AND (?2 = 0 OR id < ?2)
-             ORDER BY id DESC LIMIT ?3",
-            Self::STAGE_COLS
+            "SELECT {} FROM stage_tasks WHERE {} ORDER BY id DESC LIMIT :limit",
+            Self::STAGE_COLS,
+            cond.join(" AND ")
         ))?;
-        let rows = st.query_map(
-            params![session as i64, before as i64, i64::from(limit)],
-            Self::stage_from_row,
-        )?;
+        let named: Vec<(&str, &dyn rusqlite::ToSql)> = named
+            .iter()
+            .map(|(k, v)| (*k, v as &dyn rusqlite::ToSql))
+            .collect();
+        let rows = st.query_map(named.as_slice(), Self::stage_from_row)?;
         rows.collect()
     }
 
@@ -955,8 +977,17 @@ impl Db {
 
     /// Stage tasks of one session (0: all).
     pub fn stages(&self, session: u64) -> R<Vec<StageRow>> {
+        // Two statements, not `?1 = 0 OR session = ?1`, which reads every task ever run.
+        if session == 0 {
+            let mut st = self.db.prepare_cached(&format!(
+                "SELECT {} FROM stage_tasks ORDER BY id",
+                Self::STAGE_COLS
+            ))?;
+            let rows = st.query_map([], Self::stage_from_row)?;
+            return rows.collect();
+        }
         let mut st = self.db.prepare_cached(&format!(
-            "SELECT {} FROM stage_tasks WHERE ?1 = 0 OR session = ?1 ORDER BY id",
+            "SELECT {} FROM stage_tasks WHERE session = ?1 ORDER BY id",
             Self::STAGE_COLS
         ))?;
         let rows = st.query_map([session as i64], Self::stage_from_row)?;
