@@ -110,8 +110,10 @@ pub fn manager_gone(e: &(dyn std::error::Error + 'static)) -> bool {
             .or_else(|| err.downcast_ref::<tonic::Status>());
         if let Some(s) = status {
             return match s.code() {
-                tonic::Code::Unavailable => true,
-                tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal => {
+                // Cancelled: the connection under the call went (tower's "operation was
+                // canceled" when a dying manager's channel is dropped).
+                tonic::Code::Unavailable | tonic::Code::Cancelled => true,
+                tonic::Code::Unknown | tonic::Code::Internal => {
                     let m = s.message();
                     m.contains("transport") || m.contains("connection") || m.contains("h2")
                 }

@@ -602,6 +602,11 @@ async fn drive(
         let started = t0.elapsed().as_secs_f64();
         handles.push(tokio::spawn(async move {
             let r = job(&addr, &munge, n, job_hosts, granularity, run_for).await;
+            if r.is_err() {
+                // Slurm runs teardown after a failed job too: its session ends and the
+                // space comes back.
+                teardown_failed(&addr, &munge, n).await;
+            }
             drop(permit);
             (started, r)
         }));
@@ -736,6 +741,43 @@ async fn drive(
         "phases": phases,
         "listings_s": listings,
     }))
+}
+
+/// Ends the session of job `n` after it failed, as Slurm's teardown would (best effort).
+async fn teardown_failed(addr: &str, munge: &std::path::Path, n: usize) {
+    let ext = format!("loadgen:{}-{n}", std::process::id());
+    let mut p = Phases {
+        addr,
+        munge,
+        conn: None,
+        retries: 0,
+    };
+    let r = p
+        .run(|mut m| {
+            let ext = ext.clone();
+            async move {
+                let s = match m
+                    .find_session(api::FindSessionRequest { external_id: ext })
+                    .await
+                {
+                    Ok(s) => s.into_inner(),
+                    Err(e) if e.code() == tonic::Code::NotFound => return Ok(()),
+                    Err(e) => return Err(gone(e)),
+                };
+                m.end_session(api::EndSessionRequest {
+                    id: s.id,
+                    keep_job_instance: false,
+                    state: "failed".into(),
+                })
+                .await
+                .map_err(gone)?;
+                Ok(())
+            }
+        })
+        .await;
+    if let Err(e) = r {
+        tracing::warn!("job {n}: teardown after its failure: {e:#}");
+    }
 }
 
 /// The free bytes of every pool, summed.
