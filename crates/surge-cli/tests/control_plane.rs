@@ -266,11 +266,20 @@ fn fragments_nobody_knows_are_removed_while_their_server_runs() {
         Duration::from_secs(20),
         || held(&c).is_empty().then_some(()),
     );
-    let log = std::fs::read_to_string(dir.path().join("manager.log")).unwrap();
-    assert!(
-        log.contains(&format!("unknown instance {stray}")) && log.contains("freed"),
-        "the manager did not say what it removed:\n{log}"
-    );
+    // The pass's summary ("... freed") is logged after the server has removed them.
+    let said = || {
+        let log = std::fs::read_to_string(dir.path().join("manager.log")).unwrap_or_default();
+        (
+            log.contains(&format!("unknown instance {stray}")) && log.contains("freed"),
+            log,
+        )
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !said().0 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (ok, log) = said();
+    assert!(ok, "the manager did not say what it removed:\n{log}");
     // The manager's own instances stay.
     let script = dir.path().join("job.sh");
     std::fs::write(&script, SCRIPT).unwrap();
