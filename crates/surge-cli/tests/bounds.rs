@@ -421,6 +421,23 @@ fn a_stopped_server_gives_eio_within_the_deadline_and_mounts_recover() {
     let server = pid(&c.servers[0]) as i32;
     // SAFETY: signalling our own child.
     unsafe { libc::kill(server, libc::SIGSTOP) };
+    // Every thread of the server stopped ('T' in /proc) before anything is asked of it: a
+    // thread busy when the signal came stops a moment later, and could still answer.
+    wait_for("the server stopped", Duration::from_secs(10), || {
+        let tasks = std::fs::read_dir(format!("/proc/{server}/task")).ok()?;
+        tasks
+            .flatten()
+            .all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|st| {
+                        st.rsplit_once(')')
+                            .map(|(_, r)| r.trim_start().starts_with('T'))
+                    })
+                    .unwrap_or(true)
+            })
+            .then_some(())
+    });
     let stopped = Instant::now();
     // A hard mount waits for as long as it takes.
     let hard_dir = hard.path("");
