@@ -4,43 +4,15 @@
 use std::collections::HashMap;
 use surge_core::directives::{
     check_persistent_name, expand_dw_path, parse_script, parse_stage_list, AccessMode, CacheSpec,
-    CreatePersistent, DestroyPersistent, DirectiveError, DirectiveErrors, Directives, DirtyHigh,
-    DwVariable, ExpandError, InstanceType, JobDw, PersistentDw, StageDirection, StageDirective,
-    StageEntry, StageKind,
+    CreatePersistent, DestroyPersistent, DirectiveErrors, Directives, DirtyHigh, DwVariable,
+    ExpandError, InstanceType, JobDw, PersistentDw, StageDirection, StageDirective, StageEntry,
+    StageKind,
 };
 
 const GIB: u64 = 1 << 30;
 
-fn parse(text: &str) -> Directives {
-    parse_script("job.sh", text).unwrap_or_else(|e| panic!("unexpected errors:\n{e}"))
-}
-
-fn errors(text: &str) -> Vec<DirectiveError> {
-    match parse_script("job.sh", text) {
-        Ok(d) => panic!("expected errors, got {d:#?}"),
-        Err(DirectiveErrors(errors)) => errors,
-    }
-}
-
-/// The single error of `text`, checked to be on `line` and about `offending`.
-fn the_error(text: &str, line: usize, offending: &str) -> DirectiveError {
-    let errors = errors(text);
-    assert_eq!(
-        errors.len(),
-        1,
-        "expected one error, got:\n{}",
-        DirectiveErrors(errors.clone())
-    );
-    let e = errors.into_iter().next().expect("one error");
-    assert_eq!((e.line, e.text.as_str()), (line, offending), "{e}");
-    e
-}
-
-fn assert_says(e: &DirectiveError, words: &[&str]) {
-    for w in words {
-        assert!(e.message.contains(w), "message lacks {w:?}: {e}");
-    }
-}
+mod common;
+use common::{assert_says, errors, parse, the_error};
 
 const JOBDW: &str = "#DW jobdw type=scratch access_mode=striped capacity=10GiB\n";
 

@@ -4,38 +4,13 @@
 
 use std::collections::HashMap;
 use surge_core::directives::{
-    expand_dw_path, parse_script, AccessMode, DirectiveError, DirectiveErrors, Directives,
-    DwVariable, JobAllocation, RabbitFs, StageDirection, StageKind,
+    expand_dw_path, AccessMode, DwVariable, JobAllocation, RabbitFs, StageDirection, StageKind,
 };
 
 const GIB: u64 = 1 << 30;
 
-fn parse(text: &str) -> Directives {
-    parse_script("job.sh", text).unwrap_or_else(|e| panic!("unexpected errors:\n{e}"))
-}
-
-/// The single error of `text`, checked to be on `line` and about `offending`.
-fn the_error(text: &str, line: usize, offending: &str) -> DirectiveError {
-    let errors = match parse_script("job.sh", text) {
-        Ok(d) => panic!("expected errors, got {d:#?}"),
-        Err(DirectiveErrors(errors)) => errors,
-    };
-    assert_eq!(
-        errors.len(),
-        1,
-        "expected one error, got:\n{}",
-        DirectiveErrors(errors.clone())
-    );
-    let e = errors.into_iter().next().expect("one error");
-    assert_eq!((e.line, e.text.as_str()), (line, offending), "{e}");
-    e
-}
-
-fn assert_says(e: &DirectiveError, words: &[&str]) {
-    for w in words {
-        assert!(e.message.contains(w), "message lacks {w:?}: {e}");
-    }
-}
+mod common;
+use common::{assert_says, parse, the_error};
 
 const TWO: &str = "#!/bin/bash\n\
 #DW jobdw type=xfs capacity=10GiB name=node-local\n\
