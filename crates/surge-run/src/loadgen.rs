@@ -199,7 +199,16 @@ struct Phases<'a> {
     retries: u32,
 }
 
-impl Phases<'_> {
+impl<'a> Phases<'a> {
+    fn new(addr: &'a str, munge: &'a std::path::Path) -> Phases<'a> {
+        Phases {
+            addr,
+            munge,
+            conn: None,
+            retries: 0,
+        }
+    }
+
     async fn run<T, F, Fut>(&mut self, mut f: F) -> anyhow::Result<T>
     where
         F: FnMut(surge_api::Client) -> Fut,
@@ -211,8 +220,7 @@ impl Phases<'_> {
                 Some(c) => c,
                 None => match surge_api::connect_with(self.addr, self.munge.to_path_buf()).await {
                     Ok(c) => c,
-                    Err(e) if start.elapsed() < surge_api::FAILOVER_WAIT * 2 => {
-                        let _ = e;
+                    Err(_) if start.elapsed() < surge_api::FAILOVER_WAIT * 2 => {
                         self.retries += 1;
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         continue;
@@ -238,6 +246,11 @@ impl Phases<'_> {
     }
 }
 
+/// The Slurm-style job id of job `n` of this load generator.
+fn external_id(n: usize) -> String {
+    format!("loadgen:{}-{n}", std::process::id())
+}
+
 fn gone(e: tonic::Status) -> anyhow::Error {
     anyhow::Error::new(surge_api::ManagerStatus(e))
 }
@@ -253,13 +266,8 @@ async fn job(
     run_for: Duration,
 ) -> anyhow::Result<JobTimes> {
     let mut t = JobTimes::default();
-    let ext = format!("loadgen:{}-{n}", std::process::id());
-    let mut p = Phases {
-        addr,
-        munge,
-        conn: None,
-        retries: 0,
-    };
+    let ext = external_id(n);
+    let mut p = Phases::new(addr, munge);
     let t0 = Instant::now();
     let s = p
         .run(|mut m| {
@@ -745,13 +753,8 @@ async fn drive(
 
 /// Ends the session of job `n` after it failed, as Slurm's teardown would (best effort).
 async fn teardown_failed(addr: &str, munge: &std::path::Path, n: usize) {
-    let ext = format!("loadgen:{}-{n}", std::process::id());
-    let mut p = Phases {
-        addr,
-        munge,
-        conn: None,
-        retries: 0,
-    };
+    let ext = external_id(n);
+    let mut p = Phases::new(addr, munge);
     let r = p
         .run(|mut m| {
             let ext = ext.clone();
@@ -799,8 +802,7 @@ async fn connect_again(addr: &str, munge: &std::path::Path) -> anyhow::Result<su
         let mut c = surge_api::connect_with(addr, munge.to_path_buf()).await?;
         match c.list_pools(api::Empty {}).await {
             Ok(_) => return Ok(c),
-            Err(e) if start.elapsed() < surge_api::FAILOVER_WAIT * 2 => {
-                let _ = e;
+            Err(_) if start.elapsed() < surge_api::FAILOVER_WAIT * 2 => {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
             Err(e) => return Err(status(e)),
