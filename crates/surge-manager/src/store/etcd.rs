@@ -20,6 +20,13 @@
 //! ids/<table>               the next id of instances, sessions, stages
 //! ```
 //! Every change of a row and its index keys is one transaction.
+//!
+//! **Reads** cost no round trip on the leader: it keeps a copy of what it wrote ([`cache`]),
+//! used only while its lease is known to be alive (renewed less than `LEASE_TTL - 1` s ago),
+//! so a paused leader that wakes up asks etcd until it learns it lost the lead.
+
+mod cache;
+use cache::{Cache, Change};
 
 use super::{
     is_ended, now, InstanceRow, PeaksRow, PoolRow, QuotaRow, SResult, ServerRow, SessionRow,
@@ -30,7 +37,8 @@ use etcd_client::{
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use surge_proto::InstanceDescriptor;
 use tracing::{info, warn};
 
@@ -82,6 +90,25 @@ pub struct EtcdStore {
     fence: Mutex<Option<(String, i64)>>,
     /// Next ids, read at takeover and advanced by this (the only writing) manager.
     ids: tokio::sync::Mutex<()>,
+    /// The leader's copy of its state (see [`cache`]); filled at takeover.
+    cache: Arc<Mutex<Cache>>,
+    /// When the last lease renewal that etcd acknowledged was sent, and whether the cache
+    /// has been filled: reads use the cache only while both hold.
+    renewed: Arc<Mutex<Option<Instant>>>,
+    warm: std::sync::atomic::AtomicBool,
+}
+
+impl Change {
+    fn op(&self) -> TxnOp {
+        match self {
+            Change::Put(k, v) => TxnOp::put(k.as_str(), v.clone(), None),
+            Change::Delete(k) => TxnOp::delete(k.as_str(), None),
+            Change::DeletePrefix(k) => TxnOp::delete(
+                k.as_str(),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            ),
+        }
+    }
 }
 
 fn id_key(id: u64) -> String {
@@ -108,6 +135,9 @@ impl EtcdStore {
             prefix,
             fence: Mutex::new(None),
             ids: tokio::sync::Mutex::new(()),
+            cache: Arc::new(Mutex::new(Cache::default())),
+            renewed: Arc::new(Mutex::new(None)),
+            warm: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -119,9 +149,37 @@ impl EtcdStore {
         self.client.kv_client()
     }
 
-    /// Who leads now, if anyone.
+    /// Who leads now, if anyone (asked of etcd, never of the cache).
     pub async fn leader(&self) -> SResult<Option<LeaderInfo>> {
-        self.get_json::<LeaderInfo>(&self.key("leader")).await
+        let key = self.key("leader");
+        let r = self.kv().get(key.as_str(), None).await.map_err(etcd)?;
+        decode(&key, r.kvs().first().map(|kv| kv.value()))
+    }
+
+    /// True while reads may be answered from the cache: it is filled, and the lease was
+    /// renewed recently enough that no other manager can have taken over.
+    fn fresh(&self) -> bool {
+        let margin = Duration::from_millis(LEASE_TTL as u64 * 1000 - 1000);
+        self.warm.load(std::sync::atomic::Ordering::Acquire)
+            && self.renewed.lock().is_some_and(|t| t.elapsed() < margin)
+    }
+
+    /// Fills the cache with the live state (every prefix of [`cache::WHOLE`], then the rows
+    /// of the open sessions and tasks); called once on taking the lead, before serving.
+    async fn warm_up(&self) -> SResult<()> {
+        for w in cache::WHOLE {
+            let prefix = self.key(w);
+            let (rows, revision) = self.range_etcd(&prefix, false).await?;
+            self.cache.lock().load(&prefix, rows, revision);
+        }
+        self.warm.store(true, std::sync::atomic::Ordering::Release);
+        for id in self.index(&self.key("sessions-open/")).await? {
+            self.get_raw(&self.session_key(id)).await?;
+        }
+        for id in self.index(&self.key("stages-open/")).await? {
+            self.get_raw(&self.stage_key(id)).await?;
+        }
+        Ok(())
     }
 
     /// Waits until this manager leads (a standby waits here while another leads), then keeps
@@ -131,6 +189,7 @@ impl EtcdStore {
         let mut lease_client = self.client.lease_client();
         let mut announced = false;
         loop {
+            let granted_at = Instant::now();
             let lease = lease_client
                 .grant(LEASE_TTL, None)
                 .await
@@ -162,21 +221,25 @@ impl EtcdStore {
                     .map(|kv| kv.create_revision())
                     .ok_or_else(|| StoreError::NotLeader("the leader key vanished".into()))?;
                 *self.fence.lock() = Some((leader_key.clone(), revision));
+                *self.renewed.lock() = Some(granted_at);
                 let (mut keeper, mut stream) =
                     lease_client.keep_alive(lease).await.map_err(etcd)?;
                 let (tx, lost) = tokio::sync::watch::channel(false);
+                let renewed = self.renewed.clone();
                 tokio::spawn(async move {
                     // Renew at a third of the TTL; a failed or refused renewal ends the reign.
                     let every = Duration::from_millis((LEASE_TTL as u64 * 1000) / 3);
                     loop {
                         tokio::time::sleep(every).await;
-                        let renewed = async {
+                        let sent = Instant::now();
+                        let renewal = async {
                             keeper.keep_alive().await?;
                             stream.message().await
                         };
-                        match tokio::time::timeout(every, renewed).await {
-                            Ok(Ok(Some(r))) if r.ttl() > 0 => {}
+                        match tokio::time::timeout(every, renewal).await {
+                            Ok(Ok(Some(r))) if r.ttl() > 0 => *renewed.lock() = Some(sent),
                             other => {
+                                *renewed.lock() = None;
                                 warn!("leadership lease not renewed ({other:?}): stepping down");
                                 let _ = tx.send(true);
                                 return;
@@ -184,6 +247,7 @@ impl EtcdStore {
                         }
                     }
                 });
+                self.warm_up().await?;
                 info!("leading (lease {lease:x}, fence revision {revision})");
                 return Ok(Leadership {
                     lease,
@@ -212,42 +276,68 @@ impl EtcdStore {
     pub async fn announce(&self, me: &LeaderInfo, l: &Leadership) -> SResult<()> {
         let key = self.key("leader");
         let value = serde_json::to_vec(me).map_err(|e| StoreError::Etcd(e.to_string()))?;
-        self.write(vec![TxnOp::put(
-            key,
-            value,
-            Some(PutOptions::new().with_lease(l.lease)),
-        )])
-        .await
+        let op = TxnOp::put(key, value, Some(PutOptions::new().with_lease(l.lease)));
+        self.commit(vec![op], Vec::new()).await
     }
 
     // --- reading ---
 
-    async fn get_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> SResult<Option<T>> {
-        let r = self.kv().get(key, None).await.map_err(etcd)?;
-        match r.kvs().first() {
-            None => Ok(None),
-            Some(kv) => {
-                serde_json::from_slice(kv.value())
-                    .map(Some)
-                    .map_err(|e| StoreError::Corrupt {
-                        key: key.to_string(),
-                        error: e.to_string(),
-                    })
+    /// The value of `key`: from the cache while it is fresh and knows the key, else from
+    /// etcd (and then learnt, if the key is a loose one).
+    async fn get_raw(&self, key: &str) -> SResult<Option<Vec<u8>>> {
+        let fresh = self.fresh();
+        if fresh {
+            if let Some(v) = self.cache.lock().get(key) {
+                return Ok(v);
             }
         }
+        let r = self.kv().get(key, None).await.map_err(etcd)?;
+        let value = r.kvs().first().map(|kv| kv.value().to_vec());
+        if let (true, Some(h)) = (fresh, r.header()) {
+            self.cache.lock().learn_read(key, h.revision(), value.clone());
+        }
+        Ok(value)
     }
 
-    /// Every (key, value) under `prefix`, in key order, read a page at a time.
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> SResult<Option<T>> {
+        let v = self.get_raw(key).await?;
+        decode(key, v.as_deref())
+    }
+
+    async fn exists(&self, key: &str) -> SResult<bool> {
+        Ok(self.get_raw(key).await?.is_some())
+    }
+
+    /// Every (key, value) under `prefix`, in key order: from the cache if it holds the prefix
+    /// whole, else from etcd a page at a time.
     async fn range(&self, prefix: &str, keys_only: bool) -> SResult<Vec<(String, Vec<u8>)>> {
+        if self.fresh() {
+            if let Some(rows) = self.cache.lock().range(prefix) {
+                return Ok(rows);
+            }
+        }
+        Ok(self.range_etcd(prefix, keys_only).await?.0)
+    }
+
+    /// [`Self::range`] read from etcd, with the revision of its first page.
+    async fn range_etcd(
+        &self,
+        prefix: &str,
+        keys_only: bool,
+    ) -> SResult<(Vec<(String, Vec<u8>)>, i64)> {
         let end = prefix_end(prefix);
         let mut from = prefix.to_string();
         let mut out = Vec::new();
+        let mut revision = None;
         loop {
             let mut o = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
             if keys_only {
                 o = o.with_keys_only();
             }
             let r = self.kv().get(from.clone(), Some(o)).await.map_err(etcd)?;
+            if revision.is_none() {
+                revision = r.header().map(|h| h.revision());
+            }
             for kv in r.kvs() {
                 out.push((
                     String::from_utf8_lossy(kv.key()).into_owned(),
@@ -255,13 +345,14 @@ impl EtcdStore {
                 ));
             }
             if !r.more() {
-                return Ok(out);
+                break;
             }
             match out.last() {
                 Some((k, _)) => from = format!("{k}\0"),
-                None => return Ok(out),
+                None => break,
             }
         }
+        Ok((out, revision.unwrap_or(0)))
     }
 
     async fn list<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> SResult<Vec<T>> {
@@ -289,8 +380,16 @@ impl EtcdStore {
 
     // --- writing ---
 
-    /// Applies `ops` in one transaction, if this manager still leads.
-    async fn write(&self, ops: Vec<TxnOp>) -> SResult<()> {
+    /// Applies `changes` in one transaction, if this manager still leads.
+    async fn write(&self, changes: Vec<Change>) -> SResult<()> {
+        let ops = changes.iter().map(Change::op).collect();
+        self.commit(ops, changes).await
+    }
+
+    /// Commits `ops` fenced on the leader key, then records `changes` (what `ops` did to
+    /// cached keys) in the cache. Runs as its own task: a caller that gives up (a client
+    /// that hung up) cannot leave a committed write out of the cache.
+    async fn commit(&self, ops: Vec<TxnOp>, changes: Vec<Change>) -> SResult<()> {
         let fence = self.fence.lock().clone();
         let Some((key, rev)) = fence else {
             return Err(StoreError::NotLeader(
@@ -300,8 +399,19 @@ impl EtcdStore {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, rev)])
             .and_then(ops);
-        let r = self.kv().txn(txn).await.map_err(etcd)?;
-        if !r.succeeded() {
+        let mut kv = self.kv();
+        let cache = self.cache.clone();
+        let succeeded = tokio::spawn(async move {
+            let r = kv.txn(txn).await?;
+            if let (true, Some(h)) = (r.succeeded(), r.header()) {
+                cache.lock().apply(&changes, h.revision());
+            }
+            Ok::<_, etcd_client::Error>(r.succeeded())
+        })
+        .await
+        .map_err(|e| StoreError::Etcd(format!("a write's task ended: {e}")))?
+        .map_err(etcd)?;
+        if !succeeded {
             *self.fence.lock() = None;
             return Err(StoreError::NotLeader(
                 "another manager holds the leader key".into(),
@@ -310,18 +420,18 @@ impl EtcdStore {
         Ok(())
     }
 
-    fn put<T: Serialize>(&self, key: &str, v: &T) -> SResult<TxnOp> {
+    fn put<T: Serialize>(&self, key: &str, v: &T) -> SResult<Change> {
         let bytes = serde_json::to_vec(v).map_err(|e| StoreError::Corrupt {
             key: key.to_string(),
             error: e.to_string(),
         })?;
-        Ok(TxnOp::put(key, bytes, None))
+        Ok(Change::Put(key.to_string(), bytes))
     }
 
-    /// The next id of `table` (`instances`, `sessions`, `stages`) and the op that records it;
-    /// call under `self.ids`. A fresh cluster starts instance ids at a random offset (ids name
-    /// fragments on servers, which outlive a lost state).
-    async fn next_id(&self, table: &str) -> SResult<(u64, TxnOp)> {
+    /// The next id of `table` (`instances`, `sessions`, `stages`) and the change that records
+    /// it; call under `self.ids`. A fresh cluster starts instance ids at a random offset (ids
+    /// name fragments on servers, which outlive a lost state).
+    async fn next_id(&self, table: &str) -> SResult<(u64, Change)> {
         let key = self.key(&format!("ids/{table}"));
         let next = match self.get_json::<u64>(&key).await? {
             Some(n) => n,
@@ -465,14 +575,7 @@ impl EtcdStore {
         let mut ops = vec![next, self.put(&self.instance_key(id), &rec)?];
         if let Some(name) = &row.persistent_name {
             let pkey = self.key(&format!("persistent/{name}"));
-            if self
-                .kv()
-                .get(pkey.clone(), None)
-                .await
-                .map_err(etcd)?
-                .count()
-                > 0
-            {
+            if self.exists(&pkey).await? {
                 return Err(StoreError::Etcd(format!(
                     "a persistent instance named '{name}' exists"
                 )));
@@ -544,9 +647,9 @@ impl EtcdStore {
         let Some(rec) = self.instance_rec(id).await? else {
             return Ok(());
         };
-        let mut ops = vec![TxnOp::delete(self.instance_key(id), None)];
+        let mut ops = vec![Change::Delete(self.instance_key(id))];
         if let Some(name) = &rec.row.persistent_name {
-            ops.push(TxnOp::delete(self.key(&format!("persistent/{name}")), None));
+            ops.push(Change::Delete(self.key(&format!("persistent/{name}"))));
         }
         self.write(ops).await
     }
@@ -570,12 +673,8 @@ impl EtcdStore {
     }
 
     pub async fn persistent_name_taken(&self, name: &str) -> SResult<bool> {
-        let r = self
-            .kv()
-            .get(self.key(&format!("persistent/{name}")), None)
+        self.exists(&self.key(&format!("persistent/{name}")))
             .await
-            .map_err(etcd)?;
-        Ok(r.count() > 0)
     }
 
     pub async fn instances(&self) -> SResult<Vec<InstanceRow>> {
@@ -669,19 +768,16 @@ impl EtcdStore {
         let open = self.key(&format!("sessions-open/{}", id_key(s.id)));
         let mut ops = vec![self.put(&self.session_key(s.id), s)?];
         if matches!(s.state.as_str(), "creating" | "active") {
-            ops.push(TxnOp::put(open, "", None));
+            ops.push(Change::Put(open, Vec::new()));
         } else {
-            ops.push(TxnOp::delete(open, None));
+            ops.push(Change::Delete(open));
             // The retention's index: ended sessions in the order they ended.
-            ops.push(TxnOp::put(
+            ops.push(Change::Put(
                 self.key(&format!(
                     "sessions-ended/{:020}/{}",
                     s.ended.max(0),
                     id_key(s.id)
-                )),
-                "",
-                None,
-            ));
+                )), Vec::new()));
         }
         if external {
             if let Some(e) = &s.external {
@@ -734,7 +830,7 @@ impl EtcdStore {
         let mut ops = vec![
             next,
             self.put(&self.session_key(id), &s)?,
-            TxnOp::put(self.key(&format!("sessions-open/{}", id_key(id))), "", None),
+            Change::Put(self.key(&format!("sessions-open/{}", id_key(id))), Vec::new()),
         ];
         if let Some(e) = &s.external {
             ops.push(self.put(&self.key(&format!("sessions-external/{e}")), &id)?);
@@ -824,6 +920,13 @@ impl EtcdStore {
         before_key: Option<String>,
         limit: i64,
     ) -> SResult<Vec<(String, Vec<u8>)>> {
+        if self.fresh() {
+            let c = self.cache.lock();
+            if let Some(rows) = c.range_desc(prefix, before_key.as_deref(), limit.max(0) as usize)
+            {
+                return Ok(rows);
+            }
+        }
         let end = before_key.map_or_else(|| prefix_end(prefix), String::into_bytes);
         let o = GetOptions::new()
             .with_range(end)
@@ -939,18 +1042,18 @@ impl EtcdStore {
             let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u64>().ok()) else {
                 continue;
             };
-            let mut ops = vec![TxnOp::delete(key.clone(), None)];
+            let mut ops = vec![Change::Delete(key.clone())];
             if let Some(s) = self.session_row(id).await? {
                 if let Some(i) = s.job_instance {
                     if self.instance_rec(i).await?.is_some() {
                         continue; // its kept job instance is still there
                     }
                 }
-                ops.push(TxnOp::delete(self.session_key(id), None));
+                ops.push(Change::Delete(self.session_key(id)));
                 if let Some(e) = &s.external {
                     let ekey = self.key(&format!("sessions-external/{e}"));
                     if self.get_json::<u64>(&ekey).await? == Some(id) {
-                        ops.push(TxnOp::delete(ekey, None));
+                        ops.push(Change::Delete(ekey));
                     }
                 }
                 let sp = self.key(&format!("stages-session/{}/", id_key(id)));
@@ -958,19 +1061,14 @@ impl EtcdStore {
                 for chunk in self.index(&sp).await?.chunks(50) {
                     let mut del = Vec::new();
                     for t in chunk {
-                        del.push(TxnOp::delete(self.stage_key(*t), None));
-                        del.push(TxnOp::delete(
-                            self.key(&format!("stages-open/{}", id_key(*t))),
-                            None,
-                        ));
+                        del.push(Change::Delete(self.stage_key(*t)));
+                        del.push(Change::Delete(
+                            self.key(&format!("stages-open/{}", id_key(*t)))));
                     }
                     self.write(del).await?;
                     stages += chunk.len() as u64;
                 }
-                ops.push(TxnOp::delete(
-                    sp,
-                    Some(etcd_client::DeleteOptions::new().with_prefix()),
-                ));
+                ops.push(Change::DeletePrefix(sp));
                 sessions += 1;
             }
             self.write(ops).await?;
@@ -1024,14 +1122,14 @@ impl EtcdStore {
         self.key(&format!("stages/{}", id_key(id)))
     }
 
-    async fn put_stage(&self, t: &StageRow, ops: Vec<TxnOp>) -> SResult<()> {
+    async fn put_stage(&self, t: &StageRow, ops: Vec<Change>) -> SResult<()> {
         let open = self.key(&format!("stages-open/{}", id_key(t.id)));
         let mut ops = ops;
         ops.push(self.put(&self.stage_key(t.id), t)?);
         if matches!(t.state.as_str(), "deferred" | "queued" | "running") {
-            ops.push(TxnOp::put(open, "", None));
+            ops.push(Change::Put(open, Vec::new()));
         } else {
-            ops.push(TxnOp::delete(open, None));
+            ops.push(Change::Delete(open));
         }
         self.write(ops).await
     }
@@ -1049,15 +1147,12 @@ impl EtcdStore {
         row.failures_json = "[]".into();
         row.error = String::new();
         row.created = now();
-        let by_session = TxnOp::put(
+        let by_session = Change::Put(
             self.key(&format!(
                 "stages-session/{}/{}",
                 id_key(row.session),
                 id_key(id)
-            )),
-            "",
-            None,
-        );
+            )), Vec::new());
         self.put_stage(&row, vec![next, by_session]).await?;
         Ok(id)
     }
@@ -1097,7 +1192,7 @@ impl EtcdStore {
     pub async fn set_quota(&self, q: &QuotaRow, clear: bool) -> SResult<()> {
         let key = self.key(&format!("quotas/{}/{:010}", q.kind, q.id));
         if clear {
-            return self.write(vec![TxnOp::delete(key, None)]).await;
+            return self.write(vec![Change::Delete(key)]).await;
         }
         self.write(vec![self.put(&key, q)?]).await
     }
@@ -1154,6 +1249,18 @@ impl EtcdStore {
         }
         Ok(n)
     }
+}
+
+/// A JSON row read at `key`.
+fn decode<T: serde::de::DeserializeOwned>(key: &str, value: Option<&[u8]>) -> SResult<Option<T>> {
+    value
+        .map(|v| {
+            serde_json::from_slice(v).map_err(|e| StoreError::Corrupt {
+                key: key.to_string(),
+                error: e.to_string(),
+            })
+        })
+        .transpose()
 }
 
 /// The smallest key after every key that starts with `prefix` (etcd's range end).
