@@ -210,3 +210,68 @@ fn a_leader_paused_past_its_lease_writes_nothing_when_it_wakes() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(held(&c), listed(&b.grpc), "a deposed leader allocated");
 }
+
+/// The leader answers reads from its own copy of the state (issue 30: a read costs no etcd
+/// round trip). A leader paused past its lease must not answer from that copy when it wakes:
+/// the standby has changed the state meanwhile.
+#[test]
+fn a_leader_paused_past_its_lease_answers_no_read_from_what_it_knew() {
+    let etcd = Etcd::start("ha-read");
+    let (da, db) = (Scratch::new("ha-ra"), Scratch::new("ha-rb"));
+    let (ga, gb) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let (ha, hb) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut a = Manager::ready(da.path(), spawn(da.path(), &etcd, "mA", &ga, &ha));
+    let b = spawn(db.path(), &etcd, "mB", &gb, &hb);
+    let c = cluster(1, "1GiB");
+    surge(&[
+        "server",
+        "register",
+        &c.servers[0].addr,
+        "--manager",
+        &a.grpc,
+    ]);
+    surge(&[
+        "persistent",
+        "create",
+        "kept",
+        "--capacity",
+        "64MiB",
+        "--manager",
+        &a.grpc,
+    ]);
+    assert_eq!(listed(&a.grpc).len(), 1);
+    let pid = a.child.0.id() as i32;
+    // SAFETY: stopping and resuming a child of this test.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let b = Manager::ready(db.path(), b);
+    surge(&["persistent", "destroy", "kept", "--manager", &b.grpc]);
+    assert_eq!(listed(&b.grpc), Vec::<u64>::new());
+    // Asked as it wakes, before it has learnt it no longer leads.
+    let asking = surge_command()
+        .args(["instance", "ls", "--json", "--manager", &a.grpc])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: see above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let out = asking.wait_with_output().unwrap();
+    if out.status.success() {
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            v.as_array().map(Vec::len),
+            Some(0),
+            "a deposed leader answered from what it knew before the standby took over: {v}"
+        );
+    }
+    wait_for("the old leader to exit", Duration::from_secs(15), || {
+        a.child.0.try_wait().unwrap()
+    });
+}
