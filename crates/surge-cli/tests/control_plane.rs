@@ -505,3 +505,45 @@ fn the_history_is_listed_a_page_at_a_time_and_forgotten_after_its_retention() {
     .unwrap();
     assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
 }
+
+/// `surge bench control-plane` (the load generator of the note's figures) as `make test` runs
+/// it: small, against the embedded manager it starts; every job through every phase, the
+/// counts that must be 0 are 0.
+#[test]
+fn the_load_generator_drives_every_phase_and_finds_nothing_lost() {
+    let out = surge_command()
+        .args(["bench", "control-plane", "--agents", "30", "--jobs", "40"])
+        .args([
+            "--concurrency",
+            "6",
+            "--servers",
+            "2",
+            "--idle",
+            "1",
+            "--json",
+        ])
+        .output()
+        .expect("run surge bench control-plane");
+    assert!(out.status.success(), "{}", text(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out)));
+    assert_eq!(r["jobs_ok"], 40, "{r}");
+    for k in [
+        "failures_total",
+        "jobs_without_instance",
+        "instances_given_twice",
+        "pool_bytes_not_returned",
+    ] {
+        assert_eq!(r[k], 0, "{k}: {r}");
+    }
+    for p in ["setup", "paths", "pre_run", "post_run", "teardown"] {
+        assert!(
+            r["phases"][p]["p50_ms"].as_f64().unwrap_or(0.0) > 0.0,
+            "{p}: {r}"
+        );
+    }
+    assert!(
+        r["manager_cpu_per_job_ms"].as_f64().unwrap_or(0.0) > 0.0,
+        "{r}"
+    );
+}

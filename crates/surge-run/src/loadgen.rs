@@ -725,7 +725,7 @@ async fn drive(
     Ok(serde_json::json!({
         "agents": args.agents,
         "agents_connected_s": connected,
-        "jobs": args.jobs,
+        "jobs": times.len() + failures.len(),
         "jobs_ok": times.len(),
         "failures": failures.iter().take(10).collect::<Vec<_>>(),
         "failures_total": failures.len(),
@@ -813,12 +813,13 @@ async fn connect_again(addr: &str, munge: &std::path::Path) -> anyhow::Result<su
 fn print_report(r: &serde_json::Value) {
     let f = |v: &serde_json::Value| v.as_f64().map_or("-".into(), |x| format!("{x:.1}"));
     println!(
-        "control plane: {} agents ({} s to connect), {} of {} jobs ok, {} at once, {} nodes each, \
+        "control plane: {} agents ({} s to connect), {} of {} jobs ok ({} failed), {} at once, {} nodes each, \
          history {}",
         r["agents"],
         f(&r["agents_connected_s"]),
         r["jobs_ok"],
         r["jobs"],
+        r["failures_total"],
         r["concurrency"],
         r["nodes_per_job"],
         r["history"]

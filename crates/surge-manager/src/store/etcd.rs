@@ -294,7 +294,9 @@ impl EtcdStore {
         let r = self.kv().get(key, None).await.map_err(etcd)?;
         let value = r.kvs().first().map(|kv| kv.value().to_vec());
         if let (true, Some(h)) = (fresh, r.header()) {
-            self.cache.lock().learn_read(key, h.revision(), value.clone());
+            self.cache
+                .lock()
+                .learn_read(key, h.revision(), value.clone());
         }
         Ok(value)
     }
@@ -673,8 +675,7 @@ impl EtcdStore {
     }
 
     pub async fn persistent_name_taken(&self, name: &str) -> SResult<bool> {
-        self.exists(&self.key(&format!("persistent/{name}")))
-            .await
+        self.exists(&self.key(&format!("persistent/{name}"))).await
     }
 
     pub async fn instances(&self) -> SResult<Vec<InstanceRow>> {
@@ -777,7 +778,9 @@ impl EtcdStore {
                     "sessions-ended/{:020}/{}",
                     s.ended.max(0),
                     id_key(s.id)
-                )), Vec::new()));
+                )),
+                Vec::new(),
+            ));
         }
         if external {
             if let Some(e) = &s.external {
@@ -830,7 +833,10 @@ impl EtcdStore {
         let mut ops = vec![
             next,
             self.put(&self.session_key(id), &s)?,
-            Change::Put(self.key(&format!("sessions-open/{}", id_key(id))), Vec::new()),
+            Change::Put(
+                self.key(&format!("sessions-open/{}", id_key(id))),
+                Vec::new(),
+            ),
         ];
         if let Some(e) = &s.external {
             ops.push(self.put(&self.key(&format!("sessions-external/{e}")), &id)?);
@@ -922,8 +928,7 @@ impl EtcdStore {
     ) -> SResult<Vec<(String, Vec<u8>)>> {
         if self.fresh() {
             let c = self.cache.lock();
-            if let Some(rows) = c.range_desc(prefix, before_key.as_deref(), limit.max(0) as usize)
-            {
+            if let Some(rows) = c.range_desc(prefix, before_key.as_deref(), limit.max(0) as usize) {
                 return Ok(rows);
             }
         }
@@ -1063,7 +1068,8 @@ impl EtcdStore {
                     for t in chunk {
                         del.push(Change::Delete(self.stage_key(*t)));
                         del.push(Change::Delete(
-                            self.key(&format!("stages-open/{}", id_key(*t)))));
+                            self.key(&format!("stages-open/{}", id_key(*t))),
+                        ));
                     }
                     self.write(del).await?;
                     stages += chunk.len() as u64;
@@ -1152,7 +1158,9 @@ impl EtcdStore {
                 "stages-session/{}/{}",
                 id_key(row.session),
                 id_key(id)
-            )), Vec::new());
+            )),
+            Vec::new(),
+        );
         self.put_stage(&row, vec![next, by_session]).await?;
         Ok(id)
     }

@@ -199,7 +199,11 @@ mod tests {
 
     fn warm() -> Cache {
         let mut c = Cache::default();
-        c.load("/s/instances/", vec![("/s/instances/1".into(), b"a".to_vec())], 10);
+        c.load(
+            "/s/instances/",
+            vec![("/s/instances/1".into(), b"a".to_vec())],
+            10,
+        );
         c
     }
 
@@ -226,7 +230,10 @@ mod tests {
             ["/s/instances/1", "/s/instances/2"]
         );
         assert_eq!(
-            keys(c.range_desc("/s/instances/", Some("/s/instances/2"), 5).unwrap_or_default()),
+            keys(
+                c.range_desc("/s/instances/", Some("/s/instances/2"), 5)
+                    .unwrap_or_default()
+            ),
             ["/s/instances/1"]
         );
         c.apply(&[Change::DeletePrefix("/s/instances/".into())], 12);
