@@ -547,3 +547,77 @@ fn the_load_generator_drives_every_phase_and_finds_nothing_lost() {
         "{r}"
     );
 }
+
+/// A stage task running when the manager is killed is not lost with it: the manager started
+/// again runs it again under the same id (its worker died with the old one), and the phase
+/// that asked for it, run again, waits for that task instead of failing.
+#[test]
+fn a_stage_task_cut_by_a_manager_crash_runs_again_at_restart() {
+    let dir = Scratch::new("cp-resume");
+    let c = cluster(2, "1GiB");
+    let m = Manager::start_with(dir.path(), &["--stage-on", "local"]);
+    m.register(&c);
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let n = 3000;
+    for i in 0..n {
+        std::fs::write(input.join(format!("f{i:05}")), [i as u8; 4096]).unwrap();
+    }
+    let script = dir.path().join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=256MiB\n\
+             #DW stage_in type=directory source={} destination=$DW_JOB_STRIPED/in\n",
+            input.display()
+        ),
+    )
+    .unwrap();
+    let bb = |m: &str, phase: &str| {
+        let mut c = surge_command();
+        c.args(["bb", phase, "--job-id", "41", "--manager", m, "--script"])
+            .arg(&script);
+        if phase == "setup" {
+            c.args(["--uid", "0", "--gid", "0"]);
+        }
+        c
+    };
+    let o = bb(&m.grpc, "setup").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let mut first = ChildGuard(
+        bb(&m.grpc, "data_in")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let log = dir.path().join("manager.log");
+    wait_for("the stage worker to start", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("started here")
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut m = m;
+    m.child.0.kill().unwrap();
+    let _ = m.child.0.wait();
+    let _ = first.0.kill();
+    std::fs::rename(&log, dir.path().join("manager-1.log")).unwrap();
+
+    let m = Manager::start_with(dir.path(), &["--stage-on", "local"]);
+    let o = bb(&m.grpc, "data_in").output().unwrap();
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(o.status.success(), "{}\n{log}", text(&o));
+    assert!(
+        log.contains("run again after the manager changed"),
+        "the task was not resumed:\n{log}"
+    );
+    assert_eq!(
+        log.matches("started here").count(),
+        1,
+        "one worker, for the resumed task; none for a second task:\n{log}"
+    );
+    let o = bb(&m.grpc, "teardown").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}

@@ -313,3 +313,111 @@ fn the_failover_benchmark_loses_no_job_and_no_byte_across_kills() {
         assert_eq!(r[k], 0, "{k}: {r}");
     }
 }
+
+/// A stage task on a data mover goes on through a failover: the mover reports to whoever
+/// leads, the new leader adopts the task (no second copy is started), and the phase that
+/// asked for it, run against the manager list, completes when the adopted task does.
+#[test]
+fn a_stage_task_on_a_data_mover_is_adopted_by_the_new_leader() {
+    let etcd = Etcd::start("ha-mover");
+    let (da, db) = (Scratch::new("ha-ma"), Scratch::new("ha-mb"));
+    let ports = || format!("127.0.0.1:{}", free_port());
+    let (ga, gb, ha, hb) = (ports(), ports(), ports(), ports());
+    let with_movers = |dir: &Path, name: &str, g: &str, h: &str| {
+        Manager::spawn(
+            dir,
+            &[
+                "--etcd",
+                &etcd.endpoints(),
+                "--etcd-prefix",
+                "/surge-test/",
+                "--name",
+                name,
+                "--listen",
+                g,
+                "--http",
+                h,
+                "--stage-on",
+                "movers",
+            ],
+            &[],
+        )
+    };
+    let mut a = Manager::ready(da.path(), with_movers(da.path(), "mA", &ga, &ha));
+    let b = with_movers(db.path(), "mB", &gb, &hb);
+    let both = format!("{ga},{gb}");
+    let c = cluster(2, "1GiB");
+    for s in &c.servers {
+        surge(&["server", "register", &s.addr, "--manager", &both]);
+    }
+    let mover_log = da.path().join("mover.log");
+    let _mover = ChildGuard(
+        surge_command()
+            .args(["mover", "--manager", &both, "--host", "mover-ha"])
+            .stderr(std::fs::File::create(&mover_log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let input = da.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let n = 10000;
+    for i in 0..n {
+        std::fs::write(input.join(format!("f{i:05}")), [i as u8; 4096]).unwrap();
+    }
+    let script = da.path().join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=256MiB\n\
+             #DW stage_in type=directory source={} destination=$DW_JOB_STRIPED/in\n",
+            input.display()
+        ),
+    )
+    .unwrap();
+    let o = bb(&both, "setup", "5", &script, &["--uid", "0", "--gid", "0"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let data_in = surge_command()
+        .args([
+            "bb",
+            "data_in",
+            "--job-id",
+            "5",
+            "--manager",
+            &both,
+            "--script",
+        ])
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the mover to start the task",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(&mover_log)
+                .unwrap_or_default()
+                .contains("for uid")
+                .then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    a.child.0.kill().unwrap();
+    let _ = a.child.0.wait();
+    let _b = Manager::ready(db.path(), b);
+    let out = data_in.wait_with_output().unwrap();
+    let blog = std::fs::read_to_string(db.path().join("manager.log")).unwrap();
+    let mlog = std::fs::read_to_string(&mover_log).unwrap();
+    assert!(out.status.success(), "{}\n{blog}\n{mlog}", text(&out));
+    assert!(
+        blog.contains("adopted from data mover mover-ha"),
+        "the new leader did not adopt the task:\n{blog}\n{mlog}"
+    );
+    assert_eq!(
+        mlog.matches("for uid").count(),
+        1,
+        "the task was copied twice:\n{mlog}"
+    );
+    let o = bb(&both, "teardown", "5", &script, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+}

@@ -174,6 +174,7 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
         let core = Arc::new(core);
         let stages = Arc::new(Stages::with(core.clone(), args.stage_on));
         stages.watch_sessions();
+        stages.resume().await?;
         // Connections the listeners may hold: what the descriptor limit leaves after a
         // reserve for servers, etcd, munged and files.
         surge_core::sys::raise_nofile_limit().ok();

@@ -164,10 +164,6 @@ impl Core {
         if store.pool(default_pool).await?.is_none() {
             store.upsert_pool(default_pool, granularity).await?;
         }
-        let n = store.interrupt_running_stages().await?;
-        if n > 0 {
-            warn!("{n} stage tasks were interrupted by the previous manager's stop");
-        }
         // Setups cut short by a stop: their sessions fail (the retried setup makes a new one,
         // whole) and their instances are destroyed on the servers by the orphan collection
         // (started with the manager), not just forgotten.

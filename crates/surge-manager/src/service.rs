@@ -613,6 +613,10 @@ impl Manager for Service {
                     Status::invalid_argument(format!("unreadable worker event: {e}"))
                 })?)
             };
+        // A task a previous manager gave this mover (it reports to whoever leads now).
+        if matches!(msg, crate::stage::MoverMsg::Event(_)) && !movers.follows(r.task) {
+            self.stages.adopt(r.task, &r.host).await;
+        }
         if !movers.deliver(&r.host, r.task, msg) {
             return Err(Status::not_found(format!(
                 "stage task {} is not running on {}",

@@ -105,6 +105,10 @@ pub enum StageOn {
 /// A mover not heard from for this long is lost: its tasks fail.
 pub const MOVER_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long a manager that starts (or takes the lead) waits for data movers to report the
+/// tasks a previous manager gave them, before it runs the tasks nobody reported again.
+pub const ADOPT_WAIT: Duration = MOVER_TIMEOUT;
+
 /// What a mover said about a task.
 pub enum MoverMsg {
     Event(Event),
@@ -167,6 +171,19 @@ impl Movers {
             owner: owner.clone(),
         });
         self.wake.notify_waiters();
+        rx
+    }
+
+    /// True if task `id` is queued for, or followed on, a mover by this manager.
+    pub fn follows(&self, id: u64) -> bool {
+        self.feeds.lock().contains_key(&id)
+    }
+
+    /// Follows task `id`, which mover `host` runs for a previous manager: its events from
+    /// now on go to the receiver.
+    fn adopt(&self, id: u64, host: &str) -> tokio::sync::mpsc::UnboundedReceiver<MoverMsg> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.feeds.lock().insert(id, (Some(host.to_string()), tx));
         rx
     }
 
@@ -571,19 +588,144 @@ impl Stages {
             )));
         }
         self.session_uses(row.session, row.instance).await?;
+        info!("stage task {id} ({}): activated", row.direction);
+        row.state = "running".into();
+        self.run_recorded(row).await
+    }
+
+    /// Starts the worker of a recorded task (`row.state` is recorded as it is given, progress
+    /// from zero): a deferred task activated, or one a previous manager left running.
+    async fn run_recorded(self: &Arc<Self>, mut row: StageRow) -> MResult<StageRow> {
+        let id = row.id;
         let (direction, cache) = parse_direction(&row.direction)?;
         let items: Vec<StageItem> = serde_json::from_str(&row.items_json).map_err(|e| {
             ManagerError::Invalid(format!("stage task {id}: items are not valid JSON: {e}"))
         })?;
         let inst = self.core.instance(row.instance, "").await?;
-        row.state = "running".into();
+        row.files_done = 0;
+        row.bytes_done = 0;
+        row.seconds = 0.0;
         self.core.store.update_stage(&row).await?;
-        info!("stage task {id} ({}): activated", row.direction);
         let opts = self.options(&inst, 0, false);
         let work = self
             .work(&row, &inst, (direction, cache), items, opts)
             .await?;
         Ok(self.launch(row, work).await)
+    }
+
+    /// At start, and on taking the lead: the tasks the previous manager left queued or
+    /// running go on. One that a data mover still runs is adopted when the mover reports it
+    /// ([`Self::adopt`]); every other one runs again from the start under its id once no
+    /// mover has claimed it within [`ADOPT_WAIT`] (at once with `--stage-on local`: the
+    /// previous manager's workers died with it). Running a copy again is safe: files land
+    /// through temporaries and renames. Returns how many tasks are being resumed.
+    pub async fn resume(self: &Arc<Self>) -> MResult<usize> {
+        let rows: Vec<StageRow> = self
+            .core
+            .store
+            .open_stages()
+            .await?
+            .into_iter()
+            .filter(|r| matches!(r.state.as_str(), "queued" | "running"))
+            .collect();
+        let n = rows.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        let wait = match self.stage_on {
+            StageOn::Local => Duration::ZERO,
+            StageOn::Auto | StageOn::Movers => ADOPT_WAIT,
+        };
+        info!(
+            "{n} stage task(s) the previous manager left running: those no data mover reports              within {} s run again",
+            wait.as_secs()
+        );
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            for mut row in rows {
+                let id = row.id;
+                {
+                    // Claimed here, so a late report from a mover cannot adopt it too.
+                    let mut running = this.running.lock();
+                    if running.contains_key(&id) {
+                        continue; // adopted meanwhile
+                    }
+                    running.insert(
+                        id,
+                        Running {
+                            instance: row.instance,
+                            live: Arc::new(Live::default()),
+                        },
+                    );
+                }
+                row.state = "running".into();
+                match this.run_recorded(row.clone()).await {
+                    Ok(r) => info!(
+                        "stage task {id} ({}): run again after the manager changed: {}",
+                        r.direction, r.state
+                    ),
+                    Err(e) => {
+                        this.running.lock().remove(&id);
+                        warn!("stage task {id}: cannot run it again: {e}");
+                        this.finish(
+                            &mut row,
+                            "failed",
+                            format!("interrupted by the manager's stop; not resumed: {e}"),
+                        )
+                        .await;
+                    }
+                }
+            }
+        });
+        Ok(n)
+    }
+
+    /// Task `id`, reported by data mover `host` though this manager did not give it: one a
+    /// previous manager gave, still running there. Followed from now on as if given here.
+    /// False if it is not an open task, or is already run or followed here.
+    pub async fn adopt(self: &Arc<Self>, id: u64, host: &str) -> bool {
+        let Ok(Some(mut row)) = self.core.store.stage(id).await else {
+            return false;
+        };
+        if !matches!(row.state.as_str(), "queued" | "running") {
+            return false;
+        }
+        let live = Arc::new(Live::default());
+        {
+            let mut running = self.running.lock();
+            if running.contains_key(&id) || self.movers.follows(id) {
+                return false;
+            }
+            running.insert(
+                id,
+                Running {
+                    instance: row.instance,
+                    live: live.clone(),
+                },
+            );
+        }
+        let rx = self.movers.adopt(id, host);
+        info!(
+            "stage task {id} ({}): adopted from data mover {host}",
+            row.direction
+        );
+        if row.state != "running" {
+            row.state = "running".into();
+            if let Err(e) = self.core.store.update_stage(&row).await {
+                warn!("stage task {id}: cannot record it running: {e}");
+            }
+        }
+        let source = Source::Mover {
+            id,
+            rx,
+            status: None,
+            since: std::time::Instant::now(),
+        };
+        let (planned, _) = tokio::sync::oneshot::channel();
+        let this = self.clone();
+        tokio::spawn(async move { this.follow(row, source, live, planned).await });
+        true
     }
 
     /// Terminates a task: a deferred or queued one is marked cancelled, a running one is asked
@@ -702,8 +844,9 @@ impl Stages {
             owner.gid,
             owner.groups.clone(),
         )?;
-        live.pid
-            .store(child.id().unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+        let pid = child.id().unwrap_or(0);
+        live.pid.store(pid, std::sync::atomic::Ordering::SeqCst);
+        info!("stage task {id}: worker {pid} started here");
         if live.is_cancelled() {
             live.cancel();
         }
@@ -744,18 +887,27 @@ impl Stages {
             cache,
             persistent,
         };
-        let mut planned = Some(planned);
-        let mut source = match self.start_worker(row.id, &task, &owner, &live) {
+        let source = match self.start_worker(row.id, &task, &owner, &live) {
             Ok(s) => s,
             Err(e) => {
                 self.finish(&mut row, "failed", e).await;
                 self.running.lock().remove(&row.id);
-                if let Some(p) = planned.take() {
-                    let _ = p.send(row);
-                }
+                let _ = planned.send(row);
                 return;
             }
         };
+        self.follow(row, source, live, planned).await;
+    }
+
+    /// Follows a task's worker to its end, recording what it reports.
+    async fn follow(
+        self: Arc<Self>,
+        mut row: StageRow,
+        mut source: Source,
+        live: Arc<Live>,
+        planned: tokio::sync::oneshot::Sender<StageRow>,
+    ) {
+        let mut planned = Some(planned);
         let mut ended = false;
         while let Some(ev) = source.next(&self.movers, &live).await {
             match ev {

@@ -120,6 +120,7 @@ async fn serve(
         for t in reply.tasks {
             tokio::spawn(run_task(
                 m.clone(),
+                args.manager.clone(),
                 host.clone(),
                 exe.clone(),
                 t,
@@ -135,9 +136,23 @@ async fn serve(
     Ok(())
 }
 
+/// How long a mover keeps trying to report a task's plan, end or exit while no manager
+/// answers (a failover takes a few seconds).
+const REPORT_RETRY: Duration = Duration::from_secs(60);
+
+/// True for a report that must reach the manager: the worker's exit, its plan, its result.
+fn exited_or(req: &api::MoverEventRequest) -> bool {
+    req.exited
+        || !matches!(
+            serde_json::from_str::<surge_stage::worker::Event>(&req.event_json),
+            Ok(surge_stage::worker::Event::Progress(_))
+        )
+}
+
 /// Runs one task's worker and reports each of its events, then how it exited.
 async fn run_task(
     m: surge_api::Client,
+    manager: String,
     host: String,
     exe: std::path::PathBuf,
     t: api::MoverTask,
@@ -153,7 +168,30 @@ async fn run_task(
             exit_status: exited.unwrap_or_default(),
         };
         let mut m = m.clone();
-        async move { m.mover_event(req).await.map(|r| r.into_inner().cancel) }
+        let manager = manager.clone();
+        async move {
+            // What ends or plans a task is kept trying while no manager answers (one that
+            // takes over adopts the task from it); progress is not: the next one says more.
+            let keep = exited_or(&req);
+            let start = std::time::Instant::now();
+            loop {
+                match m.mover_event(req.clone()).await {
+                    Ok(r) => return Ok(r.into_inner().cancel),
+                    Err(e)
+                        if keep
+                            && surge_api::manager_gone(&e)
+                            && start.elapsed() < REPORT_RETRY =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        // Whoever leads now (the address list is followed to the leader).
+                        if let Ok(c) = connect(&manager).await {
+                            m = c;
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
     };
     let task: surge_stage::worker::Task = match serde_json::from_str(&t.task_json) {
         Ok(x) => x,

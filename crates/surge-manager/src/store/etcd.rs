@@ -1242,21 +1242,6 @@ impl EtcdStore {
         }
         Ok(out)
     }
-
-    pub async fn interrupt_running_stages(&self) -> SResult<usize> {
-        let mut n = 0;
-        for id in self.index(&self.key("stages-open/")).await? {
-            if let Some(mut t) = self.stage(id).await? {
-                if matches!(t.state.as_str(), "queued" | "running") {
-                    t.state = "failed".into();
-                    t.error = "interrupted: the manager stopped while this task ran".into();
-                    self.put_stage(&t, Vec::new()).await?;
-                    n += 1;
-                }
-            }
-        }
-        Ok(n)
-    }
 }
 
 /// A JSON row read at `key`.

@@ -265,7 +265,6 @@ dispatch! {
     fn update_stage(&self, t: &StageRow) -> ();
     fn stage(&self, id: u64) -> Option<StageRow>;
     fn stages(&self, session: u64) -> Vec<StageRow>;
-    fn interrupt_running_stages(&self) -> usize;
     /// Sets (or, with every limit 0 and `clear`, removes) a quota.
     fn set_quota(&self, q: &QuotaRow, clear: bool) -> ();
     fn quotas(&self) -> Vec<QuotaRow>;

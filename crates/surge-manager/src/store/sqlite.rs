@@ -993,16 +993,6 @@ impl Db {
         let rows = st.query_map([session as i64], Self::stage_from_row)?;
         rows.collect()
     }
-
-    /// Tasks that were running when the manager stopped: they did not finish.
-    pub fn interrupt_running_stages(&self) -> R<usize> {
-        self.db.exec(
-            "UPDATE stage_tasks SET state = 'failed',
-                error = 'interrupted: the manager stopped while this task ran'
-             WHERE state IN ('queued', 'running')",
-            [],
-        )
-    }
 }
 
 /// Migration 1: the schema as it was before migrations were numbered (every table, and the
