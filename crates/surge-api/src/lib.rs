@@ -174,21 +174,60 @@ pub async fn connect(addr: &str) -> Result<Client, ConnectError> {
     connect_with(addr, munge_socket()).await
 }
 
-/// A connection to the one manager at `addr`.
+/// A connection to the one manager at `addr`: TLS when this process has the site CA and the
+/// manager is on another host (or `SURGE_TLS=on`; see `surge_proto::tls::client`).
 async fn channel(addr: &str) -> Result<tonic::transport::Channel, ConnectError> {
-    let url = if addr.starts_with("http://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    tonic::transport::Endpoint::from_shared(url)
+    let hostport = addr.strip_prefix("http://").unwrap_or(addr);
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{hostport}"))
         .map_err(|e| ConnectError(format!("'{addr}' is not a manager address: {e}")))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .map_err(|e| ConnectError(format!("cannot reach the manager at {addr}: {e}")))
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    let tls = surge_proto::tls::client().map_err(ConnectError)?;
+    let host = surge_proto::tls::host_of(hostport).to_string();
+    let Some(tls) = tls.filter(|t| t.applies(&host)) else {
+        return endpoint
+            .connect()
+            .await
+            .map_err(|e| ConnectError(format!("cannot reach the manager at {addr}: {e}")));
+    };
+    let name = surge_proto::tls::ClientTls::server_name(&host)
+        .map_err(|e| ConnectError(format!("manager {addr}: {e}")))?;
+    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+    let target = hostport.to_string();
+    let connect = tower::service_fn(move |_: tonic::transport::Uri| {
+        let (connector, name, target) = (connector.clone(), name.clone(), target.clone());
+        async move {
+            let tcp =
+                tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&target))
+                    .await
+                    .map_err(|_| {
+                        std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
+                    })??;
+            tcp.set_nodelay(true)?;
+            let t = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, tcp))
+                .await
+                .map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
+                })??;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(t))
+        }
+    });
+    endpoint.connect_with_connector(connect).await.map_err(|e| {
+        let mut m = format!(
+            "cannot reach the manager at {addr} over TLS (trusting {}): {e}",
+            tls.ca.display()
+        );
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            m.push_str(&format!(": {s}"));
+            src = s.source();
+        }
+        ConnectError(m)
+    })
 }
+
+/// How long a connection to a manager (and its TLS handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a client of several managers (`host:port,host:port`: a leader and its standbys
 /// on etcd) keeps trying while none answers: long enough for a standby to take over after the

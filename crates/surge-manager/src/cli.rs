@@ -121,11 +121,72 @@ pub struct ManagerArgs {
     /// one is alive, else here (auto); always here (local); only on movers (movers).
     #[arg(long, value_enum, default_value = "auto")]
     pub stage_on: crate::stage::StageOn,
+    /// TLS 1.3 on the gRPC and HTTP listeners (docs/SECURITY.md, "On the wire"): MUNGE
+    /// credentials, capabilities and job names never cross the network in clear. auto: with a
+    /// certificate (--tls-cert), peers on other hosts must speak TLS, loopback peers may; without
+    /// one, clear text. on: a certificate is required and every peer must speak TLS. off: clear
+    /// text only (a private fabric). Clients use TLS when they have the site CA.
+    #[arg(
+        long,
+        value_name = "auto|on|off",
+        env = "SURGE_TLS",
+        default_value = "auto"
+    )]
+    pub tls: surge_proto::tls::Mode,
+    /// This manager's certificate (PEM, signed by the site CA; `surge cert server NAME...`
+    /// with the names clients use for it). Default: server.crt in $SURGE_TLS_DIR, else
+    /// /etc/surge/tls.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM). Default: server.key beside the certificate.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl ManagerArgs {
+    /// The TLS the flags ask for: `None` when the listeners speak clear text only.
+    pub fn server_tls(&self) -> anyhow::Result<Option<Arc<surge_proto::tls::ServerTls>>> {
+        use surge_proto::tls::{Mode, ServerTls};
+        let cert = self
+            .tls_cert
+            .clone()
+            .unwrap_or_else(|| surge_proto::tls::cert_dir().join("server.crt"));
+        let key = self
+            .tls_key
+            .clone()
+            .unwrap_or_else(|| cert.with_file_name("server.key"));
+        match self.tls {
+            Mode::Off => Ok(None),
+            Mode::Auto if !cert.exists() => {
+                info!(
+                    "no certificate at {}: gRPC and HTTP are in clear text (make one with \
+                     `surge cert server`, or say --tls off on a private fabric)",
+                    cert.display()
+                );
+                Ok(None)
+            }
+            mode => ServerTls::from_files(&cert, &key, mode)
+                .map(|t| Some(Arc::new(t)))
+                .map_err(|e| anyhow::anyhow!("--tls {mode}: {e}")),
+        }
+    }
 }
 
 pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     rt.block_on(async move {
+        // A certificate that cannot be used stops the start here, before any campaign.
+        let tls = args.server_tls()?;
+        if let Some(t) = &tls {
+            info!(
+                "TLS on gRPC and HTTP ({}; clear text {})",
+                t.mode,
+                match t.mode {
+                    surge_proto::tls::Mode::On => "refused",
+                    _ => "from loopback only",
+                }
+            );
+        }
         if let Some(parent) = args.state.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("cannot create {}", parent.display()))?;
@@ -197,7 +258,7 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
                     per_addr: args.http_max_per_address,
                 },
             );
-            tokio::spawn(crate::listen::serve_http(l, router, gate));
+            tokio::spawn(crate::listen::serve_http(l, router, gate, tls.clone()));
         }
         // Instances of setups a crash interrupted, and failed creations: destroyed on their
         // servers now, and again until they are.
@@ -270,6 +331,7 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
                     per_addr: args.grpc_max_per_address,
                 },
             ),
+            tls,
         );
         let shutdown = async {
             let mut term =
@@ -977,7 +1039,7 @@ pub struct DashboardArgs {
     pub json: bool,
 }
 
-/// `http://host:port/#token=...` for a manager reached at `grpc` whose HTTP API is bound to
+/// `http(s)://host:port/#token=...` for a manager reached at `grpc` whose HTTP API is bound to
 /// `http` (a wildcard address is replaced by the host `grpc` names).
 pub fn dashboard_url(grpc: &str, http: &str, token: &str) -> String {
     let grpc_host = grpc
@@ -990,7 +1052,14 @@ pub fn dashboard_url(grpc: &str, http: &str, token: &str) -> String {
         "0.0.0.0" | "[::]" | "" => grpc_host,
         h => h,
     };
-    format!("http://{host}:{port}/#token={token}")
+    // HTTPS where this host would speak TLS to it (it has the site CA, and the manager is on
+    // another host or SURGE_TLS=on): the manager then requires it.
+    let tls = surge_proto::tls::client()
+        .ok()
+        .flatten()
+        .is_some_and(|t| t.applies(surge_proto::tls::host_of(&format!("{host}:{port}"))));
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{host}:{port}/#token={token}")
 }
 
 pub fn run_dashboard(args: DashboardArgs) -> anyhow::Result<ExitCode> {

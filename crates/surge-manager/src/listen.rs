@@ -8,6 +8,10 @@
 //! - HTTP connections must send their request headers within a deadline and are closed when
 //!   idle; gRPC connections are kept alive by HTTP/2 pings (a peer that stops answering is
 //!   dropped), since agents' long polls are legitimately silent for 30 s.
+//! - **TLS** (rustls, TLS 1.3; docs/SECURITY.md "On the wire"): with a certificate, a
+//!   connection whose first byte opens a TLS handshake is decrypted, and one in clear is
+//!   served only from where [`ServerTls::required_from`] allows it (loopback, in `auto`).
+//!   Handshakes run beside the accept loop, so a slow one holds up nobody else.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -17,9 +21,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use surge_proto::tls::{ServerTls, HANDSHAKE_BYTE};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::warn;
+
+/// How long a new connection has to say its first byte and finish a TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long an HTTP client has to send a request's headers (a connection that sends none is
 /// closed after this).
@@ -105,21 +113,110 @@ impl Gate {
     }
 }
 
+/// An admitted connection's stream: in clear, or decrypted.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
 /// A connection with its place at the gate.
 pub struct Gated {
-    inner: TcpStream,
+    inner: Conn,
     _permit: Permit,
 }
 
 impl Gated {
-    /// True when the peer sends something within `d` (nothing is consumed).
-    async fn speaks_within(&self, d: Duration) -> bool {
-        let mut b = [0u8; 1];
-        matches!(
-            tokio::time::timeout(d, self.inner.peek(&mut b)).await,
-            Ok(Ok(n)) if n > 0
-        )
+    fn tcp(&self) -> &TcpStream {
+        match &self.inner {
+            Conn::Plain(s) => s,
+            Conn::Tls(t) => t.get_ref().0,
+        }
     }
+
+    /// True when the connection is encrypted.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.inner, Conn::Tls(_))
+    }
+}
+
+/// The first byte the peer of `s` sends, within `d` (nothing is consumed).
+async fn first_byte(s: &TcpStream, d: Duration) -> Option<u8> {
+    let mut b = [0u8; 1];
+    match tokio::time::timeout(d, s.peek(&mut b)).await {
+        Ok(Ok(1)) => Some(b[0]),
+        _ => None,
+    }
+}
+
+/// Makes an admitted connection ready to serve: TLS when its first byte opens a handshake
+/// and `tls` is set; clear text when the peer may use it. `None`: closed (it said nothing in
+/// time, its handshake failed, or it spoke clear text where TLS is required).
+async fn ready(
+    s: TcpStream,
+    permit: Permit,
+    tls: Option<&(Arc<ServerTls>, tokio_rustls::TlsAcceptor)>,
+    name: &'static str,
+) -> Option<Gated> {
+    let first = first_byte(&s, HANDSHAKE_TIMEOUT).await?;
+    let peer = s.peer_addr().ok();
+    let inner = match tls {
+        Some((_, acceptor)) if first == HANDSHAKE_BYTE => {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(s)).await {
+                Ok(Ok(t)) => Conn::Tls(Box::new(t)),
+                Ok(Err(e)) => {
+                    tracing::debug!("{name}: TLS handshake with {peer:?}: {e}");
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+        Some((t, _)) if t.required_from(peer.map(|p| p.ip())) => {
+            refuse_clear(name, peer);
+            return None;
+        }
+        _ => Conn::Plain(s),
+    };
+    Some(Gated {
+        inner,
+        _permit: permit,
+    })
+}
+
+/// Says (once a minute at most) that a peer spoke clear text where TLS is required.
+fn refuse_clear(name: &'static str, peer: Option<std::net::SocketAddr>) {
+    static LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+    let mut last = LAST.lock();
+    if last.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+        *last = Some(std::time::Instant::now());
+        warn!(
+            "{name}: refused a connection in clear text from {peer:?}: TLS is required from \
+             it (the client needs the site CA: SURGE_TLS_CA, or ca.crt in $SURGE_TLS_DIR or \
+             /etc/surge/tls)"
+        );
+    }
+}
+
+/// The TLS of a manager listener: `tls`'s certificate, offering HTTP/2 and HTTP/1.1 by ALPN
+/// (what browsers ask for; gRPC clients that offer nothing get HTTP/2 all the same).
+pub fn acceptor(tls: Arc<ServerTls>) -> (Arc<ServerTls>, tokio_rustls::TlsAcceptor) {
+    let mut config = (*tls.config).clone();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    (tls, tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+macro_rules! both {
+    ($self:ident, $s:ident => $e:expr) => {
+        match &mut $self.inner {
+            Conn::Plain($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+            Conn::Tls($s) => {
+                let $s = Pin::new(&mut **$s);
+                $e
+            }
+        }
+    };
 }
 
 impl AsyncRead for Gated {
@@ -128,7 +225,7 @@ impl AsyncRead for Gated {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        both!(self, s => s.poll_read(cx, buf))
     }
 }
 
@@ -138,15 +235,15 @@ impl AsyncWrite for Gated {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        both!(self, s => s.poll_write(cx, buf))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        both!(self, s => s.poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        both!(self, s => s.poll_shutdown(cx))
     }
 
     fn poll_write_vectored(
@@ -154,11 +251,14 @@ impl AsyncWrite for Gated {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        both!(self, s => s.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        match &self.inner {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(t) => t.is_write_vectored(),
+        }
     }
 }
 
@@ -166,12 +266,12 @@ impl tonic::transport::server::Connected for Gated {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+        self.tcp().connect_info()
     }
 }
 
 /// Accepts the next connection the gate admits (TCP_NODELAY set: small replies leave at once).
-pub async fn accept(listener: &TcpListener, gate: &Arc<Gate>) -> std::io::Result<Gated> {
+async fn accept(listener: &TcpListener, gate: &Arc<Gate>) -> (TcpStream, Permit) {
     loop {
         let (s, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -190,27 +290,44 @@ pub async fn accept(listener: &TcpListener, gate: &Arc<Gate>) -> std::io::Result
         if let Err(e) = s.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY: {e}");
         }
-        return Ok(Gated {
-            inner: s,
-            _permit: permit,
-        });
+        return (s, permit);
     }
 }
 
-/// The admitted connections of `listener`, as tonic's `serve_with_incoming` takes them.
+/// The admitted connections of `listener`, made ready ([`ready`]: TLS or clear) each in its
+/// own task, as tonic's `serve_with_incoming` takes them.
 pub fn incoming(
     listener: TcpListener,
     gate: Arc<Gate>,
+    tls: Option<Arc<ServerTls>>,
 ) -> impl futures::Stream<Item = std::io::Result<Gated>> {
-    futures::stream::unfold((listener, gate), |(l, g)| async move {
-        let c = accept(&l, &g).await;
-        Some((c, (l, g)))
+    let (tx, rx) = tokio::sync::mpsc::channel::<Gated>(256);
+    let tls = tls.map(|t| Arc::new(acceptor(t)));
+    tokio::spawn(async move {
+        loop {
+            let (s, permit) = accept(&listener, &gate).await;
+            let (tx, tls) = (tx.clone(), tls.clone());
+            tokio::spawn(async move {
+                if let Some(c) = ready(s, permit, tls.as_deref(), "gRPC API").await {
+                    let _ = tx.send(c).await;
+                }
+            });
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move {
+        let c = rx.recv().await?;
+        Some((Ok(c), rx))
     })
 }
 
-/// Serves `router` over HTTP/1 and HTTP/2 on `listener`: each connection admitted by `gate`,
-/// its request headers read within [`HTTP_HEADER_TIMEOUT`].
-pub async fn serve_http(listener: TcpListener, router: axum::Router, gate: Arc<Gate>) {
+/// Serves `router` over HTTP/1 and HTTP/2 (HTTPS with `tls`) on `listener`: each connection
+/// admitted by `gate`, its request headers read within [`HTTP_HEADER_TIMEOUT`].
+pub async fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+    gate: Arc<Gate>,
+    tls: Option<Arc<ServerTls>>,
+) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
@@ -226,19 +343,18 @@ pub async fn serve_http(listener: TcpListener, router: axum::Router, gate: Arc<G
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(Duration::from_secs(10));
     let builder = Arc::new(builder);
+    let tls = tls.map(|t| Arc::new(acceptor(t)));
     loop {
-        let Ok(conn) = accept(&listener, &gate).await else {
-            continue;
-        };
+        let (s, permit) = accept(&listener, &gate).await;
         let svc = TowerToHyperService::new(router.clone());
-        let b = builder.clone();
+        let (b, tls) = (builder.clone(), tls.clone());
         tokio::spawn(async move {
             // A connection with nothing to say within the deadline is closed (hyper's header
             // timeout covers the requests of a connection that spoke; this, one that never
             // does, which the protocol detection would otherwise wait on for ever).
-            if !conn.speaks_within(HTTP_HEADER_TIMEOUT).await {
+            let Some(conn) = ready(s, permit, tls.as_deref(), "HTTP API").await else {
                 return;
-            }
+            };
             let _ = b.serve_connection(TokioIo::new(conn), svc).await;
         });
     }
