@@ -47,6 +47,9 @@ pub(super) struct Inode {
     pub through: Option<Arc<std::fs::File>>,
     /// A cache file the lazy fill made and this node reads from the PFS (see `fill`).
     pub fill: Option<Arc<super::fill::Fill>>,
+    /// `st_blocks` as last measured on the fragments, with the (size, mtime) it was measured
+    /// at (see `space`).
+    pub blocks: Option<((u64, Timestamp), u64)>,
 }
 
 impl Inode {
