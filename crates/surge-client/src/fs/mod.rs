@@ -55,6 +55,7 @@ pub use files::ReadSource;
 use inodes::InodeTable;
 use listings::{FreshDirs, Listings};
 use parking_lot::Mutex;
+pub use passthrough::PASSTHROUGH_ACCOUNTING;
 pub use space::dense_blocks;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
