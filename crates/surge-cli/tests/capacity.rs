@@ -221,3 +221,52 @@ fn a_full_device_refuses_data_and_keeps_every_acknowledged_create() {
         "the server said it used its reserve:\n{logs}"
     );
 }
+
+/// Files written by the kernel directly (passthrough, the default for one-stripe files on this
+/// host) stop at the instance's capacity too: an open for writing is passed through only while
+/// the instance has room on the file's server, so once it is full the next file is written
+/// through the mount, whose writes get ENOSPC. The overshoot is what files already open by
+/// passthrough write before they close (here: under one file).
+#[test]
+fn passthrough_files_stop_at_the_capacity() {
+    if skip_without_fuse("passthrough_files_stop_at_the_capacity") {
+        return;
+    }
+    const MIB: u64 = 1 << 20;
+    const FILE: u64 = 8 * MIB;
+    let c = cluster(1, "1GiB");
+    let id = c.create_instance("64MiB", "1MiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let chunk = vec![5u8; MIB as usize];
+    let mut written = 0u64;
+    let mut err = None;
+    'files: for n in 0..20 {
+        let mut f = File::create(m.path(&format!("f{n}"))).unwrap();
+        for _ in 0..FILE / MIB {
+            if let Err(e) = f.write_all(&chunk) {
+                err = Some(e);
+                break 'files;
+            }
+            written += MIB;
+        }
+        if let Err(e) = f.sync_all() {
+            err = Some(e);
+            break;
+        }
+    }
+    let err = err.unwrap_or_else(|| panic!("no ENOSPC after {written} bytes on a 64 MiB instance"));
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "got {err}");
+    assert!(
+        written <= 64 * MIB + FILE,
+        "{written} bytes written into a 64 MiB instance"
+    );
+    let (total, free) = statvfs(&m.dir);
+    let used = total - free;
+    assert!(
+        used <= 64 * MIB + FILE,
+        "{used} bytes stored for a 64 MiB instance"
+    );
+    eprintln!(
+        "passthrough: {written} bytes written, {used} stored before ENOSPC (capacity 64 MiB)"
+    );
+}

@@ -342,6 +342,129 @@ fn sparse_files_read_zeros_in_holes_and_allocate_only_written_stripes() {
     let _ = md.blocks();
 }
 
+/// `lseek(2)` with `whence`; the errno on failure.
+fn seek(f: &File, offset: u64, whence: i32) -> Result<u64, i32> {
+    // SAFETY: lseek on a descriptor `f` owns.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), offset as libc::off_t, whence) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    } else {
+        Ok(r as u64)
+    }
+}
+
+/// A 64 MiB file holding 4 KiB at 0, at 40 MiB and at its end, written into the mount at
+/// `rel`, then checked the way copying tools look at it: `st_blocks` and `du` count only what
+/// is stored, `SEEK_DATA`/`SEEK_HOLE` find the three pieces, and `tar -S` and
+/// `cp --sparse=auto` make small copies that read back the same.
+fn sparse_file_is_seen_sparse(m: &Mount, rel: &str) {
+    const MIB: u64 = 1 << 20;
+    let size = 64 * MIB;
+    let p = m.path(rel);
+    let f = File::create(&p).unwrap();
+    f.write_all_at(&[1u8; 4096], 0).unwrap();
+    f.write_all_at(&[2u8; 4096], 40 * MIB).unwrap();
+    f.write_all_at(&[3u8; 4096], size - 4096).unwrap();
+    drop(f);
+
+    let md = std::fs::metadata(&p).unwrap();
+    assert_eq!(md.len(), size);
+    assert!(
+        md.blocks() * 512 < MIB,
+        "{rel}: st_blocks says {} bytes allocated for 12 KiB of data",
+        md.blocks() * 512
+    );
+    let du = std::process::Command::new("du")
+        .arg("-k")
+        .arg(&p)
+        .output()
+        .unwrap();
+    let du_kib: u64 = String::from_utf8_lossy(&du.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(du_kib < 1024, "{rel}: du says {du_kib} KiB");
+
+    let f = File::open(&p).unwrap();
+    assert_eq!(seek(&f, 0, libc::SEEK_DATA), Ok(0));
+    let hole = seek(&f, 0, libc::SEEK_HOLE).unwrap();
+    assert!((4096..MIB).contains(&hole), "{rel}: first hole at {hole}");
+    let data = seek(&f, hole, libc::SEEK_DATA).unwrap();
+    assert!(
+        (40 * MIB - MIB..=40 * MIB).contains(&data),
+        "{rel}: second piece found at {data}"
+    );
+    assert!(seek(&f, 40 * MIB + 4096, libc::SEEK_HOLE).unwrap() <= 41 * MIB);
+    let last = seek(&f, 41 * MIB, libc::SEEK_DATA).unwrap();
+    assert!(
+        (size - MIB..=size - 4096).contains(&last),
+        "{rel}: last piece at {last}"
+    );
+    assert_eq!(seek(&f, size - 1, libc::SEEK_HOLE), Ok(size));
+    assert_eq!(seek(&f, size, libc::SEEK_DATA), Err(libc::ENXIO));
+    drop(f);
+
+    let out = Scratch::new("sparse-copies");
+    let tar = out.path().join("s.tar");
+    let st = std::process::Command::new("tar")
+        .arg("-S")
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&m.dir)
+        .arg(rel)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let tar_len = std::fs::metadata(&tar).unwrap().len();
+    assert!(tar_len < MIB, "{rel}: tar -S made {tar_len} bytes");
+    let copy = out.path().join("copy");
+    let st = std::process::Command::new("cp")
+        .arg("--sparse=auto")
+        .arg(&p)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let cmd = std::fs::metadata(&copy).unwrap();
+    assert_eq!(cmd.len(), size);
+    assert!(
+        cmd.blocks() * 512 < 4 * MIB,
+        "{rel}: cp --sparse=auto allocated {} bytes",
+        cmd.blocks() * 512
+    );
+    assert!(std::fs::read(&copy).unwrap() == std::fs::read(&p).unwrap());
+    let back = out.path().join("back");
+    std::fs::create_dir(&back).unwrap();
+    let st = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&back)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(std::fs::read(back.join(rel)).unwrap() == std::fs::read(&p).unwrap());
+}
+
+#[test]
+fn sparse_files_report_their_allocation_and_holes_to_du_tar_and_cp() {
+    if skip_without_fuse("sparse_files_report_their_allocation_and_holes_to_du_tar_and_cp") {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    let id = c.create_instance("2GiB", "1MiB", &[]);
+    // Striped over both fragments, through the servers.
+    let striped = Mount::with_args(&c, id, 0, &["--layout", "stripe_count=all"]);
+    sparse_file_is_seen_sparse(&striped, "striped");
+    drop(striped);
+    // The mount's default: one stripe on a fragment of this host, by passthrough where the
+    // kernel allows it.
+    let local = Mount::new(&c, id, 0);
+    sparse_file_is_seen_sparse(&local, "local");
+}
+
 fn walk_size(dir: &std::path::Path) -> u64 {
     let mut total = 0;
     if let Ok(rd) = std::fs::read_dir(dir) {

@@ -231,11 +231,18 @@ fn kind(k: FileKind) -> FileType {
     }
 }
 
+/// Attributes for the kernel, `st_blocks` from the size (files just made, nodes that are not
+/// regular files); [`file_attr_blocks`] with what a file really holds.
 pub fn file_attr(a: &Attr) -> FileAttr {
+    file_attr_blocks(a, crate::fs::dense_blocks(a.size))
+}
+
+/// Attributes for the kernel with `blocks` (512-byte units, see `Fs::blocks`).
+pub fn file_attr_blocks(a: &Attr, blocks: u64) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks,
         atime: a.atime.to_system_time(),
         mtime: a.mtime.to_system_time(),
         ctime: a.ctime.to_system_time(),
@@ -382,7 +389,10 @@ impl Filesystem for FuseAdapter {
         let negative = self.negative_ttl;
         self.metadata(async move {
             match fs.lookup(parent.0, &name).await {
-                Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
+                Ok(a) => {
+                    let blocks = fs.blocks(&a).await;
+                    reply.entry(&ttl.entry, &file_attr_blocks(&a, blocks), Generation(0))
+                }
                 // A negative entry: node id 0 with a timeout (FUSE protocol).
                 Err(e) if e.errno == libc::ENOENT && negative.is_some() => reply.entry(
                     &negative.unwrap_or_default(),
@@ -402,7 +412,10 @@ impl Filesystem for FuseAdapter {
         let (fs, ttl) = (self.fs.clone(), self.ttl);
         self.metadata(async move {
             match fs.getattr(ino.0).await {
-                Ok(a) => reply.attr(&ttl.attr, &file_attr(&a)),
+                Ok(a) => {
+                    let blocks = fs.blocks(&a).await;
+                    reply.attr(&ttl.attr, &file_attr_blocks(&a, blocks))
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -440,7 +453,10 @@ impl Filesystem for FuseAdapter {
         let (fs, ttl) = (self.fs.clone(), self.ttl);
         self.metadata(async move {
             match fs.setattr(ino.0, set, kill).await {
-                Ok(a) => reply.attr(&ttl.attr, &file_attr(&a)),
+                Ok(a) => {
+                    let blocks = fs.blocks(&a).await;
+                    reply.attr(&ttl.attr, &file_attr_blocks(&a, blocks))
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -548,7 +564,10 @@ impl Filesystem for FuseAdapter {
         let (fs, ttl, newname) = (self.fs.clone(), self.ttl, name_bytes(newname));
         self.metadata(async move {
             match fs.link(ino.0, newparent.0, &newname).await {
-                Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
+                Ok(a) => {
+                    let blocks = fs.blocks(&a).await;
+                    reply.entry(&ttl.entry, &file_attr_blocks(&a, blocks), Generation(0))
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -794,14 +813,25 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.readdir_plus(ino.0, offset).await {
                 Ok(items) => {
-                    for (it, attr) in items {
+                    // What each file holds, asked of the fragments at once.
+                    let blocks = futures::future::join_all(items.iter().map(|(_, a)| {
+                        let fs = &fs;
+                        async move {
+                            match a {
+                                Some(a) => fs.blocks(a).await,
+                                None => 0,
+                            }
+                        }
+                    }))
+                    .await;
+                    for ((it, attr), blocks) in items.into_iter().zip(blocks) {
                         let is_dot = it.name == b"." || it.name == b"..";
                         let a = match attr {
                             // `.` and `..` take no lookup; their attributes are not used.
                             _ if is_dot => unused_attr(it.ino, FileType::Directory),
                             // Whether or not the kernel keeps the entry, it counts a lookup
                             // for it once it is in the buffer: record it before adding.
-                            Some(a) => file_attr(&fs.looked_up(a)),
+                            Some(a) => file_attr_blocks(&fs.looked_up(a), blocks),
                             None => continue,
                         };
                         if reply.add(
@@ -917,16 +947,32 @@ impl Filesystem for FuseAdapter {
         reply.error(Errno::ENOSYS);
     }
 
+    /// `SEEK_DATA` and `SEEK_HOLE` (see `fs::space`); the kernel answers the other kinds of
+    /// seek itself.
     fn lseek(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
         reply: fuser::ReplyLseek,
     ) {
-        reply.error(Errno::ENOSYS);
+        let hole = match whence {
+            libc::SEEK_DATA => false,
+            libc::SEEK_HOLE => true,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.seek(fh.0, offset, hole).await {
+                Ok(o) => reply.offset(o as i64),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     /// Extended attributes (see `fs::xattr`). A namespace that is not stored is answered here

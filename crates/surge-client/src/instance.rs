@@ -1022,6 +1022,77 @@ impl InstanceClient {
         join_all(calls).await.into_iter().collect()
     }
 
+    /// The bytes the devices allocated to the objects of file `ino`, `size` bytes long, summed
+    /// over the fragments holding part of it: what `st_blocks` reports (a hole costs nothing).
+    /// Objects on this host are measured here, the others by their servers.
+    pub async fn allocated(&self, ino: Ino, size: u64) -> Result<u64> {
+        let layout = self.layout_of(ino).await?;
+        let file = self.file_id(ino);
+        let calls = (0..self.fragments())
+            .filter(|&f| layout.object_len(f, size) > 0)
+            .map(|f| async move {
+                if let Some(md) = self.local_object(f, ino).and_then(|o| o.metadata().ok()) {
+                    use std::os::unix::fs::MetadataExt;
+                    return Ok(md.blocks() * 512);
+                }
+                let req = Request::ObjectAllocated {
+                    instance: self.instance(),
+                    fragment: f,
+                    file,
+                };
+                expect!(self, self.frags[f as usize], req, Response::Allocated { bytes } => bytes)
+            });
+        let mut total = 0u64;
+        for r in join_all(calls).await {
+            total = total.saturating_add(r?);
+        }
+        Ok(total)
+    }
+
+    /// `SEEK_DATA` (`hole` false) or `SEEK_HOLE` in file `ino`, `size` bytes long, from
+    /// `offset` (below `size`): every fragment holding part of the file is asked for its next
+    /// data or hole from the object offset of its first byte at or after `offset`, mapped back
+    /// to a file offset; the nearest wins. `None`: no data at or after `offset` (ENXIO). A hole
+    /// found is at most `size` (the end of a file is a hole).
+    pub async fn seek(&self, ino: Ino, size: u64, offset: u64, hole: bool) -> Result<Option<u64>> {
+        let layout = self.layout_of(ino).await?;
+        let file = self.file_id(ino);
+        let calls = (0..self.fragments())
+            .filter(|&f| layout.object_len(f, size) > 0)
+            .filter_map(|f| {
+                let from = layout.object_offset_from(f, offset)?;
+                Some(async move {
+                    let found = match self.local_object(f, ino) {
+                        Some(o) => surge_core::sys::seek_data_or_hole(&o, from, hole).map_err(
+                            |e| ClientError::local(libc::EIO, format!("seek in object: {e}")),
+                        )?,
+                        None => {
+                            let req = Request::SeekObject {
+                                instance: self.instance(),
+                                fragment: f,
+                                file,
+                                offset: from,
+                                hole,
+                            };
+                            expect!(self, self.frags[f as usize], req, Response::Seek { offset } => offset)?
+                        }
+                    };
+                    Ok(found.and_then(|o| layout.file_offset_of(f, o)))
+                })
+            });
+        let mut nearest: Option<u64> = None;
+        for r in join_all(calls).await {
+            if let Some(o) = r? {
+                nearest = Some(nearest.map_or(o, |n| n.min(o)));
+            }
+        }
+        Ok(if hole {
+            Some(nearest.map_or(size, |n| n.min(size)))
+        } else {
+            nearest.filter(|&o| o < size)
+        })
+    }
+
     /// Flushes the objects on the given fragments (bit i = fragment i) to stable storage.
     pub async fn sync_objects(&self, ino: Ino, fragments: u64) -> Result<()> {
         let file = self.file_id(ino);

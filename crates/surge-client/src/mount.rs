@@ -235,6 +235,21 @@ pub fn mount(
             }
         });
     }
+    if opts.passthrough {
+        // What the kernel writes into passthrough files counts while they are open (see
+        // `Fs::account_passthrough`); stops when the file system goes.
+        let weak = Arc::downgrade(&fs);
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(crate::fs::PASSTHROUGH_ACCOUNTING);
+            loop {
+                tick.tick().await;
+                let Some(fs) = weak.upgrade() else { break };
+                if fs.passthrough_on() {
+                    fs.account_passthrough().await;
+                }
+            }
+        });
+    }
     let notifier = Arc::new(OnceLock::new());
     let fs_handle = fs.clone();
     let mut adapter = FuseAdapter::new(

@@ -306,6 +306,42 @@ impl Layout {
         out
     }
 
+    /// The index of the first of the file's stripes that lives on `fragment` (its stripes
+    /// there are this one and every `stripe_count`-th after it); `None`: the file has no
+    /// stripe there.
+    fn first_stripe_on(&self, fragment: u32) -> Option<u64> {
+        let n = u64::from(self.fragments);
+        let first = (u64::from(fragment) % n + n - u64::from(self.start) % n) % n;
+        (first < u64::from(self.stripe_count)).then_some(first)
+    }
+
+    /// Where in `fragment`'s object the first byte of the file at or after `file_offset` that
+    /// this fragment holds lies (the objects pack their stripes in file order, so everything
+    /// the fragment holds from there on follows it in the object); `None` when the file has
+    /// no stripe on `fragment`.
+    pub fn object_offset_from(&self, fragment: u32, file_offset: u64) -> Option<u64> {
+        let first = self.first_stripe_on(fragment)?;
+        let ss = self.stripe_size;
+        let count = u64::from(self.stripe_count);
+        let k = file_offset / ss;
+        let here = k % count;
+        if here == first {
+            return Some((k / count) * ss + file_offset % ss);
+        }
+        // The next stripe of the file on this fragment starts its part from there.
+        let next = k - here + first + if first < here { count } else { 0 };
+        Some((next / count) * ss)
+    }
+
+    /// The file offset of byte `object_offset` of `fragment`'s object (the inverse of
+    /// [`pieces`](Self::pieces)); `None` when the file has no stripe on `fragment`.
+    pub fn file_offset_of(&self, fragment: u32, object_offset: u64) -> Option<u64> {
+        let first = self.first_stripe_on(fragment)?;
+        let ss = self.stripe_size;
+        let k = (object_offset / ss) * u64::from(self.stripe_count) + first;
+        Some(k.saturating_mul(ss).saturating_add(object_offset % ss))
+    }
+
     /// Length of the object on fragment `fragment` when the file is `file_size` bytes long: what
     /// a truncate leaves on each fragment.
     pub fn object_len(&self, fragment: u32, file_size: u64) -> u64 {
@@ -560,6 +596,33 @@ mod tests {
             }
             for f in 0..n {
                 prop_assert_eq!(l.object_len(f, size), ends[f as usize], "fragment {}", f);
+            }
+        }
+
+        /// object_offset_from is where the fragment's first byte at or after the offset lies
+        /// in its object, and file_offset_of maps every object byte back to its file byte.
+        #[test]
+        fn object_and_file_offsets_match_bytewise(ss in 1u64..20, count in 1u32..5,
+                                                  extra in 0u32..3, start_seed in 0u32..8,
+                                                  offset in 0u64..300) {
+            let n = count + extra;
+            let l = Layout { fragments: n, start: start_seed % n, ..layout(ss, count, 0) };
+            for f in 0..n {
+                let mut expect = None;
+                for b in offset..offset + ss * u64::from(count) + 1 {
+                    let k = b / ss;
+                    if l.fragment_of_stripe(k) == f {
+                        expect = Some((k / u64::from(count)) * ss + b % ss);
+                        break;
+                    }
+                }
+                prop_assert_eq!(l.object_offset_from(f, offset), expect, "fragment {}", f);
+            }
+            for p in l.pieces(offset, 100) {
+                for i in 0..p.len {
+                    prop_assert_eq!(l.file_offset_of(p.fragment, p.object_offset + i),
+                                    Some(offset + p.buf_offset + i));
+                }
             }
         }
     }

@@ -30,6 +30,37 @@ pub fn read_full_at(f: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::
     Ok(got)
 }
 
+/// `lseek(2)` `SEEK_DATA` (`hole` false) or `SEEK_HOLE` in `f` from `offset`: the offset
+/// found. `SEEK_DATA`: `None` when no data lies at or after `offset`. `SEEK_HOLE`: at or past
+/// the end of the file, `offset` itself (everything past the end reads as a hole).
+pub fn seek_data_or_hole(
+    f: &std::fs::File,
+    offset: u64,
+    hole: bool,
+) -> std::io::Result<Option<u64>> {
+    use std::os::fd::AsRawFd;
+    let Ok(at) = libc::off_t::try_from(offset) else {
+        return Ok(if hole { Some(offset) } else { None });
+    };
+    let whence = if hole {
+        libc::SEEK_HOLE
+    } else {
+        libc::SEEK_DATA
+    };
+    // SAFETY: lseek on a descriptor `f` owns; it only moves that descriptor's position, which
+    // nothing here relies on (every read and write names its offset).
+    let r = unsafe { libc::lseek(f.as_raw_fd(), at, whence) };
+    if r >= 0 {
+        return Ok(Some(r as u64));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENXIO) if hole => Ok(Some(offset)),
+        Some(libc::ENXIO) => Ok(None),
+        _ => Err(e),
+    }
+}
+
 /// Appends up to `len` bytes read from `f` at `offset` to `buf` (fewer at the end of the file);
 /// returns how many. Unlike [`read_full_at`] the bytes are read into the vector's spare
 /// capacity, which is never zeroed first: a reused 1 MiB buffer costs no `memset` per read.

@@ -723,6 +723,25 @@ pub enum Request {
         ns: NamespaceId,
         release: bool,
     },
+
+    // --- data, on one fragment (appended) ---
+    /// The bytes the fragment's device allocated to the file's object (`st_blocks` x 512, 0
+    /// when there is none): a mount sums them over the file's fragments for `st_blocks`, so a
+    /// hole costs nothing. Answered with `Allocated`.
+    ObjectAllocated {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+    },
+    /// `lseek(2)` in the file's object from object offset `offset`: the next data
+    /// (`SEEK_DATA`, `hole` false) or the next hole (`SEEK_HOLE`). Answered with `Seek`.
+    SeekObject {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+        offset: u64,
+        hole: bool,
+    },
 }
 
 /// How long a cache namespace's drainer hold lasts after its last renewal
@@ -1064,6 +1083,16 @@ pub enum Response {
     },
     /// Reply to `CacheEvict`: the attributes of the files evicted (marked `THROUGH_FILL`).
     Evicted(Vec<Attr>),
+    /// Reply to `ObjectAllocated`.
+    Allocated {
+        bytes: u64,
+    },
+    /// Reply to `SeekObject`: the object offset found. `SEEK_DATA`: `None` when the object
+    /// holds no data at or after the offset. `SEEK_HOLE`: always an offset (the object's end
+    /// is a hole, and so is everything past it).
+    Seek {
+        offset: Option<u64>,
+    },
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -1190,6 +1219,8 @@ impl Request {
             Request::ObjectChanged { .. } => 23,
             Request::AllocateObject { .. } => 24,
             Request::LocalFragment { .. } => 25,
+            Request::ObjectAllocated { .. } => 26,
+            Request::SeekObject { .. } => 27,
             Request::Lookup { .. } => 32,
             Request::GetAttr { .. } => 33,
             Request::SetAttr { .. } => 34,
@@ -1249,6 +1280,8 @@ impl Request {
             Request::ObjectChanged { .. } => "ObjectChanged",
             Request::AllocateObject { .. } => "AllocateObject",
             Request::LocalFragment { .. } => "LocalFragment",
+            Request::ObjectAllocated { .. } => "ObjectAllocated",
+            Request::SeekObject { .. } => "SeekObject",
             Request::Lookup { .. } => "Lookup",
             Request::GetAttr { .. } => "GetAttr",
             Request::SetAttr { .. } => "SetAttr",

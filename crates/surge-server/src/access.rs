@@ -74,7 +74,9 @@ fn scope(req: &Request) -> Option<(u64, Option<u32>)> {
         | SyncObject { instance, file, .. }
         | LocalObject { instance, file, .. }
         | ObjectChanged { instance, file, .. }
-        | AllocateObject { instance, file, .. } => (instance.0, Some(file.ns.0)),
+        | AllocateObject { instance, file, .. }
+        | ObjectAllocated { instance, file, .. }
+        | SeekObject { instance, file, .. } => (instance.0, Some(file.ns.0)),
         FragmentUsage { instance, .. } | LocalFragment { instance, .. } => (instance.0, None),
         other => {
             let (instance, ns) = other.namespace()?;

@@ -142,6 +142,22 @@ pub fn handle(
                     .allocate(file, offset, len, mode)?;
                 Response::Ok
             }
+            Request::ObjectAllocated {
+                instance,
+                fragment,
+                file,
+            } => Response::Allocated {
+                bytes: reg.fragment(instance, fragment)?.allocated(file)?,
+            },
+            Request::SeekObject {
+                instance,
+                fragment,
+                file,
+                offset,
+                hole,
+            } => Response::Seek {
+                offset: reg.fragment(instance, fragment)?.seek(file, offset, hole)?,
+            },
             Request::FragmentUsage { instance, fragment } => {
                 let f = reg.fragment(instance, fragment)?;
                 Response::Usage {

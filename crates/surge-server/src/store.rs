@@ -485,6 +485,29 @@ impl Fragment {
         }
     }
 
+    /// The bytes the device allocated to the object (0 when there is none), measured now: a
+    /// passthrough writer on this host changes it without this server.
+    pub fn allocated(&self, file: FileId) -> Result<u64, ErrorReply> {
+        match self.object(file, false)? {
+            Some(obj) => obj
+                .file
+                .metadata()
+                .map(|md| allocated(&md))
+                .map_err(|e| io_err("cannot stat object", &self.object_path(file), e)),
+            None => Ok(0),
+        }
+    }
+
+    /// `SEEK_DATA` (`hole` false) or `SEEK_HOLE` in the object from `offset` (see
+    /// [`surge_core::sys::seek_data_or_hole`]); a missing object is all hole.
+    pub fn seek(&self, file: FileId, offset: u64, hole: bool) -> Result<Option<u64>, ErrorReply> {
+        match self.object(file, false)? {
+            Some(obj) => surge_core::sys::seek_data_or_hole(&obj.file, offset, hole)
+                .map_err(|e| io_err("cannot seek in object", &self.object_path(file), e)),
+            None => Ok(hole.then_some(offset)),
+        }
+    }
+
     pub fn sync(&self, file: FileId) -> Result<(), ErrorReply> {
         match self.object(file, false)? {
             Some(obj) => obj

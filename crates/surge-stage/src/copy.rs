@@ -8,14 +8,16 @@
 //! is removed and reported; the others go on. The work runs in tasks of a `JoinSet`, so dropping
 //! the future of [`execute`] aborts everything in flight, leaving at most temporaries behind.
 //!
-//! Chunks that are all zeros are not written: the destination gets a hole there (it reads back
-//! as zeros), so sparse files stay sparse.
+//! Blocks of zeros ([`pfs::HOLE_BLOCK`]) are not written: the destination gets a hole there (it
+//! reads back as zeros), so sparse files stay sparse; on the way in, a chunk of zeros is not
+//! written to the instance either.
 
 use crate::names::{is_temp_name, temp_name};
 use crate::ns::{self, file_name, ROOT};
 use crate::plan::{DirEntryPlan, FileEntry, LinkEntry, Meta, Source};
 use crate::{pfs, Direction, Plan, Progress, StageError, StageFailure, StageOptions, StageReport};
 use parking_lot::Mutex;
+use pfs::is_zero;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::fs::File;
@@ -200,10 +202,6 @@ impl Ctx {
             Ok(())
         }
     }
-}
-
-fn is_zero(b: &[u8]) -> bool {
-    b.chunks(64).all(|c| c.iter().fold(0u8, |a, &x| a | x) == 0)
 }
 
 fn show(name: &[u8]) -> String {
@@ -1136,12 +1134,10 @@ async fn file_out(ctx: &Ctx, f: &FileEntry) -> Result<u64, String> {
             let (file, tmp) = pfs::create_temp(&dest)
                 .map_err(|e| format!("cannot create a temporary for {}: {e}", dest.display()))?;
             let r = (|| {
-                if is_zero(&data) {
-                    file.set_len(size)
-                } else {
-                    pfs::write_all_at(&file, &data, 0)
-                }
-                .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+                // Blocks of zeros are not written: the length makes them holes.
+                file.set_len(size)
+                    .and_then(|()| pfs::write_data_at(&file, &data, 0))
+                    .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
                 if checksum {
                     let mut back = vec![0u8; data.len()];
                     file.read_exact_at(&mut back, 0)
@@ -1194,7 +1190,11 @@ async fn file_out(ctx: &Ctx, f: &FileEntry) -> Result<u64, String> {
                 }
                 let (buf, w) = tokio::task::spawn_blocking(move || {
                     let data = &buf[win];
+                    let runs = pfs::data_runs(data, offset);
+                    let dense = matches!(runs.as_slice(), [r] if r.len() == data.len());
                     let r = match direct {
+                        // Blocks of zeros within the chunk stay holes.
+                        _ if !dense => pfs::write_data_at(&file, data, offset),
                         Some(d) if offset % DIRECT_ALIGN as u64 == 0 && len % DIRECT_ALIGN == 0 => {
                             match d.write_all_at(data, offset) {
                                 // Accepted at open, refused for this write: go buffered.

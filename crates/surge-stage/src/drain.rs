@@ -353,13 +353,15 @@ async fn copy_file(
         let Some(f) = file.take() else {
             break;
         };
-        // A new copy keeps the file's holes: a chunk of zeros is not written (the size is
+        // A new copy keeps the file's holes: a block of zeros is not written (the size is
         // set at the end), so a sparse file does not fill the PFS with zeros.
         let at = off;
         writing = Some(tokio::task::spawn_blocking(move || {
             use std::os::unix::fs::FileExt;
-            if in_place || data.iter().any(|&b| b != 0) {
+            if in_place {
                 f.write_all_at(&data, at)?;
+            } else {
+                crate::pfs::write_data_at(&f, &data, at)?;
             }
             Ok(f)
         }));

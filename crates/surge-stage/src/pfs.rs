@@ -103,6 +103,45 @@ pub(crate) fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<
     Ok(())
 }
 
+/// The unit in which a copy leaves holes: a block of zeros this long (at a multiple of it in
+/// the file) is not written, so the destination gets a hole there (it reads back as zeros).
+/// The page size and the block of ext4 and XFS: the finest hole those file systems keep.
+pub(crate) const HOLE_BLOCK: usize = 4096;
+
+/// Whether `b` is all zeros.
+pub(crate) fn is_zero(b: &[u8]) -> bool {
+    b.chunks(64).all(|c| c.iter().fold(0u8, |a, &x| a | x) == 0)
+}
+
+/// The ranges of `data` (to be written at file offset `offset`) holding something else than
+/// zeros, in [`HOLE_BLOCK`]s aligned in the file, adjacent blocks merged.
+pub(crate) fn data_runs(data: &[u8], offset: u64) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    // The first block ends at the next multiple of HOLE_BLOCK in the file.
+    let mut start = 0;
+    let mut end = (HOLE_BLOCK - (offset % HOLE_BLOCK as u64) as usize).min(data.len());
+    while start < data.len() {
+        if !is_zero(&data[start..end]) {
+            match runs.last_mut() {
+                Some(r) if r.end == start => r.end = end,
+                _ => runs.push(start..end),
+            }
+        }
+        start = end;
+        end = (end + HOLE_BLOCK).min(data.len());
+    }
+    runs
+}
+
+/// Writes the blocks of `data` that are not all zeros at `offset` of `file` (a new file, sized
+/// by the caller): the others stay holes, so a sparse file stays sparse on the PFS.
+pub(crate) fn write_data_at(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
+    for r in data_runs(data, offset) {
+        write_all_at(file, &data[r.clone()], offset + r.start as u64)?;
+    }
+    Ok(())
+}
+
 /// A second descriptor of a file, opened for direct I/O (`O_DIRECT`), or `None` where the file
 /// system refuses it. Large stage-out writes go through it: one copy from the chunk buffer to
 /// the device instead of a copy into the page cache and a writeback, and, on the machines

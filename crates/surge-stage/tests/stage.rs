@@ -208,6 +208,49 @@ async fn a_large_file_is_split_across_workers_and_fragments() {
     assert!(fs::read(&out).unwrap() == data);
 }
 
+/// A sparse file whose every chunk holds a little data comes back from the instance as sparse
+/// as it went in: the blocks of zeros inside a chunk are holes on the PFS, not only the chunks
+/// that are all zeros.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_out_keeps_the_holes_inside_each_chunk() {
+    let c = Cluster::start("holes", 2, 256 * MIB, CHUNK).await;
+    let src = c.path().join("sparse.dat");
+    let size = 16 * CHUNK + 4096;
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::File::create(&src).unwrap();
+        f.set_len(size).unwrap();
+        for k in 0..=16 {
+            f.write_all_at(&[k as u8 + 1; 4096], k * CHUNK).unwrap();
+        }
+    }
+    let data = fs::read(&src).unwrap();
+    let r = stage(
+        &c.client,
+        Direction::In,
+        &[file_item(&src, "/sparse.dat")],
+        &opts(),
+    )
+    .await;
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    let out = c.path().join("out.dat");
+    let r = stage(
+        &c.client,
+        Direction::Out,
+        &[file_item(&out, "/sparse.dat")],
+        &opts(),
+    )
+    .await;
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert!(fs::read(&out).unwrap() == data, "content differs");
+    use std::os::unix::fs::MetadataExt;
+    let allocated = fs::metadata(&out).unwrap().blocks() * 512;
+    assert!(
+        allocated < size / 8,
+        "{allocated} bytes allocated on the PFS for 68 KiB of data in {size}"
+    );
+}
+
 /// A root stager with every fragment of the instance on its host (the embedded default run as
 /// root, whose job mount reads one-stripe files with kernel passthrough) makes each file one
 /// stripe; any other stager keeps the instance's rule (every fragment).

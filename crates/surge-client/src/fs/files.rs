@@ -158,11 +158,7 @@ impl Fs {
             // The kernel writes a passthrough file without this process, so it could not
             // clear the setuid/setgid bits the write must clear; through the daemon it does.
             self.inodes.backing(ino)
-        } else if self.cache
-            && !self
-                .cache_passthrough_ok(ino, a.size, a.through, writer)
-                .await
-        {
+        } else if !self.passthrough_ok(ino, a.size, a.through, writer).await {
             None
         } else {
             self.backing_for(ino).await
@@ -488,6 +484,11 @@ impl Fs {
     /// `close(2)` of a descriptor: make what was written visible to other nodes.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
         let ino = self.inodes.handle_ino(fh)?;
+        // What the kernel wrote into a passthrough file counts before `close` returns (the
+        // next open for writing is let through only while the instance has room).
+        if let Some(b) = self.inodes.backing(ino) {
+            self.account_backing(ino, &b).await;
+        }
         self.commit(ino).await
     }
 

@@ -36,6 +36,9 @@ pub(super) struct Inode {
     pub backing_committed: Option<(u64, Timestamp)>,
     /// The kernel changed the backing file since the server last measured it.
     pub backing_changed: bool,
+    /// Bytes allocated to the backing file when its server was last told to measure it
+    /// (see `Fs::account_passthrough`).
+    pub backing_accounted: u64,
     /// Permission bits as last seen from the metadata server (setuid/setgid to clear on
     /// writes and truncates).
     pub perm: u16,
@@ -47,6 +50,9 @@ pub(super) struct Inode {
     pub through: Option<Arc<std::fs::File>>,
     /// A cache file the lazy fill made and this node reads from the PFS (see `fill`).
     pub fill: Option<Arc<super::fill::Fill>>,
+    /// `st_blocks` as last measured on the fragments, with the (size, mtime) it was measured
+    /// at (see `space`).
+    pub blocks: Option<((u64, Timestamp), u64)>,
 }
 
 impl Inode {
@@ -180,6 +186,15 @@ impl InodeTable {
     }
 
     /// The backing file of `ino` in use on this node.
+    /// The backing files of the inodes open here by passthrough.
+    pub fn open_backings(&self) -> Vec<(Ino, Arc<std::fs::File>)> {
+        let open: Vec<Ino> = self.open_inos.lock().iter().copied().collect();
+        let inodes = self.inodes.lock();
+        open.into_iter()
+            .filter_map(|ino| Some((ino, inodes.get(&ino)?.backing.clone()?)))
+            .collect()
+    }
+
     pub fn backing(&self, ino: Ino) -> Option<Arc<std::fs::File>> {
         self.with(ino, |i| i.backing.clone()).flatten()
     }

@@ -22,6 +22,7 @@
 //! - [`leases`]: directory leases of shared namespaces (creates behind there) and the task that
 //!   answers the metadata server's recalls.
 //! - [`passthrough`]: kernel passthrough of files whose data is one local object.
+//! - [`space`]: what files really hold (`st_blocks`, `SEEK_DATA`/`SEEK_HOLE`).
 //! - Cache instances: [`fill`] (files read from the PFS until copied in), [`through`] (files
 //!   written through to the PFS when the tier is full), [`evict`] (clean files evicted first,
 //!   and the reports of opens that rely on) and [`dirty`] (back-pressure on writers).
@@ -43,6 +44,7 @@ mod leases;
 mod listings;
 mod names;
 mod passthrough;
+mod space;
 mod through;
 mod xattr;
 
@@ -53,6 +55,8 @@ pub use files::ReadSource;
 use inodes::InodeTable;
 use listings::{FreshDirs, Listings};
 use parking_lot::Mutex;
+pub use passthrough::PASSTHROUGH_ACCOUNTING;
+pub use space::dense_blocks;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use surge_core::Ino;

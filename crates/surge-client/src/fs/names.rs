@@ -85,7 +85,7 @@ impl Fs {
         // An unprivileged creator's writes must clear setuid/setgid bits it asked for: the
         // daemon does that, not a passthrough write (see `open`).
         let backing = if (uid != 0 && super::files::drops_privilege(a.perm))
-            || (self.cache && !self.cache_passthrough_ok(a.ino, 0, 0, true).await)
+            || !self.passthrough_ok(a.ino, 0, 0, true).await
         {
             None
         } else {

@@ -16,6 +16,15 @@ use surge_core::{FileLayout, Ino};
 use surge_proto::Timestamp;
 use tracing::debug;
 
+/// An open for writing is passed through only while the instance has at least this fraction
+/// (1/`PASSTHROUGH_ROOM`) of its capacity left on the file's server (see
+/// [`Fs::passthrough_ok`]).
+pub const PASSTHROUGH_ROOM: u64 = 16;
+
+/// How often what the kernel wrote into passthrough files is measured and accounted (see
+/// [`Fs::account_passthrough`]).
+pub const PASSTHROUGH_ACCOUNTING: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Whether passthrough is possible (the kernel granted it; cleared for good at the first sign
 /// it is not), and the instance's fragments on this host.
 #[derive(Default)]
@@ -67,23 +76,28 @@ impl Fs {
     /// Called by the adapter when the kernel accepted FUSE passthrough. Cache instances only
     /// with `passthrough=on`: their files may have to switch to writing through to the PFS
     /// mid-write (see `through`), which needs every write to pass here, so by default they
-    /// do not use it (see [`cache_passthrough_ok`](Self::cache_passthrough_ok)).
+    /// do not use it (see [`passthrough_ok`](Self::passthrough_ok)).
     pub fn enable_passthrough(&self) {
         self.passthrough
             .set(!self.cache || self.client.desc.cache_passthrough);
     }
 
-    /// A cache instance with `passthrough=on`: whether an open of `ino` (`through` from its
-    /// attributes) may be a kernel passthrough open. Its data must all be on the fast tier
-    /// (not written through to the PFS, not left there by the lazy fill), no open of it here
-    /// may go through this process (the kernel keeps one I/O mode per inode: an open in the
-    /// other mode would fail with EIO), and for a writer the instance must have room on the
-    /// file's server, counting what the file holds there (`size`, e.g. preallocated): at least
-    /// a sixteenth of the instance's capacity (a passthrough file cannot switch to the PFS
-    /// when the tier fills, so it may take the tier past the capacity until it closes; what
-    /// opens later falls back as usual). An inode already open by passthrough here keeps it
-    /// (same reason).
-    pub(super) async fn cache_passthrough_ok(
+    /// Whether an open of `ino` (`size` and `through` from its attributes) may be a kernel
+    /// passthrough open. An inode already open by passthrough here keeps it (the kernel keeps
+    /// one I/O mode per inode: an open in the other mode would fail with EIO), and for the
+    /// same reason no other open of it here may go through this process. Cache instances
+    /// (`passthrough=on`): its data must all be on the fast tier (not written through to the
+    /// PFS, not left there by the lazy fill).
+    ///
+    /// Capacity: the kernel writes a passthrough file without this process, and Linux gives a
+    /// FUSE server no way to stop the writes of a file open so. An open for writing is
+    /// therefore passed through only while the instance has room on the file's server,
+    /// counting what the file holds there (`size`, e.g. preallocated): at least
+    /// [`PASSTHROUGH_ROOM`] of its capacity there. Past that, files are written through this
+    /// process, whose every write the server checks (ENOSPC at the capacity); what files
+    /// already open by passthrough write is measured while they are open
+    /// ([`account_passthrough`](Self::account_passthrough)) and counts at once.
+    pub(super) async fn passthrough_ok(
         &self,
         ino: Ino,
         size: u64,
@@ -96,7 +110,8 @@ impl Fs {
         if self.inodes.backing(ino).is_some() {
             return true;
         }
-        if through != 0 || self.fill_of(ino).is_some() || self.inodes.is_open(ino) {
+        if self.inodes.is_open(ino) || (self.cache && (through != 0 || self.fill_of(ino).is_some()))
+        {
             return false;
         }
         if !writer {
@@ -106,19 +121,49 @@ impl Fs {
             Ok(l) if l.single_object() => l.start,
             _ => return false,
         };
-        let need = self.client.desc.capacity / 16;
-        match self.client.room_at(frag).await {
+        let need = self.client.desc.capacity / PASSTHROUGH_ROOM;
+        // Asked at every open for writing: an answer kept even a few milliseconds would let
+        // a burst of opens in, each of which the kernel may then grow without bound.
+        let room = self.client.room_at(frag).await;
+        match room {
             Ok(room) if room.saturating_add(size) >= need => true,
             Ok(room) => {
                 debug!(
-                    "inode {ino}: {room} bytes left on the tier (under {need}): written \
-                     through this process, which can fall back to the PFS"
+                    "inode {ino}: {room} bytes left on its server (under {need}): written \
+                     through this process, which the server checks"
                 );
                 false
             }
             Err(e) => {
-                debug!("inode {ino}: room on the tier unknown ({e}): no passthrough");
+                debug!("inode {ino}: room on its server unknown ({e}): no passthrough");
                 false
+            }
+        }
+    }
+
+    /// Tells the servers what the kernel wrote into the objects of files open here by
+    /// passthrough since they last measured them, so the instance's use counts it while the
+    /// files are open (other opens, here and on other nodes, see the space taken at once, not
+    /// at the last close). Called every [`PASSTHROUGH_ACCOUNTING`].
+    pub async fn account_passthrough(&self) {
+        for (ino, b) in self.inodes.open_backings() {
+            self.account_backing(ino, &b).await;
+        }
+    }
+
+    /// Has the server measure the object of `ino` (open here by passthrough, backing file
+    /// `b`) again when the kernel changed its allocation since the server last did.
+    pub(super) async fn account_backing(&self, ino: Ino, b: &std::fs::File) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(md) = b.metadata() else { return };
+        let allocated = md.blocks() * 512;
+        let reported = self.inodes.with(ino, |i| {
+            std::mem::replace(&mut i.backing_accounted, allocated)
+        });
+        if reported.is_some_and(|r| r != allocated) {
+            if let Err(e) = self.client.object_changed(ino).await {
+                debug!("inode {ino}: passthrough writes not accounted yet: {e}");
+                self.inodes.with(ino, |i| i.backing_accounted = 0);
             }
         }
     }
