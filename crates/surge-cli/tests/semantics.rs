@@ -738,6 +738,95 @@ fn unprivileged_writes_and_truncates_clear_setuid_and_setgid() {
     assert_eq!(mode(&p), 0o2666);
 }
 
+/// A chown or chgrp of anything but a directory clears setuid, and setgid where it marks
+/// privilege (group execute) or the caller is not in the file's group, by any caller: Linux's
+/// rule (`chown_common`), which with `FUSE_HANDLE_KILLPRIV_V2` is the mount's to apply. The C
+/// pjdfstest's `chown/00.t` checks the same.
+#[test]
+fn chown_clears_setuid_and_setgid_of_all_but_directories() {
+    let Some((_c, m)) = setup("chown_clears_setuid_and_setgid_of_all_but_directories") else {
+        return;
+    };
+    if skip_without_root("chown_clears_setuid_and_setgid_of_all_but_directories") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    let owner = |p: &Path| {
+        let md = std::fs::symlink_metadata(p).unwrap();
+        (md.uid(), md.gid())
+    };
+    // `cmd` run as uid 65534 with groups 65533 and 65532 (as pjdfstest's `-u 65534 -g
+    // 65533,65532`).
+    let as_user = |cmd: &str| {
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", cmd]).current_dir(m.path(""));
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                let groups: [libc::gid_t; 2] = [65533, 65532];
+                if libc::setgroups(2, groups.as_ptr()) != 0
+                    || libc::setgid(65533) != 0
+                    || libc::setuid(65534) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let st = c.status().unwrap();
+        assert!(st.success(), "{cmd}");
+    };
+    let chown = |p: &Path, uid: u32, gid: u32| std::os::unix::fs::chown(p, Some(uid), Some(gid));
+    let chmod = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    std::fs::set_permissions(m.path(""), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let file = m.path("f");
+    std::fs::write(&file, b"#!/bin/sh\n").unwrap();
+    let fifo = m.path("fifo");
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::mkfifo(cstr(&fifo).as_ptr(), 0o644) }, 0);
+    for p in [&file, &fifo] {
+        // By root: setuid and setgid (with group execute) go.
+        chown(p, 65534, 65533).unwrap();
+        chmod(p, 0o6555);
+        assert_eq!(mode(p), 0o6555);
+        chown(p, 65532, 65531).unwrap();
+        assert_eq!(
+            (mode(p), owner(p)),
+            (0o555, (65532, 65531)),
+            "{p:?} by root"
+        );
+        // By the owner, changing the group to one of its own: the same.
+        chown(p, 65534, 65533).unwrap();
+        chmod(p, 0o6555);
+        let name = p.file_name().unwrap().to_str().unwrap();
+        as_user(&format!("chgrp 65532 {name}"));
+        assert_eq!(
+            (mode(p), owner(p)),
+            (0o555, (65534, 65532)),
+            "{p:?} by its owner"
+        );
+        // Setgid without group execute stays for a caller in the file's group, goes for one
+        // that is not.
+        chmod(p, 0o2644);
+        as_user(&format!("chgrp 65533 {name}"));
+        assert_eq!(mode(p), 0o2644, "{p:?}: the caller is in group 65532");
+        chown(p, 65534, 0).unwrap();
+        chmod(p, 0o2644);
+        as_user(&format!("chgrp 65533 {name}"));
+        assert_eq!(mode(p), 0o644, "{p:?}: the caller is not in group 0");
+    }
+    // A directory keeps them (Linux clears nothing there: setgid passes the group down).
+    let dir = m.path("d");
+    std::fs::create_dir(&dir).unwrap();
+    chown(&dir, 65534, 65533).unwrap();
+    chmod(&dir, 0o6755);
+    chown(&dir, 65532, 65531).unwrap();
+    assert_eq!(mode(&dir), 0o6755);
+}
+
 /// FIFOs, UNIX sockets and devices are nodes with metadata only: made by `mkfifo`, `bind` and
 /// `mknod`, with modes, owners, `st_rdev`, links and renames like any node; the kernel of the
 /// node that opens one serves it (a FIFO carries data between two processes here).
