@@ -1442,3 +1442,73 @@ fn a_pfs_file_larger_than_the_cache_is_read_and_appended_on_the_pfs() {
         "the PFS file differs from what the job wrote\n{t}"
     );
 }
+
+/// Times set by `cp -p` and `tar -xp` in the instance are the ones stage-out (a striped
+/// scratch instance) and the drain (a cache instance) put on the PFS, not the time of the
+/// copy's writes.
+#[test]
+fn times_set_in_the_instance_reach_the_pfs_by_stage_out_and_the_drain() {
+    let test = "times_set_in_the_instance_reach_the_pfs_by_stage_out_and_the_drain";
+    if skip_without_fuse(test) {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let j = Job::new("times");
+    std::fs::create_dir_all(j.path("in/sub")).unwrap();
+    let mut data = vec![0u8; 3 << 20];
+    Rng(7).fill(&mut data);
+    std::fs::write(j.path("in/big.dat"), &data).unwrap();
+    std::fs::write(j.path("in/sub/small.txt"), b"small\n").unwrap();
+    let old = std::time::UNIX_EPOCH + std::time::Duration::new(1_250_000_000, 123_456_789);
+    for f in ["in/big.dat", "in/sub/small.txt"] {
+        std::fs::File::options()
+            .write(true)
+            .open(j.path(f))
+            .unwrap()
+            .set_times(
+                std::fs::FileTimes::new()
+                    .set_accessed(old)
+                    .set_modified(old),
+            )
+            .unwrap();
+    }
+    let copies = "mkdir -p $D/out/tar\ncp -p in/big.dat $D/out/cp_p.dat\n\
+                  tar -C in -cf - . | tar -C $D/out/tar -xpf -\n";
+    let scratch = j.script(
+        "scratch.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=256MiB\n\
+             #DW stage_out type=directory source=$DW_JOB_STRIPED/out destination=staged\n\
+             set -e\nD=$DW_JOB_STRIPED\n{copies}"
+        ),
+    );
+    let (out, _) = j.run(&[scratch.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let cache = j.script(
+        "cache.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=256MiB pfs={}\n\
+             set -e\nD=$DW_JOB_STRIPED_CACHE\n{copies}",
+            pfs.display()
+        ),
+    );
+    let (out, _) = j.run(&[cache.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    for (root, how) in [(j.path("staged"), "stage-out"), (pfs.join("out"), "drain")] {
+        for (copy, nsec) in [
+            ("cp_p.dat", true),
+            ("tar/big.dat", false),
+            ("tar/sub/small.txt", false),
+        ] {
+            let md =
+                std::fs::metadata(root.join(copy)).unwrap_or_else(|e| panic!("{how}: {copy}: {e}"));
+            assert_eq!(
+                (md.mtime(), if nsec { md.mtime_nsec() } else { 0 }),
+                (1_250_000_000, if nsec { 123_456_789 } else { 0 }),
+                "{how}: the mtime of {copy} on the PFS"
+            );
+        }
+    }
+}

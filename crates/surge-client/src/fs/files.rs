@@ -83,20 +83,29 @@ impl Fs {
             self.settle_fill(ino, new).await?;
         }
         let mut set = set;
-        // No commit of this inode may be in flight while its size changes.
-        let _size = match set.size {
-            Some(_) => Some(self.size_lock(ino).lock().await),
-            None => None,
+        let times = set.atime.is_some() || set.mtime.is_some();
+        // No commit of this inode may be in flight while its size or times change.
+        let _size = if set.size.is_some() || times {
+            Some(self.size_lock(ino).lock().await)
+        } else {
+            None
         };
-        let old_size = match (set.size, self.inodes.open_size(ino)) {
+        let open_here = self.inodes.open_size(ino).is_some();
+        if times && set.size.is_none() && open_here {
+            // Times the application sets win over this node's own mtime of its writes
+            // (`cp -p`, `tar -xp` set them on the open copy): what is pending is committed
+            // first, so no later commit (close, fsync) puts the time of the writes back.
+            self.commit_locked(ino).await?;
+        }
+        let old_size = match (set.size, open_here) {
             (None, _) => 0,
-            (Some(_), Some(_)) => {
+            (Some(_), true) => {
                 // Commit pending writes first, so the recorded size is not raised again by a
                 // later commit of bytes the truncate removed.
                 self.commit_locked(ino).await?;
                 self.inodes.size(ino)
             }
-            (Some(_), None) => self.client.getattr(ino).await.map_err(stale)?.size,
+            (Some(_), false) => self.client.getattr(ino).await.map_err(stale)?.size,
         };
         if set.size.is_some() && set.mtime.is_none() {
             set.mtime = Some(TimeSet::Now);
