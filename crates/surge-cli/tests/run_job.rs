@@ -1443,6 +1443,102 @@ fn a_pfs_file_larger_than_the_cache_is_read_and_appended_on_the_pfs() {
     );
 }
 
+/// The run directory `surge run` mounted under, from its "mount" phase line.
+fn run_dir_of(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find(|l| l.contains("surge run: mount"))
+        .and_then(|l| l.split(" under ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .map(|r| r.trim_end_matches(';').to_string())
+        .unwrap_or_else(|| panic!("the mount phase names its directory: {stderr}"))
+}
+
+/// Ends a process this test made the job start (its pid in `pid_file`), if it still runs.
+fn end_pid_in(pid_file: &Path) {
+    if let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok())
+    {
+        // SAFETY: signalling the one process the job started for this test.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// A job whose mount a process outside it still holds when it ends: `how` starts that process
+/// (its pid in `holder.pid`), detached from the job's process group so the end of the job does
+/// not kill it. `surge run` must end within a bound, stage out, leave no mount and say what it
+/// did (`said`).
+fn unmount_is_bounded(tag: &str, how: &str, said: &str) {
+    let j = Job::new(tag);
+    let pid_file = j.path("holder.pid");
+    let script = j.script(
+        "job.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=128MiB\n\
+             #DW stage_out type=file source=$DW_JOB_STRIPED/result.txt destination=out/result.txt\n\
+             set -e\necho done > $DW_JOB_STRIPED/result.txt\n\
+             {how} </dev/null >/dev/null 2>&1 &\necho $! > {pid}\n\
+             for i in $(seq 200); do [ \"$(cat /proc/$(cat {pid})/comm)\" = sleep ] && break; \
+             sleep 0.05; done\n",
+            pid = pid_file.display()
+        ),
+    );
+    let start = std::time::Instant::now();
+    let (out, _) = j.run(&[script.to_str().unwrap()]);
+    let took = start.elapsed();
+    end_pid_in(&pid_file);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "surge run took {took:?} (the holder sleeps 120 s)\n{t}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(j.path("out/result.txt")).unwrap(),
+        "done\n",
+        "{t}"
+    );
+    assert!(t.contains(said), "surge run does not say `{said}`:\n{t}");
+    let run_dir = run_dir_of(&String::from_utf8_lossy(&out.stderr));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&run_dir),
+        "a mount was left under {run_dir}:\n{t}"
+    );
+}
+
+/// A process that escaped the job (`setsid`) with its working directory in the mount: the
+/// mount is busy at the end of the job, so it is detached after a short wait.
+#[test]
+fn a_process_outside_the_job_in_the_mount_does_not_leave_a_dead_mount() {
+    let test = "a_process_outside_the_job_in_the_mount_does_not_leave_a_dead_mount";
+    if skip_without_fuse(test) {
+        return;
+    }
+    unmount_is_bounded(
+        "busy",
+        "setsid sh -c 'cd \"$1\" && exec sleep 120' _ $DW_JOB_STRIPED",
+        "detached it (lazy unmount)",
+    );
+}
+
+/// A mount namespace made during the job (`unshare -m`: what a container or a service with
+/// `PrivateTmp` does) holds a copy of the mount: the unmount here succeeds but the FUSE session
+/// would last as long as that namespace; its connection is aborted after a short wait.
+#[test]
+fn a_copy_of_the_mount_in_another_namespace_does_not_hold_up_the_run() {
+    let test = "a_copy_of_the_mount_in_another_namespace_does_not_hold_up_the_run";
+    if skip_without_fuse(test) || skip_without_root(test) {
+        return;
+    }
+    unmount_is_bounded(
+        "mntns",
+        "setsid unshare -m --propagation private sleep 120",
+        "aborted its connection",
+    );
+}
+
 /// Times set by `cp -p` and `tar -xp` in the instance are the ones stage-out (a striped
 /// scratch instance) and the drain (a cache instance) put on the PFS, not the time of the
 /// copy's writes.
