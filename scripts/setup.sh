@@ -27,6 +27,10 @@ have munged      || need+=(munge)
 [ -f /usr/include/munge.h ] || need+=(libmunge-dev)
 # fsx and fsstress (xfstests, built from ../shared/tools/fs-suites) include <xfs/xfs.h>.
 [ -f /usr/include/xfs/xfs.h ] || need+=(xfslibs-dev)
+# The C pjdfstest (built from ../shared/tools/fs-suites): autotools, and prove (perl) runs it.
+have autoreconf  || need+=(autoconf automake)
+have libtoolize  || need+=(libtool)
+have prove       || need+=(perl)
 # MPI-IO: `surge bench io --backend mpiio` and the MPI jobs `surge tune` tunes.
 have mpicc       || need+=(libopenmpi-dev)
 have mpirun      || need+=(openmpi-bin)
@@ -97,6 +101,17 @@ if [ -x "$suites/build.sh" ]; then
         echo "setup: building fsx and fsstress from $suites"
         "$suites/build.sh" "$tools/bin" >/tmp/surge-fs-suites.log 2>&1 \
             || { echo "setup: building fsx/fsstress failed, see /tmp/surge-fs-suites.log" >&2; exit 1; }
+    fi
+    # The C pjdfstest (8,798 subtests, more than the Rust port: e.g. chown clearing setuid),
+    # built in .tools/pjdfstest-c where its tests find the binary.
+    if [ -f "$suites/pjdfstest-c.tar.gz" ] && { [ ! -x "$tools/pjdfstest-c/pjdfstest" ] \
+        || [ "$suites/pjdfstest-c.tar.gz" -nt "$tools/pjdfstest-c/pjdfstest" ]; }; then
+        echo "setup: building the C pjdfstest from $suites"
+        rm -rf "$tools/pjdfstest-c" && mkdir -p "$tools/pjdfstest-c"
+        ( tar -xzf "$suites/pjdfstest-c.tar.gz" --strip-components=1 -C "$tools/pjdfstest-c" \
+            && cd "$tools/pjdfstest-c" && autoreconf -ifs && ./configure && make ) \
+            >/tmp/surge-pjdfstest-c.log 2>&1 \
+            || { echo "setup: building the C pjdfstest failed, see /tmp/surge-pjdfstest-c.log" >&2; exit 1; }
     fi
 fi
 

@@ -3,8 +3,8 @@
 //! (data integrity: random reads, writes, truncates, mmap, fallocate, punch hole,
 //! copy_file_range, O_DIRECT, each checked against a model) and fsstress (namespace and data
 //! operations from 4 processes), both built by the setup from `../shared/tools/fs-suites` when
-//! that folder is there. Results are compared with a tmpfs directory of the same machine
-//! (docs/SEMANTICS.md lists what differs).
+//! that folder is there, as is the C pjdfstest (8,798 subtests, run with `prove`). Results are
+//! compared with a tmpfs directory of the same machine (docs/SEMANTICS.md lists what differs).
 
 mod common;
 use common::*;
@@ -27,21 +27,27 @@ fn pjdfstest() -> PathBuf {
     p
 }
 
-/// fsx or fsstress: built by `make setup` from ../shared/tools/fs-suites; `None` (said) where
-/// that folder is absent.
-fn xfstests_tool(name: &str, test: &str) -> Option<PathBuf> {
+/// `../shared/tools/fs-suites` (or `$SURGE_FS_SUITES`); `None` (said) where it is absent.
+fn fs_suites(test: &str) -> Option<PathBuf> {
     let suites = std::env::var_os("SURGE_FS_SUITES").map_or_else(
         || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/fs-suites"),
         PathBuf::from,
     );
     if !suites.join("build.sh").exists() {
         eprintln!(
-            "SKIPPED {test}: {} is absent (fsx and fsstress come from there; set \
-             SURGE_FS_SUITES to its path)",
+            "SKIPPED {test}: {} is absent (fsx, fsstress and the C pjdfstest come from there; \
+             set SURGE_FS_SUITES to its path)",
             suites.display()
         );
         return None;
     }
+    Some(suites)
+}
+
+/// fsx or fsstress: built by `make setup` from ../shared/tools/fs-suites; `None` (said) where
+/// that folder is absent.
+fn xfstests_tool(name: &str, test: &str) -> Option<PathBuf> {
+    let suites = fs_suites(test)?;
     let p = tools().join(name);
     assert!(
         p.exists(),
@@ -210,6 +216,87 @@ fn pjdfstest_on_cache() {
 #[test]
 fn pjdfstest_on_cache_with_passthrough() {
     pjdfstest_on("cache-passthrough");
+}
+
+/// The C pjdfstest (`make setup` builds it from ../shared/tools/fs-suites into
+/// `.tools/pjdfstest-c`); `None` (said) where that folder is absent.
+fn c_pjdfstest(test: &str) -> Option<PathBuf> {
+    let suites = fs_suites(test)?;
+    let dir = tools().join("../pjdfstest-c");
+    assert!(
+        dir.join("pjdfstest").exists() && dir.join("tests").is_dir(),
+        "{} is missing although {} is there: run `make setup`",
+        dir.display(),
+        suites.display()
+    );
+    Some(dir)
+}
+
+/// The C pjdfstest (8,798 subtests; `prove -r`, as root, from an empty directory of a mount of
+/// `kind`): every file must pass, as on tmpfs here.
+fn c_pjdfstest_on(kind: &str) {
+    let test = format!("c_pjdfstest_on_{kind}");
+    if skip_without_fuse(&test) || skip_without_root(&test) {
+        return;
+    }
+    let Some(suite) = c_pjdfstest(&test) else {
+        return;
+    };
+    let k = mount(kind);
+    let dir = k.mount.path("pjd-c");
+    std::fs::create_dir(&dir).unwrap();
+    let out = Command::new("prove")
+        .arg("-r")
+        .arg(suite.join("tests"))
+        .current_dir(&dir)
+        .output()
+        .expect("run prove (perl)");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let failed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Failed") || l.contains("Wstat") || l.starts_with("not ok"))
+        .collect();
+    let result = text
+        .lines()
+        .find(|l| l.starts_with("Result:"))
+        .unwrap_or("no result line");
+    let totals = text
+        .lines()
+        .find(|l| l.starts_with("Files="))
+        .unwrap_or_default();
+    eprintln!("C pjdfstest on a {kind} instance: {result} ({totals})");
+    assert!(
+        out.status.success() && result == "Result: PASS",
+        "C pjdfstest on a {kind} instance: {result}\n{}\n(mount log:\n{})",
+        failed.join("\n"),
+        k.mount.log()
+    );
+}
+
+#[test]
+fn c_pjdfstest_on_striped() {
+    c_pjdfstest_on("striped");
+}
+
+#[test]
+fn c_pjdfstest_on_local() {
+    c_pjdfstest_on("local");
+}
+
+#[test]
+fn c_pjdfstest_on_private() {
+    c_pjdfstest_on("private");
+}
+
+#[test]
+fn c_pjdfstest_on_cache() {
+    c_pjdfstest_on("cache");
+}
+
+#[test]
+fn c_pjdfstest_on_cache_with_passthrough() {
+    c_pjdfstest_on("cache-passthrough");
 }
 
 /// Runs fsx with `args` on a file in a mount of `kind`; fails with the end of its output and

@@ -1442,3 +1442,169 @@ fn a_pfs_file_larger_than_the_cache_is_read_and_appended_on_the_pfs() {
         "the PFS file differs from what the job wrote\n{t}"
     );
 }
+
+/// The run directory `surge run` mounted under, from its "mount" phase line.
+fn run_dir_of(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find(|l| l.contains("surge run: mount"))
+        .and_then(|l| l.split(" under ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .map(|r| r.trim_end_matches(';').to_string())
+        .unwrap_or_else(|| panic!("the mount phase names its directory: {stderr}"))
+}
+
+/// Ends a process this test made the job start (its pid in `pid_file`), if it still runs.
+fn end_pid_in(pid_file: &Path) {
+    if let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok())
+    {
+        // SAFETY: signalling the one process the job started for this test.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// A job whose mount a process outside it still holds when it ends: `how` starts that process
+/// (its pid in `holder.pid`), detached from the job's process group so the end of the job does
+/// not kill it. `surge run` must end within a bound, stage out, leave no mount and say what it
+/// did (`said`).
+fn unmount_is_bounded(tag: &str, how: &str, said: &str) {
+    let j = Job::new(tag);
+    let pid_file = j.path("holder.pid");
+    let script = j.script(
+        "job.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=128MiB\n\
+             #DW stage_out type=file source=$DW_JOB_STRIPED/result.txt destination=out/result.txt\n\
+             set -e\necho done > $DW_JOB_STRIPED/result.txt\n\
+             {how} </dev/null >/dev/null 2>&1 &\necho $! > {pid}\n\
+             for i in $(seq 200); do [ \"$(cat /proc/$(cat {pid})/comm)\" = sleep ] && break; \
+             sleep 0.05; done\n",
+            pid = pid_file.display()
+        ),
+    );
+    let start = std::time::Instant::now();
+    let (out, _) = j.run(&[script.to_str().unwrap()]);
+    let took = start.elapsed();
+    end_pid_in(&pid_file);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "surge run took {took:?} (the holder sleeps 120 s)\n{t}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(j.path("out/result.txt")).unwrap(),
+        "done\n",
+        "{t}"
+    );
+    assert!(t.contains(said), "surge run does not say `{said}`:\n{t}");
+    let run_dir = run_dir_of(&String::from_utf8_lossy(&out.stderr));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&run_dir),
+        "a mount was left under {run_dir}:\n{t}"
+    );
+}
+
+/// A process that escaped the job (`setsid`) with its working directory in the mount: the
+/// mount is busy at the end of the job, so it is detached after a short wait.
+#[test]
+fn a_process_outside_the_job_in_the_mount_does_not_leave_a_dead_mount() {
+    let test = "a_process_outside_the_job_in_the_mount_does_not_leave_a_dead_mount";
+    if skip_without_fuse(test) {
+        return;
+    }
+    unmount_is_bounded(
+        "busy",
+        "setsid sh -c 'cd \"$1\" && exec sleep 120' _ $DW_JOB_STRIPED",
+        "detached it (lazy unmount)",
+    );
+}
+
+/// A mount namespace made during the job (`unshare -m`: what a container or a service with
+/// `PrivateTmp` does) holds a copy of the mount: the unmount here succeeds but the FUSE session
+/// would last as long as that namespace; its connection is aborted after a short wait.
+#[test]
+fn a_copy_of_the_mount_in_another_namespace_does_not_hold_up_the_run() {
+    let test = "a_copy_of_the_mount_in_another_namespace_does_not_hold_up_the_run";
+    if skip_without_fuse(test) || skip_without_root(test) {
+        return;
+    }
+    unmount_is_bounded(
+        "mntns",
+        "setsid unshare -m --propagation private sleep 120",
+        "aborted its connection",
+    );
+}
+
+/// Times set by `cp -p` and `tar -xp` in the instance are the ones stage-out (a striped
+/// scratch instance) and the drain (a cache instance) put on the PFS, not the time of the
+/// copy's writes.
+#[test]
+fn times_set_in_the_instance_reach_the_pfs_by_stage_out_and_the_drain() {
+    let test = "times_set_in_the_instance_reach_the_pfs_by_stage_out_and_the_drain";
+    if skip_without_fuse(test) {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let j = Job::new("times");
+    std::fs::create_dir_all(j.path("in/sub")).unwrap();
+    let mut data = vec![0u8; 3 << 20];
+    Rng(7).fill(&mut data);
+    std::fs::write(j.path("in/big.dat"), &data).unwrap();
+    std::fs::write(j.path("in/sub/small.txt"), b"small\n").unwrap();
+    let old = std::time::UNIX_EPOCH + std::time::Duration::new(1_250_000_000, 123_456_789);
+    for f in ["in/big.dat", "in/sub/small.txt"] {
+        std::fs::File::options()
+            .write(true)
+            .open(j.path(f))
+            .unwrap()
+            .set_times(
+                std::fs::FileTimes::new()
+                    .set_accessed(old)
+                    .set_modified(old),
+            )
+            .unwrap();
+    }
+    let copies = "mkdir -p $D/out/tar\ncp -p in/big.dat $D/out/cp_p.dat\n\
+                  tar -C in -cf - . | tar -C $D/out/tar -xpf -\n";
+    let scratch = j.script(
+        "scratch.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=256MiB\n\
+             #DW stage_out type=directory source=$DW_JOB_STRIPED/out destination=staged\n\
+             set -e\nD=$DW_JOB_STRIPED\n{copies}"
+        ),
+    );
+    let (out, _) = j.run(&[scratch.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let pfs = j.path("pfs");
+    std::fs::create_dir_all(&pfs).unwrap();
+    let cache = j.script(
+        "cache.sh",
+        &format!(
+            "#!/bin/bash\n#DW jobdw type=cache access_mode=striped capacity=256MiB pfs={}\n\
+             set -e\nD=$DW_JOB_STRIPED_CACHE\n{copies}",
+            pfs.display()
+        ),
+    );
+    let (out, _) = j.run(&[cache.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    for (root, how) in [(j.path("staged"), "stage-out"), (pfs.join("out"), "drain")] {
+        for (copy, nsec) in [
+            ("cp_p.dat", true),
+            ("tar/big.dat", false),
+            ("tar/sub/small.txt", false),
+        ] {
+            let md =
+                std::fs::metadata(root.join(copy)).unwrap_or_else(|e| panic!("{how}: {copy}: {e}"));
+            assert_eq!(
+                (md.mtime(), if nsec { md.mtime_nsec() } else { 0 }),
+                (1_250_000_000, if nsec { 123_456_789 } else { 0 }),
+                "{how}: the mtime of {copy} on the PFS"
+            );
+        }
+    }
+}

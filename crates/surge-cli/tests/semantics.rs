@@ -461,6 +461,103 @@ fn utimens_and_timestamps() {
     assert!(md.ctime() * 1_000_000_000 + md.ctime_nsec() > ct);
 }
 
+/// Times an application sets on a copy it is still writing win over the mount's own time of
+/// those writes, on every instance kind: `cp -p`, `cp -a` and `install -p` set them on the
+/// open copy (`futimens`) before they close it, `tar -xp` after; the copy keeps the source's
+/// times, here and as the metadata server has them (another mount's view).
+#[test]
+fn times_set_by_copying_tools_win_over_the_time_of_their_writes() {
+    let test = "times_set_by_copying_tools_win_over_the_time_of_their_writes";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let src = Scratch::new("times-src");
+    let tree = src.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    let mut big = vec![0u8; 3 << 20];
+    Rng(32).fill(&mut big);
+    std::fs::write(tree.join("big.dat"), &big).unwrap();
+    std::fs::write(tree.join("sub/small.txt"), b"small\n").unwrap();
+    // Old times with nanoseconds, different for atime and mtime.
+    let set_times = |p: &Path, secs: i64| {
+        let ts = [
+            libc::timespec {
+                tv_sec: secs - 1000,
+                tv_nsec: 111_111_111,
+            },
+            libc::timespec {
+                tv_sec: secs,
+                tv_nsec: 222_222_222,
+            },
+        ];
+        // SAFETY: valid path and two timespecs.
+        assert_eq!(
+            unsafe { libc::utimensat(libc::AT_FDCWD, cstr(p).as_ptr(), ts.as_ptr(), 0) },
+            0
+        );
+    };
+    // Reading a source moves its atime (relatime): they are set again before each copy.
+    let sh = |cmd: &str| {
+        set_times(&tree.join("big.dat"), 1_300_000_000);
+        set_times(&tree.join("sub/small.txt"), 1_200_000_000);
+        let out = std::process::Command::new("sh")
+            .args(["-c", cmd])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd}: {}", text(&out));
+    };
+    for kind in ["default", "striped", "private", "cache"] {
+        let c = cluster(2, "1GiB");
+        let pfs = Scratch::new("times-pfs");
+        let pfs_dir = pfs.path().display().to_string();
+        let (extra, mount_args): (Vec<&str>, &[&str]) = match kind {
+            // As root: files of one stripe on this host, kernel passthrough.
+            "default" => (vec![], &[]),
+            "striped" => (vec![], &["--layout", "stripe_count=all"]),
+            "private" => (vec!["--access-mode", "private", "--nodes", "2"], &[]),
+            _ => (vec!["--cache-pfs", &pfs_dir], &[]),
+        };
+        let id = c.create_instance("1GiB", "1MiB", &extra);
+        let m = Mount::with_args(&c, id, 0, mount_args);
+        let root = m.path("");
+        let (s, d) = (tree.display(), root.display());
+        sh(&format!("cp -p {s}/big.dat {d}/cp_p.dat"));
+        sh(&format!("cp -a {s} {d}/cp_a"));
+        sh(&format!("install -p -m 644 {s}/big.dat {d}/install_p.dat"));
+        sh(&format!(
+            "mkdir {d}/tar && tar -C {s} -cf - . | tar -C {d}/tar -xpf -"
+        ));
+        let other = Mount::new(&c, id, 0);
+        // (copy, the source's mtime, whether nanoseconds and atime are kept too).
+        let copies = [
+            ("cp_p.dat", 1_300_000_000, true),
+            ("cp_a/big.dat", 1_300_000_000, true),
+            ("cp_a/sub/small.txt", 1_200_000_000, true),
+            ("install_p.dat", 1_300_000_000, true),
+            // tar's default format keeps whole seconds, and no atime.
+            ("tar/big.dat", 1_300_000_000, false),
+            ("tar/sub/small.txt", 1_200_000_000, false),
+        ];
+        for (copy, secs, exact) in copies {
+            for (whose, mount) in [("this mount", &m), ("another mount", &other)] {
+                let got = std::fs::metadata(mount.path(copy)).unwrap();
+                assert_eq!(
+                    (got.mtime(), if exact { got.mtime_nsec() } else { 0 }),
+                    (secs, if exact { 222_222_222 } else { 0 }),
+                    "{kind}: mtime of {copy} seen by {whose}"
+                );
+                if exact {
+                    assert_eq!(
+                        (got.atime(), got.atime_nsec()),
+                        (secs - 1000, 111_111_111),
+                        "{kind}: atime of {copy} seen by {whose}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn stat_reports_size_blocks_links_and_types() {
     let Some((_c, m)) = setup("stat_reports_size_blocks_links_and_types") else {
@@ -736,6 +833,95 @@ fn unprivileged_writes_and_truncates_clear_setuid_and_setgid() {
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o2666)).unwrap();
     as_nobody("printf x >> g");
     assert_eq!(mode(&p), 0o2666);
+}
+
+/// A chown or chgrp of anything but a directory clears setuid, and setgid where it marks
+/// privilege (group execute) or the caller is not in the file's group, by any caller: Linux's
+/// rule (`chown_common`), which with `FUSE_HANDLE_KILLPRIV_V2` is the mount's to apply. The C
+/// pjdfstest's `chown/00.t` checks the same.
+#[test]
+fn chown_clears_setuid_and_setgid_of_all_but_directories() {
+    let Some((_c, m)) = setup("chown_clears_setuid_and_setgid_of_all_but_directories") else {
+        return;
+    };
+    if skip_without_root("chown_clears_setuid_and_setgid_of_all_but_directories") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    let owner = |p: &Path| {
+        let md = std::fs::symlink_metadata(p).unwrap();
+        (md.uid(), md.gid())
+    };
+    // `cmd` run as uid 65534 with groups 65533 and 65532 (as pjdfstest's `-u 65534 -g
+    // 65533,65532`).
+    let as_user = |cmd: &str| {
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", cmd]).current_dir(m.path(""));
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                let groups: [libc::gid_t; 2] = [65533, 65532];
+                if libc::setgroups(2, groups.as_ptr()) != 0
+                    || libc::setgid(65533) != 0
+                    || libc::setuid(65534) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let st = c.status().unwrap();
+        assert!(st.success(), "{cmd}");
+    };
+    let chown = |p: &Path, uid: u32, gid: u32| std::os::unix::fs::chown(p, Some(uid), Some(gid));
+    let chmod = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    std::fs::set_permissions(m.path(""), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let file = m.path("f");
+    std::fs::write(&file, b"#!/bin/sh\n").unwrap();
+    let fifo = m.path("fifo");
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::mkfifo(cstr(&fifo).as_ptr(), 0o644) }, 0);
+    for p in [&file, &fifo] {
+        // By root: setuid and setgid (with group execute) go.
+        chown(p, 65534, 65533).unwrap();
+        chmod(p, 0o6555);
+        assert_eq!(mode(p), 0o6555);
+        chown(p, 65532, 65531).unwrap();
+        assert_eq!(
+            (mode(p), owner(p)),
+            (0o555, (65532, 65531)),
+            "{p:?} by root"
+        );
+        // By the owner, changing the group to one of its own: the same.
+        chown(p, 65534, 65533).unwrap();
+        chmod(p, 0o6555);
+        let name = p.file_name().unwrap().to_str().unwrap();
+        as_user(&format!("chgrp 65532 {name}"));
+        assert_eq!(
+            (mode(p), owner(p)),
+            (0o555, (65534, 65532)),
+            "{p:?} by its owner"
+        );
+        // Setgid without group execute stays for a caller in the file's group, goes for one
+        // that is not.
+        chmod(p, 0o2644);
+        as_user(&format!("chgrp 65533 {name}"));
+        assert_eq!(mode(p), 0o2644, "{p:?}: the caller is in group 65532");
+        chown(p, 65534, 0).unwrap();
+        chmod(p, 0o2644);
+        as_user(&format!("chgrp 65533 {name}"));
+        assert_eq!(mode(p), 0o644, "{p:?}: the caller is not in group 0");
+    }
+    // A directory keeps them (Linux clears nothing there: setgid passes the group down).
+    let dir = m.path("d");
+    std::fs::create_dir(&dir).unwrap();
+    chown(&dir, 65534, 65533).unwrap();
+    chmod(&dir, 0o6755);
+    chown(&dir, 65532, 65531).unwrap();
+    assert_eq!(mode(&dir), 0o6755);
 }
 
 /// FIFOs, UNIX sockets and devices are nodes with metadata only: made by `mkfifo`, `bind` and

@@ -2,7 +2,7 @@
 //! Each request is handed to the tokio runtime as a task that replies when done, so the FUSE
 //! threads never block on the network and many requests are in flight at once.
 
-use crate::fs::{Fs, FsError, ReadSource};
+use crate::fs::{Fs, FsError, KillSuidgid, ReadSource};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
@@ -314,6 +314,21 @@ fn read_object(file: &std::fs::File, offset: u64, buf: &mut [u8]) -> std::io::Re
     Ok(buf.len())
 }
 
+/// The groups of the process `pid` that made a request: its fsgid `gid` and its supplementary
+/// groups (`Groups:` of `/proc/PID/status`, what the kernel's `in_group_p` looks at); only
+/// `gid` when the process is gone.
+fn caller_groups(pid: u32, gid: u32) -> Vec<u32> {
+    let mut groups = vec![gid];
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    if let Some(line) = status.lines().find_map(|l| l.strip_prefix("Groups:")) {
+        groups.extend(
+            line.split_whitespace()
+                .filter_map(|g| g.parse::<u32>().ok()),
+        );
+    }
+    groups
+}
+
 fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
@@ -447,9 +462,20 @@ impl Filesystem for FuseAdapter {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
-        // A truncate by someone without CAP_FSETID clears setuid/setgid (this side's job with
-        // FUSE_HANDLE_KILLPRIV_V2; the kernel checks the capability, root stands for it here).
-        let kill = size.is_some() && mode.is_none() && req.uid() != 0;
+        // With FUSE_HANDLE_KILLPRIV_V2 clearing setuid/setgid is this side's job: on a truncate
+        // by someone without CAP_FSETID, and on every chown/chgrp (the kernel checks the
+        // capability; root stands for it here).
+        let kill = if mode.is_some() {
+            KillSuidgid::Nothing
+        } else if uid.is_some() || gid.is_some() {
+            KillSuidgid::Chown {
+                groups: (req.uid() != 0).then(|| caller_groups(req.pid(), req.gid())),
+            }
+        } else if size.is_some() && req.uid() != 0 {
+            KillSuidgid::Truncate
+        } else {
+            KillSuidgid::Nothing
+        };
         let (fs, ttl) = (self.fs.clone(), self.ttl);
         self.metadata(async move {
             match fs.setattr(ino.0, set, kill).await {

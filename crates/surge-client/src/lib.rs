@@ -19,6 +19,7 @@ pub mod fuse;
 pub mod instance;
 pub mod lend;
 pub mod mount;
+pub mod unmount;
 
 pub use error::ClientError;
 pub use instance::{ClientOptions, InstanceClient};

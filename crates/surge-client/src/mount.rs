@@ -10,6 +10,7 @@ use fuser::{
 };
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 /// How long the kernel caches names and attributes of an immutable (ldbalance) namespace.
@@ -141,6 +142,102 @@ impl Mounted {
             .unmount()
             .with_context(|| format!("cannot unmount {}", self.mountpoint.display()))?;
         self.join()
+    }
+
+    /// Unmounts, bounded: a mount point still busy after `wait` (a process outside the job
+    /// with its working directory or a file in it) is detached (a lazy unmount), and a FUSE
+    /// session still running `wait` after that (the mount copied into another mount namespace
+    /// during the job: `unshare -m`, a container, a service with `PrivateTmp`; or a detached
+    /// mount still in use) has its connection aborted, so what is pending is committed and the
+    /// session ends. Returns what was done beyond a plain unmount, for the caller to say; an
+    /// error when the mount is still in this process's mount table.
+    pub fn unmount_within(mut self, wait: Duration) -> anyhow::Result<Vec<String>> {
+        use crate::unmount;
+        // As /proc/self/mountinfo spells it (the mount point itself is not looked up: that
+        // would be a request to this very mount).
+        let path = match (self.mountpoint.parent(), self.mountpoint.file_name()) {
+            (Some(dir), Some(name)) => dir
+                .canonicalize()
+                .map_or_else(|_| self.mountpoint.clone(), |d| d.join(name)),
+            _ => self.mountpoint.clone(),
+        };
+        let dev = unmount::mounted_dev(&path);
+        let mut notes = Vec::new();
+        if let Err(first) = self.unmounter.unmount() {
+            // Busy: its users may be on their way out; then it is detached.
+            let start = Instant::now();
+            while unmount::mounted_dev(&path).is_some() && start.elapsed() < wait {
+                std::thread::sleep(Duration::from_millis(100));
+                let _ = unmount::umount(&path, false);
+            }
+            if unmount::mounted_dev(&path).is_some() {
+                let who = unmount::holders(&path, 5);
+                let who = if who.is_empty() {
+                    String::from("by no process this one can see")
+                } else {
+                    format!("by {}", who.join(", "))
+                };
+                unmount::umount(&path, true).with_context(|| {
+                    format!(
+                        "cannot detach {} (busy {who} after {wait:?}: {first})",
+                        path.display()
+                    )
+                })?;
+                notes.push(format!(
+                    "{} was still in use {who} after {wait:?} ({first}): detached it (lazy \
+                     unmount)",
+                    path.display()
+                ));
+            }
+        }
+        if !self.join_within(wait)? {
+            let held = format!(
+                "the FUSE session of {} was still held {wait:?} after its unmount (a copy of \
+                 the mount in another mount namespace, or a process still using the detached \
+                 mount)",
+                path.display()
+            );
+            match dev.map(unmount::connection_id) {
+                Some(id) => match unmount::abort_connection(id) {
+                    Ok(()) => notes.push(format!(
+                        "{held}: aborted its connection (/sys/fs/fuse/connections/{id}/abort); \
+                         those processes get ENOTCONN"
+                    )),
+                    Err(e) => notes.push(format!(
+                        "{held}: cannot abort its connection ({e}); it ends when this process \
+                         exits"
+                    )),
+                },
+                None => notes.push(format!(
+                    "{held}: its connection is unknown; it ends when this process exits"
+                )),
+            }
+            if !self.join_within(wait)? {
+                notes.push(format!(
+                    "the FUSE session of {} did not end; it ends when this process exits",
+                    path.display()
+                ));
+            }
+        }
+        anyhow::ensure!(
+            unmount::mounted_dev(&path).is_none(),
+            "{} is still mounted after its unmount",
+            path.display()
+        );
+        Ok(notes)
+    }
+
+    /// Waits up to `wait` for the FUSE session to end; false when it has not.
+    fn join_within(&mut self, wait: Duration) -> anyhow::Result<bool> {
+        let start = Instant::now();
+        while !self.is_finished() {
+            if start.elapsed() >= wait {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.join()?;
+        Ok(true)
     }
 
     /// Waits until the file system is unmounted by someone else.

@@ -6,6 +6,36 @@ use surge_core::Ino;
 use surge_proto::{AllocMode, Attr, FileKind, SetAttr, TimeSet, Unlinked};
 use tracing::warn;
 
+/// The setuid and setgid bits a `setattr` clears. With `FUSE_HANDLE_KILLPRIV_V2` the kernel
+/// leaves this to the mount, which follows what the VFS does for a local file system
+/// (`notify_change`, `setattr_should_drop_suidgid`, `chown_common`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum KillSuidgid {
+    #[default]
+    Nothing,
+    /// A truncate by a caller without `CAP_FSETID`: setuid, and setgid with group execute.
+    Truncate,
+    /// A change of owner or group of anything but a directory, by any caller (root too, as
+    /// Linux has done since 2.2.13): setuid, and setgid with group execute or when the caller
+    /// is neither privileged nor in the file's group. `groups`: the caller's groups (its
+    /// fsgid included); `None`: privileged (`CAP_FSETID`, taken to be root's).
+    Chown { groups: Option<Vec<u32>> },
+}
+
+/// The permission bits `a` keeps after a chown by a caller with `groups` (see
+/// [`KillSuidgid::Chown`]), if that clears any.
+fn perm_after_chown(a: &Attr, groups: Option<&[u32]>) -> Option<u16> {
+    if a.kind == FileKind::Dir {
+        return None;
+    }
+    let mut kill = libc::S_ISUID as u16;
+    let in_group = groups.is_none_or(|g| g.contains(&a.gid));
+    if a.perm & libc::S_IXGRP as u16 != 0 || !in_group {
+        kill |= libc::S_ISGID as u16;
+    }
+    (a.perm & kill != 0).then_some(a.perm & !kill)
+}
+
 /// See [`Fs::read_source`].
 pub enum ReadSource {
     /// `len` bytes of `file` at `offset` (zeros past its end: a hole).
@@ -19,12 +49,11 @@ pub enum ReadSource {
 }
 
 impl Fs {
-    /// `setattr`; `kill_suidgid`: a truncate by a user without `CAP_FSETID` also clears
-    /// setuid/setgid.
-    pub async fn setattr(&self, ino: Ino, set: SetAttr, kill_suidgid: bool) -> FsResult<Attr> {
+    /// `setattr`; `kill`: the setuid/setgid bits it also clears.
+    pub async fn setattr(&self, ino: Ino, set: SetAttr, kill: KillSuidgid) -> FsResult<Attr> {
         let mut tries = 0;
         loop {
-            match self.setattr_once(ino, set.clone(), kill_suidgid).await {
+            match self.setattr_once(ino, set.clone(), &kill).await {
                 // A cache file evicted between its copy into the tier and its truncate (not
                 // open here, so not known to be in use): copied in again.
                 Err(e)
@@ -38,7 +67,7 @@ impl Fs {
         }
     }
 
-    async fn setattr_once(&self, ino: Ino, set: SetAttr, kill_suidgid: bool) -> FsResult<Attr> {
+    async fn setattr_once(&self, ino: Ino, set: SetAttr, kill: &KillSuidgid) -> FsResult<Attr> {
         self.fresh_dirs.forget(ino);
         // A directory's mode (setgid) and owner are copied into files made behind.
         self.listings.drop_dir(ino);
@@ -54,26 +83,45 @@ impl Fs {
             self.settle_fill(ino, new).await?;
         }
         let mut set = set;
-        // No commit of this inode may be in flight while its size changes.
-        let _size = match set.size {
-            Some(_) => Some(self.size_lock(ino).lock().await),
-            None => None,
+        let times = set.atime.is_some() || set.mtime.is_some();
+        // No commit of this inode may be in flight while its size or times change.
+        let _size = if set.size.is_some() || times {
+            Some(self.size_lock(ino).lock().await)
+        } else {
+            None
         };
-        let old_size = match (set.size, self.inodes.open_size(ino)) {
+        let open_here = self.inodes.open_size(ino).is_some();
+        if times && set.size.is_none() && open_here {
+            // Times the application sets win over this node's own mtime of its writes
+            // (`cp -p`, `tar -xp` set them on the open copy): what is pending is committed
+            // first, so no later commit (close, fsync) puts the time of the writes back.
+            self.commit_locked(ino).await?;
+        }
+        let old_size = match (set.size, open_here) {
             (None, _) => 0,
-            (Some(_), Some(_)) => {
+            (Some(_), true) => {
                 // Commit pending writes first, so the recorded size is not raised again by a
                 // later commit of bytes the truncate removed.
                 self.commit_locked(ino).await?;
                 self.inodes.size(ino)
             }
-            (Some(_), None) => self.client.getattr(ino).await.map_err(stale)?.size,
+            (Some(_), false) => self.client.getattr(ino).await.map_err(stale)?.size,
         };
         if set.size.is_some() && set.mtime.is_none() {
             set.mtime = Some(TimeSet::Now);
         }
-        if kill_suidgid && set.perm.is_none() {
-            set.perm = self.inodes.perm_without_suidgid(ino);
+        if set.perm.is_none() {
+            set.perm = match kill {
+                KillSuidgid::Nothing => None,
+                KillSuidgid::Truncate => self.inodes.perm_without_suidgid(ino),
+                KillSuidgid::Chown { .. } if set.uid.is_none() && set.gid.is_none() => None,
+                KillSuidgid::Chown { groups } => {
+                    // The bits as the metadata server has them now (another node may have
+                    // changed them since this one looked).
+                    let a = self.client.getattr(ino).await.map_err(stale)?;
+                    perm_after_chown(&a, groups.as_deref())
+                }
+            };
         }
         let a = if self.through_file(ino).is_some() {
             // Nothing of it on the fast tier to truncate: the PFS file is, below.

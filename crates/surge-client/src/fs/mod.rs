@@ -51,7 +51,7 @@ mod xattr;
 use crate::error::ClientError;
 use crate::instance::InstanceClient;
 use behind::Behind;
-pub use files::ReadSource;
+pub use files::{KillSuidgid, ReadSource};
 use inodes::InodeTable;
 use listings::{FreshDirs, Listings};
 use parking_lot::Mutex;

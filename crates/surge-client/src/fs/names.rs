@@ -118,7 +118,7 @@ impl Fs {
                 size: Some(0),
                 ..Default::default()
             };
-            match self.setattr(a.ino, set, false).await {
+            match self.setattr(a.ino, set, super::KillSuidgid::Nothing).await {
                 Ok(t) => a = t,
                 Err(e) => {
                     let _ = self.release(o.fh).await;

@@ -54,21 +54,44 @@ impl LocalNodes {
         }
     }
 
-    /// Unmounts everything (errors on stderr); how many there were.
-    fn unmount_all(&mut self) -> usize {
+    /// Unmounts everything, each within [`UNMOUNT_WAIT`] twice at most (a busy mount is
+    /// detached, a session held by another mount namespace aborted: said on stderr); how many
+    /// there were, or an error naming the mounts left behind.
+    fn unmount_all(&mut self) -> anyhow::Result<usize> {
         let n = self.mounted.len();
+        let mut left = Vec::new();
         for (_, _, m) in self.mounted.drain(..) {
-            if let Err(e) = m.unmount() {
-                eprintln!("surge run: {e:#}");
+            match m.unmount_within(UNMOUNT_WAIT) {
+                Ok(notes) => {
+                    for note in notes {
+                        eprintln!("surge run: {note}");
+                    }
+                }
+                Err(e) => {
+                    eprintln!("surge run: {e:#}");
+                    left.push(format!("{e:#}"));
+                }
             }
         }
-        n
+        anyhow::ensure!(
+            left.is_empty(),
+            "{} mount(s) could not be unmounted: {}",
+            left.len(),
+            left.join("; ")
+        );
+        Ok(n)
     }
 }
 
+/// How long an unmount waits for a busy mount point's users before detaching it, and for the
+/// FUSE session to end before aborting its connection: the job has ended, so what still uses
+/// the mount is outside it (a background process that outlived it, a copy of the mount in a
+/// mount namespace made during the job), and `surge run` must not wait for it.
+const UNMOUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl Drop for LocalNodes {
     fn drop(&mut self) {
-        self.unmount_all();
+        let _ = self.unmount_all();
         let _ = std::fs::remove_dir_all(&self.run_dir);
     }
 }
@@ -136,7 +159,7 @@ impl Mounts for LocalNodes {
     ) -> anyhow::Result<Option<String>> {
         // The kernel has sent every close by the time an unmount returns: all sizes are
         // committed.
-        Ok(match self.unmount_all() {
+        Ok(match self.unmount_all()? {
             0 => None,
             n => Some(format!("{n} mount(s)")),
         })
