@@ -81,6 +81,27 @@ on() { # on HOST COMMAND...
         *) nsenter --net=/run/netns/sg-$h "$@" ;;
     esac
 }
+# TLS (docs/SECURITY.md, "On the wire"), as a site that ran `surge cert` has it: the test bed's
+# CA, and for each host a directory $TB/etc/tls/HOST with the CA and a certificate for the
+# host's name and address. Every Surge process gets its host's directory (SURGE_TLS_DIR), so
+# every connection between hosts (gRPC to the manager, the data protocol) is TLS 1.3; what
+# runs in the root netns (the script's commands, slurmctld's hooks, jobs' submitters) has ctl's.
+export SURGE_TLS_DIR=$TB/etc/tls/ctl
+tls_setup() {
+    local d=$TB/etc/tls h
+    mkdir -p $d
+    [ -s $d/ca.crt ] || $TB/bin/surge cert ca --dir $d >/dev/null
+    for h in ctl $COMPUTE $BBS $EXTRA_HOSTS; do
+        if [ ! -s $d/$h/server.crt ]; then
+            mkdir -p $d/$h
+            $TB/bin/surge cert server sg$h ${IP[$h]} --ca-cert $d/ca.crt --out $d/$h >/dev/null
+            cp $d/ca.crt $d/$h/ca.crt
+        fi
+    done
+    chmod 755 $d $d/*
+}
+tls() { echo "SURGE_TLS_DIR=$TB/etc/tls/$1"; } # tls HOST: its processes' setting
+
 # Start a daemon in the background with its pid in $TB/NAME.pid and its log in $TB/log.
 daemon() { # daemon NAME COMMAND...
     local name=$1; shift
@@ -109,6 +130,7 @@ up() {
     chmod 755 $TB $TB/spool $TB/spool/* $TB/bin
     chmod 1777 $TB/pfs $TB/out
     install -m 755 "$exe" $TB/bin/surge
+    tls_setup
     sed -e "s/@CTL_IP@/${IP[ctl]}/; s/@C1_IP@/${IP[c1]}/; s/@C2_IP@/${IP[c2]}/" \
         "$HERE/testbed/slurm.conf" > $TB/etc/slurm.conf
     install -m 644 "$HERE/burst_buffer.conf" $TB/etc/burst_buffer.conf
@@ -192,20 +214,20 @@ up() {
         done
         wait_for 30 "the etcd cluster" env ETCDCTL_API=3 etcdctl --endpoints "$ETCD" endpoint health
         for h in m1 m2; do
-            daemon manager-$h nsenter --net=/run/netns/sg-$h $TB/bin/surge manager --etcd "$ETCD" \
+            daemon manager-$h nsenter --net=/run/netns/sg-$h env $(tls $h) $TB/bin/surge manager --etcd "$ETCD" \
                 --name $h --listen ${IP[$h]}:7060 \
                 --key-file $TB/etc/surge.key --admin-group "$(id -g slurm)" --pool nvme \
                 --granularity 64MiB --mount-root /run/surge/jobs
         done
     else
-        daemon manager $TB/bin/surge manager --state $TB/state-surge/manager.db --listen $MANAGER \
+        daemon manager env $(tls ctl) $TB/bin/surge manager --state $TB/state-surge/manager.db --listen $MANAGER \
             --key-file $TB/etc/surge.key --admin-group "$(id -g slurm)" --pool nvme \
             --granularity 64MiB --mount-root /run/surge/jobs
     fi
     wait_for 20 "the surge manager" $TB/bin/surge pool --manager $MANAGER ls
     for b in $BBS; do
         mkdir -p /dev/shm/surge-tb/$b
-        daemon server-$b nsenter --net=/run/netns/sg-$b $TB/bin/surge server --device /dev/shm/surge-tb/$b --capacity 4GiB \
+        daemon server-$b nsenter --net=/run/netns/sg-$b env $(tls $b) $TB/bin/surge server --device /dev/shm/surge-tb/$b --capacity 4GiB \
             --listen 0.0.0.0:7070 --advertise ${IP[$b]}:7070 --manager $MANAGER --pool nvme \
             --key-file $TB/etc/surge.key
     done
@@ -213,10 +235,10 @@ up() {
         "$TB/bin/surge pool --manager $MANAGER ls --json | grep -Eq '\"servers_up\": *2'"
     # Data movers on the BB hosts (they see the PFS): the manager only schedules stage tasks.
     for b in $BBS; do
-        daemon mover-$b nsenter --net=/run/netns/sg-$b $TB/bin/surge mover --manager $MANAGER --host sg$b
+        daemon mover-$b nsenter --net=/run/netns/sg-$b env $(tls $b) $TB/bin/surge mover --manager $MANAGER --host sg$b
     done
     for c in $COMPUTE; do
-        daemon agent-$c nsenter --net=/run/netns/sg-$c --mount=$TB/ns/$c.mnt $TB/bin/surge agent --manager $MANAGER --host sg$c \
+        daemon agent-$c nsenter --net=/run/netns/sg-$c --mount=$TB/ns/$c.mnt env $(tls $c) $TB/bin/surge agent --manager $MANAGER --host sg$c \
             --deadline "${TB_DEADLINE:-10}"
     done
 

@@ -7,9 +7,9 @@
 //! Needs root, `ip netns` and /dev/fuse (and Slurm 22.05, which the test bed installs).
 
 mod common;
+use common::testbed::{ok, sh, unavailable, Bed};
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const TB: &str = "/run/surge-tb";
@@ -17,62 +17,7 @@ const MANAGER: &str = "10.78.0.1:7060";
 const USER: &str = "sgbbuser";
 
 fn testbed() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/slurm/testbed.sh")
-}
-
-/// A command with the test bed's environment (the system munged, not the test kit's).
-fn cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut c = Command::new(program);
-    c.env_remove("SURGE_MUNGE_SOCKET")
-        .env_remove("SURGE_KEY_FILE")
-        .env("SURGE", SURGE)
-        .env("SLURM_CONF", format!("{TB}/etc/slurm.conf"));
-    c
-}
-
-fn sh(script: &str) -> (bool, String) {
-    let out = cmd("bash").args(["-c", script]).output().expect("bash");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-fn ok(script: &str) -> String {
-    let (good, out) = sh(script);
-    assert!(good, "`{script}` failed:\n{out}");
-    out
-}
-
-fn unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (network namespaces, slurmd and agents need root)".into());
-    }
-    if let Some(why) = fuse_unavailable() {
-        return Some(why);
-    }
-    let probe = "surge-tb-probe";
-    let (good, out) = sh(&format!("ip netns add {probe} && ip netns del {probe}"));
-    if !good {
-        return Some(format!("cannot create network namespaces: {out}"));
-    }
-    None
-}
-
-/// The test bed, brought down (also when the test fails) so nothing stays behind.
-struct Bed;
-impl Drop for Bed {
-    fn drop(&mut self) {
-        if std::env::var("SURGE_KEEP_TESTBED").is_ok_and(|v| v == "1") {
-            eprintln!("SURGE_KEEP_TESTBED=1: the test bed stays up");
-            return;
-        }
-        let (_, out) = sh(&format!("{} down", testbed().display()));
-        eprintln!("{out}");
-    }
+    testbed::script()
 }
 
 struct Job {
@@ -257,6 +202,45 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     // The copies ran on the data movers of the BB hosts, not on the manager's host.
     let mlog = std::fs::read_to_string(format!("{TB}/log/manager.log")).unwrap_or_default();
     assert!(mlog.contains("runs on data mover sgbb"), "{mlog}");
+
+    // 1b. Nothing readable crosses the network (issue 31): every frame to and from sgc1 is
+    //     captured while a job there writes a file into its striped instance (fragments on
+    //     sgbb1 and sgbb2) and reads it back. Control: the job's script, which Slurm sends
+    //     to slurmd in clear, is in the capture; the file's content is not.
+    let cap = Capture::start("sgc1");
+    let job = sbatch(
+        "wire.sh",
+        "#!/bin/bash
+#SBATCH -N 1 -w sgc1
+         #DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme
+         set -e
+P=surgeclearmark
+         yes \"$(echo $P | rev)-payload\" | head -c 16777216 > $DW_JOB_STRIPED/f
+         cmp <(yes \"$(echo $P | rev)-payload\" | head -c 16777216) $DW_JOB_STRIPED/f
+",
+        &[],
+    );
+    let wire = cap.stop();
+    assert_eq!(job.state, "COMPLETED", "job {}: {}", job.id, job.output);
+    assert!(
+        wire.len() > 16 << 20,
+        "the file's 16 MiB crossed sgc1: {} bytes captured",
+        wire.len()
+    );
+    assert!(
+        contains(&wire, b"surgeclearmark"),
+        "the capture sees what Slurm sends in clear ({} bytes)",
+        wire.len()
+    );
+    assert!(
+        !contains(&wire, b"kramraelcegrus-payload"),
+        "the file's content crossed the network in clear"
+    );
+    eprintln!(
+        "captured {} bytes on sgc1: the job script in clear (Slurm), none of the file",
+        wire.len()
+    );
+    nothing_left("wire job");
 
     // 2. Private, 2 nodes: each node's namespace staged out to the same directory.
     let job = sbatch(
@@ -795,4 +779,92 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     // sgc1's output still reached the PFS.
     assert!(Path::new(&format!("{TB}/pfs/out8/after.sgc1")).exists());
     nothing_left("link cut");
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Every frame through one network interface (a packet socket, as tcpdump opens), kept in
+/// memory until [`Capture::stop`].
+struct Capture {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<u8>>,
+}
+
+impl Capture {
+    fn start(ifname: &str) -> Capture {
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket calls on a descriptor this function owns; every pointer is to
+        // a live local of the size given.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+        assert!(
+            fd >= 0,
+            "packet socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let name = std::ffi::CString::new(ifname).unwrap();
+        // SAFETY: as above.
+        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        assert!(index > 0, "no interface {ifname}");
+        // SAFETY: sockaddr_ll is plain data; zero is a valid value of each field.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = index as i32;
+        let size = 256i32 << 20;
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 200_000,
+        };
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(
+                libc::bind(
+                    fd,
+                    &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                ),
+                0,
+                "bind to {ifname}: {}",
+                std::io::Error::last_os_error()
+            );
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                &size as *const i32 as *const libc::c_void,
+                4,
+            );
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const libc::timeval as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as u32,
+            );
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let mut buf = vec![0u8; 65536];
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                // SAFETY: `buf` is a live buffer of its length.
+                let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n > 0 && all.len() < 1 << 30 {
+                    all.extend_from_slice(&buf[..n as usize]);
+                }
+            }
+            // SAFETY: closing the descriptor opened above, used by nothing else.
+            unsafe { libc::close(fd) };
+            all
+        });
+        Capture { stop, thread }
+    }
+
+    fn stop(self) -> Vec<u8> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("the capture thread")
+    }
 }

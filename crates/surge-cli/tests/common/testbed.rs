@@ -18,7 +18,9 @@ pub fn cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
     c.env_remove("SURGE_MUNGE_SOCKET")
         .env_remove("SURGE_KEY_FILE")
         .env("SURGE", super::SURGE)
-        .env("SLURM_CONF", format!("{TB}/etc/slurm.conf"));
+        .env("SLURM_CONF", format!("{TB}/etc/slurm.conf"))
+        // The test bed's CA (and the submit host's certificate): its hosts speak TLS.
+        .env("SURGE_TLS_DIR", format!("{TB}/etc/tls/ctl"));
     c
 }
 
