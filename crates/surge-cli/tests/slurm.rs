@@ -210,14 +210,11 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     let cap = Capture::start("sgc1");
     let job = sbatch(
         "wire.sh",
-        "#!/bin/bash
-#SBATCH -N 1 -w sgc1
-         #DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme
-         set -e
-P=surgeclearmark
-         yes \"$(echo $P | rev)-payload\" | head -c 16777216 > $DW_JOB_STRIPED/f
-         cmp <(yes \"$(echo $P | rev)-payload\" | head -c 16777216) $DW_JOB_STRIPED/f
-",
+        "#!/bin/bash\n#SBATCH -N 1 -w sgc1\n\
+         #DW jobdw type=scratch access_mode=striped capacity=1GiB pool=nvme\n\
+         set -e\nP=surgeclearmark\n\
+         yes \"$(echo $P | rev)-payload\" | head -c 16777216 > $DW_JOB_STRIPED/f\n\
+         cmp <(yes \"$(echo $P | rev)-payload\" | head -c 16777216) $DW_JOB_STRIPED/f\n",
         &[],
     );
     let wire = cap.stop();

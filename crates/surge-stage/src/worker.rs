@@ -297,13 +297,21 @@ unsafe fn close_inherited() {
 /// locale; nothing of its parent's.
 fn owner_env(uid: u32) -> Vec<(String, String)> {
     let name = surge_auth_name(uid);
-    vec![
+    let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
         ("HOME".into(), home_of(uid).unwrap_or_else(|| "/".into())),
         ("USER".into(), name.clone()),
         ("LOGNAME".into(), name),
         ("LANG".into(), "C.UTF-8".into()),
-    ]
+    ];
+    // Where the site CA is and whether to use TLS (a mode and paths to public certificates,
+    // nothing secret): the worker is a client of the servers like any other.
+    for k in ["SURGE_TLS", "SURGE_TLS_CA", "SURGE_TLS_DIR"] {
+        if let Ok(v) = std::env::var(k) {
+            env.push((k.into(), v));
+        }
+    }
+    env
 }
 
 fn surge_auth_name(uid: u32) -> String {
