@@ -174,13 +174,17 @@ up() {
         mount --make-private $TB/ns
     fi
     #    Each gets its own /run/surge (a host's own /run on a real machine): mount points made
-    #    by one host's agent are directories no other host sees.
+    #    by one host's agent are directories no other host sees. And its own /dev/shm: the BB
+    #    hosts' fast tiers (/dev/shm/surge-tb/bbN) are not on a compute host, so its mounts
+    #    reach them over the network as on a real cluster (with a shared /dev/shm they would
+    #    open the servers' files directly: the local fast path).
     for h in $COMPUTE; do
         if ! nsenter --mount=$TB/ns/$h.mnt true 2>/dev/null; then
             touch $TB/ns/$h.mnt
             unshare --mount=$TB/ns/$h.mnt --propagation slave true
             nsenter --mount=$TB/ns/$h.mnt sh -c \
-                'mkdir -p /run/surge && mount -t tmpfs -o mode=755,size=64m surge-run /run/surge'
+                'mkdir -p /run/surge && mount -t tmpfs -o mode=755,size=64m surge-run /run/surge &&
+                 mount -t tmpfs -o mode=1777,size=2g surge-shm /dev/shm'
         fi
     done
 

@@ -23,6 +23,15 @@ pub(super) struct Leases {
     held: Arc<Mutex<HashSet<Ino>>>,
     /// The task answering lease recalls runs.
     started: AtomicBool,
+    /// Set when the mount goes (this is dropped with its file system): the task ends, and
+    /// its connection with it.
+    gone: Arc<AtomicBool>,
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        self.gone.store(true, Ordering::Release);
+    }
 }
 
 impl Fs {
@@ -90,6 +99,7 @@ impl Fs {
             self.behind.clone(),
             self.listings.clone(),
             self.leases.held.clone(),
+            self.leases.gone.clone(),
         ));
         true
     }
@@ -105,10 +115,14 @@ async fn answer_recalls(
     behind: Arc<Behind>,
     listings: Arc<Listings>,
     held: Arc<Mutex<HashSet<Ino>>>,
+    gone: Arc<AtomicBool>,
 ) {
     let ttl = listings.ttl();
     let mut conn = None;
-    loop {
+    // A task that outlived its mount kept reconnecting for ever (with a capability revoked
+    // once the instance was destroyed): 256 connections from one agent filled a server's
+    // per-peer limit in the Slurm test bed.
+    while !gone.load(Ordering::Acquire) {
         let c = match conn.take() {
             Some(c) => c,
             None => match client.recall_connection().await {
