@@ -55,6 +55,7 @@ fn the_leader_killed_during_a_jobs_stage_in_and_the_job_completes_byte_identical
     if skip(name) {
         return;
     }
+    common::testbed::use_tls_here();
     let script = common::testbed::script();
     let _ = sh(&format!("{} down", script.display()));
     let t = Instant::now();

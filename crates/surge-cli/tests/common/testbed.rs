@@ -20,8 +20,19 @@ pub fn cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
         .env("SURGE", super::SURGE)
         .env("SLURM_CONF", format!("{TB}/etc/slurm.conf"))
         // The test bed's CA (and the submit host's certificate): its hosts speak TLS.
-        .env("SURGE_TLS_DIR", format!("{TB}/etc/tls/ctl"));
+        .env("SURGE_TLS_DIR", tls_dir());
     c
+}
+
+/// The submit host's TLS directory (the test bed's CA): what its clients are given.
+pub fn tls_dir() -> String {
+    format!("{TB}/etc/tls/ctl")
+}
+
+/// Makes this test process's own clients of the test bed (`surge_api::connect`) use its CA,
+/// as its commands do; call before the first connection (the setting is read once).
+pub fn use_tls_here() {
+    std::env::set_var("SURGE_TLS_DIR", tls_dir());
 }
 
 /// `bash -c SCRIPT`: whether it succeeded, and what it printed.
