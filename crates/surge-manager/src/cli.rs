@@ -146,29 +146,11 @@ pub struct ManagerArgs {
 impl ManagerArgs {
     /// The TLS the flags ask for: `None` when the listeners speak clear text only.
     pub fn server_tls(&self) -> anyhow::Result<Option<Arc<surge_proto::tls::ServerTls>>> {
-        use surge_proto::tls::{Mode, ServerTls};
-        let cert = self
-            .tls_cert
-            .clone()
-            .unwrap_or_else(|| surge_proto::tls::cert_dir().join("server.crt"));
-        let key = self
-            .tls_key
-            .clone()
-            .unwrap_or_else(|| cert.with_file_name("server.key"));
-        match self.tls {
-            Mode::Off => Ok(None),
-            Mode::Auto if !cert.exists() => {
-                info!(
-                    "no certificate at {}: gRPC and HTTP are in clear text (make one with \
-                     `surge cert server`, or say --tls off on a private fabric)",
-                    cert.display()
-                );
-                Ok(None)
-            }
-            mode => ServerTls::from_files(&cert, &key, mode)
-                .map(|t| Some(Arc::new(t)))
-                .map_err(|e| anyhow::anyhow!("--tls {mode}: {e}")),
-        }
+        let (cert, key) = (self.tls_cert.as_deref(), self.tls_key.as_deref());
+        surge_proto::tls::server_from_flags(self.tls, cert, key, |why| {
+            info!("gRPC and HTTP: {why}")
+        })
+        .map_err(anyhow::Error::msg)
     }
 }
 

@@ -224,6 +224,35 @@ impl ServerTls {
     }
 }
 
+/// What a listener's `--tls MODE --tls-cert CERT --tls-key KEY` ask for (a server's data
+/// protocol, the manager's gRPC and HTTP): `Ok(None)` when it speaks clear text only (mode
+/// `off`, or `auto` without a certificate, which `say` is told for the log), an error naming
+/// the flag when the certificate or key cannot be used. CERT defaults to server.crt in the
+/// certificate directory, KEY to server.key beside CERT.
+pub fn server_from_flags(
+    mode: Mode,
+    cert: Option<&Path>,
+    key: Option<&Path>,
+    say: impl FnOnce(&str),
+) -> Result<Option<Arc<ServerTls>>, String> {
+    let cert = cert.map_or_else(|| cert_dir().join("server.crt"), Path::to_path_buf);
+    let key = key.map_or_else(|| cert.with_file_name("server.key"), Path::to_path_buf);
+    match mode {
+        Mode::Off => Ok(None),
+        Mode::Auto if !cert.exists() => {
+            say(&format!(
+                "no certificate at {}: clear text (make one with `surge cert server`, or say \
+                 --tls off on a private fabric)",
+                cert.display()
+            ));
+            Ok(None)
+        }
+        mode => ServerTls::from_files(&cert, &key, mode)
+            .map(|t| Some(Arc::new(t)))
+            .map_err(|e| format!("--tls {mode}: {e}")),
+    }
+}
+
 /// Bytes a TLS connection reads from its socket at once (see [`ReadAhead`]).
 pub const READ_AHEAD: usize = 64 * 1024;
 
