@@ -81,6 +81,9 @@ pub struct ManagerConfig {
     pub mount_root: Option<String>,
     pub reconcile_interval: Option<Secs>,
     pub stage_on: Option<StageOn>,
+    pub tls: Option<String>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `surge server`.
@@ -332,6 +335,27 @@ impl Flags {
         }
     }
 
+    /// `tls`, `tls_cert` and `tls_key` of section `s` (a server's, the manager's).
+    fn tls(
+        &mut self,
+        s: &str,
+        tls: &Option<String>,
+        cert: &Option<PathBuf>,
+        key_path: &Option<PathBuf>,
+    ) {
+        self.set_env("--tls", key(s, "tls"), tls.clone(), Some("SURGE_TLS"));
+        self.set(
+            "--tls-cert",
+            key(s, "tls_cert"),
+            cert.as_deref().map(path_text),
+        );
+        self.set(
+            "--tls-key",
+            key(s, "tls_key"),
+            key_path.as_deref().map(path_text),
+        );
+    }
+
     /// The section's value, else the `[cluster]` one.
     fn shared<T: ToString>(
         &mut self,
@@ -452,6 +476,9 @@ impl SurgeConfig {
                     mount_root,
                     reconcile_interval,
                     stage_on,
+                    tls,
+                    tls_cert,
+                    tls_key,
                 } = self.manager.as_ref().unwrap_or(&dflt);
                 let s = "manager";
                 f.set("--state", key(s, "state"), state.as_deref().map(path_text));
@@ -531,6 +558,7 @@ impl SurgeConfig {
                     key(s, "stage_on"),
                     stage_on.clone().map(|v| v.0),
                 );
+                f.tls(s, tls, tls_cert, tls_key);
             }
             Daemon::Server => {
                 let dflt = ServerConfig::default();
@@ -620,17 +648,7 @@ impl SurgeConfig {
                     key(s, "frame_timeout"),
                     secs(*frame_timeout),
                 );
-                f.set_env("--tls", key(s, "tls"), tls.clone(), Some("SURGE_TLS"));
-                f.set(
-                    "--tls-cert",
-                    key(s, "tls_cert"),
-                    tls_cert.as_deref().map(path_text),
-                );
-                f.set(
-                    "--tls-key",
-                    key(s, "tls_key"),
-                    tls_key.as_deref().map(path_text),
-                );
+                f.tls(s, tls, tls_cert, tls_key);
             }
             Daemon::Agent => {
                 let dflt = AgentConfig::default();
@@ -1084,6 +1102,9 @@ munge_socket = "/run/munge/munge.socket.2"
 mount_root = "/run/surge/jobs"
 reconcile_interval = "30s"
 stage_on = "movers"
+tls = "auto"
+tls_cert = "/etc/surge/tls/manager.crt"
+tls_key = "/etc/surge/tls/manager.key"
 
 [server]
 devices = ["/nvme0/surge", "/nvme1/surge"]
