@@ -637,7 +637,8 @@ impl Stages {
             StageOn::Auto | StageOn::Movers => ADOPT_WAIT,
         };
         info!(
-            "{n} stage task(s) the previous manager left running: those no data mover reports              within {} s run again",
+            "{n} stage task(s) the previous manager left running: those no data mover reports \
+             within {} s run again",
             wait.as_secs()
         );
         let this = self.clone();
