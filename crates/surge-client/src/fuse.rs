@@ -2,19 +2,19 @@
 //! Each request is handed to the tokio runtime as a task that replies when done, so the FUSE
 //! threads never block on the network and many requests are in flight at once.
 
-use crate::fs::{Fs, FsError, KillSuidgid, ReadSource};
+use crate::fs::{Fs, FsError, KillSuidgid, LockRequest, ReadSource};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
-    TimeOrNow, WriteFlags,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, RequestId, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
-use surge_proto::{Attr, FileKind, SetAttr, TimeSet, Timestamp};
+use surge_proto::{Attr, FileKind, LockKind, SetAttr, TimeSet, Timestamp};
 use tokio::runtime::Handle;
 use tracing::debug;
 
@@ -336,6 +336,31 @@ fn time_set(t: TimeOrNow) -> TimeSet {
     }
 }
 
+/// How a file opened `O_APPEND` is opened where the metadata server decides where appends
+/// go: without the page cache, so every `write(2)` comes to the daemon whole (up to
+/// [`MAX_WRITE`]) with no page of it cached at the kernel's own guess of the end.
+fn append_flags() -> FopenFlags {
+    FopenFlags::FOPEN_DIRECT_IO
+}
+
+/// A lock type of the kernel (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`).
+fn lock_kind(typ: i32) -> Option<LockKind> {
+    match typ {
+        libc::F_RDLCK => Some(LockKind::Read),
+        libc::F_WRLCK => Some(LockKind::Write),
+        libc::F_UNLCK => Some(LockKind::Unlock),
+        _ => None,
+    }
+}
+
+fn lock_type(kind: LockKind) -> i32 {
+    match kind {
+        LockKind::Read => libc::F_RDLCK,
+        LockKind::Write => libc::F_WRLCK,
+        LockKind::Unlock => libc::F_UNLCK,
+    }
+}
+
 fn name_bytes(name: &OsStr) -> Vec<u8> {
     name.as_bytes().to_vec()
 }
@@ -354,6 +379,10 @@ impl Filesystem for FuseAdapter {
             // kernel then marks files without them S_NOSEC and stops asking for
             // `security.capability` before every write (one round trip each otherwise).
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+            // fcntl (POSIX, OFD) and flock locks come here and are kept by the metadata
+            // server, so they hold between nodes (`fs::locks`).
+            InitFlags::FUSE_POSIX_LOCKS,
+            InitFlags::FUSE_FLOCK_LOCKS,
         ] {
             let _ = config.add_capabilities(cap);
         }
@@ -604,8 +633,9 @@ impl Filesystem for FuseAdapter {
         let lender = self.lender.clone();
         let writer = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let unprivileged = req.uid() != 0;
+        let append = flags.0 & libc::O_APPEND != 0;
         self.metadata(async move {
-            match fs.open(ino.0, writer, unprivileged).await {
+            match fs.open(ino.0, writer, unprivileged, append).await {
                 Ok(o) => {
                     if o.invalidate_attr {
                         // Another node changed the file: drop the kernel's cached size and
@@ -614,11 +644,14 @@ impl Filesystem for FuseAdapter {
                             let _ = n.inval_inode(ino, -1, 0);
                         }
                     }
-                    let flags = if o.keep_cache {
+                    let mut flags = if o.keep_cache {
                         FopenFlags::FOPEN_KEEP_CACHE
                     } else {
                         FopenFlags::empty()
                     };
+                    if append && fs.appends_at_server() {
+                        flags = append_flags();
+                    }
                     if let Some(file) = &o.backing {
                         let open = || {
                             Backing::open(
@@ -691,14 +724,20 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let (fs, data) = (self.fs.clone(), data.to_vec());
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let append = flags.0 & libc::O_APPEND != 0 && self.fs.appends_at_server();
         self.rt.spawn(async move {
-            match fs.write(fh.0, offset, &data, kill).await {
+            let written = if append {
+                fs.append(fh.0, &data, kill).await
+            } else {
+                fs.write(fh.0, offset, &data, kill).await
+            };
+            match written {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -727,19 +766,24 @@ impl Filesystem for FuseAdapter {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        // A close releases the POSIX locks of its process on the file.
+        let unlock = self.fs.owner_has_locks(ino.0, lock_owner.0);
         // A close with nothing to commit (a file created and closed empty, a read-only
         // open) is answered here, without handing it to another thread.
-        if self.fs.flush_is_noop(fh.0) {
+        if !unlock && self.fs.flush_is_noop(fh.0) {
             reply.ok();
             return;
         }
         let fs = self.fs.clone();
         self.metadata(async move {
+            if unlock {
+                fs.unlock_owner(ino.0, lock_owner.0).await;
+            }
             match fs.flush(fh.0).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -758,12 +802,17 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         self.backing.put(fh.0);
-        if self.fs.release_fast(fh.0) {
+        // OFD and flock locks go with the last close of their open file.
+        let unlock = self.fs.has_locks(fh.0);
+        if !unlock && self.fs.release_fast(fh.0) {
             reply.ok();
             return;
         }
         let fs = self.fs.clone();
         self.rt.spawn(async move {
+            if unlock {
+                fs.unlock_handle(fh.0).await;
+            }
             match fs.release(fh.0).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -1090,6 +1139,88 @@ impl Filesystem for FuseAdapter {
         });
     }
 
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let Some(kind) = lock_kind(typ) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let req = LockRequest {
+            ino: ino.0,
+            fh: fh.0,
+            owner: lock_owner.0,
+            flock: false,
+            kind,
+            start,
+            end,
+            pid,
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.getlk(req).await {
+                Ok(Some(h)) => reply.locked(h.start, h.end, lock_type(h.kind), h.pid),
+                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        flock: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(kind) = lock_kind(typ) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let unique = req.unique().0;
+        let lock = LockRequest {
+            ino: ino.0,
+            fh: fh.0,
+            owner: lock_owner.0,
+            flock,
+            kind,
+            start,
+            end,
+            pid,
+        };
+        let fs = self.fs.clone();
+        // A blocking lock may wait long: never on a FUSE thread.
+        self.rt.spawn(async move {
+            match fs.setlk(lock, sleep, unique).await {
+                Ok(()) => reply.ok(),
+                Err(e) => {
+                    debug!("setlk of inode {}: {e}", lock.ino);
+                    reply.error(errno(&e))
+                }
+            }
+        });
+    }
+
+    fn interrupt(&self, _req: &Request, unique: RequestId) {
+        self.fs.interrupt(unique.0);
+    }
+
     fn create(
         &self,
         req: &Request,
@@ -1148,7 +1279,11 @@ impl Filesystem for FuseAdapter {
                     &file_attr(&a),
                     Generation(0),
                     FileHandle(fh),
-                    FopenFlags::empty(),
+                    if flags & libc::O_APPEND != 0 && fs.appends_at_server() {
+                        append_flags()
+                    } else {
+                        FopenFlags::empty()
+                    },
                 ),
                 Err(e) => reply.error(errno(&e)),
             }

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use surge_core::{FileId, FileLayout, Ino, InstanceId, Layout, NamespaceId, Piece};
 use surge_proto::{
     AllocMode, Attr, BatchDone, BatchOp, DirEntry, ErrorReply, FileKind, InstanceDescriptor,
-    KeepOpen, NewNode, Request, Response, ServerRef, SetAttr, TimeSet, Unlinked,
+    KeepOpen, LockHeld, LockOp, LockOwner, LockRange, NewNode, Request, Response, ServerRef,
+    SetAttr, TimeSet, Unlinked,
 };
 
 /// Largest piece sent in one request (a one-fragment instance merges a whole write into one
@@ -325,6 +326,11 @@ impl InstanceClient {
         self.mds.deadline()
     }
 
+    /// The client session its requests act for (what the servers know this mount by).
+    pub fn session(&self) -> u32 {
+        self.mds.session()
+    }
+
     /// The requests this client sent so far, per operation.
     pub fn counts(&self) -> &RequestCounts {
         &self.counts
@@ -611,6 +617,64 @@ impl InstanceClient {
         self.counts.note(&req);
         match conn.call(&req, &[]).await? {
             (Response::Recall(dirs), _) => Ok(dirs),
+            (Response::Error(e), _) => Err(ClientError::Remote {
+                server: self.mds.server.id.clone(),
+                error: e,
+            }),
+            (other, _) => Err(self.unexpected(&self.mds.server, &req, other)),
+        }
+    }
+
+    metadata_call!(
+        /// `F_GETLK` at the namespace's lock service: the first conflicting lock of another
+        /// owner, if any (see `Request::Lock`).
+        lock_test(this, owner: LockOwner, range: LockRange) -> Option<LockHeld>,
+        Request::Lock { instance: this.instance(), ns: this.ns, op: LockOp::Test { owner, range } },
+        Response::Lock(held) => held);
+
+    metadata_call!(
+        /// `F_SETLK`, or one try of `F_SETLKW` (`waiting`): `None` when done, else the lock
+        /// in the way (see `Request::Lock`).
+        lock_set(this, owner: LockOwner, range: LockRange, pid: u32, waiting: bool) -> Option<LockHeld>,
+        Request::Lock { instance: this.instance(), ns: this.ns, op: LockOp::Set { owner, range, pid, waiting } },
+        Response::Lock(held) => held);
+
+    metadata_call!(
+        /// Releases every lock of kernel owner `owner` on `ino` (a close).
+        lock_release(this, ino: Ino, owner: u64) -> (),
+        Request::Lock { instance: this.instance(), ns: this.ns, op: LockOp::Release { ino, owner } },
+        Response::Ok => ());
+
+    metadata_call!(
+        /// `O_APPEND`: reserves `len` bytes at the end of `ino` at the metadata server; where
+        /// they start, and the attributes after (see `Request::Append`).
+        append(this, ino: Ino, len: u64) -> (u64, Attr),
+        Request::Append { instance: this.instance(), ns: this.ns, ino, len },
+        Response::Appended { offset, attr } => (offset, attr));
+
+    /// A connection to the metadata server of its own, for [`lock_keep`](Self::lock_keep):
+    /// this session's locks live while it is open.
+    pub async fn lock_connection(&self) -> Result<Arc<crate::conn::Connection>> {
+        self.mds.dedicated().await
+    }
+
+    /// The lock keeper's long poll on `conn` (from [`lock_connection`](Self::lock_connection)):
+    /// waits up to `wait_ms` for a release of a lock of the namespace after the `after`-th;
+    /// returns the release count.
+    pub async fn lock_keep(
+        &self,
+        conn: &crate::conn::Connection,
+        after: u64,
+        wait_ms: u32,
+    ) -> Result<u64> {
+        let req = Request::Lock {
+            instance: self.instance(),
+            ns: self.ns,
+            op: LockOp::Keep { after, wait_ms },
+        };
+        self.counts.note(&req);
+        match conn.call(&req, &[]).await? {
+            (Response::LocksReleased(n), _) => Ok(n),
             (Response::Error(e), _) => Err(ClientError::Remote {
                 server: self.mds.server.id.clone(),
                 error: e,

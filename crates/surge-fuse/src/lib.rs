@@ -895,14 +895,20 @@ pub trait Filesystem: Send + Sync + 'static {
         typ: i32,
         pid: u32,
         sleep: bool,
+        flock: bool,
         reply: ReplyEmpty,
     ) {
         warn!(
             "[Not Implemented] setlk(ino: {ino:#x?}, fh: {fh}, lock_owner: {lock_owner}, \
-            start: {start}, end: {end}, typ: {typ}, pid: {pid}, sleep: {sleep})"
+            start: {start}, end: {end}, typ: {typ}, pid: {pid}, sleep: {sleep}, flock: {flock})"
         );
         reply.error(Errno::ENOSYS);
     }
+
+    /// The kernel interrupted request `unique` (its caller got a signal): a request that
+    /// waits (a blocking lock) should end with EINTR. Not answered. By default ignored (the
+    /// request completes as usual).
+    fn interrupt(&self, _req: &Request, _unique: RequestId) {}
 
     /// Map block index within file to block index within device.
     /// Note: This makes sense only for block device backed filesystems mounted

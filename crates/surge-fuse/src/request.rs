@@ -133,9 +133,10 @@ impl<'a> RequestWithSender<'a> {
                 return Err(Errno::EIO);
             }
 
-            ll::Operation::Interrupt(_) => {
-                // TODO: handle FUSE_INTERRUPT
-                return Err(Errno::ENOSYS);
+            ll::Operation::Interrupt(x) => {
+                // No reply: the interrupted request answers (EINTR) if the file system
+                // stops it, or completes as usual.
+                filesystem.interrupt(self.request_header(), x.unique());
             }
 
             ll::Operation::Lookup(x) => {
@@ -428,6 +429,7 @@ impl<'a> RequestWithSender<'a> {
                     x.lock().typ,
                     x.lock().pid,
                     x.sleep(),
+                    x.flock(),
                     self.reply(),
                 );
             }

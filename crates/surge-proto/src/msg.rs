@@ -742,7 +742,99 @@ pub enum Request {
         offset: u64,
         hole: bool,
     },
+
+    // --- cross-node POSIX (appended) ---
+    /// A byte-range lock of the namespace's lock service (fcntl POSIX and OFD locks, flock):
+    /// see [`LockOp`]. The service is the metadata server's, in memory; a session's locks
+    /// live as long as a connection of the session that carried a [`LockOp::Keep`] is open
+    /// (the mount's lock-keeper connection), so the locks of a mount that dies go with it.
+    /// Answered with `Lock`.
+    Lock {
+        instance: InstanceId,
+        ns: NamespaceId,
+        op: LockOp,
+    },
+    /// `O_APPEND` from any node: reserves `len` bytes at the end of regular file `ino` (its
+    /// size grows by `len` at once) and answers with the offset they start at (`Appended`),
+    /// so writers on several nodes never choose the same offset. Not for cache namespaces.
+    Append {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        len: u64,
+    },
 }
+
+/// A lock's kind: shared (`F_RDLCK`), exclusive (`F_WRLCK`), or none (`F_UNLCK`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LockKind {
+    Read,
+    Write,
+    Unlock,
+}
+
+/// Who holds a lock on a node: the kernel's lock owner (a process's file table for POSIX
+/// locks, an open file description for OFD and flock locks), and whether it is a flock
+/// (flock locks and POSIX/OFD locks do not conflict, as on Linux).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LockOwner {
+    pub owner: u64,
+    pub flock: bool,
+}
+
+/// A byte range `start..=end` of one file and its kind (`end` `u64::MAX` or `i64::MAX`: to
+/// the end of the file, whatever it becomes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockRange {
+    pub ino: Ino,
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// What a [`Request::Lock`] does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockOp {
+    /// `F_GETLK`: the first lock of another owner (any session) that conflicts with `range`.
+    /// `Lock(Some(..))` or `Lock(None)`.
+    Test { owner: LockOwner, range: LockRange },
+    /// `F_SETLK` (and one try of `F_SETLKW`, `waiting`): takes or releases `range` for
+    /// `owner`, all or nothing. `Lock(None)`: done; `Lock(Some(conflict))`: another owner
+    /// holds a conflicting lock (the caller retries later if it waits). A waiting try of a
+    /// POSIX lock that would close a cycle of owners waiting for each other (on any nodes)
+    /// is refused `Deadlock`. `pid` is the locking process on its node (for `F_GETLK`).
+    Set {
+        owner: LockOwner,
+        range: LockRange,
+        pid: u32,
+        waiting: bool,
+    },
+    /// Releases every lock of `owner` on `ino` (POSIX locks at a `close` of the owner,
+    /// flock and OFD locks at the last close of their open file description).
+    Release { ino: Ino, owner: u64 },
+    /// The lock keeper: ties the session's locks to this connection and waits up to
+    /// `wait_ms` for a lock of the namespace to be released (`after`: the release count the
+    /// caller last saw). Answered with `LocksReleased` (the count now).
+    Keep { after: u64, wait_ms: u32 },
+}
+
+/// A lock held, as `F_GETLK` reports it; `session` is the holder's client session (its pid
+/// means something only on that node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockHeld {
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+    pub pid: u32,
+    pub session: u32,
+}
+
+/// How long a [`LockOp::Keep`] waits at most.
+pub const MAX_LOCK_KEEP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a lock owner counts as waiting for the owners in its way (deadlock detection)
+/// after its last waiting try: waiters try again more often than this.
+pub const LOCK_WAIT_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long a cache namespace's drainer hold lasts after its last renewal
 /// ([`Request::DrainHold`]): a drainer renews it every few seconds while it works, so a hold
@@ -1093,6 +1185,12 @@ pub enum Response {
     Seek {
         offset: Option<u64>,
     },
+    /// Reply to `Lock`: `Test` and `Set`: the conflicting lock, if any.
+    Lock(Option<LockHeld>),
+    /// Reply to `Lock` `Keep`: how many times a lock of the namespace was released.
+    LocksReleased(u64),
+    /// Reply to `Append`: where the reserved bytes start, and the file's attributes after.
+    Appended { offset: u64, attr: Attr },
 }
 
 /// A typed error, mapped to an errno at the client.
@@ -1135,6 +1233,8 @@ pub enum ErrorCode {
     /// Not now, soon: what stands in the way was inherited from before the server restarted
     /// and lapses by itself unless its holder comes back (a cache's drainer hold); ask again.
     Again,
+    /// A waiting lock would close a cycle of lock owners waiting for each other.
+    Deadlock,
 }
 
 impl ErrorCode {
@@ -1162,6 +1262,7 @@ impl ErrorCode {
             ErrorCode::Denied => libc::EACCES,
             ErrorCode::ConnectionLimit | ErrorCode::IdleClosed | ErrorCode::TimedOut => libc::EIO,
             ErrorCode::Again => libc::EAGAIN,
+            ErrorCode::Deadlock => libc::EDEADLK,
         }
     }
 
@@ -1252,13 +1353,15 @@ impl Request {
             Request::CacheUse { .. } => 60,
             Request::CacheEvict { .. } => 61,
             Request::DrainHold { .. } => 62,
+            Request::Lock { .. } => 63,
+            Request::Append { .. } => 64,
             Request::Authenticate { .. } => 7,
         }
     }
 
     /// True for requests answered by a namespace's metadata service.
     pub fn is_metadata(&self) -> bool {
-        (32..64).contains(&self.opcode())
+        (32..=64).contains(&self.opcode())
     }
 
     /// The operation's name, for logs and error messages.
@@ -1314,6 +1417,8 @@ impl Request {
             Request::CacheUse { .. } => "CacheUse",
             Request::CacheEvict { .. } => "CacheEvict",
             Request::DrainHold { .. } => "DrainHold",
+            Request::Lock { .. } => "Lock",
+            Request::Append { .. } => "Append",
         }
     }
 
@@ -1350,6 +1455,8 @@ impl Request {
             | Request::CacheUse { instance, ns, .. }
             | Request::CacheEvict { instance, ns, .. }
             | Request::DrainHold { instance, ns, .. }
+            | Request::Lock { instance, ns, .. }
+            | Request::Append { instance, ns, .. }
             | Request::NamespaceStats { instance, ns } => Some((*instance, *ns)),
             _ => None,
         }

@@ -19,7 +19,7 @@ use surge_core::{Ino, InstanceId, NamespaceId};
 use surge_proto::codec::{self, CodecError};
 use surge_proto::frame::CONNECTION_ID;
 use surge_proto::transport::Polled;
-use surge_proto::{BatchDone, ErrorCode, ErrorReply, Request, Response};
+use surge_proto::{BatchDone, ErrorCode, ErrorReply, LockOp, Request, Response};
 use tracing::{debug, warn};
 
 /// Answers one request acting for client `session` (frame header; 0 for none). Read data is
@@ -186,6 +186,7 @@ pub fn handle(
                         namespace.release_leases(session, &inos);
                         Response::Ok
                     }
+                    Request::Lock { op, .. } => lock(&namespace.locks, session, op)?,
                     other => namespace.call_as(session, other),
                 };
                 // Inodes the metadata server forgot: their local objects go too.
@@ -213,6 +214,28 @@ pub fn handle(
         })
     })();
     r.unwrap_or_else(Response::Error)
+}
+
+/// A request of the namespace's lock service (see [`crate::locks`]); `Keep` waits.
+fn lock(
+    locks: &crate::locks::LockTable,
+    session: u32,
+    op: LockOp,
+) -> Result<Response, ErrorReply> {
+    Ok(match op {
+        LockOp::Test { owner, range } => Response::Lock(locks.test(session, owner, &range)),
+        LockOp::Set {
+            owner,
+            range,
+            pid,
+            waiting,
+        } => Response::Lock(locks.set(session, owner, &range, pid, waiting)?),
+        LockOp::Release { ino, owner } => {
+            locks.release(session, ino, owner);
+            Response::Ok
+        }
+        LockOp::Keep { after, wait_ms } => Response::LocksReleased(locks.keep(after, wait_ms)),
+    })
 }
 
 /// How a connection's service ended.
@@ -244,6 +267,8 @@ pub fn serve<C: Channel>(
     let mut recall_waits: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
     // Cache namespaces whose drain requests this connection carried (see `DrainHold`).
     let mut drains: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
+    // Sessions whose locks live while this connection does (it carried their `Keep`).
+    let mut keepers: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
     // What this connection may do, once it presented a capability.
     let mut grant: Option<surge_auth::Claims> = None;
     loop {
@@ -294,6 +319,19 @@ pub fn serve<C: Channel>(
                 if let Request::WaitRecall { instance, ns, .. } = &frame.request {
                     if session != 0 && !recall_waits.contains(&(*instance, *ns, session)) {
                         recall_waits.push((*instance, *ns, session));
+                    }
+                }
+                if let Request::Lock {
+                    instance,
+                    ns,
+                    op: LockOp::Keep { .. },
+                } = &frame.request
+                {
+                    if session != 0 && !keepers.contains(&(*instance, *ns, session)) {
+                        if let Ok(n) = reg.namespace(*instance, *ns) {
+                            n.locks.keeper_opened(session);
+                            keepers.push((*instance, *ns, session));
+                        }
                     }
                 }
                 if let Request::DrainHold { instance, ns, .. }
@@ -400,6 +438,12 @@ pub fn serve<C: Channel>(
     for (instance, ns, session) in recall_waits {
         if let Ok(n) = reg.namespace(instance, ns) {
             n.recall_connection_closed(session);
+        }
+    }
+    for (instance, ns, session) in keepers {
+        if let Ok(n) = reg.namespace(instance, ns) {
+            n.locks
+                .keeper_closed(session, &format!("{}/{}", instance, ns.0));
         }
     }
     for (instance, ns, session) in drains {

@@ -1,7 +1,7 @@
 //! `surge server`: a burst-buffer node. It owns fast-tier directories ("devices") and a capacity,
 //! hosts fragments of instances ([`store`]: chunk reads and writes on object files) and the
 //! metadata service of the namespaces it is metadata server for ([`mds`], [`meta`]: an embedded
-//! SQLite store), and speaks the `surge-proto` protocol over TCP and Unix sockets ([`conn`]),
+//! SQLite store; [`locks`]: their lock service), and speaks the `surge-proto` protocol over TCP and Unix sockets ([`conn`]),
 //! within bounds on connections, frames and waits ([`admission`]).
 //!
 //! Everything it hosts is recorded on its devices ([`registry`]) and recovered on restart, so an
@@ -12,6 +12,7 @@ pub mod access;
 pub mod admission;
 pub mod cli;
 pub mod conn;
+pub mod locks;
 pub mod mds;
 pub mod meta;
 pub mod metrics;

@@ -46,6 +46,8 @@ pub struct Namespace {
     /// Cache namespaces: open connections that carried drain requests, per session (the hold
     /// of a session that has none left ends: its drainer died).
     drain_conns: Mutex<HashMap<u32, u32>>,
+    /// The namespace's lock service (fcntl, OFD and flock locks of every node).
+    pub locks: crate::locks::LockTable,
 }
 
 /// What a cache namespace's metadata server knows of the use of its files, in memory: the
@@ -284,6 +286,7 @@ impl Namespace {
                 },
             drainer: Mutex::new(drainer),
             drain_conns: Mutex::new(HashMap::new()),
+            locks: crate::locks::LockTable::default(),
         })
     }
 
@@ -1002,7 +1005,7 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             Some(path) => Pending::Op(DrainOp::Attr { ino: *ino, path }),
             None => Pending::Nothing,
         },
-        Request::CommitWrite { ino, .. } => match ops.path_of(*ino)? {
+        Request::CommitWrite { ino, .. } | Request::Append { ino, .. } => match ops.path_of(*ino)? {
             Some(path) => Pending::Op(DrainOp::Data { ino: *ino, path }),
             None => Pending::Nothing,
         },
@@ -1244,6 +1247,10 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         Request::CommitWrite {
             ino, size, mtime, ..
         } => Response::Attr(ops.commit_write(*ino, *size, *mtime)?),
+        Request::Append { ino, len, .. } => {
+            let (offset, attr) = ops.append(*ino, *len)?;
+            Response::Appended { offset, attr }
+        }
         Request::Purge { ino, .. } => {
             ops.purge(*ino)?;
             Response::Ok

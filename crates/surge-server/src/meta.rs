@@ -1649,6 +1649,32 @@ impl Ops<'_> {
         self.getattr(ino)
     }
 
+    /// `O_APPEND`: reserves `len` bytes at the end of file `ino` (its size grows by `len`, its
+    /// mtime and ctime move); returns where they start and the attributes after. One
+    /// transaction, so two nodes appending at once get ranges that do not overlap.
+    pub fn append(&self, ino: Ino, len: u64) -> MetaResult<(u64, Attr)> {
+        let a = self.getattr(ino)?;
+        if a.kind != FileKind::File {
+            return Err(err(
+                ErrorCode::Invalid,
+                format!("inode {ino} is a {:?}, not a file", a.kind),
+            ));
+        }
+        Self::check_not_evicted(&a, "append")?;
+        let end = a
+            .size
+            .checked_add(len)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or_else(|| {
+                err(
+                    ErrorCode::TooLarge,
+                    format!("append of {len} bytes past the largest file offset"),
+                )
+            })?;
+        let after = self.commit_write(ino, end, TimeSet::Now)?;
+        Ok((a.size, after))
+    }
+
     pub fn purge(&self, ino: Ino) -> MetaResult<()> {
         match self.find(ino)? {
             Some(a) if a.nlink == 0 => self.delete_inode(ino),

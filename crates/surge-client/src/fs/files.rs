@@ -158,7 +158,15 @@ impl Fs {
 
     /// `writer`: the open may write; `unprivileged`: its caller cannot keep setuid/setgid
     /// bits (no `CAP_FSETID`; here: not root).
-    pub async fn open(&self, ino: Ino, writer: bool, unprivileged: bool) -> FsResult<Opened> {
+    /// `append`: opened `O_APPEND` (see [`append`](Self::append): not passed through where
+    /// the metadata server decides where appends go).
+    pub async fn open(
+        &self,
+        ino: Ino,
+        writer: bool,
+        unprivileged: bool,
+        append: bool,
+    ) -> FsResult<Opened> {
         self.barrier().await?;
         // Cache instances: the open is known to the metadata server (the file is not evicted
         // while open) from its `CacheOpen` on; no report of this node's opens and closes is
@@ -183,9 +191,15 @@ impl Fs {
         if a.kind == FileKind::Dir {
             return Err(FsError::new(libc::EISDIR, "is a directory"));
         }
-        if a.nlink == 0 && !self.inodes.is_open(ino) {
-            // Unlinked elsewhere but kept for another node's open descriptors: the name that
-            // led here is stale.
+        if a.nlink == 0
+            && !self.inodes.is_open(ino)
+            && !self.inodes.fresh_name(ino, super::names::REPLACED_GRACE / 2)
+        {
+            // Unlinked elsewhere but kept for another node's open descriptors (or replaced
+            // by a rename moments ago): the name that led here was cached before, and the
+            // kernel looks it up again on ESTALE. A name the kernel has just looked up is
+            // what the namespace said an instant ago: the old file is opened (a rename on
+            // another node in between; the reader sees the file before it, never ESTALE).
             return Err(FsError::new(
                 libc::ESTALE,
                 format!("inode {ino} has no name any more"),
@@ -206,7 +220,9 @@ impl Fs {
             // The kernel writes a passthrough file without this process, so it could not
             // clear the setuid/setgid bits the write must clear; through the daemon it does.
             self.inodes.backing(ino)
-        } else if !self.passthrough_ok(ino, a.size, a.through, writer).await {
+        } else if (append && self.appends_at_server())
+            || !self.passthrough_ok(ino, a.size, a.through, writer).await
+        {
             None
         } else {
             self.backing_for(ino).await
@@ -301,6 +317,34 @@ impl Fs {
         let mask = self.client.fragments_touched(ino, offset, n);
         self.inodes.changed_data(ino, offset + n, mask, true);
         Ok(n as u32)
+    }
+
+    /// Whether `O_APPEND` writes take their offset from the metadata server (see
+    /// [`append`](Self::append)): in a namespace other nodes write too (not a private one, nor
+    /// a cache instance, whose files may be written through to the PFS).
+    pub fn appends_at_server(&self) -> bool {
+        !self.creates_behind && !self.cache && !self.immutable
+    }
+
+    /// A write of a descriptor opened `O_APPEND` (the adapter opens those without the page
+    /// cache, so each `write(2)` up to the kernel's largest request comes here whole): the
+    /// metadata server, which keeps the size, reserves the bytes at the end of the file, and
+    /// they are written there, so appends from several nodes never overwrite each other.
+    pub async fn append(&self, fh: u64, data: &[u8], kill_suidgid: bool) -> FsResult<u32> {
+        let ino = self.inodes.handle_ino(fh)?;
+        if !self.appends_at_server() || data.is_empty() {
+            let at = self.inodes.size(ino);
+            return self.write(fh, at, data, kill_suidgid).await;
+        }
+        // This node's own size of the file first: appends from here land after its writes.
+        self.commit(ino).await?;
+        let (offset, a) = self
+            .client
+            .append(ino, data.len() as u64)
+            .await
+            .map_err(super::stale)?;
+        self.observe(a, false);
+        self.write(fh, offset, data, kill_suidgid).await
     }
 
     /// A write to a cache instance: to the fast tier (once the dirty data is under the

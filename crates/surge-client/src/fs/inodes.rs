@@ -53,6 +53,8 @@ pub(super) struct Inode {
     /// `st_blocks` as last measured on the fragments, with the (size, mtime) it was measured
     /// at (see `space`).
     pub blocks: Option<((u64, Timestamp), u64)>,
+    /// When the kernel last looked the inode up by name here (see [`InodeTable::fresh_name`]).
+    pub looked_up: Option<std::time::Instant>,
 }
 
 impl Inode {
@@ -107,6 +109,7 @@ impl InodeTable {
         let ino = inodes.entry(a.ino).or_default();
         if lookup {
             ino.lookups += 1;
+            ino.looked_up = Some(std::time::Instant::now());
         }
         ino.perm = a.perm;
         ino.attr = Some(a.clone());
@@ -179,6 +182,16 @@ impl InodeTable {
             .get(&ino)
             .filter(|i| i.opens > 0)
             .map(|i| i.size)
+    }
+
+    /// Whether the kernel found `ino` by its name within `within`: an open of it then
+    /// follows a fresh path walk, not a name cached before another node replaced the file.
+    pub fn fresh_name(&self, ino: Ino, within: std::time::Duration) -> bool {
+        self.inodes
+            .lock()
+            .get(&ino)
+            .and_then(|i| i.looked_up)
+            .is_some_and(|t| t.elapsed() < within)
     }
 
     pub fn is_open(&self, ino: Ino) -> bool {

@@ -22,6 +22,7 @@
 //! - [`leases`]: directory leases of shared namespaces (creates behind there) and the task that
 //!   answers the metadata server's recalls.
 //! - [`passthrough`]: kernel passthrough of files whose data is one local object.
+//! - [`locks`]: fcntl, OFD and flock locks, kept by the metadata server for every node.
 //! - [`space`]: what files really hold (`st_blocks`, `SEEK_DATA`/`SEEK_HOLE`).
 //! - Cache instances: [`fill`] (files read from the PFS until copied in), [`through`] (files
 //!   written through to the PFS when the tier is full), [`evict`] (clean files evicted first,
@@ -42,6 +43,7 @@ mod fill;
 mod inodes;
 mod leases;
 mod listings;
+mod locks;
 mod names;
 mod passthrough;
 mod space;
@@ -52,6 +54,7 @@ use crate::error::ClientError;
 use crate::instance::InstanceClient;
 use behind::Behind;
 pub use files::{KillSuidgid, ReadSource};
+pub use locks::LockRequest;
 use inodes::InodeTable;
 use listings::{FreshDirs, Listings};
 use parking_lot::Mutex;
@@ -156,6 +159,8 @@ pub struct Fs {
     leases: leases::Leases,
     /// Kernel passthrough (see [`passthrough`]).
     passthrough: passthrough::Passthrough,
+    /// fcntl and flock locks, kept by the metadata server (see [`locks`]).
+    locks: locks::Locks,
     /// Creates may be made behind in every listed directory: the namespace is private to one
     /// compute node (DataWarp's private mode). In a shared namespace another node may make
     /// the same name meanwhile, and a file this node answered for would then not exist (its
@@ -242,6 +247,7 @@ impl Fs {
             behind: Arc::new(Behind::default()),
             leases: leases::Leases::default(),
             passthrough: passthrough::Passthrough::default(),
+            locks: locks::Locks::default(),
             creates_behind,
             inos: Mutex::new(0..0),
             inos_refused: AtomicBool::new(false),

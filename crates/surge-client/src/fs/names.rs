@@ -6,11 +6,16 @@ use super::{stale, DirItem, Fs, FsError, FsResult, READDIR_PAGE};
 use crate::instance::Usage;
 use std::sync::Arc;
 use surge_core::{FileLayout, Ino};
-use surge_proto::{Attr, BatchOp, FileKind, NewNode, SetAttr, Timestamp};
-use tracing::debug;
+use surge_proto::{Attr, BatchOp, FileKind, KeepOpen, NewNode, SetAttr, Timestamp};
+use tracing::{debug, warn};
 
 /// Inode numbers reserved at a time for creates made behind.
 const INODE_GRANT: u32 = 4096;
+
+/// How long a file replaced by a rename in a shared namespace is kept (its inode and data)
+/// for readers on other nodes that found it by name just before: they read the old file
+/// instead of failing with ESTALE.
+pub(super) const REPLACED_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Fs {
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
@@ -85,6 +90,7 @@ impl Fs {
         // An unprivileged creator's writes must clear setuid/setgid bits it asked for: the
         // daemon does that, not a passthrough write (see `open`).
         let backing = if (uid != 0 && super::files::drops_privilege(a.perm))
+            || (flags & libc::O_APPEND != 0 && self.appends_at_server())
             || !self.passthrough_ok(a.ino, 0, 0, true).await
         {
             None
@@ -105,7 +111,8 @@ impl Fs {
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
         let mut a = self.lookup(parent, name).await?;
         let writer = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let o = match self.open(a.ino, writer, uid != 0).await {
+        let append = flags & libc::O_APPEND != 0;
+        let o = match self.open(a.ino, writer, uid != 0, append).await {
             Ok(o) => o,
             Err(e) => {
                 // The kernel learns of no entry: undo the lookup's reference.
@@ -287,19 +294,32 @@ impl Fs {
         self.listings.drop_dir(parent);
         self.listings.drop_dir(new_parent);
         self.barrier().await?;
+        // In a shared namespace another node may be opening or reading the file this rename
+        // replaces (the atomic-save pattern): it is kept for `REPLACED_GRACE` first.
+        let shared = self.appends_at_server();
+        let keep = if shared {
+            KeepOpen::All
+        } else {
+            self.inodes.keep_open()
+        };
         let replaced = self
             .client
-            .rename(
-                parent,
-                name,
-                new_parent,
-                new_name,
-                flags,
-                self.inodes.keep_open(),
-            )
+            .rename(parent, name, new_parent, new_name, flags, keep)
             .await?;
-        if let Some(u) = replaced {
-            self.orphaned(u).await;
+        match replaced {
+            Some(u) if shared && u.orphaned && !u.purged => {
+                if let Some(size) = self.inodes.orphaned(&u) {
+                    let client = self.client.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(REPLACED_GRACE).await;
+                        if let Err(e) = client.purge(u.ino, size).await {
+                            warn!("could not remove the data of replaced inode {}: {e}", u.ino);
+                        }
+                    });
+                }
+            }
+            Some(u) => self.orphaned(u).await,
+            None => {}
         }
         Ok(())
     }

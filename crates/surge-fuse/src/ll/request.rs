@@ -1205,6 +1205,11 @@ mod op {
         pub(crate) fn sleep(&self) -> bool {
             self.wait
         }
+        /// A `flock(2)` lock (`FUSE_LK_FLOCK`), which the kernel sends as a whole-file
+        /// POSIX lock whose owner is the open file (with `FUSE_FLOCK_LOCKS`).
+        pub(crate) fn flock(&self) -> bool {
+            self.arg.lk_flags & crate::ll::fuse_abi::consts::FUSE_LK_FLOCK != 0
+        }
     }
 
     /// Check file access permissions.

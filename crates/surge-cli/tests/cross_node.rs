@@ -1,0 +1,432 @@
+//! Two compute nodes that share no kernel file (issue 32, item 4): two mounts of one striped
+//! instance with every file striped over every fragment and nothing passed through to a local
+//! object, so what one node learns of the other's work comes only through the servers. Locks
+//! (fcntl, flock, OFD), `O_APPEND`, readers of a file saved by write-then-rename, and SQLite.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A compute node: a mount that stripes every file over every fragment and passes nothing
+/// through (no object file of this host is shared with the other mount's kernel).
+fn node(c: &Cluster, id: u64) -> Mount {
+    Mount::with_args(
+        c,
+        id,
+        0,
+        &["--no-passthrough", "--layout", "stripe_count=all"],
+    )
+}
+
+/// Three servers, one instance striped over them in 64 KiB stripes, two nodes.
+fn two_nodes() -> (Cluster, Mount, Mount) {
+    let c = cluster(3, "1GiB");
+    let id = c.create_instance("2GiB", "64KiB", &[]);
+    let a = node(&c, id);
+    let b = node(&c, id);
+    (c, a, b)
+}
+
+/// True (after saying why) when `tool` is not installed: the test cannot run here.
+fn missing(test: &str, tool: &str) -> bool {
+    let there = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !there {
+        eprintln!("SKIPPED {test}: `{tool}` is not installed");
+    }
+    !there
+}
+
+/// The lock client the tests run as separate processes (a process is a POSIX lock owner):
+/// `lock.py PATH KIND OP` with KIND `posix`, `flock` or `ofd` and OP
+/// - `try`: a non-blocking exclusive lock of the whole file; prints `got` or `busy`;
+/// - `hold`: takes it (blocking), prints `held`, then sleeps until killed;
+/// - `wait`: takes it blocking, prints `got <unix time>`;
+/// - `wait-alarm`: as `wait`, with SIGALRM after 1 s interrupting the wait: prints
+///   `interrupted <seconds waited>` (or `got`).
+const LOCK_PY: &str = r#"
+import errno, fcntl, os, signal, struct, sys, time
+path, kind, op = sys.argv[1], sys.argv[2], sys.argv[3]
+fd = os.open(path, os.O_RDWR)
+F_OFD_SETLK, F_OFD_SETLKW = 37, 38
+def lock(block):
+    if kind == "posix":
+        fcntl.lockf(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+    elif kind == "flock":
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+    else:
+        fcntl.fcntl(fd, F_OFD_SETLKW if block else F_OFD_SETLK,
+                    struct.pack("hhxxxxqqixxxx", fcntl.F_WRLCK, 0, 0, 0, 0))
+if op == "try":
+    try:
+        lock(False)
+        print("got", flush=True)
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        print("busy", flush=True)
+elif op == "hold":
+    lock(True)
+    print("held", flush=True)
+    while True:
+        time.sleep(60)
+elif op == "wait":
+    lock(True)
+    print("got %.6f" % time.time(), flush=True)
+elif op == "wait-alarm":
+    class Alarm(Exception):
+        pass
+    def ring(*_):
+        raise Alarm()
+    signal.signal(signal.SIGALRM, ring)
+    t0 = time.time()
+    signal.alarm(1)
+    try:
+        lock(True)
+        print("got", flush=True)
+    except Alarm:
+        print("interrupted %.3f" % (time.time() - t0), flush=True)
+"#;
+
+struct LockClient(Child);
+
+impl LockClient {
+    fn spawn(path: &std::path::Path, kind: &str, op: &str) -> LockClient {
+        LockClient(
+            Command::new("python3")
+                .args(["-c", LOCK_PY])
+                .arg(path)
+                .args([kind, op])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("python3"),
+        )
+    }
+
+    /// The first line the client prints.
+    fn line(&mut self) -> String {
+        let out = self.0.stdout.as_mut().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(out).read_line(&mut line).expect("read");
+        line.trim().to_string()
+    }
+
+    fn run(path: &std::path::Path, kind: &str, op: &str) -> String {
+        let mut c = LockClient::spawn(path, kind, op);
+        let l = c.line();
+        let _ = c.0.wait();
+        l
+    }
+}
+
+impl Drop for LockClient {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn fcntl_flock_and_ofd_locks_exclude_across_nodes_and_wake_waiters() {
+    let test = "fcntl_flock_and_ofd_locks_exclude_across_nodes_and_wake_waiters";
+    if skip_without_fuse(test) || missing(test, "python3") {
+        return;
+    }
+    let (_c, a, b) = two_nodes();
+    std::fs::write(a.path("lockfile"), b"x").unwrap();
+    for kind in ["posix", "flock", "ofd"] {
+        let mut holder = LockClient::spawn(&a.path("lockfile"), kind, "hold");
+        assert_eq!(holder.line(), "held", "{kind}");
+        assert_eq!(
+            LockClient::run(&b.path("lockfile"), kind, "try"),
+            "busy",
+            "{kind}: a lock held on node A must refuse node B's non-blocking lock"
+        );
+        assert_eq!(
+            LockClient::run(&a.path("lockfile"), kind, "try"),
+            "busy",
+            "{kind}: and another process of node A's"
+        );
+        // A blocking lock on B waits for A's release, and gets the lock soon after it.
+        let mut waiter = LockClient::spawn(&b.path("lockfile"), kind, "wait");
+        std::thread::sleep(Duration::from_millis(800));
+        assert!(
+            waiter.0.try_wait().unwrap().is_none(),
+            "{kind}: B's blocking lock returned while A held the lock"
+        );
+        let released = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        drop(holder);
+        let got = waiter.line();
+        let at: f64 = got
+            .strip_prefix("got ")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{kind}: waiter said {got:?}"));
+        let latency = at - released;
+        eprintln!("{kind}: B's wait ended {:.1} ms after A's release", latency * 1e3);
+        assert!(latency < 2.0, "{kind}: {latency} s from release to grant");
+        drop(waiter);
+        assert_eq!(LockClient::run(&a.path("lockfile"), kind, "try"), "got");
+    }
+}
+
+#[test]
+fn a_blocked_lock_wait_is_interrupted_by_a_signal() {
+    let test = "a_blocked_lock_wait_is_interrupted_by_a_signal";
+    if skip_without_fuse(test) || missing(test, "python3") {
+        return;
+    }
+    let (_c, a, b) = two_nodes();
+    std::fs::write(a.path("lockfile"), b"x").unwrap();
+    let mut holder = LockClient::spawn(&a.path("lockfile"), "posix", "hold");
+    assert_eq!(holder.line(), "held");
+    let t = Instant::now();
+    let said = LockClient::run(&b.path("lockfile"), "posix", "wait-alarm");
+    assert!(said.starts_with("interrupted"), "B's wait: {said:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // The interrupted wait left nothing behind: once A lets go, B locks at once.
+    drop(holder);
+    assert_eq!(LockClient::run(&b.path("lockfile"), "posix", "try"), "got");
+}
+
+#[test]
+fn locks_of_a_killed_mount_are_released() {
+    let test = "locks_of_a_killed_mount_are_released";
+    if skip_without_fuse(test) || missing(test, "python3") {
+        return;
+    }
+    let (_c, mut a, b) = two_nodes();
+    std::fs::write(a.path("lockfile"), b"x").unwrap();
+    let mut holder = LockClient::spawn(&a.path("lockfile"), "posix", "hold");
+    assert_eq!(holder.line(), "held");
+    assert_eq!(LockClient::run(&b.path("lockfile"), "posix", "try"), "busy");
+    // Node A dies (its mount process), its lock holder still running.
+    let mut child = a.child.take().expect("mount process");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t = Instant::now();
+    loop {
+        if LockClient::run(&b.path("lockfile"), "posix", "try") == "got" {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the dead node's lock is still held"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("lock of the killed mount released after {:?}", t.elapsed());
+    drop(holder);
+    a.child = None;
+}
+
+/// Lines of [`LINE`] bytes: `tag writer index` and padding.
+const LINE: usize = 48;
+
+fn line(tag: char, writer: usize, i: usize) -> String {
+    let head = format!("{tag}{writer} {i:06} ");
+    format!("{head}{}\n", "x".repeat(LINE - head.len() - 1))
+}
+
+#[test]
+fn appends_from_two_nodes_lose_no_line() {
+    let test = "appends_from_two_nodes_lose_no_line";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let (_c, a, b) = two_nodes();
+    std::fs::write(a.path("log"), b"").unwrap();
+    const PER_WRITER: usize = 1500;
+    let mut threads = Vec::new();
+    for (tag, m) in [('a', &a), ('b', &b)] {
+        for w in 0..2 {
+            let path = m.path("log");
+            threads.push(std::thread::spawn(move || {
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .unwrap();
+                for i in 0..PER_WRITER {
+                    let l = line(tag, w, i);
+                    // One write(2) per line: a short write would split it.
+                    assert_eq!(f.write(l.as_bytes()).unwrap(), LINE);
+                }
+            }));
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    for m in [&a, &b] {
+        let mut text = String::new();
+        std::fs::File::open(m.path("log"))
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        // Each writer's lines, in the order they are in the file.
+        let mut seen: std::collections::HashMap<String, Vec<usize>> = Default::default();
+        let mut bad = 0;
+        for l in text.split_inclusive('\n') {
+            let mut parts = l.split(' ');
+            let (Some(who), Some(i)) = (parts.next(), parts.next()) else {
+                bad += 1;
+                continue;
+            };
+            if l.len() != LINE || !l.ends_with('\n') {
+                bad += 1;
+                continue;
+            }
+            match i.parse::<usize>() {
+                Ok(i) => seen.entry(who.to_string()).or_default().push(i),
+                Err(_) => bad += 1,
+            }
+        }
+        let total: usize = seen.values().map(Vec::len).sum();
+        eprintln!(
+            "{:?}: {total} of {} lines whole, {} lost, {bad} torn, {} bytes",
+            m.dir,
+            4 * PER_WRITER,
+            (4 * PER_WRITER).saturating_sub(total),
+            text.len()
+        );
+        assert_eq!(bad, 0, "torn or overwritten lines");
+        assert_eq!(total, 4 * PER_WRITER, "lines lost");
+        for (who, got) in &seen {
+            assert!(
+                got.iter().copied().eq(0..PER_WRITER),
+                "{who}: its lines are not all there in the order it wrote them"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_file_replaced_by_rename_on_one_node_is_never_stale_on_the_other() {
+    let test = "a_file_replaced_by_rename_on_one_node_is_never_stale_on_the_other";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let (_c, a, b) = two_nodes();
+    std::fs::write(a.path("target"), format!("{:08}\n", 0)).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (dir, stop) = (a.dir.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let tmp = dir.join("target.tmp");
+                std::fs::write(&tmp, format!("{n:08}\n").repeat(512)).unwrap();
+                std::fs::rename(&tmp, dir.join("target")).unwrap();
+            }
+            n
+        })
+    };
+    let (mut reads, mut stale, mut other) = (0u64, 0u64, Vec::new());
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        let r = std::fs::File::open(b.path("target")).and_then(|mut f| {
+            let mut s = String::new();
+            f.read_to_string(&mut s)?;
+            let len = f.metadata()?.len();
+            Ok((s, len))
+        });
+        match r {
+            Ok((s, len)) => {
+                reads += 1;
+                // Whole versions only: the file is written before it is renamed into place.
+                let first = s.lines().next().unwrap_or("").to_string();
+                assert!(
+                    s.len() == 9 || s == format!("{first}\n").repeat(512),
+                    "a read mixed versions ({} bytes)",
+                    s.len()
+                );
+                let _ = len;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ESTALE) => stale += 1,
+            Err(e) => other.push(e.to_string()),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let saves = writer.join().unwrap();
+    eprintln!("{saves} saves on A, {reads} reads on B, {stale} ESTALE, {other:?}");
+    assert_eq!(stale, 0, "ESTALE on the reading node");
+    assert!(other.is_empty(), "{other:?}");
+}
+
+/// `sqlite3 DB` with `script` on stdin; its output.
+fn sqlite(db: &std::path::Path, script: &str) -> std::process::Child {
+    let mut c = Command::new("sqlite3")
+        .arg(db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sqlite3");
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    c
+}
+
+fn sqlite_done(c: Child) -> String {
+    let o = c.wait_with_output().unwrap();
+    assert!(o.status.success(), "sqlite3: {}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.trim().is_empty(), "sqlite3: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+#[test]
+fn sqlite_in_rollback_mode_written_from_two_nodes_stays_whole() {
+    let test = "sqlite_in_rollback_mode_written_from_two_nodes_stays_whole";
+    if skip_without_fuse(test) || missing(test, "sqlite3") {
+        return;
+    }
+    let (_c, a, b) = two_nodes();
+    sqlite_done(sqlite(
+        &a.path("db"),
+        "PRAGMA journal_mode=delete; CREATE TABLE t(node TEXT, i INTEGER, pad TEXT);\n",
+    ));
+    const ROWS: usize = 300;
+    let script = |node: &str| {
+        let mut s = String::from(".timeout 60000\n");
+        for i in 0..ROWS {
+            s.push_str(&format!(
+                "INSERT INTO t VALUES('{node}', {i}, hex(randomblob(200)));\n"
+            ));
+        }
+        s
+    };
+    let t = Instant::now();
+    let (ca, cb) = (
+        sqlite(&a.path("db"), &script("a")),
+        sqlite(&b.path("db"), &script("b")),
+    );
+    sqlite_done(ca);
+    sqlite_done(cb);
+    eprintln!("{} inserts from two nodes in {:?}", 2 * ROWS, t.elapsed());
+    for m in [&a, &b] {
+        let out = sqlite_done(sqlite(
+            &m.path("db"),
+            "PRAGMA integrity_check;\nSELECT node, count(*), count(DISTINCT i) FROM t GROUP BY node;\n",
+        ));
+        assert_eq!(
+            out,
+            format!("ok\na|{ROWS}|{ROWS}\nb|{ROWS}|{ROWS}\n"),
+            "on {:?}",
+            m.dir
+        );
+    }
+}
