@@ -365,7 +365,16 @@ fn a_file_replaced_by_rename_on_one_node_is_never_stale_on_the_other() {
 
 /// `sqlite3 DB` with `script` on stdin; its output.
 fn sqlite(db: &std::path::Path, script: &str) -> std::process::Child {
-    let mut c = Command::new("sqlite3")
+    // SURGE_TEST_STRACE=FILE: each sqlite3 runs under `strace -f -o FILE.<pid>`.
+    let mut cmd = match std::env::var("SURGE_TEST_STRACE") {
+        Ok(f) => {
+            let mut c = Command::new("strace");
+            c.args(["-ff", "-o", &f, "sqlite3"]);
+            c
+        }
+        Err(_) => Command::new("sqlite3"),
+    };
+    let mut c = cmd
         .arg(db)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -380,11 +389,15 @@ fn sqlite(db: &std::path::Path, script: &str) -> std::process::Child {
     c
 }
 
-fn sqlite_done(c: Child) -> String {
+fn sqlite_done(c: Child, logs: &[&Mount]) -> String {
     let o = c.wait_with_output().unwrap();
-    assert!(o.status.success(), "sqlite3: {}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.trim().is_empty(), "sqlite3: {}", text(&o));
+    if !o.status.success() || !err.trim().is_empty() {
+        for m in logs {
+            eprintln!("log of the mount at {:?}:\n{}", m.dir, m.log());
+        }
+        panic!("sqlite3: {}", text(&o));
+    }
     String::from_utf8_lossy(&o.stdout).to_string()
 }
 
@@ -398,7 +411,7 @@ fn sqlite_in_rollback_mode_written_from_two_nodes_stays_whole() {
     sqlite_done(sqlite(
         &a.path("db"),
         "PRAGMA journal_mode=delete; CREATE TABLE t(node TEXT, i INTEGER, pad TEXT);\n",
-    ));
+    ), &[&a]);
     const ROWS: usize = 300;
     let script = |node: &str| {
         let mut s = String::from(".timeout 60000\n");
@@ -414,14 +427,14 @@ fn sqlite_in_rollback_mode_written_from_two_nodes_stays_whole() {
         sqlite(&a.path("db"), &script("a")),
         sqlite(&b.path("db"), &script("b")),
     );
-    sqlite_done(ca);
-    sqlite_done(cb);
+    sqlite_done(ca, &[&a, &b]);
+    sqlite_done(cb, &[&a, &b]);
     eprintln!("{} inserts from two nodes in {:?}", 2 * ROWS, t.elapsed());
     for m in [&a, &b] {
         let out = sqlite_done(sqlite(
             &m.path("db"),
             "PRAGMA integrity_check;\nSELECT node, count(*), count(DISTINCT i) FROM t GROUP BY node;\n",
-        ));
+        ), &[m]);
         assert_eq!(
             out,
             format!("ok\na|{ROWS}|{ROWS}\nb|{ROWS}|{ROWS}\n"),

@@ -301,6 +301,22 @@ impl InodeTable {
         i.dirty_mtime.take().map(|m| (i.size, m))
     }
 
+    /// Attributes fetched when a lock was taken (see `Fs::setlk`): the size of a file open
+    /// here becomes the server's (another node may have grown or truncated it), unless this
+    /// node has writes of it not yet committed (then the larger of the two).
+    pub fn refreshed(&self, ino: Ino, a: &Attr) {
+        if let Some(i) = self.inodes.lock().get_mut(&ino) {
+            if i.opens > 0 && i.backing.is_none() {
+                i.size = if i.dirty_mtime.is_none() {
+                    a.size
+                } else {
+                    i.size.max(a.size)
+                };
+            }
+            i.seen = Some((a.mtime, a.size));
+        }
+    }
+
     pub fn committed(&self, ino: Ino, a: &Attr) {
         if let Some(i) = self.inodes.lock().get_mut(&ino) {
             i.seen = Some((a.mtime, a.size));

@@ -152,6 +152,7 @@ impl Fs {
         if req.kind != LockKind::Unlock {
             // What the last holder wrote: fresh attributes, and no cached page of before.
             let a = self.client.getattr(req.ino).await.map_err(super::stale)?;
+            self.inodes.refreshed(req.ino, &a);
             self.observe(a, false);
             if let Some(drop_pages) = self.drop_pages.get() {
                 drop_pages(req.ino);
