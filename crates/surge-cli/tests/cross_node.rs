@@ -172,7 +172,10 @@ fn fcntl_flock_and_ofd_locks_exclude_across_nodes_and_wake_waiters() {
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("{kind}: waiter said {got:?}"));
         let latency = at - released;
-        eprintln!("{kind}: B's wait ended {:.1} ms after A's release", latency * 1e3);
+        eprintln!(
+            "{kind}: B's wait ended {:.1} ms after A's release",
+            latency * 1e3
+        );
         assert!(latency < 2.0, "{kind}: {latency} s from release to grant");
         drop(waiter);
         assert_eq!(LockClient::run(&a.path("lockfile"), kind, "try"), "got");
@@ -408,10 +411,13 @@ fn sqlite_in_rollback_mode_written_from_two_nodes_stays_whole() {
         return;
     }
     let (_c, a, b) = two_nodes();
-    sqlite_done(sqlite(
-        &a.path("db"),
-        "PRAGMA journal_mode=delete; CREATE TABLE t(node TEXT, i INTEGER, pad TEXT);\n",
-    ), &[&a]);
+    sqlite_done(
+        sqlite(
+            &a.path("db"),
+            "PRAGMA journal_mode=delete; CREATE TABLE t(node TEXT, i INTEGER, pad TEXT);\n",
+        ),
+        &[&a],
+    );
     const ROWS: usize = 300;
     let script = |node: &str| {
         let mut s = String::from(".timeout 60000\n");

@@ -1190,7 +1190,10 @@ pub enum Response {
     /// Reply to `Lock` `Keep`: how many times a lock of the namespace was released.
     LocksReleased(u64),
     /// Reply to `Append`: where the reserved bytes start, and the file's attributes after.
-    Appended { offset: u64, attr: Attr },
+    Appended {
+        offset: u64,
+        attr: Attr,
+    },
 }
 
 /// A typed error, mapped to an errno at the client.

@@ -217,11 +217,7 @@ pub fn handle(
 }
 
 /// A request of the namespace's lock service (see [`crate::locks`]); `Keep` waits.
-fn lock(
-    locks: &crate::locks::LockTable,
-    session: u32,
-    op: LockOp,
-) -> Result<Response, ErrorReply> {
+fn lock(locks: &crate::locks::LockTable, session: u32, op: LockOp) -> Result<Response, ErrorReply> {
     Ok(match op {
         LockOp::Test { owner, range } => Response::Lock(locks.test(session, owner, &range)),
         LockOp::Set {

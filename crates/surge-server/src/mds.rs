@@ -1005,10 +1005,12 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             Some(path) => Pending::Op(DrainOp::Attr { ino: *ino, path }),
             None => Pending::Nothing,
         },
-        Request::CommitWrite { ino, .. } | Request::Append { ino, .. } => match ops.path_of(*ino)? {
-            Some(path) => Pending::Op(DrainOp::Data { ino: *ino, path }),
-            None => Pending::Nothing,
-        },
+        Request::CommitWrite { ino, .. } | Request::Append { ino, .. } => {
+            match ops.path_of(*ino)? {
+                Some(path) => Pending::Op(DrainOp::Data { ino: *ino, path }),
+                None => Pending::Nothing,
+            }
+        }
         Request::NamespaceBatch { ops: batch, .. } => Pending::Batch(
             batch
                 .iter()

@@ -193,7 +193,9 @@ impl Fs {
         }
         if a.nlink == 0
             && !self.inodes.is_open(ino)
-            && !self.inodes.fresh_name(ino, super::names::REPLACED_GRACE / 2)
+            && !self
+                .inodes
+                .fresh_name(ino, super::names::REPLACED_GRACE / 2)
         {
             // Unlinked elsewhere but kept for another node's open descriptors (or replaced
             // by a rename moments ago): the name that led here was cached before, and the

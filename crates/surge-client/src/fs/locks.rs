@@ -226,12 +226,7 @@ impl Fs {
                 // Registers this connection as the keeper before any lock is asked for.
                 let n = self.client.lock_keep(&conn, u64::MAX, 0).await?;
                 let (tx, rx) = tokio::sync::watch::channel(n);
-                tokio::spawn(keep(
-                    self.client.clone(),
-                    conn,
-                    tx,
-                    self.locks.gone.clone(),
-                ));
+                tokio::spawn(keep(self.client.clone(), conn, tx, self.locks.gone.clone()));
                 info!("lock keeper started (locks are kept by the metadata server)");
                 Ok::<_, FsError>(rx)
             })
