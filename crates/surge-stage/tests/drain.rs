@@ -713,7 +713,7 @@ fn clean_files_are_evicted_least_recently_used_first_never_dirty_or_open_ones() 
         assert_eq!(read_all(&node1, b"a").await, body(0));
         node1.report_use().await;
         let held = node2
-            .open(cc, false, false)
+            .open(cc, false, false, false)
             .await
             .expect("open c on node 2");
 
