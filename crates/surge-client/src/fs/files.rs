@@ -185,8 +185,22 @@ impl Fs {
         };
         let a = match known {
             Some(a) => a,
-            None if self.cache => self.client.cache_open(ino).await.map_err(stale)?,
-            None => self.client.getattr(ino).await.map_err(stale)?,
+            None => {
+                let fetched = if self.cache {
+                    self.client.cache_open(ino).await
+                } else {
+                    self.client.getattr(ino).await
+                };
+                match fetched.map_err(stale) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        if e.errno == libc::ESTALE {
+                            self.inodes.note_stale_open();
+                        }
+                        return Err(e);
+                    }
+                }
+            }
         };
         if a.kind == FileKind::Dir {
             return Err(FsError::new(libc::EISDIR, "is a directory"));
@@ -195,13 +209,14 @@ impl Fs {
             && !self.inodes.is_open(ino)
             && !self
                 .inodes
-                .fresh_name(ino, super::names::REPLACED_GRACE / 2)
+                .looked_up_after_stale(ino, super::names::REPLACED_GRACE / 2)
         {
             // Unlinked elsewhere but kept for another node's open descriptors (or replaced
             // by a rename moments ago): the name that led here was cached before, and the
-            // kernel looks it up again on ESTALE. A name the kernel has just looked up is
-            // what the namespace said an instant ago: the old file is opened (a rename on
-            // another node in between; the reader sees the file before it, never ESTALE).
+            // kernel looks it up again on ESTALE. On that retry (the name looked up after
+            // the ESTALE) a file replaced again meanwhile is opened as it is: the reader gets
+            // the file of an instant ago, not a second ESTALE (which the kernel would return).
+            self.inodes.note_stale_open();
             return Err(FsError::new(
                 libc::ESTALE,
                 format!("inode {ino} has no name any more"),

@@ -89,6 +89,8 @@ pub(super) struct InodeTable {
     /// Cache namespaces: inodes whose last handle here closed since the last report to the
     /// metadata server (see `Fs::report_use`); `None`: not recorded.
     closed: Mutex<Option<Vec<Ino>>>,
+    /// When an open here last answered ESTALE (see [`InodeTable::looked_up_after_stale`]).
+    stale_open: Mutex<Option<std::time::Instant>>,
 }
 
 impl InodeTable {
@@ -184,14 +186,24 @@ impl InodeTable {
             .map(|i| i.size)
     }
 
-    /// Whether the kernel found `ino` by its name within `within`: an open of it then
-    /// follows a fresh path walk, not a name cached before another node replaced the file.
-    pub fn fresh_name(&self, ino: Ino, within: std::time::Duration) -> bool {
-        self.inodes
-            .lock()
-            .get(&ino)
-            .and_then(|i| i.looked_up)
-            .is_some_and(|t| t.elapsed() < within)
+    /// An open here answered ESTALE (the kernel looks the name up again and retries).
+    pub fn note_stale_open(&self) {
+        *self.stale_open.lock() = Some(std::time::Instant::now());
+    }
+
+    /// Whether the kernel found `ino` by its name after an open here answered ESTALE, within
+    /// `within` of it: an open of it is then the kernel's retry, after a fresh path walk.
+    pub fn looked_up_after_stale(&self, ino: Ino, within: std::time::Duration) -> bool {
+        let Some(stale) = *self.stale_open.lock() else {
+            return false;
+        };
+        stale.elapsed() < within
+            && self
+                .inodes
+                .lock()
+                .get(&ino)
+                .and_then(|i| i.looked_up)
+                .is_some_and(|t| t >= stale)
     }
 
     pub fn is_open(&self, ino: Ino) -> bool {
