@@ -216,6 +216,25 @@ pub fn open(
     }
     // Cache namespaces: the files eviction may take (see `Ops::clean_files`).
     conn.execute_batch("CREATE INDEX IF NOT EXISTS inodes_clean ON inodes(ino) WHERE clean = 1;")?;
+    // What the extended attributes take (names and values), kept by triggers so the space
+    // they use counts in the instance's capacity without a scan (see `Ops::xattr_bytes`).
+    // Stores made before it get their sum once.
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS xattr_bytes(
+            one INTEGER PRIMARY KEY CHECK (one = 0), bytes INTEGER NOT NULL);
+         INSERT OR IGNORE INTO xattr_bytes(one, bytes)
+            SELECT 0, COALESCE(SUM(length(name) + length(value)), 0) FROM xattrs;
+         CREATE TRIGGER IF NOT EXISTS xattr_bytes_insert AFTER INSERT ON xattrs BEGIN
+            UPDATE xattr_bytes SET bytes = bytes + length(NEW.name) + length(NEW.value);
+         END;
+         CREATE TRIGGER IF NOT EXISTS xattr_bytes_update AFTER UPDATE ON xattrs BEGIN
+            UPDATE xattr_bytes SET bytes = bytes + length(NEW.name) + length(NEW.value)
+                - length(OLD.name) - length(OLD.value);
+         END;
+         CREATE TRIGGER IF NOT EXISTS xattr_bytes_delete AFTER DELETE ON xattrs BEGIN
+            UPDATE xattr_bytes SET bytes = bytes - length(OLD.name) - length(OLD.value);
+         END;",
+    )?;
     let now = Timestamp::now();
     conn.execute(
         "INSERT OR IGNORE INTO inodes(ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
@@ -1122,11 +1141,25 @@ impl Ops<'_> {
                 format!("extended attributes of inode {ino} would take {after} bytes (at most {XATTR_INODE_MAX})"),
             ));
         }
+        // An upsert, not INSERT OR REPLACE: a replace's delete would not fire the delete
+        // trigger that keeps `xattr_bytes`.
         self.tx
-            .prepare_cached("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)")
+            .prepare_cached(
+                "INSERT INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(ino, name) DO UPDATE SET value = excluded.value",
+            )
             .and_then(|mut st| st.execute(params![ino as i64, name, value]))
             .map_err(db_err)?;
         self.touch_ctime(ino)
+    }
+
+    /// The bytes every extended attribute of the namespace takes (names and values).
+    pub fn xattr_bytes(&self) -> MetaResult<u64> {
+        self.tx
+            .prepare_cached("SELECT bytes FROM xattr_bytes")
+            .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+            .map(|b| b.max(0) as u64)
+            .map_err(db_err)
     }
 
     /// Removes extended attribute `name` of `ino`.
