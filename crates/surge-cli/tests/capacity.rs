@@ -328,7 +328,7 @@ fn extended_attributes_count_in_the_capacity_and_give_it_back() {
     };
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "got {err}");
     assert!(
-        stored >= 12 << 20 && stored <= 16 << 20,
+        (12 << 20..=16 << 20).contains(&stored),
         "{stored} bytes of extended attributes before ENOSPC in a 16 MiB instance"
     );
     let (_, free_full) = statvfs(&m.dir);
