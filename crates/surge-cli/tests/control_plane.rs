@@ -621,3 +621,83 @@ fn a_stage_task_cut_by_a_manager_crash_runs_again_at_restart() {
     let o = bb(&m.grpc, "teardown").output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// Issue 31 item 5: a manager that is away when `surge run` ends its job (restarted, or a
+/// standby taking over) made the run fail and left the session active with its instance
+/// allocated. `surge run` now says so and tries again until the manager answers: the run
+/// succeeds and its session is ended.
+#[test]
+fn surge_run_ends_its_session_when_the_manager_comes_back_during_the_teardown() {
+    let dir = Scratch::new("cp-endretry");
+    let c = cluster(2, "1GiB");
+    let grpc = format!("127.0.0.1:{}", surge_testkit::etcd::free_port());
+    let args = ["--listen", grpc.as_str()];
+    let m = Manager::start_with(dir.path(), &args);
+    m.register(&c);
+    let go = dir.path().join("go");
+    let script = dir.path().join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "{SCRIPT}echo kept > $DW_JOB_STRIPED/out\n\
+             while [ ! -e {go} ]; do sleep 0.1; done\n",
+            go = go.display()
+        ),
+    )
+    .unwrap();
+    let run = surge_command()
+        .args(["run", "--manager", &grpc])
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = dir.path().join("manager.log");
+    wait_for("the job's session", Duration::from_secs(60), || {
+        let o = surge_command()
+            .args(["session", "ls", "--json", "--manager", &grpc])
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        v.as_array()?
+            .iter()
+            .any(|s| s["state"] == "active")
+            .then_some(())
+    });
+    // The manager goes away while the job runs, the job ends, the manager comes back.
+    let mut m = m;
+    m.child.0.kill().unwrap();
+    let _ = m.child.0.wait();
+    std::fs::write(&go, b"").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let m = Manager::start_with(dir.path(), &args);
+    let o = run.wait_with_output().unwrap();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(o.status.success(), "{}\nmanager:\n{log}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("trying again"),
+        "the retry is not reported: {}",
+        text(&o)
+    );
+    let ls: serde_json::Value = serde_json::from_str(&surge(&[
+        "session",
+        "ls",
+        "--all",
+        "--json",
+        "--manager",
+        &m.grpc,
+    ]))
+    .unwrap();
+    let states: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["state"].as_str())
+        .collect();
+    assert_eq!(states, ["ended"], "{ls}");
+    assert!(
+        held(&c).is_empty(),
+        "an instance is left on the servers: {:?}",
+        held(&c)
+    );
+}
