@@ -232,7 +232,11 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         desc,
         NamespaceId(args.ns),
         token,
-        ClientOptions { deadline },
+        ClientOptions {
+            deadline,
+            ..ClientOptions::default()
+        }
+        .resolving_through(args.source.manager.as_deref()),
     )?;
     if let Some(l) = args.layout.0 {
         l.check(client.fragments())

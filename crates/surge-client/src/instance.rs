@@ -75,18 +75,34 @@ impl Layouts {
 }
 
 /// How an [`InstanceClient`] waits for its servers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ClientOptions {
     /// How long a request waits for its reply (and a mount's request for the changes queued
     /// before it); `None`: forever (NFS's "hard"). Default [`crate::conn::DEFAULT_DEADLINE`].
     pub deadline: Option<std::time::Duration>,
+    /// Where the servers' addresses are asked again when none of a server's answers (the
+    /// manager); `None`: the descriptor's addresses only.
+    pub resolve: Option<Arc<dyn crate::conn::Resolve>>,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             deadline: Some(crate::conn::DEFAULT_DEADLINE),
+            resolve: None,
         }
+    }
+}
+
+impl ClientOptions {
+    /// Servers that moved are found through the manager at `manager` (when there is one).
+    pub fn resolving_through(mut self, manager: Option<&str>) -> ClientOptions {
+        self.resolve = manager.map(|m| {
+            Arc::new(crate::conn::ManagerResolver {
+                manager: m.to_string(),
+            }) as Arc<dyn crate::conn::Resolve>
+        });
+        self
     }
 }
 
@@ -245,7 +261,8 @@ impl InstanceClient {
                 ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?
                     .with_session(session)
                     .with_token(token.clone())
-                    .with_deadline(opts.deadline),
+                    .with_deadline(opts.deadline)
+                    .with_resolver(opts.resolve.clone()),
             );
             pools.insert(s.id.clone(), p.clone());
             Ok(p)

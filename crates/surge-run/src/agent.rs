@@ -168,7 +168,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             report_now = true;
-            match mount_one(&spec, rt.handle().clone(), args.threads, args.deadline) {
+            match mount_one(
+                &spec,
+                rt.handle().clone(),
+                args.threads,
+                args.deadline,
+                &args.manager,
+            ) {
                 Ok(mounted) => {
                     info!(
                         "mounted instance {} (session {}, namespace {}) at {} for uid {}",
@@ -217,6 +223,7 @@ fn mount_one(
     rt: tokio::runtime::Handle,
     threads: usize,
     deadline: Duration,
+    manager: &str,
 ) -> anyhow::Result<Mounted> {
     let desc: InstanceDescriptor =
         serde_json::from_str(&spec.descriptor_json).context("bad instance descriptor")?;
@@ -238,7 +245,9 @@ fn mount_one(
         token,
         ClientOptions {
             deadline: (!deadline.is_zero()).then_some(deadline),
-        },
+            ..ClientOptions::default()
+        }
+        .resolving_through(Some(manager)),
     )?;
     let opts = MountOptions {
         threads: threads.max(1),
