@@ -701,3 +701,83 @@ fn surge_run_ends_its_session_when_the_manager_comes_back_during_the_teardown() 
         held(&c)
     );
 }
+
+/// Issue 32 item 5 for agents: a job that copied its mount into another mount namespace
+/// (`unshare -m`: a container, a service with `PrivateTmp`) held the agent's unmount for as
+/// long as that namespace lived, and with it every later mount and unmount on the host (one
+/// loop serves them). The agent now aborts such a session after a short wait and says so;
+/// post_run returns, and the next job on the host is mounted.
+#[test]
+fn a_copy_of_a_jobs_mount_in_another_namespace_does_not_hold_up_the_agent() {
+    let name = "a_copy_of_a_jobs_mount_in_another_namespace_does_not_hold_up_the_agent";
+    if skip_without_fuse(name) || skip_without_root(name) {
+        return;
+    }
+    let dir = Scratch::new("cp-agent");
+    let c = cluster(2, "1GiB");
+    let m = Manager::start(dir.path());
+    m.register(&c);
+    let log = dir.path().join("agent.log");
+    let _agent = ChildGuard(
+        surge_command()
+            .args([
+                "agent",
+                "--manager",
+                &m.grpc,
+                "--host",
+                "h1",
+                "--interval",
+                "1",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let script = dir.path().join("job.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let phase = |job: &str, phase: &str| {
+        let mut args = vec!["--hosts", "h1"];
+        if phase == "setup" {
+            args = vec!["--uid", "0", "--gid", "0"];
+        } else if phase != "pre_run" {
+            args.clear();
+        }
+        bb(&m.grpc, phase, job, &script, &args)
+    };
+    for p in ["setup", "pre_run"] {
+        let o = phase("61", p);
+        assert!(o.status.success(), "{p}: {}", text(&o));
+    }
+    let mounted = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(mounted.contains("mounted instance"), "{mounted}");
+    // The job's copy of its mount, in a mount namespace of its own.
+    let mut holder = ChildGuard(
+        std::process::Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sleep", "120"])
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let o = phase("61", "post_run");
+    let took = t.elapsed();
+    assert!(o.status.success(), "post_run: {}", text(&o));
+    assert!(
+        took < Duration::from_secs(30),
+        "post_run took {took:?} (the namespace lives 120 s)"
+    );
+    let o = phase("61", "teardown");
+    assert!(o.status.success(), "teardown: {}", text(&o));
+    // The host serves the next job.
+    for p in ["setup", "pre_run", "post_run", "teardown"] {
+        let o = phase("62", p);
+        assert!(o.status.success(), "the next job's {p}: {}", text(&o));
+    }
+    let _ = holder.0.kill();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log.contains("aborted its connection"),
+        "the agent does not say what it did:\n{log}"
+    );
+}

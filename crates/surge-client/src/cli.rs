@@ -291,7 +291,11 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             tracing::info!("signal {sig}: unmounting {}", args.mountpoint.display());
-            mounted.unmount()?;
+            // Bounded: a busy mount is detached, a session held by a copy of the mount in
+            // another namespace has its connection aborted (each after 3 s), said here.
+            for note in mounted.unmount_within(Duration::from_secs(3))? {
+                tracing::warn!("{note}");
+            }
             if let Some(f) = &args.stats_file {
                 write_stats(f, &view, dumps + 1);
             }
