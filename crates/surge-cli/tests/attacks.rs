@@ -135,12 +135,7 @@ fn stage_as(uid: u32, gid: u32, cwd: &Path, run: &Path, args: &[&str]) -> Output
 
 #[test]
 fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "SKIPPED an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything: needs \
-             root (to make a user and run Surge's daemons as root); CI runs as root"
-        );
+    if skip_without_root("an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything") {
         return;
     }
     if skip_without_fuse("an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything") {

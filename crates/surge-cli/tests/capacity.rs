@@ -161,9 +161,7 @@ fn a_full_device_refuses_data_and_keeps_every_acknowledged_create() {
     if skip_without_fuse(test) {
         return;
     }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED {test}: needs root to mount a small tmpfs as the device");
+    if skip_without_root(test) {
         return;
     }
     let scratch = Scratch::new("full");

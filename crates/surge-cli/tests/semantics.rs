@@ -794,9 +794,7 @@ fn unprivileged_writes_and_truncates_clear_setuid_and_setgid() {
     let Some((_c, m)) = setup("unprivileged_writes_and_truncates_clear_setuid_and_setgid") else {
         return;
     };
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: needs root to act as another user");
+    if skip_without_root("chown by another user (acting as nobody)") {
         return;
     }
     use std::os::unix::process::CommandExt;

@@ -258,6 +258,22 @@ pub fn skip_without_root(test: &str) -> bool {
     panic!("{test} needs root; run the tests as root, or set SURGE_SKIP_ROOT=1 to skip them")
 }
 
+/// The one rule for tests that need a tool or a kernel feature `scripts/setup.sh` installs or
+/// this project's machines have (a C compiler, gfortran, Open MPI, Chromium, Python modules,
+/// FUSE over io_uring): without it the test fails, naming `why`, unless the run says it may
+/// skip such tests (`SURGE_SKIP_MISSING=1`), and then it says so. Returns true when the test
+/// should return now. So a run never reports as passed a test that did not run.
+pub fn skip_without(test: &str, why: &str) -> bool {
+    if std::env::var("SURGE_SKIP_MISSING").is_ok_and(|v| v == "1") {
+        eprintln!("SKIPPED {test}: {why} (SURGE_SKIP_MISSING=1)");
+        return true;
+    }
+    panic!(
+        "{test} cannot run: {why}; `make setup` (scripts/setup.sh) installs what the tests need, \
+         or set SURGE_SKIP_MISSING=1 to skip such tests"
+    )
+}
+
 /// Calls `f` every 20 ms until it returns something; panics after `timeout`.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
