@@ -152,6 +152,11 @@ pub fn system_user(name: &str) -> (u32, u32) {
                     .ok()
             })
     };
+    // One useradd at a time in this process (tests of one file run in threads and often want
+    // the same user: two at once made one fail, and a user half made is not found by the
+    // other test's tools), and one made meanwhile by another process is as good.
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
     if id("-u").is_none() {
         let o = std::process::Command::new("useradd")
             .args([
@@ -163,8 +168,9 @@ pub fn system_user(name: &str) -> (u32, u32) {
             ])
             .output()
             .expect("run useradd");
+        // 9: the name exists (made by another test process just now).
         assert!(
-            o.status.success(),
+            o.status.success() || o.status.code() == Some(9),
             "useradd {name}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
