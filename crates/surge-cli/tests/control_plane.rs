@@ -781,3 +781,63 @@ fn a_copy_of_a_jobs_mount_in_another_namespace_does_not_hold_up_the_agent() {
         "the agent does not say what it did:\n{log}"
     );
 }
+
+/// Issue 35 item 4: a client and a manager of releases one minor apart work together (the API
+/// only grows); further apart, every call is refused with both versions named and which side
+/// to upgrade, before anything is done.
+#[test]
+fn a_client_of_a_release_too_far_from_the_managers_is_told_both_versions() {
+    use tonic::service::Interceptor;
+    let dir = Scratch::new("cp-version");
+    let m = Manager::start(dir.path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (major, minor) = {
+        let mut it = surge_api::VERSION.split('.');
+        let major: u64 = it.next().unwrap().parse().unwrap();
+        let minor: u64 = it.next().unwrap().parse().unwrap();
+        (major, minor)
+    };
+    let call_as = |version: String| {
+        rt.block_on(async {
+            let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", m.grpc))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut munge = surge_api::Munge::new(surge_testkit::munge_socket().to_path_buf());
+            let mut c =
+                surge_api::v1::manager_client::ManagerClient::with_interceptor(ch, move |req| {
+                    let mut req = munge.call(req)?;
+                    req.metadata_mut()
+                        .insert(surge_api::VERSION_HEADER, version.parse().unwrap());
+                    Ok(req)
+                });
+            c.list_pools(surge_api::v1::Empty {}).await.map(|_| ())
+        })
+    };
+    // This release, the next minor and (where there is one) the one before: served.
+    call_as(surge_api::VERSION.to_string()).expect("this release");
+    call_as(format!("{major}.{}.0", minor + 1)).expect("one minor newer");
+    if minor > 0 {
+        call_as(format!("{major}.{}.9", minor - 1)).expect("one minor older");
+    }
+    // Two minors newer, and another major: refused, saying both versions.
+    for (v, upgrade) in [
+        (format!("{major}.{}.0", minor + 2), "upgrade the manager"),
+        (format!("{}.{minor}.0", major + 1), "upgrade the manager"),
+    ] {
+        let e = call_as(v.clone()).expect_err(&v);
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(
+            e.message().contains(&v)
+                && e.message().contains(surge_api::VERSION)
+                && e.message().contains(upgrade),
+            "{}",
+            e.message()
+        );
+    }
+}
