@@ -756,7 +756,7 @@ async fn drive(ctx: &Ctx<'_>, rep: &mut Reporter) -> anyhow::Result<Outcome> {
     let job = ctx.job()?;
     calibrate(ctx, &mut m, rep).await?;
     let s = lifecycle::setup(&mut m, &job, rep).await?;
-    let mut local = LocalNodes::new(s.id, ctx.args.nodes);
+    let mut local = LocalNodes::new(s.id, ctx.args.nodes).map(|l| l.resolving_through(ctx.manager));
     let ran = match &mut local {
         Ok(local) => run_job(ctx, &mut m, &job, &s, local, rep).await,
         Err(e) => Err(anyhow::anyhow!("{e:#}")),
