@@ -5,6 +5,9 @@
 //! Every call carries a fresh MUNGE credential ([`Munge`], header [`MUNGE_HEADER`]); the
 //! manager takes the caller's uid and gid from it. [`connect`] gives a client that does so.
 
+/// The gRPC library the API is made with (its `Status` in errors callers match).
+pub use tonic;
+
 pub mod v1 {
     tonic::include_proto!("surge.v1");
 }
