@@ -16,6 +16,8 @@ use surge_proto::{
 /// Largest piece sent in one request (a one-fragment instance merges a whole write into one
 /// piece; the protocol caps payloads).
 const MAX_PIECE: u64 = 8 << 20;
+// What a server takes in one request bounds it.
+const _: () = assert!(MAX_PIECE <= surge_proto::frame::MAX_IO as u64);
 
 /// A random client session number, never 0.
 fn new_session() -> u32 {
