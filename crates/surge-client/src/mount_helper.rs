@@ -2,7 +2,9 @@
 //! and for fstab lines of type `fuse.surge`. It starts `surge mount` in the background (its own
 //! session, its log in a file), returns once the mount is up, and fails with the mount's own
 //! words when it does not come up. `-o remount,...` changes the kernel flags of a mount that is
-//! there (`ro`/`rw`, `exec`, ...) without restarting it.
+//! there (`ro`/`rw`, `exec`, ...) without restarting it. The mount table shows the type as
+//! `fuse` (as for any FUSE file system root mounts without fusermount, and as xfstests
+//! expects), so a remount names the type: `mount -t fuse.surge -o remount,ro SPEC DIR`.
 //!
 //! The `surge` binary is this helper when it is called by that name (a symlink, which `make
 //! install` makes in /sbin).
@@ -328,39 +330,55 @@ fn log_tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-/// `-o remount,FLAGS`: the kernel flags of the mount at `dir` change (MS_REMOUNT); the FUSE
-/// session goes on.
+/// `-o remount,FLAGS`: the kernel flags of the mount at `dir` change (MS_REMOUNT); those the
+/// options do not name stay as they are; the FUSE session goes on.
 fn remount(dir: &Path, flags: &[String]) -> anyhow::Result<()> {
-    let mut ms = libc::MS_REMOUNT;
-    for f in flags {
-        ms |= match f.as_str() {
-            "ro" => libc::MS_RDONLY,
-            "nosuid" => libc::MS_NOSUID,
-            "nodev" => libc::MS_NODEV,
-            "noexec" => libc::MS_NOEXEC,
-            "sync" => libc::MS_SYNCHRONOUS,
-            "dirsync" => libc::MS_DIRSYNC,
-            _ => 0,
-        };
-    }
-    // What every Surge mount is, kept across the remount unless asked otherwise.
-    if !flags.iter().any(|f| f == "suid") {
-        ms |= libc::MS_NOSUID;
-    }
-    if !flags.iter().any(|f| f == "dev") {
-        ms |= libc::MS_NODEV;
-    }
-    ms |= libc::MS_NOATIME;
     let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
         .with_context(|| format!("{} has a NUL byte", dir.display()))?;
-    // SAFETY: valid NUL-terminated strings; null source, type and data are allowed for a
+    // SAFETY: an all-zero statvfs is valid; statvfs fills it from a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c_dir.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("cannot read the flags of {}", dir.display()));
+    }
+    // The mount's flags now (these ST_* bits have their MS_* values; ST_RELATIME has not,
+    // and a Surge mount is noatime anyway), then the options in order.
+    const KEPT: libc::c_ulong = libc::MS_RDONLY
+        | libc::MS_NOSUID
+        | libc::MS_NODEV
+        | libc::MS_NOEXEC
+        | libc::MS_SYNCHRONOUS
+        | libc::MS_NOATIME
+        | libc::MS_NODIRATIME;
+    const _: () =
+        assert!(libc::ST_NOEXEC == libc::MS_NOEXEC && libc::ST_NOATIME == libc::MS_NOATIME);
+    let mut ms = st.f_flag & KEPT;
+    for f in flags {
+        let (set, clear) = match f.as_str() {
+            "ro" => (libc::MS_RDONLY, 0),
+            "rw" => (0, libc::MS_RDONLY),
+            "nosuid" => (libc::MS_NOSUID, 0),
+            "suid" => (0, libc::MS_NOSUID),
+            "nodev" => (libc::MS_NODEV, 0),
+            "dev" => (0, libc::MS_NODEV),
+            "noexec" => (libc::MS_NOEXEC, 0),
+            "exec" => (0, libc::MS_NOEXEC),
+            "sync" => (libc::MS_SYNCHRONOUS, 0),
+            "async" => (0, libc::MS_SYNCHRONOUS),
+            "dirsync" => (libc::MS_DIRSYNC, 0),
+            _ => (0, 0),
+        };
+        ms = (ms | set) & !clear;
+    }
+    // SAFETY: a valid NUL-terminated path; null source, type and data are allowed for a
     // remount.
     let r = unsafe {
         libc::mount(
             std::ptr::null(),
             c_dir.as_ptr(),
             std::ptr::null(),
-            ms,
+            ms | libc::MS_REMOUNT,
             std::ptr::null(),
         )
     };
