@@ -7,7 +7,7 @@
 //! commit here writes the WAL to the page cache, no fsync), and metadata rates are bound by
 //! round-trip latency (Daley §5.1), so the shortest path wins.
 
-use crate::meta::{self, Ops};
+use crate::meta::{self, Ops, RENAME_EXCHANGE};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::Connection;
 use std::collections::HashMap;
@@ -1066,6 +1066,14 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             Some(path) => Pending::Op(DrainOp::Rmdir { path }),
             None => Pending::Nothing,
         },
+        Request::Rename { flags, .. } if flags & RENAME_EXCHANGE != 0 => {
+            // The drain replays renames on the PFS one by one: an exchange would need a
+            // third name there, which could be seen half done.
+            return Err(ErrorReply::new(
+                ErrorCode::Invalid,
+                "RENAME_EXCHANGE is not supported in a cache namespace".to_string(),
+            ));
+        }
         Request::Rename {
             parent,
             name,

@@ -17,7 +17,7 @@ use surge_proto::{
 
 pub const ROOT_INO: Ino = 1;
 const RENAME_NOREPLACE: u32 = 1;
-const RENAME_EXCHANGE: u32 = 2;
+pub(crate) const RENAME_EXCHANGE: u32 = 2;
 
 pub type MetaResult<T> = Result<T, ErrorReply>;
 
@@ -733,6 +733,17 @@ impl Ops<'_> {
     }
 
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> MetaResult<Attr> {
+        // The kernel of an exporting mount (FUSE_EXPORT_SUPPORT: open_by_handle_at, NFS
+        // re-export) resolves a handle of an inode it forgot as "." of that inode (any kind),
+        // and a directory's parent as its ".." (the root's is itself).
+        match name {
+            b"." => return self.getattr(parent),
+            b".." => {
+                self.dir(parent)?;
+                return self.getattr(self.parent_of_dir(parent)?);
+            }
+            _ => {}
+        }
         let mut st = self
             .tx
             .prepare_cached(&format!(
@@ -1428,8 +1439,10 @@ impl Ops<'_> {
         flags: u32,
         keep: &KeepOpen,
     ) -> MetaResult<Option<Unlinked>> {
-        if flags & RENAME_EXCHANGE != 0 {
-            return Err(err(ErrorCode::Invalid, "RENAME_EXCHANGE is not supported"));
+        if flags == RENAME_EXCHANGE {
+            return self
+                .exchange(parent, name, new_parent, new_name)
+                .map(|()| None);
         }
         if flags & !RENAME_NOREPLACE != 0 {
             return Err(err(
@@ -1523,6 +1536,78 @@ impl Ops<'_> {
             self.touch_dir(new_parent, if moved_dir { 1 } else { 0 }, now)?;
         }
         Ok(replaced)
+    }
+
+    /// `renameat2(RENAME_EXCHANGE)`: the two names swap their inodes atomically (both must
+    /// exist; either may be a directory, which then changes parent unless it would end up
+    /// below itself).
+    fn exchange(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+    ) -> MetaResult<()> {
+        self.dir(parent)?;
+        self.dir(new_parent)?;
+        let named = |p: Ino, n: &[u8]| {
+            self.dentry(p, n)?.ok_or_else(|| {
+                err(
+                    ErrorCode::NotFound,
+                    format!("{} not found", String::from_utf8_lossy(n)),
+                )
+            })
+        };
+        let (a, a_kind) = named(parent, name)?;
+        let (b, b_kind) = named(new_parent, new_name)?;
+        if a == b {
+            return Ok(());
+        }
+        let (a_dir, b_dir) = (a_kind == FileKind::Dir, b_kind == FileKind::Dir);
+        if new_parent != parent
+            && ((a_dir && self.is_within(new_parent, a)?)
+                || (b_dir && self.is_within(parent, b)?))
+        {
+            return Err(err(
+                ErrorCode::Invalid,
+                "cannot move a directory into itself or below itself",
+            ));
+        }
+        let set = |p: Ino, n: &[u8], ino: Ino, kind: FileKind| {
+            self.tx
+                .prepare_cached(
+                    "UPDATE dentries SET ino = ?3, kind = ?4 WHERE parent = ?1 AND name = ?2",
+                )
+                .and_then(|mut st| st.execute(params![p as i64, n, ino as i64, kind_code(kind)]))
+                .map_err(db_err)
+        };
+        set(parent, name, b, b_kind)?;
+        set(new_parent, new_name, a, a_kind)?;
+        let now = Timestamp::now();
+        for (ino, to) in [(a, new_parent), (b, parent)] {
+            self.tx
+                .prepare_cached(
+                    "UPDATE inodes SET ctime_s = ?2, ctime_ns = ?3,
+                        parent = CASE WHEN kind = 2 THEN ?4 ELSE parent END WHERE ino = ?1",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        ino as i64,
+                        now.secs,
+                        i64::from(now.nsec),
+                        to as i64
+                    ])
+                })
+                .map_err(db_err)?;
+        }
+        // A directory that changes parent takes its ".." link along.
+        let moved = |d: bool| if d && new_parent != parent { 1 } else { 0 };
+        let delta = moved(b_dir) - moved(a_dir);
+        self.touch_dir(parent, delta, now)?;
+        if new_parent != parent {
+            self.touch_dir(new_parent, -delta, now)?;
+        }
+        Ok(())
     }
 
     pub fn readlink(&self, ino: Ino) -> MetaResult<Vec<u8>> {
