@@ -14,7 +14,8 @@ build: setup
 release: setup
 	$(CARGO) build --release -p surge-cli -p surge-datawarp
 
-# For admins: `surge`, libdatawarp (codes link with -ldatawarp) and its header under $(PREFIX)
+# For admins: `surge` (and /sbin/mount.fuse.surge, mount(8)'s helper: `mount -t fuse.surge`,
+# fstab), libdatawarp (codes link with -ldatawarp) and its header under $(PREFIX)
 # (staged under $(DESTDIR) when packaging), and the passthrough helper's systemd unit, enabled
 # and started where systemd runs (HELPER=no: installed only): users' mounts then get the fast
 # tier's speed (scripts/install-helper.sh says what it did). The units of the manager, server,
@@ -25,6 +26,7 @@ UNIT_DIR ?= /etc/systemd/system
 HELPER ?= yes
 install: release
 	install -D -m 0755 target/release/surge $(DESTDIR)$(PREFIX)/bin/surge
+	install -d $(DESTDIR)/sbin && ln -sf $(PREFIX)/bin/surge $(DESTDIR)/sbin/mount.fuse.surge
 	install -D -m 0755 target/release/libdatawarp.so $(DESTDIR)$(PREFIX)/lib/libdatawarp.so
 	install -D -m 0644 crates/surge-datawarp/include/datawarp.h $(DESTDIR)$(PREFIX)/include/datawarp.h
 	./scripts/install-helper.sh "$(PREFIX)" "$(UNIT_DIR)" "$(DESTDIR)" "$(HELPER)"

@@ -31,6 +31,22 @@ have munged      || need+=(munge)
 have autoreconf  || need+=(autoconf automake)
 have libtoolize  || need+=(libtool)
 have prove       || need+=(perl)
+# xfstests (built from ../shared/tools/fs-suites; tests/xfstests/run.sh, xfstests.rs): what its
+# README asks for, and bindfs, the reference FUSE file system run.sh compares with.
+have gawk        || need+=(gawk)
+have bc          || need+=(bc)
+have setfacl     || need+=(acl)
+have uuidgen     || need+=(uuid-runtime)
+have fuser       || need+=(psmisc)
+have bindfs      || need+=(bindfs)
+have mkfs.xfs    || need+=(xfsprogs)
+[ -f /usr/include/sys/acl.h ] || need+=(libacl1-dev)
+[ -f /usr/include/libaio.h ] || need+=(libaio-dev)
+[ -f /usr/include/sys/capability.h ] || need+=(libcap-dev)
+[ -f /usr/include/gdbm.h ] || need+=(libgdbm-dev libgdbm-compat-dev)
+[ -f /usr/include/liburing.h ] || need+=(liburing-dev)
+[ -f /usr/include/uuid/uuid.h ] || need+=(uuid-dev)
+have libtool     || need+=(libtool-bin)
 # MPI-IO: `surge bench io --backend mpiio` and the MPI jobs `surge tune` tunes.
 have mpicc       || need+=(libopenmpi-dev)
 have mpirun      || need+=(openmpi-bin)
@@ -112,6 +128,15 @@ if [ -x "$suites/build.sh" ]; then
             && cd "$tools/pjdfstest-c" && autoreconf -ifs && ./configure && make ) \
             >/tmp/surge-pjdfstest-c.log 2>&1 \
             || { echo "setup: building the C pjdfstest failed, see /tmp/surge-pjdfstest-c.log" >&2; exit 1; }
+    fi
+    # xfstests (tests/xfstests/run.sh and the subset in `make test`), built in .tools/xfstests.
+    if [ -f "$suites/xfstests-full.tar.gz" ] && { [ ! -x "$tools/xfstests/src/open_by_handle" ] \
+        || [ "$suites/xfstests-full.tar.gz" -nt "$tools/xfstests/src/open_by_handle" ]; }; then
+        echo "setup: building xfstests from $suites (a few minutes)"
+        rm -rf "$tools/xfstests" && mkdir -p "$tools"
+        ( tar -xzf "$suites/xfstests-full.tar.gz" -C "$tools" && make -C "$tools/xfstests" -j"$(nproc)" ) \
+            >/tmp/surge-xfstests.log 2>&1 \
+            || { echo "setup: building xfstests failed, see /tmp/surge-xfstests.log" >&2; exit 1; }
     fi
 fi
 

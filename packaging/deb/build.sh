@@ -51,6 +51,9 @@ else
     objcopy --strip-debug "$LIBDW" "$P/usr/lib/libdatawarp.so" && chmod 0644 "$P/usr/lib/libdatawarp.so"
 fi
 install -m 0644 "$ROOT/crates/surge-datawarp/include/datawarp.h" "$P/usr/include/datawarp.h"
+# mount(8)'s helper for `-t fuse.surge` and fstab (the binary answers to that name).
+install -d "$P/usr/sbin"
+ln -sf ../bin/surge "$P/usr/sbin/mount.fuse.surge"
 
 # Units: the package's surge is /usr/bin/surge.
 for u in "$ROOT"/contrib/systemd/*.service; do

@@ -5,6 +5,9 @@
 //! Every call carries a fresh MUNGE credential ([`Munge`], header [`MUNGE_HEADER`]); the
 //! manager takes the caller's uid and gid from it. [`connect`] gives a client that does so.
 
+/// The gRPC library the API is made with (its `Status` in errors callers match).
+pub use tonic;
+
 pub mod v1 {
     tonic::include_proto!("surge.v1");
 }
@@ -16,6 +19,42 @@ use tonic::transport::Channel;
 
 /// The metadata key carrying a call's MUNGE credential.
 pub const MUNGE_HEADER: &str = "x-surge-munge";
+
+/// The metadata key carrying the client's release (`CARGO_PKG_VERSION`, e.g. "0.1.0").
+pub const VERSION_HEADER: &str = "x-surge-version";
+
+/// This build's release, as clients send it and the manager checks it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The version rule between a client and the manager (docs/OPERATIONS.md, "Upgrades"): the
+/// API only grows (fields and calls are added, never renumbered or removed), so releases of
+/// the same major version one minor apart work together, and an upgrade can do the manager
+/// and the clients in either order. Further apart, the call is refused with both versions
+/// named. `None`: compatible; else why not.
+pub fn incompatible(client: &str, manager: &str) -> Option<String> {
+    let parse = |v: &str| -> Option<(u64, u64)> {
+        let mut it = v.trim().split('.');
+        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+    };
+    let (Some(c), Some(m)) = (parse(client), parse(manager)) else {
+        return Some(format!(
+            "client version {client:?} is not a release number (major.minor.patch)"
+        ));
+    };
+    if c.0 == m.0 && c.1.abs_diff(m.1) <= 1 {
+        return None;
+    }
+    Some(format!(
+        "this client is Surge {client} and the manager {manager}: releases work together only \
+         within one minor version of the same major one; upgrade the {} (docs/OPERATIONS.md, \
+         Upgrades)",
+        if (c.0, c.1) < (m.0, m.1) {
+            "client"
+        } else {
+            "manager"
+        }
+    ))
+}
 
 /// How long a client sends the same MUNGE credential (well inside munged's default time to
 /// live of 300 s): the manager decodes it once and knows it from its cache for the rest of
@@ -64,6 +103,10 @@ impl tonic::service::Interceptor for Munge {
             .parse()
             .map_err(|_| tonic::Status::internal("a MUNGE credential is not header-safe"))?;
         req.metadata_mut().insert(MUNGE_HEADER, value);
+        req.metadata_mut().insert(
+            VERSION_HEADER,
+            tonic::metadata::MetadataValue::from_static(VERSION),
+        );
         Ok(req)
     }
 }
@@ -265,4 +308,24 @@ pub async fn connect_with(addr: &str, socket: PathBuf) -> Result<Client, Connect
         ch,
         Munge::new(socket),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_one_minor_apart_work_together_and_others_are_told_why_not() {
+        assert_eq!(incompatible("0.1.0", "0.1.7"), None);
+        assert_eq!(incompatible("0.2.0", "0.1.0"), None);
+        assert_eq!(incompatible("0.1.3", "0.2.0"), None);
+        let e = incompatible("0.3.0", "0.1.0").expect("two minors apart");
+        assert!(
+            e.contains("0.3.0") && e.contains("0.1.0") && e.contains("upgrade the manager"),
+            "{e}"
+        );
+        let e = incompatible("1.1.0", "2.1.0").expect("another major");
+        assert!(e.contains("upgrade the client"), "{e}");
+        assert!(incompatible("x", "0.1.0").is_some());
+    }
 }

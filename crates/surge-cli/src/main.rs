@@ -196,6 +196,22 @@ struct ControlPlaneBench {
 fn main() -> ExitCode {
     {
         let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        // `mount.fuse.surge` (a symlink to this binary): mount(8)'s helper.
+        let name = argv
+            .first()
+            .and_then(|a| std::path::Path::new(a).file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if surge_client::mount_helper::NAMES.contains(&name.as_str()) {
+            init_logging(0, false);
+            return match surge_client::mount_helper::run(&argv[1..]) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("{name}: {e:#}");
+                    ExitCode::from(32) // mount(8)'s "mount failure"
+                }
+            };
+        }
         if argv.len() >= 3 && argv[1] == "bench" && argv[2] == "control-plane" {
             let rest = std::iter::once(std::ffi::OsString::from("surge bench control-plane"))
                 .chain(argv[3..].iter().cloned());

@@ -88,8 +88,12 @@ fn swarp_advice_runs_as_printed() {
     if skip_without_fuse("swarp_advice_runs_as_printed") {
         return;
     }
-    if Command::new("cc").arg("--version").output().is_err() {
-        eprintln!("SKIPPED swarp_advice_runs_as_printed: no C compiler for resample.c");
+    if Command::new("cc").arg("--version").output().is_err()
+        && skip_without(
+            "swarp_advice_runs_as_printed",
+            "no C compiler for resample.c",
+        )
+    {
         return;
     }
     let fast = Scratch::new("adv-swarp-fast");
@@ -187,8 +191,9 @@ fn camp_advice_with_its_setup_job_runs_as_printed() {
     {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
         _ => {
-            eprintln!(
-                "SKIPPED camp_advice_with_its_setup_job_runs_as_printed: no python3 with sqlite3"
+            skip_without(
+                "camp_advice_with_its_setup_job_runs_as_printed",
+                "no python3 with sqlite3",
             );
             return;
         }

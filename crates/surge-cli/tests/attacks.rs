@@ -135,12 +135,7 @@ fn stage_as(uid: u32, gid: u32, cwd: &Path, run: &Path, args: &[&str]) -> Output
 
 #[test]
 fn an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "SKIPPED an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything: needs \
-             root (to make a user and run Surge's daemons as root); CI runs as root"
-        );
+    if skip_without_root("an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything") {
         return;
     }
     if skip_without_fuse("an_unprivileged_user_gets_nothing_of_roots_and_root_gets_everything") {
@@ -1317,6 +1312,12 @@ fn one_user_cannot_take_the_pool_past_the_quota_an_administrator_set() {
     ))
     .unwrap();
     assert_eq!(ls[0]["kind"], "default", "{ls}");
+    // `surge pool ls` says what limits a user short of the pool, and what is held.
+    let pools = ok("pool ls", &attacker(&["pool", "ls", "--manager", &g]));
+    assert!(
+        pools.contains("quota of every user without their own: capacity 256 MiB (held"),
+        "{pools}"
+    );
     eprintln!("refused as it should be: one user past the default quota");
     // An owner destroys an instance through the manager, without the cluster key: its
     // record and capacity go with it; another's is refused.

@@ -161,9 +161,7 @@ fn a_full_device_refuses_data_and_keeps_every_acknowledged_create() {
     if skip_without_fuse(test) {
         return;
     }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED {test}: needs root to mount a small tmpfs as the device");
+    if skip_without_root(test) {
         return;
     }
     let scratch = Scratch::new("full");
@@ -269,4 +267,84 @@ fn passthrough_files_stop_at_the_capacity() {
     eprintln!(
         "passthrough: {written} bytes written, {used} stored before ENOSPC (capacity 64 MiB)"
     );
+}
+
+fn setxattr(p: &std::path::Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings and a buffer of `value.len()` bytes.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Issue 31: `user.*` values stored 183 MiB in a 64 MiB instance, counted as "used 0 B".
+/// Extended attributes are space a user takes like file data: they count in the instance's
+/// use, past its capacity they get ENOSPC, and removing them (or their files) gives it back.
+#[test]
+fn extended_attributes_count_in_the_capacity_and_give_it_back() {
+    let name = "extended_attributes_count_in_the_capacity_and_give_it_back";
+    if skip_without_fuse(name) {
+        return;
+    }
+    let c = cluster(1, "1GiB");
+    let id = c.create_instance("16MiB", "1MiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let (_, free0) = statvfs(&m.dir);
+    // The control: a value of the documented largest size (64 KiB) is taken.
+    let big = vec![b'x'; 65536];
+    std::fs::write(m.path("a"), b"a").unwrap();
+    setxattr(&m.path("a"), "user.big", &big).expect("a 64 KiB value");
+    let mut stored = 0u64;
+    let mut files = 0;
+    let err = 'fill: loop {
+        files += 1;
+        let f = m.path(&format!("x{files}"));
+        std::fs::write(&f, b"").unwrap();
+        for v in 0..3 {
+            let name = format!("user.v{v}");
+            match setxattr(&f, &name, &big) {
+                Ok(()) => stored += (name.len() + big.len()) as u64,
+                Err(e) => break 'fill e,
+            }
+        }
+        assert!(
+            stored < 64 << 20,
+            "no ENOSPC after {stored} bytes of extended attributes in a 16 MiB instance"
+        );
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "got {err}");
+    assert!(
+        (12 << 20..=16 << 20).contains(&stored),
+        "{stored} bytes of extended attributes before ENOSPC in a 16 MiB instance"
+    );
+    let (_, free_full) = statvfs(&m.dir);
+    assert!(
+        free_full < 1 << 20,
+        "statfs counts the extended attributes: {free_full} free of {free0} after {stored} bytes"
+    );
+    // Data gets ENOSPC too: the space is the instance's, whatever holds it.
+    let e = std::fs::write(m.path("data"), vec![1u8; 2 << 20]).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "got {e}");
+    // Removing the files gives their attributes' space back.
+    for i in 1..=files {
+        std::fs::remove_file(m.path(&format!("x{i}"))).unwrap();
+    }
+    let (_, free_after) = statvfs(&m.dir);
+    assert!(
+        free_after + (1 << 20) >= free0,
+        "space given back: {free_after} free after the removals, {free0} before"
+    );
+    std::fs::write(m.path("data"), vec![1u8; 8 << 20]).unwrap();
 }

@@ -62,8 +62,12 @@ fn swarp_profile_advise_run_tune_share_one_history() {
     if skip_without_fuse("swarp_profile_advise_run_tune_share_one_history") {
         return;
     }
-    if Command::new("cc").arg("--version").output().is_err() {
-        eprintln!("SKIPPED swarp_profile_advise_run_tune_share_one_history: no C compiler");
+    if Command::new("cc").arg("--version").output().is_err()
+        && skip_without(
+            "swarp_profile_advise_run_tune_share_one_history",
+            "no C compiler",
+        )
+    {
         return;
     }
     let fast = Scratch::new("loop-fast");
@@ -275,8 +279,12 @@ fn camp_profile_advise_run_tune_share_one_history() {
     if skip_without_fuse("camp_profile_advise_run_tune_share_one_history") {
         return;
     }
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("SKIPPED camp_profile_advise_run_tune_share_one_history: no python3");
+    if Command::new("python3").arg("--version").output().is_err()
+        && skip_without(
+            "camp_profile_advise_run_tune_share_one_history",
+            "no python3",
+        )
+    {
         return;
     }
     let fast = Scratch::new("loop-camp-fast");

@@ -621,3 +621,223 @@ fn a_stage_task_cut_by_a_manager_crash_runs_again_at_restart() {
     let o = bb(&m.grpc, "teardown").output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// Issue 31 item 5: a manager that is away when `surge run` ends its job (restarted, or a
+/// standby taking over) made the run fail and left the session active with its instance
+/// allocated. `surge run` now says so and tries again until the manager answers: the run
+/// succeeds and its session is ended.
+#[test]
+fn surge_run_ends_its_session_when_the_manager_comes_back_during_the_teardown() {
+    let dir = Scratch::new("cp-endretry");
+    let c = cluster(2, "1GiB");
+    let grpc = format!("127.0.0.1:{}", surge_testkit::etcd::free_port());
+    let args = ["--listen", grpc.as_str()];
+    let m = Manager::start_with(dir.path(), &args);
+    m.register(&c);
+    let go = dir.path().join("go");
+    let script = dir.path().join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "{SCRIPT}echo kept > $DW_JOB_STRIPED/out\n\
+             while [ ! -e {go} ]; do sleep 0.1; done\n",
+            go = go.display()
+        ),
+    )
+    .unwrap();
+    let run = surge_command()
+        .args(["run", "--manager", &grpc])
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = dir.path().join("manager.log");
+    wait_for("the job's session", Duration::from_secs(60), || {
+        let o = surge_command()
+            .args(["session", "ls", "--json", "--manager", &grpc])
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        v.as_array()?
+            .iter()
+            .any(|s| s["state"] == "active")
+            .then_some(())
+    });
+    // The manager goes away while the job runs, the job ends, the manager comes back.
+    let mut m = m;
+    m.child.0.kill().unwrap();
+    let _ = m.child.0.wait();
+    std::fs::write(&go, b"").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let m = Manager::start_with(dir.path(), &args);
+    let o = run.wait_with_output().unwrap();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(o.status.success(), "{}\nmanager:\n{log}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("trying again"),
+        "the retry is not reported: {}",
+        text(&o)
+    );
+    let ls: serde_json::Value = serde_json::from_str(&surge(&[
+        "session",
+        "ls",
+        "--all",
+        "--json",
+        "--manager",
+        &m.grpc,
+    ]))
+    .unwrap();
+    let states: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["state"].as_str())
+        .collect();
+    assert_eq!(states, ["ended"], "{ls}");
+    assert!(
+        held(&c).is_empty(),
+        "an instance is left on the servers: {:?}",
+        held(&c)
+    );
+}
+
+/// Issue 32 item 5 for agents: a job that copied its mount into another mount namespace
+/// (`unshare -m`: a container, a service with `PrivateTmp`) held the agent's unmount for as
+/// long as that namespace lived, and with it every later mount and unmount on the host (one
+/// loop serves them). The agent now aborts such a session after a short wait and says so;
+/// post_run returns, and the next job on the host is mounted.
+#[test]
+fn a_copy_of_a_jobs_mount_in_another_namespace_does_not_hold_up_the_agent() {
+    let name = "a_copy_of_a_jobs_mount_in_another_namespace_does_not_hold_up_the_agent";
+    if skip_without_fuse(name) || skip_without_root(name) {
+        return;
+    }
+    let dir = Scratch::new("cp-agent");
+    let c = cluster(2, "1GiB");
+    let m = Manager::start(dir.path());
+    m.register(&c);
+    let log = dir.path().join("agent.log");
+    let _agent = ChildGuard(
+        surge_command()
+            .args([
+                "agent",
+                "--manager",
+                &m.grpc,
+                "--host",
+                "h1",
+                "--interval",
+                "1",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let script = dir.path().join("job.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let phase = |job: &str, phase: &str| {
+        let mut args = vec!["--hosts", "h1"];
+        if phase == "setup" {
+            args = vec!["--uid", "0", "--gid", "0"];
+        } else if phase != "pre_run" {
+            args.clear();
+        }
+        bb(&m.grpc, phase, job, &script, &args)
+    };
+    for p in ["setup", "pre_run"] {
+        let o = phase("61", p);
+        assert!(o.status.success(), "{p}: {}", text(&o));
+    }
+    let mounted = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(mounted.contains("mounted instance"), "{mounted}");
+    // The job's copy of its mount, in a mount namespace of its own.
+    let mut holder = ChildGuard(
+        std::process::Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sleep", "120"])
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let o = phase("61", "post_run");
+    let took = t.elapsed();
+    assert!(o.status.success(), "post_run: {}", text(&o));
+    assert!(
+        took < Duration::from_secs(30),
+        "post_run took {took:?} (the namespace lives 120 s)"
+    );
+    let o = phase("61", "teardown");
+    assert!(o.status.success(), "teardown: {}", text(&o));
+    // The host serves the next job.
+    for p in ["setup", "pre_run", "post_run", "teardown"] {
+        let o = phase("62", p);
+        assert!(o.status.success(), "the next job's {p}: {}", text(&o));
+    }
+    let _ = holder.0.kill();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log.contains("aborted its connection"),
+        "the agent does not say what it did:\n{log}"
+    );
+}
+
+/// Issue 35 item 4: a client and a manager of releases one minor apart work together (the API
+/// only grows); further apart, every call is refused with both versions named and which side
+/// to upgrade, before anything is done.
+#[test]
+fn a_client_of_a_release_too_far_from_the_managers_is_told_both_versions() {
+    use tonic::service::Interceptor;
+    let dir = Scratch::new("cp-version");
+    let m = Manager::start(dir.path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (major, minor) = {
+        let mut it = surge_api::VERSION.split('.');
+        let major: u64 = it.next().unwrap().parse().unwrap();
+        let minor: u64 = it.next().unwrap().parse().unwrap();
+        (major, minor)
+    };
+    let call_as = |version: String| {
+        rt.block_on(async {
+            let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", m.grpc))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut munge = surge_api::Munge::new(surge_testkit::munge_socket().to_path_buf());
+            let mut c =
+                surge_api::v1::manager_client::ManagerClient::with_interceptor(ch, move |req| {
+                    let mut req = munge.call(req)?;
+                    req.metadata_mut()
+                        .insert(surge_api::VERSION_HEADER, version.parse().unwrap());
+                    Ok(req)
+                });
+            c.list_pools(surge_api::v1::Empty {}).await.map(|_| ())
+        })
+    };
+    // This release, the next minor and (where there is one) the one before: served.
+    call_as(surge_api::VERSION.to_string()).expect("this release");
+    call_as(format!("{major}.{}.0", minor + 1)).expect("one minor newer");
+    if minor > 0 {
+        call_as(format!("{major}.{}.9", minor - 1)).expect("one minor older");
+    }
+    // Two minors newer, and another major: refused, saying both versions.
+    for (v, upgrade) in [
+        (format!("{major}.{}.0", minor + 2), "upgrade the manager"),
+        (format!("{}.{minor}.0", major + 1), "upgrade the manager"),
+    ] {
+        let e = call_as(v.clone()).expect_err(&v);
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(
+            e.message().contains(&v)
+                && e.message().contains(surge_api::VERSION)
+                && e.message().contains(upgrade),
+            "{}",
+            e.message()
+        );
+    }
+}

@@ -46,9 +46,9 @@ fn the_dashboard_shows_a_running_jobs_instance_and_stage_progress() {
         return;
     }
     let Some(browser) = chromium() else {
-        eprintln!(
-            "SKIPPED the_dashboard_shows_a_running_jobs_instance_and_stage_progress: Chromium is \
-             not installed (scripts/setup.sh installs it)"
+        skip_without(
+            "the_dashboard_shows_a_running_jobs_instance_and_stage_progress",
+            "Chromium is not installed",
         );
         return;
     };

@@ -92,8 +92,12 @@ fn mounts_serve_over_io_uring_where_the_kernel_offers_it_and_over_dev_fuse_other
     if skip_without_fuse(test) || skip_without_root(test) {
         return;
     }
-    if !std::path::Path::new(PARAM).exists() {
-        eprintln!("SKIPPED {test}: this kernel has no FUSE over io_uring ({PARAM})");
+    if !std::path::Path::new(PARAM).exists()
+        && skip_without(
+            test,
+            &format!("this kernel has no FUSE over io_uring ({PARAM})"),
+        )
+    {
         return;
     }
     let c = cluster(1, "2GiB");

@@ -116,8 +116,7 @@ fn a_root_mount_places_new_files_on_its_own_fragments_and_passes_them_through() 
     if skip_without_fuse(test) {
         return;
     }
-    if !surge_testkit::is_root() {
-        eprintln!("SKIPPED {test}: kernel passthrough needs root");
+    if skip_without_root(test) {
         return;
     }
     let c = cluster(2, "1GiB");

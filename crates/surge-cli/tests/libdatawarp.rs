@@ -116,8 +116,12 @@ fn a_c_program_written_for_libdatawarp_stages_while_it_computes() {
         return;
     }
     if let Some(why) = missing("cc") {
-        eprintln!("SKIPPED a_c_program_written_for_libdatawarp_stages_while_it_computes: {why}");
-        return;
+        if skip_without(
+            "a_c_program_written_for_libdatawarp_stages_while_it_computes",
+            &why,
+        ) {
+            return;
+        }
     }
     let j = Job::new("c");
     let data = input(48 << 20, 19);
@@ -169,8 +173,9 @@ fn a_fortran_program_stages_through_bind_c() {
         return;
     }
     if let Some(why) = missing("gfortran") {
-        eprintln!("SKIPPED a_fortran_program_stages_through_bind_c: {why}");
-        return;
+        if skip_without("a_fortran_program_stages_through_bind_c", &why) {
+            return;
+        }
     }
     let j = Job::new("f");
     let data = input(24 << 20, 90);

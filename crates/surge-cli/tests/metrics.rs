@@ -201,8 +201,12 @@ fn sum_over(scrapes: &[Scrape], name: &str, labels: &[(&str, &str)]) -> f64 {
 #[test]
 fn manager_and_servers_export_metrics_that_move_with_the_work() {
     if let Some(why) = parser_missing() {
-        eprintln!("SKIPPED manager_and_servers_export_metrics_that_move_with_the_work: {why}");
-        return;
+        if skip_without(
+            "manager_and_servers_export_metrics_that_move_with_the_work",
+            &why,
+        ) {
+            return;
+        }
     }
     let d = Deployment::start(2);
     // Both servers registered and seen up.

@@ -6,11 +6,6 @@ mod common;
 use common::*;
 use std::io::Write;
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// A one-fragment instance of `capacity` on one local server, mounted twice: with passthrough
 /// (`fast`) and without (`other`, standing for another node). `None` (with the reason printed)
 /// without `/dev/fuse` or root.
@@ -18,8 +13,7 @@ fn setup(test: &str, capacity: &str) -> Option<(Cluster, Mount, Mount)> {
     if skip_without_fuse(test) {
         return None;
     }
-    if !root() {
-        eprintln!("SKIPPED {test}: needs root");
+    if skip_without_root(test) {
         return None;
     }
     let c = cluster(1, "1GiB");

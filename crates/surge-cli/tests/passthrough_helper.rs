@@ -13,11 +13,6 @@ use std::time::Duration;
 
 const USER: &str = "surge-ptuser";
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The test user's uid and gid, making the user if needed.
 fn user() -> (u32, u32) {
     system_user(USER)
@@ -147,8 +142,7 @@ fn a_users_job_moves_no_file_data_through_its_mount_with_the_helper() {
     if skip_without_fuse(test) {
         return;
     }
-    if !root() {
-        eprintln!("SKIPPED {test}: needs root (the helper runs as root, the job as another user)");
+    if skip_without_root(test) {
         return;
     }
     let (uid, gid) = user();
@@ -227,8 +221,7 @@ fn the_helper_maps_only_the_users_own_files_on_a_fuse_connection() {
     if skip_without_fuse(test) {
         return;
     }
-    if !root() {
-        eprintln!("SKIPPED {test}: needs root (the helper runs as root)");
+    if skip_without_root(test) {
         return;
     }
     if Command::new("python3")
@@ -237,7 +230,7 @@ fn the_helper_maps_only_the_users_own_files_on_a_fuse_connection() {
         .output()
         .map_or(true, |o| !o.status.success())
     {
-        eprintln!("SKIPPED {test}: no python3 with socket.send_fds");
+        skip_without(test, "no python3 with socket.send_fds");
         return;
     }
     let (uid, gid) = user();
@@ -284,8 +277,7 @@ fn fsx_in_a_users_job_with_the_helper() {
     if skip_without_fuse(test) {
         return;
     }
-    if !root() {
-        eprintln!("SKIPPED {test}: needs root (the helper runs as root, the job as another user)");
+    if skip_without_root(test) {
         return;
     }
     let fsx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/fsx");

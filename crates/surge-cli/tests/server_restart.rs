@@ -87,6 +87,71 @@ fn a_mount_reconnects_to_a_restarted_server() {
     verify(&m, &files);
 }
 
+/// Issue 31 item 5: a server that came back on another address (registered there with the
+/// manager) was lost to every mount for good: each request failed on the old address. A
+/// mount that knows the manager asks it where the server is now and goes on there.
+#[test]
+fn a_mount_finds_a_server_that_came_back_elsewhere_through_the_manager() {
+    let name = "a_mount_finds_a_server_that_came_back_elsewhere_through_the_manager";
+    if skip_without_fuse(name) {
+        return;
+    }
+    let dir = Scratch::new("moved");
+    let mut c = cluster(2, "1GiB");
+    let mgr = Manager::start(dir.path());
+    mgr.register(&c);
+    // Made through the manager: it removes fragments it does not know when a server
+    // registers.
+    surge(&[
+        "persistent",
+        "create",
+        "moving",
+        "--capacity",
+        "256MiB",
+        "--manager",
+        &mgr.grpc,
+    ]);
+    let ls: serde_json::Value = serde_json::from_str(&surge(&[
+        "instance",
+        "ls",
+        "--json",
+        "--manager",
+        &mgr.grpc,
+    ]))
+    .unwrap();
+    let id = ls[0]["id"].as_u64().expect("the instance's id");
+    let m = Mount::with_args(&c, id, 0, &["--manager", &mgr.grpc]);
+    // The control: a mount that does not know the manager.
+    let blind = Mount::new(&c, id, 0);
+    let files = populate(&m);
+    for s in &mut c.servers {
+        s.restart_elsewhere();
+        surge(&["server", "register", &s.addr, "--manager", &mgr.grpc]);
+    }
+    // As after a restart in place (`a_mount_reconnects_to_a_restarted_server`), the first
+    // request on each broken connection may fail; after that the mount is where the servers
+    // are.
+    let _ = std::fs::metadata(m.path("dir"));
+    for (name, _) in &files {
+        let _ = std::fs::read(m.path(name));
+    }
+    verify(&m, &files);
+    std::fs::write(m.path("after"), b"written where the servers are now").unwrap();
+    assert_eq!(
+        std::fs::read(m.path("after")).unwrap(),
+        b"written where the servers are now"
+    );
+    assert!(
+        m.log().contains("moved"),
+        "the mount did not say the servers moved:\n{}",
+        m.log()
+    );
+    assert!(
+        std::fs::read(blind.path("dir/sub/f3")).is_err(),
+        "the control mount, which knows only the old addresses, still reads"
+    );
+}
+
 /// Creates and unlinks a mount answered before the metadata server made them (a private
 /// namespace, a directory the mount made) are made once the killed server is back.
 #[test]

@@ -328,10 +328,14 @@ pub fn call(pool: &ServerPool, req: &Request) -> Result<Response, ClientError> {
                 conns.remove(key);
             }
             if !conns.contains_key(key) {
-                conns.insert(
-                    key.to_string(),
-                    connect(server, token, deadline).map_err(Failed::Final)?,
-                );
+                // Where the server is now; asked again of the manager when it moved.
+                let c = match connect(&pool.server_now(), token, deadline) {
+                    Err(ClientError::Transport { .. }) if pool.resolve_again_blocking() => {
+                        connect(&pool.server_now(), token, deadline)
+                    }
+                    c => c,
+                };
+                conns.insert(key.to_string(), c.map_err(Failed::Final)?);
             }
             let Some(conn) = conns.get_mut(key) else {
                 return Err(Failed::Final(ClientError::transport(

@@ -178,6 +178,17 @@ pub struct MountArgs {
     #[arg(long, value_name = "TRANSPORT", env = "SURGE_FUSE_TRANSPORT", default_value = "dev-fuse", value_parser = mount::parse_transport)]
     pub fuse_transport: fuser::TransportChoice,
 
+    /// Kernel mount flags, comma-separated as mount(8) takes them: ro, rw, dev, nodev, suid,
+    /// nosuid, exec, noexec, sync, async, dirsync. The mount is `nosuid,nodev,noatime` unless
+    /// told otherwise (`suid` and `dev` only for root).
+    #[arg(short = 'o', long, value_name = "FLAGS", value_parser = flags_arg)]
+    pub options: Option<FlagsArg>,
+
+    /// The source the mount table shows (`/proc/mounts`, `findmnt`, `df`); default
+    /// `surge:INSTANCE/NS`. `mount.fuse.surge` gives the name mount(8) was given.
+    #[arg(long, value_name = "NAME")]
+    pub fsname: Option<String>,
+
     /// Once mounted, write {"mountpoint", "pid"} as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
@@ -210,6 +221,14 @@ type MountedView = (
     std::sync::Arc<fuser::TransportStats>,
 );
 
+/// `--options`: kernel mount flags.
+#[derive(Clone, Debug)]
+pub struct FlagsArg(pub Vec<fuser::MountOption>);
+
+fn flags_arg(s: &str) -> Result<FlagsArg, String> {
+    mount::parse_flags(s).map(FlagsArg)
+}
+
 /// `--layout`: `auto` or a layout.
 #[derive(Clone, Copy, Debug)]
 pub struct LayoutArg(pub Option<surge_core::FileLayout>);
@@ -232,7 +251,11 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         desc,
         NamespaceId(args.ns),
         token,
-        ClientOptions { deadline },
+        ClientOptions {
+            deadline,
+            ..ClientOptions::default()
+        }
+        .resolving_through(args.source.manager.as_deref()),
     )?;
     if let Some(l) = args.layout.0 {
         l.check(client.fragments())
@@ -253,6 +276,8 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         default_layout: args.layout.0,
         read_ahead: (args.read_ahead > 0).then_some(args.read_ahead),
         transport: args.fuse_transport,
+        fsname: args.fsname.clone(),
+        flags: args.options.clone().map(|f| f.0).unwrap_or_default(),
         ..MountOptions::default()
     };
     let mut mounted = mount::mount(client, rt.handle().clone(), &args.mountpoint, &opts)?;
@@ -287,7 +312,11 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             tracing::info!("signal {sig}: unmounting {}", args.mountpoint.display());
-            mounted.unmount()?;
+            // Bounded: a busy mount is detached, a session held by a copy of the mount in
+            // another namespace has its connection aborted (each after 3 s), said here.
+            for note in mounted.unmount_within(Duration::from_secs(3))? {
+                tracing::warn!("{note}");
+            }
             if let Some(f) = &args.stats_file {
                 write_stats(f, &view, dumps + 1);
             }

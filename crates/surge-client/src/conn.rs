@@ -263,10 +263,68 @@ impl Connection {
     }
 }
 
+/// Where a client learns a server's addresses anew when none of those it has answers (a
+/// server restarted elsewhere, or on another port, and registered again): the manager.
+pub trait Resolve: Send + Sync {
+    /// The addresses server `id` registered last.
+    fn addrs(
+        &self,
+        id: &str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<String>, String>> + Send>>;
+}
+
+/// [`Resolve`] by asking the manager at an address (`host:port`, or several, comma-separated)
+/// for the servers it knows.
+pub struct ManagerResolver {
+    pub manager: String,
+}
+
+impl Resolve for ManagerResolver {
+    fn addrs(
+        &self,
+        id: &str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<String>, String>> + Send>>
+    {
+        let (manager, id) = (self.manager.clone(), id.to_string());
+        Box::pin(async move {
+            let mut c = surge_api::connect(&manager)
+                .await
+                .map_err(|e| format!("manager {manager}: {e:#}"))?;
+            let list = c
+                .list_servers(surge_api::v1::Empty {})
+                .await
+                .map_err(|e| format!("manager {manager}: {}", e.message()))?
+                .into_inner();
+            list.servers
+                .into_iter()
+                .find(|s| s.id == id)
+                .map(|s| s.addrs)
+                .ok_or_else(|| format!("manager {manager} knows no server {id}"))
+        })
+    }
+}
+
+/// How often a pool asks where its server is at most.
+const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+
+/// What a pool learnt of its server's addresses: what it uses now, and when it last asked.
+struct Where {
+    addrs: Vec<Addr>,
+    raw: Vec<String>,
+    asked: Option<std::time::Instant>,
+}
+
 /// A few connections to one server, used round-robin.
 pub struct ServerPool {
+    /// The server as the instance's descriptor gave it (its addresses then: see
+    /// [`ServerPool::server_now`]).
     pub server: ServerRef,
-    addrs: Vec<Addr>,
+    place: Mutex<Where>,
+    resolve: Option<Arc<dyn Resolve>>,
+    /// One question to the resolver at a time; the others wait for its answer.
+    resolving: tokio::sync::Mutex<()>,
+    /// Counts the moves learnt (a caller that waited sees whether the one before it moved).
+    moves: AtomicU64,
     transport: Arc<dyn Transport>,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Connection>>>>,
     next: AtomicUsize,
@@ -291,7 +349,14 @@ impl ServerPool {
     ) -> Result<ServerPool, ClientError> {
         let addrs = usable_addrs(&server)?;
         Ok(ServerPool {
-            addrs,
+            place: Mutex::new(Where {
+                addrs,
+                raw: server.addrs.clone(),
+                asked: None,
+            }),
+            resolve: None,
+            resolving: tokio::sync::Mutex::new(()),
+            moves: AtomicU64::new(0),
             transport,
             slots: (0..connections.max(1))
                 .map(|_| tokio::sync::Mutex::new(None))
@@ -321,6 +386,89 @@ impl ServerPool {
 
     pub fn token(&self) -> Option<&surge_auth::Token> {
         self.token.as_deref()
+    }
+
+    /// When none of the server's addresses answers, the pool asks `resolve` where it is now
+    /// (at most once a second) and connects there.
+    pub fn with_resolver(mut self, resolve: Option<Arc<dyn Resolve>>) -> ServerPool {
+        self.resolve = resolve;
+        self
+    }
+
+    /// The server with the addresses the pool uses now.
+    pub fn server_now(&self) -> ServerRef {
+        ServerRef {
+            id: self.server.id.clone(),
+            addrs: self.place.lock().raw.clone(),
+        }
+    }
+
+    /// Asks the resolver for the server's addresses; true when they changed (and are used
+    /// from now on), also when they changed while this caller waited for another's question.
+    /// The resolver is asked at most once a second: a caller waits for that second rather
+    /// than fail. False without a resolver, or when the answer is the same or unusable here.
+    pub async fn resolve_again(&self) -> bool {
+        let Some(r) = &self.resolve else {
+            return false;
+        };
+        let seen = self.moves.load(Ordering::Acquire);
+        let _one = self.resolving.lock().await;
+        if self.moves.load(Ordering::Acquire) != seen {
+            return true;
+        }
+        let asked = self.place.lock().asked;
+        if let Some(t) = asked {
+            tokio::time::sleep(RESOLVE_EVERY.saturating_sub(t.elapsed())).await;
+        }
+        self.place.lock().asked = Some(std::time::Instant::now());
+        let raw = match r.addrs(&self.server.id).await {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(
+                    "server {}: cannot learn where it is now: {e}",
+                    self.server.id
+                );
+                return false;
+            }
+        };
+        let fresh = ServerRef {
+            id: self.server.id.clone(),
+            addrs: raw.clone(),
+        };
+        let Ok(addrs) = usable_addrs(&fresh) else {
+            return false;
+        };
+        let mut p = self.place.lock();
+        if p.raw == raw {
+            return false;
+        }
+        warn!(
+            "server {} moved: {:?} -> {:?} (as the manager says); connecting there",
+            self.server.id, p.raw, raw
+        );
+        p.addrs = addrs;
+        p.raw = raw;
+        self.moves.fetch_add(1, Ordering::Release);
+        true
+    }
+
+    /// [`resolve_again`](Self::resolve_again) from a thread that may not wait on the runtime
+    /// (a FUSE thread sending inline): asked on a thread of its own.
+    pub fn resolve_again_blocking(&self) -> bool {
+        if self.resolve.is_none() {
+            return false;
+        }
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map(|rt| rt.block_on(self.resolve_again()))
+                    .unwrap_or(false)
+            })
+            .join()
+            .unwrap_or(false)
+        })
     }
 
     /// The pool's requests wait at most `deadline` for their replies (`None`: forever).
@@ -363,8 +511,18 @@ impl ServerPool {
     }
 
     async fn dedicated_unbounded(&self) -> Result<Arc<Connection>, ClientError> {
+        match self.dedicated_once().await {
+            Err(e) if matches!(e, ClientError::Transport { .. }) && self.resolve_again().await => {
+                self.dedicated_once().await
+            }
+            r => r,
+        }
+    }
+
+    async fn dedicated_once(&self) -> Result<Arc<Connection>, ClientError> {
         let mut last = None;
-        for addr in &self.addrs {
+        let addrs = self.place.lock().addrs.clone();
+        for addr in &addrs {
             let opened = Connection::open(
                 &*self.transport,
                 addr,

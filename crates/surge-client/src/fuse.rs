@@ -383,6 +383,11 @@ impl Filesystem for FuseAdapter {
             // server, so they hold between nodes (`fs::locks`).
             InitFlags::FUSE_POSIX_LOCKS,
             InitFlags::FUSE_FLOCK_LOCKS,
+            // File handles (name_to_handle_at/open_by_handle_at, NFS re-export) that outlive
+            // the kernel's inode: node ids are the metadata server's inode numbers, never
+            // reused (generation 0 throughout), and a forgotten one is looked up as "." of
+            // itself, a directory's parent as its ".." (see `Fs::lookup`).
+            InitFlags::FUSE_EXPORT_SUPPORT,
         ] {
             let _ = config.add_capabilities(cap);
         }
@@ -391,6 +396,16 @@ impl Filesystem for FuseAdapter {
         if self.negative_ttl.is_some() {
             let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         }
+        // A passthrough file changed through a memory map: its attributes go (see
+        // `Fs::flush`; offset -1: the attributes only).
+        let notifier = self.notifier.clone();
+        self.fs.set_attr_drop(Arc::new(move |ino| {
+            if let Some(n) = notifier.get() {
+                if let Err(e) = n.inval_inode(INodeNo(ino), -1, 0) {
+                    debug!("cannot drop the kernel's attributes of inode {ino}: {e}");
+                }
+            }
+        }));
         // A cache file copied into the tier: its pages cached from the PFS go (see `fill`).
         let notifier = self.notifier.clone();
         self.fs.set_page_drop(Arc::new(move |ino| {
@@ -837,7 +852,8 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.fs.opendir(ino.0);
         // An immutable namespace's listings never change: the kernel keeps them.
         let flags = if self.negative_ttl.is_some() {
             FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
@@ -845,6 +861,18 @@ impl Filesystem for FuseAdapter {
             FopenFlags::empty()
         };
         reply.opened(FileHandle(0), flags);
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(ino.0);
+        reply.ok();
     }
 
     fn readdir(

@@ -17,6 +17,8 @@ use surge_proto::{
 /// Largest piece sent in one request (a one-fragment instance merges a whole write into one
 /// piece; the protocol caps payloads).
 const MAX_PIECE: u64 = 8 << 20;
+// What a server takes in one request bounds it.
+const _: () = assert!(MAX_PIECE <= surge_proto::frame::MAX_IO as u64);
 
 /// A random client session number, never 0.
 fn new_session() -> u32 {
@@ -76,18 +78,34 @@ impl Layouts {
 }
 
 /// How an [`InstanceClient`] waits for its servers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ClientOptions {
     /// How long a request waits for its reply (and a mount's request for the changes queued
     /// before it); `None`: forever (NFS's "hard"). Default [`crate::conn::DEFAULT_DEADLINE`].
     pub deadline: Option<std::time::Duration>,
+    /// Where the servers' addresses are asked again when none of a server's answers (the
+    /// manager); `None`: the descriptor's addresses only.
+    pub resolve: Option<Arc<dyn crate::conn::Resolve>>,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             deadline: Some(crate::conn::DEFAULT_DEADLINE),
+            resolve: None,
         }
+    }
+}
+
+impl ClientOptions {
+    /// Servers that moved are found through the manager at `manager` (when there is one).
+    pub fn resolving_through(mut self, manager: Option<&str>) -> ClientOptions {
+        self.resolve = manager.map(|m| {
+            Arc::new(crate::conn::ManagerResolver {
+                manager: m.to_string(),
+            }) as Arc<dyn crate::conn::Resolve>
+        });
+        self
     }
 }
 
@@ -246,7 +264,8 @@ impl InstanceClient {
                 ServerPool::new(s.clone(), CONNECTIONS_PER_SERVER)?
                     .with_session(session)
                     .with_token(token.clone())
-                    .with_deadline(opts.deadline),
+                    .with_deadline(opts.deadline)
+                    .with_resolver(opts.resolve.clone()),
             );
             pools.insert(s.id.clone(), p.clone());
             Ok(p)

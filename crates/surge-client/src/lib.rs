@@ -3,7 +3,8 @@
 //! - [`instance`]: the native API of an instance namespace (metadata calls, striped reads and
 //!   writes), used by the FUSE mount and by staging, and by applications that bypass FUSE.
 //! - [`fs`]: the file-system core (POSIX semantics, open files, close-to-open) with no FUSE types.
-//! - [`fuse`]: the thin `fuser` adapter over the core; [`mount`]: mounting it.
+//! - [`fuse`]: the thin `fuser` adapter over the core; [`mount`]: mounting it;
+//!   [`mount_helper`]: `mount.fuse.surge`, for mount(8) and fstab.
 //! - [`admin`]: creating and destroying instances on servers.
 //! - [`auth`]: where a command gets the capability it presents to servers.
 //! - [`conn`]: pipelined connections and per-server pools.
@@ -19,6 +20,7 @@ pub mod fuse;
 pub mod instance;
 pub mod lend;
 pub mod mount;
+pub mod mount_helper;
 pub mod unmount;
 
 pub use error::ClientError;

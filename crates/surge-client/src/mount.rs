@@ -42,6 +42,63 @@ pub struct MountOptions {
     /// How the kernel hands requests to this mount: FUSE over io_uring where the kernel offers
     /// it, else `/dev/fuse` (`Auto`); or `/dev/fuse` only. Default: `$SURGE_FUSE_TRANSPORT`.
     pub transport: TransportChoice,
+    /// The source the mount table shows (`/proc/mounts`, `findmnt`); `None`:
+    /// `surge:INSTANCE/NS`. mount(8) and fstab name the mount by it (`mount.fuse.surge`).
+    pub fsname: Option<String>,
+    /// Kernel mount flags beyond the defaults (`nosuid,nodev,noatime`): see [`kernel_flag`].
+    pub flags: Vec<MountOption>,
+}
+
+/// A kernel mount flag by its mount(8) name (`ro`, `dev`, `suid`, `exec`, `sync`, ...);
+/// `None` for any other name. FUSE mounts are `nosuid,nodev` unless `suid`/`dev` is given
+/// (root only: the kernel then honours set-user-ID bits and device nodes of this mount).
+pub fn kernel_flag(name: &str) -> Option<MountOption> {
+    Some(match name {
+        "ro" => MountOption::RO,
+        "rw" => MountOption::RW,
+        "dev" => MountOption::Dev,
+        "nodev" => MountOption::NoDev,
+        "suid" => MountOption::Suid,
+        "nosuid" => MountOption::NoSuid,
+        "exec" => MountOption::Exec,
+        "noexec" => MountOption::NoExec,
+        "sync" => MountOption::Sync,
+        "async" => MountOption::Async,
+        "dirsync" => MountOption::DirSync,
+        _ => return None,
+    })
+}
+
+/// `--options`: comma-separated kernel mount flags, the last of two opposites winning (as
+/// mount(8) reads `rw,ro`).
+pub fn parse_flags(s: &str) -> Result<Vec<MountOption>, String> {
+    let mut out: Vec<MountOption> = Vec::new();
+    for name in s.split(',').filter(|n| !n.is_empty()) {
+        let f = kernel_flag(name).ok_or_else(|| {
+            format!(
+                "unknown mount flag '{name}' (ro, rw, dev, nodev, suid, nosuid, exec, noexec, \
+                 sync, async, dirsync)"
+            )
+        })?;
+        let opposite = |o: &MountOption| {
+            matches!(
+                (o, &f),
+                (MountOption::RO, MountOption::RW)
+                    | (MountOption::RW, MountOption::RO)
+                    | (MountOption::Dev, MountOption::NoDev)
+                    | (MountOption::NoDev, MountOption::Dev)
+                    | (MountOption::Suid, MountOption::NoSuid)
+                    | (MountOption::NoSuid, MountOption::Suid)
+                    | (MountOption::Exec, MountOption::NoExec)
+                    | (MountOption::NoExec, MountOption::Exec)
+                    | (MountOption::Sync, MountOption::Async)
+                    | (MountOption::Async, MountOption::Sync)
+            )
+        };
+        out.retain(|o| !opposite(o) && *o != f);
+        out.push(f);
+    }
+    Ok(out)
 }
 
 /// The environment variable that picks the FUSE transport of every mount of this process
@@ -88,6 +145,8 @@ impl Default for MountOptions {
             default_layout: None,
             read_ahead: Some(READ_AHEAD),
             transport: transport_from_env(),
+            fsname: None,
+            flags: Vec::new(),
         }
     }
 }
@@ -283,7 +342,10 @@ pub fn mount(
         mountpoint.display()
     );
     let desc = &client.desc;
-    let fsname = format!("surge:{}/{}", desc.instance, client.ns.0);
+    let fsname = opts
+        .fsname
+        .clone()
+        .unwrap_or_else(|| format!("surge:{}/{}", desc.instance, client.ns.0));
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName(fsname),
@@ -291,12 +353,14 @@ pub fn mount(
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
     ];
+    config.mount_options.extend(opts.flags.iter().cloned());
     // A load-balanced replica is immutable once staged in: mounted read-only, with names and
     // attributes cached by the kernel for an hour (pages are kept across opens as the
     // attributes do not change), so a software environment's start-up storm of lookups, stats
     // and opens is answered by the kernel after the first node process has walked it.
     let mut opts = opts.clone();
     if desc.access_mode == "ldbalance" {
+        config.mount_options.retain(|o| *o != MountOption::RW);
         config.mount_options.push(MountOption::RO);
         opts.ttl = CacheTimes {
             entry: IMMUTABLE_TTL,

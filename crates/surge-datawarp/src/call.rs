@@ -8,7 +8,7 @@ use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use surge_run::job_stage::{JobStageError, JobStager, Result};
+use surge_stage::job::{JobStageError, JobStager, Result};
 
 /// Longest list accepted (a list must end with NULL; this stops a walk off a list that does
 /// not).

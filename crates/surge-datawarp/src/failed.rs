@@ -5,7 +5,7 @@
 use crate::call::{entry, path, with_job};
 use std::ffi::{c_char, c_int, CString};
 use std::os::unix::ffi::OsStrExt;
-use surge_run::job_stage::{errno_of_message, failures, is_under, JobStageError};
+use surge_stage::job::{errno_of_message, failures, is_under, JobStageError};
 use surge_stage::StageItem;
 
 /// `dw_failed_stage_t`.

@@ -4,7 +4,7 @@
 //! `dw_query_file_stage`, `dw_wait_file_stage`, ... This crate builds `libdatawarp.so` with
 //! those functions (names, arguments, `0`/`-errno` returns and enum values of Cray's documented
 //! API; the header is `include/datawarp.h`), so such a program compiles and links unchanged with
-//! `-ldatawarp`. Every call goes through [`surge_run::job_stage`], the library `surge stage`
+//! `-ldatawarp`. Every call goes through [`surge_stage::job`], the library `surge stage`
 //! uses: stage tasks are the manager's, run by its copy engine, and follow the job's session.
 //!
 //! Boundaries: the library works inside a job started by `surge run` (it finds the job through
@@ -18,7 +18,7 @@ mod stripe;
 use call::{entry, path, paths, put, with_job};
 use std::ffi::{c_char, c_int, c_uint};
 use std::path::{Path, PathBuf};
-use surge_run::job_stage::{
+use surge_stage::job::{
     covering, JobItem, JobStageError, JobStager, Result, Scope, StageCounts, When,
 };
 use surge_stage::{Direction, ItemKind};

@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use surge_proto::InstanceDescriptor;
-use surge_run::job_stage::{JobStageError, Result};
+use surge_stage::job::{JobStageError, Result};
 
 /// The attribute of a Surge mount that reads and sets layouts.
 const LAYOUT_XATTR: &std::ffi::CStr = c"user.surge.layout";

@@ -107,7 +107,8 @@ mod uring;
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]
 const INIT_FLAGS: InitFlags = InitFlags::FUSE_ASYNC_READ.union(InitFlags::FUSE_BIG_WRITES);
-// TODO: Add FUSE_EXPORT_SUPPORT
+// FUSE_EXPORT_SUPPORT is the file system's to ask for (`KernelConfig::add_capabilities` in its
+// `init`): it must answer lookups of "." and ".." and keep node ids and generations stable.
 
 /// On macOS, we additionally support case insensitiveness, volume renames and xtimes
 /// TODO: we should eventually let the filesystem implementation decide which flags to set

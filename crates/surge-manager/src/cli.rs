@@ -561,6 +561,41 @@ pub fn run_pool(args: PoolArgs) -> anyhow::Result<ExitCode> {
                         format_bytes(p.free)
                     );
                 }
+                // What limits one user short of the pool (issue 31: one user took all of it).
+                let quotas = c
+                    .list_quotas(api::Empty {})
+                    .await
+                    .map_err(status_err)?
+                    .into_inner()
+                    .quotas;
+                if quotas.is_empty() {
+                    println!("no quotas: a user may take the whole pool (`surge quota set`)");
+                }
+                for q in &quotas {
+                    let lim = |n: u64, f: &dyn Fn(u64) -> String| {
+                        if n == 0 {
+                            "no limit".to_string()
+                        } else {
+                            f(n)
+                        }
+                    };
+                    let who = match q.kind.as_str() {
+                        "default" => "every user without their own".to_string(),
+                        k => format!("{k} {}", q.id),
+                    };
+                    println!(
+                        "quota of {who}: capacity {} (held {}), instances {} (held {}), \
+                         sessions {} (held {}), stage tasks {} (held {})",
+                        lim(q.capacity, &|n| format_bytes(n)),
+                        format_bytes(q.used_capacity),
+                        lim(q.instances.into(), &|n| n.to_string()),
+                        q.used_instances,
+                        lim(q.sessions.into(), &|n| n.to_string()),
+                        q.used_sessions,
+                        lim(q.stage_tasks.into(), &|n| n.to_string()),
+                        q.used_stage_tasks,
+                    );
+                }
             }
             PoolCommand::Peaks { pool, json } => {
                 let list = c

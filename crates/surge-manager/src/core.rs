@@ -1517,6 +1517,7 @@ impl Core {
             self.admin_token(),
             surge_client::ClientOptions {
                 deadline: Some(std::time::Duration::from_secs(10)),
+                ..Default::default()
             },
         ) {
             Ok(c) => c,

@@ -148,6 +148,14 @@ pub fn authenticate(
 ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
     let known = Arc::new(std::sync::Mutex::new(Known::default()));
     move |mut req: Request<()>| {
+        // A client of a release this one does not work with is told so, with both versions,
+        // before anything else (a client too old to send its version is taken as it is).
+        if let Some(v) = req.metadata().get(surge_api::VERSION_HEADER) {
+            let v = v.to_str().unwrap_or("?");
+            if let Some(why) = surge_api::incompatible(v, surge_api::VERSION) {
+                return Err(Status::failed_precondition(why));
+            }
+        }
         let cred = req
             .metadata()
             .get(surge_api::MUNGE_HEADER)

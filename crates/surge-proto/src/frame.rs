@@ -28,6 +28,17 @@ pub const MAX_PAYLOAD: u32 = MAX_IO;
 /// A frame's message and payload are read in steps of at most this many bytes, so a peer that
 /// announces a large frame and stalls holds this much memory, not what it announced.
 pub const READ_STEP: usize = 1 << 20;
+// Limits that must hold together (checked when the crate compiles, not when a peer sends).
+// A step never exceeds what one frame may carry, so reading in steps ends.
+const _: () =
+    assert!(READ_STEP as u64 <= MAX_META as u64 && READ_STEP as u64 <= MAX_PAYLOAD as u64);
+// A `SetXattr` carries its name and value in the message: the largest must fit in one.
+const _: () =
+    assert!(crate::msg::XATTR_SIZE_MAX + crate::msg::XATTR_NAME_MAX + 4096 <= MAX_META as usize);
+// The largest attribute fits in what one inode may hold.
+const _: () =
+    assert!(crate::msg::XATTR_SIZE_MAX + crate::msg::XATTR_NAME_MAX <= crate::msg::XATTR_INODE_MAX);
+
 /// The request id of a frame about the connection rather than a request: a server that refuses
 /// a connection (`ErrorCode::ConnectionLimit`) or closes an idle one (`ErrorCode::IdleClosed`)
 /// says so in a response with this id. Clients number their requests from 1.

@@ -500,7 +500,8 @@ pub enum Request {
         name: Vec<u8>,
         new_parent: Ino,
         new_name: Vec<u8>,
-        /// `RENAME_NOREPLACE` (1) is honoured; `RENAME_EXCHANGE` is refused.
+        /// `RENAME_NOREPLACE` (1) and `RENAME_EXCHANGE` (2, not in a cache namespace, whose
+        /// drain replays renames one by one) are honoured; `RENAME_WHITEOUT` is refused.
         flags: u32,
         /// For the inode a rename replaces; see [`KeepOpen`].
         keep: KeepOpen,

@@ -1,7 +1,7 @@
 //! `surge._native`: the Rust half of the `surge` Python package (`python/surge/__init__.py` is
 //! the typed, documented face). Three parts, each a thin layer over the Rust libraries:
 //!
-//! - in-job staging over [`surge_run::job_stage`] (what `surge stage` and libdatawarp use);
+//! - in-job staging over [`surge_stage::job`] (what `surge stage` and libdatawarp use);
 //! - the manager's views (`surge pool ls --json`, ...) over its gRPC API and
 //!   [`surge_manager::views`], returned as JSON text;
 //! - the native instance API (stat, list, read, write, mkdir of instance paths, no FUSE) over
@@ -20,7 +20,7 @@ use surge_api::v1 as api;
 use surge_client::InstanceClient;
 use surge_core::NamespaceId;
 use surge_proto::{FileKind, NewNode, SetAttr};
-use surge_run::job_stage::{JobItem, JobStageError, JobStager, Scope, StageCounts, When};
+use surge_stage::job::{JobItem, JobStageError, JobStager, Scope, StageCounts, When};
 use surge_stage::{ns, Direction, ItemKind};
 
 fn os_error(errno: i32, msg: impl std::fmt::Display) -> PyErr {
@@ -188,7 +188,7 @@ fn query(py: Python<'_>, path: PathBuf, directory: bool) -> PyResult<(u32, u32, 
 fn manager_view(py: Python<'_>, addr: String, what: String) -> PyResult<String> {
     use surge_manager::views;
     block(py, async move {
-        let mut c = surge_manager::cli::connect(&addr)
+        let mut c = surge_api::connect(&addr)
             .await
             .map_err(|e| os_error(libc::ECONNREFUSED, format!("{e:#}")))?;
         let status = |s: tonic::Status| os_error(libc::EIO, s.message());
@@ -286,7 +286,7 @@ impl Instance {
     #[pyo3(signature = (manager, instance, ns=0))]
     fn new(py: Python<'_>, manager: String, instance: String, ns: u32) -> PyResult<Instance> {
         block(py, async move {
-            let mut c = surge_manager::cli::connect(&manager)
+            let mut c = surge_api::connect(&manager)
                 .await
                 .map_err(|e| os_error(libc::ECONNREFUSED, format!("{e:#}")))?;
             let (id, name) = match instance.parse::<u64>() {
@@ -468,7 +468,7 @@ async fn parent_and_name(
 /// Whether this process runs inside a `surge run` job.
 #[pyfunction]
 fn in_job() -> bool {
-    surge_run::nodes::NodesFile::from_env().is_ok()
+    surge_stage::job::nodes::NodesFile::from_env().is_ok()
 }
 
 #[pymodule]

@@ -151,13 +151,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             report_now = true;
             if let Some(h) = held.remove(&k) {
                 let path = h.mounted.mountpoint.clone();
-                match h.mounted.unmount() {
-                    Ok(()) => info!("unmounted {}", path.display()),
-                    Err(e) => {
-                        warn!("{e:#}; detaching it");
-                        detach(&path);
-                    }
-                }
+                unmount_bounded(h.mounted);
                 remove_dirs(&path, Path::new(&reply.mount_root));
             }
         }
@@ -168,7 +162,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             report_now = true;
-            match mount_one(&spec, rt.handle().clone(), args.threads, args.deadline) {
+            match mount_one(
+                &spec,
+                rt.handle().clone(),
+                args.threads,
+                args.deadline,
+                &args.manager,
+            ) {
                 Ok(mounted) => {
                     info!(
                         "mounted instance {} (session {}, namespace {}) at {} for uid {}",
@@ -195,12 +195,34 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     }
     info!("stopping: unmounting {} mount(s)", held.len());
     for (_, h) in held.drain() {
-        let path = h.mounted.mountpoint.clone();
-        if h.mounted.unmount().is_err() {
+        unmount_bounded(h.mounted);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How long the agent waits for a busy mount before it detaches it, and for a FUSE session
+/// still held after its unmount before it aborts its connection.
+const UNMOUNT_WAIT: Duration = Duration::from_secs(3);
+
+/// Unmounts `mounted` within a bound (see `Mounted::unmount_within`): a mount a process of
+/// the job left busy, or copied into another mount namespace (`unshare -m`, a container, a
+/// service with `PrivateTmp`), must not hold up this host's other jobs, whose mounts and
+/// unmounts wait in the same loop. Says what it did beyond a plain unmount.
+fn unmount_bounded(mounted: Mounted) {
+    let path = mounted.mountpoint.clone();
+    match mounted.unmount_within(UNMOUNT_WAIT) {
+        Ok(notes) if notes.is_empty() => info!("unmounted {}", path.display()),
+        Ok(notes) => {
+            for n in notes {
+                warn!("{n}");
+            }
+            info!("unmounted {}", path.display());
+        }
+        Err(e) => {
+            warn!("{e:#}; detaching it");
             detach(&path);
         }
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// What the agent tells the manager about a mount (no secrets back).
@@ -217,6 +239,7 @@ fn mount_one(
     rt: tokio::runtime::Handle,
     threads: usize,
     deadline: Duration,
+    manager: &str,
 ) -> anyhow::Result<Mounted> {
     let desc: InstanceDescriptor =
         serde_json::from_str(&spec.descriptor_json).context("bad instance descriptor")?;
@@ -238,7 +261,9 @@ fn mount_one(
         token,
         ClientOptions {
             deadline: (!deadline.is_zero()).then_some(deadline),
-        },
+            ..ClientOptions::default()
+        }
+        .resolving_through(Some(manager)),
     )?;
     let opts = MountOptions {
         threads: threads.max(1),

@@ -173,7 +173,13 @@ async fn measure_instance(
         .await
         .context("the calibration thread failed")?
         .context("cannot run surge bench calibrate");
-    let unmounted = m.unmount();
+    let unmounted = m
+        .unmount_within(std::time::Duration::from_secs(3))
+        .map(|notes| {
+            for n in notes {
+                eprintln!("surge: calibration mount: {n}");
+            }
+        });
     let _ = std::fs::remove_dir(&dir);
     let out = out?;
     unmounted?;

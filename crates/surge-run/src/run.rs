@@ -710,6 +710,38 @@ struct Outcome {
     targets: Option<serde_json::Value>,
 }
 
+/// How long `surge run` tries a phase after the job again while the manager does not answer
+/// (an HA takeover takes a few seconds, a restart of a single manager longer).
+const MANAGER_RETRY: Duration = Duration::from_secs(60);
+
+/// `$call`, an idempotent phase (they are: Slurm runs them again too), evaluated again while
+/// it fails because the manager does not answer, for [`MANAGER_RETRY`], reconnecting to the
+/// manager (`$m`, a place of the `surge_api::Client`) between tries and saying so; the last
+/// result otherwise.
+macro_rules! again {
+    ($ctx:expr, $m:expr, $rep:expr, $what:expr, $call:expr) => {{
+        let until = Instant::now() + MANAGER_RETRY;
+        let mut pause = Duration::from_secs(1);
+        loop {
+            match $call {
+                Err(e) if surge_api::manager_gone(e.as_ref()) && Instant::now() + pause < until => {
+                    $rep.note(&format!(
+                        "{}: the manager does not answer ({e:#}); trying again in {} s",
+                        $what,
+                        pause.as_secs()
+                    ));
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(8));
+                    if let Ok(again) = connect($ctx.manager).await {
+                        $m = again;
+                    }
+                }
+                r => break r,
+            }
+        }
+    }};
+}
+
 /// What ran between setup and teardown.
 struct Ran {
     job_status: Option<i32>,
@@ -724,7 +756,7 @@ async fn drive(ctx: &Ctx<'_>, rep: &mut Reporter) -> anyhow::Result<Outcome> {
     let job = ctx.job()?;
     calibrate(ctx, &mut m, rep).await?;
     let s = lifecycle::setup(&mut m, &job, rep).await?;
-    let mut local = LocalNodes::new(s.id, ctx.args.nodes);
+    let mut local = LocalNodes::new(s.id, ctx.args.nodes).map(|l| l.resolving_through(ctx.manager));
     let ran = match &mut local {
         Ok(local) => run_job(ctx, &mut m, &job, &s, local, rep).await,
         Err(e) => Err(anyhow::anyhow!("{e:#}")),
@@ -734,10 +766,26 @@ async fn drive(ctx: &Ctx<'_>, rep: &mut Reporter) -> anyhow::Result<Outcome> {
         state: if ran.is_ok() { "ended" } else { "failed" }.into(),
         destroy: ran.is_ok(),
     };
-    let ended = match &mut local {
-        Ok(local) => lifecycle::teardown(&mut m, &job, local, &how, rep).await,
-        Err(_) => lifecycle::teardown(&mut m, &job, &mut lifecycle::NoMounts, &how, rep).await,
-    };
+    // The teardown is idempotent: while the manager does not answer (a failover, a restart)
+    // it is tried again, so the session is ended and its instance freed rather than left
+    // active for an administrator to find.
+    let ended = again!(ctx, m, rep, "teardown", {
+        match &mut local {
+            Ok(local) => lifecycle::teardown(&mut m, &job, local, &how, rep).await,
+            Err(_) => lifecycle::teardown(&mut m, &job, &mut lifecycle::NoMounts, &how, rep).await,
+        }
+    })
+    .map_err(|e| {
+        if surge_api::manager_gone(e.as_ref()) {
+            e.context(format!(
+                "session {} is not ended and its instances stay allocated: end it with \
+                 `surge session end {}` once the manager answers",
+                s.id, s.id
+            ))
+        } else {
+            e
+        }
+    });
     drop(local);
     let (ran, ended) = match (ran, ended) {
         (Ok(r), Ok(e)) => (r, e),
@@ -828,13 +876,18 @@ async fn run_job(
             status == 0,
         );
     }
-    lifecycle::post_run(m, job, local, rep).await?;
+    // From here the job has run: a manager away for a while (a failover) must not fail it.
+    again!(ctx, *m, rep, "post_run", {
+        lifecycle::post_run(m, job, local, rep).await
+    })?;
     // Stage out even after a failed job; not after Ctrl-C.
     let failures = if ctx.interrupted() {
         rep.note("interrupted: no stage-out");
         Vec::new()
     } else {
-        lifecycle::data_out(m, job, &ctx.script.cwd, rep).await?
+        again!(ctx, *m, rep, "stage-out", {
+            lifecycle::data_out(m, job, &ctx.script.cwd, rep).await
+        })?
     };
     Ok(Ran {
         job_status,

@@ -162,7 +162,7 @@ pub fn handle(
                 let f = reg.fragment(instance, fragment)?;
                 Response::Usage {
                     capacity: f.capacity,
-                    used: f.used(),
+                    used: f.used() + reg.metadata_under(instance, fragment),
                     room: f.room(),
                 }
             }

@@ -7,7 +7,7 @@
 //! commit here writes the WAL to the page cache, no fsync), and metadata rates are bound by
 //! round-trip latency (Daley §5.1), so the shortest path wins.
 
-use crate::meta::{self, Ops};
+use crate::meta::{self, Ops, RENAME_EXCHANGE};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::Connection;
 use std::collections::HashMap;
@@ -48,6 +48,78 @@ pub struct Namespace {
     drain_conns: Mutex<HashMap<u32, u32>>,
     /// The namespace's lock service (fcntl, OFD and flock locks of every node).
     pub locks: crate::locks::LockTable,
+    /// The extended attributes' share of the instance's space on this server.
+    xattrs: XattrCharge,
+}
+
+/// What the namespace's extended attributes take, counted in the instance's space on this
+/// server (the budget its fragments here share): a value stored in metadata is space a user
+/// takes like a file's bytes, and an instance must not hold more than its capacity in either.
+/// The store keeps the total (`Ops::xattr_bytes`); a `SetXattr` that would take the budget
+/// past its capacity is refused with `NoSpace` before it commits, and after every change the
+/// budget follows the total (so unlinks and removals give the space back). The check and the
+/// data path's reservations are not one atomic step: a concurrent write may pass the capacity
+/// by at most one attribute (64 KiB).
+struct XattrCharge {
+    budget: std::sync::Arc<crate::store::Budget>,
+    counted: std::sync::atomic::AtomicU64,
+}
+
+impl XattrCharge {
+    fn new(budget: std::sync::Arc<crate::store::Budget>, total: u64) -> XattrCharge {
+        budget.add_used(total);
+        XattrCharge {
+            budget,
+            counted: std::sync::atomic::AtomicU64::new(total),
+        }
+    }
+
+    /// `NoSpace` when the store's new `total` would take the instance past its capacity here.
+    fn admit(&self, total: u64, instance: InstanceId) -> Result<(), ErrorReply> {
+        use std::sync::atomic::Ordering;
+        let counted = self.counted.load(Ordering::Relaxed);
+        let Some(growth) = total.checked_sub(counted).filter(|&g| g > 0) else {
+            return Ok(());
+        };
+        let (used, capacity) = (self.budget.used(), self.budget.capacity());
+        if used.saturating_add(growth) > capacity {
+            return Err(ErrorReply::new(
+                ErrorCode::NoSpace,
+                format!(
+                    "instance {instance} cannot take {} more of extended attributes on this \
+                     server ({} of the {} of its space here used, {} of it by extended \
+                     attributes)",
+                    surge_core::format_bytes(growth),
+                    surge_core::format_bytes(used),
+                    surge_core::format_bytes(capacity),
+                    surge_core::format_bytes(counted),
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The store's total is now `total`.
+    fn settle(&self, total: u64) {
+        use std::sync::atomic::Ordering;
+        let before = self.counted.swap(total, Ordering::Relaxed);
+        if total > before {
+            self.budget.add_used(total - before);
+        } else {
+            self.budget.sub_used(before - total);
+        }
+    }
+
+    /// What the namespace takes now (reported with the instance's use).
+    fn bytes(&self) -> u64 {
+        self.counted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for XattrCharge {
+    fn drop(&mut self) {
+        self.budget.sub_used(self.bytes());
+    }
 }
 
 /// What a cache namespace's metadata server knows of the use of its files, in memory: the
@@ -260,11 +332,15 @@ impl Namespace {
         ns: NamespaceId,
         root: (u32, u32, u16),
         journal: bool,
+        budget: std::sync::Arc<crate::store::Budget>,
     ) -> anyhow::Result<Namespace> {
         std::fs::create_dir_all(dir)?;
         let reopened = dir.join("meta.db").exists();
         let conn = meta::open(&dir.join("meta.db"), root.0, root.1, root.2)?;
         report_orphans(&conn, instance, ns);
+        let xattr_total = (Ops { tx: &conn })
+            .xattr_bytes()
+            .map_err(|e| anyhow::anyhow!("{}: {}", dir.display(), e.message))?;
         let drainer = held_before(&conn, instance, ns);
         info!("metadata service of namespace {instance}/{} open", ns.0);
         Ok(Namespace {
@@ -287,7 +363,13 @@ impl Namespace {
             drainer: Mutex::new(drainer),
             drain_conns: Mutex::new(HashMap::new()),
             locks: crate::locks::LockTable::default(),
+            xattrs: XattrCharge::new(budget, xattr_total),
         })
+    }
+
+    /// The bytes the namespace's extended attributes take (in the instance's use).
+    pub fn xattr_bytes(&self) -> u64 {
+        self.xattrs.bytes()
     }
 
     /// Runs one metadata request for client `session`; its changes are committed when this
@@ -879,11 +961,12 @@ impl Namespace {
             Request::CacheThrough { .. } if self.journal => self.open_files(),
             _ => Vec::new(),
         };
-        let mut result = run(conn, req, self.journal, &open);
+        let space = (self.instance, &self.xattrs);
+        let mut result = run(conn, req, self.journal, &open, space);
         // The device is full: give the reserve back and commit with its room (what a mount
         // acknowledged must not be lost for want of a few pages).
         if store_full(&result) && self.reserve.release() {
-            result = run(conn, req, self.journal, &open);
+            result = run(conn, req, self.journal, &open, space);
         } else if !is_read_only(req) {
             self.reserve.retake_if_room();
         }
@@ -986,6 +1069,14 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             Some(path) => Pending::Op(DrainOp::Rmdir { path }),
             None => Pending::Nothing,
         },
+        Request::Rename { flags, .. } if flags & RENAME_EXCHANGE != 0 => {
+            // The drain replays renames on the PFS one by one: an exchange would need a
+            // third name there, which could be seen half done.
+            return Err(ErrorReply::new(
+                ErrorCode::Invalid,
+                "RENAME_EXCHANGE is not supported in a cache namespace".to_string(),
+            ));
+        }
         Request::Rename {
             parent,
             name,
@@ -1293,6 +1384,7 @@ fn run(
     req: &Request,
     journal: bool,
     open: &[Ino],
+    space: (InstanceId, &XattrCharge),
 ) -> rusqlite::Result<Response> {
     if is_read_only(req) {
         return Ok(execute_journaled(&Ops { tx: conn }, req, journal, open)
@@ -1301,7 +1393,18 @@ fn run(
     let tx = conn.transaction()?;
     match execute_journaled(&Ops { tx: &tx }, req, journal, open) {
         Ok(r) => {
+            let (instance, xattrs) = space;
+            let total = match (Ops { tx: &tx }).xattr_bytes() {
+                Ok(t) => t,
+                Err(e) => return Ok(Response::Error(e)),
+            };
+            if matches!(req, Request::SetXattr { .. }) {
+                if let Err(e) = xattrs.admit(total, instance) {
+                    return Ok(Response::Error(e));
+                }
+            }
             tx.commit()?;
+            xattrs.settle(total);
             Ok(r)
         }
         // Dropping the transaction rolls it back.
@@ -1376,11 +1479,11 @@ mod tests {
                 },
             )
         };
-        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
+        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true, Default::default()).unwrap();
         assert!(matches!(hold(&ns, 1, false), Response::Ok));
         drop(ns);
         // Restarted: the hold stands for another session, and its holder renews it.
-        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
+        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true, Default::default()).unwrap();
         match hold(&ns, 2, false) {
             Response::Error(e) => assert_eq!(e.code, ErrorCode::Again, "{e:?}"),
             other => panic!("a second drainer got the hold after a restart: {other:?}"),
@@ -1394,7 +1497,7 @@ mod tests {
         assert!(matches!(hold(&ns, 1, true), Response::Ok));
         drop(ns);
         // Given back before the restart: free.
-        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
+        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true, Default::default()).unwrap();
         assert!(matches!(hold(&ns, 2, false), Response::Ok));
         // A hold older than DRAIN_HOLD has lapsed.
         if let Some(c) = ns.conn.lock().as_mut() {
@@ -1402,7 +1505,7 @@ mod tests {
             (Ops { tx: c }).set_drain_hold(Some((2, old))).unwrap();
         }
         drop(ns);
-        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true).unwrap();
+        let ns = Namespace::start(t.path(), I, N, (0, 0, 0o755), true, Default::default()).unwrap();
         assert!(matches!(hold(&ns, 3, false), Response::Ok));
         // A renewal soon after writes nothing; one after RECORD_HOLD_EVERY does, and so does
         // a release.
@@ -1433,7 +1536,9 @@ mod tests {
     #[test]
     fn a_lease_is_recalled_before_another_session_touches_the_directory() {
         let t = tempfile::tempdir().unwrap();
-        let ns = Arc::new(Namespace::start(t.path(), I, N, (0, 0, 0o755), false).unwrap());
+        let ns = Arc::new(
+            Namespace::start(t.path(), I, N, (0, 0, 0o755), false, Default::default()).unwrap(),
+        );
         let Response::Created { attr: d, .. } = create(&ns, 7, ROOT_INO, "d", NewNode::Dir) else {
             panic!("mkdir");
         };

@@ -17,7 +17,7 @@ use surge_proto::{
 
 pub const ROOT_INO: Ino = 1;
 const RENAME_NOREPLACE: u32 = 1;
-const RENAME_EXCHANGE: u32 = 2;
+pub(crate) const RENAME_EXCHANGE: u32 = 2;
 
 pub type MetaResult<T> = Result<T, ErrorReply>;
 
@@ -216,6 +216,25 @@ pub fn open(
     }
     // Cache namespaces: the files eviction may take (see `Ops::clean_files`).
     conn.execute_batch("CREATE INDEX IF NOT EXISTS inodes_clean ON inodes(ino) WHERE clean = 1;")?;
+    // What the extended attributes take (names and values), kept by triggers so the space
+    // they use counts in the instance's capacity without a scan (see `Ops::xattr_bytes`).
+    // Stores made before it get their sum once.
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS xattr_bytes(
+            one INTEGER PRIMARY KEY CHECK (one = 0), bytes INTEGER NOT NULL);
+         INSERT OR IGNORE INTO xattr_bytes(one, bytes)
+            SELECT 0, COALESCE(SUM(length(name) + length(value)), 0) FROM xattrs;
+         CREATE TRIGGER IF NOT EXISTS xattr_bytes_insert AFTER INSERT ON xattrs BEGIN
+            UPDATE xattr_bytes SET bytes = bytes + length(NEW.name) + length(NEW.value);
+         END;
+         CREATE TRIGGER IF NOT EXISTS xattr_bytes_update AFTER UPDATE ON xattrs BEGIN
+            UPDATE xattr_bytes SET bytes = bytes + length(NEW.name) + length(NEW.value)
+                - length(OLD.name) - length(OLD.value);
+         END;
+         CREATE TRIGGER IF NOT EXISTS xattr_bytes_delete AFTER DELETE ON xattrs BEGIN
+            UPDATE xattr_bytes SET bytes = bytes - length(OLD.name) - length(OLD.value);
+         END;",
+    )?;
     let now = Timestamp::now();
     conn.execute(
         "INSERT OR IGNORE INTO inodes(ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
@@ -714,6 +733,17 @@ impl Ops<'_> {
     }
 
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> MetaResult<Attr> {
+        // The kernel of an exporting mount (FUSE_EXPORT_SUPPORT: open_by_handle_at, NFS
+        // re-export) resolves a handle of an inode it forgot as "." of that inode (any kind),
+        // and a directory's parent as its ".." (the root's is itself).
+        match name {
+            b"." => return self.getattr(parent),
+            b".." => {
+                self.dir(parent)?;
+                return self.getattr(self.parent_of_dir(parent)?);
+            }
+            _ => {}
+        }
         let mut st = self
             .tx
             .prepare_cached(&format!(
@@ -1122,11 +1152,25 @@ impl Ops<'_> {
                 format!("extended attributes of inode {ino} would take {after} bytes (at most {XATTR_INODE_MAX})"),
             ));
         }
+        // An upsert, not INSERT OR REPLACE: a replace's delete would not fire the delete
+        // trigger that keeps `xattr_bytes`.
         self.tx
-            .prepare_cached("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)")
+            .prepare_cached(
+                "INSERT INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(ino, name) DO UPDATE SET value = excluded.value",
+            )
             .and_then(|mut st| st.execute(params![ino as i64, name, value]))
             .map_err(db_err)?;
         self.touch_ctime(ino)
+    }
+
+    /// The bytes every extended attribute of the namespace takes (names and values).
+    pub fn xattr_bytes(&self) -> MetaResult<u64> {
+        self.tx
+            .prepare_cached("SELECT bytes FROM xattr_bytes")
+            .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+            .map(|b| b.max(0) as u64)
+            .map_err(db_err)
     }
 
     /// Removes extended attribute `name` of `ino`.
@@ -1395,8 +1439,10 @@ impl Ops<'_> {
         flags: u32,
         keep: &KeepOpen,
     ) -> MetaResult<Option<Unlinked>> {
-        if flags & RENAME_EXCHANGE != 0 {
-            return Err(err(ErrorCode::Invalid, "RENAME_EXCHANGE is not supported"));
+        if flags == RENAME_EXCHANGE {
+            return self
+                .exchange(parent, name, new_parent, new_name)
+                .map(|()| None);
         }
         if flags & !RENAME_NOREPLACE != 0 {
             return Err(err(
@@ -1490,6 +1536,78 @@ impl Ops<'_> {
             self.touch_dir(new_parent, if moved_dir { 1 } else { 0 }, now)?;
         }
         Ok(replaced)
+    }
+
+    /// `renameat2(RENAME_EXCHANGE)`: the two names swap their inodes atomically (both must
+    /// exist; either may be a directory, which then changes parent unless it would end up
+    /// below itself).
+    fn exchange(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+    ) -> MetaResult<()> {
+        self.dir(parent)?;
+        self.dir(new_parent)?;
+        let named = |p: Ino, n: &[u8]| {
+            self.dentry(p, n)?.ok_or_else(|| {
+                err(
+                    ErrorCode::NotFound,
+                    format!("{} not found", String::from_utf8_lossy(n)),
+                )
+            })
+        };
+        let (a, a_kind) = named(parent, name)?;
+        let (b, b_kind) = named(new_parent, new_name)?;
+        if a == b {
+            return Ok(());
+        }
+        let (a_dir, b_dir) = (a_kind == FileKind::Dir, b_kind == FileKind::Dir);
+        if new_parent != parent
+            && ((a_dir && self.is_within(new_parent, a)?)
+                || (b_dir && self.is_within(parent, b)?))
+        {
+            return Err(err(
+                ErrorCode::Invalid,
+                "cannot move a directory into itself or below itself",
+            ));
+        }
+        let set = |p: Ino, n: &[u8], ino: Ino, kind: FileKind| {
+            self.tx
+                .prepare_cached(
+                    "UPDATE dentries SET ino = ?3, kind = ?4 WHERE parent = ?1 AND name = ?2",
+                )
+                .and_then(|mut st| st.execute(params![p as i64, n, ino as i64, kind_code(kind)]))
+                .map_err(db_err)
+        };
+        set(parent, name, b, b_kind)?;
+        set(new_parent, new_name, a, a_kind)?;
+        let now = Timestamp::now();
+        for (ino, to) in [(a, new_parent), (b, parent)] {
+            self.tx
+                .prepare_cached(
+                    "UPDATE inodes SET ctime_s = ?2, ctime_ns = ?3,
+                        parent = CASE WHEN kind = 2 THEN ?4 ELSE parent END WHERE ino = ?1",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        ino as i64,
+                        now.secs,
+                        i64::from(now.nsec),
+                        to as i64
+                    ])
+                })
+                .map_err(db_err)?;
+        }
+        // A directory that changes parent takes its ".." link along.
+        let moved = |d: bool| if d && new_parent != parent { 1 } else { 0 };
+        let delta = moved(b_dir) - moved(a_dir);
+        self.touch_dir(parent, delta, now)?;
+        if new_parent != parent {
+            self.touch_dir(new_parent, -delta, now)?;
+        }
+        Ok(())
     }
 
     pub fn readlink(&self, ino: Ino) -> MetaResult<Vec<u8>> {

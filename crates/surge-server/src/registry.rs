@@ -202,6 +202,7 @@ impl Registry {
             meta.ns,
             (meta.root_uid, meta.root_gid, meta.root_perm),
             meta.descriptor.cache_pfs.is_some(),
+            self.budget(meta.instance),
         )?;
         self.descriptors
             .write()
@@ -329,8 +330,15 @@ impl Registry {
         let dev = self.least_used_device();
         let dir = Self::instance_dir(&dev, instance).join(format!("ns-{}", ns.0));
         let io = |e: String| err(ErrorCode::Io, format!("{}: {e}", dir.display()));
-        let space = Namespace::start(&dir, instance, ns, root, descriptor.cache_pfs.is_some())
-            .map_err(|e| io(format!("{e:#}")))?;
+        let space = Namespace::start(
+            &dir,
+            instance,
+            ns,
+            root,
+            descriptor.cache_pfs.is_some(),
+            self.budget(instance),
+        )
+        .map_err(|e| io(format!("{e:#}")))?;
         write_json_atomic(
             &dir.join("namespace.json"),
             &NamespaceFile {
@@ -500,6 +508,9 @@ impl Registry {
             })
             .collect();
         fragments.sort_by_key(|f| (f.instance, f.index));
+        for f in fragments.iter_mut() {
+            f.used += self.metadata_under(f.instance, f.index);
+        }
         let mut namespaces: Vec<_> = self.namespaces.read().keys().copied().collect();
         namespaces.sort();
         ServerStatus {
@@ -518,6 +529,29 @@ impl Registry {
             namespaces,
             limits: self.limits.read().clone(),
         }
+    }
+
+    /// What the namespaces of `instance` here keep in metadata that counts as its use (their
+    /// extended attributes), when `index` is the instance's first fragment on this server:
+    /// reported under that fragment, as use the instance's space here pays for (placement
+    /// puts every namespace on a server holding fragments of its instance).
+    pub fn metadata_under(&self, instance: InstanceId, index: u32) -> u64 {
+        let first = self
+            .fragments
+            .read()
+            .keys()
+            .filter(|(i, _)| *i == instance)
+            .map(|(_, n)| *n)
+            .min();
+        if first != Some(index) {
+            return 0;
+        }
+        self.namespaces
+            .read()
+            .iter()
+            .filter(|((i, _), _)| *i == instance)
+            .map(|(_, space)| space.xattr_bytes())
+            .sum()
     }
 
     /// Stops every metadata service (their last transactions are committed already).

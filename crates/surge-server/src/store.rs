@@ -72,11 +72,11 @@ impl Budget {
         self.used.load(Ordering::Relaxed)
     }
 
-    fn add_used(&self, n: u64) {
+    pub(crate) fn add_used(&self, n: u64) {
         self.used.fetch_add(n, Ordering::Relaxed);
     }
 
-    fn sub_used(&self, n: u64) {
+    pub(crate) fn sub_used(&self, n: u64) {
         let _ = self
             .used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {

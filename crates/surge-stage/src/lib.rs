@@ -26,6 +26,7 @@ pub mod cli;
 mod copy;
 pub mod drain;
 pub mod fill;
+pub mod job;
 pub mod merge;
 mod names;
 pub mod ns;

@@ -910,11 +910,9 @@ fn a_root_mount_opens_the_users_pfs_files_with_the_users_rights() {
     use std::time::Duration;
     use surge_client::fs::Fs;
     use surge_stage::drain::THROUGH_DIR;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "SKIPPED a_root_mount_opens_the_users_pfs_files_with_the_users_rights: needs root"
-        );
+    if surge_testkit::skip_without_root(
+        "a_root_mount_opens_the_users_pfs_files_with_the_users_rights",
+    ) {
         return;
     }
     let (uid, gid) = surge_testkit::system_user("surge-attacker");

@@ -676,3 +676,51 @@ async fn checksums_catch_a_corrupted_copy() {
     );
     assert!(!r.checksummed);
 }
+
+/// Issue 31: a stage-out where everything fails (a 10,000-level tree made a 288 MB report and
+/// a manager of 2.1 GiB) reports the first `MAX_FAILURES` failures and counts the rest: the
+/// report stays small however much failed, and the count is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_where_everything_fails_lists_the_first_failures_and_counts_the_rest() {
+    let c = Cluster::start("manyfail", 2, 128 * MIB, CHUNK).await;
+    let n = surge_stage::MAX_FAILURES + 150;
+    let dir = c
+        .client
+        .create(1, b"many", surge_proto::NewNode::Dir, 0o755, 0, 0)
+        .await
+        .unwrap();
+    for i in 0..n {
+        c.client
+            .create(
+                dir.ino,
+                format!("f{i:04}").as_bytes(),
+                surge_proto::NewNode::File,
+                0o644,
+                0,
+                0,
+            )
+            .await
+            .unwrap();
+    }
+    // Every destination is a non-empty directory: each file fails.
+    let out = c.path().join("out");
+    for i in 0..n {
+        fs::create_dir_all(out.join(format!("f{i:04}/x"))).unwrap();
+    }
+    let r = stage(
+        &c.client,
+        Direction::Out,
+        &[dir_item(&out, "/many")],
+        &opts(),
+    )
+    .await;
+    assert_eq!(r.failures.len(), surge_stage::MAX_FAILURES);
+    assert_eq!(r.failures_more, 150);
+    assert_eq!(r.failed(), n as u64);
+    let json = serde_json::to_string(&r).unwrap();
+    assert!(
+        json.len() < surge_stage::MAX_FAILURES * 3 * surge_stage::MAX_FAILURE_TEXT,
+        "a report of {} bytes",
+        json.len()
+    );
+}

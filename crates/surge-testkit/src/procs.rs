@@ -68,6 +68,18 @@ impl Server {
         self.child = Some(child);
     }
 
+    /// Restarts on the same device, elsewhere: another TCP port and another Unix socket (a
+    /// server moved, as after a restart on another address); `addr` and `unix` follow.
+    pub fn restart_elsewhere(&mut self) {
+        self.kill9();
+        let _ = std::fs::remove_file(&self.unix);
+        self.unix = self.unix.with_extension("moved.sock");
+        let (child, addr) = self.spawn("127.0.0.1:0");
+        assert_ne!(addr, self.addr, "the server came back on its old address");
+        self.addr = addr;
+        self.child = Some(child);
+    }
+
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {
             Some(c) => c.try_wait().ok().flatten().is_none(),
@@ -221,7 +233,13 @@ impl Mount {
         std::fs::create_dir_all(&dir).expect("mount point");
         let ready = scratch.path().join("ready");
         let log = std::fs::File::create(scratch.path().join("mount.log")).expect("mount log");
-        let child = Command::new(&cluster.bin)
+        // A mount told of a manager asks it as its user (MUNGE): the test's munged.
+        let mut cmd = if extra.contains(&"--manager") {
+            crate::surge_command(&cluster.bin)
+        } else {
+            Command::new(&cluster.bin)
+        };
+        let child = cmd
             .env("SURGE_KEY_FILE", crate::key_file())
             .env_remove("SURGE_MANAGER")
             .args([

@@ -53,8 +53,10 @@ pub(super) struct Inode {
     /// `st_blocks` as last measured on the fragments, with the (size, mtime) it was measured
     /// at (see `space`).
     pub blocks: Option<((u64, Timestamp), u64)>,
-    /// When the kernel last looked the inode up by name here (see [`InodeTable::fresh_name`]).
+    /// When the kernel last looked the inode up by name here (see [`InodeTable::looked_up_after_stale`]).
     pub looked_up: Option<std::time::Instant>,
+    /// Directory handles open on this node (`opendir`).
+    pub dir_opens: u32,
 }
 
 impl Inode {
@@ -140,10 +142,38 @@ impl InodeTable {
         let mut inodes = self.inodes.lock();
         if let Some(i) = inodes.get_mut(&ino) {
             i.lookups = i.lookups.saturating_sub(n);
-            if i.lookups == 0 && i.opens == 0 {
+            if i.lookups == 0 && i.opens == 0 && i.dir_opens == 0 {
                 inodes.remove(&ino);
             }
         }
+    }
+
+    /// `opendir` of `ino`.
+    pub fn opendir(&self, ino: Ino) {
+        self.inodes.lock().entry(ino).or_default().dir_opens += 1;
+    }
+
+    /// `releasedir` of `ino`.
+    pub fn releasedir(&self, ino: Ino) {
+        let mut inodes = self.inodes.lock();
+        if let Some(i) = inodes.get_mut(&ino) {
+            i.dir_opens = i.dir_opens.saturating_sub(1);
+            if i.lookups == 0 && i.opens == 0 && i.dir_opens == 0 {
+                inodes.remove(&ino);
+            }
+        }
+    }
+
+    /// A directory open on this node that the metadata server no longer has (renamed over or
+    /// removed): its last attributes with no links left, what `fstat` of an open removed
+    /// directory gives on a local file system (xfstests generic/035). `None` for any other
+    /// inode (the caller's ESTALE stands: the kernel looks the name up again).
+    pub fn removed_open_dir(&self, ino: Ino) -> Option<Attr> {
+        let inodes = self.inodes.lock();
+        let i = inodes.get(&ino).filter(|i| i.dir_opens > 0)?;
+        let mut a = i.attr.clone()?;
+        a.nlink = 0;
+        Some(a)
     }
 
     pub fn handle_ino(&self, fh: u64) -> FsResult<Ino> {

@@ -197,6 +197,9 @@ pub struct Fs {
     default_layout: Option<surge_core::FileLayout>,
     /// Drops the kernel's cached pages of an inode (the adapter's notifier; see `fill`).
     drop_pages: std::sync::OnceLock<PageDrop>,
+    /// Drops the kernel's cached attributes of an inode (the adapter's notifier; see
+    /// [`Fs::flush`]).
+    drop_attrs: std::sync::OnceLock<PageDrop>,
     /// Cache instances, a root mount acting for a user (the compute-node agent): the user
     /// whose rights the PFS files it opens are opened with (see `fill::open_pfs_file`).
     pfs_user: Option<surge_auth::Caller>,
@@ -265,6 +268,7 @@ impl Fs {
             immutable,
             default_layout: None,
             drop_pages: std::sync::OnceLock::new(),
+            drop_attrs: std::sync::OnceLock::new(),
             pfs_user,
         }
     }
@@ -272,6 +276,11 @@ impl Fs {
     /// How the kernel's cached pages of an inode are dropped (set once by the adapter).
     pub fn set_page_drop(&self, f: PageDrop) {
         let _ = self.drop_pages.set(f);
+    }
+
+    /// How the kernel's cached attributes of an inode are dropped (set once by the adapter).
+    pub fn set_attr_drop(&self, f: PageDrop) {
+        let _ = self.drop_attrs.set(f);
     }
 
     /// Cache instances: sets the dirty high-water mark, in bytes (0: writers never wait for

@@ -31,9 +31,13 @@ impl Fs {
                 ),
             ));
         }
-        if self
-            .listings
-            .known_absent(parent, name, self.creates_behind)
+        // "." and ".." are asked for by the kernel only to resolve file handles (export
+        // support); no listing holds them, the metadata server answers them.
+        let dots = name == b"." || name == b"..";
+        if !dots
+            && self
+                .listings
+                .known_absent(parent, name, self.creates_behind)
         {
             return Err(FsError::new(libc::ENOENT, "no such entry"));
         }
@@ -52,8 +56,24 @@ impl Fs {
             return Ok(self.observe(a, false));
         }
         self.barrier().await?;
-        let a = self.client.getattr(ino).await.map_err(stale)?;
+        let a = match self.client.getattr(ino).await {
+            Ok(a) => a,
+            Err(e) if e.code() == Some(surge_proto::ErrorCode::NotFound) => {
+                return self.inodes.removed_open_dir(ino).ok_or_else(|| stale(e));
+            }
+            Err(e) => return Err(stale(e)),
+        };
         Ok(self.observe(a, false))
+    }
+
+    /// `opendir`: counted, for [`getattr`](Self::getattr) of a directory removed while open.
+    pub fn opendir(&self, ino: Ino) {
+        self.inodes.opendir(ino);
+    }
+
+    /// `releasedir`.
+    pub fn releasedir(&self, ino: Ino) {
+        self.inodes.releasedir(ino);
     }
 
     pub async fn create(

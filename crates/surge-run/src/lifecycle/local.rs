@@ -19,6 +19,8 @@ pub struct LocalNodes {
     nodes: u32,
     /// Node, what it mounts, the mount.
     mounted: Vec<(u32, MountInfo, Mounted)>,
+    /// The manager the mounts ask where a server that moved is now.
+    manager: Option<String>,
 }
 
 impl LocalNodes {
@@ -28,7 +30,14 @@ impl LocalNodes {
             run_dir: make_run_dir(session)?,
             nodes: nodes.max(1),
             mounted: Vec::new(),
+            manager: None,
         })
+    }
+
+    /// The mounts find a server that came back on another address through `manager`.
+    pub fn resolving_through(mut self, manager: &str) -> LocalNodes {
+        self.manager = Some(manager.to_string());
+        self
     }
 
     /// What node `node` mounts.
@@ -127,10 +136,12 @@ impl Mounts for LocalNodes {
                 let dir = self.path(s, i, node);
                 std::fs::create_dir_all(&dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
-                let client = surge_client::InstanceClient::new(
+                let client = surge_client::InstanceClient::with_options(
                     desc.clone(),
                     surge_core::NamespaceId(ns),
                     token.clone(),
+                    surge_client::ClientOptions::default()
+                        .resolving_through(self.manager.as_deref()),
                 )?;
                 let mounted = mount::mount(client, rt.clone(), &dir, &opts)?;
                 let info = MountInfo {

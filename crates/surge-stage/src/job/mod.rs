@@ -7,12 +7,15 @@
 //! manager's; a path is matched to the tasks whose items name it ([`covering`]), which is how
 //! DataWarp's per-file query, wait and terminate calls find "the stage of this file".
 
-use crate::nodes::{MountInfo, NodesFile};
-use crate::progress::wait_stage;
+pub mod nodes;
+pub mod progress;
+
+use self::nodes::{MountInfo, NodesFile};
+use self::progress::wait_stage;
+use crate::{Direction, ItemKind, StageItem};
 use std::path::{Path, PathBuf};
+use surge_api::tonic;
 use surge_api::v1 as api;
-use surge_manager::cli::connect;
-use surge_stage::{Direction, ItemKind, StageItem};
 
 /// Why a staging call from inside a job failed. [`JobStageError::errno`] is the errno a C
 /// caller gets (libdatawarp returns `-errno`).
@@ -204,12 +207,13 @@ impl JobStager {
     }
 
     pub async fn connect(nodes: NodesFile) -> Result<JobStager> {
-        let mgr = connect(&nodes.manager)
-            .await
-            .map_err(|e| JobStageError::Unreachable {
-                addr: nodes.manager.clone(),
-                message: format!("{e:#}"),
-            })?;
+        let mgr =
+            surge_api::connect(&nodes.manager)
+                .await
+                .map_err(|e| JobStageError::Unreachable {
+                    addr: nodes.manager.clone(),
+                    message: format!("{e:#}"),
+                })?;
         Ok(JobStager { nodes, mgr })
     }
 

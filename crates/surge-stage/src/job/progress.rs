@@ -5,7 +5,6 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 use surge_api::v1 as api;
 use surge_core::format_bytes;
-use surge_manager::cli::status_err;
 
 fn line(label: &str, t: &api::StageTask) -> String {
     let pct = if t.bytes_total > 0 {
@@ -66,4 +65,10 @@ pub async fn wait_stage(
         eprint!("\r\x1b[2K");
     }
     Ok(t)
+}
+
+/// A manager's error answer, kept whole (its code says whether to retry: see
+/// [`surge_api::manager_gone`]).
+pub fn status_err(s: surge_api::tonic::Status) -> anyhow::Error {
+    anyhow::Error::new(surge_api::ManagerStatus(s))
 }
