@@ -67,6 +67,19 @@ fn held(c: &Cluster) -> Vec<u64> {
     ids
 }
 
+/// `surge session ls --all --json`: every session the manager keeps, ended ones too.
+fn all_sessions(manager: &str) -> serde_json::Value {
+    serde_json::from_str(&surge(&[
+        "session",
+        "ls",
+        "--all",
+        "--json",
+        "--manager",
+        manager,
+    ]))
+    .expect("session ls --json")
+}
+
 /// The instance ids the manager lists.
 fn listed(m: &Manager) -> Vec<u64> {
     let v: serde_json::Value =
@@ -494,15 +507,7 @@ fn the_history_is_listed_a_page_at_a_time_and_forgotten_after_its_retention() {
             .contains("retention: forgot 30 session(s)")
             .then_some(())
     });
-    let left: serde_json::Value = serde_json::from_str(&surge(&[
-        "session",
-        "ls",
-        "--all",
-        "--json",
-        "--manager",
-        &m.grpc,
-    ]))
-    .unwrap();
+    let left = all_sessions(&m.grpc);
     assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
 }
 
@@ -679,15 +684,7 @@ fn surge_run_ends_its_session_when_the_manager_comes_back_during_the_teardown() 
         "the retry is not reported: {}",
         text(&o)
     );
-    let ls: serde_json::Value = serde_json::from_str(&surge(&[
-        "session",
-        "ls",
-        "--all",
-        "--json",
-        "--manager",
-        &m.grpc,
-    ]))
-    .unwrap();
+    let ls = all_sessions(&m.grpc);
     let states: Vec<&str> = ls
         .as_array()
         .unwrap()

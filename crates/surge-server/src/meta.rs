@@ -1517,20 +1517,7 @@ impl Ops<'_> {
             })
             .map_err(db_err)?;
         let moved_dir = kind == FileKind::Dir && new_parent != parent;
-        self.tx
-            .prepare_cached(
-                "UPDATE inodes SET ctime_s = ?2, ctime_ns = ?3,
-                    parent = CASE WHEN kind = 2 THEN ?4 ELSE parent END WHERE ino = ?1",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    ino as i64,
-                    now.secs,
-                    i64::from(now.nsec),
-                    new_parent as i64
-                ])
-            })
-            .map_err(db_err)?;
+        self.renamed(ino, new_parent, now)?;
         self.touch_dir(parent, if moved_dir { -1 } else { 0 }, now)?;
         if new_parent != parent {
             self.touch_dir(new_parent, if moved_dir { 1 } else { 0 }, now)?;
@@ -1585,20 +1572,7 @@ impl Ops<'_> {
         set(new_parent, new_name, a, a_kind)?;
         let now = Timestamp::now();
         for (ino, to) in [(a, new_parent), (b, parent)] {
-            self.tx
-                .prepare_cached(
-                    "UPDATE inodes SET ctime_s = ?2, ctime_ns = ?3,
-                        parent = CASE WHEN kind = 2 THEN ?4 ELSE parent END WHERE ino = ?1",
-                )
-                .and_then(|mut st| {
-                    st.execute(params![
-                        ino as i64,
-                        now.secs,
-                        i64::from(now.nsec),
-                        to as i64
-                    ])
-                })
-                .map_err(db_err)?;
+            self.renamed(ino, to, now)?;
         }
         // A directory that changes parent takes its ".." link along.
         let moved = |d: bool| if d && new_parent != parent { 1 } else { 0 };
@@ -1607,6 +1581,26 @@ impl Ops<'_> {
         if new_parent != parent {
             self.touch_dir(new_parent, -delta, now)?;
         }
+        Ok(())
+    }
+
+    /// `ino` got a new name in `to`: its ctime moves to `now`, and a directory's parent is
+    /// `to` from now on.
+    fn renamed(&self, ino: Ino, to: Ino, now: Timestamp) -> MetaResult<()> {
+        self.tx
+            .prepare_cached(
+                "UPDATE inodes SET ctime_s = ?2, ctime_ns = ?3,
+                    parent = CASE WHEN kind = 2 THEN ?4 ELSE parent END WHERE ino = ?1",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    ino as i64,
+                    now.secs,
+                    i64::from(now.nsec),
+                    to as i64
+                ])
+            })
+            .map_err(db_err)?;
         Ok(())
     }
 
