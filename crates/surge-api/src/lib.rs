@@ -138,6 +138,12 @@ impl std::fmt::Display for ManagerStatus {
 
 impl std::error::Error for ManagerStatus {}
 
+/// Turns a gRPC error into the manager's own message, its status kept whole (its code says
+/// whether to retry: see [`manager_gone`]).
+pub fn status_err(s: tonic::Status) -> anyhow::Error {
+    anyhow::Error::new(ManagerStatus(s))
+}
+
 /// True when `e` says the manager went away (it died, lost its lead, or none answers yet)
 /// rather than that the request was wrong: an idempotent request may then be made again, to
 /// the next leader.

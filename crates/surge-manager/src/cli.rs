@@ -370,11 +370,7 @@ pub async fn connect(addr: &str) -> anyhow::Result<surge_api::Client> {
     Ok(surge_api::connect(addr).await?)
 }
 
-/// Turns a gRPC error into the manager's own message (the status kept: see
-/// [`surge_api::manager_gone`]).
-pub fn status_err(s: tonic::Status) -> anyhow::Error {
-    anyhow::Error::new(surge_api::ManagerStatus(s))
-}
+pub use surge_api::status_err;
 
 fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);

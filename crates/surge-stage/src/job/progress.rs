@@ -67,8 +67,4 @@ pub async fn wait_stage(
     Ok(t)
 }
 
-/// A manager's error answer, kept whole (its code says whether to retry: see
-/// [`surge_api::manager_gone`]).
-pub fn status_err(s: surge_api::tonic::Status) -> anyhow::Error {
-    anyhow::Error::new(surge_api::ManagerStatus(s))
-}
+pub use surge_api::status_err;
