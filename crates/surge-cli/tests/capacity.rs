@@ -79,6 +79,49 @@ fn writing_past_capacity_gives_enospc_and_keeps_what_was_written() {
     assert!(std::fs::read(m.path("keep")).unwrap() == keep);
 }
 
+/// A `fallocate` that one fragment refuses while the others allocate their part gives ENOSPC
+/// and leaves no space taken: before, the parts allocated past the end of the file stayed
+/// after the unlink (xfstests generic/103 left half of a 4 GiB instance taken for good).
+#[test]
+fn a_refused_fallocate_leaves_no_space_taken() {
+    if skip_without_fuse("a_refused_fallocate_leaves_no_space_taken") {
+        return;
+    }
+    let c = cluster(3, "1GiB");
+    let id = c.create_instance("24MiB", "1MiB", &[]);
+    let m = Mount::with_args(&c, id, 0, &["--layout", "stripe_count=all"]);
+    // 1 MiB on one fragment: it cannot take its third of the whole capacity any more.
+    std::fs::write(m.path("keep"), vec![3u8; 1 << 20]).unwrap();
+    let (_, free0) = statvfs(&m.dir);
+    let f = File::create(m.path("big")).unwrap();
+    // SAFETY: fallocate on a descriptor we own.
+    let rc = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, 24 << 20) };
+    let err = std::io::Error::last_os_error();
+    assert_eq!(rc, -1, "a fallocate of the whole capacity succeeded");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "got {err}");
+    assert_eq!(
+        f.metadata().unwrap().len(),
+        0,
+        "the failed fallocate grew the file"
+    );
+    drop(f);
+    let (_, free1) = statvfs(&m.dir);
+    assert!(
+        free1 + (64 << 10) >= free0,
+        "the refused fallocate left {} bytes taken",
+        free0 - free1
+    );
+    std::fs::remove_file(m.path("big")).unwrap();
+    let (_, free2) = statvfs(&m.dir);
+    assert!(
+        free2 + (64 << 10) >= free0,
+        "after the unlink {} bytes are still taken",
+        free0 - free2
+    );
+    // The whole free space is there to use.
+    std::fs::write(m.path("again"), vec![1u8; 20 << 20]).unwrap();
+}
+
 #[test]
 fn an_instance_larger_than_a_server_offers_is_refused_and_nothing_is_left_behind() {
     let c = cluster(2, "64MiB");

@@ -194,8 +194,9 @@ pub struct MountArgs {
     pub ready_file: Option<PathBuf>,
 
     /// Write the requests this mount sent to its servers, per operation, as JSON to this file
-    /// ({"dumps": N, "requests": {"Lookup": n, ...}}) on SIGUSR1 and at unmount: what a
-    /// cache saves, counted.
+    /// ({"dumps": N, "requests": {"Lookup": n, ...}, "fuse": {...}, "failures": {"lookup":
+    /// {"ENOENT": n}, ...}}) on SIGUSR1 and at unmount: what a cache saves, counted, and the
+    /// operations answered with an error.
     #[arg(long, value_name = "FILE")]
     pub stats_file: Option<PathBuf>,
 }
@@ -206,6 +207,7 @@ fn write_stats(path: &std::path::Path, mounted: &MountedView, dumps: u64) {
         "dumps": dumps,
         "requests": mounted.0.counts().snapshot(),
         "fuse": mount::fuse_stats_json(&mounted.1, &mounted.2),
+        "failures": mounted.3.failures().snapshot(),
     });
     let tmp = path.with_extension("tmp");
     let r = std::fs::write(&tmp, text.to_string()).and_then(|_| std::fs::rename(&tmp, path));
@@ -219,6 +221,7 @@ type MountedView = (
     std::sync::Arc<InstanceClient>,
     fuser::TransportInfo,
     std::sync::Arc<fuser::TransportStats>,
+    std::sync::Arc<crate::fs::Fs>,
 );
 
 /// `--options`: kernel mount flags.
@@ -300,6 +303,7 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         mounted.client.clone(),
         mounted.transport.clone(),
         mounted.fuse_stats.clone(),
+        mounted.fs.clone(),
     );
     let mut dumps = 0;
     loop {

@@ -2,7 +2,7 @@
 //! Each request is handed to the tokio runtime as a task that replies when done, so the FUSE
 //! threads never block on the network and many requests are in flight at once.
 
-use crate::fs::{Fs, FsError, KillSuidgid, LockRequest, ReadSource};
+use crate::fs::{Fs, KillSuidgid, LockRequest, ReadSource};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
@@ -279,13 +279,6 @@ fn unused_attr(ino: u64, kind: FileType) -> FileAttr {
     }
 }
 
-fn errno(e: &FsError) -> Errno {
-    if e.errno != libc::ENOENT {
-        debug!("{e}");
-    }
-    Errno::from_i32(e.errno)
-}
-
 /// `getxattr`/`listxattr` replies: with `size` 0 the length the caller needs, else the bytes,
 /// or ERANGE when they do not fit.
 fn reply_xattr(reply: fuser::ReplyXattr, value: &[u8], size: u32) {
@@ -458,7 +451,7 @@ impl Filesystem for FuseAdapter {
                     &unused_attr(0, FileType::RegularFile),
                     Generation(0),
                 ),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("lookup", &e))),
             }
         });
     }
@@ -475,7 +468,7 @@ impl Filesystem for FuseAdapter {
                     let blocks = fs.blocks(&a).await;
                     reply.attr(&ttl.attr, &file_attr_blocks(&a, blocks))
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("getattr", &e))),
             }
         });
     }
@@ -527,7 +520,7 @@ impl Filesystem for FuseAdapter {
                     let blocks = fs.blocks(&a).await;
                     reply.attr(&ttl.attr, &file_attr_blocks(&a, blocks))
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("setattr", &e))),
             }
         });
     }
@@ -537,7 +530,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.readlink(ino.0).await {
                 Ok(t) => reply.data(&t),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("readlink", &e))),
             }
         });
     }
@@ -557,7 +550,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.mkdir(parent.0, &name, perm, uid, gid).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("mkdir", &e))),
             }
         });
     }
@@ -567,7 +560,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.unlink(parent.0, &name).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("unlink", &e))),
             }
         });
     }
@@ -577,7 +570,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.rmdir(parent.0, &name).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("rmdir", &e))),
             }
         });
     }
@@ -596,7 +589,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.symlink(parent.0, &name, &target, uid, gid).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("symlink", &e))),
             }
         });
     }
@@ -618,7 +611,7 @@ impl Filesystem for FuseAdapter {
                 .await
             {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("rename", &e))),
             }
         });
     }
@@ -638,7 +631,7 @@ impl Filesystem for FuseAdapter {
                     let blocks = fs.blocks(&a).await;
                     reply.entry(&ttl.entry, &file_attr_blocks(&a, blocks), Generation(0))
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("link", &e))),
             }
         });
     }
@@ -694,7 +687,7 @@ impl Filesystem for FuseAdapter {
                     }
                     reply.opened(FileHandle(o.fh), flags)
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("open", &e))),
             }
         });
     }
@@ -715,7 +708,7 @@ impl Filesystem for FuseAdapter {
             if !reply.is_ring() {
                 match fs.read(fh.0, offset, size).await {
                     Ok(d) => reply.data(&d),
-                    Err(e) => reply.error(errno(&e)),
+                    Err(e) => reply.error(Errno::from_i32(fs.failed("read", &e))),
                 }
                 return;
             }
@@ -726,7 +719,7 @@ impl Filesystem for FuseAdapter {
                     reply.data_with(len, |buf| read_object(&file, offset, buf))
                 }
                 Ok(ReadSource::Data(d)) => reply.data(&d),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("read", &e))),
             }
         });
     }
@@ -754,7 +747,7 @@ impl Filesystem for FuseAdapter {
             };
             match written {
                 Ok(n) => reply.written(n),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("write", &e))),
             }
         });
     }
@@ -773,7 +766,7 @@ impl Filesystem for FuseAdapter {
         self.rt.spawn(async move {
             match fs.fallocate(fh.0, offset, length, mode).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("fallocate", &e))),
             }
         });
     }
@@ -801,7 +794,7 @@ impl Filesystem for FuseAdapter {
             }
             match fs.flush(fh.0).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("flush", &e))),
             }
         });
     }
@@ -830,7 +823,7 @@ impl Filesystem for FuseAdapter {
             }
             match fs.release(fh.0).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("release", &e))),
             }
         });
     }
@@ -847,7 +840,7 @@ impl Filesystem for FuseAdapter {
         self.rt.spawn(async move {
             match fs.fsync(fh.0).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("fsync", &e))),
             }
         });
     }
@@ -899,7 +892,7 @@ impl Filesystem for FuseAdapter {
                     }
                     reply.ok()
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("readdir", &e))),
             }
         });
     }
@@ -954,7 +947,7 @@ impl Filesystem for FuseAdapter {
                     }
                     reply.ok()
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("readdirplus", &e))),
             }
         });
     }
@@ -973,7 +966,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.fsyncdir().await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("fsyncdir", &e))),
             }
         });
     }
@@ -996,7 +989,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.mknod(parent.0, &name, mode, perm, rdev, uid, gid).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("mknod", &e))),
             }
         });
     }
@@ -1073,7 +1066,7 @@ impl Filesystem for FuseAdapter {
         self.rt.spawn(async move {
             match fs.seek(fh.0, offset, hole).await {
                 Ok(o) => reply.offset(o as i64),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("lseek", &e))),
             }
         });
     }
@@ -1097,7 +1090,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.getxattr(ino.0, &name).await {
                 Ok(v) => reply_xattr(reply, &v, size),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("getxattr", &e))),
             }
         });
     }
@@ -1107,7 +1100,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.listxattr(ino.0).await {
                 Ok(v) => reply_xattr(reply, &v, size),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("listxattr", &e))),
             }
         });
     }
@@ -1126,7 +1119,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.setxattr(ino.0, &name, &value, flags).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("setxattr", &e))),
             }
         });
     }
@@ -1136,7 +1129,7 @@ impl Filesystem for FuseAdapter {
         self.metadata(async move {
             match fs.removexattr(ino.0, &name).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("removexattr", &e))),
             }
         });
     }
@@ -1162,7 +1155,7 @@ impl Filesystem for FuseAdapter {
                         bsize as u32,
                     )
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("statfs", &e))),
             }
         });
     }
@@ -1198,7 +1191,7 @@ impl Filesystem for FuseAdapter {
             match fs.getlk(req).await {
                 Ok(Some(h)) => reply.locked(h.start, h.end, lock_type(h.kind), h.pid),
                 Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("getlk", &e))),
             }
         });
     }
@@ -1239,7 +1232,7 @@ impl Filesystem for FuseAdapter {
                 Ok(()) => reply.ok(),
                 Err(e) => {
                     debug!("setlk of inode {}: {e}", lock.ino);
-                    reply.error(errno(&e))
+                    reply.error(Errno::from_i32(fs.failed("setlk", &e)))
                 }
             }
         });
@@ -1313,7 +1306,7 @@ impl Filesystem for FuseAdapter {
                         FopenFlags::empty()
                     },
                 ),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("create", &e))),
             }
         });
     }

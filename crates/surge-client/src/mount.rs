@@ -184,6 +184,8 @@ pub struct Mounted {
     pub mountpoint: PathBuf,
     /// The instance client the mount sends its requests with (its request counts).
     pub client: Arc<InstanceClient>,
+    /// The file system the mount serves (its failed operations, see [`Fs::failures`]).
+    pub fs: Arc<Fs>,
     /// How the kernel reads and writes this mount's local one-stripe files.
     pub passthrough: Passthrough,
     /// How the kernel hands requests to this mount, and why.
@@ -486,6 +488,7 @@ pub fn mount(
     Ok(Mounted {
         mountpoint: mountpoint.to_path_buf(),
         client,
+        fs: fs_handle,
         passthrough,
         transport,
         fuse_stats,

@@ -316,6 +316,12 @@ impl Mount {
         self.stats()["fuse"].clone()
     }
 
+    /// The operations the mount answered with an error, per operation and errno
+    /// (`{"lookup": {"ENOENT": n}, ...}`), dumped on SIGUSR1 like [`Mount::requests`].
+    pub fn failures(&self) -> serde_json::Value {
+        self.stats()["failures"].clone()
+    }
+
     /// A fresh dump of the mount's `--stats-file`.
     fn stats(&self) -> serde_json::Value {
         let child = self.child.as_ref().expect("the mount is running");

@@ -38,6 +38,7 @@
 mod behind;
 mod dirty;
 mod evict;
+mod failures;
 mod files;
 mod fill;
 mod inodes;
@@ -53,6 +54,7 @@ mod xattr;
 use crate::error::ClientError;
 use crate::instance::InstanceClient;
 use behind::Behind;
+pub use failures::{errno_name, Failures};
 pub use files::{KillSuidgid, ReadSource};
 use inodes::InodeTable;
 use listings::{FreshDirs, Listings};
@@ -188,6 +190,8 @@ pub struct Fs {
     /// Cache instances: one eviction at a time, and how many this mount made (see `evict`).
     evicting: tokio::sync::Mutex<()>,
     evictions: std::sync::atomic::AtomicU64,
+    /// Operations answered with an error, per operation and errno (see `failures`).
+    failures: failures::Failures,
     /// Cache instances: back-pressure at the dirty high-water mark (see `dirty`).
     dirty: dirty::DirtyGate,
     /// A read-only ldbalance replica: nothing changes it while it is mounted.
@@ -264,6 +268,7 @@ impl Fs {
             use_reports: tokio::sync::RwLock::new(()),
             evicting: tokio::sync::Mutex::new(()),
             evictions: std::sync::atomic::AtomicU64::new(0),
+            failures: failures::Failures::default(),
             dirty: dirty::DirtyGate::new(dirty_high),
             immutable,
             default_layout: None,
@@ -304,6 +309,17 @@ impl Fs {
 
     pub fn client(&self) -> &Arc<InstanceClient> {
         &self.client
+    }
+
+    /// Notes that the operation `op` failed with `e` (logged once, counted; see
+    /// [`Failures`]) and returns the errno to answer.
+    pub fn failed(&self, op: &'static str, e: &FsError) -> i32 {
+        self.failures.note(op, e)
+    }
+
+    /// The operations this mount answered with an error, per operation and errno.
+    pub fn failures(&self) -> &Failures {
+        &self.failures
     }
 
     /// Waits until nothing is behind (see [`Behind`]), at most the client's deadline: past it
