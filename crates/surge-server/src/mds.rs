@@ -1293,14 +1293,19 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             name,
             node,
             perm,
+            umask,
             uid,
             gid,
             layout,
             ..
         } => {
-            let (attr, parent) =
-                ops.create_with_layout(*parent, name, node, (*perm, *uid, *gid), *layout)?;
-            Response::Created { attr, parent }
+            let made =
+                ops.create_with_layout(*parent, name, node, (*perm, *uid, *gid), *umask, *layout)?;
+            Response::Created {
+                attr: made.attr,
+                parent: made.parent,
+                inherited: made.inherited,
+            }
         }
         Request::Link {
             ino,
@@ -1432,6 +1437,7 @@ mod tests {
                 name: name.into(),
                 node,
                 perm: 0o755,
+                umask: 0,
                 uid: 0,
                 gid: 0,
                 layout: Default::default(),
