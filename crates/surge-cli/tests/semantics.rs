@@ -888,7 +888,7 @@ fn posix_acls_grant_access_are_inherited_and_follow_chmod() {
     }
     let sub_default = facl(&["--omit-header", "--numeric", "--default", "d/sub"]);
     assert!(
-        sub_default.contains(&format!("default:user:{uid}:rwx")),
+        sub_default.contains(&format!("user:{uid}:rwx")),
         "{sub_default}"
     );
     assert!(
