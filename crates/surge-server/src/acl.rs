@@ -189,10 +189,13 @@ impl Acl {
         self.entries.iter_mut().find(|e| e.tag == tag)
     }
 
-    /// True when the mode alone says what the ACL says (no named entries), so it need not be
-    /// kept (`posix_acl_equiv_mode`).
+    /// True when the mode alone says what the ACL says, so it need not be kept
+    /// (`posix_acl_equiv_mode`): only the owner, owning group and other entries (a mask keeps
+    /// the owning group's entry apart from the mode's group bits).
     pub fn is_mode(&self) -> bool {
-        !self.entries.iter().any(|e| e.tag.named())
+        self.entries
+            .iter()
+            .all(|e| matches!(e.tag, Tag::UserObj | Tag::GroupObj | Tag::Other))
     }
 
     /// `mode` with its permission bits set from the ACL: owner from the owner entry, group
@@ -350,6 +353,16 @@ mod tests {
         let plain = Acl::from_mode(0o751);
         assert!(plain.is_mode());
         assert_eq!(plain.apply_to_mode(0o100), 0o751);
+        // A mask without named entries still says more than the mode (generic/529).
+        let masked = Acl::new(vec![
+            e(Tag::UserObj, 0, NO_ID),
+            e(Tag::GroupObj, 0, NO_ID),
+            e(Tag::Mask, 4, NO_ID),
+            e(Tag::Other, 0, NO_ID),
+        ])
+        .expect("valid");
+        assert!(!masked.is_mode());
+        assert_eq!(masked.apply_to_mode(0o644), 0o040);
     }
 
     #[test]
