@@ -1096,6 +1096,13 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             Some(path) => Pending::Op(DrainOp::Attr { ino: *ino, path }),
             None => Pending::Nothing,
         },
+        // An access ACL sets the mode, which the drain carries to the PFS (not the ACL).
+        Request::SetXattr { ino, name, .. } if name == surge_proto::ACL_ACCESS_XATTR => {
+            match ops.path_of(*ino)? {
+                Some(path) => Pending::Op(DrainOp::Attr { ino: *ino, path }),
+                None => Pending::Nothing,
+            }
+        }
         Request::CommitWrite { ino, .. } | Request::Append { ino, .. } => {
             match ops.path_of(*ino)? {
                 Some(path) => Pending::Op(DrainOp::Data { ino: *ino, path }),

@@ -1260,6 +1260,15 @@ impl Ops<'_> {
             (false, XATTR_REPLACE) => return Err(no_xattr(ino, name)),
             _ => {}
         }
+        self.check_room(ino, name, old, value.len())?;
+        self.put_xattr(ino, name, value)?;
+        self.touch_ctime(ino)
+    }
+
+    /// Refuses (`NoSpace`) a value of `len` bytes for attribute `name` of `ino` (whose value
+    /// now takes `old` bytes, if it has one) that would take its attributes past
+    /// [`XATTR_INODE_MAX`].
+    fn check_room(&self, ino: Ino, name: &[u8], old: Option<i64>, len: usize) -> MetaResult<()> {
         let used: i64 = self
             .tx
             .prepare_cached(
@@ -1267,16 +1276,29 @@ impl Ops<'_> {
             )
             .and_then(|mut st| st.query_row([ino as i64], |r| r.get(0)))
             .map_err(db_err)?;
-        let after =
-            used - old.map_or(0, |v| v + name.len() as i64) + (name.len() + value.len()) as i64;
+        let after = used - old.map_or(0, |v| v + name.len() as i64) + (name.len() + len) as i64;
         if after > XATTR_INODE_MAX as i64 {
             return Err(err(
                 ErrorCode::NoSpace,
                 format!("extended attributes of inode {ino} would take {after} bytes (at most {XATTR_INODE_MAX})"),
             ));
         }
-        self.put_xattr(ino, name, value)?;
-        self.touch_ctime(ino)
+        Ok(())
+    }
+
+    /// Stores an ACL the caller set (within the inode's room for attributes).
+    fn put_acl(&self, ino: Ino, name: &[u8], acl: &Acl) -> MetaResult<()> {
+        let value = acl.encode();
+        let old: Option<i64> = self
+            .tx
+            .prepare_cached("SELECT length(value) FROM xattrs WHERE ino = ?1 AND name = ?2")
+            .and_then(|mut st| {
+                st.query_row(params![ino as i64, name], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(db_err)?;
+        self.check_room(ino, name, old, value.len())?;
+        self.put_xattr(ino, name, &value)
     }
 
     /// Sets the access or default ACL of `a` (the kernel checked that the caller owns the
@@ -1291,19 +1313,19 @@ impl Ops<'_> {
                     "only a directory has a default ACL",
                 ));
             }
-            self.put_xattr(a.ino, name, &acl.encode())?;
+            self.put_acl(a.ino, name, &acl)?;
             return self.touch_ctime(a.ino);
         }
         let mut perm = acl.apply_to_mode(a.perm);
         if flags & XATTR_ACL_KILL_SGID != 0 {
             perm &= !surge_proto::S_ISGID;
         }
-        self.set_perm(a.ino, perm)?;
         if acl.is_mode() {
             self.drop_xattr(a.ino, name)?;
         } else {
-            self.put_xattr(a.ino, name, &acl.encode())?;
+            self.put_acl(a.ino, name, &acl)?;
         }
+        self.set_perm(a.ino, perm)?;
         self.touch_ctime(a.ino)
     }
 
