@@ -118,6 +118,7 @@ fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
         name: b"a/b".to_vec(),
         node: surge_proto::NewNode::File,
         perm: 0o644,
+        umask: 0o022,
         uid: 0,
         gid: 0,
         layout: Default::default(),

@@ -8,6 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::process::Command;
 
 fn setup(test: &str) -> Option<(Cluster, Mount)> {
     if skip_without_fuse(test) {
@@ -722,20 +723,9 @@ fn extended_attributes_are_stored_with_the_inode() {
         Err(libc::EOPNOTSUPP)
     );
     assert_eq!(getxattr(&p, "security.capability", 64), Err(libc::ENODATA));
-    // A valid access ACL (u::rw-, g::r--, o::r--) in the kernel's xattr encoding.
-    let acl: Vec<u8> = [2u32.to_le_bytes().to_vec()]
-        .into_iter()
-        .chain([(0x01u16, 6u16), (0x04, 4), (0x20, 4)].map(|(tag, perm)| {
-            [tag.to_le_bytes(), perm.to_le_bytes()]
-                .concat()
-                .into_iter()
-                .chain(u32::MAX.to_le_bytes())
-                .collect::<Vec<u8>>()
-        }))
-        .flatten()
-        .collect();
+    // Of `system.*` only the POSIX ACLs are stored (see posix_acls_*).
     assert_eq!(
-        setxattr(&p, "system.posix_acl_access", &acl, 0),
+        setxattr(&p, "system.nfs4_acl", b"x", 0),
         Err(libc::EOPNOTSUPP)
     );
     // Another node sees them.
@@ -773,6 +763,151 @@ fn extended_attributes_are_stored_with_the_inode() {
     // Writes keep working (the kernel asks for security.capability before each).
     std::fs::write(m.path("d/copy"), b"rewritten").unwrap();
     assert_eq!(std::fs::read(m.path("d/copy")).unwrap(), b"rewritten");
+}
+
+/// Runs `script` with `sh -c` in `dir` as `uid`/`gid` (std drops root's supplementary
+/// groups); true when it succeeded.
+fn sh_as(uid: u32, gid: u32, dir: &Path, script: &str) -> bool {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .uid(uid)
+        .gid(gid)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// `setfacl ARGS` (or `getfacl`) in `dir`, which must succeed; its standard output.
+fn acl_tool(dir: &Path, tool: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(tool)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{tool} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// POSIX ACLs: the kernel enforces them (the mount asks for FUSE_POSIX_ACL) with what
+/// `setfacl` stored: a named user's entry grants what the mode refuses, and removing it refuses
+/// again; the mask is the mode's group bits, and `chmod` changes it; a directory's default ACL
+/// is what new files and directories get, masked by the create mode and not by the umask;
+/// `getfacl` output set on another file reads back the same.
+#[test]
+fn posix_acls_grant_access_are_inherited_and_follow_chmod() {
+    let Some((_c, m)) = setup("posix_acls_grant_access_are_inherited_and_follow_chmod") else {
+        return;
+    };
+    if skip_without_root("ACL entries for another user (acting as a system user)") {
+        return;
+    }
+    let (uid, gid) = system_user("surge-acl");
+    let user = |script: &str| sh_as(uid, gid, &m.dir, script);
+    let mode = |name: &str| std::fs::metadata(m.path(name)).unwrap().mode() & 0o7777;
+    let facl = |args: &[&str]| acl_tool(&m.dir, "getfacl", args);
+    let set = |args: &[&str]| acl_tool(&m.dir, "setfacl", args);
+    std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    // A named user's entry grants what the mode bits alone refuse.
+    std::fs::write(m.path("f"), b"secret").unwrap();
+    std::fs::set_permissions(m.path("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(!user("cat f"), "the mode refuses others");
+    set(&["-m", &format!("u:{uid}:r"), "f"]);
+    assert_eq!(mode("f"), 0o640, "the group bits are the mask");
+    let acl = facl(&["--omit-header", "--numeric", "f"]);
+    assert!(acl.contains(&format!("user:{uid}:r--")), "{acl}");
+    assert!(acl.contains("mask::r--"), "{acl}");
+    assert!(user("cat f"), "the entry grants read");
+    assert!(!user("printf x >> f"), "and only read");
+
+    // chmod changes the mask: no group bits, no access through the named entry.
+    std::fs::set_permissions(m.path("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let acl = facl(&["--omit-header", "--numeric", "f"]);
+    assert!(acl.contains("mask::---"), "{acl}");
+    assert!(acl.contains(&format!("user:{uid}:r--")), "{acl}");
+    assert!(!user("cat f"), "masked out");
+    std::fs::set_permissions(m.path("f"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert!(facl(&["--omit-header", "f"]).contains("mask::r--"));
+    assert!(user("cat f"), "the mask lets it through again");
+
+    // Removing the entry refuses again.
+    set(&["-x", &format!("u:{uid}"), "f"]);
+    assert!(!facl(&["--omit-header", "--numeric", "f"]).contains(&format!("user:{uid}")));
+    assert!(!user("cat f"), "the entry is gone");
+
+    // A getfacl round trip: what one file's ACL reads, set on another, reads the same.
+    set(&["-m", &format!("u:{uid}:rw,g:{gid}:r"), "f"]);
+    let before = facl(&["--omit-header", "--numeric", "f"]);
+    std::fs::write(m.path("g"), b"").unwrap();
+    let st = std::process::Command::new("sh")
+        .args(["-c", "getfacl f | setfacl --set-file=- g"])
+        .current_dir(&m.dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(facl(&["--omit-header", "--numeric", "g"]), before);
+    assert_eq!(mode("g"), mode("f"));
+
+    // Without a default ACL the umask applies.
+    assert!(Command::new("sh")
+        .args(["-c", "umask 077 && : > plain && mkdir plaindir"])
+        .current_dir(&m.dir)
+        .status()
+        .unwrap()
+        .success());
+    assert_eq!((mode("plain"), mode("plaindir")), (0o600, 0o700));
+
+    // A default ACL is inherited by new files (its access ACL, masked by the create mode)
+    // and directories (both ACLs), in place of the umask.
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::set_permissions(m.path("d"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    set(&["-d", "-m", &format!("u:{uid}:rwx"), "d"]);
+    assert!(Command::new("sh")
+        .args([
+            "-c",
+            "umask 077 && echo x > d/new && mkdir d/sub && : > d/sub/deeper"
+        ])
+        .current_dir(&m.dir)
+        .status()
+        .unwrap()
+        .success());
+    // Default u::rwx,u:N:rwx,g::r-x,m::rwx,o::r-x masked by 0666 and 0777.
+    assert_eq!(mode("d/new"), 0o664);
+    assert_eq!(mode("d/sub"), 0o775);
+    assert_eq!(mode("d/sub/deeper"), 0o664);
+    for node in ["d/new", "d/sub", "d/sub/deeper"] {
+        let acl = facl(&["--omit-header", "--numeric", node]);
+        assert!(acl.contains(&format!("user:{uid}:rwx")), "{node}: {acl}");
+    }
+    let sub_default = facl(&["--omit-header", "--numeric", "--default", "d/sub"]);
+    assert!(
+        sub_default.contains(&format!("user:{uid}:rwx")),
+        "{sub_default}"
+    );
+    assert!(
+        user("printf y >> d/new"),
+        "the inherited entry grants write"
+    );
+    assert!(user(": > d/sub/mine"), "and creating in the new directory");
+    std::fs::remove_file(m.path("d/sub/mine")).unwrap();
+
+    // A malformed ACL is refused.
+    assert_eq!(
+        setxattr(&m.path("f"), "system.posix_acl_access", &[1, 0, 0, 0], 0),
+        Err(libc::EOPNOTSUPP),
+        "version 1 (the kernel refuses it before the mount)"
+    );
+    assert_eq!(
+        setxattr(&m.path("f"), "system.posix_acl_access", &[2, 0, 0, 0, 1], 0),
+        Err(libc::EINVAL)
+    );
 }
 
 /// A write or truncate by a user without `CAP_FSETID` clears setuid and setgid (the mount does

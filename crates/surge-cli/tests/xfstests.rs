@@ -44,6 +44,40 @@ const SUBSET: &[(&str, &str)] = &[
         "generic/477",
         "open_by_handle after the file system was unmounted and mounted again",
     ),
+    // POSIX ACLs (about a second each).
+    (
+        "generic/053",
+        "ACLs of many kinds read back after a remount",
+    ),
+    (
+        "generic/099",
+        "ACLs: enforcement, mask, chmod, default inheritance",
+    ),
+    (
+        "generic/105",
+        "a directory whose ACL gives no execute refuses the walk",
+    ),
+    (
+        "generic/237",
+        "setfacl by another user than the owner fails",
+    ),
+    ("generic/307", "setfacl moves ctime"),
+    (
+        "generic/319",
+        "a directory inherits its parent's default ACL",
+    ),
+    (
+        "generic/375",
+        "setfacl and chmod by a user outside the group clear setgid",
+    ),
+    (
+        "generic/444",
+        "setgid inherited under a default ACL by a user outside the group",
+    ),
+    (
+        "generic/529",
+        "listxattr of a file with an ACL into a too small buffer: ERANGE",
+    ),
 ];
 
 fn repo() -> PathBuf {

@@ -2,7 +2,7 @@
 //! Each request is handed to the tokio runtime as a task that replies when done, so the FUSE
 //! threads never block on the network and many requests are in flight at once.
 
-use crate::fs::{Fs, KillSuidgid, LockRequest, ReadSource};
+use crate::fs::{Fs, KillSuidgid, LockRequest, NewPerm, ReadSource};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
@@ -322,6 +322,15 @@ fn caller_groups(pid: u32, gid: u32) -> Vec<u32> {
     groups
 }
 
+/// The permission bits a create asks for and the umask, which the kernel leaves to the file
+/// system (FUSE_DONT_MASK).
+fn new_perm(mode: u32, umask: u32) -> NewPerm {
+    NewPerm {
+        perm: (mode & 0o7777) as u16,
+        umask: (umask & 0o777) as u16,
+    }
+}
+
 fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
@@ -381,6 +390,11 @@ impl Filesystem for FuseAdapter {
             // reused (generation 0 throughout), and a forgotten one is looked up as "." of
             // itself, a directory's parent as its ".." (see `Fs::lookup`).
             InitFlags::FUSE_EXPORT_SUPPORT,
+            // POSIX ACLs (`fs::xattr`): the kernel checks permissions with the ACLs it reads
+            // through getxattr (default_permissions is on) and leaves the umask to this side
+            // (FUSE_DONT_MASK: a directory's default ACL replaces it, see `NewPerm`).
+            InitFlags::FUSE_POSIX_ACL,
+            InitFlags::FUSE_DONT_MASK,
         ] {
             let _ = config.add_capabilities(cap);
         }
@@ -546,7 +560,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
         let (uid, gid) = (req.uid(), req.gid());
-        let perm = (mode & !umask & 0o7777) as u16;
+        let perm = new_perm(mode, umask);
         self.metadata(async move {
             match fs.mkdir(parent.0, &name, perm, uid, gid).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
@@ -985,7 +999,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let (fs, ttl, name) = (self.fs.clone(), self.ttl, name_bytes(name));
         let (uid, gid) = (req.uid(), req.gid());
-        let perm = (mode & !umask & 0o7777) as u16;
+        let perm = new_perm(mode, umask);
         self.metadata(async move {
             match fs.mknod(parent.0, &name, mode, perm, rdev, uid, gid).await {
                 Ok(a) => reply.entry(&ttl.entry, &file_attr(&a), Generation(0)),
@@ -1107,7 +1121,7 @@ impl Filesystem for FuseAdapter {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1116,8 +1130,12 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let (fs, name, value) = (self.fs.clone(), name_bytes(name), value.to_vec());
+        // An access ACL set by someone outside the file's group clears setgid (as
+        // `posix_acl_update_mode`; the kernel checked CAP_FSETID only for root here).
+        let groups = (req.uid() != 0 && name == surge_proto::ACL_ACCESS_XATTR)
+            .then(|| caller_groups(req.pid(), req.gid()));
         self.metadata(async move {
-            match fs.setxattr(ino.0, &name, &value, flags).await {
+            match fs.setxattr(ino.0, &name, &value, flags, groups).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(Errno::from_i32(fs.failed("setxattr", &e))),
             }
@@ -1260,7 +1278,7 @@ impl Filesystem for FuseAdapter {
         );
         let lender = self.lender.clone();
         let (uid, gid) = (req.uid(), req.gid());
-        let perm = (mode & !umask & 0o7777) as u16;
+        let perm = new_perm(mode, umask);
         self.metadata(async move {
             match fs.create(parent.0, &name, perm, uid, gid, flags).await {
                 Ok((a, fh, Some(file))) => {

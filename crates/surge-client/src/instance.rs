@@ -447,11 +447,13 @@ impl InstanceClient {
     }
 
     metadata_call!(
-        /// Creates a node with `layout` (unset: the parent directory's default); returns its
-        /// attributes and its parent directory's after the change.
-        create_in(this, parent: Ino, name: &[u8], node: NewNode, perm: u16, uid: u32, gid: u32, layout: FileLayout) -> (Attr, Attr),
-        Request::Create { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), node, perm, uid, gid, layout },
-        Response::Created { attr, parent } => { this.note_layout(&attr); (attr, parent) });
+        /// Creates a node with `layout` (unset: the parent directory's default) and the
+        /// permission bits `perm` less `umask` (or masked by the parent's default ACL); returns
+        /// its attributes, its parent directory's after the change, and whether it took the
+        /// parent's default ACL.
+        create_in(this, parent: Ino, name: &[u8], node: NewNode, perm: u16, umask: u16, uid: u32, gid: u32, layout: FileLayout) -> (Attr, Attr, bool),
+        Request::Create { instance: this.instance(), ns: this.ns, parent, name: name.to_vec(), node, perm, umask, uid, gid, layout },
+        Response::Created { attr, parent, inherited } => { this.note_layout(&attr); (attr, parent, inherited) });
 
     /// Creates a node with its parent directory's default layout; returns its attributes.
     pub async fn create(
@@ -464,7 +466,7 @@ impl InstanceClient {
         gid: u32,
     ) -> Result<Attr> {
         Ok(self
-            .create_in(parent, name, node, perm, uid, gid, FileLayout::default())
+            .create_in(parent, name, node, perm, 0, uid, gid, FileLayout::default())
             .await?
             .0)
     }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use surge_client::fs::Fs;
+use surge_client::fs::{Fs, NewPerm};
 use surge_testkit::inproc::{Cluster, Spec};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -46,13 +46,23 @@ async fn listing_after_changes_behind(access_mode: &'static str) {
     let c = cluster(&format!("listing-{access_mode}"), access_mode).await;
     let fs = Fs::new(c.new_client(0), TTL, TTL);
     let (uid, gid) = ids();
-    let d = fs.mkdir(1, b"d", 0o755, uid, gid).await.expect("mkdir");
+    let d = fs
+        .mkdir(1, b"d", NewPerm::exact(0o755), uid, gid)
+        .await
+        .expect("mkdir");
     let mut want = Vec::new();
     let mut fhs = Vec::new();
     for i in 0..40 {
         let name = format!("f{i:02}");
         let (_, fh, _) = fs
-            .create(d.ino, name.as_bytes(), 0o644, uid, gid, libc::O_WRONLY)
+            .create(
+                d.ino,
+                name.as_bytes(),
+                NewPerm::exact(0o644),
+                uid,
+                gid,
+                libc::O_WRONLY,
+            )
             .await
             .expect("create");
         fhs.push(fh);
@@ -98,7 +108,10 @@ async fn creates_in_a_directory_made_here_ask_no_lookups_and_go_in_batches() {
     let c = cluster("counts", "private").await;
     let fs = Arc::new(Fs::new(c.new_client(0), TTL, TTL));
     let (uid, gid) = ids();
-    let d = fs.mkdir(1, b"d", 0o755, uid, gid).await.expect("mkdir");
+    let d = fs
+        .mkdir(1, b"d", NewPerm::exact(0o755), uid, gid)
+        .await
+        .expect("mkdir");
     let counts = || fs.client().counts().snapshot();
     let before = counts();
     for i in 0..200 {
@@ -107,7 +120,14 @@ async fn creates_in_a_directory_made_here_ask_no_lookups_and_go_in_batches() {
         let e = fs.lookup(d.ino, name.as_bytes()).await.expect_err("absent");
         assert_eq!(e.errno, libc::ENOENT);
         let (_, fh, _) = fs
-            .create(d.ino, name.as_bytes(), 0o644, uid, gid, libc::O_WRONLY)
+            .create(
+                d.ino,
+                name.as_bytes(),
+                NewPerm::exact(0o644),
+                uid,
+                gid,
+                libc::O_WRONLY,
+            )
             .await
             .expect("create");
         assert!(

@@ -466,7 +466,11 @@ pub enum Request {
         parent: Ino,
         name: Vec<u8>,
         node: NewNode,
+        /// The permission bits the creator asked for, before its umask.
         perm: u16,
+        /// Taken from `perm` unless the parent directory has a default ACL, which masks it
+        /// instead (`posix_acl_create`).
+        umask: u16,
         uid: u32,
         gid: u32,
         /// The layout of the new file or directory; unset: the parent directory's default.
@@ -1000,6 +1004,15 @@ pub const XATTR_NAME_MAX: usize = 255;
 pub const XATTR_SIZE_MAX: usize = 65536;
 /// Most bytes of names and values one inode's extended attributes may take together.
 pub const XATTR_INODE_MAX: usize = 256 << 10;
+/// The POSIX access ACL of a node (the kernel's xattr format; the metadata server keeps the
+/// mode in step with it).
+pub const ACL_ACCESS_XATTR: &[u8] = b"system.posix_acl_access";
+/// The POSIX default ACL of a directory: what nodes made in it inherit.
+pub const ACL_DEFAULT_XATTR: &[u8] = b"system.posix_acl_default";
+/// A flag of `SetXattr` beside `XATTR_CREATE`/`XATTR_REPLACE`: setting an access ACL also
+/// clears the setgid bit (the caller is not in the file's group and has no `CAP_FSETID`; the
+/// kernel's `FUSE_SETXATTR_ACL_KILL_SGID`).
+pub const XATTR_ACL_KILL_SGID: u32 = 1 << 16;
 
 /// One change of [`Request::NamespaceBatch`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1112,6 +1125,9 @@ pub enum Response {
     Created {
         attr: Attr,
         parent: Attr,
+        /// The parent directory has a default ACL, which the new node took (a new directory
+        /// has it as its own default too).
+        inherited: bool,
     },
     /// Reply to `Unlink`.
     Removed {

@@ -214,6 +214,7 @@ mod tests {
             name: b"f".to_vec(),
             node: surge_proto::NewNode::File,
             perm: 0o644,
+            umask: 0o022,
             uid,
             gid,
             layout: Default::default(),

@@ -1096,6 +1096,13 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             Some(path) => Pending::Op(DrainOp::Attr { ino: *ino, path }),
             None => Pending::Nothing,
         },
+        // An access ACL sets the mode, which the drain carries to the PFS (not the ACL).
+        Request::SetXattr { ino, name, .. } if name == surge_proto::ACL_ACCESS_XATTR => {
+            match ops.path_of(*ino)? {
+                Some(path) => Pending::Op(DrainOp::Attr { ino: *ino, path }),
+                None => Pending::Nothing,
+            }
+        }
         Request::CommitWrite { ino, .. } | Request::Append { ino, .. } => {
             match ops.path_of(*ino)? {
                 Some(path) => Pending::Op(DrainOp::Data { ino: *ino, path }),
@@ -1293,14 +1300,19 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             name,
             node,
             perm,
+            umask,
             uid,
             gid,
             layout,
             ..
         } => {
-            let (attr, parent) =
-                ops.create_with_layout(*parent, name, node, (*perm, *uid, *gid), *layout)?;
-            Response::Created { attr, parent }
+            let made =
+                ops.create_with_layout(*parent, name, node, (*perm, *uid, *gid), *umask, *layout)?;
+            Response::Created {
+                attr: made.attr,
+                parent: made.parent,
+                inherited: made.inherited,
+            }
         }
         Request::Link {
             ino,
@@ -1432,6 +1444,7 @@ mod tests {
                 name: name.into(),
                 node,
                 perm: 0o755,
+                umask: 0,
                 uid: 0,
                 gid: 0,
                 layout: Default::default(),

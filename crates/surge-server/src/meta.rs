@@ -6,13 +6,14 @@
 //! may lose the last transactions, as for any fast tier. Inode numbers are never reused
 //! (AUTOINCREMENT), so a kernel's cached inode can never alias a new file.
 
+use crate::acl::{self, Acl};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use surge_core::Ino;
 use surge_proto::{
     check_name, new_node_group_and_perm, Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply,
     FileKind, FileLayout, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
-    XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
+    XATTR_ACL_KILL_SGID, XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -49,6 +50,20 @@ fn check_xattr_name(name: &[u8]) -> MetaResult<()> {
         ));
     }
     Ok(())
+}
+
+/// What [`Ops::create_with_layout`] made: the node, its parent after, and whether it took the
+/// parent's default ACL.
+#[derive(Debug)]
+pub struct Created {
+    pub attr: Attr,
+    pub parent: Attr,
+    pub inherited: bool,
+}
+
+/// Whether a node of this kind takes its directory's default ACL (symlinks have none).
+fn node_takes_acl(node: &NewNode) -> bool {
+    !matches!(node, NewNode::Symlink { .. })
 }
 
 fn err(code: ErrorCode, msg: impl Into<String>) -> ErrorReply {
@@ -837,16 +852,102 @@ impl Ops<'_> {
     }
 
     /// [`create_returning_parent`](Self::create_returning_parent) with the layout the
-    /// creator asked for (unset: the parent's default).
+    /// creator asked for (unset: the parent's default) and its `umask`, applied unless the
+    /// parent has a default ACL (see [`Created`]).
     pub fn create_with_layout(
         &self,
         parent: Ino,
         name: &[u8],
         node: &NewNode,
         owner: (u16, u32, u32),
+        umask: u16,
         layout: FileLayout,
-    ) -> MetaResult<(Attr, Attr)> {
-        self.create_in(parent, name, node, owner, None, Timestamp::now(), layout)
+    ) -> MetaResult<Created> {
+        let (perm, uid, gid) = owner;
+        let inherited = node_takes_acl(node) && self.default_acl(parent)?.is_some();
+        let perm = if inherited {
+            perm
+        } else {
+            perm & !(umask & 0o777)
+        };
+        let (attr, parent) = self.create_in(
+            parent,
+            name,
+            node,
+            (perm, uid, gid),
+            None,
+            Timestamp::now(),
+            layout,
+        )?;
+        Ok(Created {
+            attr,
+            parent,
+            inherited,
+        })
+    }
+
+    /// The default ACL of directory `dir`, if it has one.
+    fn default_acl(&self, dir: Ino) -> MetaResult<Option<Acl>> {
+        self.stored_acl(dir, acl::DEFAULT)
+    }
+
+    /// The ACL stored as attribute `name` of `ino` (`None`: none, or only the mode).
+    fn stored_acl(&self, ino: Ino, name: &[u8]) -> MetaResult<Option<Acl>> {
+        let value: Option<Vec<u8>> = self
+            .tx
+            .prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")
+            .and_then(|mut st| {
+                st.query_row(params![ino as i64, name], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(db_err)?;
+        value
+            .map(|v| {
+                Acl::decode(&v).map_err(|e| {
+                    err(
+                        ErrorCode::Io,
+                        format!(
+                            "inode {ino}: stored {} unreadable: {}",
+                            String::from_utf8_lossy(name),
+                            e.message
+                        ),
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    /// Stores `value` as attribute `name` of `ino`, with no checks (the ACLs the store
+    /// derives itself).
+    fn put_xattr(&self, ino: Ino, name: &[u8], value: &[u8]) -> MetaResult<()> {
+        // An upsert, not INSERT OR REPLACE: a replace's delete would not fire the delete
+        // trigger that keeps `xattr_bytes`.
+        self.tx
+            .prepare_cached(
+                "INSERT INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(ino, name) DO UPDATE SET value = excluded.value",
+            )
+            .and_then(|mut st| st.execute(params![ino as i64, name, value]))
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Removes attribute `name` of `ino`; true when it was there.
+    fn drop_xattr(&self, ino: Ino, name: &[u8]) -> MetaResult<bool> {
+        self.tx
+            .prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")
+            .and_then(|mut st| st.execute(params![ino as i64, name]))
+            .map(|n| n > 0)
+            .map_err(db_err)
+    }
+
+    /// Sets `ino`'s permission bits (and setuid/setgid/sticky) to `perm`.
+    fn set_perm(&self, ino: Ino, perm: u16) -> MetaResult<()> {
+        self.tx
+            .prepare_cached("UPDATE inodes SET perm = ?2 WHERE ino = ?1")
+            .and_then(|mut st| st.execute(params![ino as i64, i64::from(perm)]))
+            .map_err(db_err)?;
+        Ok(())
     }
 
     /// [`create`](Self::create) as inode `ino` when given (reserved with
@@ -903,6 +1004,19 @@ impl Ops<'_> {
             }
         };
         let (gid, perm) = new_node_group_and_perm(&p, kind, gid, perm);
+        // A directory's default ACL masks the mode in place of the umask (the caller left
+        // the umask out) and is the new node's access ACL (`posix_acl_create`).
+        let default = match kind {
+            FileKind::Symlink => None,
+            _ => self.default_acl(parent)?,
+        };
+        let (perm, access) = match &default {
+            Some(d) => {
+                let (access, mode) = d.create_masked(perm & 0o777);
+                (perm & !0o777 | mode, (!access.is_mode()).then_some(access))
+            }
+            None => (perm, None),
+        };
         let size = target.map_or(size, |t| t.len() as u64);
         // Files and directories take the layout asked for, else the parent's default
         // (directories pass it on, as Lustre's default striping); other kinds have no data.
@@ -957,6 +1071,12 @@ impl Ops<'_> {
             })
             .map_err(db_err)? as u64;
         self.insert_dentry(parent, name, ino, kind)?;
+        if let Some(access) = access {
+            self.put_xattr(ino, acl::ACCESS, &access.encode())?;
+        }
+        if let (Some(d), FileKind::Dir) = (&default, kind) {
+            self.put_xattr(ino, acl::DEFAULT, &d.encode())?;
+        }
         let parent_after =
             self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 }, now)?;
         let attr = Attr {
@@ -1115,7 +1235,10 @@ impl Ops<'_> {
                 ),
             ));
         }
-        self.getattr(ino)?;
+        let a = self.getattr(ino)?;
+        if name == acl::ACCESS || name == acl::DEFAULT {
+            return self.set_acl(&a, name, value, flags);
+        }
         let old: Option<i64> = self
             .tx
             .prepare_cached("SELECT length(value) FROM xattrs WHERE ino = ?1 AND name = ?2")
@@ -1137,6 +1260,15 @@ impl Ops<'_> {
             (false, XATTR_REPLACE) => return Err(no_xattr(ino, name)),
             _ => {}
         }
+        self.check_room(ino, name, old, value.len())?;
+        self.put_xattr(ino, name, value)?;
+        self.touch_ctime(ino)
+    }
+
+    /// Refuses (`NoSpace`) a value of `len` bytes for attribute `name` of `ino` (whose value
+    /// now takes `old` bytes, if it has one) that would take its attributes past
+    /// [`XATTR_INODE_MAX`].
+    fn check_room(&self, ino: Ino, name: &[u8], old: Option<i64>, len: usize) -> MetaResult<()> {
         let used: i64 = self
             .tx
             .prepare_cached(
@@ -1144,24 +1276,57 @@ impl Ops<'_> {
             )
             .and_then(|mut st| st.query_row([ino as i64], |r| r.get(0)))
             .map_err(db_err)?;
-        let after =
-            used - old.map_or(0, |v| v + name.len() as i64) + (name.len() + value.len()) as i64;
+        let after = used - old.map_or(0, |v| v + name.len() as i64) + (name.len() + len) as i64;
         if after > XATTR_INODE_MAX as i64 {
             return Err(err(
                 ErrorCode::NoSpace,
                 format!("extended attributes of inode {ino} would take {after} bytes (at most {XATTR_INODE_MAX})"),
             ));
         }
-        // An upsert, not INSERT OR REPLACE: a replace's delete would not fire the delete
-        // trigger that keeps `xattr_bytes`.
-        self.tx
-            .prepare_cached(
-                "INSERT INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(ino, name) DO UPDATE SET value = excluded.value",
-            )
-            .and_then(|mut st| st.execute(params![ino as i64, name, value]))
+        Ok(())
+    }
+
+    /// Stores an ACL the caller set (within the inode's room for attributes).
+    fn put_acl(&self, ino: Ino, name: &[u8], acl: &Acl) -> MetaResult<()> {
+        let value = acl.encode();
+        let old: Option<i64> = self
+            .tx
+            .prepare_cached("SELECT length(value) FROM xattrs WHERE ino = ?1 AND name = ?2")
+            .and_then(|mut st| {
+                st.query_row(params![ino as i64, name], |r| r.get(0))
+                    .optional()
+            })
             .map_err(db_err)?;
-        self.touch_ctime(ino)
+        self.check_room(ino, name, old, value.len())?;
+        self.put_xattr(ino, name, &value)
+    }
+
+    /// Sets the access or default ACL of `a` (the kernel checked that the caller owns the
+    /// node). An access ACL sets the mode's permission bits and is kept only when the mode
+    /// cannot say it (named entries); `flags` may ask to clear setgid too.
+    fn set_acl(&self, a: &Attr, name: &[u8], value: &[u8], flags: u32) -> MetaResult<Attr> {
+        let acl = Acl::decode(value)?;
+        if name == acl::DEFAULT {
+            if a.kind != FileKind::Dir {
+                return Err(err(
+                    ErrorCode::Permission,
+                    "only a directory has a default ACL",
+                ));
+            }
+            self.put_acl(a.ino, name, &acl)?;
+            return self.touch_ctime(a.ino);
+        }
+        let mut perm = acl.apply_to_mode(a.perm);
+        if flags & XATTR_ACL_KILL_SGID != 0 {
+            perm &= !surge_proto::S_ISGID;
+        }
+        if acl.is_mode() {
+            self.drop_xattr(a.ino, name)?;
+        } else {
+            self.put_acl(a.ino, name, &acl)?;
+        }
+        self.set_perm(a.ino, perm)?;
+        self.touch_ctime(a.ino)
     }
 
     /// The bytes every extended attribute of the namespace takes (names and values).
@@ -1174,14 +1339,12 @@ impl Ops<'_> {
     }
 
     /// Removes extended attribute `name` of `ino`.
+    /// Removing an ACL the node does not have is no error: one equivalent to the mode is
+    /// kept as just the mode, and the kernel removes ACLs without asking first.
     pub fn remove_xattr(&self, ino: Ino, name: &[u8]) -> MetaResult<Attr> {
         self.getattr(ino)?;
-        let n = self
-            .tx
-            .prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")
-            .and_then(|mut st| st.execute(params![ino as i64, name]))
-            .map_err(db_err)?;
-        if n == 0 {
+        let acl = name == acl::ACCESS || name == acl::DEFAULT;
+        if !self.drop_xattr(ino, name)? && !acl {
             return Err(no_xattr(ino, name));
         }
         self.touch_ctime(ino)
@@ -1677,6 +1840,10 @@ impl Ops<'_> {
         };
         if let Some(p) = set.perm {
             a.perm = p & 0o7777;
+            if let Some(mut access) = self.stored_acl(ino, acl::ACCESS)? {
+                access.chmod(a.perm);
+                self.put_xattr(ino, acl::ACCESS, &access.encode())?;
+            }
         }
         if let Some(u) = set.uid {
             a.uid = u;
@@ -1987,9 +2154,10 @@ mod tests {
             stripe_count: 3,
             start: 2,
         };
-        let (g, _) = ops
-            .create_with_layout(d.ino, b"g", &NewNode::File, (0o644, 1, 1), asked)
-            .unwrap();
+        let g = ops
+            .create_with_layout(d.ino, b"g", &NewNode::File, (0o644, 1, 1), 0, asked)
+            .unwrap()
+            .attr;
         assert_eq!(ops.getattr(g.ino).unwrap().layout, asked);
         let s = ops
             .create(
@@ -2104,6 +2272,135 @@ mod tests {
             code(ops.create(ROOT_INO, b"x", &bad, 0o755, 1, 1)),
             ErrorCode::Invalid
         );
+    }
+
+    /// `u::rw-, u:1001:r--, g::r--, m::r--, o::---` in the kernel's format.
+    fn named_acl() -> Vec<u8> {
+        let e = |tag: u16, perm: u16, id: u32| {
+            [
+                &tag.to_le_bytes()[..],
+                &perm.to_le_bytes(),
+                &id.to_le_bytes(),
+            ]
+            .concat()
+        };
+        [
+            2u32.to_le_bytes().to_vec(),
+            e(0x01, 6, u32::MAX),
+            e(0x02, 4, 1001),
+            e(0x04, 4, u32::MAX),
+            e(0x10, 4, u32::MAX),
+            e(0x20, 0, u32::MAX),
+        ]
+        .concat()
+    }
+
+    #[test]
+    fn an_access_acl_sets_the_mode_and_chmod_sets_its_mask() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o2600, 1, 1)
+            .unwrap();
+        assert_eq!(
+            code(ops.set_xattr(f.ino, acl::ACCESS, &named_acl()[..9], 0)),
+            ErrorCode::Invalid
+        );
+        // The mode's group bits are the mask's; setgid stays unless asked to go.
+        let a = ops.set_xattr(f.ino, acl::ACCESS, &named_acl(), 0).unwrap();
+        assert_eq!(a.perm, 0o2640);
+        assert_eq!(ops.get_xattr(f.ino, acl::ACCESS).unwrap(), named_acl());
+        let a = ops
+            .set_xattr(f.ino, acl::ACCESS, &named_acl(), XATTR_ACL_KILL_SGID)
+            .unwrap();
+        assert_eq!(a.perm, 0o640);
+        // chmod moves the mask, not the owning group's entry, and keeps the named one.
+        ops.setattr(
+            f.ino,
+            &SetAttr {
+                perm: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let after = Acl::decode(&ops.get_xattr(f.ino, acl::ACCESS).unwrap()).unwrap();
+        let perms: Vec<_> = after.entries().iter().map(|e| e.perm).collect();
+        assert_eq!(perms, [6, 4, 4, 0, 0]);
+        // An ACL the mode says whole is kept as the mode: nothing to read back.
+        let plain = Acl::from_mode(0o751).encode();
+        assert_eq!(
+            ops.set_xattr(f.ino, acl::ACCESS, &plain, 0).unwrap().perm,
+            0o751
+        );
+        assert_eq!(code(ops.get_xattr(f.ino, acl::ACCESS)), ErrorCode::NoData);
+        // Removing an ACL that is not there is no error (setfacl -b).
+        ops.remove_xattr(f.ino, acl::ACCESS).unwrap();
+        ops.remove_xattr(f.ino, acl::DEFAULT).unwrap();
+        // Only directories have a default ACL.
+        assert_eq!(
+            code(ops.set_xattr(f.ino, acl::DEFAULT, &named_acl(), 0)),
+            ErrorCode::Permission
+        );
+    }
+
+    #[test]
+    fn a_default_acl_is_inherited_in_place_of_the_umask() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        let make = |parent: Ino, name: &[u8], node: NewNode, perm: u16| {
+            ops.create_with_layout(
+                parent,
+                name,
+                &node,
+                (perm, 1, 1),
+                0o077,
+                FileLayout::default(),
+            )
+            .unwrap()
+        };
+        // No default ACL: the umask applies, nothing is inherited.
+        let plain = make(d.ino, b"plain", NewNode::File, 0o666);
+        assert_eq!((plain.attr.perm, plain.inherited), (0o600, false));
+        ops.set_xattr(d.ino, acl::DEFAULT, &named_acl(), 0).unwrap();
+        // A file: the default masked by the create mode 0666, not by the umask.
+        let f = make(d.ino, b"f", NewNode::File, 0o666);
+        assert!(f.inherited);
+        assert_eq!(f.attr.perm, 0o640);
+        let access = Acl::decode(&ops.get_xattr(f.attr.ino, acl::ACCESS).unwrap()).unwrap();
+        assert_eq!(access, Acl::decode(&named_acl()).unwrap());
+        assert_eq!(
+            code(ops.get_xattr(f.attr.ino, acl::DEFAULT)),
+            ErrorCode::NoData
+        );
+        // A directory: both ACLs, so its own children inherit too.
+        let sub = make(d.ino, b"sub", NewNode::Dir, 0o777);
+        assert_eq!(sub.attr.perm, 0o640);
+        assert_eq!(
+            ops.get_xattr(sub.attr.ino, acl::DEFAULT).unwrap(),
+            named_acl()
+        );
+        let deeper = make(sub.attr.ino, b"deeper", NewNode::File, 0o600);
+        assert!(deeper.inherited);
+        assert_eq!(deeper.attr.perm, 0o600);
+        // A symlink takes nothing.
+        let l = make(
+            d.ino,
+            b"l",
+            NewNode::Symlink {
+                target: b"f".to_vec(),
+            },
+            0o777,
+        );
+        assert!(!l.inherited);
+        assert_eq!(
+            code(ops.get_xattr(l.attr.ino, acl::ACCESS)),
+            ErrorCode::NoData
+        );
+        // Inherited ACLs count with the other attributes.
+        assert!(ops.xattr_bytes().unwrap() >= 4 * named_acl().len() as u64);
     }
 
     #[test]

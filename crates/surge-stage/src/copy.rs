@@ -776,10 +776,19 @@ async fn create_temp_in(
         let layout = ctx.layout_in(parent).await;
         match ctx
             .client
-            .create_in(parent, &tmp, node.clone(), perm, owner.0, owner.1, layout)
+            .create_in(
+                parent,
+                &tmp,
+                node.clone(),
+                perm,
+                0,
+                owner.0,
+                owner.1,
+                layout,
+            )
             .await
         {
-            Ok((a, _)) => return Ok((a.ino, tmp)),
+            Ok((a, ..)) => return Ok((a.ino, tmp)),
             Err(e) if ns::is_errno(&e, libc::EEXIST) => last = e.to_string(),
             Err(e) => return Err(format!("cannot create {}: {e}", show(&tmp))),
         }

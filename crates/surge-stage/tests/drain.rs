@@ -268,13 +268,22 @@ fn modes_and_holes_reach_the_pfs_as_the_instance_has_them() {
         // application (`NamespaceBatch`).
         let ttl = std::time::Duration::from_secs(10);
         let fs = surge_client::fs::Fs::new(c.new_client(0), ttl, ttl);
-        let made = fs.mkdir(1, b"made", 0o755, uid, gid).await.expect("mkdir");
+        let made = fs
+            .mkdir(
+                1,
+                b"made",
+                surge_client::fs::NewPerm::exact(0o755),
+                uid,
+                gid,
+            )
+            .await
+            .expect("mkdir");
         for i in 0..4 {
             let (_, fh, _) = fs
                 .create(
                     made.ino,
                     format!("f{i}").as_bytes(),
-                    0o666,
+                    surge_client::fs::NewPerm::exact(0o666),
                     uid,
                     gid,
                     libc::O_WRONLY,
@@ -411,7 +420,14 @@ fn fsync_pfs_returns_once_the_file_is_on_the_pfs() {
         // SAFETY: geteuid/getegid have no preconditions.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let (_, fh, _) = fs
-            .create(1, b"ckpt.0", 0o644, uid, gid, libc::O_WRONLY)
+            .create(
+                1,
+                b"ckpt.0",
+                surge_client::fs::NewPerm::exact(0o644),
+                uid,
+                gid,
+                libc::O_WRONLY,
+            )
             .await
             .expect("create");
         let body = bytes(11, 3 << 20);
@@ -467,7 +483,14 @@ fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
         // SAFETY: geteuid/getegid have no preconditions.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let (big, fh, _) = fs
-            .create(1, b"big", 0o644, uid, gid, libc::O_RDWR)
+            .create(
+                1,
+                b"big",
+                surge_client::fs::NewPerm::exact(0o644),
+                uid,
+                gid,
+                libc::O_RDWR,
+            )
             .await
             .expect("create");
         // Three times the instance's capacity, in 1 MiB writes.
@@ -494,7 +517,14 @@ fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
         let u = c.client.usage().await.expect("usage");
         assert!(u.used < u.capacity / 2, "fast tier still full: {u:?}");
         let (_, sfh, _) = fs
-            .create(1, b"small", 0o644, uid, gid, libc::O_WRONLY)
+            .create(
+                1,
+                b"small",
+                surge_client::fs::NewPerm::exact(0o644),
+                uid,
+                gid,
+                libc::O_WRONLY,
+            )
             .await
             .expect("create small");
         let small = bytes(23, 3 << 20);
@@ -502,7 +532,14 @@ fn a_file_larger_than_the_fast_tier_is_written_through_to_the_pfs() {
         fs.release(sfh).await.expect("close small");
         // fio's way: the file preallocated first, larger than the room left.
         let (pre, pfh, _) = fs
-            .create(1, b"pre", 0o644, uid, gid, libc::O_RDWR)
+            .create(
+                1,
+                b"pre",
+                surge_client::fs::NewPerm::exact(0o644),
+                uid,
+                gid,
+                libc::O_RDWR,
+            )
             .await
             .expect("create pre");
         fs.fallocate(pfh, 0, 16 << 20, 0)
@@ -553,7 +590,14 @@ fn a_switch_to_writing_through_does_not_copy_another_file_being_written() {
         // SAFETY: geteuid/getegid have no preconditions.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let (_, afh, _) = fs
-            .create(1, b"a", 0o644, uid, gid, libc::O_RDWR)
+            .create(
+                1,
+                b"a",
+                surge_client::fs::NewPerm::exact(0o644),
+                uid,
+                gid,
+                libc::O_RDWR,
+            )
             .await
             .expect("create a");
         let a_body = bytes(31, 4 << 20);
@@ -563,7 +607,14 @@ fn a_switch_to_writing_through_does_not_copy_another_file_being_written() {
         // Its copy is journaled (a mount commits files being written every second).
         fs.fsync(afh).await.expect("commit a");
         let (_, bfh, _) = fs
-            .create(1, b"b", 0o644, uid, gid, libc::O_RDWR)
+            .create(
+                1,
+                b"b",
+                surge_client::fs::NewPerm::exact(0o644),
+                uid,
+                gid,
+                libc::O_RDWR,
+            )
             .await
             .expect("create b");
         let b_body = bytes(32, 12 << 20);
@@ -628,7 +679,14 @@ async fn write_file(fs: &surge_client::fs::Fs, name: &[u8], body: &[u8]) -> u64 
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let (a, fh, _) = fs
-        .create(1, name, 0o644, uid, gid, libc::O_WRONLY)
+        .create(
+            1,
+            name,
+            surge_client::fs::NewPerm::exact(0o644),
+            uid,
+            gid,
+            libc::O_WRONLY,
+        )
         .await
         .expect("create");
     for (i, chunk) in body.chunks(1 << 20).enumerate() {
@@ -870,7 +928,14 @@ fn the_drain_holds_back_open_files_only() {
         // SAFETY: geteuid/getegid have no preconditions.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let (_, fh, _) = fs
-            .create(1, b"open", 0o644, uid, gid, libc::O_WRONLY)
+            .create(
+                1,
+                b"open",
+                surge_client::fs::NewPerm::exact(0o644),
+                uid,
+                gid,
+                libc::O_WRONLY,
+            )
             .await
             .expect("create");
         let open = bytes(71, 200_000);

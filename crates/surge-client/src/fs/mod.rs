@@ -59,6 +59,7 @@ pub use files::{KillSuidgid, ReadSource};
 use inodes::InodeTable;
 use listings::{FreshDirs, Listings};
 pub use locks::LockRequest;
+pub use names::NewPerm;
 use parking_lot::Mutex;
 pub use passthrough::PASSTHROUGH_ACCOUNTING;
 pub use space::dense_blocks;

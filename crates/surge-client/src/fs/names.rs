@@ -17,6 +17,28 @@ const INODE_GRANT: u32 = 4096;
 /// instead of failing with ESTALE.
 pub(super) const REPLACED_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The permission bits a new node is asked for (`mode & 07777` of `creat`, `mkdir`,
+/// `mknod`) and the creator's umask. The kernel leaves the umask to the file system (ACLs on):
+/// it applies unless the parent directory has a default ACL, which masks the bits instead (the
+/// metadata server decides, knowing the ACL).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewPerm {
+    pub perm: u16,
+    pub umask: u16,
+}
+
+impl NewPerm {
+    /// `perm` as it is, no umask.
+    pub fn exact(perm: u16) -> NewPerm {
+        NewPerm { perm, umask: 0 }
+    }
+
+    /// The bits less the umask.
+    pub fn masked(self) -> u16 {
+        self.perm & !(self.umask & 0o777)
+    }
+}
+
 impl Fs {
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<Attr> {
         // The kernel looks every path component up before any operation on it: a name no
@@ -80,7 +102,7 @@ impl Fs {
         &self,
         parent: Ino,
         name: &[u8],
-        perm: u16,
+        perm: NewPerm,
         uid: u32,
         gid: u32,
         flags: i32,
@@ -90,7 +112,8 @@ impl Fs {
             && (self.creates_behind || self.leased(parent).await)
         {
             self.ensure_inos().await;
-            self.create_behind(parent, name, perm, uid, gid)
+            // Listed directories have no default ACL (see `make`): the umask applies.
+            self.create_behind(parent, name, perm.masked(), uid, gid)
         } else {
             None
         };
@@ -163,7 +186,7 @@ impl Fs {
         parent: Ino,
         name: &[u8],
         node: NewNode,
-        perm: u16,
+        perm: NewPerm,
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
@@ -184,13 +207,15 @@ impl Fs {
         };
         match self
             .client
-            .create_in(parent, name, node, perm, uid, gid, layout)
+            .create_in(parent, name, node, perm.perm, perm.umask, uid, gid, layout)
             .await
         {
-            Ok((a, dir)) => {
+            Ok((a, dir, inherited)) => {
                 self.listings.changed(&dir, name, Some((a.ino, a.kind)));
                 self.fresh_dirs.note(dir);
-                if is_dir {
+                // A directory with a default ACL is not listed: files made behind in it
+                // could not be given the ACL (the metadata server applies it).
+                if is_dir && !inherited {
                     self.listings.made(&a);
                 }
                 Ok(a)
@@ -211,7 +236,7 @@ impl Fs {
         parent: Ino,
         name: &[u8],
         mode: u32,
-        perm: u16,
+        perm: NewPerm,
         rdev: u32,
         uid: u32,
         gid: u32,
@@ -234,7 +259,7 @@ impl Fs {
         &self,
         parent: Ino,
         name: &[u8],
-        perm: u16,
+        perm: NewPerm,
         uid: u32,
         gid: u32,
     ) -> FsResult<Attr> {
@@ -255,7 +280,9 @@ impl Fs {
         let node = NewNode::Symlink {
             target: target.to_vec(),
         };
-        let a = self.make(parent, name, node, 0o777, uid, gid).await?;
+        let a = self
+            .make(parent, name, node, NewPerm::exact(0o777), uid, gid)
+            .await?;
         Ok(self.observe(a, true))
     }
 

@@ -2,8 +2,15 @@
 //! (any user with the file's read/write permission, checked by the kernel) and `trusted.*`
 //! (`CAP_SYS_ADMIN`, checked by the kernel), so `cp -a`, `rsync -X` and `tar --xattrs` keep them.
 //!
-//! `security.*` (file capabilities, SELinux labels) and `system.*` (POSIX ACLs) are not stored:
-//! setting one is `EOPNOTSUPP`, as on a file system without them, so no tool believes an ACL or
+//! POSIX ACLs, `system.posix_acl_access` and `system.posix_acl_default`, are stored too: the
+//! kernel enforces them (the mount asks for FUSE_POSIX_ACL) and the metadata server keeps the
+//! mode in step with them, applies `chmod` to them and gives new nodes their directory's
+//! default (`surge_server::acl`). A directory with a default ACL is never one whose creates
+//! this node makes behind (those could not take the ACL): setting or removing an ACL drops
+//! this node's listing of the directory, and a directory made with one is not listed.
+//!
+//! The other `security.*` (file capabilities, SELinux labels) and `system.*` names are not
+//! stored: setting one is `EOPNOTSUPP`, as on a file system without them, so no tool believes
 //! a capability protects or empowers a file when nothing would enforce it. Reading one is
 //! `ENODATA` and is answered here without a round trip: the kernel asks for
 //! `security.capability` before every write through the daemon (to clear it), and that
@@ -38,13 +45,17 @@ enum Namespace {
 }
 
 fn namespace(name: &[u8]) -> Namespace {
-    if name.starts_with(b"user.") || name.starts_with(b"trusted.") {
+    if name.starts_with(b"user.") || name.starts_with(b"trusted.") || is_acl(name) {
         Namespace::Stored
     } else if name.starts_with(b"security.") || name.starts_with(b"system.") {
         Namespace::NotStored
     } else {
         Namespace::Unknown
     }
+}
+
+fn is_acl(name: &[u8]) -> bool {
+    name == surge_proto::ACL_ACCESS_XATTR || name == surge_proto::ACL_DEFAULT_XATTR
 }
 
 fn show(name: &[u8]) -> String {
@@ -55,7 +66,7 @@ fn not_supported(name: &[u8]) -> FsError {
     FsError::new(
         libc::EOPNOTSUPP,
         format!(
-            "extended attribute {}: only user.* and trusted.* are stored",
+            "extended attribute {}: only user.*, trusted.* and POSIX ACLs are stored",
             show(name)
         ),
     )
@@ -102,7 +113,16 @@ impl Fs {
         Ok(out)
     }
 
-    pub async fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
+    /// `groups`: the caller's groups when it is not root and sets an access ACL, which then
+    /// clears setgid unless the file's group is among them.
+    pub async fn setxattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        groups: Option<Vec<u32>>,
+    ) -> FsResult<()> {
         match namespace(name) {
             Namespace::Stored => {}
             _ => return Err(not_supported(name)),
@@ -128,6 +148,17 @@ impl Fs {
             let layout = FileLayout::parse(text.trim_end_matches(['\0', '\n']))
                 .map_err(|e| FsError::new(libc::EINVAL, e.to_string()))?;
             return self.set_layout(ino, layout).await;
+        }
+        let mut flags = flags;
+        if is_acl(name) {
+            // The mode and default ACL are copied into files made behind.
+            self.listings.drop_dir(ino);
+            if let (Some(groups), true) = (groups, name == surge_proto::ACL_ACCESS_XATTR) {
+                let a = self.client.getattr(ino).await.map_err(stale)?;
+                if a.perm & surge_proto::S_ISGID != 0 && !groups.contains(&a.gid) {
+                    flags |= surge_proto::XATTR_ACL_KILL_SGID;
+                }
+            }
         }
         let a = self
             .client
@@ -242,6 +273,9 @@ impl Fs {
         }
         if name == LAYOUT_XATTR {
             return self.set_layout(ino, FileLayout::default()).await;
+        }
+        if is_acl(name) {
+            self.listings.drop_dir(ino);
         }
         let a = self.client.remove_xattr(ino, name).await.map_err(stale)?;
         self.observe(a, false);
