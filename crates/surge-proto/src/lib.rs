@@ -10,6 +10,7 @@
 pub mod codec;
 pub mod frame;
 pub mod msg;
+pub mod record;
 pub mod tls;
 pub mod transport;
 

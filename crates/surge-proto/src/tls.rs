@@ -111,11 +111,13 @@ impl ClientTls {
                 .add(c)
                 .map_err(|e| format!("{}: not a usable CA certificate: {e}", ca.display()))?;
         }
-        let config = rustls::ClientConfig::builder_with_provider(provider())
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| format!("TLS: {e}"))?
             .with_root_certificates(roots)
             .with_no_client_auth();
+        // After the handshake, records are Surge's own (`crate::record`).
+        config.enable_secret_extraction = true;
         Ok(ClientTls {
             config: Arc::new(config),
             mode,
@@ -207,7 +209,9 @@ impl ServerTls {
             .map_err(|e| format!("{} and its key: {e}", cert.display()))?;
         // No session tickets: a client's idle-connection check (a peek at its socket) must not
         // find bytes nobody asked for; connections are long-lived, resumption gains nothing.
+        // (And `crate::record` takes over after the handshake: no message of rustls's follows it.)
         config.send_tls13_tickets = 0;
+        config.enable_secret_extraction = true;
         Ok(ServerTls {
             config: Arc::new(config),
             mode,
@@ -253,68 +257,8 @@ pub fn server_from_flags(
     }
 }
 
-/// Bytes a TLS connection reads from its socket at once (see [`ReadAhead`]).
-pub const READ_AHEAD: usize = 64 * 1024;
-
-/// A TLS connection's socket, read in pieces of [`READ_AHEAD`]: rustls asks for 4 KiB at a
-/// time, which would cost a system call (and a server's poll) per 4 KiB of a 1 MiB request.
-/// Writes pass through.
-pub struct ReadAhead<S> {
-    pub inner: S,
-    buf: Vec<u8>,
-    pos: usize,
-    end: usize,
-}
-
-impl<S> ReadAhead<S> {
-    pub fn new(inner: S) -> ReadAhead<S> {
-        ReadAhead {
-            inner,
-            buf: Vec::new(),
-            pos: 0,
-            end: 0,
-        }
-    }
-
-    /// True when bytes read from the socket wait here.
-    pub fn buffered(&self) -> bool {
-        self.pos < self.end
-    }
-}
-
-impl<S: std::io::Read> std::io::Read for ReadAhead<S> {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        if self.pos == self.end {
-            if out.len() >= READ_AHEAD {
-                return self.inner.read(out);
-            }
-            if self.buf.is_empty() {
-                self.buf = vec![0u8; READ_AHEAD];
-            }
-            self.pos = 0;
-            self.end = self.inner.read(&mut self.buf)?;
-        }
-        let n = out.len().min(self.end - self.pos);
-        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
-    }
-}
-
-impl<S: std::io::Write> std::io::Write for ReadAhead<S> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.inner.write(buf)
-    }
-    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-        self.inner.write_vectored(bufs)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 /// The channel binding of an established TLS connection (RFC 9266 `tls-exporter`).
-pub fn binding<D>(conn: &rustls::ConnectionCommon<D>) -> std::io::Result<Vec<u8>> {
+pub fn binding(conn: &rustls::Connection) -> std::io::Result<Vec<u8>> {
     conn.export_keying_material(vec![0u8; BINDING_LEN], EXPORTER_LABEL, None)
         .map_err(|e| std::io::Error::other(format!("TLS exporter: {e}")))
 }
@@ -322,23 +266,6 @@ pub fn binding<D>(conn: &rustls::ConnectionCommon<D>) -> std::io::Result<Vec<u8>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn read_ahead_gives_every_byte_in_order() {
-        use std::io::Read;
-        let data: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
-        let mut r = ReadAhead::new(&data[..]);
-        let mut got = Vec::new();
-        let mut b = [0u8; 4096];
-        loop {
-            let n = r.read(&mut b).unwrap();
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&b[..n]);
-        }
-        assert_eq!(got, data);
-    }
 
     #[test]
     fn hosts_and_loopback() {

@@ -106,10 +106,11 @@ pub async fn connect_tcp(hp: &str, tls: Option<&crate::tls::ClientTls>) -> io::R
         }
         Some(t) => {
             let name = crate::tls::ClientTls::server_name(host)?;
-            // rustls reads 4 KiB at a time: a buffer under it makes that one read per 64 KiB.
-            let s = tokio::io::BufReader::with_capacity(crate::tls::READ_AHEAD, s);
-            let stream = tokio_rustls::TlsConnector::from(t.config.clone())
-                .connect(name, s)
+            let mut s = s;
+            let conn = rustls::ClientConnection::new(t.config.clone(), name)
+                .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
+            let mut conn = rustls::Connection::from(conn);
+            crate::record::handshake_async(&mut conn, &mut s)
                 .await
                 .map_err(|e| {
                     io::Error::new(
@@ -120,11 +121,13 @@ pub async fn connect_tcp(hp: &str, tls: Option<&crate::tls::ClientTls>) -> io::R
                         ),
                     )
                 })?;
-            let binding = crate::tls::binding(stream.get_ref().1)?;
-            let (r, w) = tokio::io::split(stream);
+            let binding = crate::tls::binding(&conn)?;
+            // Records from here on are sealed and opened in place (see `crate::record`).
+            let (opener, sealer) = crate::record::take_keys(conn)?;
+            let (r, w) = s.into_split();
             Ok(Connected {
-                read: Box::new(r),
-                write: Box::new(w),
+                read: Box::new(crate::record::ReadHalf::new(r, opener)),
+                write: Box::new(crate::record::WriteHalf::new(w, sealer)),
                 binding,
             })
         }

@@ -550,8 +550,8 @@ where
     }
 }
 
-/// The TCP socket under a TLS connection: reads wait as [`Polled`] says (TLS reads it only
-/// when it holds no decrypted bytes), writes go to the socket.
+/// The TCP socket under a TLS connection: reads wait as [`Polled`] says (the record layer
+/// reads it only when it holds no whole record), writes go to the socket.
 struct Wire<'a> {
     polled: Polled<&'a std::net::TcpStream>,
     sock: &'a std::net::TcpStream,
@@ -572,9 +572,10 @@ impl Write for Wire<'_> {
     }
 }
 
-/// A TLS 1.3 connection (see `surge_proto::tls`).
+/// A TLS 1.3 connection (see `surge_proto::tls`): rustls's handshake, then records sealed
+/// and opened in place by `surge_proto::record`.
 pub struct Tls<'a> {
-    stream: rustls::StreamOwned<rustls::ServerConnection, surge_proto::tls::ReadAhead<Wire<'a>>>,
+    stream: surge_proto::record::Stream<Wire<'a>>,
     binding: Vec<u8>,
 }
 
@@ -588,6 +589,9 @@ impl Write for Tls<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.stream.write(buf)
     }
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.stream.write_vectored(bufs)
+    }
     fn flush(&mut self) -> std::io::Result<()> {
         self.stream.flush()
     }
@@ -595,7 +599,7 @@ impl Write for Tls<'_> {
 
 impl codec::Waits for Tls<'_> {
     fn waiting(&mut self, phase: codec::Phase) {
-        self.stream.sock.inner.polled.waiting(phase)
+        self.stream.sock.polled.waiting(phase)
     }
 }
 
@@ -663,17 +667,15 @@ fn handshake(
     sock: &std::net::TcpStream,
     tls: &surge_proto::tls::ServerTls,
     wait: Option<Duration>,
-) -> std::io::Result<(rustls::ServerConnection, Vec<u8>)> {
-    let mut conn = rustls::ServerConnection::new(tls.config.clone())
+) -> std::io::Result<(surge_proto::record::Keys, Vec<u8>)> {
+    let conn = rustls::ServerConnection::new(tls.config.clone())
         .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
+    let mut conn = rustls::Connection::from(conn);
     sock.set_read_timeout(wait)?;
-    let mut io = sock;
-    while conn.is_handshaking() {
-        conn.complete_io(&mut io)?;
-    }
+    surge_proto::record::handshake(&mut conn, &mut &*sock)?;
     sock.set_read_timeout(None)?;
     let binding = surge_proto::tls::binding(&conn)?;
-    Ok((conn, binding))
+    Ok((surge_proto::record::take_keys(conn)?, binding))
 }
 
 /// Serves socket `s` of `name` until it ends: in TLS when the peer starts a handshake (and
@@ -704,13 +706,12 @@ where
     match speaks_tls(sock, limits.idle_timeout) {
         None => Ended::Closed,
         Some(true) => match handshake(sock, tls, limits.frame_timeout) {
-            Ok((conn, binding)) => {
+            Ok((keys, binding)) => {
                 let wire = Wire {
                     polled: Polled::bounded(sock, idle, frame),
                     sock,
                 };
-                let wire = surge_proto::tls::ReadAhead::new(wire);
-                let stream = rustls::StreamOwned::new(conn, wire);
+                let stream = surge_proto::record::Stream::new(wire, keys);
                 serve(reg, Tls { stream, binding }, name.clone(), Some(ticket))
             }
             Err(e) => {

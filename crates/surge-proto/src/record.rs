@@ -1,0 +1,1135 @@
+//! The TLS 1.3 record layer of the data protocol (RFC 8446 §5), after rustls's handshake.
+//!
+//! rustls does the handshake: it verifies the server's certificate against the CA and derives
+//! the channel binding (`crate::tls::binding`). Then the connection's traffic keys are taken
+//! out of it ([`take_keys`], rustls's `dangerous_extract_secrets`) and records are sealed and
+//! opened here, in this module's buffers: a record read from the socket is decrypted where it
+//! lies ([`Opener`]), and plaintext is encrypted where it is sent from ([`Sealer`]). rustls's
+//! buffered API copies each received record twice more (into a new `Vec`, then out of it),
+//! which on a 2-vCPU host cost more than the cipher (docs/SECURITY.md, "What it costs").
+//!
+//! On the wire this is TLS 1.3 as any peer speaks it (tests: a rustls peer on the other end,
+//! both ways). A record that fails authentication (tampered, replayed, reordered, from
+//! someone else), that is longer than 2^14+256 bytes, that is not application data or that
+//! arrives after its sequence numbers ran out fails the connection, for good: every later
+//! read fails too. A `close_notify` alert reads as the end of the stream; a socket that ends
+//! without one is `UnexpectedEof` (a truncation is never taken for a clean end). After the
+//! handshake, `NewSessionTicket` messages are ignored (resumption is not used) and a
+//! `KeyUpdate` fails the connection: Surge never sends one, and this layer does not rekey.
+//!
+//! Nonces never repeat: each direction's [`Sealer`] and [`Opener`] are the only holders of
+//! its key, each record takes the next sequence number, and a direction whose numbers are
+//! exhausted refuses to seal or open anything more.
+
+use ring::aead;
+use rustls::ConnectionTrafficSecrets;
+use std::io::{self, IoSlice, Read, Write};
+use std::ops::Deref;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+/// Bytes of a record's header: type, legacy version, length.
+pub const HEADER_LEN: usize = 5;
+/// Most plaintext bytes one record carries (RFC 8446 §5.1).
+pub const MAX_PLAINTEXT: usize = 1 << 14;
+/// Most bytes of a protected record's body (RFC 8446 §5.2).
+pub const MAX_CIPHERTEXT: usize = MAX_PLAINTEXT + 256;
+/// Bytes of the AEAD tag of every suite `crate::tls` offers.
+const TAG_LEN: usize = 16;
+/// Plaintext sealed per write to the socket: large writes go out in pieces this big.
+pub const SEND_CHUNK: usize = 128 * 1024;
+/// Bytes of socket data a receiver holds: a read of this much, plus room for one record that
+/// began in the previous read.
+const RECV_BUF: usize = 128 * 1024 + HEADER_LEN + MAX_CIPHERTEXT;
+
+const _: () = assert!(MAX_PLAINTEXT + 1 + TAG_LEN <= MAX_CIPHERTEXT);
+const _: () = assert!(MAX_CIPHERTEXT <= u16::MAX as usize);
+const _: () = assert!(RECV_BUF >= 2 * (HEADER_LEN + MAX_CIPHERTEXT));
+
+// Content types (RFC 8446 §5.1).
+const ALERT: u8 = 21;
+const HANDSHAKE: u8 = 22;
+const APPLICATION_DATA: u8 = 23;
+// Alert and post-handshake messages this layer knows (RFC 8446 §6, §4.6).
+const CLOSE_NOTIFY: u8 = 0;
+const NEW_SESSION_TICKET: u8 = 4;
+const KEY_UPDATE: u8 = 24;
+
+fn refused(why: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {}", why.into()))
+}
+
+/// One direction's key, its static IV and the sequence number of its next record.
+struct Direction {
+    key: aead::LessSafeKey,
+    iv: [u8; aead::NONCE_LEN],
+    seq: u64,
+}
+
+impl Direction {
+    fn new((seq, secrets): (u64, ConnectionTrafficSecrets)) -> io::Result<Direction> {
+        let (alg, key, iv) = match &secrets {
+            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&aead::AES_128_GCM, key, iv),
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&aead::AES_256_GCM, key, iv),
+            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
+                (&aead::CHACHA20_POLY1305, key, iv)
+            }
+            _ => {
+                return Err(refused(
+                    "the peer chose a cipher suite Surge does not offer",
+                ))
+            }
+        };
+        debug_assert_eq!(alg.tag_len(), TAG_LEN);
+        let key = aead::UnboundKey::new(alg, key.as_ref())
+            .map_err(|_| refused("a traffic key of the wrong length"))?;
+        let iv: [u8; aead::NONCE_LEN] = iv
+            .as_ref()
+            .try_into()
+            .map_err(|_| refused("an IV of the wrong length"))?;
+        Ok(Direction {
+            key: aead::LessSafeKey::new(key),
+            iv,
+            seq,
+        })
+    }
+
+    /// The nonce of the next record (RFC 8446 §5.3): the IV XOR its sequence number, which
+    /// is used up. Fails, for good, once the numbers run out: a nonce is never used twice.
+    fn next_nonce(&mut self) -> io::Result<aead::Nonce> {
+        let seq = self.seq;
+        self.seq = seq
+            .checked_add(1)
+            .ok_or_else(|| refused("record sequence numbers exhausted"))?;
+        let mut nonce = self.iv;
+        for (n, s) in nonce[aead::NONCE_LEN - 8..]
+            .iter_mut()
+            .zip(seq.to_be_bytes())
+        {
+            *n ^= s;
+        }
+        Ok(aead::Nonce::assume_unique_for_key(nonce))
+    }
+}
+
+/// The sending direction: seals plaintext into records.
+pub struct Sealer {
+    dir: Direction,
+}
+
+impl Sealer {
+    /// Appends to `out` records carrying the bytes of `bufs`, in order, at most `max` bytes
+    /// of them; returns how many bytes it took.
+    pub fn seal<B: Deref<Target = [u8]>>(
+        &mut self,
+        bufs: &[B],
+        max: usize,
+        out: &mut Vec<u8>,
+    ) -> io::Result<usize> {
+        let total = bufs.iter().map(|b| b.len()).sum::<usize>().min(max);
+        out.reserve(total + total.div_ceil(MAX_PLAINTEXT) * (HEADER_LEN + 1 + TAG_LEN));
+        let (mut i, mut off, mut taken) = (0, 0, 0);
+        while taken < total {
+            let start = Self::begin(out);
+            let mut room = MAX_PLAINTEXT.min(total - taken);
+            while room > 0 {
+                let b = &bufs[i][off..];
+                let n = b.len().min(room);
+                out.extend_from_slice(&b[..n]);
+                (room, taken, off) = (room - n, taken + n, off + n);
+                if off == bufs[i].len() {
+                    (i, off) = (i + 1, 0);
+                }
+            }
+            self.finish(out, start, APPLICATION_DATA)?;
+        }
+        Ok(taken)
+    }
+
+    /// Appends a `close_notify` alert to `out`: the peer reads the end of the stream.
+    pub fn close_notify(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        self.seal_message(ALERT, &[1, CLOSE_NOTIFY], out)
+    }
+
+    /// Appends one record of content type `ctype` carrying `data` (at most [`MAX_PLAINTEXT`]).
+    fn seal_message(&mut self, ctype: u8, data: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+        debug_assert!(data.len() <= MAX_PLAINTEXT);
+        let start = Self::begin(out);
+        out.extend_from_slice(data);
+        self.finish(out, start, ctype)
+    }
+
+    /// Starts a record at the end of `out`: its header, length to come.
+    fn begin(out: &mut Vec<u8>) -> usize {
+        let start = out.len();
+        out.extend_from_slice(&[APPLICATION_DATA, 3, 3, 0, 0]);
+        start
+    }
+
+    /// Seals the record begun at `start` (its plaintext follows the header) in place: the
+    /// content type, the header's length, then the ciphertext and its tag.
+    fn finish(&mut self, out: &mut Vec<u8>, start: usize, ctype: u8) -> io::Result<()> {
+        out.push(ctype);
+        let body = out.len() - start - HEADER_LEN + TAG_LEN;
+        debug_assert!(body <= MAX_CIPHERTEXT);
+        out[start + 3..start + HEADER_LEN].copy_from_slice(&(body as u16).to_be_bytes());
+        let sealed = self.dir.next_nonce().and_then(|nonce| {
+            let (header, text) = out[start..].split_at_mut(HEADER_LEN);
+            let aad = aead::Aad::from(&header[..]);
+            self.dir
+                .key
+                .seal_in_place_separate_tag(nonce, aad, text)
+                .map_err(|_| refused("sealing a record failed"))
+        });
+        match sealed {
+            Ok(tag) => {
+                out.extend_from_slice(tag.as_ref());
+                Ok(())
+            }
+            Err(e) => {
+                out.truncate(start);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The receiving direction: socket bytes in, decrypted in place, plaintext out.
+pub struct Opener {
+    dir: Direction,
+    buf: Vec<u8>,
+    /// Decrypted bytes not yet given out: `buf[plain.0..plain.1]`, before `raw`.
+    plain: (usize, usize),
+    /// Bytes from the socket not yet opened: `buf[raw.0..raw.1]`.
+    raw: (usize, usize),
+    /// The peer sent `close_notify`: the stream has ended.
+    closed: bool,
+    /// Why the connection failed; every read after that fails the same way.
+    failed: Option<String>,
+}
+
+impl Opener {
+    fn new(dir: Direction) -> Opener {
+        Opener {
+            dir,
+            buf: Vec::new(),
+            plain: (0, 0),
+            raw: (0, 0),
+            closed: false,
+            failed: None,
+        }
+    }
+
+    /// True when bytes wait here (decrypted, or read from the socket and not yet opened).
+    pub fn buffered(&self) -> bool {
+        self.plain.0 < self.plain.1 || self.raw.0 < self.raw.1
+    }
+
+    /// Gives up to `room` decrypted bytes to `take`, opening the whole records already read;
+    /// `Some(0)` at the end of the stream, `None` when the socket must be read first.
+    fn deliver(&mut self, room: usize, mut take: impl FnMut(&[u8])) -> io::Result<Option<usize>> {
+        if let Some(why) = &self.failed {
+            return Err(refused(why.clone()));
+        }
+        if room == 0 {
+            return Ok(Some(0));
+        }
+        let mut n = 0;
+        while n < room {
+            if self.plain.0 == self.plain.1 {
+                match self.open_next() {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) => {
+                        self.failed = Some(e.to_string());
+                        // Bytes already given out were authentic; the failure comes next.
+                        return if n > 0 { Ok(Some(n)) } else { Err(e) };
+                    }
+                }
+            }
+            let k = (self.plain.1 - self.plain.0).min(room - n);
+            take(&self.buf[self.plain.0..self.plain.0 + k]);
+            self.plain.0 += k;
+            n += k;
+        }
+        Ok(if n > 0 {
+            Some(n)
+        } else if self.closed {
+            Some(0)
+        } else {
+            None
+        })
+    }
+
+    /// Where the next socket read goes: after the bytes not yet opened, with room for at
+    /// least a whole record (a partial one is moved to the front first).
+    fn space(&mut self) -> &mut [u8] {
+        debug_assert_eq!(self.plain.0, self.plain.1, "read the socket only when dry");
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; RECV_BUF];
+        }
+        if self.raw.0 == self.raw.1 {
+            self.raw = (0, 0);
+        } else if self.buf.len() - self.raw.0 < HEADER_LEN + MAX_CIPHERTEXT {
+            self.buf.copy_within(self.raw.0..self.raw.1, 0);
+            self.raw = (0, self.raw.1 - self.raw.0);
+        }
+        self.plain = (self.raw.0, self.raw.0);
+        &mut self.buf[self.raw.1..]
+    }
+
+    /// `n` bytes were read into [`Opener::space`].
+    fn filled(&mut self, n: usize) {
+        debug_assert!(self.raw.1 + n <= self.buf.len());
+        self.raw.1 += n;
+    }
+
+    /// The error of a socket that ended: it did so without `close_notify` (a clean end is
+    /// seen before the socket is read again).
+    fn ended(&mut self) -> io::Error {
+        let why = if self.raw.0 < self.raw.1 {
+            "the peer closed the connection in the middle of a record"
+        } else {
+            "the peer closed the connection without close_notify"
+        };
+        self.failed = Some(why.into());
+        io::Error::new(io::ErrorKind::UnexpectedEof, format!("TLS: {why}"))
+    }
+
+    /// Opens the next whole record read: true when it was opened (it may carry no data),
+    /// false when none is whole yet or the stream has ended.
+    fn open_next(&mut self) -> io::Result<bool> {
+        let (start, end) = self.raw;
+        if self.closed || end - start < HEADER_LEN {
+            return Ok(false);
+        }
+        let mut header = [0u8; HEADER_LEN];
+        header.copy_from_slice(&self.buf[start..start + HEADER_LEN]);
+        if header[0] != APPLICATION_DATA {
+            return Err(refused(format!(
+                "a record of type {} after the handshake",
+                header[0]
+            )));
+        }
+        let len = u16::from_be_bytes([header[3], header[4]]) as usize;
+        if len > MAX_CIPHERTEXT {
+            return Err(refused(format!(
+                "a record of {len} bytes (record_overflow)"
+            )));
+        }
+        if len < 1 + TAG_LEN {
+            return Err(refused(format!("a record of {len} bytes: too short")));
+        }
+        if end - start < HEADER_LEN + len {
+            return Ok(false);
+        }
+        let body = start + HEADER_LEN..start + HEADER_LEN + len;
+        let nonce = self.dir.next_nonce()?;
+        let inner_len = self
+            .dir
+            .key
+            .open_in_place(nonce, aead::Aad::from(header), &mut self.buf[body.clone()])
+            .map_err(|_| {
+                refused(
+                    "a record failed authentication (altered, replayed, reordered, or not \
+                     from the peer)",
+                )
+            })?
+            .len();
+        self.raw.0 = body.end;
+        // The inner plaintext: content, its type, zeros of padding.
+        let inner = &self.buf[body.start..body.start + inner_len];
+        let Some(t) = inner.iter().rposition(|&b| b != 0) else {
+            return Err(refused("a record without a content type"));
+        };
+        if t > MAX_PLAINTEXT {
+            return Err(refused(
+                "a record of more than 2^14 bytes (record_overflow)",
+            ));
+        }
+        match inner[t] {
+            APPLICATION_DATA => self.plain = (body.start, body.start + t),
+            ALERT if t == 2 && inner[1] == CLOSE_NOTIFY => self.closed = true,
+            ALERT if t == 2 => return Err(refused(format!("the peer sent alert {}", inner[1]))),
+            HANDSHAKE => post_handshake(&inner[..t])?,
+            other => return Err(refused(format!("a record of content type {other}"))),
+        }
+        Ok(true)
+    }
+}
+
+/// Handshake messages after the handshake (RFC 8446 §4.6), each whole in one record: tickets
+/// are ignored (Surge does not resume sessions), anything else (a `KeyUpdate`) fails.
+fn post_handshake(mut msgs: &[u8]) -> io::Result<()> {
+    while !msgs.is_empty() {
+        if msgs.len() < 4 {
+            return Err(refused("a handshake message split across records"));
+        }
+        let len = u32::from_be_bytes([0, msgs[1], msgs[2], msgs[3]]) as usize;
+        if msgs.len() - 4 < len {
+            return Err(refused("a handshake message split across records"));
+        }
+        match msgs[0] {
+            NEW_SESSION_TICKET => {}
+            KEY_UPDATE => {
+                return Err(refused(
+                    "the peer updates its keys (KeyUpdate), which Surge's record layer does \
+                     not do (it never sends one)",
+                ))
+            }
+            t => {
+                return Err(refused(format!(
+                    "handshake message {t} after the handshake"
+                )))
+            }
+        }
+        msgs = &msgs[4 + len..];
+    }
+    Ok(())
+}
+
+/// Both directions of a connection's record protection.
+pub type Keys = (Opener, Sealer);
+
+/// Takes the traffic keys out of `conn`, whose handshake is complete and which holds no
+/// records unread or unsent (see [`handshake`]); rustls is done with the connection.
+pub fn take_keys(mut conn: rustls::Connection) -> io::Result<Keys> {
+    let state = conn.process_new_packets().map_err(io::Error::other)?;
+    if conn.is_handshaking() || state.plaintext_bytes_to_read() > 0 || conn.wants_write() {
+        return Err(refused(
+            "records left in rustls at the end of the handshake",
+        ));
+    }
+    let secrets = conn
+        .dangerous_extract_secrets()
+        .map_err(|e| refused(format!("taking the traffic keys: {e}")))?;
+    Ok((
+        Opener::new(Direction::new(secrets.rx)?),
+        Sealer {
+            dir: Direction::new(secrets.tx)?,
+        },
+    ))
+}
+
+/// The length of the record whose header is `h`, refused above what any record may be.
+fn record_len(h: &[u8; HEADER_LEN]) -> io::Result<usize> {
+    let len = u16::from_be_bytes([h[3], h[4]]) as usize;
+    if len > MAX_CIPHERTEXT {
+        return Err(refused(format!(
+            "a record of {len} bytes (record_overflow)"
+        )));
+    }
+    Ok(len)
+}
+
+/// Gives rustls one record read from the socket; on a failure, sends its alert.
+fn feed<W: Write>(conn: &mut rustls::Connection, record: &[u8], alerts: &mut W) -> io::Result<()> {
+    let mut rest = record;
+    while !rest.is_empty() {
+        conn.read_tls(&mut rest)?;
+    }
+    if let Err(e) = conn.process_new_packets() {
+        while conn.wants_write() && conn.write_tls(alerts).is_ok_and(|n| n > 0) {}
+        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+    }
+    Ok(())
+}
+
+/// Runs `conn`'s handshake on `sock`, reading one record at a time, so that nothing after
+/// the handshake's last record is read (the record layer takes over exactly there).
+pub fn handshake<S: Read + Write>(conn: &mut rustls::Connection, sock: &mut S) -> io::Result<()> {
+    let mut record = Vec::new();
+    loop {
+        while conn.wants_write() {
+            conn.write_tls(sock)?;
+        }
+        if !conn.is_handshaking() {
+            return sock.flush();
+        }
+        let mut h = [0u8; HEADER_LEN];
+        sock.read_exact(&mut h)?;
+        let len = record_len(&h)?;
+        record.clear();
+        record.extend_from_slice(&h);
+        record.resize(HEADER_LEN + len, 0);
+        sock.read_exact(&mut record[HEADER_LEN..])?;
+        feed(conn, &record, sock)?;
+    }
+}
+
+/// [`handshake`] on an async socket.
+pub async fn handshake_async<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut rustls::Connection,
+    sock: &mut S,
+) -> io::Result<()> {
+    let mut record = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        while conn.wants_write() {
+            out.clear();
+            conn.write_tls(&mut out)?;
+            sock.write_all(&out).await?;
+        }
+        if !conn.is_handshaking() {
+            return sock.flush().await;
+        }
+        let mut h = [0u8; HEADER_LEN];
+        sock.read_exact(&mut h).await?;
+        let len = record_len(&h)?;
+        record.clear();
+        record.extend_from_slice(&h);
+        record.resize(HEADER_LEN + len, 0);
+        sock.read_exact(&mut record[HEADER_LEN..]).await?;
+        out.clear();
+        let fed = feed(conn, &record, &mut out);
+        if fed.is_err() {
+            let _ = sock.write_all(&out).await;
+        }
+        fed?;
+    }
+}
+
+/// A TLS connection on a blocking socket `sock` (both directions).
+pub struct Stream<S> {
+    pub sock: S,
+    opener: Opener,
+    sealer: Sealer,
+    out: Vec<u8>,
+    /// A write to the socket failed part way: the records sent no longer follow each other.
+    broken: bool,
+}
+
+impl<S> Stream<S> {
+    pub fn new(sock: S, (opener, sealer): Keys) -> Stream<S> {
+        Stream {
+            sock,
+            opener,
+            sealer,
+            out: Vec::new(),
+            broken: false,
+        }
+    }
+
+    /// True when received bytes wait here: a read may not need the socket.
+    pub fn buffered(&self) -> bool {
+        self.opener.buffered()
+    }
+}
+
+impl<S: Write> Stream<S> {
+    /// Sends `close_notify`: the peer reads the end of the stream.
+    pub fn close_notify(&mut self) -> io::Result<()> {
+        self.out.clear();
+        self.sealer.close_notify(&mut self.out)?;
+        self.send()
+    }
+
+    fn send(&mut self) -> io::Result<()> {
+        if self.broken {
+            return Err(refused("an earlier write failed part way"));
+        }
+        let sent = self.sock.write_all(&self.out);
+        self.broken = sent.is_err();
+        if self.out.capacity() > 2 * SEND_CHUNK {
+            self.out = Vec::new();
+        }
+        sent
+    }
+}
+
+impl<S: Read> Read for Stream<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut n = 0;
+            let got = self.opener.deliver(buf.len(), |p| {
+                buf[n..n + p.len()].copy_from_slice(p);
+                n += p.len();
+            })?;
+            if let Some(n) = got {
+                return Ok(n);
+            }
+            let read = self.sock.read(self.opener.space())?;
+            if read == 0 {
+                return Err(self.opener.ended());
+            }
+            self.opener.filled(read);
+        }
+    }
+}
+
+impl<S: Write> Write for Stream<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.out.clear();
+        let n = self.sealer.seal(bufs, SEND_CHUNK, &mut self.out)?;
+        self.send()?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+/// The receiving half of a TLS connection on an async socket.
+pub struct ReadHalf<R> {
+    inner: R,
+    opener: Opener,
+}
+
+impl<R> ReadHalf<R> {
+    pub fn new(inner: R, opener: Opener) -> ReadHalf<R> {
+        ReadHalf { inner, opener }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for ReadHalf<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this
+                .opener
+                .deliver(buf.remaining(), |p| buf.put_slice(p))?
+                .is_some()
+            {
+                return Poll::Ready(Ok(()));
+            }
+            let mut space = ReadBuf::new(this.opener.space());
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut space))?;
+            let read = space.filled().len();
+            if read == 0 {
+                return Poll::Ready(Err(this.opener.ended()));
+            }
+            this.opener.filled(read);
+        }
+    }
+}
+
+/// The sending half of a TLS connection on an async socket. Records wait here until a flush,
+/// or until [`SEND_CHUNK`] bytes wait: a frame's header and payload leave in one write.
+pub struct WriteHalf<W> {
+    inner: W,
+    sealer: Sealer,
+    out: Vec<u8>,
+    sent: usize,
+    closing: bool,
+}
+
+impl<W> WriteHalf<W> {
+    pub fn new(inner: W, sealer: Sealer) -> WriteHalf<W> {
+        WriteHalf {
+            inner,
+            sealer,
+            out: Vec::new(),
+            sent: 0,
+            closing: false,
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> WriteHalf<W> {
+    /// Writes the records waiting here to the socket.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.sent < self.out.len() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.out[self.sent..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.sent += n;
+        }
+        self.out.clear();
+        self.sent = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for WriteHalf<W> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.out.len() - this.sent >= SEND_CHUNK {
+            ready!(this.poll_send(cx))?;
+        }
+        Poll::Ready(this.sealer.seal(&[buf], SEND_CHUNK, &mut this.out))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_send(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.closing {
+            this.closing = true;
+            this.sealer.close_notify(&mut this.out)?;
+        }
+        ready!(this.poll_send(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::crypto::cipher::{AeadKey, Iv};
+
+    /// One direction's secrets made of byte `k`, starting at sequence number `seq`.
+    fn direction(k: u8, seq: u64) -> Direction {
+        let key = AeadKey::from([k; 32]);
+        let iv = Iv::from([k; 12]);
+        Direction::new((seq, ConnectionTrafficSecrets::Aes256Gcm { key, iv })).unwrap()
+    }
+
+    /// The two ends of a connection: A sends with key 1, B with key 2.
+    fn ends() -> (Keys, Keys) {
+        let a = (
+            Opener::new(direction(2, 0)),
+            Sealer {
+                dir: direction(1, 0),
+            },
+        );
+        let b = (
+            Opener::new(direction(1, 0)),
+            Sealer {
+                dir: direction(2, 0),
+            },
+        );
+        (a, b)
+    }
+
+    /// A socket whose reads give `input` at most `chunk` bytes at a time and whose writes
+    /// are kept in `output`.
+    #[derive(Default)]
+    struct Wire {
+        input: Vec<u8>,
+        pos: usize,
+        chunk: usize,
+        output: Vec<u8>,
+    }
+
+    impl Read for Wire {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = buf.len().min(self.chunk).min(self.input.len() - self.pos);
+            buf[..n].copy_from_slice(&self.input[self.pos..self.pos + n]);
+            self.pos += n;
+            Ok(n)
+        }
+    }
+
+    impl Write for Wire {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.output.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn wire(input: Vec<u8>, chunk: usize) -> Wire {
+        Wire {
+            input,
+            chunk,
+            ..Wire::default()
+        }
+    }
+
+    fn data(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    /// The records of `wire`, split at their headers.
+    fn records(mut wire: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while !wire.is_empty() {
+            let len = u16::from_be_bytes([wire[3], wire[4]]) as usize;
+            out.push(wire[..HEADER_LEN + len].to_vec());
+            wire = &wire[HEADER_LEN + len..];
+        }
+        out
+    }
+
+    /// Reads `s` to its end (or error), `step` bytes at a time at most.
+    fn read_all<S: Read>(s: &mut Stream<S>, step: usize) -> (Vec<u8>, io::Result<()>) {
+        let mut got = Vec::new();
+        let mut b = vec![0u8; step];
+        loop {
+            match s.read(&mut b) {
+                Ok(0) => return (got, Ok(())),
+                Ok(n) => got.extend_from_slice(&b[..n]),
+                Err(e) => return (got, Err(e)),
+            }
+        }
+    }
+
+    /// What A sends when it writes `msgs` and closes.
+    fn sent(msgs: &[&[u8]]) -> Vec<u8> {
+        let (a, _) = ends();
+        let mut a = Stream::new(Wire::default(), a);
+        for m in msgs {
+            a.write_all(m).unwrap();
+        }
+        a.close_notify().unwrap();
+        a.sock.output
+    }
+
+    #[test]
+    fn bytes_written_are_read_back_in_order_in_records_of_at_most_2_14_bytes() {
+        let big = data(1 << 20);
+        let (a, b) = ends();
+        let mut a = Stream::new(Wire::default(), a);
+        a.write_all(b"hello").unwrap();
+        let head = [1u8, 2, 3];
+        let n = a
+            .write_vectored(&[IoSlice::new(&head), IoSlice::new(&big)])
+            .unwrap();
+        a.write_all(&big[n - head.len()..]).unwrap();
+        a.close_notify().unwrap();
+        for r in records(&a.sock.output) {
+            assert_eq!(
+                &r[..3],
+                &[APPLICATION_DATA, 3, 3],
+                "looks like application data"
+            );
+            assert!(r.len() - HEADER_LEN <= MAX_PLAINTEXT + 1 + TAG_LEN);
+        }
+        let mut b = Stream::new(wire(a.sock.output, usize::MAX), b);
+        let (got, end) = read_all(&mut b, 100_000);
+        end.unwrap();
+        let mut want = b"hello".to_vec();
+        want.extend_from_slice(&head);
+        want.extend_from_slice(&big);
+        assert!(got == want);
+    }
+
+    #[test]
+    fn a_record_split_across_socket_reads_is_opened_whole() {
+        let msg = data(100_000);
+        let bytes = sent(&[&msg]);
+        for chunk in [1, 7, 4096, 16_405, 70_001] {
+            let (_, b) = ends();
+            let mut b = Stream::new(wire(bytes.clone(), chunk), b);
+            let (got, end) = read_all(&mut b, 5000);
+            end.unwrap();
+            assert!(got == msg, "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn an_altered_record_fails_the_connection_for_good() {
+        let good = sent(&[b"first record", b"second record"]);
+        // A flipped bit in the ciphertext, the tag or the header (the AAD) of the second.
+        let second = records(&good)[0].len();
+        for at in [
+            second + 2,
+            second + HEADER_LEN,
+            second + HEADER_LEN + 3,
+            good.len() - 40,
+        ] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x40;
+            let (_, b) = ends();
+            let mut b = Stream::new(wire(bad, usize::MAX), b);
+            let mut buf = [0u8; 64];
+            assert_eq!(b.read(&mut buf).unwrap(), 12, "the first record is intact");
+            let e = b.read(&mut buf).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "byte {at}: {e}");
+            assert!(b.read(&mut buf).is_err(), "and stays failed");
+        }
+    }
+
+    #[test]
+    fn a_replayed_or_reordered_record_is_refused() {
+        let r = records(&sent(&[b"one", b"two"]));
+        for order in [[1, 0], [0, 0]] {
+            let bytes = [r[order[0]].clone(), r[order[1]].clone()].concat();
+            let (_, b) = ends();
+            let mut b = Stream::new(wire(bytes, usize::MAX), b);
+            let mut buf = [0u8; 8];
+            let first = b.read(&mut buf);
+            let second = b.read(&mut buf);
+            match order {
+                [1, 0] => assert!(first.is_err(), "out of order"),
+                _ => {
+                    assert_eq!(first.unwrap(), 3);
+                    assert!(second.is_err(), "replayed");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_oversized_or_clear_record_is_refused_before_its_body_is_read() {
+        let mut over = vec![APPLICATION_DATA, 3, 3];
+        over.extend_from_slice(&((MAX_CIPHERTEXT + 1) as u16).to_be_bytes());
+        let clear = vec![HANDSHAKE, 3, 3, 0, 4, 1, 2, 3, 4];
+        for bytes in [over, clear] {
+            let (_, b) = ends();
+            let mut b = Stream::new(wire(bytes, usize::MAX), b);
+            let e = b.read(&mut [0u8; 8]).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        }
+    }
+
+    #[test]
+    fn sequence_numbers_never_wrap_and_a_nonce_is_never_reused() {
+        let mut a = Sealer {
+            dir: direction(1, u64::MAX - 1),
+        };
+        let mut out = Vec::new();
+        a.seal(&[&b"last"[..]], usize::MAX, &mut out).unwrap();
+        let len = out.len();
+        assert!(a.seal(&[&b"one more"[..]], usize::MAX, &mut out).is_err());
+        assert!(a.close_notify(&mut out).is_err());
+        assert_eq!(out.len(), len, "nothing sealed once the numbers ran out");
+        let b = Opener::new(direction(1, u64::MAX - 1));
+        let mut b = Stream::new(
+            wire([out.clone(), out].concat(), usize::MAX),
+            (b, ends().0 .1),
+        );
+        let mut buf = [0u8; 8];
+        assert_eq!(b.read(&mut buf).unwrap(), 4);
+        assert!(b.read(&mut buf).is_err());
+    }
+
+    #[test]
+    fn close_notify_is_the_end_and_a_bare_close_is_not() {
+        let (_, b) = ends();
+        let mut b = Stream::new(wire(sent(&[b"all of it"]), usize::MAX), b);
+        let (got, end) = read_all(&mut b, 64);
+        assert_eq!((got.as_slice(), end.is_ok()), (&b"all of it"[..], true));
+        assert_eq!(b.read(&mut [0u8; 8]).unwrap(), 0, "the end stays the end");
+
+        let r = records(&sent(&[b"cut"]));
+        let (_, b) = ends();
+        let mut b = Stream::new(wire(r[0].clone(), usize::MAX), b);
+        let (got, end) = read_all(&mut b, 64);
+        assert_eq!(got, b"cut");
+        assert_eq!(end.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn a_ticket_is_ignored_and_a_key_update_refused() {
+        let (a, b) = ends();
+        let (_, mut sealer) = a;
+        let mut out = Vec::new();
+        sealer
+            .seal_message(HANDSHAKE, &[NEW_SESSION_TICKET, 0, 0, 2, 9, 9], &mut out)
+            .unwrap();
+        sealer.seal(&[&b"data"[..]], usize::MAX, &mut out).unwrap();
+        sealer
+            .seal_message(HANDSHAKE, &[KEY_UPDATE, 0, 0, 1, 0], &mut out)
+            .unwrap();
+        let mut b = Stream::new(wire(out, usize::MAX), b);
+        let mut buf = [0u8; 8];
+        assert_eq!(b.read(&mut buf).unwrap(), 4);
+        let e = b.read(&mut buf).unwrap_err();
+        assert!(e.to_string().contains("KeyUpdate"), "{e}");
+    }
+
+    /// Interoperation with rustls on the other end (a TLS 1.3 peer that is not this module).
+    mod interop {
+        use super::super::*;
+        use crate::tls::{ClientTls, Mode, ServerTls};
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+        use std::os::unix::net::UnixStream;
+        use std::sync::Arc;
+
+        struct Pki {
+            dir: std::path::PathBuf,
+            cert: CertificateDer<'static>,
+            key: PrivateKeyDer<'static>,
+        }
+
+        /// A certificate for `localhost`, in files (for `crate::tls`) and in memory.
+        fn pki(tag: &str) -> Pki {
+            let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+            let dir =
+                std::env::temp_dir().join(format!("surge-record-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("server.crt"), ck.cert.pem()).unwrap();
+            std::fs::write(dir.join("server.key"), ck.signing_key.serialize_pem()).unwrap();
+            Pki {
+                dir,
+                cert: ck.cert.der().clone(),
+                key: PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()).into(),
+            }
+        }
+
+        fn name() -> rustls::pki_types::ServerName<'static> {
+            ClientTls::server_name("localhost").unwrap()
+        }
+
+        /// Plain rustls, as any TLS 1.3 peer would configure it (tickets sent, no extraction).
+        fn plain_server(p: &Pki) -> Arc<rustls::ServerConfig> {
+            let c = rustls::ServerConfig::builder_with_provider(ring())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![p.cert.clone()], p.key.clone_key())
+                .unwrap();
+            assert!(c.send_tls13_tickets > 0);
+            Arc::new(c)
+        }
+
+        fn plain_client(p: &Pki) -> Arc<rustls::ClientConfig> {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(p.cert.clone()).unwrap();
+            Arc::new(
+                rustls::ClientConfig::builder_with_provider(ring())
+                    .with_safe_default_protocol_versions()
+                    .unwrap()
+                    .with_root_certificates(roots)
+                    .with_no_client_auth(),
+            )
+        }
+
+        fn ring() -> Arc<rustls::crypto::CryptoProvider> {
+            Arc::new(rustls::crypto::ring::default_provider())
+        }
+
+        /// Reads `n` bytes and writes them back, then reads to the end of the stream.
+        fn echo<S: Read + Write>(s: &mut S, n: usize) -> usize {
+            let mut got = vec![0u8; n];
+            s.read_exact(&mut got).unwrap();
+            s.write_all(&got).unwrap();
+            s.flush().unwrap();
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest).unwrap();
+            rest.len()
+        }
+
+        const N: usize = 3 << 20;
+
+        #[test]
+        fn a_rustls_client_speaks_to_our_server_side() {
+            let p = pki("server");
+            let ours = ServerTls::from_files(
+                &p.dir.join("server.crt"),
+                &p.dir.join("server.key"),
+                Mode::On,
+            )
+            .unwrap();
+            let (mut cs, mut ss) = UnixStream::pair().unwrap();
+            let server = std::thread::spawn(move || {
+                let conn = rustls::ServerConnection::new(ours.config.clone()).unwrap();
+                let mut conn = rustls::Connection::from(conn);
+                handshake(&mut conn, &mut ss).unwrap();
+                let b = crate::tls::binding(&conn).unwrap();
+                let mut s = Stream::new(ss, take_keys(conn).unwrap());
+                let mut got = vec![0u8; N];
+                s.read_exact(&mut got).unwrap();
+                s.write_all(&got).unwrap();
+                s.close_notify().unwrap();
+                (b, got)
+            });
+            let conn = rustls::ClientConnection::new(plain_client(&p), name()).unwrap();
+            let mut c = rustls::StreamOwned::new(conn, &mut cs);
+            let msg = super::data(N);
+            c.write_all(&msg).unwrap();
+            let mut back = vec![0u8; N];
+            c.read_exact(&mut back).unwrap();
+            let mut rest = Vec::new();
+            assert_eq!(
+                c.read_to_end(&mut rest).unwrap(),
+                0,
+                "close_notify: a clean end"
+            );
+            let (b, got) = server.join().unwrap();
+            assert!(got == msg && back == msg);
+            let theirs = c
+                .conn
+                .export_keying_material(vec![0u8; 32], crate::tls::EXPORTER_LABEL, None)
+                .unwrap();
+            assert_eq!(b, theirs, "the same channel binding on both ends");
+        }
+
+        #[test]
+        fn our_client_side_speaks_to_a_rustls_server_that_sends_tickets() {
+            let p = pki("client");
+            let ours = ClientTls::from_ca_file(&p.dir.join("server.crt"), Mode::On).unwrap();
+            let (mut cs, mut ss) = UnixStream::pair().unwrap();
+            let config = plain_server(&p);
+            let server = std::thread::spawn(move || {
+                let conn = rustls::ServerConnection::new(config).unwrap();
+                let mut s = rustls::StreamOwned::new(conn, &mut ss);
+                let left = echo(&mut s, N);
+                let label = crate::tls::EXPORTER_LABEL;
+                let b = s.conn.export_keying_material(vec![0u8; 32], label, None);
+                (b.unwrap(), left)
+            });
+            let conn = rustls::ClientConnection::new(ours.config.clone(), name()).unwrap();
+            let mut conn = rustls::Connection::from(conn);
+            handshake(&mut conn, &mut cs).unwrap();
+            let b = crate::tls::binding(&conn).unwrap();
+            let mut c = Stream::new(cs, take_keys(conn).unwrap());
+            let msg = super::data(N);
+            c.write_all(&msg).unwrap();
+            let mut back = vec![0u8; N];
+            c.read_exact(&mut back).unwrap();
+            assert!(back == msg);
+            c.close_notify().unwrap();
+            let (theirs, left) = server.join().unwrap();
+            assert_eq!(left, 0, "our close_notify read as the end");
+            assert_eq!(b, theirs);
+        }
+
+        #[test]
+        fn our_async_client_side_speaks_to_a_rustls_server() {
+            let p = pki("async");
+            let ours = ClientTls::from_ca_file(&p.dir.join("server.crt"), Mode::On).unwrap();
+            let config = plain_server(&p);
+            let (cs, mut ss) = UnixStream::pair().unwrap();
+            let server = std::thread::spawn(move || {
+                let conn = rustls::ServerConnection::new(config).unwrap();
+                let mut s = rustls::StreamOwned::new(conn, &mut ss);
+                echo(&mut s, N)
+            });
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                cs.set_nonblocking(true).unwrap();
+                let mut cs = tokio::net::UnixStream::from_std(cs).unwrap();
+                let conn = rustls::ClientConnection::new(ours.config.clone(), name()).unwrap();
+                let mut conn = rustls::Connection::from(conn);
+                handshake_async(&mut conn, &mut cs).await.unwrap();
+                let (opener, sealer) = take_keys(conn).unwrap();
+                let (r, w) = cs.into_split();
+                let (mut r, mut w) = (ReadHalf::new(r, opener), WriteHalf::new(w, sealer));
+                let msg = super::data(N);
+                let reading = async {
+                    let mut back = vec![0u8; N];
+                    r.read_exact(&mut back).await.unwrap();
+                    back
+                };
+                let writing = async {
+                    w.write_all(&msg).await.unwrap();
+                    w.flush().await.unwrap();
+                };
+                let (back, ()) = tokio::join!(reading, writing);
+                assert!(back == msg);
+                w.shutdown().await.unwrap();
+            });
+            assert_eq!(
+                server.join().unwrap(),
+                0,
+                "our close_notify read as the end"
+            );
+        }
+    }
+}
