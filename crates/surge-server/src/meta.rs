@@ -61,11 +61,6 @@ pub struct Created {
     pub inherited: bool,
 }
 
-/// Whether a node of this kind takes its directory's default ACL (symlinks have none).
-fn node_takes_acl(node: &NewNode) -> bool {
-    !matches!(node, NewNode::Symlink { .. })
-}
-
 fn err(code: ErrorCode, msg: impl Into<String>) -> ErrorReply {
     ErrorReply::new(code, msg)
 }
@@ -845,10 +840,12 @@ impl Ops<'_> {
             name,
             node,
             (perm, uid, gid),
+            0,
             None,
             Timestamp::now(),
             FileLayout::default(),
         )
+        .map(|c| (c.attr, c.parent))
     }
 
     /// [`create_returning_parent`](Self::create_returning_parent) with the layout the
@@ -863,27 +860,16 @@ impl Ops<'_> {
         umask: u16,
         layout: FileLayout,
     ) -> MetaResult<Created> {
-        let (perm, uid, gid) = owner;
-        let inherited = node_takes_acl(node) && self.default_acl(parent)?.is_some();
-        let perm = if inherited {
-            perm
-        } else {
-            perm & !(umask & 0o777)
-        };
-        let (attr, parent) = self.create_in(
+        self.create_in(
             parent,
             name,
             node,
-            (perm, uid, gid),
+            owner,
+            umask,
             None,
             Timestamp::now(),
             layout,
-        )?;
-        Ok(Created {
-            attr,
-            parent,
-            inherited,
-        })
+        )
     }
 
     /// The default ACL of directory `dir`, if it has one.
@@ -952,7 +938,8 @@ impl Ops<'_> {
 
     /// [`create`](Self::create) as inode `ino` when given (reserved with
     /// [`alloc_inodes`](Self::alloc_inodes); it must not exist), at time `now`, with `layout`
-    /// (unset: the parent's default); also returns the parent's attributes after.
+    /// (unset: the parent's default), `umask` applied unless the parent has a default ACL;
+    /// also returns the parent's attributes after (see [`Created`]).
     #[allow(clippy::too_many_arguments)]
     fn create_in(
         &self,
@@ -960,10 +947,11 @@ impl Ops<'_> {
         name: &[u8],
         node: &NewNode,
         (perm, uid, gid): (u16, u32, u32),
+        umask: u16,
         ino: Option<Ino>,
         now: Timestamp,
         layout: FileLayout,
-    ) -> MetaResult<(Attr, Attr)> {
+    ) -> MetaResult<Created> {
         check_name(name)?;
         let p = self.dir(parent)?;
         if self.dentry(parent, name)?.is_some() {
@@ -1003,13 +991,17 @@ impl Ops<'_> {
                 (*kind, None, 1, rdev)
             }
         };
-        let (gid, perm) = new_node_group_and_perm(&p, kind, gid, perm);
-        // A directory's default ACL masks the mode in place of the umask (the caller left
-        // the umask out) and is the new node's access ACL (`posix_acl_create`).
+        // A directory's default ACL masks the mode in place of the umask and is the new
+        // node's access ACL (`posix_acl_create`); symlinks take none.
         let default = match kind {
             FileKind::Symlink => None,
             _ => self.default_acl(parent)?,
         };
+        let perm = match default {
+            Some(_) => perm,
+            None => perm & !(umask & 0o777),
+        };
+        let (gid, perm) = new_node_group_and_perm(&p, kind, gid, perm);
         let (perm, access) = match &default {
             Some(d) => {
                 let (access, mode) = d.create_masked(perm & 0o777);
@@ -1095,7 +1087,11 @@ impl Ops<'_> {
             through: 0,
             layout,
         };
-        Ok((attr, parent_after))
+        Ok(Created {
+            attr,
+            parent: parent_after,
+            inherited: default.is_some(),
+        })
     }
 
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> MetaResult<Attr> {
@@ -1239,14 +1235,7 @@ impl Ops<'_> {
         if name == acl::ACCESS || name == acl::DEFAULT {
             return self.set_acl(&a, name, value, flags);
         }
-        let old: Option<i64> = self
-            .tx
-            .prepare_cached("SELECT length(value) FROM xattrs WHERE ino = ?1 AND name = ?2")
-            .and_then(|mut st| {
-                st.query_row(params![ino as i64, name], |r| r.get(0))
-                    .optional()
-            })
-            .map_err(db_err)?;
+        let old = self.xattr_len(ino, name)?;
         match (old.is_some(), flags & (XATTR_CREATE | XATTR_REPLACE)) {
             (true, XATTR_CREATE) => {
                 return Err(err(
@@ -1286,17 +1275,21 @@ impl Ops<'_> {
         Ok(())
     }
 
-    /// Stores an ACL the caller set (within the inode's room for attributes).
-    fn put_acl(&self, ino: Ino, name: &[u8], acl: &Acl) -> MetaResult<()> {
-        let value = acl.encode();
-        let old: Option<i64> = self
-            .tx
+    /// The length of the value of attribute `name` of `ino`, if it has one.
+    fn xattr_len(&self, ino: Ino, name: &[u8]) -> MetaResult<Option<i64>> {
+        self.tx
             .prepare_cached("SELECT length(value) FROM xattrs WHERE ino = ?1 AND name = ?2")
             .and_then(|mut st| {
                 st.query_row(params![ino as i64, name], |r| r.get(0))
                     .optional()
             })
-            .map_err(db_err)?;
+            .map_err(db_err)
+    }
+
+    /// Stores an ACL the caller set (within the inode's room for attributes).
+    fn put_acl(&self, ino: Ino, name: &[u8], acl: &Acl) -> MetaResult<()> {
+        let value = acl.encode();
+        let old = self.xattr_len(ino, name)?;
         self.check_room(ino, name, old, value.len())?;
         self.put_xattr(ino, name, &value)
     }
@@ -1445,11 +1438,14 @@ impl Ops<'_> {
                         name,
                         &NewNode::File,
                         (*perm, *uid, *gid),
+                        0,
                         Some(*ino),
                         *time,
                         *layout,
                     )
-                    .map(|(_, p)| BatchDone::Created { change: p.change }),
+                    .map(|c| BatchDone::Created {
+                        change: c.parent.change,
+                    }),
             };
             match r {
                 // Checks come before changes: an I/O error may have left a change half made.
