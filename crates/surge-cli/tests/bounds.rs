@@ -109,8 +109,13 @@ fn frames_announced_and_not_sent_hold_little_memory_and_are_cut_off() {
 
     // Over the limit: refused from the header alone.
     let mut s = connect(&addr);
-    s.write_all(&frame_prefix(write.opcode(), 1, &encode(&write), 64 << 20))
-        .unwrap();
+    s.write_all(&frame_prefix(
+        write.opcode(),
+        1,
+        &encode(&write).expect("encodes"),
+        64 << 20,
+    ))
+    .unwrap();
     assert_eq!(error_code(read_response(&mut s)), ErrorCode::TooLarge);
 
     let (rss_before, _) = common::wire::memory(pid(&c.servers[0]));
@@ -121,7 +126,7 @@ fn frames_announced_and_not_sent_hold_little_memory_and_are_cut_off() {
             let mut w = frame_prefix(
                 write.opcode(),
                 100 + i,
-                &encode(&write),
+                &encode(&write).expect("encodes"),
                 MAX_PAYLOAD as usize,
             );
             w.extend_from_slice(&[7u8; 64 << 10]);
@@ -182,7 +187,7 @@ fn an_idle_connection_is_closed_with_a_notice_and_what_came_after_is_not_made() 
         offset: 0,
     };
     let _ = s.write_all(&{
-        let mut w = frame_prefix(write.opcode(), 2, &encode(&write), 5);
+        let mut w = frame_prefix(write.opcode(), 2, &encode(&write).expect("encodes"), 5);
         w.extend_from_slice(b"hello");
         w
     });

@@ -54,7 +54,7 @@ fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
         },
         offset: 0,
     };
-    let meta = encode(&req);
+    let meta = encode(&req).expect("encodes");
     let wire = frame_prefix(req.opcode(), 8, &meta, 1 << 20);
     s.write_all(&wire).unwrap();
     s.write_all(&[1u8; 1000]).unwrap();
@@ -68,7 +68,7 @@ fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
     // Requests for instances, fragments and namespaces the server does not hold: typed errors
     // on a connection that stays usable.
     let mut s = connect(&addr);
-    let meta = encode(&req);
+    let meta = encode(&req).expect("encodes");
     let mut w = frame_prefix(req.opcode(), 9, &meta, 3);
     w.extend_from_slice(b"abc");
     s.write_all(&w).unwrap();
@@ -82,8 +82,13 @@ fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
         parent: 1,
         name: b"x".to_vec(),
     };
-    s.write_all(&frame_prefix(look.opcode(), 10, &encode(&look), 0))
-        .unwrap();
+    s.write_all(&frame_prefix(
+        look.opcode(),
+        10,
+        &encode(&look).expect("encodes"),
+        0,
+    ))
+    .unwrap();
     assert_eq!(
         error_code(read_response(&mut s)),
         ErrorCode::UnknownInstance
@@ -93,8 +98,13 @@ fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
         instance: InstanceId(id),
         fragment: 3,
     };
-    s.write_all(&frame_prefix(frag.opcode(), 11, &encode(&frag), 0))
-        .unwrap();
+    s.write_all(&frame_prefix(
+        frag.opcode(),
+        11,
+        &encode(&frag).expect("encodes"),
+        0,
+    ))
+    .unwrap();
     assert_eq!(
         error_code(read_response(&mut s)),
         ErrorCode::UnknownFragment
@@ -104,8 +114,13 @@ fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
         ns: NamespaceId(4),
         ino: 1,
     };
-    s.write_all(&frame_prefix(ns.opcode(), 12, &encode(&ns), 0))
-        .unwrap();
+    s.write_all(&frame_prefix(
+        ns.opcode(),
+        12,
+        &encode(&ns).expect("encodes"),
+        0,
+    ))
+    .unwrap();
     assert_eq!(
         error_code(read_response(&mut s)),
         ErrorCode::UnknownNamespace
@@ -123,12 +138,22 @@ fn malformed_frames_get_errors_or_closed_connections_and_the_server_lives_on() {
         gid: 0,
         layout: Default::default(),
     };
-    s.write_all(&frame_prefix(bad.opcode(), 13, &encode(&bad), 0))
-        .unwrap();
+    s.write_all(&frame_prefix(
+        bad.opcode(),
+        13,
+        &encode(&bad).expect("encodes"),
+        0,
+    ))
+    .unwrap();
     assert_eq!(error_code(read_response(&mut s)), ErrorCode::Invalid);
     let st = Request::Status;
-    s.write_all(&frame_prefix(st.opcode(), 14, &encode(&st), 0))
-        .unwrap();
+    s.write_all(&frame_prefix(
+        st.opcode(),
+        14,
+        &encode(&st).expect("encodes"),
+        0,
+    ))
+    .unwrap();
     assert!(matches!(
         read_response(&mut s),
         Some((_, Response::Status(_)))
@@ -174,7 +199,7 @@ fn fuzzed_frames_never_crash_the_server() {
     for round in 0..300 {
         let mut s = connect(&addr);
         let req = &valid[round % valid.len()];
-        let meta = encode(req);
+        let meta = encode(req).expect("encodes");
         let mut wire = frame_prefix(req.opcode(), round as u64, &meta, 0);
         // Flip a few bytes anywhere in the frame (header included), or cut it short.
         for _ in 0..1 + rng.below(3) {
@@ -284,8 +309,13 @@ fn strangers_get_nothing_without_a_valid_capability() {
         },
         offset: 0,
     };
-    s.write_all(&frame_prefix(req.opcode(), 9, &encode(&req), 1 << 20))
-        .unwrap();
+    s.write_all(&frame_prefix(
+        req.opcode(),
+        9,
+        &encode(&req).expect("encodes"),
+        1 << 20,
+    ))
+    .unwrap();
     // The server stops reading after the header: the payload may not all go out.
     let _ = s.write_all(&[7u8; 64 << 10]);
     let r = read_response(&mut s);

@@ -357,7 +357,12 @@ fn a_presented_capability_replayed_on_another_connection_reads_nothing() {
     // A server in mode `on` serves no clear connection at all, even from loopback.
     let mut s = TcpStream::connect(&srv.direct).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let w = codec::frame_prefix(describe.opcode(), 1, &codec::encode(&describe), 0);
+    let w = codec::frame_prefix(
+        describe.opcode(),
+        1,
+        &codec::encode(&describe).expect("encodes"),
+        0,
+    );
     s.write_all(&w).unwrap();
     let mut got = Vec::new();
     let _ = s.read_to_end(&mut got);

@@ -72,10 +72,11 @@ impl CodecError {
     }
 }
 
-pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
-    // Serializing our own message types into a Vec cannot fail (no maps with non-string keys,
-    // no custom serializers); an empty message would be refused by the peer's decoder anyway.
-    postcard::to_stdvec(msg).unwrap_or_default()
+/// Encodes a message. Our message types have no maps with non-string keys and no custom
+/// serializers, so this fails only if one is added: the send fails with the reason then.
+pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
+    postcard::to_stdvec(msg)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("encoding: {e}")))
 }
 
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
@@ -111,7 +112,7 @@ pub fn write_response<W: Write>(
     resp: &Response,
     payload: &[u8],
 ) -> io::Result<()> {
-    let meta = encode(resp);
+    let meta = encode(resp)?;
     let prefix = frame_prefix(opcode | RESPONSE_BIT, request_id, &meta, payload.len());
     write_all_vectored(w, &prefix, payload)
 }
@@ -125,7 +126,7 @@ pub fn write_response_head<W: Write>(
     resp: &Response,
     payload_len: usize,
 ) -> io::Result<()> {
-    let meta = encode(resp);
+    let meta = encode(resp)?;
     let prefix = frame_prefix(opcode | RESPONSE_BIT, request_id, &meta, payload_len);
     w.write_all(&prefix)
 }
@@ -263,6 +264,16 @@ pub fn read_request_within<R: Read + Waits>(
     read_stepwise(r, &mut meta, header.meta_len as usize, "message").map_err(|e| (id, e))?;
     read_stepwise(r, payload, header.payload_len as usize, "payload").map_err(|e| (id, e))?;
     let request = decode::<Request>(&meta).map_err(|e| (id, e))?;
+    // One numbering: the header's opcode is the request's own (crate::facts).
+    if request.opcode() != header.opcode {
+        return Err((
+            id,
+            CodecError::Frame(FrameError::Opcode {
+                header: header.opcode,
+                request: request.name(),
+            }),
+        ));
+    }
     Ok(Some(RequestFrame { header, request }))
 }
 
@@ -341,7 +352,7 @@ pub async fn write_request<W: AsyncWrite + Unpin>(
     req: &Request,
     payload: &[u8],
 ) -> io::Result<()> {
-    let meta = encode(req);
+    let meta = encode(req)?;
     let prefix = frame_prefix_as(req.opcode(), request_id, session, &meta, payload.len());
     if payload.is_empty() {
         w.write_all(&prefix).await?;
@@ -360,7 +371,7 @@ pub fn call_blocking<S: Read + Write>(
     req: &Request,
     payload: &[u8],
 ) -> Result<ResponseFrame, CodecError> {
-    let meta = encode(req);
+    let meta = encode(req)?;
     let prefix = frame_prefix_as(req.opcode(), request_id, session, &meta, payload.len());
     write_all_vectored(s, &prefix, payload)?;
     let mut hb = [0u8; HEADER_LEN];
@@ -401,7 +412,7 @@ mod tests {
     #[test]
     fn request_round_trip_with_payload() {
         let req = write_req();
-        let meta = encode(&req);
+        let meta = encode(&req).expect("encodes");
         let mut wire = frame_prefix(req.opcode(), 77, &meta, 5);
         wire.extend_from_slice(b"hello");
         let mut payload = Vec::new();
@@ -415,9 +426,24 @@ mod tests {
     }
 
     #[test]
+    fn a_header_naming_another_operation_is_refused() {
+        let req = write_req();
+        let meta = encode(&req).expect("encodes");
+        let read_op = crate::facts::RequestKind::Read.opcode();
+        let wire = frame_prefix(read_op, 3, &meta, 0);
+        let mut p = Vec::new();
+        match read_request(&mut &wire[..], &mut p) {
+            Err((Some(3), CodecError::Frame(FrameError::Opcode { header, request }))) => {
+                assert_eq!((header, request), (read_op, "Write"));
+            }
+            other => panic!("expected an opcode mismatch, got {:?}", other.map(|_| ())),
+        }
+    }
+
+    #[test]
     fn truncated_and_garbage_frames_are_errors_not_panics() {
         let req = write_req();
-        let meta = encode(&req);
+        let meta = encode(&req).expect("encodes");
         let mut wire = frame_prefix(req.opcode(), 1, &meta, 5);
         wire.extend_from_slice(b"hel");
         let mut p = Vec::new();

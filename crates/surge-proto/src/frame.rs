@@ -13,7 +13,7 @@ use thiserror::Error;
 
 pub const MAGIC: [u8; 4] = *b"SRGE";
 /// Bumped on any incompatible change of the header or of the messages.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 pub const HEADER_LEN: usize = 32;
 /// Set in the opcode of every response.
 pub const RESPONSE_BIT: u16 = 0x8000;
@@ -72,6 +72,10 @@ pub enum FrameError {
          {MAX_ANONYMOUS} bytes before Authenticate)"
     )]
     Anonymous(u64),
+    /// A request whose header names another operation than its message (one numbering:
+    /// [`crate::facts::RequestKind`]).
+    #[error("the header's opcode {header} is not that of the {request} request it carries")]
+    Opcode { header: u16, request: &'static str },
 }
 
 /// The largest frame (message and payload) a server reads from a connection that has not yet

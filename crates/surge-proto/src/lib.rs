@@ -8,6 +8,7 @@
 //! the connection closed.
 
 pub mod codec;
+pub mod facts;
 pub mod frame;
 pub mod msg;
 pub mod record;
@@ -15,6 +16,7 @@ pub mod tls;
 pub mod transport;
 
 pub use codec::CodecError;
+pub use facts::{Change, Dirs, Facts, Owners, RequestKind, Scope, Sender, Service};
 pub use frame::{Header, PROTOCOL_VERSION};
 pub use msg::*;
 pub use transport::{Addr, SocketTransport, Transport};

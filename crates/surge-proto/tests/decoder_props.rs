@@ -27,7 +27,7 @@ proptest! {
     ) {
         let mut payload = Vec::new();
         if let Ok(Some(f)) = read_request(&mut &bytes[..], &mut payload) {
-            let meta = encode(&f.request);
+            let meta = encode(&f.request).expect("encodes");
             let mut again = frame_prefix(f.request.opcode(), f.header.request_id, &meta, payload.len());
             again.extend_from_slice(&payload);
             let mut p2 = Vec::new();

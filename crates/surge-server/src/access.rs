@@ -5,7 +5,7 @@
 //! of their groups; only root gives files away.
 
 use surge_auth::{Claims, Key, Rights, Token};
-use surge_proto::{BatchOp, ErrorCode, ErrorReply, Request};
+use surge_proto::{BatchOp, ErrorCode, ErrorReply, Owners, Request, Scope, Sender};
 
 fn denied(msg: impl Into<String>) -> ErrorReply {
     ErrorReply::new(ErrorCode::Denied, msg)
@@ -62,27 +62,13 @@ pub fn not_revoked(
     }
 }
 
-/// The instance and namespace a request is about (`None` for server administration).
+/// The instance and namespace a request is about (`None` for the server as a whole).
 fn scope(req: &Request) -> Option<(u64, Option<u32>)> {
-    use Request::*;
-    Some(match req {
-        Describe { instance } => (instance.0, None),
-        Write { instance, file, .. }
-        | Read { instance, file, .. }
-        | TruncateObject { instance, file, .. }
-        | RemoveObject { instance, file, .. }
-        | SyncObject { instance, file, .. }
-        | LocalObject { instance, file, .. }
-        | ObjectChanged { instance, file, .. }
-        | AllocateObject { instance, file, .. }
-        | ObjectAllocated { instance, file, .. }
-        | SeekObject { instance, file, .. } => (instance.0, Some(file.ns.0)),
-        FragmentUsage { instance, .. } | LocalFragment { instance, .. } => (instance.0, None),
-        other => {
-            let (instance, ns) = other.namespace()?;
-            (instance.0, Some(ns.0))
-        }
-    })
+    match req.scope() {
+        Scope::Server => None,
+        Scope::Instance(instance) => Some((instance.0, None)),
+        Scope::Namespace(instance, ns) => Some((instance.0, Some(ns.0))),
+    }
 }
 
 /// The user `grant` acts for may make a node owned by `uid` and `gid`.
@@ -136,13 +122,20 @@ pub fn allowed(grant: Option<&Claims>, req: &Request) -> Result<(), ErrorReply> 
             }
         }
     }
-    match req {
-        Request::Create { uid, gid, .. } => may_own(grant, *uid, *gid),
-        Request::NamespaceBatch { ops, .. } => ops.iter().try_for_each(|op| match op {
+    if req.facts().sender == Sender::Admin && grant.rights != Rights::Admin {
+        return Err(denied(format!(
+            "{} is for the manager and administrators",
+            req.name()
+        )));
+    }
+    match req.owners() {
+        Owners::None => Ok(()),
+        Owners::New { uid, gid } => may_own(grant, uid, gid),
+        Owners::Batch(ops) => ops.iter().try_for_each(|op| match op {
             BatchOp::CreateFile { uid, gid, .. } => may_own(grant, *uid, *gid),
             BatchOp::Unlink { .. } => Ok(()),
         }),
-        Request::SetAttr { set, .. } => {
+        Owners::Change(set) => {
             let c = &grant.caller;
             if c.is_root() || grant.rights == Rights::Admin {
                 return Ok(());
@@ -157,18 +150,6 @@ pub fn allowed(grant: Option<&Claims>, req: &Request) -> Result<(), ErrorReply> 
                 _ => Ok(()),
             }
         }
-        Request::CreateNamespace { .. }
-        | Request::DestroyNamespace { .. }
-        | Request::CreateFragment { .. }
-        | Request::DestroyFragment { .. }
-            if grant.rights != Rights::Admin =>
-        {
-            Err(denied(format!(
-                "{} is for the manager and administrators",
-                req.name()
-            )))
-        }
-        _ => Ok(()),
     }
 }
 

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use surge_core::{Ino, InstanceId, NamespaceId};
 use surge_proto::{BatchOp, DrainOp, FileKind, NewNode};
-use surge_proto::{ErrorCode, ErrorReply, Request, Response};
+use surge_proto::{Change, Dirs, ErrorCode, ErrorReply, Request, Response};
 use tracing::{debug, error, info, warn};
 
 /// An open metadata store. Dropping it closes the database.
@@ -211,10 +211,8 @@ impl Leases {
     }
 }
 
-/// The directories whose entries `req` reads or changes (a lease on any of them held by
-/// another session must be recalled first). Directories a request only names by inode for
-/// their attributes (getattr, setattr) are not among them: their attributes may lag the
-/// holder's changes by a round trip, as for any change made behind.
+/// The directories whose entries `req` reads or changes ([`Request::dirs`]): a lease on any
+/// of them held by another session must be recalled first.
 fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
     // A removed or replaced directory: it must be empty, and only its lease holder knows.
     let dir_named = |parent: Ino, name: &[u8]| -> Option<Ino> {
@@ -223,28 +221,24 @@ fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
             _ => None,
         }
     };
-    match req {
-        Request::Lookup { parent, .. }
-        | Request::Create { parent, .. }
-        | Request::Unlink { parent, .. } => vec![*parent],
-        Request::ReadDir { ino, .. } => vec![*ino],
-        Request::Link { new_parent, .. } => vec![*new_parent],
-        Request::Rmdir { parent, name, .. } => {
-            let mut v = vec![*parent];
-            v.extend(dir_named(*parent, name));
+    match req.dirs() {
+        Dirs::None => Vec::new(),
+        Dirs::Of(dir) => vec![dir],
+        Dirs::Removing { parent, name } => {
+            let mut v = vec![parent];
+            v.extend(dir_named(parent, name));
             v
         }
-        Request::Rename {
+        Dirs::Renaming {
             parent,
             new_parent,
             new_name,
-            ..
         } => {
-            let mut v = vec![*parent, *new_parent];
-            v.extend(dir_named(*new_parent, new_name));
+            let mut v = vec![parent, new_parent];
+            v.extend(dir_named(new_parent, new_name));
             v
         }
-        Request::NamespaceBatch { ops: batch, .. } => {
+        Dirs::Batch(batch) => {
             let mut v: Vec<Ino> = batch
                 .iter()
                 .map(|op| match op {
@@ -255,7 +249,6 @@ fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
             v.dedup();
             v
         }
-        _ => Vec::new(),
     }
 }
 
@@ -538,15 +531,15 @@ impl Namespace {
     /// Files a mount creates are open on it (until it reports them closed).
     fn note_creates(&self, session: u32, req: &Request, reply: &Response) {
         let now = Instant::now();
-        match (req, reply) {
+        match (req.change(), reply) {
             (
-                Request::Create {
+                Change::Create {
                     node: NewNode::File | NewNode::SizedFile { .. },
                     ..
                 },
                 Response::Created { attr, .. },
             ) => self.uses.lock().opened(session, attr.ino, now),
-            (Request::NamespaceBatch { ops, .. }, Response::BatchDone(done)) => {
+            (Change::Batch(ops), Response::BatchDone(done)) => {
                 let mut uses = self.uses.lock();
                 for (op, r) in ops.iter().zip(done) {
                     if let (BatchOp::CreateFile { ino, .. }, Ok(_)) = (op, r) {
@@ -1021,16 +1014,7 @@ fn store_full(r: &rusqlite::Result<Response>) -> bool {
 }
 
 fn is_read_only(req: &Request) -> bool {
-    matches!(
-        req,
-        Request::Lookup { .. }
-            | Request::GetAttr { .. }
-            | Request::Readlink { .. }
-            | Request::ReadDir { .. }
-            | Request::NamespaceStats { .. }
-            | Request::GetXattr { .. }
-            | Request::ListXattr { .. }
-    )
+    req.facts().read_only
 }
 
 /// A change of a cache namespace as the drain replays it, with the paths it had before the
@@ -1047,29 +1031,29 @@ enum Pending {
 
 fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
     let child = |p: Ino, n: &[u8]| ops.child_path(p, n);
-    Ok(match req {
-        Request::Create { parent, name, .. } => match child(*parent, name)? {
+    Ok(match req.change() {
+        Change::None => Pending::Nothing,
+        Change::Create { parent, name, .. } => match child(parent, name)? {
             Some(path) => Pending::Create { path },
             None => Pending::Nothing,
         },
-        Request::Link {
+        Change::Link {
             ino,
             new_parent,
             new_name,
-            ..
-        } => match (ops.path_of(*ino)?, child(*new_parent, new_name)?) {
+        } => match (ops.path_of(ino)?, child(new_parent, new_name)?) {
             (Some(from), Some(to)) => Pending::Op(DrainOp::Link { from, to }),
             _ => Pending::Nothing,
         },
-        Request::Unlink { parent, name, .. } => match child(*parent, name)? {
+        Change::Unlink { parent, name } => match child(parent, name)? {
             Some(path) => Pending::Op(DrainOp::Unlink { path, gone: None }),
             None => Pending::Nothing,
         },
-        Request::Rmdir { parent, name, .. } => match child(*parent, name)? {
+        Change::Rmdir { parent, name } => match child(parent, name)? {
             Some(path) => Pending::Op(DrainOp::Rmdir { path }),
             None => Pending::Nothing,
         },
-        Request::Rename { flags, .. } if flags & RENAME_EXCHANGE != 0 => {
+        Change::Rename { flags, .. } if flags & RENAME_EXCHANGE != 0 => {
             // The drain replays renames on the PFS one by one: an exchange would need a
             // third name there, which could be seen half done.
             return Err(ErrorReply::new(
@@ -1077,13 +1061,13 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
                 "RENAME_EXCHANGE is not supported in a cache namespace".to_string(),
             ));
         }
-        Request::Rename {
+        Change::Rename {
             parent,
             name,
             new_parent,
             new_name,
             ..
-        } => match (child(*parent, name)?, child(*new_parent, new_name)?) {
+        } => match (child(parent, name)?, child(new_parent, new_name)?) {
             (Some(from), Some(to)) => Pending::Op(DrainOp::Rename {
                 from,
                 to,
@@ -1091,25 +1075,15 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             }),
             _ => Pending::Nothing,
         },
-        Request::SetAttr { ino, set, .. } => match ops.path_of(*ino)? {
-            Some(path) if set.size.is_some() => Pending::Op(DrainOp::Data { ino: *ino, path }),
-            Some(path) => Pending::Op(DrainOp::Attr { ino: *ino, path }),
+        Change::Attr { ino } => match ops.path_of(ino)? {
+            Some(path) => Pending::Op(DrainOp::Attr { ino, path }),
             None => Pending::Nothing,
         },
-        // An access ACL sets the mode, which the drain carries to the PFS (not the ACL).
-        Request::SetXattr { ino, name, .. } if name == surge_proto::ACL_ACCESS_XATTR => {
-            match ops.path_of(*ino)? {
-                Some(path) => Pending::Op(DrainOp::Attr { ino: *ino, path }),
-                None => Pending::Nothing,
-            }
-        }
-        Request::CommitWrite { ino, .. } | Request::Append { ino, .. } => {
-            match ops.path_of(*ino)? {
-                Some(path) => Pending::Op(DrainOp::Data { ino: *ino, path }),
-                None => Pending::Nothing,
-            }
-        }
-        Request::NamespaceBatch { ops: batch, .. } => Pending::Batch(
+        Change::Data { ino } => match ops.path_of(ino)? {
+            Some(path) => Pending::Op(DrainOp::Data { ino, path }),
+            None => Pending::Nothing,
+        },
+        Change::Batch(batch) => Pending::Batch(
             batch
                 .iter()
                 .map(|op| match op {
@@ -1121,7 +1095,6 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
                 })
                 .collect::<Result<_, _>>()?,
         ),
-        _ => Pending::Nothing,
     })
 }
 
@@ -1154,8 +1127,8 @@ fn journal_after(
             },
         }),
         Pending::Op(op) => ops.journal(&op),
-        Pending::Create { path } => match req {
-            Request::Create { node, .. } => match node {
+        Pending::Create { path } => match req.change() {
+            Change::Create { node, .. } => match node {
                 NewNode::Dir | NewNode::File => {
                     let ino = match reply {
                         Response::Created { attr, .. } => Some(attr.ino),
@@ -1190,8 +1163,8 @@ fn journal_after(
             let Response::BatchDone(results) = reply else {
                 return Ok(());
             };
-            let made = |i: usize| match req {
-                Request::NamespaceBatch { ops: batch, .. } => match batch.get(i) {
+            let made = |i: usize| match req.change() {
+                Change::Batch(batch) => match batch.get(i) {
                     Some(BatchOp::CreateFile { ino, .. }) => Some(*ino),
                     _ => None,
                 },
@@ -1381,10 +1354,47 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         } => Response::Attr(ops.set_xattr(*ino, name, value, *flags)?),
         Request::RemoveXattr { ino, name, .. } => Response::Attr(ops.remove_xattr(*ino, name)?),
         Request::SetLayout { ino, layout, .. } => Response::Attr(ops.set_layout(*ino, *layout)?),
-        other => {
+        // Answered before a transaction: leases and locks by the connection or
+        // `Namespace::call_as`, the cache's bookkeeping by `call_as`, the drain by
+        // `execute_journaled`.
+        Request::LeaseDir { .. }
+        | Request::WaitRecall { .. }
+        | Request::ReleaseLeases { .. }
+        | Request::Lock { .. }
+        | Request::CacheOpen { .. }
+        | Request::CacheUse { .. }
+        | Request::CacheEvict { .. }
+        | Request::DrainHold { .. }
+        | Request::DrainPoll { .. }
+        | Request::DrainAck { .. }
+        | Request::CacheThrough { .. }
+        | Request::CacheFill { .. }
+        // Not for a namespace.
+        | Request::Status
+        | Request::Authenticate { .. }
+        | Request::CreateFragment { .. }
+        | Request::DestroyFragment { .. }
+        | Request::CreateNamespace { .. }
+        | Request::DestroyNamespace { .. }
+        | Request::Describe { .. }
+        | Request::Write { .. }
+        | Request::Read { .. }
+        | Request::TruncateObject { .. }
+        | Request::RemoveObject { .. }
+        | Request::SyncObject { .. }
+        | Request::FragmentUsage { .. }
+        | Request::LocalObject { .. }
+        | Request::LocalFragment { .. }
+        | Request::ObjectChanged { .. }
+        | Request::AllocateObject { .. }
+        | Request::ObjectAllocated { .. }
+        | Request::SeekObject { .. } => {
             return Err(ErrorReply::new(
                 ErrorCode::Invalid,
-                format!("opcode {} is not a metadata request", other.opcode()),
+                format!(
+                    "{} is not answered by a metadata transaction",
+                    req.name()
+                ),
             ))
         }
     })

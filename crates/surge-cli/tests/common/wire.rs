@@ -37,7 +37,12 @@ pub fn authenticate(s: &mut TcpStream, token: &surge_auth::Token) {
 
 /// Sends `req` with request id `id` and `payload`.
 pub fn send(s: &mut TcpStream, id: u64, req: &Request, payload: &[u8]) {
-    let mut w = frame_prefix(req.opcode(), id, &encode(req), payload.len());
+    let mut w = frame_prefix(
+        req.opcode(),
+        id,
+        &encode(req).expect("encodes"),
+        payload.len(),
+    );
     w.extend_from_slice(payload);
     s.write_all(&w).unwrap();
 }
