@@ -20,6 +20,7 @@ pub mod meta;
 pub mod metrics;
 pub mod registry;
 pub mod reserve;
+pub mod schema;
 pub mod store;
 
 pub use registry::Registry;

@@ -329,7 +329,9 @@ impl Namespace {
     ) -> anyhow::Result<Namespace> {
         std::fs::create_dir_all(dir)?;
         let reopened = dir.join("meta.db").exists();
-        let conn = meta::open(&dir.join("meta.db"), root.0, root.1, root.2)?;
+        let db = dir.join("meta.db");
+        let conn = meta::open(&db, root.0, root.1, root.2)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", db.display()))?;
         report_orphans(&conn, instance, ns);
         let xattr_total = (Ops { tx: &conn })
             .xattr_bytes()

@@ -151,100 +151,21 @@ pub fn open(
     root_uid: u32,
     root_gid: u32,
     root_perm: u16,
-) -> rusqlite::Result<Connection> {
+) -> Result<Connection, crate::schema::SchemaError> {
     let conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     // One connection per store, owned by this server: no file locking per transaction.
     conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS inodes(
-            ino INTEGER PRIMARY KEY AUTOINCREMENT,
-            kind INTEGER NOT NULL, perm INTEGER NOT NULL, nlink INTEGER NOT NULL,
-            uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
-            atime_s INTEGER NOT NULL, atime_ns INTEGER NOT NULL,
-            mtime_s INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
-            ctime_s INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
-            parent INTEGER NOT NULL,
-            target BLOB,
-            change INTEGER NOT NULL DEFAULT 0,
-            rdev INTEGER NOT NULL DEFAULT 0,
-            through INTEGER NOT NULL DEFAULT 0,
-            stripe_size INTEGER NOT NULL DEFAULT 0,
-            stripe_count INTEGER NOT NULL DEFAULT 0,
-            stripe_start INTEGER NOT NULL DEFAULT 0,
-            clean INTEGER NOT NULL DEFAULT 0);
-         CREATE TABLE IF NOT EXISTS dentries(
-            id INTEGER PRIMARY KEY,
-            parent INTEGER NOT NULL, name BLOB NOT NULL,
-            ino INTEGER NOT NULL, kind INTEGER NOT NULL,
-            UNIQUE(parent, name));
-         CREATE INDEX IF NOT EXISTS dentries_by_parent ON dentries(parent, id);
-         CREATE TABLE IF NOT EXISTS xattrs(
-            ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
-            PRIMARY KEY(ino, name)) WITHOUT ROWID;
-         CREATE TABLE IF NOT EXISTS drain(
-            seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL,
-            data_ino INTEGER, taken INTEGER NOT NULL DEFAULT 0, moves INTEGER NOT NULL DEFAULT 0,
-            origin INTEGER);
-         CREATE INDEX IF NOT EXISTS drain_data ON drain(data_ino) WHERE data_ino IS NOT NULL;
-         CREATE TABLE IF NOT EXISTS drain_hold(
-            one INTEGER PRIMARY KEY CHECK (one = 0), session INTEGER NOT NULL,
-            at_ms INTEGER NOT NULL);",
-    )?;
-    // Stores made before directories had a change counter, before special files, before
-    // cache files written through, before layouts per file, before eviction of clean files.
-    for column in [
-        "change",
-        "rdev",
-        "through",
-        "stripe_size",
-        "stripe_count",
-        "stripe_start",
-        "clean",
-    ] {
-        let has: bool = conn.query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('inodes') WHERE name = ?1",
-            [column],
-            |r| r.get::<_, i64>(0).map(|n| n > 0),
-        )?;
-        if !has {
-            conn.execute_batch(&format!(
-                "ALTER TABLE inodes ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
-            ))?;
-        }
+    let from = crate::schema::upgrade(&conn)?;
+    if from != crate::schema::VERSION {
+        tracing::info!(
+            "{}: metadata store schema version {from} -> {}",
+            path.display(),
+            crate::schema::VERSION
+        );
     }
-    // Journals made before copies could move after a `Through` (see `Ops::cache_through`).
-    let has_origin: bool = conn.query_row(
-        "SELECT COUNT(*) FROM pragma_table_info('drain') WHERE name = 'origin'",
-        [],
-        |r| r.get::<_, i64>(0).map(|n| n > 0),
-    )?;
-    if !has_origin {
-        conn.execute_batch("ALTER TABLE drain ADD COLUMN origin INTEGER")?;
-    }
-    // Cache namespaces: the files eviction may take (see `Ops::clean_files`).
-    conn.execute_batch("CREATE INDEX IF NOT EXISTS inodes_clean ON inodes(ino) WHERE clean = 1;")?;
-    // What the extended attributes take (names and values), kept by triggers so the space
-    // they use counts in the instance's capacity without a scan (see `Ops::xattr_bytes`).
-    // Stores made before it get their sum once.
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS xattr_bytes(
-            one INTEGER PRIMARY KEY CHECK (one = 0), bytes INTEGER NOT NULL);
-         INSERT OR IGNORE INTO xattr_bytes(one, bytes)
-            SELECT 0, COALESCE(SUM(length(name) + length(value)), 0) FROM xattrs;
-         CREATE TRIGGER IF NOT EXISTS xattr_bytes_insert AFTER INSERT ON xattrs BEGIN
-            UPDATE xattr_bytes SET bytes = bytes + length(NEW.name) + length(NEW.value);
-         END;
-         CREATE TRIGGER IF NOT EXISTS xattr_bytes_update AFTER UPDATE ON xattrs BEGIN
-            UPDATE xattr_bytes SET bytes = bytes + length(NEW.name) + length(NEW.value)
-                - length(OLD.name) - length(OLD.value);
-         END;
-         CREATE TRIGGER IF NOT EXISTS xattr_bytes_delete AFTER DELETE ON xattrs BEGIN
-            UPDATE xattr_bytes SET bytes = bytes - length(OLD.name) - length(OLD.value);
-         END;",
-    )?;
     let now = Timestamp::now();
     conn.execute(
         "INSERT OR IGNORE INTO inodes(ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
