@@ -668,14 +668,12 @@ fn handshake(
     tls: &surge_proto::tls::ServerTls,
     wait: Option<Duration>,
 ) -> std::io::Result<(surge_proto::record::Keys, Vec<u8>)> {
-    let conn = rustls::ServerConnection::new(tls.config.clone())
-        .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
-    let mut conn = rustls::Connection::from(conn);
+    let (mut conn, secrets) = tls.connection()?;
     sock.set_read_timeout(wait)?;
     surge_proto::record::handshake(&mut conn, &mut &*sock)?;
     sock.set_read_timeout(None)?;
     let binding = surge_proto::tls::binding(&conn)?;
-    Ok((surge_proto::record::take_keys(conn)?, binding))
+    Ok((surge_proto::record::take_keys(conn, &secrets)?, binding))
 }
 
 /// Serves socket `s` of `name` until it ends: in TLS when the peer starts a handshake (and
