@@ -329,7 +329,9 @@ impl Sealer {
     /// appends a `KeyUpdate` (`update_not_requested`) sealed with the key it retires, and
     /// moves to the next generation (RFC 8446 §4.6.3).
     fn update_if_due(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
-        let asked = self.update_asked.swap(false, Ordering::AcqRel);
+        // A load first: the swap's write is for the rare record that owes an update.
+        let asked = self.update_asked.load(Ordering::Acquire)
+            && self.update_asked.swap(false, Ordering::AcqRel);
         if !asked && self.dir.seq < self.rekey_after {
             return Ok(());
         }
@@ -363,6 +365,7 @@ impl Sealer {
         out.extend_from_slice(data);
         self.finish(out, start, ctype)
     }
+
     /// Starts a record at the end of `out`: its header, length to come.
     fn begin(out: &mut Vec<u8>) -> usize {
         let start = out.len();
