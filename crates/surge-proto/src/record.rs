@@ -32,7 +32,7 @@
 
 use ring::{aead, hkdf};
 use rustls::ConnectionTrafficSecrets;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +53,12 @@ pub const SEND_CHUNK: usize = 128 * 1024;
 /// Bytes of socket data a receiver holds: a read of this much, plus room for one record that
 /// began in the previous read.
 const RECV_BUF: usize = 128 * 1024 + HEADER_LEN + MAX_CIPHERTEXT;
+/// Bytes a record adds to its plaintext: header, content type, tag.
+const RECORD_OVERHEAD: usize = HEADER_LEN + 1 + TAG_LEN;
+/// Bytes of a blocking [`Stream`]'s send buffer: [`SEND_CHUNK`] of plaintext in records, after
+/// a `KeyUpdate`'s record.
+const SEND_BUF: usize =
+    RECORD_OVERHEAD + 5 + SEND_CHUNK + SEND_CHUNK.div_ceil(MAX_PLAINTEXT) * RECORD_OVERHEAD;
 /// Records a [`Sealer`] seals under one key before it sends a `KeyUpdate` and moves to the
 /// next: half of the 2^24 full records RFC 8446 §5.5 allows AES-GCM per key (2^23 records
 /// of 16 KiB are 128 GiB).
@@ -373,32 +379,122 @@ impl Sealer {
         start
     }
 
-    /// Seals the record begun at `start` (its plaintext follows the header) in place: the
-    /// content type, the header's length, then the ciphertext and its tag.
+    /// Seals the record begun at `start` (its plaintext follows the header) in place.
     fn finish(&mut self, out: &mut Vec<u8>, start: usize, ctype: u8) -> io::Result<()> {
-        out.push(ctype);
-        let body = out.len() - start - HEADER_LEN + TAG_LEN;
-        debug_assert!(body <= MAX_CIPHERTEXT);
-        out[start + 3..start + HEADER_LEN].copy_from_slice(&(body as u16).to_be_bytes());
-        let sealed = self.dir.next_nonce().and_then(|nonce| {
-            let (header, text) = out[start..].split_at_mut(HEADER_LEN);
-            let aad = aead::Aad::from(&header[..]);
-            self.dir
-                .key
-                .seal_in_place_separate_tag(nonce, aad, text)
-                .map_err(|_| refused("sealing a record failed"))
-        });
-        match sealed {
-            Ok(tag) => {
-                out.extend_from_slice(tag.as_ref());
-                Ok(())
+        out.resize(out.len() + 1 + TAG_LEN, 0);
+        let sealed = self.seal_record(&mut out[start..], ctype);
+        if sealed.is_err() {
+            out.truncate(start);
+        }
+        sealed
+    }
+
+    /// Seals `record` in place: a header, the plaintext, then room for the content type and
+    /// the tag. Writes the header, the content type, the ciphertext and the tag.
+    fn seal_record(&mut self, record: &mut [u8], ctype: u8) -> io::Result<()> {
+        let body = record.len() - HEADER_LEN;
+        debug_assert!((1 + TAG_LEN..=MAX_CIPHERTEXT).contains(&body));
+        let [b0, b1] = (body as u16).to_be_bytes();
+        let (header, text) = record.split_at_mut(HEADER_LEN);
+        header.copy_from_slice(&[APPLICATION_DATA, 3, 3, b0, b1]);
+        let (text, tag) = text.split_at_mut(body - TAG_LEN);
+        text[body - TAG_LEN - 1] = ctype;
+        let nonce = self.dir.next_nonce()?;
+        let sealed = self
+            .dir
+            .key
+            .seal_in_place_separate_tag(nonce, aead::Aad::from(&header[..]), text)
+            .map_err(|_| refused("sealing a record failed"))?;
+        tag.copy_from_slice(sealed.as_ref());
+        Ok(())
+    }
+
+    /// Seals up to `len` bytes of plaintext (at most [`SEND_CHUNK`]) into records laid out in
+    /// `buf` (at least [`SEND_BUF`] bytes long), after a `KeyUpdate` when one is due. `fill`
+    /// writes the plaintext where it is sealed: it is given the records' payloads, in order,
+    /// and fills them all. Returns how many bytes of plaintext were taken (fewer than `len`
+    /// where the key changes before the end) and how many bytes of `buf` are to be sent.
+    pub fn seal_into(
+        &mut self,
+        len: usize,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut [IoSliceMut<'_>]) -> io::Result<()>,
+    ) -> io::Result<(usize, usize)> {
+        debug_assert!(len <= SEND_CHUNK && buf.len() >= SEND_BUF);
+        let mut update = Vec::new();
+        self.update_if_due(&mut update)?;
+        buf[..update.len()].copy_from_slice(&update);
+        let mut at = update.len();
+        // Records this key may still seal: at least one (the update above saw to that).
+        let room = usize::try_from(self.rekey_after.saturating_sub(self.dir.seq))
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let taken = len.min(room.saturating_mul(MAX_PLAINTEXT));
+        let sizes = (0..taken.div_ceil(MAX_PLAINTEXT))
+            .map(|r| MAX_PLAINTEXT.min(taken - r * MAX_PLAINTEXT));
+        {
+            let mut slots = Vec::with_capacity(SEND_CHUNK.div_ceil(MAX_PLAINTEXT));
+            let mut rest = &mut buf[at..];
+            for n in sizes.clone() {
+                let (record, tail) = rest.split_at_mut(n + RECORD_OVERHEAD);
+                slots.push(IoSliceMut::new(&mut record[HEADER_LEN..HEADER_LEN + n]));
+                rest = tail;
             }
-            Err(e) => {
-                out.truncate(start);
-                Err(e)
+            fill(&mut slots)?;
+        }
+        for n in sizes {
+            let end = at + n + RECORD_OVERHEAD;
+            self.seal_record(&mut buf[at..end], APPLICATION_DATA)?;
+            at = end;
+        }
+        Ok((taken, at))
+    }
+}
+
+/// Copies the bytes of `bufs`, in order, into `slots`, as many as they hold.
+fn copy_into(slots: &mut [IoSliceMut<'_>], bufs: &[IoSlice<'_>]) {
+    let mut slots = slots.iter_mut();
+    let mut slot: &mut [u8] = &mut [];
+    for b in bufs {
+        let mut b = &b[..];
+        while !b.is_empty() {
+            if slot.is_empty() {
+                match slots.next() {
+                    Some(s) => slot = s,
+                    None => return,
+                }
             }
+            let n = b.len().min(slot.len());
+            slot[..n].copy_from_slice(&b[..n]);
+            slot = &mut std::mem::take(&mut slot)[n..];
+            b = &b[n..];
         }
     }
+}
+
+/// Fills `slots` with the bytes from `pos` on of `head` followed by `file`'s from `offset`;
+/// zeros for bytes the file does not hold (it was truncated since its length was taken).
+fn fill_from_file(
+    mut slots: &mut [IoSliceMut<'_>],
+    head: &[u8],
+    file: &std::fs::File,
+    offset: u64,
+    pos: usize,
+) -> io::Result<()> {
+    let mut rest = head.get(pos..).unwrap_or_default();
+    while !rest.is_empty() && !slots.is_empty() {
+        let n = rest.len().min(slots[0].len());
+        slots[0][..n].copy_from_slice(&rest[..n]);
+        rest = &rest[n..];
+        IoSliceMut::advance_slices(&mut slots, n);
+    }
+    let from = offset + pos.saturating_sub(head.len()) as u64;
+    let got = surge_core::sys::read_vectored_full_at(file, slots, from)?;
+    IoSliceMut::advance_slices(&mut slots, got);
+    for s in slots.iter_mut() {
+        s.fill(0);
+    }
+    Ok(())
 }
 
 /// The receiving direction: socket bytes in, decrypted in place, plaintext out.
@@ -779,6 +875,7 @@ pub struct Stream<S> {
     pub sock: S,
     opener: Opener,
     sealer: Sealer,
+    /// Where records are sealed and sent from ([`SEND_BUF`] bytes, once the first is sent).
     out: Vec<u8>,
     /// A write to the socket failed part way: the records sent no longer follow each other.
     broken: bool,
@@ -804,22 +901,58 @@ impl<S> Stream<S> {
 impl<S: Write> Stream<S> {
     /// Sends `close_notify`: the peer reads the end of the stream.
     pub fn close_notify(&mut self) -> io::Result<()> {
-        self.out.clear();
-        self.sealer.close_notify(&mut self.out)?;
-        self.send()
+        let mut alert = Vec::new();
+        self.sealer.close_notify(&mut alert)?;
+        send(&mut self.sock, &mut self.broken, &alert)
     }
 
-    fn send(&mut self) -> io::Result<()> {
-        if self.broken {
-            return Err(refused("an earlier write failed part way"));
+    /// Sends `head`, then `len` bytes of `file` from `offset`, zeros for any it no longer
+    /// holds (a file truncated meanwhile: a frame keeps the length its header announced).
+    /// The file's bytes are read straight into the records that carry them and encrypted
+    /// there: one copy through this process (file to send buffer) where `write` makes two.
+    pub fn write_file(
+        &mut self,
+        head: &[u8],
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<()> {
+        let total = head.len() + len;
+        let mut pos = 0;
+        while pos < total {
+            let want = (total - pos).min(SEND_CHUNK);
+            let fill =
+                |slots: &mut [IoSliceMut<'_>]| fill_from_file(slots, head, file, offset, pos);
+            pos += self.seal_and_send(want, fill)?;
         }
-        let sent = self.sock.write_all(&self.out);
-        self.broken = sent.is_err();
-        if self.out.capacity() > 2 * SEND_CHUNK {
-            self.out = Vec::new();
-        }
-        sent
+        Ok(())
     }
+
+    /// Seals up to `len` bytes that `fill` writes in place ([`Sealer::seal_into`]) and sends
+    /// them; returns how many it took.
+    fn seal_and_send(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [IoSliceMut<'_>]) -> io::Result<()>,
+    ) -> io::Result<usize> {
+        if self.out.len() < SEND_BUF {
+            self.out = vec![0; SEND_BUF];
+        }
+        let (taken, used) = self.sealer.seal_into(len, &mut self.out, fill)?;
+        send(&mut self.sock, &mut self.broken, &self.out[..used])?;
+        Ok(taken)
+    }
+}
+
+/// Writes sealed records to `sock`; once a write failed part way (`broken`), nothing more:
+/// the records after it would no longer follow the ones the peer has.
+fn send<S: Write>(sock: &mut S, broken: &mut bool, records: &[u8]) -> io::Result<()> {
+    if *broken {
+        return Err(refused("an earlier write failed part way"));
+    }
+    let sent = sock.write_all(records);
+    *broken = sent.is_err();
+    sent
 }
 
 impl<S: Read> Read for Stream<S> {
@@ -848,10 +981,14 @@ impl<S: Write> Write for Stream<S> {
     }
 
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        self.out.clear();
-        let n = self.sealer.seal(bufs, SEND_CHUNK, &mut self.out)?;
-        self.send()?;
-        Ok(n)
+        let len = bufs.iter().map(|b| b.len()).sum::<usize>().min(SEND_CHUNK);
+        if len == 0 {
+            return Ok(0);
+        }
+        self.seal_and_send(len, |slots| {
+            copy_into(slots, bufs);
+            Ok(())
+        })
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -1362,6 +1499,44 @@ mod tests {
             assert_eq!(b.read(&mut buf).unwrap(), 4);
             let second = b.read(&mut buf);
             assert_eq!(second.is_err(), refused, "{updates} in a row: {second:?}");
+        }
+    }
+
+    #[test]
+    fn a_file_is_sent_in_records_it_is_read_straight_into_with_zeros_past_its_end() {
+        let path = std::env::temp_dir().join(format!("surge-record-file-{}", std::process::id()));
+        let content = data(300_000);
+        std::fs::write(&path, &content).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let head = b"a frame's header and message";
+        // Whole records, a key update every 3 records, and a file shorter than asked for.
+        for (offset, len, rekey) in [
+            (1234, 200_000, REKEY_AFTER),
+            (7, 250_000, 3),
+            (290_000, 40_000, 2),
+        ] {
+            let (a, b) = ends();
+            let (mut a, mut b) = (
+                Stream::new(Wire::default(), a),
+                Stream::new(Wire::default(), b),
+            );
+            a.sealer.set_rekey_after(rekey);
+            a.write_file(head, &file, offset, len).unwrap();
+            a.write_all(b"next").unwrap();
+            for r in records(&a.sock.output) {
+                assert!(r.len() - HEADER_LEN <= MAX_PLAINTEXT + 1 + TAG_LEN);
+            }
+            carry(&mut a, &mut b, 4096);
+            let mut got = vec![0u8; head.len() + len + 4];
+            b.read_exact(&mut got).unwrap();
+            let mut want = head.to_vec();
+            let from = (offset as usize).min(content.len());
+            let to = (offset as usize + len).min(content.len());
+            want.extend_from_slice(&content[from..to]);
+            want.resize(head.len() + len, 0);
+            want.extend_from_slice(b"next");
+            assert!(got == want, "{offset} {len} {rekey}");
         }
     }
 
