@@ -254,7 +254,7 @@ pub fn serve<C: Channel>(
 ) -> Ended {
     debug!("connection from {peer}");
     let _counted = crate::metrics::connection();
-    let mut reader = BufReader::with_capacity(64 * 1024, channel);
+    let mut reader = BufReader::with_capacity(C::READ_BUFFER, channel);
     let mut payload = Vec::new();
     let mut out = Vec::new();
     let mut spoke = false;
@@ -492,6 +492,10 @@ const LINGER: Duration = Duration::from_secs(1);
 
 /// A client connection as [`serve`] sees it: request frames in, replies out.
 pub trait Channel: Read + Write + codec::Waits {
+    /// Bytes of the buffer frames are read through: a clear socket's reads are many small
+    /// system calls without one; a TLS connection's record layer buffers them already, and a
+    /// second buffer would copy each frame's first bytes once more.
+    const READ_BUFFER: usize;
     /// Sends a reply: `head` (its frame header and message), then `len` bytes of `file` from
     /// `offset` as its payload (zeros for bytes the file no longer holds), with the fewest
     /// copies the channel allows: `sendfile(2)` in clear (none through this process), the
@@ -548,6 +552,7 @@ impl<S: AsFd> Channel for Clear<'_, S>
 where
     for<'b> &'b S: Read + Write,
 {
+    const READ_BUFFER: usize = 64 * 1024;
     fn send_file(
         &mut self,
         head: &[u8],
@@ -618,6 +623,7 @@ impl codec::Waits for Tls<'_> {
 }
 
 impl Channel for Tls<'_> {
+    const READ_BUFFER: usize = 0;
     fn send_file(
         &mut self,
         head: &[u8],
