@@ -90,9 +90,7 @@ fn secure(s: TcpStream, host: &str) -> std::io::Result<(Stream, Vec<u8>)> {
         return Ok((Stream::Tcp(s), Vec::new()));
     };
     let name = surge_proto::tls::ClientTls::server_name(host)?;
-    let conn = rustls::ClientConnection::new(tls.config.clone(), name)
-        .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
-    let mut conn = rustls::Connection::from(conn);
+    let (mut conn, secrets) = tls.connection(name)?;
     let mut s = s;
     surge_proto::record::handshake(&mut conn, &mut s).map_err(|e| {
         std::io::Error::new(
@@ -104,7 +102,7 @@ fn secure(s: TcpStream, host: &str) -> std::io::Result<(Stream, Vec<u8>)> {
         )
     })?;
     let binding = surge_proto::tls::binding(&conn)?;
-    let keys = surge_proto::record::take_keys(conn)?;
+    let keys = surge_proto::record::take_keys(conn, &secrets)?;
     Ok((
         Stream::Tls(Box::new(surge_proto::record::Stream::new(s, keys))),
         binding,

@@ -30,6 +30,44 @@ pub fn read_full_at(f: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::
     Ok(got)
 }
 
+/// [`read_full_at`] into several buffers, in order, in one `preadv(2)` as a rule: reads until
+/// all are full or the file ends; returns the bytes read (fewer only at the end of the file).
+pub fn read_vectored_full_at(
+    f: &std::fs::File,
+    mut bufs: &mut [std::io::IoSliceMut<'_>],
+    offset: u64,
+) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut got = 0;
+    while bufs.iter().any(|b| !b.is_empty()) {
+        let count = bufs.len().min(libc::UIO_MAXIOV as usize) as libc::c_int;
+        // SAFETY: `IoSliceMut` has the layout of `struct iovec` on Unix (std guarantees it);
+        // each points at memory this function may write, and preadv writes at most their
+        // total length into them.
+        let n = unsafe {
+            libc::preadv(
+                f.as_raw_fd(),
+                bufs.as_ptr().cast(),
+                count,
+                (offset + got as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        got += n as usize;
+        std::io::IoSliceMut::advance_slices(&mut bufs, n as usize);
+    }
+    Ok(got)
+}
+
 /// `lseek(2)` `SEEK_DATA` (`hole` false) or `SEEK_HOLE` in `f` from `offset`: the offset
 /// found. `SEEK_DATA`: `None` when no data lies at or after `offset`. `SEEK_HOLE`: at or past
 /// the end of the file, `offset` itself (everything past the end reads as a hole).

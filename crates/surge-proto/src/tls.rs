@@ -134,6 +134,21 @@ impl ClientTls {
         }
     }
 
+    /// A connection to the server named `name`, and the traffic secrets its handshake will
+    /// leave for the record layer (`crate::record::take_keys`): the key log that keeps them is
+    /// this connection's alone, in a copy of the configuration.
+    pub fn connection(
+        &self,
+        name: ServerName<'static>,
+    ) -> std::io::Result<(rustls::Connection, Arc<crate::record::TrafficSecrets>)> {
+        let secrets = Arc::new(crate::record::TrafficSecrets::default());
+        let mut config = (*self.config).clone();
+        config.key_log = secrets.clone();
+        let conn = rustls::ClientConnection::new(Arc::new(config), name)
+            .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
+        Ok((conn.into(), secrets))
+    }
+
     /// The name the server's certificate must carry for a connection to `host`.
     pub fn server_name(host: &str) -> std::io::Result<ServerName<'static>> {
         ServerName::try_from(host.to_string()).map_err(|e| {
@@ -216,6 +231,19 @@ impl ServerTls {
             config: Arc::new(config),
             mode,
         })
+    }
+
+    /// A connection from a client, and the traffic secrets its handshake will leave for the
+    /// record layer (see `ClientTls::connection`).
+    pub fn connection(
+        &self,
+    ) -> std::io::Result<(rustls::Connection, Arc<crate::record::TrafficSecrets>)> {
+        let secrets = Arc::new(crate::record::TrafficSecrets::default());
+        let mut config = (*self.config).clone();
+        config.key_log = secrets.clone();
+        let conn = rustls::ServerConnection::new(Arc::new(config))
+            .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
+        Ok((conn.into(), secrets))
     }
 
     /// True when a peer at `ip` must use TLS (it may always choose to).

@@ -107,9 +107,7 @@ pub async fn connect_tcp(hp: &str, tls: Option<&crate::tls::ClientTls>) -> io::R
         Some(t) => {
             let name = crate::tls::ClientTls::server_name(host)?;
             let mut s = s;
-            let conn = rustls::ClientConnection::new(t.config.clone(), name)
-                .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
-            let mut conn = rustls::Connection::from(conn);
+            let (mut conn, secrets) = t.connection(name)?;
             crate::record::handshake_async(&mut conn, &mut s)
                 .await
                 .map_err(|e| {
@@ -123,7 +121,7 @@ pub async fn connect_tcp(hp: &str, tls: Option<&crate::tls::ClientTls>) -> io::R
                 })?;
             let binding = crate::tls::binding(&conn)?;
             // Records from here on are sealed and opened in place (see `crate::record`).
-            let (opener, sealer) = crate::record::take_keys(conn)?;
+            let (opener, sealer) = crate::record::take_keys(conn, &secrets)?;
             let (r, w) = s.into_split();
             Ok(Connected {
                 read: Box::new(crate::record::ReadHalf::new(r, opener)),

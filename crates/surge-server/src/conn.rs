@@ -254,7 +254,7 @@ pub fn serve<C: Channel>(
 ) -> Ended {
     debug!("connection from {peer}");
     let _counted = crate::metrics::connection();
-    let mut reader = BufReader::with_capacity(64 * 1024, channel);
+    let mut reader = BufReader::with_capacity(C::READ_BUFFER, channel);
     let mut payload = Vec::new();
     let mut out = Vec::new();
     let mut spoke = false;
@@ -343,32 +343,29 @@ pub fn serve<C: Channel>(
                 }
                 let started = std::time::Instant::now();
                 let name = frame.request.name();
-                let sendfile_fd = reader.get_ref().sendfile_fd();
-                if let (
-                    Some(out_fd),
-                    Request::Read {
-                        instance,
-                        fragment,
-                        file,
-                        offset,
-                        len,
-                    },
-                ) = (sendfile_fd, &frame.request)
+                if let Request::Read {
+                    instance,
+                    fragment,
+                    file,
+                    offset,
+                    len,
+                } = &frame.request
                 {
-                    // The data goes from the object to the socket in the kernel (sendfile):
-                    // no copy through this process (a clear connection only: TLS encrypts
-                    // it here). Errors take the general path below.
+                    // The data goes from the object to the socket with the fewest copies the
+                    // channel allows (`Channel::send_file`). Errors take the general path below.
                     let source = reg
                         .fragment(*instance, *fragment)
                         .and_then(|f| f.read_source(*file, *offset, *len));
                     if let Ok(source) = source {
                         let n = source.as_ref().map_or(0, |(_, n)| *n);
+                        let mut head = Vec::new();
                         let w = reader.get_mut();
-                        let sent = codec::write_response_head(w, op, id, &Response::Data, n)
-                            .and_then(|()| match &source {
-                                Some((obj, n)) => send_file(out_fd, w, obj.file(), *offset, *n),
-                                None => Ok(()),
-                            });
+                        let sent =
+                            codec::write_response_head(&mut head, op, id, &Response::Data, n)
+                                .and_then(|()| match &source {
+                                    Some((obj, n)) => w.send_file(&head, obj.file(), *offset, *n),
+                                    None => w.write_all(&head),
+                                });
                         crate::metrics::request(name, started.elapsed(), 0, n, false);
                         if let Err(e) = sent {
                             debug!("{peer}: cannot reply: {e}");
@@ -495,8 +492,21 @@ const LINGER: Duration = Duration::from_secs(1);
 
 /// A client connection as [`serve`] sees it: request frames in, replies out.
 pub trait Channel: Read + Write + codec::Waits {
-    /// The socket replies may be sent to with `sendfile(2)`: a clear connection's only.
-    fn sendfile_fd(&self) -> Option<RawFd>;
+    /// Bytes of the buffer frames are read through: a clear socket's reads are many small
+    /// system calls without one; a TLS connection's record layer buffers them already, and a
+    /// second buffer would copy each frame's first bytes once more.
+    const READ_BUFFER: usize;
+    /// Sends a reply: `head` (its frame header and message), then `len` bytes of `file` from
+    /// `offset` as its payload (zeros for bytes the file no longer holds), with the fewest
+    /// copies the channel allows: `sendfile(2)` in clear (none through this process), the
+    /// bytes read straight into the records that carry them in TLS (one).
+    fn send_file(
+        &mut self,
+        head: &[u8],
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> std::io::Result<()>;
     /// The channel binding a capability must be presented for (empty when clear; see
     /// `surge_auth::Token::present`).
     fn binding(&self) -> &[u8];
@@ -542,8 +552,17 @@ impl<S: AsFd> Channel for Clear<'_, S>
 where
     for<'b> &'b S: Read + Write,
 {
-    fn sendfile_fd(&self) -> Option<RawFd> {
-        Some(self.sock.as_fd().as_raw_fd())
+    const READ_BUFFER: usize = 64 * 1024;
+    fn send_file(
+        &mut self,
+        head: &[u8],
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> std::io::Result<()> {
+        self.write_all(head)?;
+        let out_fd = self.sock.as_fd().as_raw_fd();
+        send_file(out_fd, self, file, offset, len)
     }
     fn binding(&self) -> &[u8] {
         &[]
@@ -604,8 +623,15 @@ impl codec::Waits for Tls<'_> {
 }
 
 impl Channel for Tls<'_> {
-    fn sendfile_fd(&self) -> Option<RawFd> {
-        None
+    const READ_BUFFER: usize = 0;
+    fn send_file(
+        &mut self,
+        head: &[u8],
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> std::io::Result<()> {
+        self.stream.write_file(head, file, offset, len)
     }
     fn binding(&self) -> &[u8] {
         &self.binding
@@ -668,14 +694,12 @@ fn handshake(
     tls: &surge_proto::tls::ServerTls,
     wait: Option<Duration>,
 ) -> std::io::Result<(surge_proto::record::Keys, Vec<u8>)> {
-    let conn = rustls::ServerConnection::new(tls.config.clone())
-        .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
-    let mut conn = rustls::Connection::from(conn);
+    let (mut conn, secrets) = tls.connection()?;
     sock.set_read_timeout(wait)?;
     surge_proto::record::handshake(&mut conn, &mut &*sock)?;
     sock.set_read_timeout(None)?;
     let binding = surge_proto::tls::binding(&conn)?;
-    Ok((surge_proto::record::take_keys(conn)?, binding))
+    Ok((surge_proto::record::take_keys(conn, &secrets)?, binding))
 }
 
 /// Serves socket `s` of `name` until it ends: in TLS when the peer starts a handshake (and
