@@ -4,7 +4,9 @@
 //! the channel binding (`crate::tls::binding`). Then the connection's traffic keys are taken
 //! out of it ([`take_keys`], rustls's `dangerous_extract_secrets`) and records are sealed and
 //! opened here, in this module's buffers: a record read from the socket is decrypted where it
-//! lies ([`Opener`]), and plaintext is encrypted where it is sent from ([`Sealer`]). rustls's
+//! lies ([`Opener`]), and plaintext is encrypted where it is sent from ([`Sealer`]); a file's
+//! bytes are read straight into the records that carry them ([`Stream::write_file`], a
+//! server's reply to a read, which in TLS has no `sendfile`). rustls's
 //! buffered API copies each received record twice more (into a new `Vec`, then out of it),
 //! which on a 2-vCPU host cost more than the cipher (docs/SECURITY.md, "What it costs").
 //!
@@ -311,7 +313,7 @@ impl Sealer {
         out: &mut Vec<u8>,
     ) -> io::Result<usize> {
         let total = bufs.iter().map(|b| b.len()).sum::<usize>().min(max);
-        out.reserve(total + total.div_ceil(MAX_PLAINTEXT) * (HEADER_LEN + 1 + TAG_LEN));
+        out.reserve(total + total.div_ceil(MAX_PLAINTEXT) * RECORD_OVERHEAD);
         let (mut i, mut off, mut taken) = (0, 0, 0);
         while taken < total {
             self.update_if_due(out)?;
