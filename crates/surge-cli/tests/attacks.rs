@@ -1020,10 +1020,12 @@ fn a_flood_of_idle_connections_from_one_address_starves_no_one_else() {
         "a gRPC connection from another address was refused"
     );
     eprintln!("refused as it should be: 2,000 idle connections from one address ({before} -> {during} descriptors)");
-    // The idle HTTP connections that were let in are closed after the header deadline.
+    // The idle HTTP connections that were let in are closed after the header deadline (10 s;
+    // up to 30 s allowed, as a loaded 2-core machine once took past 15 s; without a deadline
+    // it stays open for good).
     let mut admitted = connect_from("127.0.0.3", &m.http);
     assert!(
-        closed_within(&mut admitted, Duration::from_secs(15)),
+        closed_within(&mut admitted, Duration::from_secs(30)),
         "an idle HTTP connection stayed open past the header deadline"
     );
     drop(held);
