@@ -10,9 +10,11 @@
 pub mod codec;
 pub mod frame;
 pub mod msg;
+pub mod preload;
 pub mod record;
 pub mod tls;
 pub mod transport;
+pub mod unix;
 
 pub use codec::CodecError;
 pub use frame::{Header, PROTOCOL_VERSION};
