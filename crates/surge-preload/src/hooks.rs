@@ -231,24 +231,40 @@ pub unsafe extern "C" fn closefrom(low: c_int) {
     unsafe { real::closefrom(low) }
 }
 
+/// After a call that made `new` a duplicate of `old` (or failed: `new` < 0).
+fn duplicated(old: c_int, new: c_int) {
+    if new >= 0 && new != old && active() {
+        let saved = errno();
+        guarded(|| table::duplicated(old, new));
+        set_errno(saved);
+    }
+}
+
+/// # Safety
+/// As dup(2).
+#[no_mangle]
+pub unsafe extern "C" fn dup(old: c_int) -> c_int {
+    let new = unsafe { real::dup(old) };
+    duplicated(old, new);
+    new
+}
+
 /// # Safety
 /// As dup2(2).
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    if old != new {
-        closing(new);
-    }
-    unsafe { real::dup2(old, new) }
+    let r = unsafe { real::dup2(old, new) };
+    duplicated(old, r);
+    r
 }
 
 /// # Safety
 /// As dup3(2).
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    if old != new {
-        closing(new);
-    }
-    unsafe { real::dup3(old, new, flags) }
+    let r = unsafe { real::dup3(old, new, flags) };
+    duplicated(old, r);
+    r
 }
 
 /// `fcntl(F_SETFL)` adding flags the library leaves to the kernel (appends, direct or
@@ -261,7 +277,7 @@ fn setfl(fd: c_int, cmd: c_int, arg: usize) {
     if let Some(a) = adopted(fd) {
         guarded(|| {
             let _ = table::sync_if_dirty(&a);
-            table::forget(fd);
+            table::forget_file(&a);
             stats::FORWARDED.bump();
         });
     }
@@ -272,7 +288,11 @@ fn setfl(fd: c_int, cmd: c_int, arg: usize) {
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     setfl(fd, cmd, arg);
-    unsafe { real::fcntl(fd, cmd, arg) }
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        duplicated(fd, r);
+    }
+    r
 }
 
 /// # Safety
@@ -280,7 +300,11 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     setfl(fd, cmd, arg);
-    unsafe { real::fcntl64(fd, cmd, arg) }
+    let r = unsafe { real::fcntl64(fd, cmd, arg) };
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        duplicated(fd, r);
+    }
+    r
 }
 
 // ---- data ----
@@ -506,6 +530,101 @@ pub unsafe extern "C" fn pwritev64(
 #[no_mangle]
 pub unsafe extern "C" fn pwritev(fd: c_int, iov: *const iovec, n: c_int, off: off64_t) -> ssize_t {
     unsafe { pwritev64(fd, iov, n, off) }
+}
+
+/// `preadv2`/`pwritev2` flags the object serves as the kernel would (hints about waiting);
+/// any other (`RWF_DSYNC`, `RWF_SYNC`, `RWF_APPEND`, atomic writes) goes to the kernel.
+const RWF_HINTS: c_int = libc::RWF_HIPRI | libc::RWF_NOWAIT;
+
+/// # Safety
+/// As preadv2(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv64v2(
+    fd: c_int,
+    iov: *const iovec,
+    n: c_int,
+    off: off64_t,
+    flags: c_int,
+) -> ssize_t {
+    if flags & !RWF_HINTS == 0 {
+        if let Some(a) = adopted(fd) {
+            // SAFETY (closure): the caller's vector, as given.
+            let r = guarded(|| {
+                counted_read(if off == -1 {
+                    at_offset(fd, &a, |o, pos| unsafe { real::preadv64(o, iov, n, pos) })
+                } else {
+                    check(unsafe { real::preadv64(a.object.as_raw_fd(), iov, n, off) })
+                })
+            });
+            if let Some(r) = r {
+                return ret(r);
+            }
+        }
+    } else if let Err(e) = before_kernel(fd) {
+        set_errno(e);
+        return -1;
+    }
+    unsafe { real::preadv64v2(fd, iov, n, off, flags) }
+}
+
+/// # Safety
+/// As preadv2(2).
+#[no_mangle]
+pub unsafe extern "C" fn preadv2(
+    fd: c_int,
+    iov: *const iovec,
+    n: c_int,
+    off: off64_t,
+    flags: c_int,
+) -> ssize_t {
+    unsafe { preadv64v2(fd, iov, n, off, flags) }
+}
+
+/// # Safety
+/// As pwritev2(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwritev64v2(
+    fd: c_int,
+    iov: *const iovec,
+    n: c_int,
+    off: off64_t,
+    flags: c_int,
+) -> ssize_t {
+    if flags & !RWF_HINTS == 0 {
+        if let Some(a) = adopted(fd) {
+            // SAFETY (closure): the caller's vector, as given.
+            let r = guarded(|| {
+                counted_write(
+                    &a,
+                    if off == -1 {
+                        at_offset(fd, &a, |o, pos| unsafe { real::pwritev64(o, iov, n, pos) })
+                    } else {
+                        check(unsafe { real::pwritev64(a.object.as_raw_fd(), iov, n, off) })
+                    },
+                )
+            });
+            if let Some(r) = r {
+                return ret(r);
+            }
+        }
+    } else if let Err(e) = before_kernel(fd) {
+        set_errno(e);
+        return -1;
+    }
+    unsafe { real::pwritev64v2(fd, iov, n, off, flags) }
+}
+
+/// # Safety
+/// As pwritev2(2).
+#[no_mangle]
+pub unsafe extern "C" fn pwritev2(
+    fd: c_int,
+    iov: *const iovec,
+    n: c_int,
+    off: off64_t,
+    flags: c_int,
+) -> ssize_t {
+    unsafe { pwritev64v2(fd, iov, n, off, flags) }
 }
 
 /// `lseek` of an adopted descriptor: positions that depend on the data come from the object
@@ -762,7 +881,16 @@ fn before_kernel(fd: c_int) -> Result<(), c_int> {
     match adopted(fd) {
         Some(a) => guarded(|| {
             stats::FORWARDED.bump();
-            table::sync_if_dirty(&a)
+            if !a.dirty.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            table::sync(&a)?;
+            // The mount dropped the kernel's attributes; a stat has the kernel fetch them
+            // now (the size is what `copy_file_range` and `sendfile` check ranges against).
+            // SAFETY: stat64 is plain old data; `fd` is the caller's.
+            let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+            unsafe { real::fstat64(fd, &mut st) };
+            Ok(())
         })
         .unwrap_or(Ok(())),
         None => Ok(()),
@@ -822,6 +950,41 @@ pub unsafe extern "C" fn ftruncate(fd: c_int, len: off64_t) -> c_int {
 }
 
 /// # Safety
+/// As fallocate(2).
+#[no_mangle]
+pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, off: off64_t, len: off64_t) -> c_int {
+    if let Err(e) = before_kernel(fd) {
+        set_errno(e);
+        return -1;
+    }
+    unsafe { real::fallocate64(fd, mode, off, len) }
+}
+
+/// # Safety
+/// As fallocate(2).
+#[no_mangle]
+pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, off: off64_t, len: off64_t) -> c_int {
+    unsafe { fallocate64(fd, mode, off, len) }
+}
+
+/// # Safety
+/// As posix_fallocate(3) (returns the error).
+#[no_mangle]
+pub unsafe extern "C" fn posix_fallocate64(fd: c_int, off: off64_t, len: off64_t) -> c_int {
+    if let Err(e) = before_kernel(fd) {
+        return e;
+    }
+    unsafe { real::posix_fallocate64(fd, off, len) }
+}
+
+/// # Safety
+/// As posix_fallocate(3) (returns the error).
+#[no_mangle]
+pub unsafe extern "C" fn posix_fallocate(fd: c_int, off: off64_t, len: off64_t) -> c_int {
+    unsafe { posix_fallocate64(fd, off, len) }
+}
+
+/// # Safety
 /// As futimens(3).
 #[no_mangle]
 pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
@@ -830,6 +993,107 @@ pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_
         return -1;
     }
     unsafe { real::futimens(fd, times) }
+}
+
+// ---- copies between descriptors: done here when an adopted one takes part ----
+
+/// Largest piece a copy moves at once (its buffer).
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Reads from `fd` (at `off`, else at its offset) into `buf`: from the object when adopted.
+fn read_any(fd: c_int, buf: &mut [u8], off: Option<off64_t>) -> Result<ssize_t, c_int> {
+    let p = buf.as_mut_ptr().cast();
+    // SAFETY: our buffer, of its length; the descriptors are the caller's.
+    match (table::get(fd), off) {
+        (Some(a), Some(o)) => counted_read(check(unsafe {
+            real::pread64(a.object.as_raw_fd(), p, buf.len(), o)
+        })),
+        (Some(a), None) => counted_read(at_offset(fd, &a, |o, pos| unsafe {
+            real::pread64(o, p, buf.len(), pos)
+        })),
+        (None, Some(o)) => check(unsafe { real::pread64(fd, p, buf.len(), o) }),
+        (None, None) => check(unsafe { real::read(fd, p, buf.len()) }),
+    }
+}
+
+/// Writes `buf` to `fd` (at `off`, else at its offset): into the object when adopted.
+fn write_any(fd: c_int, buf: &[u8], off: Option<off64_t>) -> Result<ssize_t, c_int> {
+    let p = buf.as_ptr().cast();
+    // SAFETY: our buffer, of its length; the descriptors are the caller's.
+    match (table::get(fd), off) {
+        (Some(a), Some(o)) => counted_write(
+            &a,
+            check(unsafe { real::pwrite64(a.object.as_raw_fd(), p, buf.len(), o) }),
+        ),
+        (Some(a), None) => {
+            let r = at_offset(fd, &a, |o, pos| unsafe {
+                real::pwrite64(o, p, buf.len(), pos)
+            });
+            counted_write(&a, r)
+        }
+        (None, Some(o)) => check(unsafe { real::pwrite64(fd, p, buf.len(), o) }),
+        (None, None) => check(unsafe { real::write(fd, p, buf.len()) }),
+    }
+}
+
+/// Copies up to `len` bytes from `fd_in` to `fd_out` by reads and writes (`copy_file_range`
+/// and `sendfile` of an adopted descriptor: the kernel would check the ranges against its
+/// cached size, which predates this process's writes). `off_in`/`off_out`: positions to use
+/// and advance, else the descriptors' offsets. Returns what was copied; an error only when
+/// nothing was.
+fn copy(
+    fd_in: c_int,
+    mut off_in: Option<&mut off64_t>,
+    fd_out: c_int,
+    mut off_out: Option<&mut off64_t>,
+    len: usize,
+) -> Result<ssize_t, c_int> {
+    let mut buf = vec![0u8; len.min(COPY_CHUNK)];
+    let mut done: usize = 0;
+    while done < len {
+        let want = (len - done).min(buf.len());
+        let n = match read_any(fd_in, &mut buf[..want], off_in.as_deref().copied()) {
+            Ok(0) => break,
+            Ok(n) => n as usize,
+            Err(e) if done == 0 => return Err(e),
+            Err(_) => break,
+        };
+        let mut put = 0;
+        while put < n {
+            let at = off_out.as_deref().map(|o| o + put as off64_t);
+            match write_any(fd_out, &buf[put..n], at) {
+                Ok(w) if w > 0 => put += w as usize,
+                Ok(_) => break,
+                Err(e) if done + put == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        if let Some(o) = off_in.as_deref_mut() {
+            *o += put as off64_t;
+        }
+        if let Some(o) = off_out.as_deref_mut() {
+            *o += put as off64_t;
+        }
+        done += put;
+        if put < n {
+            // The input moved past what was written: put its offset back (no offset given).
+            if off_in.is_none() {
+                // SAFETY: the caller's descriptor.
+                unsafe { real::lseek64(fd_in, put as off64_t - n as off64_t, libc::SEEK_CUR) };
+            }
+            break;
+        }
+    }
+    stats::COPIES.bump();
+    Ok(done as ssize_t)
+}
+
+/// Whether two ranges of one file overlap (`copy_file_range` refuses that with EINVAL).
+fn same_file_overlap(fd_in: c_int, a: off64_t, fd_out: c_int, b: off64_t, len: usize) -> bool {
+    let (Some(x), Some(y)) = (table::get(fd_in), table::get(fd_out)) else {
+        return false;
+    };
+    x.ino == y.ino && x.dev == y.dev && a < b + len as off64_t && b < a + len as off64_t
 }
 
 /// # Safety
@@ -843,9 +1107,26 @@ pub unsafe extern "C" fn copy_file_range(
     len: size_t,
     flags: c_uint,
 ) -> ssize_t {
-    if let Err(e) = before_kernel(fd_in).and_then(|()| before_kernel(fd_out)) {
-        set_errno(e);
-        return -1;
+    if flags == 0 && (adopted(fd_in).is_some() || adopted(fd_out).is_some()) {
+        // SAFETY: the caller's offsets, when given.
+        let (oi, oo) = unsafe { (off_in.as_mut(), off_out.as_mut()) };
+        let r = guarded(|| {
+            let ai = oi
+                .as_deref()
+                .copied()
+                .map_or_else(|| unsafe { real::lseek64(fd_in, 0, libc::SEEK_CUR) }, |o| o);
+            let ao = oo.as_deref().copied().map_or_else(
+                || unsafe { real::lseek64(fd_out, 0, libc::SEEK_CUR) },
+                |o| o,
+            );
+            if same_file_overlap(fd_in, ai, fd_out, ao, len) {
+                return Err(libc::EINVAL);
+            }
+            copy(fd_in, oi, fd_out, oo, len)
+        });
+        if let Some(r) = r {
+            return ret(r);
+        }
     }
     unsafe { real::copy_file_range(fd_in, off_in, fd_out, off_out, len, flags) }
 }
@@ -859,9 +1140,12 @@ pub unsafe extern "C" fn sendfile64(
     off: *mut off64_t,
     n: size_t,
 ) -> ssize_t {
-    if let Err(e) = before_kernel(fd_in).and_then(|()| before_kernel(out)) {
-        set_errno(e);
-        return -1;
+    if adopted(fd_in).is_some() || adopted(out).is_some() {
+        // SAFETY: the caller's offset, when given.
+        let oi = unsafe { off.as_mut() };
+        if let Some(r) = guarded(|| copy(fd_in, oi, out, None, n)) {
+            return ret(r);
+        }
     }
     unsafe { real::sendfile64(out, fd_in, off, n) }
 }

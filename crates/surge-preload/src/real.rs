@@ -103,6 +103,7 @@ real! {
     fclose(f: *mut libc::FILE) -> c_int;
     close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
     closefrom(low: c_int) -> ();
+    dup(old: c_int) -> c_int;
     dup2(old: c_int, new: c_int) -> c_int;
     dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
     read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
@@ -113,6 +114,8 @@ real! {
     writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t;
     preadv64(fd: c_int, iov: *const iovec, n: c_int, off: off64_t) -> ssize_t;
     pwritev64(fd: c_int, iov: *const iovec, n: c_int, off: off64_t) -> ssize_t;
+    preadv64v2(fd: c_int, iov: *const iovec, n: c_int, off: off64_t, flags: c_int) -> ssize_t;
+    pwritev64v2(fd: c_int, iov: *const iovec, n: c_int, off: off64_t, flags: c_int) -> ssize_t;
     lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t;
     fsync(fd: c_int) -> c_int;
     fdatasync(fd: c_int) -> c_int;
@@ -124,6 +127,8 @@ real! {
     mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void;
     ftruncate64(fd: c_int, len: off64_t) -> c_int;
     futimens(fd: c_int, times: *const libc::timespec) -> c_int;
+    fallocate64(fd: c_int, mode: c_int, off: off64_t, len: off64_t) -> c_int;
+    posix_fallocate64(fd: c_int, off: off64_t, len: off64_t) -> c_int;
     copy_file_range(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t;
     sendfile64(out: c_int, fd_in: c_int, off: *mut off64_t, n: size_t) -> ssize_t;
     execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;

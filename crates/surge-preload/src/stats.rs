@@ -33,6 +33,8 @@ pub static WRITE_BYTES: Counter = Counter::new();
 pub static FSYNCS: Counter = Counter::new();
 /// Commits asked of the mount (fsync, and before calls handed to the kernel).
 pub static SYNCS: Counter = Counter::new();
+/// `copy_file_range`/`sendfile` calls done here by reads and writes.
+pub static COPIES: Counter = Counter::new();
 /// Calls on adopted descriptors handed to the kernel (mmap, ftruncate, copy_file_range, ...).
 pub static FORWARDED: Counter = Counter::new();
 
@@ -40,7 +42,7 @@ pub const ENV: &str = "SURGE_PRELOAD_STATS";
 
 /// The counters as JSON.
 pub fn json() -> String {
-    let all: [(&str, &Counter); 9] = [
+    let all: [(&str, &Counter); 10] = [
         ("adopted", &ADOPTED),
         ("refused", &REFUSED),
         ("reads", &READS),
@@ -49,6 +51,7 @@ pub fn json() -> String {
         ("write_bytes", &WRITE_BYTES),
         ("fsyncs", &FSYNCS),
         ("syncs", &SYNCS),
+        ("copies", &COPIES),
         ("forwarded", &FORWARDED),
     ];
     let fields: Vec<String> = all

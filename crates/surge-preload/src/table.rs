@@ -42,13 +42,19 @@ pub fn get(fd: RawFd) -> Option<Arc<Adopted>> {
     TABLE.read().as_ref()?.get(&fd).cloned()
 }
 
-fn insert(fd: RawFd, a: Adopted) {
+fn insert(fd: RawFd, a: Arc<Adopted>) {
     let mut t = TABLE.write();
-    if t.get_or_insert_with(HashMap::new)
-        .insert(fd, Arc::new(a))
-        .is_none()
-    {
+    if t.get_or_insert_with(HashMap::new).insert(fd, a).is_none() {
         ADOPTED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// `new` is a duplicate of `old` (`dup`, `dup2`, `fcntl(F_DUPFD)`): one open file, one
+/// offset, one object; `new` is adopted as `old` is (or forgotten, if `old` is not).
+pub fn duplicated(old: RawFd, new: RawFd) {
+    match get(old) {
+        Some(a) => insert(new, a),
+        None => drop(forget(new)),
     }
 }
 
@@ -63,6 +69,16 @@ pub fn forget(fd: RawFd) -> Option<Arc<Adopted>> {
         ADOPTED.fetch_sub(1, Ordering::Relaxed);
     }
     gone
+}
+
+/// Forgets every descriptor of the open file `a` (its duplicates share its flags: `F_SETFL`).
+pub fn forget_file(a: &Arc<Adopted>) {
+    let mut t = TABLE.write();
+    if let Some(t) = t.as_mut() {
+        let before = t.len();
+        t.retain(|_, x| !Arc::ptr_eq(x, a));
+        ADOPTED.fetch_sub(before - t.len(), Ordering::Relaxed);
+    }
 }
 
 /// Forgets every descriptor in `first..=last`.
@@ -113,13 +129,13 @@ pub fn adopt(fd: RawFd, dev: u64) -> Option<()> {
         Some((0, ino, Some(object))) => {
             insert(
                 fd,
-                Adopted {
+                Arc::new(Adopted {
                     object,
                     ino,
                     dev,
                     dirty: AtomicBool::new(false),
                     offset: Mutex::new(()),
-                },
+                }),
             );
             crate::stats::ADOPTED.bump();
             debug!("fd {fd}: adopted (inode {ino})");
