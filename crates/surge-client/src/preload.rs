@@ -186,7 +186,9 @@ fn answer_all(fs: &Fs, rt: &tokio::runtime::Handle, dev: u64, conn: &OwnedFd) ->
                 Err(errno) => send(sock, &preload::answer(errno, 0), None)?,
             },
             (SYNC, None) => {
-                let errno = match rt.block_on(fs.preload_sync(ino)) {
+                // A metadata round trip from this thread, as the FUSE threads make theirs
+                // (`crate::blocking`): no hand-over to the runtime and back.
+                let errno = match crate::blocking::inline(|| rt.block_on(fs.preload_sync(ino))) {
                     Ok(()) => 0,
                     Err(e) => fs.failed("preload sync", &e),
                 };

@@ -26,13 +26,14 @@ impl Fs {
     /// close does, and drops the kernel's cached attributes of it (the kernel did not see
     /// those writes).
     pub async fn preload_sync(&self, ino: Ino) -> FsResult<()> {
-        let Some(b) = self.preload_object(ino) else {
+        // What the library wrote counts against the instance's space as the kernel's
+        // passthrough writes do: measured every `PASSTHROUGH_ACCOUNTING` and at the close.
+        if self.preload_object(ino).is_none() {
             return Err(FsError::new(
                 libc::EBADF,
                 format!("inode {ino} is not open here by passthrough"),
             ));
-        };
-        self.account_backing(ino, &b).await;
+        }
         self.commit(ino).await?;
         if let Some(drop_attrs) = self.drop_attrs.get() {
             drop_attrs(ino);
