@@ -1114,11 +1114,11 @@ pub unsafe extern "C" fn copy_file_range(
             let ai = oi
                 .as_deref()
                 .copied()
-                .map_or_else(|| unsafe { real::lseek64(fd_in, 0, libc::SEEK_CUR) }, |o| o);
-            let ao = oo.as_deref().copied().map_or_else(
-                || unsafe { real::lseek64(fd_out, 0, libc::SEEK_CUR) },
-                |o| o,
-            );
+                .unwrap_or_else(|| unsafe { real::lseek64(fd_in, 0, libc::SEEK_CUR) });
+            let ao = oo
+                .as_deref()
+                .copied()
+                .unwrap_or_else(|| unsafe { real::lseek64(fd_out, 0, libc::SEEK_CUR) });
             if same_file_overlap(fd_in, ai, fd_out, ao, len) {
                 return Err(libc::EINVAL);
             }
