@@ -114,13 +114,13 @@ fn dd_cp_and_cat_through_the_library_write_what_the_mount_and_another_node_read(
     let n = counters(&stats);
     let size = data.len() as u64;
     assert!(n["adopted"] >= 4, "{n:?}");
-    // dd's writes went through the library; cp's copy is copy_file_range, which the kernel
-    // serves (counted as forwarded).
+    // dd's writes, and cp's copy_file_range (done by the library as reads and writes), went
+    // through the library.
     assert!(
-        n["write_bytes"] >= 2 * size,
+        n["write_bytes"] >= 3 * size,
         "the writes went through the library: {n:?}"
     );
-    assert!(n["forwarded"] >= 1, "{n:?}");
+    assert!(n["copies"] >= 1, "{n:?}");
     assert!(
         n["read_bytes"] >= size,
         "cat's reads went through the library: {n:?}"
