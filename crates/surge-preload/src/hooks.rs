@@ -78,9 +78,30 @@ fn opened(fd: c_int, flags: c_int) {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG || major != 0 {
             return;
         }
-        table::adopt(fd, st.st_dev);
+        if crate::lazy() {
+            table::candidate(fd, st.st_dev);
+        } else {
+            table::adopt(fd, st.st_dev);
+        }
     });
     set_errno(saved);
+}
+
+/// The adopted descriptor `fd`; with `SURGE_PRELOAD_ADOPT=fsync`, a candidate (a regular
+/// file of a FUSE mount opened since) is adopted now.
+fn adopted_at_sync(fd: c_int) -> Option<Arc<Adopted>> {
+    if let Some(a) = adopted(fd) {
+        return Some(a);
+    }
+    if !active() || !crate::lazy() {
+        return None;
+    }
+    guarded(|| {
+        let dev = table::take_candidate(fd)?;
+        table::adopt(fd, dev)?;
+        table::get(fd)
+    })
+    .flatten()
 }
 
 /// # Safety
@@ -188,7 +209,12 @@ pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: 
 /// Forgets `fd` if adopted (its object is closed).
 fn closing(fd: c_int) {
     if active() {
-        guarded(|| drop(table::forget(fd)));
+        guarded(|| {
+            drop(table::forget(fd));
+            if crate::lazy() {
+                table::take_candidate(fd);
+            }
+        });
     }
 }
 
@@ -688,7 +714,7 @@ fn sync(a: &Adopted, data_only: bool) -> Result<c_int, c_int> {
 /// As fsync(2).
 #[no_mangle]
 pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
-    if let Some(a) = adopted(fd) {
+    if let Some(a) = adopted_at_sync(fd) {
         if let Some(r) = guarded(|| sync(&a, false)) {
             return ret(r);
         }
@@ -700,7 +726,7 @@ pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
 /// As fdatasync(2).
 #[no_mangle]
 pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
-    if let Some(a) = adopted(fd) {
+    if let Some(a) = adopted_at_sync(fd) {
         if let Some(r) = guarded(|| sync(&a, true)) {
             return ret(r);
         }

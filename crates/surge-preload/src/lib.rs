@@ -22,7 +22,8 @@
 //! to the kernel in both processes; `exec` is preceded by a commit. A panic in the library
 //! disables it for the process and the call goes to the C library.
 //!
-//! Environment: `SURGE_PRELOAD=0` turns it off; `SURGE_PRELOAD_STATS=FILE` writes counters
+//! Environment: `SURGE_PRELOAD=0` turns it off; `SURGE_PRELOAD_ADOPT=fsync` adopts a
+//! descriptor at its first `fsync` instead of at its open; `SURGE_PRELOAD_STATS=FILE` writes counters
 //! at exit (`%p`: the process id); `SURGE_PRELOAD_LOG=debug` logs to stderr.
 
 mod hooks;
@@ -41,6 +42,14 @@ thread_local! {
 
 /// The library works in this process (not turned off, initialised).
 static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// `SURGE_PRELOAD_ADOPT=fsync`: descriptors are adopted at their first `fsync`/`fdatasync`,
+/// not at their open (until then the kernel does everything, at no extra cost to opens).
+static LAZY: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn lazy() -> bool {
+    LAZY.load(Ordering::Relaxed)
+}
 
 /// Whether a hook should look at its call: the library is on and this thread is not already
 /// inside it.
@@ -88,6 +97,10 @@ extern "C" fn init() {
             );
             libc::atexit(stats::write_at_exit);
         }
+        LAZY.store(
+            std::env::var("SURGE_PRELOAD_ADOPT").is_ok_and(|v| v == "fsync"),
+            Ordering::SeqCst,
+        );
         ENABLED.store(true, Ordering::SeqCst);
     });
 }

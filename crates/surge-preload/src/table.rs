@@ -106,6 +106,22 @@ pub fn all() -> Vec<(RawFd, Arc<Adopted>)> {
         .unwrap_or_default()
 }
 
+/// Descriptors of regular files of FUSE mounts not adopted yet (`SURGE_PRELOAD_ADOPT=fsync`:
+/// adopted at their first `fsync`), with their device. A number reused behind the library's
+/// back is harmless here: the mount checks the descriptor it is sent.
+static CANDIDATES: Mutex<Option<HashMap<RawFd, u64>>> = Mutex::new(None);
+
+pub fn candidate(fd: RawFd, dev: u64) {
+    CANDIDATES
+        .lock()
+        .get_or_insert_with(HashMap::new)
+        .insert(fd, dev);
+}
+
+pub fn take_candidate(fd: RawFd) -> Option<u64> {
+    CANDIDATES.lock().as_mut()?.remove(&fd)
+}
+
 /// How long a device that is not a Surge mount (no socket answered) is not asked again.
 const NOT_SURGE_FOR: Duration = Duration::from_secs(2);
 
@@ -327,6 +343,7 @@ fn after_fork() {
         let gone = TABLE.write().as_mut().map(std::mem::take);
         ADOPTED.store(0, Ordering::Relaxed);
         drop(gone);
+        CANDIDATES.lock().take();
     });
 }
 
