@@ -331,11 +331,13 @@ pub extern "C" fn before_fork() {
     });
     std::mem::forget(MOUNTS.lock());
     std::mem::forget(TABLE.write());
+    std::mem::forget(CANDIDATES.lock());
 }
 
 fn after_fork() {
     // SAFETY: taken in `before_fork` by this thread, the one that forked.
     unsafe {
+        CANDIDATES.force_unlock();
         TABLE.force_unlock_write();
         MOUNTS.force_unlock();
     }
