@@ -3,14 +3,15 @@
 # workloads through FUSE alone, in the same default job instance (`#DW jobdw type=scratch
 # access_mode=striped capacity=4GiB`, the embedded default's 4 servers), sides alternating
 # from workload to workload and run to run:
-#   pre  - the workload with LD_PRELOAD=libsurge_preload.so
-#   fuse - the same without it
+#   fuse - the workload through the mount alone
+#   pre  - the same with LD_PRELOAD=libsurge_preload.so (descriptors adopted at open)
+#   lazy - the same with SURGE_PRELOAD_ADOPT=fsync (adopted at their first fsync)
 # Workloads (bench/preload_io.c, timed in the process):
 #   seq8m     8 MiB writes of SEQ MiB, one fsync at the end (MiB/s)
 #   fsync4k   4 KiB writes each followed by fsync, FSYNCS of them (ops/s)
 #   small     create + write 4 KiB + close of SMALL files (files/s)
-# Prints each run's rates and ratios pre/fuse, then the medians. Also checks, once, that the
-# library did the writes (its counters).
+# Prints each run's rates, then medians and the ratios pre/fuse and lazy/fuse per run, and
+# the library's counters of the last `pre` run of each workload (it did the writes).
 #
 #   bench/preload.sh [--runs 3] [--seq 512] [--fsyncs 5000] [--small 2000]
 # Needs root (FUSE mounts, kernel passthrough) and gcc.
@@ -49,6 +50,7 @@ D=\$DW_JOB_STRIPED
 run() { # side workload -> rate
     local side=\$1 w=\$2 pre=()
     [ "\$side" = pre ] && pre=(env LD_PRELOAD="$LIB" SURGE_PRELOAD_STATS="$WORK/stats-\$w.json")
+    [ "\$side" = lazy ] && pre=(env LD_PRELOAD="$LIB" SURGE_PRELOAD_ADOPT=fsync)
     mkdir -p "\$D/\$side"
     case \$w in
         seq8m) "\${pre[@]}" "$WORK/preload_io" seq "\$D/\$side/seq" $SEQ ;;
@@ -59,7 +61,9 @@ run() { # side workload -> rate
 }
 for r in \$(seq $RUNS); do
     for w in seq8m fsync4k small; do
-        if [ \$(( (r + \${#w}) % 2 )) -eq 0 ]; then order="pre fuse"; else order="fuse pre"; fi
+        case \$(( (r + \${#w}) % 3 )) in
+            0) order="pre fuse lazy" ;; 1) order="fuse lazy pre" ;; *) order="lazy pre fuse" ;;
+        esac
         for side in \$order; do
             echo "\$r \$w \$side \$(run \$side \$w)"
         done
@@ -72,21 +76,26 @@ chmod 755 "$WORK/job.sh"
 
 python3 - "$WORK/results" "$WORK" <<'PY'
 import collections, json, statistics, sys, glob, os
-rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 4 and l.split()[0].isdigit()]
+lines = open(sys.argv[1]).read().splitlines()
+rows = [l.split() for l in lines if len(l.split()) == 4 and l.split()[0].isdigit()]
+for l in lines:
+    if l.split() not in rows:
+        print("job:", l)
 for r in rows:
     print("run", " ".join(r))
 v = collections.defaultdict(dict)
 for r, w, side, rate in rows:
     v[(w, int(r))][side] = float(rate)
 units = {"seq8m": "MiB/s", "fsync4k": "ops/s", "small": "files/s"}
-print(f"{'workload':9} {'unit':8} {'fuse':>10} {'pre':>10} {'pre/fuse':>9}   per run pre/fuse")
+print(f"{'workload':9} {'unit':8} {'fuse':>10} {'pre':>10} {'lazy':>10} {'pre/fuse':>9} {'lazy/fuse':>9}   per run pre/fuse | lazy/fuse")
 for w in ["seq8m", "fsync4k", "small"]:
     runs = sorted(r for (x, r) in v if x == w)
-    ratios = [v[(w, r)]["pre"] / v[(w, r)]["fuse"] for r in runs]
-    f = statistics.median(v[(w, r)]["fuse"] for r in runs)
-    p = statistics.median(v[(w, r)]["pre"] for r in runs)
-    print(f"{w:9} {units[w]:8} {f:10.1f} {p:10.1f} {statistics.median(ratios):9.2f}   "
-          + " ".join(f"{x:.2f}" for x in ratios))
+    med = {k: statistics.median(v[(w, r)][k] for r in runs) for k in ("fuse", "pre", "lazy")}
+    rp = [v[(w, r)]["pre"] / v[(w, r)]["fuse"] for r in runs]
+    rl = [v[(w, r)]["lazy"] / v[(w, r)]["fuse"] for r in runs]
+    print(f"{w:9} {units[w]:8} {med['fuse']:10.1f} {med['pre']:10.1f} {med['lazy']:10.1f} "
+          f"{statistics.median(rp):9.2f} {statistics.median(rl):9.2f}   "
+          + " ".join(f"{x:.2f}" for x in rp) + " | " + " ".join(f"{x:.2f}" for x in rl))
 for f in sorted(glob.glob(os.path.join(sys.argv[2], "stats-*.json"))):
     s = json.load(open(f))
     print(f"library counters, last {os.path.basename(f)[6:-5]} run: adopted {s['adopted']}, "
