@@ -167,7 +167,11 @@ fn listen(
 fn answer_all(fs: &Fs, rt: &tokio::runtime::Handle, dev: u64, conn: &OwnedFd) -> io::Result<()> {
     let sock = conn.as_raw_fd();
     let mut buf = [0u8; REQUEST_LEN + 1];
+    let budget = surge_proto::transport::poll_budget("server");
     loop {
+        // A process that just had an answer often asks again at once (an fsync per write):
+        // polled for a moment before sleeping, as the servers' connection threads do.
+        surge_proto::transport::poll_readable(sock, budget);
         let (n, fd) = recv(sock, &mut buf)?;
         if n == 0 && fd.is_none() {
             return Ok(());

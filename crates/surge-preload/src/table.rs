@@ -237,8 +237,13 @@ fn ask(dev: u64, op: u8, ino: u64, fd: Option<RawFd>) -> Option<(i32, u64, Optio
         };
         let sock = sock.as_raw_fd();
         let mut buf = [0u8; preload::ANSWER_LEN + 1];
-        let r = surge_proto::unix::send(sock, &preload::request(op, ino), fd)
-            .and_then(|()| surge_proto::unix::recv(sock, &mut buf));
+        let r = surge_proto::unix::send(sock, &preload::request(op, ino), fd).and_then(|()| {
+            // The answer comes within a round trip of the mount's: polled for a moment before
+            // sleeping, as the mount's own threads do (waking a sleeping vCPU costs as much).
+            let budget = surge_proto::transport::poll_budget("client");
+            surge_proto::transport::poll_readable(sock, budget);
+            surge_proto::unix::recv(sock, &mut buf)
+        });
         match r {
             Ok((n, obj)) => match preload::parse_answer(&buf[..n]) {
                 Some((errno, ino)) => return Some((errno, ino, obj)),
