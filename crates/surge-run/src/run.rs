@@ -944,19 +944,27 @@ fn nodes_file(
 
 /// Where the job's programs are given the interposition library when `surge run` was asked
 /// for it (`SURGE_CLIENT=preload`; docs/DATAPLANE.md, "The preload path"): next to the `surge`
-/// executable (a build tree), else in `/usr/lib/surge`. `None` when not asked, or (said) when
-/// it is not there.
+/// executable (a build tree), else in `lib/surge` beside its `bin` (`make install`), else in
+/// `/usr/lib/surge`. `None` when not asked, or (said) when it is not there.
 fn preload_library(surge_exe: &Path) -> Option<PathBuf> {
     if std::env::var("SURGE_CLIENT").ok()?.as_str() != "preload" {
         return None;
     }
     let near = surge_exe.with_file_name("libsurge_preload.so");
+    // `make install`: PREFIX/bin/surge and PREFIX/lib/surge/.
+    let prefix = surge_exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("lib/surge/libsurge_preload.so"));
     let installed = PathBuf::from("/usr/lib/surge/libsurge_preload.so");
-    let found = [near, installed].into_iter().find(|p| p.exists());
+    let found = [Some(near), prefix, Some(installed)]
+        .into_iter()
+        .flatten()
+        .find(|p| p.exists());
     if found.is_none() {
         tracing::warn!(
-            "SURGE_CLIENT=preload: no libsurge_preload.so next to {} nor in /usr/lib/surge; \
-             the job runs without it",
+            "SURGE_CLIENT=preload: no libsurge_preload.so next to {}, in lib/surge beside it \
+             nor in /usr/lib/surge; the job runs without it",
             surge_exe.display()
         );
     }
