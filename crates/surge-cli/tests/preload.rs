@@ -157,11 +157,27 @@ fn a_c_program_sees_the_same_file_with_and_without_the_library() {
         &format!("{} {}/without", bin.display(), m.dir.display()),
         None,
     );
-    assert_eq!((with.as_str(), without.as_str()), ("ok\n", "ok\n"));
+    // Adopted at the first fsync instead of at the open (SURGE_PRELOAD_ADOPT=fsync).
+    let lazy_stats = scratch.path().join("lazy-stats");
+    let lazy = sh(
+        &format!(
+            "SURGE_PRELOAD_ADOPT=fsync {} {}/lazy",
+            bin.display(),
+            m.dir.display()
+        ),
+        Some(&lazy_stats),
+    );
+    assert_eq!(
+        (with.as_str(), without.as_str(), lazy.as_str()),
+        ("ok\n", "ok\n", "ok\n")
+    );
     let a = std::fs::read(other.path("with")).unwrap();
     let b = std::fs::read(other.path("without")).unwrap();
+    let c = std::fs::read(other.path("lazy")).unwrap();
     assert_eq!(a.len(), 21012);
-    assert!(a == b, "the two runs left different files");
+    assert!(a == b && b == c, "the runs left different files");
+    let l = counters(&lazy_stats);
+    assert!(l["adopted"] >= 1 && l["fsyncs"] >= 1, "{l:?}");
     let n = counters(&stats);
     assert!(
         n["adopted"] >= 2 && n["writes"] >= 3 && n["fsyncs"] >= 1,
