@@ -269,3 +269,60 @@ fn the_preload_socket_answers_no_other_user() {
         "nobody's connection is closed unanswered"
     );
 }
+
+/// `SURGE_CLIENT=preload surge run job.sh`: the job's programs run with the library (found
+/// next to `surge`), and what they write is the job's data.
+#[test]
+fn surge_run_gives_a_job_the_library_when_asked() {
+    let test = "surge_run_gives_a_job_the_library_when_asked";
+    if skip_without_fuse(test) || skip_without_root(test) {
+        return;
+    }
+    let lib = library();
+    let fast = Scratch::new("preload-run-fast");
+    let work = Scratch::new("preload-run");
+    let stats = work.path().join("stats");
+    std::fs::create_dir_all(&stats).unwrap();
+    let script = work.path().join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n\
+             #DW jobdw type=scratch access_mode=striped capacity=256MiB\n\
+             set -e\n\
+             case \"$LD_PRELOAD\" in *libsurge_preload.so*) ;; *) echo \"no library: $LD_PRELOAD\"; exit 3 ;; esac\n\
+             export SURGE_PRELOAD_STATS={}/%p.json\n\
+             dd if=/dev/zero of=$DW_JOB_STRIPED/f bs=1M count=8 conv=fsync status=none\n\
+             test $(stat -c %s $DW_JOB_STRIPED/f) = 8388608\n",
+            stats.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(SURGE)
+        .current_dir(work.path())
+        .env("SURGE_CLIENT", "preload")
+        .env("SURGE_FAST_DIR", fast.path())
+        .env("SURGE_SERVERS", "2")
+        .env("SURGE_SERVER_CAPACITY", "1GiB")
+        .env("SURGE_GRANULARITY", "64MiB")
+        .env_remove("SURGE_MANAGER")
+        .env_remove("SURGE_STATE_DIR")
+        .env_remove("LD_PRELOAD")
+        .arg("run")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{} ({}):\n{}{}",
+        script.display(),
+        lib.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = counters(&stats);
+    assert!(
+        n.get("write_bytes").copied().unwrap_or(0) >= 8 << 20,
+        "{n:?}"
+    );
+}
