@@ -12,10 +12,11 @@ build: setup
 	$(CARGO) build --workspace
 
 release: setup
-	$(CARGO) build --release -p surge-cli -p surge-datawarp
+	$(CARGO) build --release -p surge-cli -p surge-datawarp -p surge-preload
 
 # For admins: `surge` (and /sbin/mount.fuse.surge, mount(8)'s helper: `mount -t fuse.surge`,
-# fstab), libdatawarp (codes link with -ldatawarp) and its header under $(PREFIX)
+# fstab), libdatawarp (codes link with -ldatawarp) and its header, and the interposition
+# library (lib/surge/libsurge_preload.so, docs/DATAPLANE.md "The preload path") under $(PREFIX)
 # (staged under $(DESTDIR) when packaging), and the passthrough helper's systemd unit, enabled
 # and started where systemd runs (HELPER=no: installed only): users' mounts then get the fast
 # tier's speed (scripts/install-helper.sh says what it did). The units of the manager, server,
@@ -29,6 +30,7 @@ install: release
 	install -d $(DESTDIR)/sbin && ln -sf $(PREFIX)/bin/surge $(DESTDIR)/sbin/mount.fuse.surge
 	install -D -m 0755 target/release/libdatawarp.so $(DESTDIR)$(PREFIX)/lib/libdatawarp.so
 	install -D -m 0644 crates/surge-datawarp/include/datawarp.h $(DESTDIR)$(PREFIX)/include/datawarp.h
+	install -D -m 0755 target/release/libsurge_preload.so $(DESTDIR)$(PREFIX)/lib/surge/libsurge_preload.so
 	./scripts/install-helper.sh "$(PREFIX)" "$(UNIT_DIR)" "$(DESTDIR)" "$(HELPER)"
 	for u in manager server agent mover; do \
 	    sed "s|/usr/local/bin/surge|$(PREFIX)/bin/surge|" contrib/systemd/surge-$$u.service > target/surge-$$u.service && \
@@ -50,7 +52,9 @@ lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# tests/preload.rs runs programs with the interposition library, built first.
 test-rust: setup
+	$(CARGO) build -p surge-preload
 	$(CARGO) test --workspace
 
 # The `surge` Python package: wheel built with maturin, pytest tests (scripts/test-python.sh).

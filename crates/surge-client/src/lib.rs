@@ -5,6 +5,7 @@
 //! - [`fs`]: the file-system core (POSIX semantics, open files, close-to-open) with no FUSE types.
 //! - [`fuse`]: the thin `fuser` adapter over the core; [`mount`]: mounting it;
 //!   [`mount_helper`]: `mount.fuse.surge`, for mount(8) and fstab.
+//! - [`preload`]: the mount's socket for the interposition library (`crates/surge-preload`).
 //! - [`admin`]: creating and destroying instances on servers.
 //! - [`auth`]: where a command gets the capability it presents to servers.
 //! - [`conn`]: pipelined connections and per-server pools.
@@ -21,6 +22,7 @@ pub mod instance;
 pub mod lend;
 pub mod mount;
 pub mod mount_helper;
+pub mod preload;
 pub mod unmount;
 
 pub use error::ClientError;

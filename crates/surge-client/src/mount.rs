@@ -194,6 +194,8 @@ pub struct Mounted {
     pub fuse_stats: Arc<TransportStats>,
     unmounter: fuser::SessionUnmounter,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    /// The socket of the interposition library (see [`crate::preload`]); stops when dropped.
+    _preload: Option<crate::preload::PreloadSocket>,
 }
 
 impl Mounted {
@@ -415,6 +417,7 @@ pub fn mount(
     }
     let notifier = Arc::new(OnceLock::new());
     let fs_handle = fs.clone();
+    let rt_preload = rt.clone();
     let mut adapter = FuseAdapter::new(
         fs,
         rt,
@@ -480,6 +483,22 @@ pub fn mount(
         "mounted on {} (FUSE transport: {transport})",
         mountpoint.display()
     );
+    // Only files open by passthrough are handed to the interposition library: without
+    // passthrough there is nothing to serve.
+    let preload = if fs_handle.passthrough_on()
+        && std::env::var(crate::preload::ENV).map_or(true, |v| v != "0")
+    {
+        let acting_for = client.acting_for().map(|c| c.uid);
+        match crate::preload::serve(fs_handle.clone(), rt_preload, mountpoint, acting_for) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                warn!("no preload socket: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let passthrough = match (fs_handle.passthrough_on(), lender.get().is_some()) {
         (false, _) => Passthrough::Off,
         (true, true) => Passthrough::Helper,
@@ -494,6 +513,7 @@ pub fn mount(
         fuse_stats,
         unmounter,
         thread: Some(thread),
+        _preload: preload,
     })
 }
 

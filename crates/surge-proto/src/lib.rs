@@ -11,9 +11,11 @@ pub mod codec;
 pub mod facts;
 pub mod frame;
 pub mod msg;
+pub mod preload;
 pub mod record;
 pub mod tls;
 pub mod transport;
+pub mod unix;
 
 pub use codec::CodecError;
 pub use facts::{Change, Dirs, Facts, Owners, RequestKind, Scope, Sender, Service};

@@ -904,6 +904,7 @@ fn nodes_file(
     envs: Vec<BTreeMap<String, String>>,
 ) -> anyhow::Result<NodesFile> {
     let path_env = job_path(&local.run_dir, ctx.surge_exe)?;
+    let preload = preload_library(ctx.surge_exe);
     let nodes = ctx.args.nodes;
     let mut file = NodesFile {
         session: s.id,
@@ -924,6 +925,11 @@ fn nodes_file(
         }
         env.insert("SURGE_RUN_DIR".into(), local.run_dir.display().to_string());
         env.insert("PATH".into(), path_env.clone());
+        if let Some(lib) = &preload {
+            let before = std::env::var("LD_PRELOAD").unwrap_or_default();
+            let all = format!("{} {before}", lib.display());
+            env.insert("LD_PRELOAD".into(), all.trim_end().to_string());
+        }
         let mounts = local.mounts_of(node);
         file.nodes.push(NodeInfo { node, env, mounts });
     }
@@ -934,6 +940,35 @@ fn nodes_file(
     );
     file.write()?;
     Ok(file)
+}
+
+/// Where the job's programs are given the interposition library when `surge run` was asked
+/// for it (`SURGE_CLIENT=preload`; docs/DATAPLANE.md, "The preload path"): next to the `surge`
+/// executable (a build tree), else in `lib/surge` beside its `bin` (`make install`), else in
+/// `/usr/lib/surge`. `None` when not asked, or (said) when it is not there.
+fn preload_library(surge_exe: &Path) -> Option<PathBuf> {
+    if std::env::var("SURGE_CLIENT").ok()?.as_str() != "preload" {
+        return None;
+    }
+    let near = surge_exe.with_file_name("libsurge_preload.so");
+    // `make install`: PREFIX/bin/surge and PREFIX/lib/surge/.
+    let prefix = surge_exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("lib/surge/libsurge_preload.so"));
+    let installed = PathBuf::from("/usr/lib/surge/libsurge_preload.so");
+    let found = [Some(near), prefix, Some(installed)]
+        .into_iter()
+        .flatten()
+        .find(|p| p.exists());
+    if found.is_none() {
+        tracing::warn!(
+            "SURGE_CLIENT=preload: no libsurge_preload.so next to {}, in lib/surge beside it \
+             nor in /usr/lib/surge; the job runs without it",
+            surge_exe.display()
+        );
+    }
+    found
 }
 
 /// `#SURGE jobdw`: what the manager promised and why, and with `--measure-targets` what a

@@ -22,6 +22,7 @@
 //! - [`leases`]: directory leases of shared namespaces (creates behind there) and the task that
 //!   answers the metadata server's recalls.
 //! - [`passthrough`]: kernel passthrough of files whose data is one local object.
+//! - [`preload`]: what the interposition library may do with files open here by passthrough.
 //! - [`locks`]: fcntl, OFD and flock locks, kept by the metadata server for every node.
 //! - [`space`]: what files really hold (`st_blocks`, `SEEK_DATA`/`SEEK_HOLE`).
 //! - Cache instances: [`fill`] (files read from the PFS until copied in), [`through`] (files
@@ -47,6 +48,7 @@ mod listings;
 mod locks;
 mod names;
 mod passthrough;
+mod preload;
 mod space;
 mod through;
 mod xattr;
