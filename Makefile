@@ -52,9 +52,9 @@ lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# tests/preload.rs runs programs with the interposition library, built first.
+# tests/preload.rs runs programs with the interposition library: `cargo test` builds it
+# (crates/surge-preload/tests/exports.rs needs it) into target/debug/deps.
 test-rust: setup
-	$(CARGO) build -p surge-preload
 	$(CARGO) test --workspace
 
 # The `surge` Python package: wheel built with maturin, pytest tests (scripts/test-python.sh).

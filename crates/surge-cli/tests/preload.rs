@@ -8,12 +8,15 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The library, built next to the `surge` binary (`cargo build -p surge-preload`).
+/// The library `cargo test` built (in `deps/` beside the `surge` binary: the library's own
+/// test, crates/surge-preload/tests/exports.rs, makes cargo build it with the workspace).
 fn library() -> PathBuf {
-    let lib = Path::new(SURGE).with_file_name("libsurge_preload.so");
+    let lib = Path::new(SURGE)
+        .with_file_name("deps")
+        .join("libsurge_preload.so");
     assert!(
         lib.exists(),
-        "{} is missing: build it first (cargo build -p surge-preload)",
+        "{} is missing: `cargo test --workspace` (or `--test exports`) builds it",
         lib.display()
     );
     lib

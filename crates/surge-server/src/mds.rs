@@ -962,7 +962,7 @@ impl Namespace {
         // acknowledged must not be lost for want of a few pages).
         if store_full(&result) && self.reserve.release() {
             result = run(conn, req, self.journal, &open, space);
-        } else if !is_read_only(req) {
+        } else if !req.facts().read_only {
             self.reserve.retake_if_room();
         }
         match result {
@@ -1013,10 +1013,6 @@ fn store_full(r: &rusqlite::Result<Response>) -> bool {
         }
         Ok(_) => false,
     }
-}
-
-fn is_read_only(req: &Request) -> bool {
-    req.facts().read_only
 }
 
 /// A change of a cache namespace as the drain replays it, with the paths it had before the
@@ -1410,7 +1406,7 @@ fn run(
     open: &[Ino],
     space: (InstanceId, &XattrCharge),
 ) -> rusqlite::Result<Response> {
-    if is_read_only(req) {
+    if req.facts().read_only {
         return Ok(execute_journaled(&Ops { tx: conn }, req, journal, open)
             .unwrap_or_else(Response::Error));
     }
