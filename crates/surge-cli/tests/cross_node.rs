@@ -156,10 +156,13 @@ fn fcntl_flock_and_ofd_locks_exclude_across_nodes_and_wake_waiters() {
         );
         // A blocking lock on B waits for A's release, and gets the lock soon after it.
         let mut waiter = LockClient::spawn(&b.path("lockfile"), kind, "wait");
-        std::thread::sleep(Duration::from_millis(800));
-        assert!(
-            waiter.0.try_wait().unwrap().is_none(),
-            "{kind}: B's blocking lock returned while A held the lock"
+        holds_for(
+            &format!("{kind}: B's blocking lock waits while A holds the lock"),
+            Duration::from_millis(800),
+            || {
+                let st = waiter.0.try_wait().unwrap();
+                check(st.is_none(), || format!("it returned: {st:?}"))
+            },
         );
         let released = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
