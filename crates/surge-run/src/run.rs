@@ -720,18 +720,20 @@ const MANAGER_RETRY: Duration = Duration::from_secs(60);
 /// result otherwise.
 macro_rules! again {
     ($ctx:expr, $m:expr, $rep:expr, $what:expr, $call:expr) => {{
-        let until = Instant::now() + MANAGER_RETRY;
-        let mut pause = Duration::from_secs(1);
+        let mut pauses = surge_core::backoff::Backoff::new(MANAGER_RETRY, Duration::from_secs(1))
+            .doubling_to(Duration::from_secs(8));
         loop {
             match $call {
-                Err(e) if surge_api::manager_gone(e.as_ref()) && Instant::now() + pause < until => {
+                Err(e) if surge_api::manager_gone(e.as_ref()) => {
+                    let Some(pause) = pauses.next() else {
+                        break Err(e);
+                    };
                     $rep.note(&format!(
                         "{}: the manager does not answer ({e:#}); trying again in {} s",
                         $what,
                         pause.as_secs()
                     ));
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(8));
                     if let Ok(again) = connect($ctx.manager).await {
                         $m = again;
                     }
