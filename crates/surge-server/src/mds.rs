@@ -7,8 +7,9 @@
 //! commit here writes the WAL to the page cache, no fsync), and metadata rates are bound by
 //! round-trip latency (Daley §5.1), so the shortest path wins.
 
+use crate::lockorder::{Level, Ordered};
 use crate::meta::{self, Ops, RENAME_EXCHANGE};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
 use rusqlite::Connection;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,29 +24,24 @@ pub struct Namespace {
     pub instance: InstanceId,
     pub ns: NamespaceId,
     pub dir: PathBuf,
-    conn: Mutex<Option<Connection>>,
-    /// Directory leases (see [`Request::LeaseDir`]). Taken after `conn` when both are held.
-    leases: Mutex<Leases>,
+    // The locks, one per concern, are taken in the order of their levels (crate::lockorder):
+    // the store, the drainer, the leases, the cache's bookkeeping.
+    conn: Ordered<Option<Connection>>,
+    /// Directory leases (see [`Request::LeaseDir`]).
+    leases: Ordered<Leases>,
     /// Signalled when a lease is recalled, released or dropped.
     lease_change: Condvar,
     /// Room kept on the device for this store (see [`crate::reserve`]).
     reserve: crate::reserve::Reserve,
     /// A write-behind cache namespace: every change is journaled for the drain.
     journal: bool,
-    /// Lazy fills in progress (see [`surge_proto::FillStep::Claim`]): file -> (session, when
-    /// claimed or renewed). Taken after `conn`.
-    fills: Mutex<HashMap<Ino, (u32, Instant)>>,
-    /// Cache namespaces: which files the mounts have open, and when files were last used
-    /// (see [`Uses`]). Taken after `conn` and `fills`.
-    uses: Mutex<Uses>,
+    /// Cache namespaces: fill claims, open files and last uses (see [`Cache`]).
+    cache: Ordered<Cache>,
     /// Nothing is evicted before this: a store reopened (a restart of the server) learns
     /// the mounts' opens only from their next reports.
     evict_after: Instant,
-    /// Cache namespaces: the session that drains the journal (see [`Request::DrainHold`]).
-    drainer: Mutex<Option<Hold>>,
-    /// Cache namespaces: open connections that carried drain requests, per session (the hold
-    /// of a session that has none left ends: its drainer died).
-    drain_conns: Mutex<HashMap<u32, u32>>,
+    /// Cache namespaces: who drains the journal (see [`Drain`]).
+    drain: Ordered<Drain>,
     /// The namespace's lock service (fcntl, OFD and flock locks of every node).
     pub locks: crate::locks::LockTable,
     /// The extended attributes' share of the instance's space on this server.
@@ -127,6 +123,27 @@ impl Drop for XattrCharge {
 /// order of last use, which eviction takes files in (least recently used first). A use is an
 /// open, a close or a copy into the tier; reads and writes between an open and its close are
 /// not seen here (the file is open then, and never evicted).
+/// A cache namespace's bookkeeping in memory, under one lock: the eviction reads all of it
+/// at once.
+#[derive(Default)]
+struct Cache {
+    /// Lazy fills in progress (see [`surge_proto::FillStep::Claim`]): file -> (session, when
+    /// claimed or renewed).
+    fills: HashMap<Ino, (u32, Instant)>,
+    /// Which files the mounts have open, and when files were last used.
+    uses: Uses,
+}
+
+/// A cache namespace's drainer, under one lock.
+#[derive(Default)]
+struct Drain {
+    /// The session that drains the journal (see [`Request::DrainHold`]).
+    hold: Option<Hold>,
+    /// Open connections that carried drain requests, per session (the hold of a session that
+    /// has none left ends: its drainer died).
+    conns: HashMap<u32, u32>,
+}
+
 #[derive(Default)]
 struct Uses {
     /// File -> session -> when its open was last reported.
@@ -342,21 +359,25 @@ impl Namespace {
             instance,
             ns,
             dir: dir.to_path_buf(),
-            conn: Mutex::new(Some(conn)),
-            leases: Mutex::new(Leases::default()),
+            conn: Ordered::new(Level::Store, Some(conn)),
+            leases: Ordered::new(Level::Leases, Leases::default()),
             lease_change: Condvar::new(),
             reserve: crate::reserve::Reserve::open(dir),
             journal,
-            fills: Mutex::new(HashMap::new()),
-            uses: Mutex::new(Uses::default()),
+            cache: Ordered::new(Level::Cache, Cache::default()),
             evict_after: Instant::now()
                 + if reopened {
                     surge_proto::CACHE_OPEN_TTL
                 } else {
                     Duration::ZERO
                 },
-            drainer: Mutex::new(drainer),
-            drain_conns: Mutex::new(HashMap::new()),
+            drain: Ordered::new(
+                Level::Drain,
+                Drain {
+                    hold: drainer,
+                    conns: HashMap::new(),
+                },
+            ),
             locks: crate::locks::LockTable::default(),
             xattrs: XattrCharge::new(budget, xattr_total),
         })
@@ -475,8 +496,8 @@ impl Namespace {
         use surge_proto::FillStep;
         let now = Instant::now();
         if matches!(step, FillStep::Claim | FillStep::Done) {
-            let fills = self.fills.lock();
-            if let Some(&(holder, at)) = fills.get(&ino) {
+            let cache = self.cache.lock();
+            if let Some(&(holder, at)) = cache.fills.get(&ino) {
                 if holder != session && now.duration_since(at) < FILL_CLAIM {
                     return Response::Error(ErrorReply::new(
                         ErrorCode::Busy,
@@ -491,17 +512,19 @@ impl Namespace {
         let reply = self.execute(conn, req);
         match (&reply, step) {
             // Copied into the tier: a use (it goes to the back of the eviction order).
-            (Response::Fill { through: 0 }, FillStep::Done) => self.uses.lock().used(ino),
+            (Response::Fill { through: 0 }, FillStep::Done) => self.cache.lock().uses.used(ino),
             // The fill before the job made it (a create, which counts as an open) and is
             // done with it.
             (Response::Fill { .. }, FillStep::Mark { .. }) => {
-                let mut uses = self.uses.lock();
+                let mut cache = self.cache.lock();
+                let uses = &mut cache.uses;
                 uses.closed(session, ino);
                 uses.last.remove(&ino);
             }
             _ => {}
         }
-        let mut fills = self.fills.lock();
+        let mut cache = self.cache.lock();
+        let fills = &mut cache.fills;
         match (&reply, step) {
             (Response::Fill { through }, FillStep::Claim)
                 if *through == surge_proto::THROUGH_FILL =>
@@ -526,7 +549,7 @@ impl Namespace {
             Ok(a) => Response::Attr(a),
             Err(e) => return Response::Error(e),
         };
-        self.uses.lock().opened(session, ino, Instant::now());
+        self.cache.lock().uses.opened(session, ino, Instant::now());
         reply
     }
 
@@ -540,9 +563,10 @@ impl Namespace {
                     ..
                 },
                 Response::Created { attr, .. },
-            ) => self.uses.lock().opened(session, attr.ino, now),
+            ) => self.cache.lock().uses.opened(session, attr.ino, now),
             (Change::Batch(ops), Response::BatchDone(done)) => {
-                let mut uses = self.uses.lock();
+                let mut cache = self.cache.lock();
+                let uses = &mut cache.uses;
                 for (op, r) in ops.iter().zip(done) {
                     if let (BatchOp::CreateFile { ino, .. }, Ok(_)) = (op, r) {
                         uses.opened(session, *ino, now);
@@ -556,7 +580,8 @@ impl Namespace {
     /// The files a mount has open.
     fn open_files(&self) -> Vec<Ino> {
         let now = Instant::now();
-        let mut uses = self.uses.lock();
+        let mut cache = self.cache.lock();
+        let uses = &mut cache.uses;
         let all: Vec<Ino> = uses.open.keys().copied().collect();
         all.into_iter()
             .filter(|ino| uses.is_open(*ino, now))
@@ -566,7 +591,8 @@ impl Namespace {
     /// The files whose data `entries` copy that a mount has open.
     fn open_among(&self, entries: &[surge_proto::DrainEntry]) -> Vec<Ino> {
         let now = Instant::now();
-        let mut uses = self.uses.lock();
+        let mut cache = self.cache.lock();
+        let uses = &mut cache.uses;
         let mut open: Vec<Ino> = entries
             .iter()
             .filter_map(|e| match e.op {
@@ -595,7 +621,8 @@ impl Namespace {
             Ok(d) => d,
             Err(e) => return Response::Error(e),
         };
-        let mut uses = self.uses.lock();
+        let mut cache = self.cache.lock();
+        let uses = &mut cache.uses;
         for &ino in closed {
             uses.closed(session, ino);
         }
@@ -629,7 +656,7 @@ impl Namespace {
         if !takes {
             return None;
         }
-        match *self.drainer.lock() {
+        match self.drain.lock().hold {
             Some(hold) if hold.bars(session) => Some(self.drain_busy(&hold)),
             _ => None,
         }
@@ -667,7 +694,8 @@ impl Namespace {
     /// drainer that started while the holder's connections were down (the server restarting)
     /// does not drain beside it; the holder, reconnected with its session, renews it.
     fn drain_hold(&self, conn: &mut Connection, session: u32, release: bool) -> Response {
-        let mut d = self.drainer.lock();
+        let mut drain = self.drain.lock();
+        let d = &mut drain.hold;
         if let Some(hold) = d.as_ref().filter(|h| h.bars(session)) {
             if release {
                 return Response::Ok;
@@ -707,34 +735,32 @@ impl Namespace {
 
     /// A connection of `session` carries drain requests (once per connection).
     pub fn drain_connection_opened(&self, session: u32) {
-        *self.drain_conns.lock().entry(session).or_default() += 1;
+        *self.drain.lock().conns.entry(session).or_default() += 1;
     }
 
     /// A connection of `session` that carried drain requests closed: with its last one, the
     /// session's drainer is gone, and so is its hold.
     pub fn drain_connection_closed(&self, session: u32) {
-        let mut conns = self.drain_conns.lock();
-        let Some(n) = conns.get_mut(&session) else {
+        let mut drain = self.drain.lock();
+        let Some(n) = drain.conns.get_mut(&session) else {
             return;
         };
         *n = n.saturating_sub(1);
         if *n > 0 {
             return;
         }
-        conns.remove(&session);
-        let mut d = self.drainer.lock();
-        if d.is_some_and(|h| h.session == session) {
+        drain.conns.remove(&session);
+        if drain.hold.is_some_and(|h| h.session == session) {
             info!(
                 "namespace {}/{}: drainer session {session:#x} closed; its hold of the journal \
                  is given back",
                 self.instance, self.ns.0
             );
-            *d = None;
+            drain.hold = None;
         } else {
             return;
         }
-        drop(d);
-        drop(conns);
+        drop(drain);
         // Nor does a restart keep it (unless another session took the hold meanwhile).
         if let Some(c) = self.conn.lock().as_mut() {
             let ops = Ops { tx: c };
@@ -771,8 +797,8 @@ impl Namespace {
                 Ok(c) => c,
                 Err(e) => return Ok(Err(e)),
             };
-            let mut fills = self.fills.lock();
-            let mut uses = self.uses.lock();
+            let mut cache = self.cache.lock();
+            let Cache { fills, uses } = &mut *cache;
             fills.retain(|_, (_, at)| now.duration_since(*at) < FILL_CLAIM);
             clean.retain(|(ino, _)| !fills.contains_key(ino) && !uses.is_open(*ino, now));
             // Least recently used first; files unused since this service started before
@@ -879,8 +905,10 @@ impl Namespace {
             }
         }
         self.lease_change.notify_all();
-        self.lease_change
-            .wait_for(&mut l, Duration::from_millis(100));
+        l.wait_until(
+            &self.lease_change,
+            Instant::now() + Duration::from_millis(100),
+        );
     }
 
     /// Waits up to `wait_ms` for recalls of `session`'s leases; returns the directories.
@@ -906,7 +934,7 @@ impl Namespace {
             if !pending.is_empty() {
                 break pending;
             }
-            if self.lease_change.wait_until(&mut l, deadline).timed_out() {
+            if l.wait_until(&self.lease_change, deadline) {
                 break Vec::new();
             }
         };
@@ -1544,7 +1572,7 @@ mod tests {
             Some(first),
             "a renewal rewrote the store at once"
         );
-        if let Some(h) = ns.drainer.lock().as_mut() {
+        if let Some(h) = ns.drain.lock().hold.as_mut() {
             h.recorded -= RECORD_HOLD_EVERY;
         }
         assert!(matches!(hold(&ns, 3, false), Response::Ok));
