@@ -42,7 +42,8 @@ install: release
 # systemd units, /etc/surge/surge.toml; its post-install creates the service user `surge`
 # (packaging/deb/build.sh; dpkg-deb, no network). docs/INSTALL.md.
 deb: release
-	./packaging/deb/build.sh --surge target/release/surge --libdatawarp target/release/libdatawarp.so --out target/debian
+	./packaging/deb/build.sh --surge target/release/surge --libdatawarp target/release/libdatawarp.so \
+		--preload target/release/libsurge_preload.so --out target/debian
 
 # Set up everything and run the main job on the embedded default.
 demo: release
