@@ -8,6 +8,9 @@
 /// The gRPC library the API is made with (its `Status` in errors callers match).
 pub use tonic;
 
+pub mod states;
+pub use states::{InstanceState, SessionState, TaskState};
+
 pub mod v1 {
     tonic::include_proto!("surge.v1");
 }

@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use surge_api::{InstanceState, SessionState};
 use surge_client::admin::{self, InstancePlan};
 use surge_core::layout::DEFAULT_STRIPE_SIZE;
 use surge_core::{InstanceId, NamespaceId};
@@ -904,7 +905,7 @@ impl Core {
                     Some(plan) => serde_json::to_string(&plan.promise).unwrap_or_default(),
                     None => String::new(),
                 },
-                state: "creating".into(),
+                state: InstanceState::Creating.as_str().into(),
                 created: now(),
                 descriptor: surge_proto::InstanceDescriptor {
                     instance: InstanceId(0),
@@ -1298,7 +1299,7 @@ impl Core {
             let existing = self.store.session_of(ext).await?;
             if let Some(id) = existing {
                 let s = self.session(id).await?;
-                if s.state == "active" {
+                if s.state == SessionState::Active.as_str() {
                     if s.owner_uid != uid {
                         return Err(ManagerError::Denied(format!(
                             "job {ext} has session {id} of uid {}, not uid {uid}",
@@ -1442,7 +1443,7 @@ impl Core {
                 }
             }
         }
-        if s.state == "active" && s.mount {
+        if s.state == SessionState::Active.as_str() && s.mount {
             for h in &s.hosts {
                 by.entry(h.clone()).or_default().insert(s.id);
             }

@@ -768,7 +768,7 @@ async fn reconcile(
     let prefix = format!("{scheduler}:");
     let ours: Vec<&api::Session> = sessions
         .iter()
-        .filter(|s| s.state == "active" && s.external_id.starts_with(&prefix))
+        .filter(|s| s.is_active() && s.external_id.starts_with(&prefix))
         .collect();
     let mut done = Vec::new();
     if !ours.is_empty() {

@@ -284,7 +284,7 @@ async fn job(
                     })
                     .await
                 {
-                    Ok(s) => Some(s.into_inner()).filter(|s| s.state == "active"),
+                    Ok(s) => Some(s.into_inner()).filter(|s| s.is_active()),
                     Err(e) if e.code() == tonic::Code::NotFound => None,
                     Err(e) => return Err(gone(e)),
                 };

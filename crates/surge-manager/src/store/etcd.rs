@@ -39,6 +39,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use surge_api::{InstanceState, SessionState};
 use surge_proto::InstanceDescriptor;
 use tracing::{info, warn};
 
@@ -567,7 +568,7 @@ impl EtcdStore {
         let (id, next) = self.next_id("instances").await?;
         let mut r = row.clone();
         r.id = id;
-        r.state = "creating".into();
+        r.state = InstanceState::Creating.as_str().into();
         r.created = now();
         let rec = InstanceRec {
             row: r,
@@ -628,7 +629,7 @@ impl EtcdStore {
         desc: &InstanceDescriptor,
     ) -> SResult<()> {
         self.update_instance(id, |r| {
-            r.row.state = "active".into();
+            r.row.state = InstanceState::Active.as_str().into();
             r.row.name = name.to_string();
             r.row.descriptor = desc.clone();
             r.planned = true;
@@ -660,7 +661,7 @@ impl EtcdStore {
         Ok(self
             .instance_rec(id)
             .await?
-            .filter(|r| r.row.state == "active")
+            .filter(|r| r.row.state == InstanceState::Active.as_str())
             .map(|r| r.row))
     }
 
@@ -683,7 +684,7 @@ impl EtcdStore {
             .instance_recs()
             .await?
             .into_iter()
-            .filter(|r| r.row.state == "active")
+            .filter(|r| r.row.state == InstanceState::Active.as_str())
             .map(|r| r.row)
             .collect())
     }
@@ -706,8 +707,8 @@ impl EtcdStore {
         let mut failed = Vec::new();
         for sid in self.index(&self.key("sessions-open/")).await? {
             if let Some(mut s) = self.session_row(sid).await? {
-                if s.state == "creating" {
-                    s.state = "failed".into();
+                if s.state == SessionState::Creating.as_str() {
+                    s.state = SessionState::Failed.as_str().into();
                     s.ended = now();
                     self.put_session(&s, false).await?;
                     failed.push(sid);
@@ -727,7 +728,7 @@ impl EtcdStore {
                 continue;
             }
             self.update_instance(id, |r| {
-                r.row.state = "orphaned".into();
+                r.row.state = InstanceState::Orphaned.as_str().into();
                 true
             })
             .await?;
@@ -748,7 +749,7 @@ impl EtcdStore {
 
     pub async fn orphan_instance(&self, id: u64) -> SResult<()> {
         self.update_instance(id, |r| {
-            r.row.state = "orphaned".into();
+            r.row.state = InstanceState::Orphaned.as_str().into();
             true
         })
         .await
@@ -819,7 +820,7 @@ impl EtcdStore {
             job: bounded(job, MAX_JOB_NAME),
             owner_uid: uid,
             owner_gid: gid,
-            state: "creating".into(),
+            state: SessionState::Creating.as_str().into(),
             created: now(),
             ended: 0,
             job_instance: None,
@@ -885,8 +886,8 @@ impl EtcdStore {
                 }
             }
             s.persistent.sort_unstable();
-            if s.state == "creating" {
-                s.state = "active".into();
+            if s.state == SessionState::Creating.as_str() {
+                s.state = SessionState::Active.as_str().into();
             }
             true
         })
@@ -910,7 +911,7 @@ impl EtcdStore {
         let mut out = Vec::new();
         for id in self.index(&self.key("sessions-open/")).await? {
             if let Some(s) = self.session_row(id).await? {
-                if s.state == "active" && (!mounted || s.mount) {
+                if s.state == SessionState::Active.as_str() && (!mounted || s.mount) {
                     out.push(s);
                 }
             }

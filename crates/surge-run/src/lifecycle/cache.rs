@@ -157,11 +157,9 @@ pub(super) async fn start_drains(
     let tasks = session_tasks(m, s.id).await?;
     for i in &s.instances {
         let Some(pfs) = cache_pfs(i) else { continue };
-        let running = tasks.iter().any(|t| {
-            t.instance == i.id
-                && t.direction == "drain"
-                && (t.state == "running" || t.state == "queued")
-        });
+        let running = tasks
+            .iter()
+            .any(|t| t.instance == i.id && t.direction == "drain" && t.in_progress());
         if running {
             continue;
         }
@@ -226,7 +224,7 @@ async fn finish_one(
     let running: Vec<&api::StageTask> = tasks
         .iter()
         .filter(mine)
-        .filter(|t| t.direction == "drain" && t.state == "running")
+        .filter(|t| t.direction == "drain" && t.is_running())
         .collect();
     let finished = tasks
         .iter()
@@ -243,7 +241,7 @@ async fn finish_one(
             Err(e) if e.code() == tonic::Code::Unavailable => task.clone(),
             Err(e) => return Err(status_err(e)),
         };
-        if task.state == "running" {
+        if task.is_running() {
             crate::progress::wait_stage(m, task, "drain", true, || false).await?;
         }
     }

@@ -223,7 +223,7 @@ pub async fn session(m: &mut surge_api::Client, job: &Job) -> anyhow::Result<api
         .await?
         .with_context(|| format!("{} has no burst-buffer session (was setup run?)", who(job)))?;
     anyhow::ensure!(
-        s.state == "active",
+        s.is_active(),
         "{}: session {} is {}",
         who(job),
         s.id,

@@ -23,7 +23,7 @@ pub async fn setup(
         .alloc
         .as_ref()
         .context("setup needs the job's owner and nodes")?;
-    if let Some(s) = find(m, job).await?.filter(|s| s.state == "active") {
+    if let Some(s) = find(m, job).await?.filter(|s| s.is_active()) {
         match missing(job, &s) {
             None => {
                 rep.event(Event::AlreadySetUp { session: &s });

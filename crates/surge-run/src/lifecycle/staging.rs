@@ -121,7 +121,7 @@ pub(super) async fn stage_once(
         });
     let task = match same {
         Some(t) if t.state == "done" => return Ok(t),
-        Some(t) if t.state == "running" || t.state == "queued" => t,
+        Some(t) if t.in_progress() => t,
         _ => m
             .start_stage(api::StartStageRequest {
                 session,

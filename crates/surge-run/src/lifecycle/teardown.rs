@@ -51,7 +51,7 @@ pub async fn teardown(
         });
     };
     let mut ended = Ended::default();
-    let s = if s.state == "active" {
+    let s = if s.is_active() {
         let t = Instant::now();
         let e = end_job_session(m, &s, mounts, how.hurry, &how.state, rep).await?;
         ended.kept = kept(&e);
@@ -112,7 +112,7 @@ pub async fn end_job_session(
     }
     if hurry {
         for t in session_tasks(m, s.id).await? {
-            if t.state == "running" || t.state == "queued" {
+            if t.in_progress() {
                 // What still runs ends with the session anyway; a task that will not stop is
                 // the manager's to report.
                 let _ = m.cancel_stage(api::GetStageRequest { id: t.id }).await;

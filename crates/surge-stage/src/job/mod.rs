@@ -189,7 +189,7 @@ pub fn covering<'a>(
 }
 
 fn pending(t: &api::StageTask) -> bool {
-    t.state == "queued" || t.state == "running"
+    t.in_progress()
 }
 
 /// A connection to the manager of the job this process runs in.

@@ -39,7 +39,7 @@ pub async fn wait_stage(
     let tty = std::io::stderr().is_terminal();
     let mut last_log = Instant::now();
     let mut drew = false;
-    while t.state == "running" || t.state == "queued" {
+    while t.in_progress() {
         if stop() {
             break;
         }
