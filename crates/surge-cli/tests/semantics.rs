@@ -1585,3 +1585,131 @@ fn fstat_of_an_open_inode_renamed_over_shows_no_links() {
     assert_eq!(st.nlink(), 0);
     std::fs::remove_dir(m.path("d2")).unwrap();
 }
+
+/// `open(dir, O_TMPFILE)`.
+fn open_tmpfile(dir: &Path, flags: i32, mode: u32) -> Result<File, i32> {
+    use std::os::fd::FromRawFd;
+    let fd = unsafe { libc::open(cstr(dir).as_ptr(), libc::O_TMPFILE | flags, mode) };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: a descriptor just opened, owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `linkat(fd, "", AT_FDCWD, to, AT_EMPTY_PATH)`: names the open file.
+fn link_descriptor(f: &File, to: &Path) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    let rc = unsafe {
+        libc::linkat(
+            f.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            cstr(to).as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+/// `O_TMPFILE` makes an unnamed regular file (no links) that can be written, read and
+/// `fstat`ed, then named by `linkat` (`AT_EMPTY_PATH`, or `/proc/self/fd/N`), unless opened
+/// with `O_EXCL`; closed without a name, it is removed with its data (xfstests generic/004).
+#[test]
+fn o_tmpfile_makes_an_unnamed_file_that_linkat_can_name() {
+    let Some((_c, m)) = setup("o_tmpfile_makes_an_unnamed_file_that_linkat_can_name") else {
+        return;
+    };
+    let mut f = open_tmpfile(&m.dir, libc::O_RDWR, 0o640).expect("O_TMPFILE|O_RDWR");
+    f.write_all(b"unnamed").unwrap();
+    let st = f.metadata().unwrap();
+    assert!(st.is_file());
+    assert_eq!(st.nlink(), 0, "an O_TMPFILE file has no name");
+    assert_eq!(st.len(), 7);
+    assert_eq!(st.mode() & 0o7777, 0o640 & !umask());
+    let mut back = String::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "unnamed");
+    assert_eq!(
+        std::fs::read_dir(&m.dir).unwrap().count(),
+        0,
+        "nothing listed"
+    );
+
+    link_descriptor(&f, &m.path("named")).expect("linkat AT_EMPTY_PATH");
+    assert_eq!(f.metadata().unwrap().nlink(), 1, "named once");
+    assert_eq!(
+        link_descriptor(&f, &m.path("named")),
+        Err(libc::EEXIST),
+        "a name taken"
+    );
+    drop(f);
+    assert_eq!(std::fs::read(m.path("named")).unwrap(), b"unnamed");
+    assert_eq!(std::fs::metadata(m.path("named")).unwrap().nlink(), 1);
+
+    // The way without CAP_DAC_READ_SEARCH: linkat of /proc/self/fd/N, following it.
+    let mut g = open_tmpfile(&m.dir, libc::O_WRONLY, 0o600).expect("O_TMPFILE|O_WRONLY");
+    g.write_all(b"second").unwrap();
+    let proc_fd = cstr(Path::new(&format!("/proc/self/fd/{}", {
+        use std::os::fd::AsRawFd;
+        g.as_raw_fd()
+    })));
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_fd.as_ptr(),
+            libc::AT_FDCWD,
+            cstr(&m.path("second")).as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    assert_eq!(rc, 0, "linkat /proc/self/fd: errno {}", last_errno());
+    drop(g);
+    assert_eq!(std::fs::read(m.path("second")).unwrap(), b"second");
+
+    // O_EXCL: the file can never be named.
+    let x = open_tmpfile(&m.dir, libc::O_RDWR | libc::O_EXCL, 0o600).expect("O_TMPFILE|O_EXCL");
+    assert_eq!(link_descriptor(&x, &m.path("excl")), Err(libc::ENOENT));
+    drop(x);
+
+    // O_TMPFILE needs a directory, and a descriptor that can write.
+    assert_eq!(
+        open_tmpfile(&m.path("named"), libc::O_RDWR, 0o600).err(),
+        Some(libc::ENOTDIR)
+    );
+    assert_eq!(
+        open_tmpfile(&m.dir, libc::O_RDONLY, 0o600).err(),
+        Some(libc::EINVAL)
+    );
+
+    // Closed without a name: its data goes, nothing is left taken.
+    let before = used_bytes(&m.dir);
+    let t = open_tmpfile(&m.dir, libc::O_RDWR, 0o600).expect("O_TMPFILE");
+    t.write_all_at(&vec![7u8; 4 << 20], 0).unwrap();
+    t.sync_all().unwrap();
+    assert!(
+        used_bytes(&m.dir) >= before + (4 << 20),
+        "the unnamed file's 4 MiB are counted while it lives"
+    );
+    drop(t);
+    // The kernel sends the release after close(2) returns.
+    let start = std::time::Instant::now();
+    while used_bytes(&m.dir) > before && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        used_bytes(&m.dir),
+        before,
+        "the unnamed file's data is freed"
+    );
+    let names: Vec<_> = std::fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}

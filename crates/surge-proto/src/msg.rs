@@ -768,6 +768,22 @@ pub enum Request {
         ino: Ino,
         len: u64,
     },
+    /// `open(2)` with `O_TMPFILE`: a regular file with no name (link count 0) made as a
+    /// `Create` of one in directory `dir` would be (its default ACL, setgid and layout apply),
+    /// given a name later by `Link` or removed by `Purge` at its last close. A store keeps it
+    /// marked unnamed until then. Not for cache namespaces (the drain replays names).
+    /// Answered with `Attr`.
+    Tmpfile {
+        instance: InstanceId,
+        ns: NamespaceId,
+        dir: Ino,
+        /// As `Create`'s.
+        perm: u16,
+        umask: u16,
+        uid: u32,
+        gid: u32,
+        layout: FileLayout,
+    },
 }
 
 /// A lock's kind: shared (`F_RDLCK`), exclusive (`F_WRLCK`), or none (`F_UNLCK`).

@@ -1255,6 +1255,11 @@ fn execute_journaled(
             ops.drain_ack(*upto, linked)?;
             Ok(Response::Ok)
         }
+        // The drain replays names: a file made with none would never reach the PFS.
+        (Request::Tmpfile { .. }, true) => Err(ErrorReply::new(
+            ErrorCode::Unsupported,
+            "O_TMPFILE is not supported in a cache namespace (its drain replays names)",
+        )),
         (_, false) => execute(ops, req),
         (_, true) => {
             let pending = journal_before(ops, req)?;
@@ -1295,6 +1300,15 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             new_name,
             ..
         } => Response::Attr(ops.link(*ino, *new_parent, new_name)?),
+        Request::Tmpfile {
+            dir,
+            perm,
+            umask,
+            uid,
+            gid,
+            layout,
+            ..
+        } => Response::Attr(ops.tmpfile(*dir, (*perm, *uid, *gid), *umask, *layout)?),
         Request::Unlink {
             parent, name, keep, ..
         } => {
