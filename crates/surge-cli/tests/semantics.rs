@@ -1713,3 +1713,36 @@ fn o_tmpfile_makes_an_unnamed_file_that_linkat_can_name() {
         .collect();
     assert_eq!(names.len(), 2, "{names:?}");
 }
+
+/// `O_TMPFILE` by instance kind: named by `linkat` in a private namespace and in the default
+/// kind (files of one stripe on this host, passed through); refused in a cache instance,
+/// whose drain replays names on the PFS (EOPNOTSUPP, as a file system without it).
+#[test]
+fn o_tmpfile_by_instance_kind() {
+    if skip_without_fuse("o_tmpfile_by_instance_kind") {
+        return;
+    }
+    for kind in ["default", "private", "cache"] {
+        let c = cluster(2, "1GiB");
+        let pfs = Scratch::new("tmpfile-pfs");
+        let pfs_dir = pfs.path().display().to_string();
+        let extra: Vec<&str> = match kind {
+            "default" => vec![],
+            "private" => vec!["--access-mode", "private", "--nodes", "2"],
+            _ => vec!["--cache-pfs", &pfs_dir],
+        };
+        let id = c.create_instance("1GiB", "1MiB", &extra);
+        let m = Mount::new(&c, id, 0);
+        let f = open_tmpfile(&m.dir, libc::O_RDWR, 0o600);
+        if kind == "cache" {
+            assert_eq!(f.err(), Some(libc::EOPNOTSUPP), "{kind}");
+            continue;
+        }
+        let mut f = f.unwrap_or_else(|e| panic!("{kind}: O_TMPFILE: errno {e}"));
+        f.write_all(b"kept").unwrap();
+        assert_eq!(f.metadata().unwrap().nlink(), 0, "{kind}");
+        link_descriptor(&f, &m.path("kept")).unwrap_or_else(|e| panic!("{kind}: linkat {e}"));
+        drop(f);
+        assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"kept", "{kind}");
+    }
+}
