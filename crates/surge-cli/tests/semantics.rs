@@ -1746,3 +1746,106 @@ fn o_tmpfile_by_instance_kind() {
         assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"kept", "{kind}");
     }
 }
+
+/// `renameat2(from, to, flags)`: 0 or the errno.
+fn rename_flags(from: &Path, to: &Path, flags: u32) -> i32 {
+    let (a, b) = (cstr(from), cstr(to));
+    // SAFETY: valid NUL-terminated paths; renameat2 is a plain syscall.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        0
+    } else {
+        last_errno()
+    }
+}
+
+/// `renameat2(RENAME_WHITEOUT)` renames and leaves at the old name a whiteout, a character
+/// device 0/0 (what overlayfs makes in its upper layer), in one metadata transaction
+/// (xfstests generic/078).
+#[test]
+fn rename_whiteout_leaves_a_character_device_at_the_old_name() {
+    use std::os::unix::fs::FileTypeExt;
+    let Some((_c, m)) = setup("rename_whiteout_leaves_a_character_device_at_the_old_name") else {
+        return;
+    };
+    std::fs::write(m.path("a"), b"A").unwrap();
+    std::fs::create_dir_all(m.path("d/sub")).unwrap();
+    std::fs::create_dir(m.path("e")).unwrap();
+    let ino_a = std::fs::metadata(m.path("a")).unwrap().ino();
+    assert_eq!(
+        rename_flags(&m.path("a"), &m.path("e/b"), libc::RENAME_WHITEOUT),
+        0
+    );
+    let b = std::fs::metadata(m.path("e/b")).unwrap();
+    assert_eq!(b.ino(), ino_a, "the file moved");
+    assert_eq!(std::fs::read(m.path("e/b")).unwrap(), b"A");
+    let w = std::fs::symlink_metadata(m.path("a")).unwrap();
+    assert!(w.file_type().is_char_device(), "{:?}", w.file_type());
+    assert_eq!((w.rdev(), w.mode() & 0o7777, w.nlink()), (0, 0, 1));
+
+    // A directory moved out: its old parent keeps the whiteout, not the link of its "..".
+    assert_eq!(
+        rename_flags(&m.path("d/sub"), &m.path("e/sub"), libc::RENAME_WHITEOUT),
+        0
+    );
+    assert!(std::fs::metadata(m.path("e/sub")).unwrap().is_dir());
+    assert!(std::fs::symlink_metadata(m.path("d/sub"))
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    assert_eq!(std::fs::metadata(m.path("d")).unwrap().nlink(), 2);
+    assert_eq!(std::fs::metadata(m.path("e")).unwrap().nlink(), 3);
+
+    // With RENAME_NOREPLACE, over an existing name: nothing changes.
+    std::fs::write(m.path("x"), b"x").unwrap();
+    let flags = libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE;
+    assert_eq!(
+        rename_flags(&m.path("x"), &m.path("e/b"), flags),
+        libc::EEXIST
+    );
+    assert_eq!(std::fs::read(m.path("x")).unwrap(), b"x");
+    // With RENAME_EXCHANGE: refused, as by every file system.
+    assert_eq!(
+        rename_flags(
+            &m.path("x"),
+            &m.path("e/b"),
+            libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE
+        ),
+        libc::EINVAL
+    );
+    // Over an existing file, and the name it left listed once, as a character device.
+    assert_eq!(
+        rename_flags(&m.path("x"), &m.path("e/b"), libc::RENAME_WHITEOUT),
+        0
+    );
+    assert_eq!(std::fs::read(m.path("e/b")).unwrap(), b"x");
+    let mut names: Vec<(String, bool)> = std::fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let dev = e.file_type().unwrap().is_char_device();
+            (e.file_name().into_string().unwrap(), dev)
+        })
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            ("a".to_string(), true),
+            ("d".to_string(), false),
+            ("e".to_string(), false),
+            ("x".to_string(), true)
+        ]
+    );
+    // A whiteout is a name like any other: removed by unlink.
+    std::fs::remove_file(m.path("a")).unwrap();
+    assert!(std::fs::symlink_metadata(m.path("a")).is_err());
+}

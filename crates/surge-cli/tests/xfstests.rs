@@ -37,6 +37,10 @@ const SUBSET: &[(&str, &str)] = &[
         "O_TMPFILE takes the umask, or a directory's default ACL",
     ),
     (
+        "generic/078",
+        "RENAME_WHITEOUT over every kind of name, in one directory and across two",
+    ),
+    (
         "generic/215",
         "c/mtime move after a write through a shared memory map",
     ),

@@ -504,8 +504,9 @@ pub enum Request {
         name: Vec<u8>,
         new_parent: Ino,
         new_name: Vec<u8>,
-        /// `RENAME_NOREPLACE` (1) and `RENAME_EXCHANGE` (2, not in a cache namespace, whose
-        /// drain replays renames one by one) are honoured; `RENAME_WHITEOUT` is refused.
+        /// `RENAME_NOREPLACE` (1), `RENAME_EXCHANGE` (2) and `RENAME_WHITEOUT` (4: a
+        /// character device 0/0 is left at the old name) are honoured, the last two not in a
+        /// cache namespace, whose drain replays renames one by one.
         flags: u32,
         /// For the inode a rename replaces; see [`KeepOpen`].
         keep: KeepOpen,

@@ -7,7 +7,7 @@
 //! commit here writes the WAL to the page cache, no fsync), and metadata rates are bound by
 //! round-trip latency (Daley §5.1), so the shortest path wins.
 
-use crate::meta::{self, Ops, RENAME_EXCHANGE};
+use crate::meta::{self, Ops, RENAME_EXCHANGE, RENAME_WHITEOUT};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::Connection;
 use std::collections::HashMap;
@@ -1061,6 +1061,13 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             return Err(ErrorReply::new(
                 ErrorCode::Invalid,
                 "RENAME_EXCHANGE is not supported in a cache namespace".to_string(),
+            ));
+        }
+        Change::Rename { flags, .. } if flags & RENAME_WHITEOUT != 0 => {
+            // The drain would need to make a device node on the PFS.
+            return Err(ErrorReply::new(
+                ErrorCode::Invalid,
+                "RENAME_WHITEOUT is not supported in a cache namespace".to_string(),
             ));
         }
         Change::Rename {

@@ -19,6 +19,7 @@ use surge_proto::{
 pub const ROOT_INO: Ino = 1;
 const RENAME_NOREPLACE: u32 = 1;
 pub(crate) const RENAME_EXCHANGE: u32 = 2;
+pub(crate) const RENAME_WHITEOUT: u32 = 4;
 
 pub type MetaResult<T> = Result<T, ErrorReply>;
 
@@ -1594,7 +1595,7 @@ impl Ops<'_> {
                 .exchange(parent, name, new_parent, new_name)
                 .map(|()| None);
         }
-        if flags & !RENAME_NOREPLACE != 0 {
+        if flags & !(RENAME_NOREPLACE | RENAME_WHITEOUT) != 0 {
             return Err(err(
                 ErrorCode::Invalid,
                 format!("unknown rename flags {flags:#x}"),
@@ -1672,7 +1673,32 @@ impl Ops<'_> {
         if new_parent != parent {
             self.touch_dir(new_parent, if moved_dir { 1 } else { 0 }, now)?;
         }
+        if flags & RENAME_WHITEOUT != 0 {
+            self.whiteout(parent, name, now)?;
+        }
         Ok(replaced)
+    }
+
+    /// The whiteout `RENAME_WHITEOUT` leaves at the old name: a character device 0/0 with no
+    /// permission bits (the kernel's `WHITEOUT_DEV` and `WHITEOUT_MODE`), owned by root (the
+    /// kernel allows the flag only to a caller with `CAP_MKNOD`; the request does not carry
+    /// the caller's ids).
+    fn whiteout(&self, parent: Ino, name: &[u8], now: Timestamp) -> MetaResult<()> {
+        let node = NewNode::Special {
+            kind: FileKind::CharDev,
+            rdev: 0,
+        };
+        self.make_node(
+            parent,
+            Some(name),
+            &node,
+            (0, 0, 0),
+            0,
+            None,
+            now,
+            FileLayout::default(),
+        )?;
+        Ok(())
     }
 
     /// `renameat2(RENAME_EXCHANGE)`: the two names swap their inodes atomically (both must
@@ -2754,6 +2780,45 @@ mod tests {
         ops.purge(u.ino).unwrap();
         assert_eq!(code(ops.getattr(u.ino)), ErrorCode::NotFound);
         assert_eq!(ops.orphans().unwrap(), vec![]);
+    }
+
+    #[test]
+    fn rename_whiteout_leaves_a_character_device_in_the_same_transaction() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        ops.rename(
+            ROOT_INO,
+            b"f",
+            ROOT_INO,
+            b"g",
+            RENAME_WHITEOUT,
+            &KeepOpen::All,
+        )
+        .unwrap();
+        assert_eq!(ops.lookup(ROOT_INO, b"g").unwrap().ino, f.ino);
+        let w = ops.lookup(ROOT_INO, b"f").unwrap();
+        assert_eq!(
+            (w.kind, w.rdev, w.perm, w.nlink),
+            (FileKind::CharDev, 0, 0, 1)
+        );
+        // A refused rename leaves no whiteout behind.
+        ops.create(ROOT_INO, b"h", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        assert_eq!(
+            code(ops.rename(
+                ROOT_INO,
+                b"g",
+                ROOT_INO,
+                b"h",
+                RENAME_WHITEOUT | RENAME_NOREPLACE,
+                &KeepOpen::All
+            )),
+            ErrorCode::Exists
+        );
+        assert_eq!(ops.lookup(ROOT_INO, b"g").unwrap().ino, f.ino);
     }
 
     #[test]
