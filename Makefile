@@ -42,7 +42,8 @@ install: release
 # systemd units, /etc/surge/surge.toml; its post-install creates the service user `surge`
 # (packaging/deb/build.sh; dpkg-deb, no network). docs/INSTALL.md.
 deb: release
-	./packaging/deb/build.sh --surge target/release/surge --libdatawarp target/release/libdatawarp.so --out target/debian
+	./packaging/deb/build.sh --surge target/release/surge --libdatawarp target/release/libdatawarp.so \
+		--preload target/release/libsurge_preload.so --out target/debian
 
 # Set up everything and run the main job on the embedded default.
 demo: release
@@ -52,9 +53,9 @@ lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# tests/preload.rs runs programs with the interposition library, built first.
+# tests/preload.rs runs programs with the interposition library: `cargo test` builds it
+# (crates/surge-preload/tests/exports.rs needs it) into target/debug/deps.
 test-rust: setup
-	$(CARGO) build -p surge-preload
 	$(CARGO) test --workspace
 
 # The `surge` Python package: wheel built with maturin, pytest tests (scripts/test-python.sh).

@@ -36,6 +36,8 @@ have prove       || need+=(perl)
 have gawk        || need+=(gawk)
 have bc          || need+=(bc)
 have setfacl     || need+=(acl)
+# rsync: semantics.rs copies a tree with hard links, ACLs and xattrs in and out (-aHAX).
+have rsync       || need+=(rsync)
 have uuidgen     || need+=(uuid-runtime)
 have fuser       || need+=(psmisc)
 have bindfs      || need+=(bindfs)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds the Debian package `surge` (what `make deb` runs): the binary, libdatawarp and its
-# header, the systemd units, the example configuration (as /etc/surge/surge.toml, a conffile),
+# header, the interposition library (/usr/lib/surge/libsurge_preload.so, for
+# `SURGE_CLIENT=preload`), the systemd units, the example configuration (as /etc/surge/surge.toml, a conffile),
 # the Slurm files and the docs, with a post-install that creates the service user `surge` and
 # its directories and says how to make the keys (packaging/deb/postinst).
 #
-# Usage: packaging/deb/build.sh [--surge BIN] [--libdatawarp SO] [--out DIR] [--fast]
+# Usage: packaging/deb/build.sh [--surge BIN] [--libdatawarp SO] [--preload SO] [--out DIR] [--fast]
 #   --surge        the surge executable (default target/release/surge)
 #   --libdatawarp  libdatawarp.so (default: beside the executable)
+#   --preload      libsurge_preload.so (default: beside the executable)
 #   --out          where the .deb goes (default target/debian); its path is printed last
 #   --fast         gzip -1 instead of xz and no stripping (tests)
 # Needs dpkg-deb, dpkg-shlibdeps (dpkg-dev) and objcopy (binutils); no network, no cargo-deb.
@@ -14,20 +16,23 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SURGE=$ROOT/target/release/surge
 LIBDW=
+PRELOAD=
 OUT=$ROOT/target/debian
 FAST=no
 while [ $# -gt 0 ]; do
     case $1 in
         --surge) SURGE=$2; shift 2 ;;
         --libdatawarp) LIBDW=$2; shift 2 ;;
+        --preload) PRELOAD=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --fast) FAST=yes; shift ;;
         *) echo "build.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
 LIBDW=${LIBDW:-$(dirname "$SURGE")/libdatawarp.so}
-for f in "$SURGE" "$LIBDW"; do
-    [ -f "$f" ] || { echo "build.sh: $f does not exist (make release builds both)" >&2; exit 1; }
+PRELOAD=${PRELOAD:-$(dirname "$SURGE")/libsurge_preload.so}
+for f in "$SURGE" "$LIBDW" "$PRELOAD"; do
+    [ -f "$f" ] || { echo "build.sh: $f does not exist (make release builds all three)" >&2; exit 1; }
 done
 for t in dpkg-deb dpkg-shlibdeps objcopy; do
     command -v $t >/dev/null || { echo "build.sh: needs $t (apt install dpkg-dev binutils)" >&2; exit 1; }
@@ -39,16 +44,19 @@ ARCH=$(dpkg --print-architecture)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 P=$WORK/pkg
-install -d "$P/DEBIAN" "$P/usr/bin" "$P/usr/lib" "$P/usr/include" "$P/lib/systemd/system" \
+install -d "$P/DEBIAN" "$P/usr/bin" "$P/usr/lib" "$P/usr/lib/surge" "$P/usr/include" "$P/lib/systemd/system" \
     "$P/etc/surge" "$P/usr/share/doc/surge" "$P/usr/share/surge/slurm"
 
 # Binaries: release builds keep line tables (Cargo profile); the package ships them stripped.
 if [ $FAST = yes ]; then
     install -m 0755 "$SURGE" "$P/usr/bin/surge"
     install -m 0644 "$LIBDW" "$P/usr/lib/libdatawarp.so"
+    install -m 0644 "$PRELOAD" "$P/usr/lib/surge/libsurge_preload.so"
 else
     objcopy --strip-debug "$SURGE" "$P/usr/bin/surge" && chmod 0755 "$P/usr/bin/surge"
     objcopy --strip-debug "$LIBDW" "$P/usr/lib/libdatawarp.so" && chmod 0644 "$P/usr/lib/libdatawarp.so"
+    objcopy --strip-debug "$PRELOAD" "$P/usr/lib/surge/libsurge_preload.so" \
+        && chmod 0644 "$P/usr/lib/surge/libsurge_preload.so"
 fi
 install -m 0644 "$ROOT/crates/surge-datawarp/include/datawarp.h" "$P/usr/include/datawarp.h"
 # mount(8)'s helper for `-t fuse.surge` and fstab (the binary answers to that name).

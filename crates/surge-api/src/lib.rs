@@ -295,7 +295,7 @@ pub async fn connect_with(addr: &str, socket: PathBuf) -> Result<Client, Connect
     if addrs.is_empty() {
         return Err(ConnectError(format!("'{addr}' names no manager")));
     }
-    let start = std::time::Instant::now();
+    let mut pauses = surge_core::backoff::Backoff::new(FAILOVER_WAIT, Duration::from_millis(200));
     let ch = 'found: loop {
         let mut last = None;
         for a in &addrs {
@@ -305,10 +305,10 @@ pub async fn connect_with(addr: &str, socket: PathBuf) -> Result<Client, Connect
             }
         }
         let e = last.unwrap_or_else(|| ConnectError(format!("'{addr}' names no manager")));
-        if addrs.len() == 1 || start.elapsed() >= FAILOVER_WAIT {
-            return Err(e);
+        match pauses.next() {
+            Some(pause) if addrs.len() > 1 => tokio::time::sleep(pause).await,
+            _ => return Err(e),
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     };
     Ok(v1::manager_client::ManagerClient::with_interceptor(
         ch,

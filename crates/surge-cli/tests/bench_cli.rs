@@ -272,7 +272,6 @@ fn ctrl_c_removes_the_files_and_stops_the_workers() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(workers.len(), 2, "two workers writing");
-    std::thread::sleep(Duration::from_millis(200));
     let status = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

@@ -298,8 +298,16 @@ fn fragments_nobody_knows_are_removed_while_their_server_runs() {
     std::fs::write(&script, SCRIPT).unwrap();
     let o = setup(&m.grpc, "301", &script);
     assert!(o.status.success(), "{}", text(&o));
-    std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(held(&c), listed(&m));
+    holds_for(
+        "the collector keeps the manager's own instance (three passes)",
+        Duration::from_millis(1500),
+        || {
+            let (h, l) = (held(&c), listed(&m));
+            check(h == l, || {
+                format!("servers hold {h:?}, the manager lists {l:?}")
+            })
+        },
+    );
 }
 
 #[test]
@@ -603,7 +611,6 @@ fn a_stage_task_cut_by_a_manager_crash_runs_again_at_restart() {
             .contains("started here")
             .then_some(())
     });
-    std::thread::sleep(Duration::from_millis(300));
     let mut m = m;
     m.child.0.kill().unwrap();
     let _ = m.child.0.wait();
@@ -652,13 +659,15 @@ fn surge_run_ends_its_session_when_the_manager_comes_back_during_the_teardown() 
         ),
     )
     .unwrap();
+    let run_err = dir.path().join("run.err");
     let run = surge_command()
         .args(["run", "--manager", &grpc])
         .arg(&script)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&run_err).unwrap())
         .spawn()
         .unwrap();
+    let said = || std::fs::read_to_string(&run_err).unwrap_or_default();
     let log = dir.path().join("manager.log");
     // The job itself runs (its phases before it need the manager: they are not retried).
     wait_for("the job to run", Duration::from_secs(60), || {
@@ -669,15 +678,20 @@ fn surge_run_ends_its_session_when_the_manager_comes_back_during_the_teardown() 
     m.child.0.kill().unwrap();
     let _ = m.child.0.wait();
     std::fs::write(&go, b"").unwrap();
-    std::thread::sleep(Duration::from_secs(3));
+    // `surge run` finds the manager away and says it will try again.
+    wait_for(
+        "surge run to report the retry",
+        Duration::from_secs(60),
+        || said().contains("trying again").then_some(()),
+    );
     let m = Manager::start_with(dir.path(), &args);
     let o = run.wait_with_output().unwrap();
     let log = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(o.status.success(), "{}\nmanager:\n{log}", text(&o));
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("trying again"),
-        "the retry is not reported: {}",
-        text(&o)
+        o.status.success(),
+        "{}{}\nmanager:\n{log}",
+        text(&o),
+        said()
     );
     let ls = all_sessions(&m.grpc);
     let states: Vec<&str> = ls
@@ -750,7 +764,13 @@ fn a_copy_of_a_jobs_mount_in_another_namespace_does_not_hold_up_the_agent() {
             .spawn()
             .unwrap(),
     );
-    std::thread::sleep(Duration::from_millis(300));
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    let holder_pid = holder.0.id().to_string();
+    wait_for(
+        "the namespace copying the mount",
+        Duration::from_secs(10),
+        || (ns(&holder_pid) != ns("self")).then_some(()),
+    );
     let t = Instant::now();
     let o = phase("61", "post_run");
     let took = t.elapsed();

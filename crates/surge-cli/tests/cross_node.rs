@@ -156,10 +156,13 @@ fn fcntl_flock_and_ofd_locks_exclude_across_nodes_and_wake_waiters() {
         );
         // A blocking lock on B waits for A's release, and gets the lock soon after it.
         let mut waiter = LockClient::spawn(&b.path("lockfile"), kind, "wait");
-        std::thread::sleep(Duration::from_millis(800));
-        assert!(
-            waiter.0.try_wait().unwrap().is_none(),
-            "{kind}: B's blocking lock returned while A held the lock"
+        holds_for(
+            &format!("{kind}: B's blocking lock waits while A holds the lock"),
+            Duration::from_millis(800),
+            || {
+                let st = waiter.0.try_wait().unwrap();
+                check(st.is_none(), || format!("it returned: {st:?}"))
+            },
         );
         let released = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -448,4 +451,54 @@ fn sqlite_in_rollback_mode_written_from_two_nodes_stays_whole() {
             m.dir
         );
     }
+}
+
+/// MPI-IO with ROMIO's data sieving (`romio_ds_write=enable`) from two nodes: each of two
+/// ranks writes every other 4 KiB block of one file, 30 rounds, through a strided view;
+/// ROMIO writes each round by reading the whole extent, changing its blocks and writing it
+/// back under an fcntl lock. Every block must hold its rank's last round: a lock not
+/// coordinated between the nodes, or a read under the lock served from a stale cache, loses
+/// the other rank's blocks (tests/mpi/romio_sieve.c counts them).
+#[test]
+fn romio_data_sieving_from_two_nodes_loses_no_block() {
+    let test = "romio_data_sieving_from_two_nodes_loses_no_block";
+    if skip_without_fuse(test) || missing(test, "mpicc") || missing(test, "mpirun") {
+        return;
+    }
+    let scratch = Scratch::new("romio");
+    let prog = scratch.path().join("romio_sieve");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi/romio_sieve.c");
+    let cc = Command::new("mpicc")
+        .args(["-O1", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "mpicc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let (_c, a, b) = two_nodes();
+    let mut mpirun = Command::new("mpirun");
+    if surge_testkit::is_root() {
+        mpirun.arg("--allow-run-as-root");
+    }
+    let out = mpirun
+        .args(["--oversubscribe", "-np", "2", "--mca", "io", "romio321"])
+        .arg(&prog)
+        .arg(a.path("shared.dat"))
+        .arg(b.path("shared.dat"))
+        .env_remove("ROMIO_HINTS")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("blocks 128 wrong 0"),
+        "ROMIO data sieving from two nodes: {text}\nnode A:\n{}\nnode B:\n{}",
+        a.log(),
+        b.log()
+    );
+    eprintln!("{}", text.trim());
 }

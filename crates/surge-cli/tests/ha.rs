@@ -12,6 +12,14 @@ use surge_testkit::etcd::{free_port, Etcd};
 
 const SCRIPT: &str = "#!/bin/bash\n#DW jobdw type=scratch access_mode=striped capacity=64MiB\n";
 
+/// The port of a `host:port` address.
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {addr}"))
+}
+
 fn bb(m: &str, phase: &str, job: &str, script: &Path, args: &[&str]) -> Output {
     surge_command()
         .args(["bb", phase, "--job-id", job, "--manager", m, "--script"])
@@ -89,7 +97,16 @@ fn a_standby_takes_over_when_the_leader_dies_and_the_job_goes_on() {
     );
     let a = Manager::ready(da.path(), spawn(da.path(), &etcd, "mA", &ga, &ha));
     let b = spawn(db.path(), &etcd, "mB", &gb, &hb);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for(
+        "the second manager to stand by",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(db.path().join("manager.log"))
+                .unwrap_or_default()
+                .contains("standing by")
+                .then_some(())
+        },
+    );
     assert!(
         !db.path().join("m.ready").exists(),
         "the standby serves while another leads"
@@ -192,7 +209,11 @@ fn a_leader_paused_past_its_lease_writes_nothing_when_it_wakes() {
         .args(["--uid", "0", "--gid", "0"])
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for(
+        "the request to wait at the stopped leader",
+        Duration::from_secs(30),
+        || request_queued_at(port_of(&a.grpc)).then_some(()),
+    );
     // SAFETY: see above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let st = wait_for("the old leader to exit", Duration::from_secs(15), || {
@@ -207,8 +228,8 @@ fn a_leader_paused_past_its_lease_writes_nothing_when_it_wakes() {
     );
     // Whatever the old leader was asked, the records and the servers agree: nothing was
     // allocated by a manager that no longer led.
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(held(&c), listed(&b.grpc), "a deposed leader allocated");
+    let (held, listed) = (held(&c), listed(&b.grpc));
+    assert_eq!(held, listed, "a deposed leader allocated");
 }
 
 /// The leader answers reads from its own copy of the state (issue 30: a read costs no etcd
@@ -259,7 +280,11 @@ fn a_leader_paused_past_its_lease_answers_no_read_from_what_it_knew() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for(
+        "the request to wait at the stopped leader",
+        Duration::from_secs(30),
+        || request_queued_at(port_of(&a.grpc)).then_some(()),
+    );
     // SAFETY: see above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let out = asking.wait_with_output().unwrap();
@@ -401,7 +426,6 @@ fn a_stage_task_on_a_data_mover_is_adopted_by_the_new_leader() {
                 .then_some(())
         },
     );
-    std::thread::sleep(Duration::from_millis(300));
     a.child.0.kill().unwrap();
     let _ = a.child.0.wait();
     let _b = Manager::ready(db.path(), b);

@@ -509,6 +509,9 @@ fn the_package_installs_the_binary_library_units_and_configuration_and_purges() 
     .into_iter()
     .find(|p| p.exists())
     .unwrap_or_else(|| panic!("no libdatawarp.so in {} or its deps/", debug.display()));
+    // Built by cargo with the workspace's tests (crates/surge-preload/tests/exports.rs).
+    let preload = debug.join("deps/libsurge_preload.so");
+    assert!(preload.exists(), "{} is missing", preload.display());
     let t = std::time::Instant::now();
     let (good, out) = output(
         Command::new(repo().join("packaging/deb/build.sh"))
@@ -516,6 +519,8 @@ fn the_package_installs_the_binary_library_units_and_configuration_and_purges() 
             .arg(bin)
             .arg("--libdatawarp")
             .arg(&lib)
+            .arg("--preload")
+            .arg(&preload)
             .arg("--out")
             .arg(d),
     );
@@ -532,6 +537,7 @@ fn the_package_installs_the_binary_library_units_and_configuration_and_purges() 
     for f in [
         "./usr/bin/surge",
         "./usr/lib/libdatawarp.so",
+        "./usr/lib/surge/libsurge_preload.so",
         "./usr/include/datawarp.h",
         "./lib/systemd/system/surge-manager.service",
         "./lib/systemd/system/surge-server.service",

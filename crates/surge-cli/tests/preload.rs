@@ -8,12 +8,15 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The library, built next to the `surge` binary (`cargo build -p surge-preload`).
+/// The library `cargo test` built (in `deps/` beside the `surge` binary: the library's own
+/// test, crates/surge-preload/tests/exports.rs, makes cargo build it with the workspace).
 fn library() -> PathBuf {
-    let lib = Path::new(SURGE).with_file_name("libsurge_preload.so");
+    let lib = Path::new(SURGE)
+        .with_file_name("deps")
+        .join("libsurge_preload.so");
     assert!(
         lib.exists(),
-        "{} is missing: build it first (cargo build -p surge-preload)",
+        "{} is missing: `cargo test --workspace` (or `--test exports`) builds it",
         lib.display()
     );
     lib
@@ -325,4 +328,174 @@ fn surge_run_gives_a_job_the_library_when_asked() {
         n.get("write_bytes").copied().unwrap_or(0) >= 8 << 20,
         "{n:?}"
     );
+}
+
+/// The project's tool directory (`scripts/setup.sh` installs pjdfstest and builds fsstress
+/// into it).
+fn tool(name: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.tools/bin")
+        .join(name);
+    if p.exists() {
+        return Some(p);
+    }
+    // pjdfstest is always installed by `make setup`; fsstress only where
+    // ../shared/tools/fs-suites is (tests/fs_suites.rs says the same).
+    assert!(
+        name != "pjdfstest",
+        "{} is missing: run `make setup`",
+        p.display()
+    );
+    eprintln!(
+        "SKIPPED {name} through the library: {} is absent",
+        p.display()
+    );
+    None
+}
+
+/// pjdfstest (POSIX conformance, the whole Rust suite in one process) with the library on a
+/// passthrough mount: the same 0 failures as without it (tests/fs_suites.rs), and the library
+/// took files (it adopts every passthrough file pjdfstest opens for writing).
+#[test]
+fn pjdfstest_through_the_library() {
+    let Some((_c, m, _other)) = setup("pjdfstest_through_the_library") else {
+        return;
+    };
+    let Some(pjd) = tool("pjdfstest") else {
+        return;
+    };
+    let scratch = Scratch::new("preload-pjd");
+    let conf = scratch.path().join("pjd.toml");
+    std::fs::write(
+        &conf,
+        "[features]\nposix_fallocate = {}\nutime_now = {}\nutimensat = {}\n\
+         [settings]\nnaptime = 0.01\n\
+         [dummy_auth]\nentries = [ [\"nobody\", \"nogroup\"], [\"daemon\", \"daemon\"] ]\n",
+    )
+    .unwrap();
+    let dir = m.path("pjd");
+    std::fs::create_dir(&dir).unwrap();
+    let stats = scratch.path().join("stats");
+    std::fs::create_dir_all(&stats).unwrap();
+    let out = Command::new(pjd)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(&dir)
+        .current_dir(&dir)
+        .env("LD_PRELOAD", library())
+        .env("SURGE_PRELOAD_STATS", stats.join("%p.json"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let summary = text
+        .lines()
+        .find(|l| l.starts_with("Summary:"))
+        .unwrap_or_else(|| panic!("pjdfstest printed no summary:\n{text}"));
+    let failed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_end().ends_with("FAILED"))
+        .collect();
+    assert!(
+        summary.starts_with("Summary: 0 failed"),
+        "pjdfstest through the library: {summary}\n{}",
+        failed.join("\n")
+    );
+    let n = counters(&stats);
+    assert!(
+        n.get("adopted").copied().unwrap_or(0) > 0,
+        "the library took no file: {n:?}"
+    );
+    eprintln!("pjdfstest through the library: {summary}; library counters {n:?}");
+}
+
+/// The whole of a file up to 16 MiB, else its first and last MiB (fsstress leaves sparse
+/// files of gigabytes: reading their holes through two mounts takes minutes).
+fn sample(path: &Path, size: u64) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut out = Vec::new();
+    if size <= 16 << 20 {
+        f.read_to_end(&mut out).unwrap();
+        return out;
+    }
+    let mut part = vec![0u8; 1 << 20];
+    f.read_exact(&mut part).unwrap();
+    out.extend_from_slice(&part);
+    f.seek(SeekFrom::Start(size - (1 << 20))).unwrap();
+    f.read_exact(&mut part).unwrap();
+    out.extend_from_slice(&part);
+    out
+}
+
+/// fsstress (namespace and data operations from 4 processes) with the library: it finishes
+/// without an error, everything it left reads back without it, and the library moved bytes.
+#[test]
+fn fsstress_through_the_library() {
+    let Some((c, m, other)) = setup("fsstress_through_the_library") else {
+        return;
+    };
+    let Some(fsstress) = tool("fsstress") else {
+        return;
+    };
+    let scratch = Scratch::new("preload-fsstress");
+    let stats = scratch.path().join("stats");
+    std::fs::create_dir_all(&stats).unwrap();
+    let dir = m.path("stress");
+    std::fs::create_dir(&dir).unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(&fsstress)
+        .arg("-d")
+        .arg(&dir)
+        .args(["-n", "1000", "-p", "4", "-s", "1"])
+        .env("LD_PRELOAD", library())
+        .env("SURGE_PRELOAD_STATS", stats.join("%p.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "fsstress through the library failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("fsstress ran {:?}", started.elapsed());
+    // Everything it left is there, and reads the same here and on the other node.
+    let mut files = 0;
+    let mut stack = vec![std::path::PathBuf::from("stress")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(m.dir.join(&d)).unwrap() {
+            let e = e.unwrap();
+            let rel = d.join(e.file_name());
+            let md = std::fs::symlink_metadata(e.path()).unwrap();
+            if md.is_dir() {
+                stack.push(rel);
+            } else if md.is_file() {
+                let there = other.dir.join(&rel);
+                let size = md.len();
+                assert_eq!(
+                    std::fs::metadata(&there).unwrap().len(),
+                    size,
+                    "{}: size on the other node",
+                    rel.display()
+                );
+                assert!(
+                    sample(&e.path(), size) == sample(&there, size),
+                    "{} differs on the other node",
+                    rel.display()
+                );
+                files += 1;
+            }
+        }
+    }
+    assert!(files > 0, "fsstress left no file");
+    let n = counters(&stats);
+    assert!(
+        n.get("write_bytes").copied().unwrap_or(0) > 0,
+        "no byte went through the library: {n:?}"
+    );
+    let logs = c.server_logs();
+    assert!(!logs.contains("ERROR"), "a server logged an error:\n{logs}");
+    eprintln!("fsstress -p 4 -n 1000 through the library: {files} files, counters {n:?}");
 }

@@ -217,7 +217,6 @@ fn a_killed_cache_job_keeps_what_was_not_drained() {
         v.as_array().unwrap().clone()
     };
     let inst = active(&m)[0]["job_instance"].as_u64().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
     run.0.kill().unwrap();
     let _ = run.0.wait();
     wait_for(

@@ -489,13 +489,12 @@ fn leases_of_directories_no_longer_listed_are_given_back() {
         File::create(a.path(&format!("d/f{i}"))).unwrap();
     }
     // The listing expires after 1 s; the lease goes at the recall task's next turn (<= 1 s).
-    std::thread::sleep(std::time::Duration::from_millis(2600));
-    assert_eq!(std::fs::read_dir(b.path("d")).unwrap().count(), 20);
-    let given_back = a.requests().get("ReleaseLeases").copied().unwrap_or(0);
-    assert!(
-        given_back >= 1,
-        "A gave the lease of the expired listing back"
+    wait_for(
+        "A to give the lease of the expired listing back",
+        std::time::Duration::from_secs(10),
+        || (a.requests().get("ReleaseLeases").copied().unwrap_or(0) >= 1).then_some(()),
     );
+    assert_eq!(std::fs::read_dir(b.path("d")).unwrap().count(), 20);
     std::fs::write(b.path("d/g"), b"b").unwrap();
     let log = a.log();
     assert!(!log.contains("recalled"), "A's log:\n{log}");

@@ -7,6 +7,7 @@
 //! Surge that can be unit-tested exhaustively.
 
 pub mod addr;
+pub mod backoff;
 pub mod directives;
 pub mod failpoint;
 pub mod ids;

@@ -757,6 +757,102 @@ fn overlay(a: &Adopted, size: &mut i64, blocks: &mut i64, mtime: (&mut i64, &mut
     }
 }
 
+/// After a `stat` by name that succeeded: a file this process has adopted gets the same
+/// correction as `fstat` of its descriptor (else the kernel's cached size, from before this
+/// process's writes, would be what the program sees until its `fsync` or `close`).
+fn overlay_named_stat(r: c_int, st: *mut libc::stat64) {
+    if r != 0 || st.is_null() {
+        return;
+    }
+    // SAFETY: the caller's buffer, filled by the C library just now.
+    let st = unsafe { &mut *st };
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return;
+    }
+    if let Some(a) = table::by_inode(st.st_dev, st.st_ino) {
+        guarded(|| {
+            overlay(
+                &a,
+                &mut st.st_size,
+                &mut st.st_blocks,
+                (&mut st.st_mtime, &mut st.st_mtime_nsec),
+            )
+        });
+    }
+}
+
+/// # Safety
+/// As stat(2).
+#[no_mangle]
+pub unsafe extern "C" fn stat64(path: *const c_char, st: *mut libc::stat64) -> c_int {
+    let r = unsafe { real::stat64(path, st) };
+    overlay_named_stat(r, st);
+    r
+}
+
+/// # Safety
+/// As stat(2).
+#[no_mangle]
+pub unsafe extern "C" fn stat(path: *const c_char, st: *mut libc::stat64) -> c_int {
+    unsafe { stat64(path, st) }
+}
+
+/// # Safety
+/// As lstat(2).
+#[no_mangle]
+pub unsafe extern "C" fn lstat64(path: *const c_char, st: *mut libc::stat64) -> c_int {
+    let r = unsafe { real::lstat64(path, st) };
+    overlay_named_stat(r, st);
+    r
+}
+
+/// # Safety
+/// As lstat(2).
+#[no_mangle]
+pub unsafe extern "C" fn lstat(path: *const c_char, st: *mut libc::stat64) -> c_int {
+    unsafe { lstat64(path, st) }
+}
+
+/// # Safety
+/// As `__xstat64` (stat for programs built against glibc before 2.33).
+#[no_mangle]
+pub unsafe extern "C" fn __xstat64(
+    ver: c_int,
+    path: *const c_char,
+    st: *mut libc::stat64,
+) -> c_int {
+    let r = unsafe { real::__xstat64(ver, path, st) };
+    overlay_named_stat(r, st);
+    r
+}
+
+/// # Safety
+/// As `__xstat64`.
+#[no_mangle]
+pub unsafe extern "C" fn __xstat(ver: c_int, path: *const c_char, st: *mut libc::stat64) -> c_int {
+    unsafe { __xstat64(ver, path, st) }
+}
+
+/// # Safety
+/// As `__lxstat64` (lstat for programs built against glibc before 2.33).
+#[no_mangle]
+pub unsafe extern "C" fn __lxstat64(
+    ver: c_int,
+    path: *const c_char,
+    st: *mut libc::stat64,
+) -> c_int {
+    let r = unsafe { real::__lxstat64(ver, path, st) };
+    overlay_named_stat(r, st);
+    r
+}
+
+/// # Safety
+/// As `__lxstat64`.
+#[no_mangle]
+pub unsafe extern "C" fn __lxstat(ver: c_int, path: *const c_char, st: *mut libc::stat64) -> c_int {
+    unsafe { __lxstat64(ver, path, st) }
+}
+
 fn overlay_stat(fd: c_int, r: c_int, st: *mut libc::stat64) {
     if r != 0 || st.is_null() {
         return;
@@ -825,6 +921,8 @@ pub unsafe extern "C" fn fstatat64(
     let r = unsafe { real::fstatat64(dirfd, path, st, flags) };
     if about_fd(path, flags) {
         overlay_stat(dirfd, r, st);
+    } else {
+        overlay_named_stat(r, st);
     }
     r
 }
@@ -866,6 +964,8 @@ pub unsafe extern "C" fn __fxstatat64(
     let r = unsafe { real::__fxstatat64(ver, dirfd, path, st, flags) };
     if about_fd(path, flags) {
         overlay_stat(dirfd, r, st);
+    } else {
+        overlay_named_stat(r, st);
     }
     r
 }
@@ -881,8 +981,23 @@ pub unsafe extern "C" fn statx(
     st: *mut libc::statx,
 ) -> c_int {
     let r = unsafe { real::statx(dirfd, path, flags, mask, st) };
-    if r == 0 && !st.is_null() && about_fd(path, flags) {
-        if let Some(a) = adopted(dirfd) {
+    if r == 0 && !st.is_null() {
+        // SAFETY: the caller's buffer, filled by the C library just now.
+        let (regular, dev, ino) = unsafe {
+            (
+                u32::from((*st).stx_mode) & libc::S_IFMT == libc::S_IFREG,
+                libc::makedev((*st).stx_dev_major, (*st).stx_dev_minor),
+                (*st).stx_ino,
+            )
+        };
+        let file = if about_fd(path, flags) {
+            adopted(dirfd)
+        } else if regular {
+            table::by_inode(dev, ino)
+        } else {
+            None
+        };
+        if let Some(a) = file {
             // SAFETY: the caller's buffer, filled by the C library just now.
             let st = unsafe { &mut *st };
             guarded(|| {

@@ -124,6 +124,10 @@ real! {
     __fxstat64(ver: c_int, fd: c_int, st: *mut libc::stat64) -> c_int;
     __fxstatat64(ver: c_int, dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int;
     statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, st: *mut libc::statx) -> c_int;
+    stat64(path: *const c_char, st: *mut libc::stat64) -> c_int;
+    lstat64(path: *const c_char, st: *mut libc::stat64) -> c_int;
+    __xstat64(ver: c_int, path: *const c_char, st: *mut libc::stat64) -> c_int;
+    __lxstat64(ver: c_int, path: *const c_char, st: *mut libc::stat64) -> c_int;
     mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void;
     ftruncate64(fd: c_int, len: off64_t) -> c_int;
     futimens(fd: c_int, times: *const libc::timespec) -> c_int;

@@ -94,6 +94,29 @@ pub fn forget_range(first: u32, last: u32) {
     }
 }
 
+/// An adopted open file of the file `(dev, ino)` (as the kernel numbers it on the mount),
+/// one with writes not committed first: what a `stat` by name of it must be corrected by.
+pub fn by_inode(dev: u64, ino: u64) -> Option<Arc<Adopted>> {
+    if ADOPTED.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let t = TABLE.read();
+    let mut of_file = t
+        .as_ref()?
+        .values()
+        .filter(|a| a.dev == dev && a.ino == ino);
+    let first = of_file.next()?.clone();
+    if first.dirty.load(Ordering::SeqCst) {
+        return Some(first);
+    }
+    Some(
+        of_file
+            .find(|a| a.dirty.load(Ordering::SeqCst))
+            .cloned()
+            .unwrap_or(first),
+    )
+}
+
 /// Every adopted descriptor.
 pub fn all() -> Vec<(RawFd, Arc<Adopted>)> {
     if ADOPTED.load(Ordering::Relaxed) == 0 {

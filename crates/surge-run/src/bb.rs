@@ -25,8 +25,9 @@ use crate::lifecycle::{self, Agents, Alloc, Event, Report, Teardown};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use surge_api::v1 as api;
+use surge_core::backoff::Backoff;
 use surge_core::directives::{parse_script, Directives};
 use surge_core::format_bytes;
 use surge_manager::cli::{connect, status_err};
@@ -261,16 +262,15 @@ pub fn run(args: BbArgs) -> anyhow::Result<ExitCode> {
     // Every phase is idempotent: one cut by a manager that died or lost its lead (several
     // managers on etcd, `--manager a,b`) is run again, against the next leader, for as long
     // as a failover takes.
-    let start = Instant::now();
+    let mut pauses = Backoff::new(surge_api::FAILOVER_WAIT, Duration::from_millis(500));
     loop {
         match rt.block_on(phase(&args.phase)) {
-            Err(e)
-                if surge_api::manager_gone(e.as_ref())
-                    && start.elapsed() < surge_api::FAILOVER_WAIT
-                    && args.phase.manager().contains(',') =>
-            {
+            Err(e) if surge_api::manager_gone(e.as_ref()) && args.phase.manager().contains(',') => {
+                let Some(pause) = pauses.next() else {
+                    return Err(e);
+                };
                 eprintln!("surge bb: the manager went away ({e:#}); running the phase again");
-                std::thread::sleep(Duration::from_millis(500));
+                std::thread::sleep(pause);
             }
             r => {
                 r?;

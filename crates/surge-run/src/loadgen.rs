@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use surge_api::v1 as api;
+use surge_core::backoff::Backoff;
 
 /// Drive a manager as a cluster would and measure it.
 ///
@@ -214,18 +215,20 @@ impl<'a> Phases<'a> {
         F: FnMut(surge_api::Client) -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<T>>,
     {
-        let start = Instant::now();
+        let mut pauses = failover_pauses();
         loop {
             let c = match self.conn.take() {
                 Some(c) => c,
                 None => match surge_api::connect_with(self.addr, self.munge.to_path_buf()).await {
                     Ok(c) => c,
-                    Err(_) if start.elapsed() < surge_api::FAILOVER_WAIT * 2 => {
+                    Err(e) => {
+                        let Some(pause) = pauses.next() else {
+                            return Err(e.into());
+                        };
                         self.retries += 1;
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        tokio::time::sleep(pause).await;
                         continue;
                     }
-                    Err(e) => return Err(e.into()),
                 },
             };
             match f(c.clone()).await {
@@ -233,12 +236,12 @@ impl<'a> Phases<'a> {
                     self.conn = Some(c);
                     return Ok(v);
                 }
-                Err(e)
-                    if surge_api::manager_gone(e.as_ref())
-                        && start.elapsed() < surge_api::FAILOVER_WAIT * 2 =>
-                {
+                Err(e) if surge_api::manager_gone(e.as_ref()) => {
+                    let Some(pause) = pauses.next() else {
+                        return Err(e);
+                    };
                     self.retries += 1;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    tokio::time::sleep(pause).await;
                 }
                 Err(e) => return Err(e),
             }
@@ -795,17 +798,22 @@ async fn pools_free(m: &mut surge_api::Client) -> anyhow::Result<u64> {
         .sum())
 }
 
+/// How long the load generator keeps a job going while no manager answers: two failovers.
+fn failover_pauses() -> Backoff {
+    Backoff::new(surge_api::FAILOVER_WAIT * 2, Duration::from_millis(200))
+}
+
 /// A connection to whichever manager leads now (after a failover, for as long as one takes).
 async fn connect_again(addr: &str, munge: &std::path::Path) -> anyhow::Result<surge_api::Client> {
-    let start = Instant::now();
+    let mut pauses = failover_pauses();
     loop {
         let mut c = surge_api::connect_with(addr, munge.to_path_buf()).await?;
         match c.list_pools(api::Empty {}).await {
             Ok(_) => return Ok(c),
-            Err(_) if start.elapsed() < surge_api::FAILOVER_WAIT * 2 => {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            Err(e) => return Err(status(e)),
+            Err(e) => match pauses.next() {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => return Err(status(e)),
+            },
         }
     }
 }

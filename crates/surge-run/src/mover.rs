@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use surge_api::v1 as api;
+use surge_core::backoff::Backoff;
 use surge_manager::cli::{connect, status_err};
 use tracing::{info, warn};
 
@@ -173,16 +174,15 @@ async fn run_task(
             // What ends or plans a task is kept trying while no manager answers (one that
             // takes over adopts the task from it); progress is not: the next one says more.
             let keep = exited_or(&req);
-            let start = std::time::Instant::now();
+            let mut pauses = Backoff::new(REPORT_RETRY, Duration::from_millis(500));
             loop {
                 match m.mover_event(req.clone()).await {
                     Ok(r) => return Ok(r.into_inner().cancel),
-                    Err(e)
-                        if keep
-                            && surge_api::manager_gone(&e)
-                            && start.elapsed() < REPORT_RETRY =>
-                    {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    Err(e) if keep && surge_api::manager_gone(&e) => {
+                        let Some(pause) = pauses.next() else {
+                            return Err(e);
+                        };
+                        tokio::time::sleep(pause).await;
                         // Whoever leads now (the address list is followed to the leader).
                         if let Ok(c) = connect(&manager).await {
                             m = c;

@@ -720,18 +720,20 @@ const MANAGER_RETRY: Duration = Duration::from_secs(60);
 /// result otherwise.
 macro_rules! again {
     ($ctx:expr, $m:expr, $rep:expr, $what:expr, $call:expr) => {{
-        let until = Instant::now() + MANAGER_RETRY;
-        let mut pause = Duration::from_secs(1);
+        let mut pauses = surge_core::backoff::Backoff::new(MANAGER_RETRY, Duration::from_secs(1))
+            .doubling_to(Duration::from_secs(8));
         loop {
             match $call {
-                Err(e) if surge_api::manager_gone(e.as_ref()) && Instant::now() + pause < until => {
+                Err(e) if surge_api::manager_gone(e.as_ref()) => {
+                    let Some(pause) = pauses.next() else {
+                        break Err(e);
+                    };
                     $rep.note(&format!(
                         "{}: the manager does not answer ({e:#}); trying again in {} s",
                         $what,
                         pause.as_secs()
                     ));
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(8));
                     if let Ok(again) = connect($ctx.manager).await {
                         $m = again;
                     }
@@ -944,27 +946,32 @@ fn nodes_file(
 
 /// Where the job's programs are given the interposition library when `surge run` was asked
 /// for it (`SURGE_CLIENT=preload`; docs/DATAPLANE.md, "The preload path"): next to the `surge`
-/// executable (a build tree), else in `lib/surge` beside its `bin` (`make install`), else in
-/// `/usr/lib/surge`. `None` when not asked, or (said) when it is not there.
+/// executable or in `deps/` beside it (a build tree: `cargo build` puts it in the first,
+/// `cargo test` in the second; the newer wins), else in `lib/surge` beside its `bin`
+/// (`make install`), else in `/usr/lib/surge`. `None` when not asked, or (said) when it is
+/// not there.
 fn preload_library(surge_exe: &Path) -> Option<PathBuf> {
+    const NAME: &str = "libsurge_preload.so";
     if std::env::var("SURGE_CLIENT").ok()?.as_str() != "preload" {
         return None;
     }
-    let near = surge_exe.with_file_name("libsurge_preload.so");
+    let dir = surge_exe.parent()?;
+    let built = [dir.join(NAME), dir.join("deps").join(NAME)]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p);
     // `make install`: PREFIX/bin/surge and PREFIX/lib/surge/.
-    let prefix = surge_exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|p| p.join("lib/surge/libsurge_preload.so"));
-    let installed = PathBuf::from("/usr/lib/surge/libsurge_preload.so");
-    let found = [Some(near), prefix, Some(installed)]
+    let prefix = dir.parent().map(|p| p.join("lib/surge").join(NAME));
+    let installed = Path::new("/usr/lib/surge").join(NAME);
+    let found = [built, prefix, Some(installed)]
         .into_iter()
         .flatten()
         .find(|p| p.exists());
     if found.is_none() {
         tracing::warn!(
-            "SURGE_CLIENT=preload: no libsurge_preload.so next to {}, in lib/surge beside it \
-             nor in /usr/lib/surge; the job runs without it",
+            "SURGE_CLIENT=preload: no {NAME} next to {} (or in its deps/), in lib/surge beside \
+             it nor in /usr/lib/surge; the job runs without it",
             surge_exe.display()
         );
     }

@@ -98,28 +98,20 @@ pub fn allowed(grant: Option<&Claims>, req: &Request) -> Result<(), ErrorReply> 
             req.name()
         )));
     };
-    match scope(req) {
-        None => {
-            if grant.rights != Rights::Admin {
-                return Err(denied(format!(
-                    "{} is for the manager and administrators",
-                    req.name()
-                )));
-            }
-        }
-        Some((instance, ns)) => {
-            if !grant.covers(instance, ns) {
-                return Err(denied(format!(
-                    "{} of instance {instance}{}: the capability is for instance {}{}",
-                    req.name(),
-                    ns.map(|n| format!(" namespace {n}")).unwrap_or_default(),
-                    grant.instance,
-                    grant
-                        .ns
-                        .map(|n| format!(" namespace {n}"))
-                        .unwrap_or_default(),
-                )));
-            }
+    // A request about the server as a whole covers no instance; who may send it is the
+    // sender check below.
+    if let Some((instance, ns)) = scope(req) {
+        if !grant.covers(instance, ns) {
+            return Err(denied(format!(
+                "{} of instance {instance}{}: the capability is for instance {}{}",
+                req.name(),
+                ns.map(|n| format!(" namespace {n}")).unwrap_or_default(),
+                grant.instance,
+                grant
+                    .ns
+                    .map(|n| format!(" namespace {n}"))
+                    .unwrap_or_default(),
+            )));
         }
     }
     if req.facts().sender == Sender::Admin && grant.rights != Rights::Admin {

@@ -14,6 +14,7 @@ pub mod acl;
 pub mod admission;
 pub mod cli;
 pub mod conn;
+pub mod lockorder;
 pub mod locks;
 pub mod mds;
 pub mod meta;

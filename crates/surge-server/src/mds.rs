@@ -7,10 +7,17 @@
 //! commit here writes the WAL to the page cache, no fsync), and metadata rates are bound by
 //! round-trip latency (Daley §5.1), so the shortest path wins.
 
+mod cache;
+mod drain;
+mod leases;
+
+use self::cache::Cache;
+use self::drain::{held_before, wall_ms, Drain, Hold, RECORD_HOLD_EVERY};
+use self::leases::{Dropped, Leases, MAX_RECALL_WAIT};
+use crate::lockorder::{Level, Ordered};
 use crate::meta::{self, Ops, RENAME_EXCHANGE, RENAME_WHITEOUT};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Condvar;
 use rusqlite::Connection;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use surge_core::{Ino, InstanceId, NamespaceId};
@@ -23,29 +30,24 @@ pub struct Namespace {
     pub instance: InstanceId,
     pub ns: NamespaceId,
     pub dir: PathBuf,
-    conn: Mutex<Option<Connection>>,
-    /// Directory leases (see [`Request::LeaseDir`]). Taken after `conn` when both are held.
-    leases: Mutex<Leases>,
+    // The locks, one per concern, are taken in the order of their levels (crate::lockorder):
+    // the store, the drainer, the leases, the cache's bookkeeping.
+    conn: Ordered<Option<Connection>>,
+    /// Directory leases (see [`Request::LeaseDir`]).
+    leases: Ordered<Leases>,
     /// Signalled when a lease is recalled, released or dropped.
     lease_change: Condvar,
     /// Room kept on the device for this store (see [`crate::reserve`]).
     reserve: crate::reserve::Reserve,
     /// A write-behind cache namespace: every change is journaled for the drain.
     journal: bool,
-    /// Lazy fills in progress (see [`surge_proto::FillStep::Claim`]): file -> (session, when
-    /// claimed or renewed). Taken after `conn`.
-    fills: Mutex<HashMap<Ino, (u32, Instant)>>,
-    /// Cache namespaces: which files the mounts have open, and when files were last used
-    /// (see [`Uses`]). Taken after `conn` and `fills`.
-    uses: Mutex<Uses>,
+    /// Cache namespaces: fill claims, open files and last uses (see [`Cache`]).
+    cache: Ordered<Cache>,
     /// Nothing is evicted before this: a store reopened (a restart of the server) learns
     /// the mounts' opens only from their next reports.
     evict_after: Instant,
-    /// Cache namespaces: the session that drains the journal (see [`Request::DrainHold`]).
-    drainer: Mutex<Option<Hold>>,
-    /// Cache namespaces: open connections that carried drain requests, per session (the hold
-    /// of a session that has none left ends: its drainer died).
-    drain_conns: Mutex<HashMap<u32, u32>>,
+    /// Cache namespaces: who drains the journal (see [`Drain`]).
+    drain: Ordered<Drain>,
     /// The namespace's lock service (fcntl, OFD and flock locks of every node).
     pub locks: crate::locks::LockTable,
     /// The extended attributes' share of the instance's space on this server.
@@ -122,95 +124,6 @@ impl Drop for XattrCharge {
     }
 }
 
-/// What a cache namespace's metadata server knows of the use of its files, in memory: the
-/// opens the mounts report (`CacheOpen`, files they create, `CacheUse` every second) and the
-/// order of last use, which eviction takes files in (least recently used first). A use is an
-/// open, a close or a copy into the tier; reads and writes between an open and its close are
-/// not seen here (the file is open then, and never evicted).
-#[derive(Default)]
-struct Uses {
-    /// File -> session -> when its open was last reported.
-    open: HashMap<Ino, HashMap<u32, Instant>>,
-    /// File -> tick of its last use (files not used since this service started have none).
-    last: HashMap<Ino, u64>,
-    tick: u64,
-}
-
-impl Uses {
-    fn used(&mut self, ino: Ino) {
-        self.tick += 1;
-        self.last.insert(ino, self.tick);
-    }
-
-    fn opened(&mut self, session: u32, ino: Ino, now: Instant) {
-        self.open.entry(ino).or_default().insert(session, now);
-        self.used(ino);
-    }
-
-    fn closed(&mut self, session: u32, ino: Ino) {
-        if let Some(s) = self.open.get_mut(&ino) {
-            s.remove(&session);
-            if s.is_empty() {
-                self.open.remove(&ino);
-            }
-        }
-        self.used(ino);
-    }
-
-    /// Whether a session has `ino` open (reported within `CACHE_OPEN_TTL`).
-    fn is_open(&mut self, ino: Ino, now: Instant) -> bool {
-        let Some(s) = self.open.get_mut(&ino) else {
-            return false;
-        };
-        s.retain(|_, at| now.duration_since(*at) < surge_proto::CACHE_OPEN_TTL);
-        if s.is_empty() {
-            self.open.remove(&ino);
-            return false;
-        }
-        true
-    }
-}
-
-/// A fill claim not renewed for this long is void (its holder died or hung): another session
-/// may fill the file.
-const FILL_CLAIM: Duration = Duration::from_secs(20);
-
-/// A session's leases last while it waits for recalls, or did so this recently.
-const LEASE_IDLE: Duration = Duration::from_secs(3);
-/// A holder that was asked to give a lease back and did not within this is not waited for.
-const RECALL_LIMIT: Duration = Duration::from_secs(10);
-/// Longest `WaitRecall`.
-const MAX_RECALL_WAIT: Duration = Duration::from_secs(5);
-
-#[derive(Default)]
-struct Leases {
-    /// Directory -> holding session.
-    held: HashMap<Ino, u32>,
-    /// Session -> directories it was asked to give back, and since when.
-    recalled: HashMap<u32, HashMap<Ino, Instant>>,
-    /// Session -> recall waits in progress.
-    waiting: HashMap<u32, usize>,
-    /// Session -> when its last recall wait ended (or its lease was granted).
-    seen: HashMap<u32, Instant>,
-}
-
-impl Leases {
-    fn alive(&self, session: u32, now: Instant) -> bool {
-        self.waiting.get(&session).is_some_and(|&n| n > 0)
-            || self
-                .seen
-                .get(&session)
-                .is_some_and(|&t| now.duration_since(t) < LEASE_IDLE)
-    }
-
-    /// Forgets every lease of `session`.
-    fn drop_session(&mut self, session: u32) {
-        self.held.retain(|_, s| *s != session);
-        self.recalled.remove(&session);
-        self.seen.remove(&session);
-    }
-}
-
 /// The directories whose entries `req` reads or changes ([`Request::dirs`]): a lease on any
 /// of them held by another session must be recalled first.
 fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
@@ -252,71 +165,6 @@ fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
     }
 }
 
-/// A cache namespace's drainer hold, in memory (the store keeps `session` and a wall-clock
-/// time, see [`Ops::set_drain_hold`]).
-#[derive(Clone, Copy, Debug)]
-struct Hold {
-    session: u32,
-    /// When the holder last renewed the hold.
-    at: Instant,
-    /// When the store's copy was last written (renewals write it only every
-    /// [`RECORD_HOLD_EVERY`]).
-    recorded: Instant,
-    /// Read from the store at start (held before a restart) and not renewed since: others
-    /// are told to ask again, not that it is busy.
-    inherited: bool,
-}
-
-impl Hold {
-    /// Held by another session than `session`, and not lapsed.
-    fn bars(&self, session: u32) -> bool {
-        self.session != session && self.at.elapsed() < surge_proto::DRAIN_HOLD
-    }
-}
-
-/// A renewal of the drainer hold by its holder writes the store only when the store's copy
-/// is this old: a restarted server then still finds it renewed at most this long plus one
-/// renewal period (3 s) before, and keeps it the whole `DRAIN_HOLD_AFTER_RESTART`
-/// (15 - 6 - 3 = 6 s of slack). The drainer renews every 3 s; this halves the writes.
-const RECORD_HOLD_EVERY: Duration = Duration::from_secs(5);
-
-/// Milliseconds since the epoch (what a recorded drainer hold is dated by: an `Instant` does
-/// not outlive the process).
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// The drainer hold a store recorded before this service started, while it has not lapsed
-/// (see `Namespace::drain_hold`).
-fn held_before(conn: &Connection, instance: InstanceId, ns: NamespaceId) -> Option<Hold> {
-    let (session, at_ms) = (Ops { tx: conn }).drain_hold().ok()??;
-    let age = Duration::from_millis(wall_ms().saturating_sub(at_ms));
-    if age >= surge_proto::DRAIN_HOLD {
-        return None;
-    }
-    // It lapses within DRAIN_HOLD_AFTER_RESTART unless renewed: dated as renewed that long
-    // before it lapses.
-    let left = (surge_proto::DRAIN_HOLD - age).min(surge_proto::DRAIN_HOLD_AFTER_RESTART);
-    let age = surge_proto::DRAIN_HOLD - left;
-    info!(
-        "namespace {instance}/{}: drainer session {session:#x} held the journal before this \
-         start: the hold stands for {:.1} s more unless that drainer renews it",
-        ns.0,
-        left.as_secs_f64()
-    );
-    let now = Instant::now();
-    Some(Hold {
-        session,
-        // A clock too young to go back `age` (a host just booted): dated as renewed now, the
-        // whole DRAIN_HOLD, rather than forgotten.
-        at: now.checked_sub(age).unwrap_or(now),
-        recorded: now,
-        inherited: true,
-    })
-}
-
 impl Namespace {
     /// Opens the store in `dir` (created if missing).
     pub fn start(
@@ -342,21 +190,19 @@ impl Namespace {
             instance,
             ns,
             dir: dir.to_path_buf(),
-            conn: Mutex::new(Some(conn)),
-            leases: Mutex::new(Leases::default()),
+            conn: Ordered::new(Level::Store, Some(conn)),
+            leases: Ordered::new(Level::Leases, Leases::default()),
             lease_change: Condvar::new(),
             reserve: crate::reserve::Reserve::open(dir),
             journal,
-            fills: Mutex::new(HashMap::new()),
-            uses: Mutex::new(Uses::default()),
+            cache: Ordered::new(Level::Cache, Cache::default()),
             evict_after: Instant::now()
                 + if reopened {
                     surge_proto::CACHE_OPEN_TTL
                 } else {
                     Duration::ZERO
                 },
-            drainer: Mutex::new(drainer),
-            drain_conns: Mutex::new(HashMap::new()),
+            drain: Ordered::new(Level::Drain, Drain::new(drainer)),
             locks: crate::locks::LockTable::default(),
             xattrs: XattrCharge::new(budget, xattr_total),
         })
@@ -475,33 +321,32 @@ impl Namespace {
         use surge_proto::FillStep;
         let now = Instant::now();
         if matches!(step, FillStep::Claim | FillStep::Done) {
-            let fills = self.fills.lock();
-            if let Some(&(holder, at)) = fills.get(&ino) {
-                if holder != session && now.duration_since(at) < FILL_CLAIM {
-                    return Response::Error(ErrorReply::new(
-                        ErrorCode::Busy,
-                        format!(
-                            "inode {ino} is being copied from the PFS into the fast tier by \
-                             another mount (session {holder:#x})"
-                        ),
-                    ));
-                }
+            if let Some(holder) = self.cache.lock().claimed_by_other(ino, session, now) {
+                return Response::Error(ErrorReply::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "inode {ino} is being copied from the PFS into the fast tier by \
+                         another mount (session {holder:#x})"
+                    ),
+                ));
             }
         }
         let reply = self.execute(conn, req);
         match (&reply, step) {
             // Copied into the tier: a use (it goes to the back of the eviction order).
-            (Response::Fill { through: 0 }, FillStep::Done) => self.uses.lock().used(ino),
+            (Response::Fill { through: 0 }, FillStep::Done) => self.cache.lock().uses.used(ino),
             // The fill before the job made it (a create, which counts as an open) and is
             // done with it.
             (Response::Fill { .. }, FillStep::Mark { .. }) => {
-                let mut uses = self.uses.lock();
+                let mut cache = self.cache.lock();
+                let uses = &mut cache.uses;
                 uses.closed(session, ino);
                 uses.last.remove(&ino);
             }
             _ => {}
         }
-        let mut fills = self.fills.lock();
+        let mut cache = self.cache.lock();
+        let fills = &mut cache.fills;
         match (&reply, step) {
             (Response::Fill { through }, FillStep::Claim)
                 if *through == surge_proto::THROUGH_FILL =>
@@ -515,7 +360,7 @@ impl Namespace {
                 }
             }
         }
-        fills.retain(|_, (_, at)| now.duration_since(*at) < FILL_CLAIM);
+        cache.forget_lapsed_claims(now);
         reply
     }
 
@@ -526,7 +371,7 @@ impl Namespace {
             Ok(a) => Response::Attr(a),
             Err(e) => return Response::Error(e),
         };
-        self.uses.lock().opened(session, ino, Instant::now());
+        self.cache.lock().uses.opened(session, ino, Instant::now());
         reply
     }
 
@@ -540,9 +385,10 @@ impl Namespace {
                     ..
                 },
                 Response::Created { attr, .. },
-            ) => self.uses.lock().opened(session, attr.ino, now),
+            ) => self.cache.lock().uses.opened(session, attr.ino, now),
             (Change::Batch(ops), Response::BatchDone(done)) => {
-                let mut uses = self.uses.lock();
+                let mut cache = self.cache.lock();
+                let uses = &mut cache.uses;
                 for (op, r) in ops.iter().zip(done) {
                     if let (BatchOp::CreateFile { ino, .. }, Ok(_)) = (op, r) {
                         uses.opened(session, *ino, now);
@@ -556,7 +402,8 @@ impl Namespace {
     /// The files a mount has open.
     fn open_files(&self) -> Vec<Ino> {
         let now = Instant::now();
-        let mut uses = self.uses.lock();
+        let mut cache = self.cache.lock();
+        let uses = &mut cache.uses;
         let all: Vec<Ino> = uses.open.keys().copied().collect();
         all.into_iter()
             .filter(|ino| uses.is_open(*ino, now))
@@ -566,7 +413,8 @@ impl Namespace {
     /// The files whose data `entries` copy that a mount has open.
     fn open_among(&self, entries: &[surge_proto::DrainEntry]) -> Vec<Ino> {
         let now = Instant::now();
-        let mut uses = self.uses.lock();
+        let mut cache = self.cache.lock();
+        let uses = &mut cache.uses;
         let mut open: Vec<Ino> = entries
             .iter()
             .filter_map(|e| match e.op {
@@ -595,7 +443,8 @@ impl Namespace {
             Ok(d) => d,
             Err(e) => return Response::Error(e),
         };
-        let mut uses = self.uses.lock();
+        let mut cache = self.cache.lock();
+        let uses = &mut cache.uses;
         for &ino in closed {
             uses.closed(session, ino);
         }
@@ -629,7 +478,7 @@ impl Namespace {
         if !takes {
             return None;
         }
-        match *self.drainer.lock() {
+        match self.drain.lock().hold {
             Some(hold) if hold.bars(session) => Some(self.drain_busy(&hold)),
             _ => None,
         }
@@ -667,7 +516,8 @@ impl Namespace {
     /// drainer that started while the holder's connections were down (the server restarting)
     /// does not drain beside it; the holder, reconnected with its session, renews it.
     fn drain_hold(&self, conn: &mut Connection, session: u32, release: bool) -> Response {
-        let mut d = self.drainer.lock();
+        let mut drain = self.drain.lock();
+        let d = &mut drain.hold;
         if let Some(hold) = d.as_ref().filter(|h| h.bars(session)) {
             if release {
                 return Response::Ok;
@@ -707,34 +557,20 @@ impl Namespace {
 
     /// A connection of `session` carries drain requests (once per connection).
     pub fn drain_connection_opened(&self, session: u32) {
-        *self.drain_conns.lock().entry(session).or_default() += 1;
+        self.drain.lock().connection_opened(session);
     }
 
     /// A connection of `session` that carried drain requests closed: with its last one, the
     /// session's drainer is gone, and so is its hold.
     pub fn drain_connection_closed(&self, session: u32) {
-        let mut conns = self.drain_conns.lock();
-        let Some(n) = conns.get_mut(&session) else {
-            return;
-        };
-        *n = n.saturating_sub(1);
-        if *n > 0 {
+        if !self.drain.lock().connection_closed(session) {
             return;
         }
-        conns.remove(&session);
-        let mut d = self.drainer.lock();
-        if d.is_some_and(|h| h.session == session) {
-            info!(
-                "namespace {}/{}: drainer session {session:#x} closed; its hold of the journal \
-                 is given back",
-                self.instance, self.ns.0
-            );
-            *d = None;
-        } else {
-            return;
-        }
-        drop(d);
-        drop(conns);
+        info!(
+            "namespace {}/{}: drainer session {session:#x} closed; its hold of the journal is \
+             given back",
+            self.instance, self.ns.0
+        );
         // Nor does a restart keep it (unless another session took the hold meanwhile).
         if let Some(c) = self.conn.lock().as_mut() {
             let ops = Ops { tx: c };
@@ -767,17 +603,12 @@ impl Namespace {
         let result = (|| -> rusqlite::Result<Result<Vec<surge_proto::Attr>, ErrorReply>> {
             let tx = conn.transaction()?;
             let ops = Ops { tx: &tx };
-            let mut clean = match ops.clean_files(except) {
+            let clean = match ops.clean_files(except) {
                 Ok(c) => c,
                 Err(e) => return Ok(Err(e)),
             };
-            let mut fills = self.fills.lock();
-            let mut uses = self.uses.lock();
-            fills.retain(|_, (_, at)| now.duration_since(*at) < FILL_CLAIM);
-            clean.retain(|(ino, _)| !fills.contains_key(ino) && !uses.is_open(*ino, now));
-            // Least recently used first; files unused since this service started before
-            // all others, older inodes first.
-            clean.sort_by_key(|(ino, _)| (uses.last.get(ino).copied().unwrap_or(0), *ino));
+            let mut cache = self.cache.lock();
+            let clean = cache.evictable(clean, now);
             let mut out = Vec::new();
             let mut freed = 0u64;
             for (ino, size) in clean {
@@ -792,8 +623,7 @@ impl Namespace {
             }
             tx.commit()?;
             for a in &out {
-                fills.insert(a.ino, (session, now));
-                uses.last.remove(&a.ino);
+                cache.evicted(a.ino, session, now);
             }
             Ok(Ok(out))
         })();
@@ -831,14 +661,7 @@ impl Namespace {
         }
         let ok = matches!(Ops { tx: conn }.getattr(dir),
             Ok(a) if a.kind == FileKind::Dir && a.change == change);
-        let mut l = self.leases.lock();
-        if !ok || l.held.get(&dir).is_some_and(|&h| h != session) {
-            return false;
-        }
-        l.held.insert(dir, session);
-        // The session is about to wait for recalls; until then this counts as seeing it.
-        l.seen.insert(session, Instant::now());
-        true
+        ok && self.leases.lock().grant(dir, session, Instant::now())
     }
 
     /// Asks the holders of `blocked` leases to give them back and waits a little for it;
@@ -846,41 +669,27 @@ impl Namespace {
     /// dropped.
     fn recall_and_wait(&self, blocked: &[(Ino, u32)]) {
         let mut l = self.leases.lock();
-        let now = Instant::now();
-        for &(dir, holder) in blocked {
-            if l.held.get(&dir) != Some(&holder) {
-                continue;
-            }
-            if !l.alive(holder, now) {
-                warn!(
+        for d in l.recall(blocked, Instant::now()) {
+            match d {
+                Dropped::Gone { holder } => warn!(
                     "namespace {}/{}: session {holder:#x} stopped waiting for recalls; its \
                      leases are dropped",
                     self.instance, self.ns.0
-                );
-                l.drop_session(holder);
-                continue;
-            }
-            let since = *l
-                .recalled
-                .entry(holder)
-                .or_default()
-                .entry(dir)
-                .or_insert(now);
-            if now.duration_since(since) > RECALL_LIMIT {
-                warn!(
+                ),
+                Dropped::Unanswered { holder, dir } => warn!(
                     "namespace {}/{}: session {holder:#x} did not give directory {dir} back \
-                     within {RECALL_LIMIT:?}; the lease is dropped",
-                    self.instance, self.ns.0
-                );
-                l.held.remove(&dir);
-                if let Some(r) = l.recalled.get_mut(&holder) {
-                    r.remove(&dir);
-                }
+                     within {:?}; the lease is dropped",
+                    self.instance,
+                    self.ns.0,
+                    leases::RECALL_LIMIT
+                ),
             }
         }
         self.lease_change.notify_all();
-        self.lease_change
-            .wait_for(&mut l, Duration::from_millis(100));
+        l.wait_until(
+            &self.lease_change,
+            Instant::now() + Duration::from_millis(100),
+        );
     }
 
     /// Waits up to `wait_ms` for recalls of `session`'s leases; returns the directories.
@@ -891,61 +700,36 @@ impl Namespace {
         let deadline =
             Instant::now() + Duration::from_millis(u64::from(wait_ms)).min(MAX_RECALL_WAIT);
         let mut l = self.leases.lock();
-        *l.waiting.entry(session).or_default() += 1;
+        l.wait_begins(session);
         let out = loop {
-            let pending: Vec<Ino> = l
-                .recalled
-                .get(&session)
-                .map(|r| {
-                    r.keys()
-                        .copied()
-                        .filter(|d| l.held.get(d) == Some(&session))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let pending = l.pending(session);
             if !pending.is_empty() {
                 break pending;
             }
-            if self.lease_change.wait_until(&mut l, deadline).timed_out() {
+            if l.wait_until(&self.lease_change, deadline) {
                 break Vec::new();
             }
         };
-        if let Some(n) = l.waiting.get_mut(&session) {
-            *n = n.saturating_sub(1);
-        }
-        l.seen.insert(session, Instant::now());
+        l.wait_ends(session, Instant::now());
         out
     }
 
     /// Takes leases of `session` back.
     pub fn release_leases(&self, session: u32, dirs: &[Ino]) {
-        let mut l = self.leases.lock();
-        for d in dirs {
-            if l.held.get(d) == Some(&session) {
-                l.held.remove(d);
-            }
-            if let Some(r) = l.recalled.get_mut(&session) {
-                r.remove(d);
-            }
-        }
+        self.leases.lock().release(session, dirs);
         self.lease_change.notify_all();
     }
 
     /// The connection `session` waited for recalls on closed (its mount went): its leases go
     /// unless it waits on another connection.
     pub fn recall_connection_closed(&self, session: u32) {
-        let mut l = self.leases.lock();
-        if l.waiting.get(&session).is_some_and(|&n| n > 0) {
-            return;
-        }
-        if l.held.values().any(|&s| s == session) {
+        let dropped = self.leases.lock().connection_closed(session);
+        if dropped == Some(true) {
             info!(
                 "namespace {}/{}: session {session:#x} closed; its directory leases are dropped",
                 self.instance, self.ns.0
             );
         }
-        l.drop_session(session);
-        l.waiting.remove(&session);
         self.lease_change.notify_all();
     }
 
@@ -962,7 +746,7 @@ impl Namespace {
         // acknowledged must not be lost for want of a few pages).
         if store_full(&result) && self.reserve.release() {
             result = run(conn, req, self.journal, &open, space);
-        } else if !is_read_only(req) {
+        } else if !req.facts().read_only {
             self.reserve.retake_if_room();
         }
         match result {
@@ -1013,10 +797,6 @@ fn store_full(r: &rusqlite::Result<Response>) -> bool {
         }
         Ok(_) => false,
     }
-}
-
-fn is_read_only(req: &Request) -> bool {
-    req.facts().read_only
 }
 
 /// A change of a cache namespace as the drain replays it, with the paths it had before the
@@ -1431,7 +1211,7 @@ fn run(
     open: &[Ino],
     space: (InstanceId, &XattrCharge),
 ) -> rusqlite::Result<Response> {
-    if is_read_only(req) {
+    if req.facts().read_only {
         return Ok(execute_journaled(&Ops { tx: conn }, req, journal, open)
             .unwrap_or_else(Response::Error));
     }
@@ -1569,7 +1349,7 @@ mod tests {
             Some(first),
             "a renewal rewrote the store at once"
         );
-        if let Some(h) = ns.drainer.lock().as_mut() {
+        if let Some(h) = ns.drain.lock().hold.as_mut() {
             h.recorded -= RECORD_HOLD_EVERY;
         }
         assert!(matches!(hold(&ns, 3, false), Response::Ok));
@@ -1631,7 +1411,7 @@ mod tests {
         ns.leases
             .lock()
             .seen
-            .insert(7, Instant::now() - LEASE_IDLE * 2);
+            .insert(7, Instant::now() - leases::LEASE_IDLE * 2);
         let start = Instant::now();
         assert!(matches!(
             create(&ns, 9, d.ino, "b", NewNode::File),

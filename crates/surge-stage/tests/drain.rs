@@ -11,6 +11,7 @@ mod common;
 use common::*;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 use surge_proto::{KeepOpen, NewNode, TimeSet};
 use surge_stage::drain::{drain_pass, DrainStats};
 use surge_stage::{execute, plan, Direction, ItemKind, Progress, StageItem, StageOptions};
@@ -704,24 +705,23 @@ async fn through(c: &Cluster, ino: u64) -> u64 {
 
 /// Waits (at most 30 s) until `ino`, read from the PFS, is copied into the fast tier.
 async fn wait_on_tier(c: &Cluster, ino: u64) {
-    for _ in 0..600 {
-        if through(c, ino).await == 0 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("inode {ino} was not copied into the fast tier");
+    let what = format!("inode {ino} copied into the fast tier");
+    surge_testkit::wait_for_async(&what, Duration::from_secs(30), || async {
+        (through(c, ino).await == 0).then_some(())
+    })
+    .await
 }
 
 /// Waits (at most 30 s) until the journal is empty.
 async fn wait_drained(c: &Cluster) {
-    for _ in 0..600 {
-        if c.client.drain_progress().await.expect("progress").pending == 0 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("the drain did not empty the journal");
+    surge_testkit::wait_for_async(
+        "the drain to empty the journal",
+        Duration::from_secs(30),
+        || async {
+            (c.client.drain_progress().await.expect("progress").pending == 0).then_some(())
+        },
+    )
+    .await
 }
 
 /// A full fast tier evicts clean files (copied in from the PFS, unchanged), least recently
@@ -847,12 +847,17 @@ fn a_drained_file_is_evicted_and_its_fill_name_goes_with_its_last_name() {
         assert_eq!(read_all(&fs, b"w1").await, body1);
         // Its first read started a copy into the tier, which has no room for it (w2 took
         // it): the copy gives up, the file stays on the PFS and still reads back whole.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert_eq!(
-            through(&c, w1).await,
-            THROUGH_FILL,
-            "copied into a full tier"
-        );
+        surge_testkit::holds_for_async(
+            "w1 stays on the PFS",
+            Duration::from_millis(500),
+            || async {
+                let t = through(&c, w1).await;
+                surge_testkit::check(t == THROUGH_FILL, || {
+                    format!("copied into a full tier ({t})")
+                })
+            },
+        )
+        .await;
         assert_eq!(read_all(&fs, b"w1").await, body1);
 
         fs.unlink(1, b"w1").await.expect("unlink");
@@ -891,11 +896,12 @@ fn writers_wait_at_the_dirty_high_water_mark_until_the_drain_catches_up() {
             let (fs, last) = (fs.clone(), last.clone());
             tokio::spawn(async move { write_file(&fs, b"f4", &last).await })
         };
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        assert!(
-            !writer.is_finished(),
-            "a write past the dirty high-water mark did not wait for the drain"
-        );
+        surge_testkit::holds_for_async(
+            "a write past the dirty high-water mark waits for the drain",
+            Duration::from_millis(1500),
+            || async { surge_testkit::check(!writer.is_finished(), || "it returned".into()) },
+        )
+        .await;
         let (stop, drain) = start_drain(&c, &pfs);
         let f4 = tokio::time::timeout(Duration::from_secs(30), writer)
             .await

@@ -294,6 +294,96 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
+/// The async twin of [`wait_for`] (tokio tests): awaits `f` every 20 ms until it returns
+/// something; panics after `timeout`.
+pub async fn wait_for_async<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A thing that must not happen: checks `ok` every 20 ms for the whole of `period` and panics
+/// at the first check that fails, with `what` and the check's own reason. (A test that slept
+/// and then looked once would miss a violation that came and went, and would say nothing
+/// about when.)
+pub fn holds_for(what: &str, period: Duration, mut ok: impl FnMut() -> Result<(), String>) {
+    let start = Instant::now();
+    loop {
+        if let Err(why) = ok() {
+            panic!("{what}: broken after {:?}: {why}", start.elapsed());
+        }
+        if start.elapsed() >= period {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The async twin of [`holds_for`].
+pub async fn holds_for_async<F, Fut>(what: &str, period: Duration, mut ok: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Err(why) = ok().await {
+            panic!("{what}: broken after {:?}: {why}", start.elapsed());
+        }
+        if start.elapsed() >= period {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `Ok` when `cond`, else `Err` of the reason `why` gives (for [`holds_for`]).
+pub fn check(cond: bool, why: impl FnOnce() -> String) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(why())
+    }
+}
+
+/// Whether bytes a client sent wait unread at an accepted connection of the local listener on
+/// `port` (a stopped process's listener: the kernel completes the handshake and queues the
+/// request). Read from /proc/net/tcp and tcp6.
+pub fn request_queued_at(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|line| {
+                // sl local_address rem_address st tx_queue:rx_queue ...
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let local_port = f
+                    .get(1)
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| u16::from_str_radix(p, 16).ok());
+                let established = f.get(3) == Some(&"01");
+                let unread = f
+                    .get(4)
+                    .and_then(|q| q.split(':').nth(1))
+                    .and_then(|rx| u64::from_str_radix(rx, 16).ok())
+                    .unwrap_or(0);
+                local_port == Some(port) && established && unread > 0
+            })
+    })
+}
+
 /// Deterministic pseudo-random numbers (xorshift) so a failing run can be replayed by seed.
 pub struct Rng(pub u64);
 

@@ -9,8 +9,8 @@ pub mod wire;
 
 pub use surge_testkit::procs::{Mount, Server};
 pub use surge_testkit::{
-    fuse_unavailable, seed, skip_without, skip_without_fuse, skip_without_root, system_user,
-    wait_for, ChildGuard, Rng, Scratch,
+    check, fuse_unavailable, holds_for, request_queued_at, seed, skip_without, skip_without_fuse,
+    skip_without_root, system_user, wait_for, ChildGuard, Rng, Scratch,
 };
 
 pub const SURGE: &str = env!("CARGO_BIN_EXE_surge");

@@ -41,7 +41,10 @@ int main(int argc, char **argv) {
     CHECK(pread(fd, rd, 100, 15000) == 100);
     for (int i = 0; i < 100; i++) CHECK(rd[i] == 0);
 
-    /* After fsync a stat by name sees the size. */
+    /* A stat by name sees the size before any fsync, and after it. */
+    CHECK(stat(p, &st) == 0 && st.st_size == 21000);
+    CHECK(lstat(p, &st) == 0 && st.st_size == 21000);
+    CHECK(fstatat(AT_FDCWD, p, &st, 0) == 0 && st.st_size == 21000);
     CHECK(fsync(fd) == 0);
     CHECK(stat(p, &st) == 0 && st.st_size == 21000);
 
