@@ -1586,6 +1586,270 @@ fn fstat_of_an_open_inode_renamed_over_shows_no_links() {
     std::fs::remove_dir(m.path("d2")).unwrap();
 }
 
+/// `open(dir, O_TMPFILE)`.
+fn open_tmpfile(dir: &Path, flags: i32, mode: u32) -> Result<File, i32> {
+    use std::os::fd::FromRawFd;
+    let fd = unsafe { libc::open(cstr(dir).as_ptr(), libc::O_TMPFILE | flags, mode) };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: a descriptor just opened, owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `linkat(fd, "", AT_FDCWD, to, AT_EMPTY_PATH)`: names the open file.
+fn link_descriptor(f: &File, to: &Path) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    let rc = unsafe {
+        libc::linkat(
+            f.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            cstr(to).as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+/// `O_TMPFILE` makes an unnamed regular file (no links) that can be written, read and
+/// `fstat`ed, then named by `linkat` (`AT_EMPTY_PATH`, or `/proc/self/fd/N`), unless opened
+/// with `O_EXCL`; closed without a name, it is removed with its data (xfstests generic/004).
+#[test]
+fn o_tmpfile_makes_an_unnamed_file_that_linkat_can_name() {
+    let Some((_c, m)) = setup("o_tmpfile_makes_an_unnamed_file_that_linkat_can_name") else {
+        return;
+    };
+    let mut f = open_tmpfile(&m.dir, libc::O_RDWR, 0o640).expect("O_TMPFILE|O_RDWR");
+    f.write_all(b"unnamed").unwrap();
+    let st = f.metadata().unwrap();
+    assert!(st.is_file());
+    assert_eq!(st.nlink(), 0, "an O_TMPFILE file has no name");
+    assert_eq!(st.len(), 7);
+    assert_eq!(st.mode() & 0o7777, 0o640 & !umask());
+    let mut back = String::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "unnamed");
+    assert_eq!(
+        std::fs::read_dir(&m.dir).unwrap().count(),
+        0,
+        "nothing listed"
+    );
+
+    link_descriptor(&f, &m.path("named")).expect("linkat AT_EMPTY_PATH");
+    assert_eq!(f.metadata().unwrap().nlink(), 1, "named once");
+    assert_eq!(
+        link_descriptor(&f, &m.path("named")),
+        Err(libc::EEXIST),
+        "a name taken"
+    );
+    drop(f);
+    assert_eq!(std::fs::read(m.path("named")).unwrap(), b"unnamed");
+    assert_eq!(std::fs::metadata(m.path("named")).unwrap().nlink(), 1);
+
+    // The way without CAP_DAC_READ_SEARCH: linkat of /proc/self/fd/N, following it.
+    let mut g = open_tmpfile(&m.dir, libc::O_WRONLY, 0o600).expect("O_TMPFILE|O_WRONLY");
+    g.write_all(b"second").unwrap();
+    let proc_fd = cstr(Path::new(&format!("/proc/self/fd/{}", {
+        use std::os::fd::AsRawFd;
+        g.as_raw_fd()
+    })));
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_fd.as_ptr(),
+            libc::AT_FDCWD,
+            cstr(&m.path("second")).as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    assert_eq!(rc, 0, "linkat /proc/self/fd: errno {}", last_errno());
+    drop(g);
+    assert_eq!(std::fs::read(m.path("second")).unwrap(), b"second");
+
+    // O_EXCL: the file can never be named.
+    let x = open_tmpfile(&m.dir, libc::O_RDWR | libc::O_EXCL, 0o600).expect("O_TMPFILE|O_EXCL");
+    assert_eq!(link_descriptor(&x, &m.path("excl")), Err(libc::ENOENT));
+    drop(x);
+
+    // O_TMPFILE needs a directory, and a descriptor that can write.
+    assert_eq!(
+        open_tmpfile(&m.path("named"), libc::O_RDWR, 0o600).err(),
+        Some(libc::ENOTDIR)
+    );
+    assert_eq!(
+        open_tmpfile(&m.dir, libc::O_RDONLY, 0o600).err(),
+        Some(libc::EINVAL)
+    );
+
+    // Closed without a name: its data goes, nothing is left taken.
+    let before = used_bytes(&m.dir);
+    let t = open_tmpfile(&m.dir, libc::O_RDWR, 0o600).expect("O_TMPFILE");
+    t.write_all_at(&vec![7u8; 4 << 20], 0).unwrap();
+    t.sync_all().unwrap();
+    assert!(
+        used_bytes(&m.dir) >= before + (4 << 20),
+        "the unnamed file's 4 MiB are counted while it lives"
+    );
+    drop(t);
+    // The kernel sends the release after close(2) returns.
+    let start = std::time::Instant::now();
+    while used_bytes(&m.dir) > before && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        used_bytes(&m.dir),
+        before,
+        "the unnamed file's data is freed"
+    );
+    let names: Vec<_> = std::fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
+
+/// `O_TMPFILE` by instance kind: named by `linkat` in a private namespace and in the default
+/// kind (files of one stripe on this host, passed through); refused in a cache instance,
+/// whose drain replays names on the PFS (EOPNOTSUPP, as a file system without it).
+#[test]
+fn o_tmpfile_by_instance_kind() {
+    if skip_without_fuse("o_tmpfile_by_instance_kind") {
+        return;
+    }
+    for kind in ["default", "private", "cache"] {
+        let c = cluster(2, "1GiB");
+        let pfs = Scratch::new("tmpfile-pfs");
+        let pfs_dir = pfs.path().display().to_string();
+        let extra: Vec<&str> = match kind {
+            "default" => vec![],
+            "private" => vec!["--access-mode", "private", "--nodes", "2"],
+            _ => vec!["--cache-pfs", &pfs_dir],
+        };
+        let id = c.create_instance("1GiB", "1MiB", &extra);
+        let m = Mount::new(&c, id, 0);
+        let f = open_tmpfile(&m.dir, libc::O_RDWR, 0o600);
+        if kind == "cache" {
+            assert_eq!(f.err(), Some(libc::EOPNOTSUPP), "{kind}");
+            continue;
+        }
+        let mut f = f.unwrap_or_else(|e| panic!("{kind}: O_TMPFILE: errno {e}"));
+        f.write_all(b"kept").unwrap();
+        assert_eq!(f.metadata().unwrap().nlink(), 0, "{kind}");
+        link_descriptor(&f, &m.path("kept")).unwrap_or_else(|e| panic!("{kind}: linkat {e}"));
+        drop(f);
+        assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"kept", "{kind}");
+    }
+}
+
+/// `renameat2(from, to, flags)`: 0 or the errno.
+fn rename_flags(from: &Path, to: &Path, flags: u32) -> i32 {
+    let (a, b) = (cstr(from), cstr(to));
+    // SAFETY: valid NUL-terminated paths; renameat2 is a plain syscall.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        0
+    } else {
+        last_errno()
+    }
+}
+
+/// `renameat2(RENAME_WHITEOUT)` renames and leaves at the old name a whiteout, a character
+/// device 0/0 (what overlayfs makes in its upper layer), in one metadata transaction
+/// (xfstests generic/078).
+#[test]
+fn rename_whiteout_leaves_a_character_device_at_the_old_name() {
+    use std::os::unix::fs::FileTypeExt;
+    let Some((_c, m)) = setup("rename_whiteout_leaves_a_character_device_at_the_old_name") else {
+        return;
+    };
+    std::fs::write(m.path("a"), b"A").unwrap();
+    std::fs::create_dir_all(m.path("d/sub")).unwrap();
+    std::fs::create_dir(m.path("e")).unwrap();
+    let ino_a = std::fs::metadata(m.path("a")).unwrap().ino();
+    assert_eq!(
+        rename_flags(&m.path("a"), &m.path("e/b"), libc::RENAME_WHITEOUT),
+        0
+    );
+    let b = std::fs::metadata(m.path("e/b")).unwrap();
+    assert_eq!(b.ino(), ino_a, "the file moved");
+    assert_eq!(std::fs::read(m.path("e/b")).unwrap(), b"A");
+    let w = std::fs::symlink_metadata(m.path("a")).unwrap();
+    assert!(w.file_type().is_char_device(), "{:?}", w.file_type());
+    assert_eq!((w.rdev(), w.mode() & 0o7777, w.nlink()), (0, 0, 1));
+
+    // A directory moved out: its old parent keeps the whiteout, not the link of its "..".
+    assert_eq!(
+        rename_flags(&m.path("d/sub"), &m.path("e/sub"), libc::RENAME_WHITEOUT),
+        0
+    );
+    assert!(std::fs::metadata(m.path("e/sub")).unwrap().is_dir());
+    assert!(std::fs::symlink_metadata(m.path("d/sub"))
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    assert_eq!(std::fs::metadata(m.path("d")).unwrap().nlink(), 2);
+    assert_eq!(std::fs::metadata(m.path("e")).unwrap().nlink(), 3);
+
+    // With RENAME_NOREPLACE, over an existing name: nothing changes.
+    std::fs::write(m.path("x"), b"x").unwrap();
+    let flags = libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE;
+    assert_eq!(
+        rename_flags(&m.path("x"), &m.path("e/b"), flags),
+        libc::EEXIST
+    );
+    assert_eq!(std::fs::read(m.path("x")).unwrap(), b"x");
+    // With RENAME_EXCHANGE: refused, as by every file system.
+    assert_eq!(
+        rename_flags(
+            &m.path("x"),
+            &m.path("e/b"),
+            libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE
+        ),
+        libc::EINVAL
+    );
+    // Over an existing file, and the name it left listed once, as a character device.
+    assert_eq!(
+        rename_flags(&m.path("x"), &m.path("e/b"), libc::RENAME_WHITEOUT),
+        0
+    );
+    assert_eq!(std::fs::read(m.path("e/b")).unwrap(), b"x");
+    let mut names: Vec<(String, bool)> = std::fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let dev = e.file_type().unwrap().is_char_device();
+            (e.file_name().into_string().unwrap(), dev)
+        })
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            ("a".to_string(), true),
+            ("d".to_string(), false),
+            ("e".to_string(), false),
+            ("x".to_string(), true)
+        ]
+    );
+    // A whiteout is a name like any other: removed by unlink.
+    std::fs::remove_file(m.path("a")).unwrap();
+    assert!(std::fs::symlink_metadata(m.path("a")).is_err());
+}
+
 /// `rsync -aHAX` (hard links, ACLs, extended attributes, modes, times, symlinks) copies a tree
 /// into the instance on one node and out of it on another, and both copies are what the same
 /// rsync makes on the local disk: ACLs and attributes equal, and a checksum comparison finds

@@ -29,6 +29,18 @@ const SUBSET: &[(&str, &str)] = &[
         "fstat of an open directory or file renamed over",
     ),
     (
+        "generic/004",
+        "O_TMPFILE: unnamed files written, named by linkat, O_EXCL ones never",
+    ),
+    (
+        "generic/389",
+        "O_TMPFILE takes the umask, or a directory's default ACL",
+    ),
+    (
+        "generic/078",
+        "RENAME_WHITEOUT over every kind of name, in one directory and across two",
+    ),
+    (
         "generic/215",
         "c/mtime move after a write through a shared memory map",
     ),

@@ -1260,6 +1260,38 @@ impl Filesystem for FuseAdapter {
         self.fs.interrupt(unique.0);
     }
 
+    /// `O_TMPFILE`: an unnamed file, open (see `Fs::tmpfile`).
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        let (uid, gid) = (req.uid(), req.gid());
+        let perm = new_perm(mode, umask);
+        self.metadata(async move {
+            match fs.tmpfile(parent.0, perm, uid, gid).await {
+                Ok((a, fh)) => reply.created(
+                    &ttl.entry,
+                    &file_attr(&a),
+                    Generation(0),
+                    FileHandle(fh),
+                    // As `create`'s.
+                    if flags & libc::O_APPEND != 0 && fs.appends_at_server() {
+                        append_flags()
+                    } else {
+                        FopenFlags::empty()
+                    },
+                ),
+                Err(e) => reply.error(Errno::from_i32(fs.failed("tmpfile", &e))),
+            }
+        });
+    }
+
     fn create(
         &self,
         req: &Request,

@@ -471,6 +471,12 @@ impl InstanceClient {
             .0)
     }
 
+    metadata_call!(
+        /// Makes an unnamed regular file (`O_TMPFILE`) as a create in `dir` would.
+        tmpfile(this, dir: Ino, perm: u16, umask: u16, uid: u32, gid: u32, layout: FileLayout) -> Attr,
+        Request::Tmpfile { instance: this.instance(), ns: this.ns, dir, perm, umask, uid, gid, layout },
+        Response::Attr(a) => { this.note_layout(&a); a });
+
     metadata_call!(link(this, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Attr,
         Request::Link { instance: this.instance(), ns: this.ns, ino, new_parent, new_name: new_name.to_vec() },
         Response::Attr(a) => a);

@@ -858,6 +858,26 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create and open an unnamed regular file in directory `parent` (`open(2)` with
+    /// `O_TMPFILE`): reply as to [`create`](Self::create), with a link count of 0; the kernel
+    /// may give it a name later with [`link`](Self::link). Answering `ENOSYS` makes the
+    /// kernel answer `EOPNOTSUPP` to every later `O_TMPFILE` without asking again.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, umask: {umask:#x?}, \
+            flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Test for a POSIX file lock.
     fn getlk(
         &self,

@@ -231,6 +231,7 @@ kinds!(
     SeekObject,
     Lock,
     Append,
+    Tmpfile,
 );
 
 impl RequestKind {
@@ -313,6 +314,7 @@ impl RequestKind {
             K::DrainHold => f("DrainHold", M, H, false),
             K::Lock => f("Lock", M, H, false),
             K::Append => f("Append", M, H, false),
+            K::Tmpfile => f("Tmpfile", M, H, false),
         }
     }
 }
@@ -394,7 +396,8 @@ impl Request {
             | R::SetLayout { instance, ns, .. }
             | R::DrainHold { instance, ns, .. }
             | R::Lock { instance, ns, .. }
-            | R::Append { instance, ns, .. } => Scope::Namespace(*instance, *ns),
+            | R::Append { instance, ns, .. }
+            | R::Tmpfile { instance, ns, .. } => Scope::Namespace(*instance, *ns),
         }
     }
 
@@ -402,7 +405,7 @@ impl Request {
     pub fn owners(&self) -> Owners<'_> {
         use Request as R;
         match self {
-            R::Create { uid, gid, .. } => Owners::New {
+            R::Create { uid, gid, .. } | R::Tmpfile { uid, gid, .. } => Owners::New {
                 uid: *uid,
                 gid: *gid,
             },
@@ -497,6 +500,8 @@ impl Request {
             | R::RemoveXattr { .. }
             | R::SetLayout { .. }
             | R::Append { .. }
+            // Reads the directory's attributes (default ACL, layout), no entry.
+            | R::Tmpfile { .. }
             // A lease request is where leases are granted, not recalled for.
             | R::LeaseDir { .. }
             | R::WaitRecall { .. }
@@ -585,8 +590,10 @@ impl Request {
             R::SetXattr { .. } | R::RemoveXattr { .. } => Change::None,
             R::CommitWrite { ino, .. } | R::Append { ino, .. } => Change::Data { ino: *ino },
             R::NamespaceBatch { ops, .. } => Change::Batch(ops),
-            // The layout of a file not written yet, or the cache's own bookkeeping.
+            // The layout of a file not written yet, or the cache's own bookkeeping; an
+            // unnamed file is not made in a cache namespace.
             R::SetLayout { .. }
+            | R::Tmpfile { .. }
             | R::Purge { .. }
             | R::CacheThrough { .. }
             | R::CacheFill { .. }

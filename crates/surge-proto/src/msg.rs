@@ -504,8 +504,9 @@ pub enum Request {
         name: Vec<u8>,
         new_parent: Ino,
         new_name: Vec<u8>,
-        /// `RENAME_NOREPLACE` (1) and `RENAME_EXCHANGE` (2, not in a cache namespace, whose
-        /// drain replays renames one by one) are honoured; `RENAME_WHITEOUT` is refused.
+        /// `RENAME_NOREPLACE` (1), `RENAME_EXCHANGE` (2) and `RENAME_WHITEOUT` (4: a
+        /// character device 0/0 is left at the old name) are honoured, the last two not in a
+        /// cache namespace, whose drain replays renames one by one.
         flags: u32,
         /// For the inode a rename replaces; see [`KeepOpen`].
         keep: KeepOpen,
@@ -767,6 +768,22 @@ pub enum Request {
         ns: NamespaceId,
         ino: Ino,
         len: u64,
+    },
+    /// `open(2)` with `O_TMPFILE`: a regular file with no name (link count 0) made as a
+    /// `Create` of one in directory `dir` would be (its default ACL, setgid and layout apply),
+    /// given a name later by `Link` or removed by `Purge` at its last close. A store keeps it
+    /// marked unnamed until then. Not for cache namespaces (the drain replays names).
+    /// Answered with `Attr`.
+    Tmpfile {
+        instance: InstanceId,
+        ns: NamespaceId,
+        dir: Ino,
+        /// As `Create`'s.
+        perm: u16,
+        umask: u16,
+        uid: u32,
+        gid: u32,
+        layout: FileLayout,
     },
 }
 

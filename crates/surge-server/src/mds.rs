@@ -15,7 +15,7 @@ use self::cache::Cache;
 use self::drain::{held_before, wall_ms, Drain, Hold, RECORD_HOLD_EVERY};
 use self::leases::{Dropped, Leases, MAX_RECALL_WAIT};
 use crate::lockorder::{Level, Ordered};
-use crate::meta::{self, Ops, RENAME_EXCHANGE};
+use crate::meta::{self, Ops, RENAME_EXCHANGE, RENAME_WHITEOUT};
 use parking_lot::Condvar;
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
@@ -843,6 +843,13 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
                 "RENAME_EXCHANGE is not supported in a cache namespace".to_string(),
             ));
         }
+        Change::Rename { flags, .. } if flags & RENAME_WHITEOUT != 0 => {
+            // The drain would need to make a device node on the PFS.
+            return Err(ErrorReply::new(
+                ErrorCode::Invalid,
+                "RENAME_WHITEOUT is not supported in a cache namespace".to_string(),
+            ));
+        }
         Change::Rename {
             parent,
             name,
@@ -1035,6 +1042,11 @@ fn execute_journaled(
             ops.drain_ack(*upto, linked)?;
             Ok(Response::Ok)
         }
+        // The drain replays names: a file made with none would never reach the PFS.
+        (Request::Tmpfile { .. }, true) => Err(ErrorReply::new(
+            ErrorCode::Unsupported,
+            "O_TMPFILE is not supported in a cache namespace (its drain replays names)",
+        )),
         (_, false) => execute(ops, req),
         (_, true) => {
             let pending = journal_before(ops, req)?;
@@ -1075,6 +1087,15 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             new_name,
             ..
         } => Response::Attr(ops.link(*ino, *new_parent, new_name)?),
+        Request::Tmpfile {
+            dir,
+            perm,
+            umask,
+            uid,
+            gid,
+            layout,
+            ..
+        } => Response::Attr(ops.tmpfile(*dir, (*perm, *uid, *gid), *umask, *layout)?),
         Request::Unlink {
             parent, name, keep, ..
         } => {

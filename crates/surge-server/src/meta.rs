@@ -19,6 +19,7 @@ use surge_proto::{
 pub const ROOT_INO: Ino = 1;
 const RENAME_NOREPLACE: u32 = 1;
 pub(crate) const RENAME_EXCHANGE: u32 = 2;
+pub(crate) const RENAME_WHITEOUT: u32 = 4;
 
 pub type MetaResult<T> = Result<T, ErrorReply>;
 
@@ -867,19 +868,70 @@ impl Ops<'_> {
         parent: Ino,
         name: &[u8],
         node: &NewNode,
-        (perm, uid, gid): (u16, u32, u32),
+        owner: (u16, u32, u32),
         umask: u16,
         ino: Option<Ino>,
         now: Timestamp,
         layout: FileLayout,
     ) -> MetaResult<Created> {
         check_name(name)?;
+        self.make_node(parent, Some(name), node, owner, umask, ino, now, layout)
+    }
+
+    /// `open(2)` with `O_TMPFILE` in directory `dir`: a regular file made as a create in
+    /// `dir` would make it, with no name (link count 0), marked unnamed until
+    /// [`link`](Self::link) names it; [`purge`](Self::purge) forgets it at its last close.
+    pub fn tmpfile(
+        &self,
+        dir: Ino,
+        owner: (u16, u32, u32),
+        umask: u16,
+        layout: FileLayout,
+    ) -> MetaResult<Attr> {
+        let made = self.make_node(
+            dir,
+            None,
+            &NewNode::File,
+            owner,
+            umask,
+            None,
+            Timestamp::now(),
+            layout,
+        )?;
+        Ok(made.attr)
+    }
+
+    /// [`create_in`](Self::create_in) with `name` checked; with no name (only a regular
+    /// file), an unnamed file of [`tmpfile`](Self::tmpfile): `parent` is only where its
+    /// owner, mode and layout come from, and is left as it was.
+    #[allow(clippy::too_many_arguments)]
+    fn make_node(
+        &self,
+        parent: Ino,
+        name: Option<&[u8]>,
+        node: &NewNode,
+        (perm, uid, gid): (u16, u32, u32),
+        umask: u16,
+        ino: Option<Ino>,
+        now: Timestamp,
+        layout: FileLayout,
+    ) -> MetaResult<Created> {
         let p = self.dir(parent)?;
-        if self.dentry(parent, name)?.is_some() {
-            return Err(err(
-                ErrorCode::Exists,
-                format!("{} exists", String::from_utf8_lossy(name)),
-            ));
+        match name {
+            Some(name) if self.dentry(parent, name)?.is_some() => {
+                return Err(err(
+                    ErrorCode::Exists,
+                    format!("{} exists", String::from_utf8_lossy(name)),
+                ));
+            }
+            Some(_) => {}
+            None if *node != NewNode::File => {
+                return Err(err(
+                    ErrorCode::Invalid,
+                    format!("an unnamed {node:?}: only regular files are made unnamed"),
+                ));
+            }
+            None => {}
         }
         let mut size = 0;
         let (kind, target, nlink, rdev) = match node {
@@ -955,15 +1007,15 @@ impl Ops<'_> {
             .prepare_cached(
                 "INSERT INTO inodes(kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
                     mtime_s, mtime_ns, ctime_s, ctime_ns, parent, target, ino, rdev,
-                    stripe_size, stripe_count, stripe_start)
+                    stripe_size, stripe_count, stripe_start, unnamed)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7, ?8, ?7, ?8, ?9, ?10, ?11, ?12,
-                    ?13, ?14, ?15)",
+                    ?13, ?14, ?15, ?16)",
             )
             .and_then(|mut st| {
                 st.insert(params![
                     kind_code(kind),
                     i64::from(perm),
-                    nlink,
+                    if name.is_some() { nlink } else { 0 },
                     i64::from(uid),
                     i64::from(gid),
                     size as i64,
@@ -979,19 +1031,27 @@ impl Ops<'_> {
                     i64::from(rdev),
                     layout.stripe_size as i64,
                     i64::from(layout.stripe_count),
-                    i64::from(layout.start)
+                    i64::from(layout.start),
+                    name.is_none()
                 ])
             })
             .map_err(db_err)? as u64;
-        self.insert_dentry(parent, name, ino, kind)?;
+        if let Some(name) = name {
+            self.insert_dentry(parent, name, ino, kind)?;
+        }
         if let Some(access) = access {
             self.put_xattr(ino, acl::ACCESS, &access.encode())?;
         }
         if let (Some(d), FileKind::Dir) = (&default, kind) {
             self.put_xattr(ino, acl::DEFAULT, &d.encode())?;
         }
-        let parent_after =
-            self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 }, now)?;
+        let (parent_after, nlink) = match name {
+            Some(_) => (
+                self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 }, now)?,
+                nlink,
+            ),
+            None => (p, 0),
+        };
         let attr = Attr {
             ino,
             kind,
@@ -1024,7 +1084,9 @@ impl Ops<'_> {
                 "hard links to directories are not allowed",
             ));
         }
-        if a.nlink == 0 {
+        // An unnamed file (`O_TMPFILE`) takes its first name; one whose last name went does
+        // not come back.
+        if a.nlink == 0 && !self.is_unnamed(ino)? {
             return Err(err(
                 ErrorCode::NotFound,
                 format!("inode {ino} was unlinked"),
@@ -1041,12 +1103,21 @@ impl Ops<'_> {
         let now = Timestamp::now();
         self.tx
             .execute(
-                "UPDATE inodes SET nlink = nlink + 1, ctime_s = ?2, ctime_ns = ?3 WHERE ino = ?1",
+                "UPDATE inodes SET nlink = nlink + 1, ctime_s = ?2, ctime_ns = ?3, unnamed = 0
+                 WHERE ino = ?1",
                 params![ino as i64, now.secs, i64::from(now.nsec)],
             )
             .map_err(db_err)?;
         self.touch_dir(new_parent, 0, now)?;
         self.getattr(ino)
+    }
+
+    /// Whether `ino` was made by [`tmpfile`](Self::tmpfile) and never named.
+    fn is_unnamed(&self, ino: Ino) -> MetaResult<bool> {
+        self.tx
+            .prepare_cached("SELECT 1 FROM inodes WHERE ino = ?1 AND unnamed = 1")
+            .and_then(|mut st| st.exists([ino as i64]))
+            .map_err(db_err)
     }
 
     fn remove_dentry(&self, parent: Ino, name: &[u8]) -> MetaResult<()> {
@@ -1524,7 +1595,7 @@ impl Ops<'_> {
                 .exchange(parent, name, new_parent, new_name)
                 .map(|()| None);
         }
-        if flags & !RENAME_NOREPLACE != 0 {
+        if flags & !(RENAME_NOREPLACE | RENAME_WHITEOUT) != 0 {
             return Err(err(
                 ErrorCode::Invalid,
                 format!("unknown rename flags {flags:#x}"),
@@ -1602,7 +1673,32 @@ impl Ops<'_> {
         if new_parent != parent {
             self.touch_dir(new_parent, if moved_dir { 1 } else { 0 }, now)?;
         }
+        if flags & RENAME_WHITEOUT != 0 {
+            self.whiteout(parent, name, now)?;
+        }
         Ok(replaced)
+    }
+
+    /// The whiteout `RENAME_WHITEOUT` leaves at the old name: a character device 0/0 with no
+    /// permission bits (the kernel's `WHITEOUT_DEV` and `WHITEOUT_MODE`), owned by root (the
+    /// kernel allows the flag only to a caller with `CAP_MKNOD`; the request does not carry
+    /// the caller's ids).
+    fn whiteout(&self, parent: Ino, name: &[u8], now: Timestamp) -> MetaResult<()> {
+        let node = NewNode::Special {
+            kind: FileKind::CharDev,
+            rdev: 0,
+        };
+        self.make_node(
+            parent,
+            Some(name),
+            &node,
+            (0, 0, 0),
+            0,
+            None,
+            now,
+            FileLayout::default(),
+        )?;
+        Ok(())
     }
 
     /// `renameat2(RENAME_EXCHANGE)`: the two names swap their inodes atomically (both must
@@ -2635,6 +2731,94 @@ mod tests {
         assert_eq!(ops.orphans().unwrap(), vec![(f.ino, 0)]);
         ops.purge(f.ino).unwrap();
         assert_eq!(code(ops.getattr(f.ino)), ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn a_tmpfile_has_no_name_until_linked_and_an_unlinked_file_is_not_linked_again() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o2775, 0, 7)
+            .unwrap();
+        let before = ops.getattr(d.ino).unwrap();
+        let t = ops
+            .tmpfile(d.ino, (0o666, 1, 1), 0o022, FileLayout::default())
+            .unwrap();
+        assert_eq!((t.kind, t.nlink, t.perm), (FileKind::File, 0, 0o644));
+        assert_eq!(t.gid, 7, "the setgid directory's group");
+        assert_eq!(ops.getattr(t.ino).unwrap().nlink, 0);
+        let after = ops.getattr(d.ino).unwrap();
+        assert_eq!(
+            (after.change, after.mtime),
+            (before.change, before.mtime),
+            "the directory is left as it was"
+        );
+        assert_eq!(ops.readdir(d.ino, 0, 10, false).unwrap().0.len(), 0);
+        assert_eq!(
+            code(ops.tmpfile(t.ino, (0o600, 1, 1), 0, FileLayout::default())),
+            ErrorCode::NotDir
+        );
+        let u = ops
+            .tmpfile(d.ino, (0o600, 1, 1), 0, FileLayout::default())
+            .unwrap();
+
+        assert_eq!(ops.link(t.ino, d.ino, b"named").unwrap().nlink, 1);
+        assert_eq!(ops.lookup(d.ino, b"named").unwrap().ino, t.ino);
+        assert_eq!(code(ops.purge(t.ino)), ErrorCode::Busy, "it has a name");
+        assert!(
+            ops.unlink(d.ino, b"named", &KeepOpen::All)
+                .unwrap()
+                .orphaned
+        );
+        assert_eq!(
+            code(ops.link(t.ino, d.ino, b"again")),
+            ErrorCode::NotFound,
+            "named once, it is an unlinked file like any other"
+        );
+        ops.purge(t.ino).unwrap();
+        // Never named: purged at its last close.
+        ops.purge(u.ino).unwrap();
+        assert_eq!(code(ops.getattr(u.ino)), ErrorCode::NotFound);
+        assert_eq!(ops.orphans().unwrap(), vec![]);
+    }
+
+    #[test]
+    fn rename_whiteout_leaves_a_character_device_in_the_same_transaction() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        ops.rename(
+            ROOT_INO,
+            b"f",
+            ROOT_INO,
+            b"g",
+            RENAME_WHITEOUT,
+            &KeepOpen::All,
+        )
+        .unwrap();
+        assert_eq!(ops.lookup(ROOT_INO, b"g").unwrap().ino, f.ino);
+        let w = ops.lookup(ROOT_INO, b"f").unwrap();
+        assert_eq!(
+            (w.kind, w.rdev, w.perm, w.nlink),
+            (FileKind::CharDev, 0, 0, 1)
+        );
+        // A refused rename leaves no whiteout behind.
+        ops.create(ROOT_INO, b"h", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        assert_eq!(
+            code(ops.rename(
+                ROOT_INO,
+                b"g",
+                ROOT_INO,
+                b"h",
+                RENAME_WHITEOUT | RENAME_NOREPLACE,
+                &KeepOpen::All
+            )),
+            ErrorCode::Exists
+        );
+        assert_eq!(ops.lookup(ROOT_INO, b"g").unwrap().ino, f.ino);
     }
 
     #[test]

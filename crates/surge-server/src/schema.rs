@@ -102,6 +102,11 @@ pub const STEPS: &[Step] = &[
                 UPDATE xattr_bytes SET bytes = bytes - length(OLD.name) - length(OLD.value);
               END;",
     },
+    Step {
+        version: 9,
+        what: "files made by O_TMPFILE and never named",
+        sql: "ALTER TABLE inodes ADD COLUMN unnamed INTEGER NOT NULL DEFAULT 0;",
+    },
 ];
 
 /// The version this code writes and reads.
@@ -239,6 +244,7 @@ mod tests {
         assert_eq!(version(&c), VERSION);
         assert!(columns(&c, "inodes").contains(&"clean".to_string()));
         assert!(columns(&c, "drain").contains(&"origin".to_string()));
+        assert!(columns(&c, "inodes").contains(&"unnamed".to_string()));
         assert_eq!(upgrade(&c).unwrap(), VERSION);
     }
 

@@ -313,6 +313,23 @@ impl InodeTable {
         fh
     }
 
+    /// An unnamed file (`O_TMPFILE`) was made and opened as `fh`: its data goes at its last
+    /// release unless a link names it first (see [`named`](Self::named)).
+    pub fn created_unnamed(&self, a: &Attr) -> u64 {
+        let fh = self.created(a, None);
+        if let Some(i) = self.inodes.lock().get_mut(&a.ino) {
+            i.unlinked = true;
+        }
+        fh
+    }
+
+    /// `ino` got a name (a link of an unnamed file): its data stays at its last release.
+    pub fn named(&self, ino: Ino) {
+        if let Some(i) = self.inodes.lock().get_mut(&ino) {
+            i.unlinked = false;
+        }
+    }
+
     /// Data of `ino` changed here up to `end` (written, allocated, punched) on the fragments
     /// of `mask`.
     pub fn changed_data(&self, ino: Ino, end: u64, mask: u64, grows: bool) {

@@ -144,6 +144,34 @@ impl Fs {
         Ok((a, fh, backing))
     }
 
+    /// `open(2)` with `O_TMPFILE` in `dir`: a regular file with no name, open as the returned
+    /// handle, removed at its last close unless [`link`](Self::link) names it. Not in a cache
+    /// namespace (EOPNOTSUPP: the drain replays names). Never passed through: its data is
+    /// accounted by the servers as it is written.
+    pub async fn tmpfile(
+        &self,
+        dir: Ino,
+        perm: NewPerm,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<(Attr, u64)> {
+        self.barrier().await?;
+        let default = self
+            .inodes
+            .with(dir, |i| i.attr.as_ref().map(|a| a.layout))
+            .flatten();
+        let layout = match default {
+            Some(d) => self.new_file_layout(d).await,
+            None => FileLayout::default(),
+        };
+        let a = self
+            .client
+            .tmpfile(dir, perm.perm, perm.umask, uid, gid, layout)
+            .await?;
+        let fh = self.inodes.created_unnamed(&a);
+        Ok((a, fh))
+    }
+
     /// The open half of an `O_CREAT` open that found the name taken.
     async fn open_existing(
         &self,
@@ -291,6 +319,8 @@ impl Fs {
         self.listings.drop_dir(new_parent);
         self.barrier().await?;
         let a = self.client.link(ino, new_parent, new_name).await?;
+        // An unnamed file (`O_TMPFILE`) named now keeps its data at its last close.
+        self.inodes.named(ino);
         Ok(self.observe(a, true))
     }
 
