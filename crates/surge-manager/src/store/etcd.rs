@@ -174,7 +174,7 @@ impl EtcdStore {
         if let Some(t) = tls {
             opts = opts.with_tls(t.options());
         }
-        Self::check_members(endpoints, &opts).await?;
+        Self::check_members(endpoints, &opts, tls).await?;
         let client = Client::connect(endpoints, Some(opts)).await.map_err(|e| {
             StoreError::Etcd(format!(
                 "cannot connect to {}: {}",
@@ -200,7 +200,11 @@ impl EtcdStore {
     /// Asks each member for its status: one that does not answer (down, or a TLS handshake
     /// either side refused) is logged with the reason; none answering is an error naming them
     /// all. The balanced client used afterwards hides which member failed and why.
-    async fn check_members(endpoints: &[String], opts: &ConnectOptions) -> SResult<()> {
+    async fn check_members(
+        endpoints: &[String],
+        opts: &ConnectOptions,
+        tls: Option<&EtcdTls>,
+    ) -> SResult<()> {
         let mut failed = Vec::new();
         for e in endpoints {
             let status = async {
@@ -211,6 +215,19 @@ impl EtcdStore {
                 Ok(Ok(_)) => continue,
                 Ok(Err(err)) => chain(&err),
                 Err(_) => "no answer within 10 s".to_string(),
+            };
+            // In TLS 1.3 the client's certificate is checked after the client has finished
+            // its handshake: a member that refuses it just closes the connection.
+            let why = match tls.map(|t| t.identity.is_some()) {
+                Some(true) if !why.contains("ertificate") => format!(
+                    "{why} (a TLS member closes the connection of a client whose certificate \
+                     it refuses: is --etcd-cert signed by the CA the members trust?)"
+                ),
+                Some(false) if !why.contains("ertificate") => format!(
+                    "{why} (a TLS member started with --client-cert-auth closes the connection \
+                     of a client without a certificate: --etcd-cert)"
+                ),
+                _ => why,
             };
             warn!("etcd member {e} does not answer: {why}");
             failed.push(format!("{e}: {why}"));
