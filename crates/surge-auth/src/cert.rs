@@ -195,7 +195,15 @@ pub fn create_server(
     cert_out: &Path,
     key_out: &Path,
 ) -> Result<(), AuthError> {
-    create_signed(ca_cert, ca_key, names, Role::Server, days, cert_out, key_out)
+    create_signed(
+        ca_cert,
+        ca_key,
+        names,
+        Role::Server,
+        days,
+        cert_out,
+        key_out,
+    )
 }
 
 /// Makes a certificate for `role` and `names` ([`make_signed`]) signed by the CA at
@@ -237,6 +245,19 @@ mod tests {
         assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(key.contains("PRIVATE KEY"));
         assert!(make_server(&ca, &ca_key, &[], 1).is_err());
+    }
+
+    #[test]
+    fn a_client_certificate_has_one_name_and_a_peer_certificate_its_hosts() {
+        let (ca, ca_key) = make_ca("test CA", 1).unwrap();
+        let one = ["surge-manager".to_string()];
+        let (cert, _) = make_signed(&ca, &ca_key, &one, Role::Client, 1).unwrap();
+        assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
+        let two = ["a".to_string(), "b".to_string()];
+        assert!(make_signed(&ca, &ca_key, &two, Role::Client, 1).is_err());
+        assert!(make_signed(&ca, &ca_key, &[], Role::Client, 1).is_err());
+        assert!(make_signed(&ca, &ca_key, &two, Role::Peer, 1).is_ok());
+        assert!(make_signed(&ca, &ca_key, &[], Role::Peer, 1).is_err());
     }
 
     #[test]

@@ -492,13 +492,21 @@ impl SurgeConfig {
                 f.set("--state", key(s, "state"), state.as_deref().map(path_text));
                 f.set("--etcd", key(s, "etcd"), etcd.as_ref().map(|v| v.join(",")));
                 f.set("--etcd-prefix", key(s, "etcd_prefix"), etcd_prefix.clone());
-                f.set("--etcd-ca", key(s, "etcd_ca"), etcd_ca.as_deref().map(path_text));
+                f.set(
+                    "--etcd-ca",
+                    key(s, "etcd_ca"),
+                    etcd_ca.as_deref().map(path_text),
+                );
                 f.set(
                     "--etcd-cert",
                     key(s, "etcd_cert"),
                     etcd_cert.as_deref().map(path_text),
                 );
-                f.set("--etcd-key", key(s, "etcd_key"), etcd_key.as_deref().map(path_text));
+                f.set(
+                    "--etcd-key",
+                    key(s, "etcd_key"),
+                    etcd_key.as_deref().map(path_text),
+                );
                 f.set("--name", key(s, "name"), name.clone());
                 f.set("--listen", key(s, "listen"), listen.clone());
                 f.set("--http", key(s, "http"), http.clone());

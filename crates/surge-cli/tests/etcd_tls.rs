@@ -122,7 +122,11 @@ fn a_manager_with_the_ca_and_its_client_certificate_keeps_its_state_in_a_tls_etc
     // It is in etcd (read with etcdctl's own certificate), not somewhere else.
     let o = etcd.ctl(&["get", "--prefix", "/surge-test/persistent/", "--keys-only"]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("tlskept"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("tlskept"),
+        "{}",
+        text(&o)
+    );
 
     // A new manager on the same cluster finds it.
     drop(m);
@@ -153,7 +157,10 @@ fn a_tls_etcd_refuses_managers_and_etcdctl_without_the_right_certificates_and_sa
         let d = dir.path().join(tag);
         std::fs::create_dir_all(&d).unwrap();
         let log = refused(&d, &args);
-        assert!(log.contains(&first), "{tag}: the member is not named: {log}");
+        assert!(
+            log.contains(&first),
+            "{tag}: the member is not named: {log}"
+        );
         assert!(
             why.iter().any(|w| log.contains(w)),
             "{tag}: no {why:?} in: {log}"
@@ -176,14 +183,22 @@ fn a_tls_etcd_refuses_managers_and_etcdctl_without_the_right_certificates_and_sa
     case(
         "other-cert",
         etcd_args(&eps, &pki.ca, Some(&other_cert)),
-        &["BadCertificate", "is --etcd-cert signed by the CA the members trust"],
+        &[
+            "BadCertificate",
+            "is --etcd-cert signed by the CA the members trust",
+        ],
     );
     // No CA at all: named before anything is sent.
     let d = dir.path().join("no-ca");
     std::fs::create_dir_all(&d).unwrap();
     let log = refused(
         &d,
-        &["--etcd".to_string(), eps.clone(), "--etcd-prefix".into(), "/surge-test/".into()],
+        &[
+            "--etcd".to_string(),
+            eps.clone(),
+            "--etcd-prefix".into(),
+            "/surge-test/".into(),
+        ],
     );
     assert!(
         log.contains("etcd CA certificate") && log.contains("ca.crt"),
@@ -199,16 +214,33 @@ fn a_tls_etcd_refuses_managers_and_etcdctl_without_the_right_certificates_and_sa
     };
     let ca = pki.ca.display().to_string();
     let o = bare(&["--cacert", &ca]);
-    assert!(!o.status.success(), "etcdctl without a certificate was served: {}", text(&o));
-    let clear: Vec<String> = eps.split(',').map(|e| e.replacen("https", "http", 1)).collect();
+    assert!(
+        !o.status.success(),
+        "etcdctl without a certificate was served: {}",
+        text(&o)
+    );
+    let clear: Vec<String> = eps
+        .split(',')
+        .map(|e| e.replacen("https", "http", 1))
+        .collect();
     let o = Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
-        .args(["--dial-timeout", "3s", "--command-timeout", "5s", "--endpoints"])
+        .args([
+            "--dial-timeout",
+            "3s",
+            "--command-timeout",
+            "5s",
+            "--endpoints",
+        ])
         .arg(clear.join(","))
         .args(["put", "/surge-test/probe", "x"])
         .output()
         .unwrap();
-    assert!(!o.status.success(), "etcdctl in clear was served: {}", text(&o));
+    assert!(
+        !o.status.success(),
+        "etcdctl in clear was served: {}",
+        text(&o)
+    );
     let o = etcd.ctl(&["put", "/surge-test/probe", "x"]);
     assert!(o.status.success(), "{}", text(&o));
 
@@ -251,7 +283,10 @@ fn the_wire_between_the_manager_and_a_tls_etcd_shows_no_instance_name() {
         },
         name,
     );
-    assert!(contains(&wire, name.as_bytes()), "the clear wire does not show the name");
+    assert!(
+        contains(&wire, name.as_bytes()),
+        "the clear wire does not show the name"
+    );
     drop(clear);
 
     let etcd = Etcd::start_tls("tls-wire");
@@ -260,12 +295,26 @@ fn the_wire_between_the_manager_and_a_tls_etcd_shows_no_instance_name() {
     let (cert, _) = client_cert(&pki.ca, "surge-manager", &d.path().join("client"));
     let ca = pki.ca.clone();
     let wire = wire_of(&etcd, d.path(), |e| etcd_args(e, &ca, Some(&cert)), name);
-    assert!(wire.len() > 10_000, "only {} bytes crossed the proxy", wire.len());
-    assert!(!contains(&wire, name.as_bytes()), "the name crossed the wire in clear");
-    assert!(!contains(&wire, b"/surge-test/"), "a key crossed the wire in clear");
+    assert!(
+        wire.len() > 10_000,
+        "only {} bytes crossed the proxy",
+        wire.len()
+    );
+    assert!(
+        !contains(&wire, name.as_bytes()),
+        "the name crossed the wire in clear"
+    );
+    assert!(
+        !contains(&wire, b"/surge-test/"),
+        "a key crossed the wire in clear"
+    );
     // TLS records from the first byte: a handshake (0x16), TLS 1.x.
     assert_eq!(&wire[..2], &[0x16, 0x03], "not a TLS handshake");
     // The instance really is in etcd.
     let o = etcd.ctl(&["get", "--prefix", "/surge-test/persistent/", "--keys-only"]);
-    assert!(String::from_utf8_lossy(&o.stdout).contains(name), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(name),
+        "{}",
+        text(&o)
+    );
 }

@@ -173,7 +173,11 @@ impl ManagerArgs {
     /// two, or TLS options for clear members, is refused: one member in clear would carry
     /// everything the others protect.
     pub fn etcd_tls(&self) -> anyhow::Result<Option<EtcdTls>> {
-        let https = self.etcd.iter().filter(|e| e.starts_with("https://")).count();
+        let https = self
+            .etcd
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
         if https == 0 {
             anyhow::ensure!(
                 self.etcd_ca.is_none() && self.etcd_cert.is_none() && self.etcd_key.is_none(),
@@ -231,15 +235,15 @@ impl ManagerArgs {
             }
             Some(cert_path) => {
                 let cert = certs(&cert_path, "etcd client certificate (--etcd-cert)")?;
-                let key_path = self.etcd_key.clone().unwrap_or_else(|| {
-                    cert_path.with_file_name(surge_auth::cert::CLIENT_KEY)
-                });
+                let key_path = self
+                    .etcd_key
+                    .clone()
+                    .unwrap_or_else(|| cert_path.with_file_name(surge_auth::cert::CLIENT_KEY));
                 let key = std::fs::read_to_string(&key_path).with_context(|| {
                     format!("cannot read the etcd client key {}", key_path.display())
                 })?;
-                PrivateKeyDer::from_pem_slice(key.as_bytes()).with_context(|| {
-                    format!("the etcd client key {}", key_path.display())
-                })?;
+                PrivateKeyDer::from_pem_slice(key.as_bytes())
+                    .with_context(|| format!("the etcd client key {}", key_path.display()))?;
                 info!(
                     "etcd over TLS: members verified with {}, this manager presents {}",
                     ca_path.display(),
