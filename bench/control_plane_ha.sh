@@ -153,4 +153,5 @@ PIDS+=($KILLER)
 
 "$SURGE" bench control-plane --manager $MANAGERS --agents "$AGENTS" --concurrency "$CONC" \
     --run-seconds "$RUN_S" --duration "$DURATION" --jobs 100000000 --idle 1 $JSON
+pkill -P "$KILLER" 2>/dev/null || true  # its sleep, which holds our stdout
 kill $KILLER 2>/dev/null || true
