@@ -7,6 +7,11 @@
 #
 #   bench/control_plane_ha.sh [--duration 600] [--kill-every 60] [--agents 1000]
 #                             [--concurrency 50] [--run-seconds 3] [--servers 4] [--json]
+#                             [--tls]
+#
+# --tls: etcd speaks only TLS on its client and peer ports and asks every client and peer for
+# a certificate (made by `surge cert`: a CA, a --peer certificate for the members, a client
+# certificate for the managers); the managers use --etcd-ca/--etcd-cert/--etcd-key.
 #
 # Prints the load generator's report (phase p50/p99/max, jobs/hour, jobs that ran without their
 # instance, instances given twice, pool bytes not returned after the last teardown) and one line
@@ -16,7 +21,7 @@
 # or set SURGE=path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION=600 KILL_EVERY=60 AGENTS=1000 CONC=50 RUN_S=3 SERVERS=4 JSON=
+DURATION=600 KILL_EVERY=60 AGENTS=1000 CONC=50 RUN_S=3 SERVERS=4 JSON= TLS=
 while [ $# -gt 0 ]; do
     case $1 in
         --duration) DURATION=$2; shift 2 ;;
@@ -26,7 +31,8 @@ while [ $# -gt 0 ]; do
         --run-seconds) RUN_S=$2; shift 2 ;;
         --servers) SERVERS=$2; shift 2 ;;
         --json) JSON=--json; shift ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        --tls) TLS=1; shift ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -62,23 +68,35 @@ export SURGE_KEY_FILE=$D/surge.key
 export SURGE_MANAGER_MAX_PER_ADDRESS=$((AGENTS * 2 + 1000))
 ulimit -n "$(ulimit -Hn)"
 
-# etcd: three members.
+# etcd: three members (with --tls: TLS and client certificates on client and peer ports).
+S=http ETCD_TLS=() CTL_TLS=() MGR_TLS=()
+if [ -n "$TLS" ]; then
+    S=https T=$D/tls
+    "$SURGE" cert ca --dir $T >/dev/null
+    "$SURGE" cert server 127.0.0.1 localhost --peer --ca-cert $T/ca.crt --out $T/etcd >/dev/null
+    "$SURGE" cert client surge-manager --ca-cert $T/ca.crt --out $T/client >/dev/null
+    ETCD_TLS=(--cert-file $T/etcd/server.crt --key-file $T/etcd/server.key --trusted-ca-file $T/ca.crt
+        --client-cert-auth --peer-cert-file $T/etcd/server.crt --peer-key-file $T/etcd/server.key
+        --peer-trusted-ca-file $T/ca.crt --peer-client-cert-auth)
+    CTL_TLS=(--cacert $T/ca.crt --cert $T/client/client.crt --key $T/client/client.key)
+    MGR_TLS=(--etcd-ca $T/ca.crt --etcd-cert $T/client/client.crt --etcd-key $T/client/client.key)
+fi
 CLUSTER= ENDPOINTS=
 declare -a CP PP
 for i in 1 2 3; do
     CP[$i]=$(free_port); PP[$i]=$(free_port)
-    CLUSTER+="${CLUSTER:+,}e$i=http://127.0.0.1:${PP[$i]}"
-    ENDPOINTS+="${ENDPOINTS:+,}http://127.0.0.1:${CP[$i]}"
+    CLUSTER+="${CLUSTER:+,}e$i=$S://127.0.0.1:${PP[$i]}"
+    ENDPOINTS+="${ENDPOINTS:+,}$S://127.0.0.1:${CP[$i]}"
 done
 for i in 1 2 3; do
     etcd --name e$i --data-dir $D/etcd$i --log-level warn \
-        --listen-client-urls http://127.0.0.1:${CP[$i]} --advertise-client-urls http://127.0.0.1:${CP[$i]} \
-        --listen-peer-urls http://127.0.0.1:${PP[$i]} --initial-advertise-peer-urls http://127.0.0.1:${PP[$i]} \
-        --initial-cluster "$CLUSTER" --initial-cluster-state new 2>>$D/etcd$i.log &
+        --listen-client-urls $S://127.0.0.1:${CP[$i]} --advertise-client-urls $S://127.0.0.1:${CP[$i]} \
+        --listen-peer-urls $S://127.0.0.1:${PP[$i]} --initial-advertise-peer-urls $S://127.0.0.1:${PP[$i]} \
+        --initial-cluster "$CLUSTER" --initial-cluster-state new "${ETCD_TLS[@]}" 2>>$D/etcd$i.log &
     PIDS+=($!)
 done
 for _ in $(seq 60); do
-    ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINTS" endpoint health >/dev/null 2>&1 && break
+    ETCDCTL_API=3 etcdctl "${CTL_TLS[@]}" --endpoints "$ENDPOINTS" endpoint health >/dev/null 2>&1 && break
     sleep 0.5
 done
 
@@ -86,7 +104,7 @@ done
 G1=$(free_port) G2=$(free_port) H1=$(free_port) H2=$(free_port)
 MANAGERS=127.0.0.1:$G1,127.0.0.1:$G2
 start_manager() { # NAME GRPC HTTP
-    "$SURGE" manager --etcd "$ENDPOINTS" --etcd-prefix /surge-bench/ --name $1 \
+    "$SURGE" manager --etcd "$ENDPOINTS" "${MGR_TLS[@]}" --etcd-prefix /surge-bench/ --name $1 \
         --listen 127.0.0.1:$2 --http 127.0.0.1:$3 --key-file $D/surge.key \
         --munge-socket $D/munge/sock --granularity 64MiB 2>>$D/$1.log &
     echo $! > $D/$1.pid
@@ -108,7 +126,7 @@ for _ in $(seq 60); do
 done
 
 leader_name() {
-    ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINTS" get /surge-bench/leader --print-value-only 2>/dev/null |
+    ETCDCTL_API=3 etcdctl "${CTL_TLS[@]}" --endpoints "$ENDPOINTS" get /surge-bench/leader --print-value-only 2>/dev/null |
         python3 -c 'import json,sys; d=sys.stdin.read().strip(); print(json.loads(d)["name"] if d else "")'
 }
 
@@ -135,4 +153,5 @@ PIDS+=($KILLER)
 
 "$SURGE" bench control-plane --manager $MANAGERS --agents "$AGENTS" --concurrency "$CONC" \
     --run-seconds "$RUN_S" --duration "$DURATION" --jobs 100000000 --idle 1 $JSON
+pkill -P "$KILLER" 2>/dev/null || true  # its sleep, which holds our stdout
 kill $KILLER 2>/dev/null || true

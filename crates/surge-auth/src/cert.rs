@@ -2,6 +2,8 @@
 //! site CA made at install (`surge cert ca`) or brought by the site, and one certificate per
 //! burst-buffer host signed by it (`surge cert server`), naming the addresses clients use.
 //! Clients trust the CA's certificate only; keys are written 0600 and never overwritten.
+//! The same CA signs what the manager's etcd needs: members' certificates valid both ways
+//! (`surge cert server --peer`) and the manager's client certificate (`surge cert client`).
 
 use crate::AuthError;
 use rcgen::{
@@ -20,6 +22,23 @@ pub const CA_KEY: &str = "ca.key";
 /// A burst-buffer host's certificate and key.
 pub const SERVER_CERT: &str = "server.crt";
 pub const SERVER_KEY: &str = "server.key";
+/// A client's certificate and key (the manager's, for an etcd that asks for one).
+pub const CLIENT_CERT: &str = "client.crt";
+pub const CLIENT_KEY: &str = "client.key";
+
+/// What a certificate signed by the CA may be used for (its extended key usage): a TLS peer
+/// checks it, so a certificate works only in the role it was made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Serves TLS (serverAuth): burst-buffer hosts, the manager.
+    Server,
+    /// Serves and dials with the same certificate (serverAuth and clientAuth): an etcd member,
+    /// which presents it to clients, to its peers when it dials them, and to itself (its
+    /// gateway dials its own gRPC port).
+    Peer,
+    /// Dials only (clientAuth), named by its common name: the manager to its etcd.
+    Client,
+}
 
 fn err(message: impl Into<String>) -> AuthError {
     AuthError::Cert(message.into())
@@ -97,21 +116,56 @@ pub fn make_server(
     names: &[String],
     days: u32,
 ) -> Result<(String, String), AuthError> {
-    if names.is_empty() {
-        return Err(err(
-            "a server certificate needs the names or addresses clients reach the server by",
-        ));
-    }
+    make_signed(ca_cert_pem, ca_key_pem, names, Role::Server, days)
+}
+
+/// A certificate signed by the CA of `ca_cert_pem` / `ca_key_pem` for `role`, valid `days`:
+/// certificate and key as PEM. `names` are the DNS names or IP addresses peers connect to
+/// (servers and peers), or one name, its common name (clients).
+pub fn make_signed(
+    ca_cert_pem: &str,
+    ca_key_pem: &str,
+    names: &[String],
+    role: Role,
+    days: u32,
+) -> Result<(String, String), AuthError> {
+    let Some(first) = names.first() else {
+        return Err(err(match role {
+            Role::Server | Role::Peer => {
+                "a server certificate needs the names or addresses clients reach the server by"
+            }
+            Role::Client => "a client certificate needs a name",
+        }));
+    };
     let ca_key = KeyPair::from_pem(ca_key_pem).map_err(|e| err(format!("the CA key: {e}")))?;
     let issuer = Issuer::from_ca_cert_pem(ca_cert_pem, ca_key)
         .map_err(|e| err(format!("the CA certificate: {e}")))?;
     let key = KeyPair::generate().map_err(|e| err(format!("cannot make a key: {e}")))?;
-    let mut p =
-        CertificateParams::new(names.to_vec()).map_err(|e| err(format!("names {names:?}: {e}")))?;
-    p.distinguished_name.push(DnType::CommonName, &names[0]);
+    let mut p = match role {
+        Role::Server | Role::Peer => CertificateParams::new(names.to_vec())
+            .map_err(|e| err(format!("names {names:?}: {e}")))?,
+        // A client is known by its common name alone: it is connected to, not connected to.
+        Role::Client => {
+            if names.len() > 1 {
+                return Err(err(format!(
+                    "a client certificate has one name, not {names:?}"
+                )));
+            }
+            CertificateParams::new(Vec::<String>::new())
+                .map_err(|e| err(format!("client parameters: {e}")))?
+        }
+    };
+    p.distinguished_name.push(DnType::CommonName, first);
     p.is_ca = IsCa::ExplicitNoCa;
     p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    p.extended_key_usages = match role {
+        Role::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
+        Role::Peer => vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+        Role::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+    };
     validity(&mut p, days);
     let cert = p
         .signed_by(&key, &issuer)
@@ -141,10 +195,33 @@ pub fn create_server(
     cert_out: &Path,
     key_out: &Path,
 ) -> Result<(), AuthError> {
-    let (cert, key) = make_server(
+    create_signed(
+        ca_cert,
+        ca_key,
+        names,
+        Role::Server,
+        days,
+        cert_out,
+        key_out,
+    )
+}
+
+/// Makes a certificate for `role` and `names` ([`make_signed`]) signed by the CA at
+/// `ca_cert` / `ca_key`, written to `cert_out` (0644) and `key_out` (0600); never overwrites.
+pub fn create_signed(
+    ca_cert: &Path,
+    ca_key: &Path,
+    names: &[String],
+    role: Role,
+    days: u32,
+    cert_out: &Path,
+    key_out: &Path,
+) -> Result<(), AuthError> {
+    let (cert, key) = make_signed(
         &read(ca_cert, "CA certificate")?,
         &read(ca_key, "CA key")?,
         names,
+        role,
         days,
     )?;
     if cert_out.exists() {
@@ -168,6 +245,19 @@ mod tests {
         assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(key.contains("PRIVATE KEY"));
         assert!(make_server(&ca, &ca_key, &[], 1).is_err());
+    }
+
+    #[test]
+    fn a_client_certificate_has_one_name_and_a_peer_certificate_its_hosts() {
+        let (ca, ca_key) = make_ca("test CA", 1).unwrap();
+        let one = ["surge-manager".to_string()];
+        let (cert, _) = make_signed(&ca, &ca_key, &one, Role::Client, 1).unwrap();
+        assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
+        let two = ["a".to_string(), "b".to_string()];
+        assert!(make_signed(&ca, &ca_key, &two, Role::Client, 1).is_err());
+        assert!(make_signed(&ca, &ca_key, &[], Role::Client, 1).is_err());
+        assert!(make_signed(&ca, &ca_key, &two, Role::Peer, 1).is_ok());
+        assert!(make_signed(&ca, &ca_key, &[], Role::Peer, 1).is_err());
     }
 
     #[test]

@@ -63,6 +63,11 @@ pub struct ManagerConfig {
     /// etcd members' client URLs: the state in etcd, managers in a leader and standbys.
     pub etcd: Option<Vec<String>>,
     pub etcd_prefix: Option<String>,
+    /// TLS to `https://` etcd members: the CA that signed them, the manager's client
+    /// certificate and key (docs/SECURITY.md, "The manager's etcd").
+    pub etcd_ca: Option<PathBuf>,
+    pub etcd_cert: Option<PathBuf>,
+    pub etcd_key: Option<PathBuf>,
     pub name: Option<String>,
     pub listen: Option<String>,
     pub http: Option<String>,
@@ -458,6 +463,9 @@ impl SurgeConfig {
                     state,
                     etcd,
                     etcd_prefix,
+                    etcd_ca,
+                    etcd_cert,
+                    etcd_key,
                     name,
                     listen,
                     http,
@@ -484,6 +492,21 @@ impl SurgeConfig {
                 f.set("--state", key(s, "state"), state.as_deref().map(path_text));
                 f.set("--etcd", key(s, "etcd"), etcd.as_ref().map(|v| v.join(",")));
                 f.set("--etcd-prefix", key(s, "etcd_prefix"), etcd_prefix.clone());
+                f.set(
+                    "--etcd-ca",
+                    key(s, "etcd_ca"),
+                    etcd_ca.as_deref().map(path_text),
+                );
+                f.set(
+                    "--etcd-cert",
+                    key(s, "etcd_cert"),
+                    etcd_cert.as_deref().map(path_text),
+                );
+                f.set(
+                    "--etcd-key",
+                    key(s, "etcd_key"),
+                    etcd_key.as_deref().map(path_text),
+                );
                 f.set("--name", key(s, "name"), name.clone());
                 f.set("--listen", key(s, "listen"), listen.clone());
                 f.set("--http", key(s, "http"), http.clone());
@@ -1082,8 +1105,11 @@ pool = "nvme"
 
 [manager]
 state = "/var/lib/surge/manager.db"
-etcd = ["http://e1:2379", "http://e2:2379", "http://e3:2379"]
+etcd = ["https://e1:2379", "https://e2:2379", "https://e3:2379"]
 etcd_prefix = "/surge/"
+etcd_ca = "/etc/surge/tls/ca.crt"
+etcd_cert = "/etc/surge/tls/client.crt"
+etcd_key = "/etc/surge/tls/client.key"
 name = "%h"
 listen = "0.0.0.0:7060"
 http = "0.0.0.0:7061"

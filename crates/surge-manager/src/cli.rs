@@ -5,7 +5,7 @@
 use crate::core::{spawn_liveness, Core};
 use crate::service::Service;
 use crate::stage::Stages;
-use crate::store::etcd::{EtcdStore, LeaderInfo};
+use crate::store::etcd::{EtcdStore, EtcdTls, LeaderInfo};
 use crate::store::Store;
 use crate::views;
 use anyhow::Context;
@@ -16,7 +16,7 @@ use std::time::Duration;
 use surge_api::v1 as api;
 use surge_api::v1::manager_server::ManagerServer;
 use surge_core::format_bytes;
-use tracing::info;
+use tracing::{info, warn};
 
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -50,6 +50,19 @@ pub struct ManagerArgs {
     /// The key prefix of this cluster's state in etcd.
     #[arg(long, value_name = "PREFIX", default_value = "/surge/")]
     pub etcd_prefix: String,
+    /// The CA that signed the etcd members' certificates, for `https://` endpoints in --etcd
+    /// (docs/SECURITY.md, "The manager's etcd"): only members it signed are trusted. Default:
+    /// the site CA ($SURGE_TLS_CA, else ca.crt in $SURGE_TLS_DIR, else /etc/surge/tls).
+    #[arg(long, value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+    /// The manager's client certificate for etcd members started with --client-cert-auth
+    /// (`surge cert client NAME`). Default: client.crt in the certificate directory, when
+    /// there is one.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Its key (PEM). Default: client.key beside --etcd-cert.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
     /// This manager's name in the leader record (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
@@ -154,6 +167,102 @@ impl ManagerArgs {
     }
 }
 
+impl ManagerArgs {
+    /// TLS to etcd: `Some` when --etcd lists `https://` members (then the CA is required and
+    /// a client certificate used when there is one), `None` for `http://` ones. Mixing the
+    /// two, or TLS options for clear members, is refused: one member in clear would carry
+    /// everything the others protect.
+    pub fn etcd_tls(&self) -> anyhow::Result<Option<EtcdTls>> {
+        let https = self
+            .etcd
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
+        if https == 0 {
+            anyhow::ensure!(
+                self.etcd_ca.is_none() && self.etcd_cert.is_none() && self.etcd_key.is_none(),
+                "--etcd-ca, --etcd-cert and --etcd-key are for https:// etcd members; --etcd \
+                 lists {}",
+                self.etcd.join(",")
+            );
+            for e in &self.etcd {
+                let host = e.strip_prefix("http://").unwrap_or(e);
+                let host = surge_proto::tls::host_of(host.split('/').next().unwrap_or(host));
+                if !surge_proto::tls::is_loopback(host) {
+                    warn!(
+                        "etcd member {e} is reached in clear text: the manager's state and \
+                         leader record cross the network readable (give https:// members; \
+                         docs/SECURITY.md)"
+                    );
+                }
+            }
+            return Ok(None);
+        }
+        anyhow::ensure!(
+            https == self.etcd.len(),
+            "--etcd mixes https:// and clear members ({}): give every member as https://",
+            self.etcd.join(",")
+        );
+        use tokio_rustls::rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+        let certs = |path: &std::path::Path, what: &str| -> anyhow::Result<String> {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+            let n = CertificateDer::pem_slice_iter(text.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("the {what} {}", path.display()))?
+                .len();
+            anyhow::ensure!(n > 0, "the {what} {} holds no certificate", path.display());
+            Ok(text)
+        };
+        let ca_path = self
+            .etcd_ca
+            .clone()
+            .unwrap_or_else(surge_proto::tls::default_ca);
+        let ca = certs(&ca_path, "etcd CA certificate (--etcd-ca)")?;
+        let cert_path = match &self.etcd_cert {
+            Some(p) => Some(p.clone()),
+            None => Some(surge_proto::tls::cert_dir().join(surge_auth::cert::CLIENT_CERT))
+                .filter(|p| p.exists()),
+        };
+        let identity = match cert_path {
+            None => {
+                anyhow::ensure!(
+                    self.etcd_key.is_none(),
+                    "--etcd-key needs --etcd-cert (no client.crt in {})",
+                    surge_proto::tls::cert_dir().display()
+                );
+                None
+            }
+            Some(cert_path) => {
+                let cert = certs(&cert_path, "etcd client certificate (--etcd-cert)")?;
+                let key_path = self
+                    .etcd_key
+                    .clone()
+                    .unwrap_or_else(|| cert_path.with_file_name(surge_auth::cert::CLIENT_KEY));
+                let key = std::fs::read_to_string(&key_path).with_context(|| {
+                    format!("cannot read the etcd client key {}", key_path.display())
+                })?;
+                PrivateKeyDer::from_pem_slice(key.as_bytes())
+                    .with_context(|| format!("the etcd client key {}", key_path.display()))?;
+                info!(
+                    "etcd over TLS: members verified with {}, this manager presents {}",
+                    ca_path.display(),
+                    cert_path.display()
+                );
+                Some((cert, key))
+            }
+        };
+        if identity.is_none() {
+            info!(
+                "etcd over TLS: members verified with {}; no client certificate (members \
+                 started with --client-cert-auth will refuse this manager: --etcd-cert)",
+                ca_path.display()
+            );
+        }
+        Ok(Some(EtcdTls { ca, identity }))
+    }
+}
+
 pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     rt.block_on(async move {
@@ -193,7 +302,8 @@ pub fn run_manager(args: ManagerArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("cannot open manager state {}", args.state.display()))?;
             (store, None)
         } else {
-            let etcd = EtcdStore::connect(&args.etcd, &args.etcd_prefix).await?;
+            let tls = args.etcd_tls()?;
+            let etcd = EtcdStore::connect(&args.etcd, &args.etcd_prefix, tls.as_ref()).await?;
             let me = LeaderInfo {
                 name: args.name.clone().unwrap_or_else(surge_core::sys::hostname),
                 pid: std::process::id(),
@@ -1193,6 +1303,31 @@ pub enum CertCommand {
         /// Days it is valid.
         #[arg(long, default_value_t = 825)]
         days: u32,
+        /// Also valid as a client certificate (serverAuth and clientAuth): for an etcd member,
+        /// which dials its peers and its own gateway with the certificate it serves with
+        /// (docs/SECURITY.md, "The manager's etcd").
+        #[arg(long)]
+        peer: bool,
+    },
+    /// Make a client certificate (client.crt, client.key 0600 in --out), signed by the CA:
+    /// the manager's, for an etcd that asks its clients for one (--client-cert-auth);
+    /// `surge manager --etcd-cert` takes it.
+    Client {
+        /// The client's name (its certificate's common name; etcd's user name when etcd's
+        /// authentication is on).
+        name: String,
+        /// Where to write it (default: the certificate directory, for this host).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// The CA's certificate (default ca.crt in $SURGE_TLS_DIR, else /etc/surge/tls).
+        #[arg(long, value_name = "FILE")]
+        ca_cert: Option<PathBuf>,
+        /// The CA's key (default ca.key beside --ca-cert).
+        #[arg(long, value_name = "FILE")]
+        ca_key: Option<PathBuf>,
+        /// Days it is valid.
+        #[arg(long, default_value_t = 825)]
+        days: u32,
     },
 }
 
@@ -1215,18 +1350,45 @@ pub fn run_cert(args: CertArgs) -> anyhow::Result<ExitCode> {
             ca_cert,
             ca_key,
             days,
+            peer,
         } => {
             let ca_cert = ca_cert.unwrap_or_else(|| cert::default_dir().join(cert::CA_CERT));
             let ca_key = ca_key.unwrap_or_else(|| ca_cert.with_file_name(cert::CA_KEY));
             let out = out.unwrap_or_else(cert::default_dir);
             let (c, k) = (out.join(cert::SERVER_CERT), out.join(cert::SERVER_KEY));
-            cert::create_server(&ca_cert, &ca_key, &names, days, &c, &k)?;
+            let role = if peer {
+                cert::Role::Peer
+            } else {
+                cert::Role::Server
+            };
+            cert::create_signed(&ca_cert, &ca_key, &names, role, days, &c, &k)?;
             println!(
                 "created {} and {} (0600) for {}: install them in /etc/surge/tls/ of that host, \
                  the key owned by the server's user",
                 c.display(),
                 k.display(),
                 names.join(", ")
+            );
+        }
+        CertCommand::Client {
+            name,
+            out,
+            ca_cert,
+            ca_key,
+            days,
+        } => {
+            let ca_cert = ca_cert.unwrap_or_else(|| cert::default_dir().join(cert::CA_CERT));
+            let ca_key = ca_key.unwrap_or_else(|| ca_cert.with_file_name(cert::CA_KEY));
+            let out = out.unwrap_or_else(cert::default_dir);
+            let (c, k) = (out.join(cert::CLIENT_CERT), out.join(cert::CLIENT_KEY));
+            let names = [name];
+            cert::create_signed(&ca_cert, &ca_key, &names, cert::Role::Client, days, &c, &k)?;
+            println!(
+                "created {} and {} (0600) for client {}: install them on the manager's host \
+                 (surge manager --etcd-cert, --etcd-key), the key owned by the manager's user",
+                c.display(),
+                k.display(),
+                names[0]
             );
         }
     }

@@ -12,6 +12,7 @@
 pub mod etcd;
 pub mod inproc;
 pub mod procs;
+pub mod wire;
 
 /// The cluster key of this test process (one for all its servers and commands; see
 /// `surge_auth::key`), made on first use in a private directory under the system's temporary

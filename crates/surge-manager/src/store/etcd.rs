@@ -24,6 +24,13 @@
 //! **Reads** cost no round trip on the leader: it keeps a copy of what it wrote ([`cache`]),
 //! used only while its lease is known to be alive (renewed less than `LEASE_TTL - 1` s ago),
 //! so a paused leader that wakes up asks etcd until it learns it lost the lead.
+//!
+//! **TLS.** With `https://` endpoints the manager verifies the members' certificates against
+//! the site CA and presents its own client certificate when it has one ([`EtcdTls`];
+//! docs/SECURITY.md, "The manager's etcd"): keys, rows and the leader record never cross the
+//! network in clear. Before campaigning, [`EtcdStore::connect`] asks every member for its
+//! status, so a member it cannot reach or trust is named with the reason at start, not met
+//! later as a stalled request.
 
 mod cache;
 use cache::{Cache, Change};
@@ -33,7 +40,8 @@ use super::{
     StageRow, StageTotal, StoreError,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KvClient,
+    PutOptions, TlsOptions, Txn, TxnOp,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -52,6 +60,41 @@ const PAGE: i64 = 1000;
 
 fn etcd(e: etcd_client::Error) -> StoreError {
     StoreError::Etcd(e.to_string())
+}
+
+/// An error with its causes (a TLS failure is several sources below "transport error").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// TLS to the members (`https://` endpoints), as PEM text.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The CA that signed the members' certificates (the site CA): the only one trusted.
+    pub ca: String,
+    /// This manager's certificate and key, for members that ask their clients for one
+    /// (`etcd --client-cert-auth`).
+    pub identity: Option<(String, String)>,
+}
+
+impl EtcdTls {
+    fn options(&self) -> TlsOptions {
+        let o = TlsOptions::new().ca_certificate(Certificate::from_pem(&self.ca));
+        match &self.identity {
+            Some((cert, key)) => o.identity(Identity::from_pem(cert, key)),
+            None => o,
+        }
+    }
 }
 
 /// An instance as kept in etcd: the row and the session whose job instance it is.
@@ -117,15 +160,28 @@ fn id_key(id: u64) -> String {
 }
 
 impl EtcdStore {
-    /// Connects to the etcd members at `endpoints` (`http://host:port`, comma-separated in
-    /// the flag), with every key under `prefix` (e.g. `/surge/`).
-    pub async fn connect(endpoints: &[String], prefix: &str) -> SResult<EtcdStore> {
-        let opts = ConnectOptions::new()
+    /// Connects to the etcd members at `endpoints` (`http://host:port`, or `https://` with
+    /// `tls`; comma-separated in the flag), with every key under `prefix` (e.g. `/surge/`).
+    /// Fails, naming each member and why, when no member answers.
+    pub async fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        tls: Option<&EtcdTls>,
+    ) -> SResult<EtcdStore> {
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_timeout(Duration::from_secs(10))
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        if let Some(t) = tls {
+            opts = opts.with_tls(t.options());
+        }
+        Self::check_members(endpoints, &opts, tls).await?;
         let client = Client::connect(endpoints, Some(opts)).await.map_err(|e| {
-            StoreError::Etcd(format!("cannot connect to {}: {e}", endpoints.join(",")))
+            StoreError::Etcd(format!(
+                "cannot connect to {}: {}",
+                endpoints.join(","),
+                chain(&e)
+            ))
         })?;
         let mut prefix = prefix.to_string();
         if !prefix.ends_with('/') {
@@ -140,6 +196,50 @@ impl EtcdStore {
             renewed: Arc::new(Mutex::new(None)),
             warm: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Asks each member for its status: one that does not answer (down, or a TLS handshake
+    /// either side refused) is logged with the reason; none answering is an error naming them
+    /// all. The balanced client used afterwards hides which member failed and why.
+    async fn check_members(
+        endpoints: &[String],
+        opts: &ConnectOptions,
+        tls: Option<&EtcdTls>,
+    ) -> SResult<()> {
+        let mut failed = Vec::new();
+        for e in endpoints {
+            let status = async {
+                let mut c = Client::connect([e.as_str()], Some(opts.clone())).await?;
+                c.status().await
+            };
+            let why = match tokio::time::timeout(Duration::from_secs(10), status).await {
+                Ok(Ok(_)) => continue,
+                Ok(Err(err)) => chain(&err),
+                Err(_) => "no answer within 10 s".to_string(),
+            };
+            // In TLS 1.3 the client's certificate is checked after the client has finished
+            // its handshake: a member that refuses it just closes the connection.
+            let why = match tls.map(|t| t.identity.is_some()) {
+                Some(true) if !why.contains("ertificate") => format!(
+                    "{why} (a TLS member closes the connection of a client whose certificate \
+                     it refuses: is --etcd-cert signed by the CA the members trust?)"
+                ),
+                Some(false) if !why.contains("ertificate") => format!(
+                    "{why} (a TLS member started with --client-cert-auth closes the connection \
+                     of a client without a certificate: --etcd-cert)"
+                ),
+                _ => why,
+            };
+            warn!("etcd member {e} does not answer: {why}");
+            failed.push(format!("{e}: {why}"));
+        }
+        if failed.len() == endpoints.len() {
+            return Err(StoreError::Etcd(format!(
+                "no etcd member answers ({})",
+                failed.join("; ")
+            )));
+        }
+        Ok(())
     }
 
     fn key(&self, rest: &str) -> String {
