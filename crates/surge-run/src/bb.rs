@@ -26,6 +26,7 @@ use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
+use surge_api::states::TaskState;
 use surge_api::v1 as api;
 use surge_core::backoff::Backoff;
 use surge_core::directives::{parse_script, Directives};
@@ -596,7 +597,7 @@ impl Report for Lines<'_> {
                 ns,
                 task,
                 started,
-            } if task.state == "done" => self.say(format!(
+            } if task.task_state() == Some(TaskState::Done) => self.say(format!(
                 "stage {direction} {var}{}: {} files, {} in {:.1} s",
                 if instance.access_mode == "private" {
                     format!(" (node {ns})")
@@ -614,7 +615,7 @@ impl Report for Lines<'_> {
                 task,
                 started,
                 ..
-            } if task.state == "done" => self.say(format!(
+            } if task.task_state() == Some(TaskState::Done) => self.say(format!(
                 "fill {} from {pfs}: {} files ({}, read from the PFS on first use) in {:.1} s",
                 var.env_name(),
                 task.files_done,

@@ -20,6 +20,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use surge_api::states::TaskState;
 use surge_api::v1 as api;
 use surge_core::directives::{parse_script, Directives, DwVariable};
 use surge_core::format_bytes;
@@ -196,7 +197,12 @@ impl Reporter {
         } else {
             "stage out"
         };
-        self.phase(name, detail, started, t.state == "done");
+        self.phase(
+            name,
+            detail,
+            started,
+            t.task_state() == Some(TaskState::Done),
+        );
     }
 
     fn filled(
@@ -228,6 +234,60 @@ impl Reporter {
             ),
         };
         self.phase("fill", detail, started, summary.is_some());
+    }
+}
+
+impl Reporter {
+    /// A cache drained to the PFS: `moved` is (files, bytes, seconds).
+    fn drained(
+        &mut self,
+        var: &DwVariable,
+        pfs: &str,
+        (files, bytes, seconds): (u64, u64, f64),
+        ok: bool,
+        started: Instant,
+    ) {
+        let detail = format!(
+            "{var} to {pfs}: {files} files, {}{}",
+            format_bytes(bytes),
+            rate(bytes, seconds)
+        );
+        self.phase("drain", detail, started, ok);
+    }
+
+    /// A stage task the job asked for from inside (`deferred`: run at the job's end).
+    fn job_stage(&mut self, task: &api::StageTask, deferred: bool, started: Instant) {
+        let name = if deferred {
+            "stage at job end"
+        } else {
+            "job's stage"
+        };
+        let detail = format!(
+            "task {} {}: {} files, {}{}",
+            task.id,
+            task.direction,
+            task.files_done,
+            format_bytes(task.bytes_done),
+            rate(task.bytes_done, task.seconds)
+        );
+        self.phase(
+            name,
+            detail,
+            started,
+            task.task_state() == Some(TaskState::Done),
+        );
+    }
+
+    /// The session ended; `kept`: its job instance was kept with its data.
+    fn ended(&mut self, session: &api::Session, kept: Option<u64>, started: Instant) {
+        let detail = match kept {
+            Some(i) => format!(
+                "session {} ended; job instance {i} KEPT (stage-out failed)",
+                session.id
+            ),
+            None => format!("session {} ended", session.id),
+        };
+        self.phase("release", detail, started, kept.is_none());
     }
 }
 
@@ -323,55 +383,19 @@ impl Report for Reporter {
                 seconds,
                 error,
                 started,
-            } => self.phase(
-                "drain",
-                format!(
-                    "{var} to {pfs}: {files} files, {}{}",
-                    format_bytes(bytes),
-                    rate(bytes, seconds)
-                ),
-                started,
-                error.is_none(),
-            ),
+            } => self.drained(var, pfs, (files, bytes, seconds), error.is_none(), started),
             Event::Mounted { detail, started } => self.phase("mount", detail, started, true),
             Event::Unmounted { detail, started } => self.phase("unmount", detail, started, true),
             Event::JobStage {
                 task,
                 deferred,
                 started,
-            } => self.phase(
-                if deferred {
-                    "stage at job end"
-                } else {
-                    "job's stage"
-                },
-                format!(
-                    "task {} {}: {} files, {}{}",
-                    task.id,
-                    task.direction,
-                    task.files_done,
-                    format_bytes(task.bytes_done),
-                    rate(task.bytes_done, task.seconds)
-                ),
-                started,
-                task.state == "done",
-            ),
+            } => self.job_stage(task, deferred, started),
             Event::Ended {
                 session,
                 kept,
                 started,
-            } => self.phase(
-                "release",
-                match kept {
-                    Some(i) => format!(
-                        "session {} ended; job instance {i} KEPT (stage-out failed)",
-                        session.id
-                    ),
-                    None => format!("session {} ended", session.id),
-                },
-                started,
-                kept.is_none(),
-            ),
+            } => self.ended(session, kept, started),
             Event::Destroyed {
                 name,
                 existed,

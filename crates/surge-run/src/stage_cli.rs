@@ -6,6 +6,7 @@ use crate::job_stage::{self, JobItem, JobStager, When};
 use crate::progress::wait_stage;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use surge_api::states::TaskState;
 use surge_core::format_bytes;
 use surge_manager::cli::runtime;
 use surge_manager::views;
@@ -160,7 +161,7 @@ pub fn run_stage(args: StageArgs) -> anyhow::Result<ExitCode> {
                     }
                     let label = format!("stage {} task {}", t.direction, t.id);
                     let done = wait_stage(js.manager(), t, &label, false, || false).await?;
-                    if done.state != "done" {
+                    if done.task_state() != Some(TaskState::Done) {
                         failed += 1;
                         eprintln!(
                             "surge stage: task {} failed: {}",
