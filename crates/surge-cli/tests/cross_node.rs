@@ -37,10 +37,7 @@ fn missing(test: &str, tool: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok();
-    if !there {
-        eprintln!("SKIPPED {test}: `{tool}` is not installed");
-    }
-    !there
+    !there && skip_without(test, &format!("`{tool}` is not installed"))
 }
 
 /// The lock client the tests run as separate processes (a process is a POSIX lock owner):

@@ -34,10 +34,13 @@ fn fs_suites(test: &str) -> Option<PathBuf> {
         PathBuf::from,
     );
     if !suites.join("build.sh").exists() {
-        eprintln!(
-            "SKIPPED {test}: {} is absent (fsx, fsstress and the C pjdfstest come from there; \
-             set SURGE_FS_SUITES to its path)",
-            suites.display()
+        skip_without(
+            test,
+            &format!(
+                "{} is absent (fsx, fsstress and the C pjdfstest come from there; set \
+                 SURGE_FS_SUITES to its path)",
+                suites.display()
+            ),
         );
         return None;
     }

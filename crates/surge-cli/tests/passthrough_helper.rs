@@ -282,9 +282,12 @@ fn fsx_in_a_users_job_with_the_helper() {
     }
     let fsx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/fsx");
     let Ok(bin) = std::fs::read(&fsx) else {
-        eprintln!(
-            "SKIPPED {test}: {} is missing (make setup builds it from ../shared/tools/fs-suites)",
-            fsx.display()
+        skip_without(
+            test,
+            &format!(
+                "{} is missing (make setup builds it from ../shared/tools/fs-suites)",
+                fsx.display()
+            ),
         );
         return;
     };

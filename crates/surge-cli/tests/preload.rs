@@ -195,11 +195,11 @@ fn fsx_through_the_library() {
     let Some((_c, m, _other)) = setup("fsx_through_the_library") else {
         return;
     };
-    let fsx = Path::new("/work/main/.tools/bin/fsx");
+    let fsx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/fsx");
     if !fsx.exists() {
-        println!(
-            "SKIPPED fsx_through_the_library: {} is absent",
-            fsx.display()
+        skip_without(
+            "fsx_through_the_library",
+            &format!("{} is absent (make setup builds it)", fsx.display()),
         );
         return;
     }
@@ -346,9 +346,9 @@ fn tool(name: &str) -> Option<PathBuf> {
         "{} is missing: run `make setup`",
         p.display()
     );
-    eprintln!(
-        "SKIPPED {name} through the library: {} is absent",
-        p.display()
+    skip_without(
+        &format!("{name} through the library"),
+        &format!("{} is absent (make setup builds it)", p.display()),
     );
     None
 }

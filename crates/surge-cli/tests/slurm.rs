@@ -11,6 +11,7 @@ use common::testbed::{ok, sh, unavailable, Bed};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use surge_testkit::wire::contains;
 
 const TB: &str = "/run/surge-tb";
 const MANAGER: &str = "10.78.0.1:7060";
@@ -776,10 +777,6 @@ fn datawarp_scripts_run_under_sbatch_on_two_compute_hosts() {
     // sgc1's output still reached the PFS.
     assert!(Path::new(&format!("{TB}/pfs/out8/after.sgc1")).exists());
     nothing_left("link cut");
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Every frame through one network interface (a packet socket, as tcpdump opens), kept in

@@ -12,11 +12,11 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use surge_proto::codec;
 use surge_proto::tls::{ClientTls, Mode};
 use surge_proto::{Request, Response};
+use surge_testkit::wire::{contains, Proxy};
 use surge_testkit::{surge_command, wait_for, Scratch};
 
 fn bin() -> &'static Path {
@@ -55,48 +55,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
-}
-
-/// A TCP proxy from a loopback port to `to` that keeps every byte either way.
-struct Proxy {
-    addr: String,
-    wire: Arc<Mutex<Vec<u8>>>,
-}
-
-impl Proxy {
-    fn start(to: String) -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").expect("proxy listener");
-        let addr = l.local_addr().expect("proxy address").to_string();
-        let wire = Arc::new(Mutex::new(Vec::new()));
-        let w = wire.clone();
-        std::thread::spawn(move || {
-            for c in l.incoming().flatten() {
-                let Ok(s) = TcpStream::connect(&to) else {
-                    continue;
-                };
-                for (mut from, mut into) in
-                    [(c.try_clone().unwrap(), s.try_clone().unwrap()), (s, c)]
-                {
-                    let w = w.clone();
-                    std::thread::spawn(move || {
-                        let mut buf = [0u8; 65536];
-                        while let Ok(n) = from.read(&mut buf) {
-                            if n == 0 || into.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                            w.lock().unwrap().extend_from_slice(&buf[..n]);
-                        }
-                        let _ = into.shutdown(std::net::Shutdown::Write);
-                    });
-                }
-            }
-        });
-        Proxy { addr, wire }
-    }
-
-    fn take(&self) -> Vec<u8> {
-        std::mem::take(&mut *self.wire.lock().unwrap())
-    }
 }
 
 /// The test's PKI: a site CA, a server certificate for 127.0.0.1, and another CA.
@@ -198,10 +156,6 @@ fn make_instance(addr: &str, env: &[(&str, &str)]) -> (u64, u64) {
         v["instance"].as_u64().expect("instance id"),
         v["generation"].as_u64().unwrap_or(0),
     )
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// The content of the victim's file: a marker that cannot appear by chance.

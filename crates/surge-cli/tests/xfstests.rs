@@ -101,10 +101,13 @@ fn xfstests(test: &str) -> Option<PathBuf> {
     let suites = std::env::var_os("SURGE_FS_SUITES")
         .map_or_else(|| repo().join("../shared/tools/fs-suites"), PathBuf::from);
     if !suites.join("xfstests-full.tar.gz").exists() {
-        eprintln!(
-            "SKIPPED {test}: {} is absent (xfstests is built from its xfstests-full.tar.gz; \
-             set SURGE_FS_SUITES to its path)",
-            suites.display()
+        skip_without(
+            test,
+            &format!(
+                "{} is absent (xfstests is built from its xfstests-full.tar.gz; set \
+                 SURGE_FS_SUITES to its path)",
+                suites.display()
+            ),
         );
         return None;
     }

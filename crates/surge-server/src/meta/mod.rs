@@ -105,16 +105,26 @@ fn kind_code(k: FileKind) -> i64 {
     }
 }
 
-fn kind_from(code: i64) -> FileKind {
-    match code {
+/// The kind stored in column `i` of `r`; a code no Surge writes is an error (a store damaged
+/// or written by a newer Surge), not a regular file.
+fn kind_at(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<FileKind> {
+    let code: i64 = r.get(i)?;
+    Ok(match code {
+        1 => FileKind::File,
         2 => FileKind::Dir,
         3 => FileKind::Symlink,
         4 => FileKind::Fifo,
         5 => FileKind::Socket,
         6 => FileKind::CharDev,
         7 => FileKind::BlockDev,
-        _ => FileKind::File,
-    }
+        _ => {
+            return Err(rusqlite::Error::FromSqlConversionFailure(
+                i,
+                rusqlite::types::Type::Integer,
+                format!("file kind {code} is none this Surge knows (1 to 7)").into(),
+            ))
+        }
+    })
 }
 
 const ATTR_COLS: &str =
@@ -130,7 +140,7 @@ fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
     };
     Ok(Attr {
         ino: r.get::<_, i64>(base)? as u64,
-        kind: kind_from(r.get(base + 1)?),
+        kind: kind_at(r, base + 1)?,
         perm: r.get::<_, i64>(base + 2)? as u16,
         nlink: r.get::<_, i64>(base + 3)? as u32,
         uid: r.get::<_, i64>(base + 4)? as u32,
@@ -266,7 +276,7 @@ impl Ops<'_> {
             .prepare_cached("SELECT ino, kind FROM dentries WHERE parent = ?1 AND name = ?2")
             .map_err(db_err)?;
         st.query_row(params![parent as i64, name], |r| {
-            Ok((r.get::<_, i64>(0)? as u64, kind_from(r.get(1)?)))
+            Ok((r.get::<_, i64>(0)? as u64, kind_at(r, 1)?))
         })
         .optional()
         .map_err(db_err)
@@ -694,7 +704,7 @@ impl Ops<'_> {
                 st.query_row(params![ino as i64, now.secs, i64::from(now.nsec)], |r| {
                     Ok((
                         r.get::<_, i64>(0)?,
-                        kind_from(r.get(1)?),
+                        kind_at(r, 1)?,
                         r.get::<_, i64>(2)? as u64,
                     ))
                 })
@@ -1014,7 +1024,7 @@ impl Ops<'_> {
                     cursor: r.get::<_, i64>(0)? as u64,
                     name: r.get(1)?,
                     ino: r.get::<_, i64>(2)? as u64,
-                    kind: kind_from(r.get(3)?),
+                    kind: kind_at(r, 3)?,
                     attr: if plus {
                         Some(attr_from_row(r, 4)?)
                     } else {
@@ -1271,6 +1281,21 @@ mod tests {
             code(ops.set_layout(d.ino, odd).map(|_| ())),
             ErrorCode::Invalid
         );
+    }
+
+    #[test]
+    fn an_unknown_file_kind_in_the_store_is_an_error_not_a_regular_file() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1000, 1000)
+            .unwrap();
+        c.execute("UPDATE inodes SET kind = 9 WHERE ino = ?1", [f.ino as i64])
+            .unwrap();
+        let e = ops.getattr(f.ino).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Io, "{e:?}");
+        assert!(e.message.contains("file kind 9"), "{}", e.message);
+        assert_eq!(code(ops.lookup(ROOT_INO, b"f")), ErrorCode::Io);
     }
 
     #[test]
