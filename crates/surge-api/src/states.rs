@@ -53,8 +53,13 @@ states! {
         Ended = "ended",
         /// Ended after a failure of its job or of a phase.
         Failed = "failed",
+        /// Ended because its job was cancelled (`surge bb teardown --hurry`).
+        Cancelled = "cancelled",
         /// Ended with its stage-out failed: its instance is kept.
         StageOutFailed = "stage-out-failed",
+        /// Ended by the manager: the `surge run` that made it is gone (killed, its host
+        /// rebooted).
+        Abandoned = "abandoned",
         /// Ended with a cache instance not drained: its instance is kept.
         DrainPending = "drain-pending",
     }
@@ -84,6 +89,20 @@ states! {
         Destroying = "destroying",
         /// Its session or its servers are gone; the collector removes it.
         Orphaned = "orphaned",
+    }
+}
+
+impl SessionState {
+    /// A state a client may end a session in (`EndSession.state`); the manager itself ends
+    /// sessions in the others (`DrainPending`, and `Failed` for one left `Creating`).
+    pub fn ends_by_request(self) -> bool {
+        matches!(
+            self,
+            SessionState::Ended
+                | SessionState::Failed
+                | SessionState::Cancelled
+                | SessionState::StageOutFailed
+        )
     }
 }
 

@@ -213,9 +213,28 @@ fn a_scratch_jobs_phases_stage_through_manager_tasks_and_leave_nothing() {
     assert_eq!(std::fs::read(bed.pfs("out/a.dat")).unwrap(), input);
     assert_eq!(std::fs::read(bed.pfs("out/sub/b.txt")).unwrap(), b"bee\n");
 
+    // A session is ended only in a state that says it ended: "active" (or a misspelling)
+    // would leave it listed as running with its job instance destroyed.
+    for bad in ["active", "creating", "drain-pending", "done"] {
+        let e = rt
+            .block_on(m.end_session(api::EndSessionRequest {
+                id: s.id,
+                keep_job_instance: false,
+                state: bad.into(),
+            }))
+            .expect_err(bad);
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad}: {e}");
+        assert!(e.message().contains(&format!("'{bad}'")), "{e}");
+    }
+    let still = sessions(&mut m, rt);
+    assert!(
+        still.iter().any(|x| x.id == s.id && x.is_active()),
+        "{still:?}"
+    );
+
     let how = Teardown {
         hurry: false,
-        state: "ended".into(),
+        state: surge_api::states::SessionState::Ended,
         destroy: true,
     };
     let ended = rt
@@ -328,7 +347,7 @@ fn a_persistent_cache_is_filled_drained_and_drained_again_before_a_later_job_des
     assert!(!t.iter().any(|t| t.state == "running"), "{t:?}");
     let how = Teardown {
         hurry: false,
-        state: "ended".into(),
+        state: surge_api::states::SessionState::Ended,
         destroy: true,
     };
     rt.block_on(lifecycle::teardown(

@@ -1349,7 +1349,9 @@ impl Core {
             match self.create_instance_for(&req, Some(sid)).await {
                 Ok(inst) => made = Some(inst),
                 Err(e) => {
-                    self.store.end_session(sid, "failed").await?;
+                    self.store
+                        .end_session(sid, SessionState::Failed.as_str())
+                        .await?;
                     return Err(e);
                 }
             }
@@ -1461,12 +1463,17 @@ impl Core {
 
     /// Ends a session; its job instance is destroyed unless `keep` (a failed stage-out keeps
     /// the data for the user to recover).
-    pub async fn end_session(&self, id: u64, keep: bool, state: &str) -> MResult<SessionRow> {
+    pub async fn end_session(
+        &self,
+        id: u64,
+        keep: bool,
+        state: SessionState,
+    ) -> MResult<SessionRow> {
         let s = self.session(id).await?;
-        if s.state != "active" {
+        if s.state != SessionState::Active.as_str() {
             return Ok(s);
         }
-        let mut state = if state.is_empty() { "ended" } else { state };
+        let mut state = state.as_str();
         let mut keep = keep;
         // A cache instance whose journal still holds changes keeps them: they are the only
         // copy of data a job was told was written (`surge stage drain` finishes it).
@@ -1480,14 +1487,14 @@ impl Core {
                              its PFS directory: kept (finish with `surge stage drain --instance \
                              {inst}`)"
                         );
-                        (keep, state) = (true, "drain-pending");
+                        (keep, state) = (true, SessionState::DrainPending.as_str());
                     }
                     Some(Err(e)) => {
                         warn!(
                             "session {id}: cannot tell whether cache instance {inst} is drained \
                              ({e}): kept"
                         );
-                        (keep, state) = (true, "drain-pending");
+                        (keep, state) = (true, SessionState::DrainPending.as_str());
                     }
                 }
             }
@@ -1505,6 +1512,21 @@ impl Core {
         let _ = self.ended.send(id);
         Ok(s)
     }
+}
+
+/// The state a client asks to end session `id` in (`EndSession.state`; empty: ended).
+pub fn requested_end(id: u64, state: &str) -> MResult<SessionState> {
+    if state.is_empty() {
+        return Ok(SessionState::Ended);
+    }
+    SessionState::parse(state)
+        .filter(|s| s.ends_by_request())
+        .ok_or_else(|| {
+            ManagerError::Invalid(format!(
+                "session {id}: '{state}' is not a state a session can be ended in (ended, \
+                 failed, cancelled, stage-out-failed)"
+            ))
+        })
 }
 
 impl Core {
@@ -1639,9 +1661,9 @@ impl Core {
             }
             let keep = s.phase == "data_out_failed";
             let state = if keep {
-                "stage-out-failed"
+                SessionState::StageOutFailed
             } else {
-                "abandoned"
+                SessionState::Abandoned
             };
             match self.end_session(s.id, keep, state).await {
                 Ok(_) => {

@@ -659,10 +659,11 @@ impl Manager for Service {
         let c = caller(&req)?;
         let r = req.into_inner();
         self.own_session(&c, r.id).await?;
+        let state = crate::core::requested_end(r.id, &r.state)?;
         self.stages.cancel_deferred(r.id).await?;
         let s = self
             .core
-            .end_session(r.id, r.keep_job_instance, &r.state)
+            .end_session(r.id, r.keep_job_instance, state)
             .await?;
         self.agents.poke(&s.hosts);
         Ok(Response::new(self.session_view(&s).await))

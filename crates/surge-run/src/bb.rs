@@ -26,7 +26,7 @@ use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
-use surge_api::states::TaskState;
+use surge_api::states::{SessionState, TaskState};
 use surge_api::v1 as api;
 use surge_core::backoff::Backoff;
 use surge_core::directives::{parse_script, Directives};
@@ -519,7 +519,11 @@ async fn teardown(c: &JobArgs, hurry: bool) -> anyhow::Result<()> {
     };
     let how = Teardown {
         hurry,
-        state: if hurry { "cancelled" } else { "ended" }.into(),
+        state: if hurry {
+            SessionState::Cancelled
+        } else {
+            SessionState::Ended
+        },
         destroy: true,
     };
     let mut m = c.manager().await?;
@@ -545,7 +549,7 @@ async fn end_session(
         s,
         &mut agents_of_session(),
         true,
-        "abandoned",
+        SessionState::Abandoned,
         &mut lines,
     )
     .await

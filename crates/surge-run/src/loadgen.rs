@@ -371,7 +371,7 @@ async fn job(
     t.pre_run = t0.elapsed().as_secs_f64();
     // What the job would run with: its session active and holding its job instance.
     t.instance = found.job_instance;
-    t.without_instance = found.state != "active"
+    t.without_instance = !found.is_active()
         || found.job_instance == 0
         || !found.instances.iter().any(|i| i.id == found.job_instance);
 
@@ -773,7 +773,7 @@ async fn teardown_failed(addr: &str, munge: &std::path::Path, n: usize) {
                 m.end_session(api::EndSessionRequest {
                     id: s.id,
                     keep_job_instance: false,
-                    state: "failed".into(),
+                    state: surge_api::states::SessionState::Failed.to_string(),
                 })
                 .await
                 .map_err(gone)?;

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use surge_api::states::TaskState;
+use surge_api::states::{SessionState, TaskState};
 use surge_api::v1 as api;
 use surge_core::directives::{parse_script, Directives, DwVariable};
 use surge_core::format_bytes;
@@ -789,7 +789,11 @@ async fn drive(ctx: &Ctx<'_>, rep: &mut Reporter) -> anyhow::Result<Outcome> {
     };
     let how = Teardown {
         hurry: false,
-        state: if ran.is_ok() { "ended" } else { "failed" }.into(),
+        state: if ran.is_ok() {
+            SessionState::Ended
+        } else {
+            SessionState::Failed
+        },
         destroy: ran.is_ok(),
     };
     // The teardown is idempotent: while the manager does not answer (a failover, a restart)

@@ -229,7 +229,7 @@ async fn start(js: &mut JobStager, direction: Direction, a: InOut) -> anyhow::Re
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&views::stage_json(&t))?);
-    } else if t.state == "failed" {
+    } else if t.task_state() == Some(TaskState::Failed) {
         eprintln!(
             "surge stage: task {} failed: {}",
             t.id,
@@ -238,7 +238,7 @@ async fn start(js: &mut JobStager, direction: Direction, a: InOut) -> anyhow::Re
     } else {
         println!("{}", t.id);
     }
-    Ok(if t.state == "failed" {
+    Ok(if t.task_state() == Some(TaskState::Failed) {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -7,6 +7,7 @@
 use super::staging::stage_once;
 use super::{cache_pfs, instance_client, persistent, session_tasks, var_of, Event, Job, Report};
 use std::time::Instant;
+use surge_api::states::{SessionState, TaskState};
 use surge_api::v1 as api;
 use surge_core::Ino;
 use surge_manager::cli::status_err;
@@ -179,7 +180,7 @@ pub(super) async fn start_drains(
             .await
             .map_err(status_err)?
             .into_inner();
-        if task.state == "failed" {
+        if task.task_state() == Some(TaskState::Failed) {
             anyhow::bail!("the drain of {var} could not start: {}", task.error);
         }
         rep.event(Event::DrainStarted {
@@ -317,7 +318,12 @@ pub(super) async fn drain_before_destroy(
     m.end_session(api::EndSessionRequest {
         id: s.id,
         keep_job_instance: keep,
-        state: if keep { "failed" } else { "ended" }.into(),
+        state: if keep {
+            SessionState::Failed
+        } else {
+            SessionState::Ended
+        }
+        .to_string(),
     })
     .await
     .map_err(status_err)?;

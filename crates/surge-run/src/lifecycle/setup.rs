@@ -5,6 +5,7 @@
 use super::{attached, find, missing, set_phase, Alloc, Event, Job, Report};
 use anyhow::Context;
 use std::time::Instant;
+use surge_api::states::SessionState;
 use surge_api::v1 as api;
 use surge_core::directives::{CacheSpec, CreatePersistent, JobAllocation};
 use surge_manager::cli::status_err;
@@ -37,7 +38,7 @@ pub async fn setup(
                 m.end_session(api::EndSessionRequest {
                     id: s.id,
                     keep_job_instance: false,
-                    state: "failed".into(),
+                    state: SessionState::Failed.to_string(),
                 })
                 .await
                 .map_err(status_err)?;

@@ -5,6 +5,7 @@
 
 use super::{cache, find, session_tasks, set_phase, Event, Job, Mounts, Report};
 use std::time::Instant;
+use surge_api::states::SessionState;
 use surge_api::v1 as api;
 use surge_manager::cli::status_err;
 
@@ -14,9 +15,9 @@ pub struct Teardown {
     /// The job was cancelled: stop its stage tasks, do not wait long for the agents, destroy
     /// persistent instances without draining them.
     pub hurry: bool,
-    /// The state the session ends in ("ended", "cancelled", "failed"), unless its job instance
-    /// is kept ("stage-out-failed").
-    pub state: String,
+    /// The state the session ends in (`Ended`, `Cancelled`, `Failed`), unless its job
+    /// instance is kept (`StageOutFailed`).
+    pub state: SessionState,
     /// Destroy the script's `#BB destroy_persistent` instances.
     pub destroy: bool,
 }
@@ -53,7 +54,7 @@ pub async fn teardown(
     let mut ended = Ended::default();
     let s = if s.is_active() {
         let t = Instant::now();
-        let e = end_job_session(m, &s, mounts, how.hurry, &how.state, rep).await?;
+        let e = end_job_session(m, &s, mounts, how.hurry, how.state, rep).await?;
         ended.kept = kept(&e);
         rep.event(Event::Ended {
             session: &e,
@@ -69,7 +70,7 @@ pub async fn teardown(
     }
     // A Rabbit allocation lives as long as the job, as the job instance does: it is kept, with
     // its data, when the stage-out failed.
-    if !matches!(s.state.as_str(), "stage-out-failed" | "drain-pending") {
+    if kept_state(&s).is_none() {
         ended
             .failures
             .extend(destroy_allocations(m, job, how.hurry, rep).await?);
@@ -80,8 +81,17 @@ pub async fn teardown(
 
 /// The job instance an ended session kept, if it did.
 fn kept(s: &api::Session) -> Option<u64> {
-    let kept = matches!(s.state.as_str(), "stage-out-failed" | "drain-pending");
-    (kept && s.job_instance != 0).then_some(s.job_instance)
+    kept_state(s).and(Some(s.job_instance)).filter(|&i| i != 0)
+}
+
+/// The state of an ended session that kept its job instance with its data.
+fn kept_state(s: &api::Session) -> Option<SessionState> {
+    s.session_state().filter(|st| {
+        matches!(
+            st,
+            SessionState::StageOutFailed | SessionState::DrainPending
+        )
+    })
 }
 
 /// Ends active session `s` of a job: unmounts its instances (a mount of a destroyed instance
@@ -93,7 +103,7 @@ pub async fn end_job_session(
     s: &api::Session,
     mounts: &mut impl Mounts,
     hurry: bool,
-    state: &str,
+    state: SessionState,
     rep: &mut impl Report,
 ) -> anyhow::Result<api::Session> {
     // A failed stage-out is remembered in the phase, so a teardown run again keeps the data.
@@ -124,7 +134,12 @@ pub async fn end_job_session(
     Ok(m.end_session(api::EndSessionRequest {
         id: s.id,
         keep_job_instance: keep,
-        state: if keep { "stage-out-failed" } else { state }.into(),
+        state: if keep {
+            SessionState::StageOutFailed
+        } else {
+            state
+        }
+        .to_string(),
     })
     .await
     .map_err(status_err)?
