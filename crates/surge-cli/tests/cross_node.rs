@@ -182,6 +182,54 @@ fn fcntl_flock_and_ofd_locks_exclude_across_nodes_and_wake_waiters() {
     }
 }
 
+/// A lock outlives a restart of the metadata server (kill -9, started again on its
+/// directories): the mount that held it reclaims it when its lock keeper reconnects, and the
+/// restarted server grants only reclaims during its grace period, so the other node never
+/// gets a lock that was held; once the holder lets go, it does.
+#[test]
+fn a_lock_held_across_a_restart_of_the_metadata_server_still_excludes() {
+    let test = "a_lock_held_across_a_restart_of_the_metadata_server_still_excludes";
+    if skip_without_fuse(test) || missing(test, "python3") {
+        return;
+    }
+    let (mut c, a, b) = two_nodes();
+    std::fs::write(a.path("lockfile"), b"x").unwrap();
+    let mut holder = LockClient::spawn(&a.path("lockfile"), "posix", "hold");
+    assert_eq!(holder.line(), "held");
+    assert_eq!(LockClient::run(&b.path("lockfile"), "posix", "try"), "busy");
+    // Namespace 0's metadata server is the instance's first fragment's.
+    c.servers[0]
+        .extra
+        .extend(["--lock-grace".to_string(), "2".to_string()]);
+    c.servers[0].restart();
+    let back = Instant::now();
+    holds_for(
+        "node B's lock refused while node A holds it, through the grace period and after",
+        Duration::from_secs(4),
+        || {
+            let said = LockClient::run(&b.path("lockfile"), "posix", "try");
+            check(said == "busy", || {
+                format!(
+                    "B got the lock {:?} after the restart; A's mount log:\n{}",
+                    back.elapsed(),
+                    a.log()
+                )
+            })
+        },
+    );
+    assert!(
+        a.log().contains("1 lock(s) of this node reclaimed, 0 lost"),
+        "A's mount log:\n{}",
+        a.log()
+    );
+    drop(holder);
+    wait_for(
+        "node B's lock once A let go",
+        Duration::from_secs(10),
+        || (LockClient::run(&b.path("lockfile"), "posix", "try") == "got").then_some(()),
+    );
+}
+
 #[test]
 fn a_blocked_lock_wait_is_interrupted_by_a_signal() {
     let test = "a_blocked_lock_wait_is_interrupted_by_a_signal";

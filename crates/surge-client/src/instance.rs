@@ -667,6 +667,14 @@ impl InstanceClient {
         Response::Lock(held) => held);
 
     metadata_call!(
+        /// Asks again for a lock this session held before its lock-keeper connection broke
+        /// (a restarted metadata server grants it during its grace period): `None` when
+        /// granted, else the lock in the way (the lock is lost).
+        lock_reclaim(this, owner: LockOwner, range: LockRange, pid: u32) -> Option<LockHeld>,
+        Request::Lock { instance: this.instance(), ns: this.ns, op: LockOp::Reclaim { owner, range, pid } },
+        Response::Lock(held) => held);
+
+    metadata_call!(
         /// Releases every lock of kernel owner `owner` on `ino` (a close).
         lock_release(this, ino: Ino, owner: u64) -> (),
         Request::Lock { instance: this.instance(), ns: this.ns, op: LockOp::Release { ino, owner } },

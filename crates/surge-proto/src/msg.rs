@@ -838,7 +838,22 @@ pub enum LockOp {
     /// `wait_ms` for a lock of the namespace to be released (`after`: the release count the
     /// caller last saw). Answered with `LocksReleased` (the count now).
     Keep { after: u64, wait_ms: u32 },
+    /// A lock `owner` held before its session's lock-keeper connection broke (a restarted
+    /// metadata server), asked for again on the new one: granted during the service's grace
+    /// period, when other locks wait (see [`LOCK_GRACE`]). Answered as `Set`.
+    Reclaim {
+        owner: LockOwner,
+        range: LockRange,
+        pid: u32,
+    },
 }
+
+/// How long a metadata server that opened an existing namespace (a restart) takes no new
+/// lock, so the locks mounts held before the restart are reclaimed first (NFS's and NLM's
+/// grace period; `surge server --lock-grace` changes it). A lock asked for meanwhile
+/// is answered with a conflicting lock of session 0: `F_SETLK` gets EAGAIN, `F_SETLKW`
+/// waits.
+pub const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A lock held, as `F_GETLK` reports it; `session` is the holder's client session (its pid
 /// means something only on that node).

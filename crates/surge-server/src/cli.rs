@@ -108,6 +108,12 @@ pub struct ServerArgs {
     #[arg(long, value_name = "SECS", default_value = "30", value_parser = surge_core::sys::secs_arg)]
     pub frame_timeout: Duration,
 
+    /// After a restart, how long a namespace's lock service grants only the locks mounts
+    /// held before (they reclaim them when they reconnect); new locks wait meanwhile
+    /// (seconds; NFS's grace period). Longer than the mounts take to reconnect.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = surge_core::sys::secs_arg)]
+    pub lock_grace: Duration,
+
     /// TLS 1.3 on the TCP listener (docs/SECURITY.md, "On the wire"). auto: with a
     /// certificate (--tls-cert), every peer on another host must speak TLS and loopback peers
     /// may; without one, everything in clear. on: a certificate is required and every TCP
@@ -319,6 +325,7 @@ pub fn run(
 ) -> anyhow::Result<ExitCode> {
     let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM]);
     crate::reserve::set_size(args.metadata_reserve);
+    crate::locks::set_grace(args.lock_grace);
     // Everything this server makes (objects, metadata stores) is its user's alone.
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0o077) };

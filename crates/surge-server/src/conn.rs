@@ -225,7 +225,10 @@ fn lock(locks: &crate::locks::LockTable, session: u32, op: LockOp) -> Result<Res
             range,
             pid,
             waiting,
-        } => Response::Lock(locks.set(session, owner, &range, pid, waiting)?),
+        } => Response::Lock(locks.set(session, owner, &range, pid, waiting, false)?),
+        LockOp::Reclaim { owner, range, pid } => {
+            Response::Lock(locks.set(session, owner, &range, pid, false, true)?)
+        }
         LockOp::Release { ino, owner } => {
             locks.release(session, ino, owner);
             Response::Ok

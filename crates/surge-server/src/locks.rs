@@ -10,15 +10,21 @@
 //! waits for, for [`LOCK_WAIT_TTL`]. A session's locks go when its last lock-keeper
 //! connection closes (its mount died or went), as NLM's go with a client's reboot.
 //!
-//! No request here touches the store: a restarted server knows no locks (NLM's grace period
-//! is not modelled: a mount's keeper reconnects, its locks are gone; documented).
+//! No request here touches the store: a restarted server knows no locks until the mounts that
+//! held them reclaim them. A namespace opened again (a restart) starts in a grace period
+//! ([`LOCK_GRACE`], NLM's): only reclaims ([`LockOp::Reclaim`], sent by a mount's keeper when
+//! its connection was made again) are granted; other lock requests see a conflicting lock of
+//! session 0 and wait (or get EAGAIN) until it ends.
+//!
+//! [`LockOp::Reclaim`]: surge_proto::LockOp::Reclaim
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use surge_core::Ino;
 use surge_proto::{
-    ErrorCode, ErrorReply, LockHeld, LockKind, LockOwner, LockRange, LOCK_WAIT_TTL,
+    ErrorCode, ErrorReply, LockHeld, LockKind, LockOwner, LockRange, LOCK_GRACE, LOCK_WAIT_TTL,
     MAX_LOCK_KEEP_WAIT,
 };
 use tracing::info;
@@ -49,6 +55,9 @@ struct State {
     keepers: HashMap<u32, u32>,
     /// How many times something was released (the keepers' long polls return on a change).
     released: u64,
+    /// The end of the grace period of a restarted service: until then only reclaims are
+    /// granted.
+    grace_until: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -157,10 +166,59 @@ impl State {
     }
 }
 
+/// The lock a request sees in the way during the grace period: all of its range, exclusive,
+/// of no session.
+fn grace_holder(r: &LockRange) -> LockHeld {
+    LockHeld {
+        kind: LockKind::Write,
+        start: r.start,
+        end: r.end,
+        pid: 0,
+        session: 0,
+    }
+}
+
+/// The grace period of this server's restarted namespaces, in ms (`surge server
+/// --lock-grace`).
+static GRACE_MS: AtomicU64 = AtomicU64::new(LOCK_GRACE.as_millis() as u64);
+
+/// Sets the grace period of the namespaces this server opens again.
+pub fn set_grace(d: Duration) {
+    GRACE_MS.store(d.as_millis() as u64, Ordering::Relaxed);
+}
+
+/// The grace period of a restarted namespace ([`LOCK_GRACE`] unless set).
+pub fn grace_period() -> Duration {
+    Duration::from_millis(GRACE_MS.load(Ordering::Relaxed))
+}
+
 impl LockTable {
+    /// A table for a namespace opened again (its server restarted): for `grace`, only locks
+    /// held before are granted (reclaims).
+    pub fn restarted(grace: Duration) -> LockTable {
+        let t = LockTable::default();
+        t.state.lock().grace_until = Some(Instant::now() + grace);
+        t
+    }
+
+    /// True while the grace period of a restart lasts.
+    fn in_grace(s: &mut State) -> bool {
+        match s.grace_until {
+            Some(t) if Instant::now() < t => true,
+            Some(_) => {
+                s.grace_until = None;
+                false
+            }
+            None => false,
+        }
+    }
+
     /// `F_GETLK`.
     pub fn test(&self, session: u32, owner: LockOwner, r: &LockRange) -> Option<LockHeld> {
-        let s = self.state.lock();
+        let mut s = self.state.lock();
+        if Self::in_grace(&mut s) {
+            return Some(grace_holder(r));
+        }
         let shared = r.kind == LockKind::Read;
         s.by_ino
             .get(&r.ino)?
@@ -169,7 +227,8 @@ impl LockTable {
             .map(reply)
     }
 
-    /// `F_SETLK`, or one try of `F_SETLKW` (`waiting`).
+    /// `F_SETLK`, or one try of `F_SETLKW` (`waiting`); `reclaim`: a lock held before a
+    /// restart, asked for again (granted during the grace period).
     pub fn set(
         &self,
         session: u32,
@@ -177,6 +236,7 @@ impl LockTable {
         r: &LockRange,
         pid: u32,
         waiting: bool,
+        reclaim: bool,
     ) -> Result<Option<LockHeld>, ErrorReply> {
         if session == 0 {
             return Err(ErrorReply::new(
@@ -209,6 +269,9 @@ impl LockTable {
                 self.change.notify_all();
             }
             return Ok(None);
+        }
+        if !reclaim && Self::in_grace(&mut s) {
+            return Ok(Some(grace_holder(r)));
         }
         if s.keepers.get(&session).copied().unwrap_or(0) == 0 {
             return Err(ErrorReply::new(
@@ -357,20 +420,65 @@ mod tests {
     }
 
     #[test]
+    fn a_restarted_table_grants_only_reclaims_until_its_grace_period_ends() {
+        let grace = Duration::from_millis(300);
+        let t = LockTable::restarted(grace);
+        let started = Instant::now();
+        t.keeper_opened(1);
+        t.keeper_opened(2);
+        let w = range(LockKind::Write, 0, 99);
+        // A new lock waits out the grace period, whoever asks; F_GETLK says so too.
+        let g = t.set(2, posix(8), &w, 11, false, false).unwrap();
+        assert_eq!(g.map(|h| (h.session, h.start, h.end)), Some((0, 0, 99)));
+        assert_eq!(t.test(2, posix(8), &w).map(|h| h.session), Some(0));
+        // The holder before the restart takes its lock back.
+        assert_eq!(t.set(1, posix(7), &w, 10, false, true).unwrap(), None);
+        // An unlock is never held back.
+        let tail = range(LockKind::Unlock, 90, 99);
+        assert_eq!(t.set(1, posix(7), &tail, 10, false, false).unwrap(), None);
+        while started.elapsed() < grace {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // After it, the reclaimed lock holds and the rest of the file is free.
+        let c = t.set(2, posix(8), &w, 11, false, false).unwrap();
+        assert_eq!(c.map(|h| (h.session, h.start, h.end)), Some((1, 0, 89)));
+        let free = range(LockKind::Write, 90, 99);
+        assert_eq!(t.set(2, posix(8), &free, 11, false, false).unwrap(), None);
+        // A reclaim of a lock someone else took meanwhile is refused like any conflict.
+        let lost = t.set(1, posix(7), &free, 10, false, true).unwrap();
+        assert_eq!(lost.map(|h| h.session), Some(2));
+    }
+
+    #[test]
+    fn a_new_table_has_no_grace_period() {
+        let t = LockTable::default();
+        t.keeper_opened(1);
+        let w = range(LockKind::Write, 0, 9);
+        assert_eq!(t.set(1, posix(7), &w, 10, false, false).unwrap(), None);
+    }
+
+    #[test]
     fn owners_on_two_sessions_exclude_each_other_and_split_ranges() {
         let t = LockTable::default();
         t.keeper_opened(1);
         t.keeper_opened(2);
         let w = range(LockKind::Write, 0, 99);
-        assert_eq!(t.set(1, posix(7), &w, 10, false).unwrap(), None);
+        assert_eq!(t.set(1, posix(7), &w, 10, false, false).unwrap(), None);
         // The same owner number on another node is another owner.
-        assert!(t.set(2, posix(7), &w, 11, false).unwrap().is_some());
+        assert!(t.set(2, posix(7), &w, 11, false, false).unwrap().is_some());
         // Shared locks share; unlock of the middle splits the writer's lock.
         let mid = range(LockKind::Unlock, 40, 59);
-        assert_eq!(t.set(1, posix(7), &mid, 10, false).unwrap(), None);
+        assert_eq!(t.set(1, posix(7), &mid, 10, false, false).unwrap(), None);
         assert_eq!(
-            t.set(2, posix(8), &range(LockKind::Write, 40, 59), 11, false)
-                .unwrap(),
+            t.set(
+                2,
+                posix(8),
+                &range(LockKind::Write, 40, 59),
+                11,
+                false,
+                false
+            )
+            .unwrap(),
             None
         );
         let c = t.test(2, posix(9), &range(LockKind::Read, 0, 200)).unwrap();
@@ -381,7 +489,7 @@ mod tests {
             flock: true,
         };
         assert_eq!(
-            t.set(2, fl, &range(LockKind::Write, 0, u64::MAX), 1, false)
+            t.set(2, fl, &range(LockKind::Write, 0, u64::MAX), 1, false, false)
                 .unwrap(),
             None
         );
@@ -395,17 +503,17 @@ mod tests {
         let t = LockTable::default();
         t.keeper_opened(1);
         t.keeper_opened(2);
-        t.set(1, posix(1), &range(LockKind::Write, 0, 0), 1, false)
+        t.set(1, posix(1), &range(LockKind::Write, 0, 0), 1, false, false)
             .unwrap();
-        t.set(2, posix(2), &range(LockKind::Write, 1, 1), 2, false)
+        t.set(2, posix(2), &range(LockKind::Write, 1, 1), 2, false, false)
             .unwrap();
         // 1 waits for 2's byte; 2 then asking for 1's byte would wait for ever.
         assert!(t
-            .set(1, posix(1), &range(LockKind::Write, 1, 1), 1, true)
+            .set(1, posix(1), &range(LockKind::Write, 1, 1), 1, true, false)
             .unwrap()
             .is_some());
         let e = t
-            .set(2, posix(2), &range(LockKind::Write, 0, 0), 2, true)
+            .set(2, posix(2), &range(LockKind::Write, 0, 0), 2, true, false)
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::Deadlock);
     }

@@ -203,7 +203,12 @@ impl Namespace {
                     Duration::ZERO
                 },
             drain: Ordered::new(Level::Drain, Drain::new(drainer)),
-            locks: crate::locks::LockTable::default(),
+            // A namespace opened again: the locks its mounts held are reclaimed first.
+            locks: if reopened {
+                crate::locks::LockTable::restarted(crate::locks::grace_period())
+            } else {
+                crate::locks::LockTable::default()
+            },
             xattrs: XattrCharge::new(budget, xattr_total),
         })
     }

@@ -8,7 +8,12 @@
 //!   or its FUSE request is interrupted by a signal (EINTR; the kernel restarts the call if
 //!   the handler says so).
 //! - The keeper: a task with a connection of its own that long-polls the server. This
-//!   session's locks live as long as that connection: a mount that dies loses them.
+//!   session's locks live as long as that connection: a mount that dies loses them. The mount
+//!   keeps a copy of the ranges it was granted; when the keeper's connection breaks (a
+//!   restarted metadata server) and is made again, it reclaims them at once, and a restarted
+//!   server grants reclaims only during its grace period (`surge_proto::LOCK_GRACE`, NLM's).
+//!   A reclaim refused (the grace period was over and another owner took the range) is
+//!   logged as a lost lock.
 //! - Coherence, as NFS does it: taking a lock drops this node's cached pages and attributes of
 //!   the file (a reader under a lock sees what the last holder wrote), and releasing one first
 //!   commits this node's size and mtime of it (the next holder sees them).
@@ -23,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use surge_core::Ino;
 use surge_proto::{LockHeld, LockKind, LockOwner, LockRange};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// How long a blocked lock waits between tries when the keeper hears of no release.
 const RETRY: Duration = Duration::from_millis(200);
@@ -43,6 +48,52 @@ pub(super) struct Locks {
     interrupt: tokio::sync::Notify,
     /// The mount went: the keeper ends.
     gone: Arc<AtomicBool>,
+    /// What this mount holds, as the server granted it: reclaimed after a restart.
+    held: Arc<Mutex<Vec<Granted>>>,
+}
+
+/// A lock range this mount holds (the server's copy is what counts; this one is reclaimed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Granted {
+    owner: LockOwner,
+    range: LockRange,
+    pid: u32,
+}
+
+/// Records a grant of `req` (a lock or an unlock) in `held`: the owner's ranges of the file
+/// that it covers are replaced, split where they straddle, as the server does.
+fn record(held: &mut Vec<Granted>, owner: LockOwner, range: LockRange, pid: u32) {
+    let (start, end) = (range.start, range.end);
+    let mut out = Vec::with_capacity(held.len() + 1);
+    for g in held.drain(..) {
+        let r = g.range;
+        if g.owner != owner || r.ino != range.ino || r.end < start || end < r.start {
+            out.push(g);
+            continue;
+        }
+        if r.start < start {
+            out.push(Granted {
+                range: LockRange {
+                    end: start - 1,
+                    ..r
+                },
+                ..g
+            });
+        }
+        if end < r.end {
+            out.push(Granted {
+                range: LockRange {
+                    start: end + 1,
+                    ..r
+                },
+                ..g
+            });
+        }
+    }
+    if range.kind != LockKind::Unlock {
+        out.push(Granted { owner, range, pid });
+    }
+    *held = out;
 }
 
 impl Drop for Locks {
@@ -121,14 +172,29 @@ impl Fs {
                 .client
                 .lock_set(req.owner(), req.range(), req.pid, wait)
                 .await?;
-            let Some(held) = r else { break };
+            let Some(held) = r else {
+                record(
+                    &mut self.locks.held.lock(),
+                    req.owner(),
+                    req.range(),
+                    req.pid,
+                );
+                break;
+            };
             if !wait {
+                let why = if held.session == 0 {
+                    "the metadata server restarted: its grace period, while the locks held \
+                     before are reclaimed"
+                        .to_string()
+                } else {
+                    format!(
+                        "locked by session {:#x} ({:?} {}..={})",
+                        held.session, held.kind, held.start, held.end
+                    )
+                };
                 return Err(FsError::new(
                     libc::EAGAIN,
-                    format!(
-                        "inode {}: locked by session {:#x} ({:?} {}..={})",
-                        req.ino, held.session, held.kind, held.start, held.end
-                    ),
+                    format!("inode {}: {why}", req.ino),
                 ));
             }
             debug!("inode {}: waiting for {held:?}", req.ino);
@@ -208,6 +274,10 @@ impl Fs {
     }
 
     async fn release_at_server(&self, ino: Ino, owner: u64) {
+        self.locks
+            .held
+            .lock()
+            .retain(|g| !(g.range.ino == ino && g.owner.owner == owner));
         if let Err(e) = self.commit(ino).await {
             warn!("inode {ino}: commit before unlock failed: {e}");
         }
@@ -226,7 +296,13 @@ impl Fs {
                 // Registers this connection as the keeper before any lock is asked for.
                 let n = self.client.lock_keep(&conn, u64::MAX, 0).await?;
                 let (tx, rx) = tokio::sync::watch::channel(n);
-                tokio::spawn(keep(self.client.clone(), conn, tx, self.locks.gone.clone()));
+                tokio::spawn(keep(
+                    self.client.clone(),
+                    conn,
+                    tx,
+                    self.locks.gone.clone(),
+                    self.locks.held.clone(),
+                ));
                 info!("lock keeper started (locks are kept by the metadata server)");
                 Ok::<_, FsError>(rx)
             })
@@ -237,12 +313,13 @@ impl Fs {
 
 /// Long-polls the lock service on its own connection until the mount goes, telling waiters of
 /// every release. The server drops this session's locks when the connection closes; if it
-/// breaks (a restarted server), a new one is made: the locks held before are gone (logged).
+/// breaks (a restarted server), a new one is made and the locks held are reclaimed on it.
 async fn keep(
     client: Arc<crate::instance::InstanceClient>,
     conn: Arc<crate::conn::Connection>,
     tx: tokio::sync::watch::Sender<u64>,
     gone: Arc<AtomicBool>,
+    held: Arc<Mutex<Vec<Granted>>>,
 ) {
     let mut conn = Some(conn);
     let mut last = *tx.borrow();
@@ -250,7 +327,14 @@ async fn keep(
         let c = match conn.take() {
             Some(c) => c,
             None => match client.lock_connection().await {
-                Ok(c) => c,
+                Ok(c) => match reclaim(&client, &c, &held).await {
+                    Ok(()) => c,
+                    Err(e) => {
+                        warn!("lock keeper: reclaiming this node's locks failed ({e}); retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                },
                 Err(e) => {
                     warn!("lock keeper cannot reach the metadata server ({e}); retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -277,5 +361,93 @@ async fn keep(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// On a new keeper connection `c`: registers it (this session's locks live while it is open),
+/// then asks again for every lock this mount held. A lock another owner took meanwhile is
+/// lost: logged, and forgotten here.
+async fn reclaim(
+    client: &crate::instance::InstanceClient,
+    c: &crate::conn::Connection,
+    held: &Mutex<Vec<Granted>>,
+) -> FsResult<()> {
+    client.lock_keep(c, u64::MAX, 0).await?;
+    let mine = held.lock().clone();
+    if mine.is_empty() {
+        return Ok(());
+    }
+    let (mut kept, mut lost) = (0, Vec::new());
+    for g in &mine {
+        match client.lock_reclaim(g.owner, g.range, g.pid).await? {
+            None => kept += 1,
+            Some(other) => {
+                error!(
+                    "inode {}: lock {:?} {}..={} of pid {} LOST: session {:#x} took {}..={} \
+                     while the metadata server was restarting",
+                    g.range.ino,
+                    g.range.kind,
+                    g.range.start,
+                    g.range.end,
+                    g.pid,
+                    other.session,
+                    other.start,
+                    other.end
+                );
+                lost.push(*g);
+            }
+        }
+    }
+    held.lock().retain(|g| !lost.contains(g));
+    info!(
+        "lock keeper reconnected: {kept} lock(s) of this node reclaimed, {} lost",
+        lost.len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(kind: LockKind, start: u64, end: u64) -> LockRange {
+        LockRange {
+            ino: 3,
+            kind,
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn the_copy_of_granted_ranges_splits_and_replaces_as_the_server_does() {
+        let a = LockOwner {
+            owner: 1,
+            flock: false,
+        };
+        let b = LockOwner { owner: 2, ..a };
+        let mut h = Vec::new();
+        record(&mut h, a, r(LockKind::Write, 0, 99), 10);
+        record(&mut h, b, r(LockKind::Read, 200, 299), 11);
+        // An unlock of the middle splits a's range; b's is another owner's.
+        record(&mut h, a, r(LockKind::Unlock, 40, 59), 10);
+        // A downgrade of a's tail replaces it.
+        record(&mut h, a, r(LockKind::Read, 90, 99), 10);
+        let mut got: Vec<_> = h
+            .iter()
+            .map(|g| (g.owner.owner, g.range.kind, g.range.start, g.range.end))
+            .collect();
+        got.sort_by_key(|x| (x.0, x.2));
+        assert_eq!(
+            got,
+            vec![
+                (1, LockKind::Write, 0, 39),
+                (1, LockKind::Write, 60, 89),
+                (1, LockKind::Read, 90, 99),
+                (2, LockKind::Read, 200, 299),
+            ]
+        );
+        record(&mut h, a, r(LockKind::Unlock, 0, u64::MAX), 10);
+        assert_eq!(h.len(), 1);
     }
 }
