@@ -98,7 +98,10 @@ tls_setup() {
             cp $d/ca.crt $d/$h/ca.crt
         fi
     done
-    chmod 755 $d $d/*
+    # Directories and the CA's certificate readable by all (the hooks run as SlurmUser);
+    # ca.key and each server.key stay 0600, as `surge cert` wrote them.
+    chmod 755 $d $d/*/
+    chmod 644 $d/ca.crt
 }
 tls() { echo "SURGE_TLS_DIR=$TB/etc/tls/$1"; } # tls HOST: its processes' setting
 
