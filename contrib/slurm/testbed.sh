@@ -3,7 +3,9 @@
 #
 #   testbed.sh up [--ha]           bring it up (idempotent); --ha: the state in a 3-member
 #                                  etcd and two managers on it, one leading (hosts sg-m1,
-#                                  sg-m2, sg-e3), clients given both managers
+#                                  sg-m2, sg-e3), clients given both managers; etcd speaks
+#                                  TLS only and wants a client certificate (its own CA in
+#                                  $TB/etc/etcd-tls, below)
 #   testbed.sh down                take it down (idempotent; leaves nothing behind)
 #   testbed.sh sbatch USER SCRIPT [SBATCH-ARGS...]
 #                                  submit SCRIPT as USER, wait for the job to end, print
@@ -20,6 +22,13 @@
 #   sg-c1/sg-c2 (10.78.0.11/.12):    slurmd + surge agent, each host with its own UTS name
 #                                    (sgc1/sgc2) and its own mount namespace, so a mount the
 #                                    agent of sgc1 makes is seen by sgc1's jobs only
+#   sg-m1/sg-m2/sg-e3 (10.78.0.31-33, --ha only): an etcd member each (https:// client and
+#                                    peer ports, client certificates required), and on m1
+#                                    and m2 a surge manager (its own client certificate);
+#                                    then the root netns runs no manager. An admin's query:
+#     ETCDCTL_API=3 etcdctl --endpoints https://10.78.0.31:2379 --cacert $TB/etc/etcd-tls/ca.crt \
+#       --cert $TB/etc/etcd-tls/etcdctl/client.crt --key $TB/etc/etcd-tls/etcdctl/client.key \
+#       get /surge/leader
 #
 # Settings (environment): SURGE (the surge executable; default: the one on PATH, else this
 # repository's target/release/surge), TB_USER (the submit user created by `up`, default
@@ -39,7 +48,7 @@ TB_USER=${TB_USER:-sgbbuser}
 # High availability (`up --ha`, remembered in $TB/ha): etcd members on m1, m2 and e3, a
 # manager on m1 and one on m2; every client is given both managers.
 HA_HOSTS="m1 m2 e3"
-ETCD="http://${IP[m1]}:2379,http://${IP[m2]}:2379,http://${IP[e3]}:2379"
+ETCD="https://${IP[m1]}:2379,https://${IP[m2]}:2379,https://${IP[e3]}:2379"
 ha_on() {
     HA=1
     MANAGER=${IP[m1]}:7060,${IP[m2]}:7060
@@ -98,9 +107,43 @@ tls_setup() {
             cp $d/ca.crt $d/$h/ca.crt
         fi
     done
-    chmod 755 $d $d/*
+    # Directories and the CA's certificate readable by all (the hooks run as SlurmUser);
+    # ca.key and each server.key stay 0600, as `surge cert` wrote them.
+    chmod 755 $d $d/*/
+    chmod 644 $d/ca.crt
 }
 tls() { echo "SURGE_TLS_DIR=$TB/etc/tls/$1"; } # tls HOST: its processes' setting
+
+# etcd's TLS (docs/OPERATIONS.md, "etcd with TLS"): https:// only on client and peer ports,
+# and every client and peer must show a certificate of etcd's own CA, $ETLS/ca.crt (not the
+# site CA, which signs every host's certificate: only what this CA signed reaches the
+# managers' state). $ETLS/HOST/server.{crt,key} per member (serverAuth and clientAuth, for
+# its name and address: it serves with it and dials its peers with it); client.{crt,key} in
+# $ETLS/manager (both managers) and $ETLS/etcdctl (this script's etcdctl, and an admin's).
+# Keys 0600, the directory 0700: root's only (etcd and the managers run as root).
+ETLS=$TB/etc/etcd-tls
+etcd_tls_setup() {
+    local d=$ETLS h
+    mkdir -p $d && chmod 700 $d
+    [ -s $d/ca.crt ] || $TB/bin/surge cert ca --dir $d --name "Surge test bed etcd CA" >/dev/null
+    for h in $HA_HOSTS; do
+        [ -s $d/$h/server.crt ] ||
+            $TB/bin/surge cert server sg$h ${IP[$h]} --peer --ca-cert $d/ca.crt --out $d/$h >/dev/null
+    done
+    [ -s $d/manager/client.crt ] ||
+        $TB/bin/surge cert client surge-manager --ca-cert $d/ca.crt --out $d/manager >/dev/null
+    [ -s $d/etcdctl/client.crt ] ||
+        $TB/bin/surge cert client testbed-etcdctl --ca-cert $d/ca.crt --out $d/etcdctl >/dev/null
+}
+etcd_flags() { # etcd_flags HOST: a member's TLS flags
+    local c=$ETLS/$1/server.crt k=$ETLS/$1/server.key
+    echo --cert-file $c --key-file $k --trusted-ca-file $ETLS/ca.crt --client-cert-auth \
+        --peer-cert-file $c --peer-key-file $k --peer-trusted-ca-file $ETLS/ca.crt --peer-client-cert-auth
+}
+etcdctl_tb() { # etcdctl_tb ARGS...: etcdctl with the CA and this script's own certificate
+    ETCDCTL_API=3 etcdctl --endpoints "$ETCD" --cacert $ETLS/ca.crt \
+        --cert $ETLS/etcdctl/client.crt --key $ETLS/etcdctl/client.key "$@"
+}
 
 # Start a daemon in the background with its pid in $TB/NAME.pid and its log in $TB/log.
 daemon() { # daemon NAME COMMAND...
@@ -204,21 +247,24 @@ up() {
     #    servers on the BB hosts, agents on the compute hosts
     [ -s $TB/etc/surge.key ] || $TB/bin/surge key create --key-file $TB/etc/surge.key >/dev/null
     if [ "$HA" = 1 ]; then
-        # etcd: three members, one per HA host; then a manager on m1 and one on m2 (the
-        # first to win the election serves, the other stands by without listening).
-        local cluster="e1=http://${IP[m1]}:2380,e2=http://${IP[m2]}:2380,e3=http://${IP[e3]}:2380"
+        # etcd: three members, one per HA host, TLS with client certificates on client and
+        # peer ports; then a manager on m1 and one on m2 (the first to win the election
+        # serves, the other stands by without listening), each with the managers' certificate.
+        etcd_tls_setup
+        local cluster="e1=https://${IP[m1]}:2380,e2=https://${IP[m2]}:2380,e3=https://${IP[e3]}:2380"
         local n=1
         for h in $HA_HOSTS; do
             mkdir -p $TB/etcd
             daemon etcd-$h nsenter --net=/run/netns/sg-$h etcd --name e$n --data-dir $TB/etcd/e$n \
-                --listen-client-urls http://${IP[$h]}:2379 --advertise-client-urls http://${IP[$h]}:2379 \
-                --listen-peer-urls http://${IP[$h]}:2380 --initial-advertise-peer-urls http://${IP[$h]}:2380 \
-                --initial-cluster "$cluster" --initial-cluster-state new --log-level warn
+                --listen-client-urls https://${IP[$h]}:2379 --advertise-client-urls https://${IP[$h]}:2379 \
+                --listen-peer-urls https://${IP[$h]}:2380 --initial-advertise-peer-urls https://${IP[$h]}:2380 \
+                --initial-cluster "$cluster" --initial-cluster-state new --log-level warn $(etcd_flags $h)
             n=$((n + 1))
         done
-        wait_for 30 "the etcd cluster" env ETCDCTL_API=3 etcdctl --endpoints "$ETCD" endpoint health
+        wait_for 30 "the etcd cluster" etcdctl_tb endpoint health
         for h in m1 m2; do
             daemon manager-$h nsenter --net=/run/netns/sg-$h env $(tls $h) $TB/bin/surge manager --etcd "$ETCD" \
+                --etcd-ca $ETLS/ca.crt --etcd-cert $ETLS/manager/client.crt --etcd-key $ETLS/manager/client.key \
                 --name $h --listen ${IP[$h]}:7060 \
                 --key-file $TB/etc/surge.key --admin-group "$(id -g slurm)" --pool nvme \
                 --granularity 64MiB --mount-root /run/surge/jobs
@@ -345,7 +391,7 @@ status() {
     if [ "$HA" = 1 ]; then
         # Who leads: the leader record in etcd ({"name", "pid", "grpc", ...}).
         local l
-        l=$(ETCDCTL_API=3 etcdctl --endpoints "$ETCD" get /surge/leader --print-value-only 2>/dev/null || true)
+        l=$(etcdctl_tb get /surge/leader --print-value-only 2>/dev/null || true)
         if [ -n "$l" ]; then
             echo "$l" | sed -n 's/.*"name":"\([^"]*\)".*"pid":\([0-9]*\).*/manager \1 leader pid \2/p'
         else
