@@ -72,6 +72,22 @@ stop_pid() { # SIGTERM, up to 10 s, then SIGKILL
     for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.2; done
     kill -9 "$p" 2>/dev/null || true
 }
+stop_all() { # stop_all PID...: SIGTERM to each at once, up to 10 s for all, then SIGKILL
+    local left=() p
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && kill "$p" 2>/dev/null && left+=("$p"); done
+    for _ in $(seq 1 50); do
+        local still=()
+        for p in "${left[@]}"; do kill -0 "$p" 2>/dev/null && still+=("$p"); done
+        left=("${still[@]}")
+        [ ${#left[@]} = 0 ] && return 0
+        sleep 0.2
+    done
+    kill -9 "${left[@]}" 2>/dev/null || true
+}
+pids_of() { # pids_of NAME...: the pids in $TB/NAME.pid that exist
+    local n
+    for n in "$@"; do [ -s $TB/$n.pid ] && cat $TB/$n.pid; done; true
+}
 wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
     local t=$1 what=$2; shift 2
     for _ in $(seq 1 $((t * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
@@ -317,26 +333,20 @@ up() {
 down() {
     [ "$(id -u)" = 0 ] || die "run as root"
     [ -f $SLURM_CONF ] && timeout 10 scancel --quiet $(squeue -h -o %i 2>/dev/null) 2>/dev/null || true
-    for c in $COMPUTE; do
-        [ -s $TB/slurmd.sg$c.pid ] && stop_pid "$(cat $TB/slurmd.sg$c.pid)"
-    done
-    [ -s $TB/slurmctld.pid ] && stop_pid "$(cat $TB/slurmctld.pid)"
-    for c in $COMPUTE; do [ -s $TB/agent-$c.pid ] && stop_pid "$(cat $TB/agent-$c.pid)"; done
-    for b in $BBS; do [ -s $TB/mover-$b.pid ] && stop_pid "$(cat $TB/mover-$b.pid)"; done
-    for b in $BBS; do [ -s $TB/server-$b.pid ] && stop_pid "$(cat $TB/server-$b.pid)"; done
-    [ -s $TB/manager.pid ] && stop_pid "$(cat $TB/manager.pid)"
-    for h in $HA_HOSTS; do
-        [ -s $TB/manager-$h.pid ] && stop_pid "$(cat $TB/manager-$h.pid)"
-    done
-    for h in $HA_HOSTS; do
-        [ -s $TB/etcd-$h.pid ] && stop_pid "$(cat $TB/etcd-$h.pid)"
-    done
+    # In tiers, each tier's daemons at once: Slurm, then what mounts and stages, then the
+    # servers, the managers, etcd.
+    local c b h
+    stop_all $(pids_of $(for c in $COMPUTE; do echo slurmd.sg$c; done) slurmctld)
+    stop_all $(pids_of $(for c in $COMPUTE; do echo agent-$c; done) $(for b in $BBS; do echo mover-$b; done))
+    stop_all $(pids_of $(for b in $BBS; do echo server-$b; done))
+    stop_all $(pids_of manager $(for h in $HA_HOSTS; do echo manager-$h; done))
+    stop_all $(pids_of $(for h in $HA_HOSTS; do echo etcd-$h; done))
     # Anything left inside the host namespaces (slurmstepd, job tasks).
+    local left=()
     for h in $COMPUTE $BBS $HA_HOSTS; do
-        if ip netns list | grep -qw "^sg-$h"; then
-            for p in $(ip netns pids sg-$h); do stop_pid "$p"; done
-        fi
+        if ip netns list | grep -qw "^sg-$h"; then left+=($(ip netns pids sg-$h)); fi
     done
+    stop_all "${left[@]}"
     # FUSE mounts left in the compute hosts' mount namespaces, then the namespaces.
     for c in $COMPUTE; do
         if [ -e $TB/ns/$c.mnt ] && nsenter --mount=$TB/ns/$c.mnt true 2>/dev/null; then

@@ -193,7 +193,27 @@ struct ControlPlaneBench {
     args: surge_run::loadgen::LoadArgs,
 }
 
+/// `surge ... | head`: the reader went, so printing fails with EPIPE, and `println!` panics.
+/// That ends the command as SIGPIPE would end a C tool (status 141, nothing said), not with a
+/// panic message and backtrace. Any other panic is reported as before.
+fn quiet_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to std") && msg.contains("Broken pipe") {
+            std::process::exit(128 + libc::SIGPIPE);
+        }
+        report(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     {
         let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
         // `mount.fuse.surge` (a symlink to this binary): mount(8)'s helper.

@@ -155,3 +155,29 @@ fn help_teaches_with_examples() {
         "{h}"
     );
 }
+
+/// `surge ... | head`: a reader that went ends the command as SIGPIPE ends a C tool (status
+/// 141), with no panic message or backtrace on the terminal.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_surge"))
+        .args([
+            "sim",
+            "run",
+            "examples/sim/systems/intrepid.toml",
+            "examples/sim/kernels/ior.kernel",
+            "--param",
+            "procs=64",
+            "--json",
+        ])
+        .current_dir(root())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run surge");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
