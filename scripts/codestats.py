@@ -7,7 +7,7 @@ files over 1,500 lines, the `match` sites on `Request`, and the fixed sleeps in 
 A function's length is from its `fn` line to the line closing its body (braces counted outside
 strings, chars and comments); `#[cfg(test)]` modules and files under tests/ are left out of the
 function and file figures."""
-import argparse, json, os, re, sys
+import argparse, json, os, re, signal, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FN = re.compile(r'^\s*(pub(\([^)]*\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?(extern\s+"C"\s+)?fn\s+(\w+)')
@@ -98,6 +98,7 @@ def functions(path):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--top", type=int, default=10, help="how many of the longest functions (10)")
     ap.add_argument("--json", action="store_true", help="one JSON object")

@@ -57,8 +57,8 @@ states! {
         Cancelled = "cancelled",
         /// Ended with its stage-out failed: its instance is kept.
         StageOutFailed = "stage-out-failed",
-        /// Ended by the manager: the `surge run` that made it is gone (killed, its host
-        /// rebooted).
+        /// Its job is gone without a teardown: the `surge run` that made it was killed (the
+        /// manager ends it), or Slurm no longer knows the job (`surge bb` reconciles).
         Abandoned = "abandoned",
         /// Ended with a cache instance not drained: its instance is kept.
         DrainPending = "drain-pending",
@@ -93,8 +93,8 @@ states! {
 }
 
 impl SessionState {
-    /// A state a client may end a session in (`EndSession.state`); the manager itself ends
-    /// sessions in the others (`DrainPending`, and `Failed` for one left `Creating`).
+    /// A state a client may end a session in (`EndSession.state`): every ended state but
+    /// `DrainPending`, which only the manager decides (a cache instance not yet drained).
     pub fn ends_by_request(self) -> bool {
         matches!(
             self,
@@ -102,6 +102,7 @@ impl SessionState {
                 | SessionState::Failed
                 | SessionState::Cancelled
                 | SessionState::StageOutFailed
+                | SessionState::Abandoned
         )
     }
 }

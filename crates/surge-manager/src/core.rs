@@ -1524,7 +1524,7 @@ pub fn requested_end(id: u64, state: &str) -> MResult<SessionState> {
         .ok_or_else(|| {
             ManagerError::Invalid(format!(
                 "session {id}: '{state}' is not a state a session can be ended in (ended, \
-                 failed, cancelled, stage-out-failed)"
+                 failed, cancelled, stage-out-failed, abandoned)"
             ))
         })
 }
