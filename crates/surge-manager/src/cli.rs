@@ -1270,6 +1270,47 @@ pub struct CertArgs {
     pub command: CertCommand,
 }
 
+/// Where a signed certificate goes, and the CA that signs it.
+#[derive(clap::Args, Debug)]
+pub struct Signing {
+    /// Where to write it (default: the certificate directory, for this host).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// The CA's certificate (default ca.crt in $SURGE_TLS_DIR, else /etc/surge/tls): the
+    /// site's own CA works as well.
+    #[arg(long, value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
+    /// The CA's key (default ca.key beside --ca-cert).
+    #[arg(long, value_name = "FILE")]
+    ca_key: Option<PathBuf>,
+    /// Days it is valid.
+    #[arg(long, default_value_t = 825)]
+    days: u32,
+}
+
+impl Signing {
+    /// Signs a certificate for `names` as `role`, written as `cert_name` and `key_name` in
+    /// --out; their paths.
+    fn sign(
+        self,
+        names: &[String],
+        role: surge_auth::cert::Role,
+        (cert_name, key_name): (&str, &str),
+    ) -> anyhow::Result<(PathBuf, PathBuf)> {
+        use surge_auth::cert;
+        let ca_cert = self
+            .ca_cert
+            .unwrap_or_else(|| cert::default_dir().join(cert::CA_CERT));
+        let ca_key = self
+            .ca_key
+            .unwrap_or_else(|| ca_cert.with_file_name(cert::CA_KEY));
+        let out = self.out.unwrap_or_else(cert::default_dir);
+        let (c, k) = (out.join(cert_name), out.join(key_name));
+        cert::create_signed(&ca_cert, &ca_key, names, role, self.days, &c, &k)?;
+        Ok((c, k))
+    }
+}
+
 #[derive(clap::Subcommand, Debug)]
 pub enum CertCommand {
     /// Make the site CA: ca.crt (0644) and ca.key (0600) in --dir; never overwrites.
@@ -1290,19 +1331,8 @@ pub enum CertCommand {
         /// and --listen addresses).
         #[arg(required = true, value_name = "NAME")]
         names: Vec<String>,
-        /// Where to write it (default: the certificate directory, for this host).
-        #[arg(long, value_name = "DIR")]
-        out: Option<PathBuf>,
-        /// The CA's certificate (default ca.crt in $SURGE_TLS_DIR, else /etc/surge/tls): the
-        /// site's own CA works as well.
-        #[arg(long, value_name = "FILE")]
-        ca_cert: Option<PathBuf>,
-        /// The CA's key (default ca.key beside --ca-cert).
-        #[arg(long, value_name = "FILE")]
-        ca_key: Option<PathBuf>,
-        /// Days it is valid.
-        #[arg(long, default_value_t = 825)]
-        days: u32,
+        #[command(flatten)]
+        signing: Signing,
         /// Also valid as a client certificate (serverAuth and clientAuth): for an etcd member,
         /// which dials its peers and its own gateway with the certificate it serves with
         /// (docs/SECURITY.md, "The manager's etcd").
@@ -1316,18 +1346,8 @@ pub enum CertCommand {
         /// The client's name (its certificate's common name; etcd's user name when etcd's
         /// authentication is on).
         name: String,
-        /// Where to write it (default: the certificate directory, for this host).
-        #[arg(long, value_name = "DIR")]
-        out: Option<PathBuf>,
-        /// The CA's certificate (default ca.crt in $SURGE_TLS_DIR, else /etc/surge/tls).
-        #[arg(long, value_name = "FILE")]
-        ca_cert: Option<PathBuf>,
-        /// The CA's key (default ca.key beside --ca-cert).
-        #[arg(long, value_name = "FILE")]
-        ca_key: Option<PathBuf>,
-        /// Days it is valid.
-        #[arg(long, default_value_t = 825)]
-        days: u32,
+        #[command(flatten)]
+        signing: Signing,
     },
 }
 
@@ -1346,22 +1366,15 @@ pub fn run_cert(args: CertArgs) -> anyhow::Result<ExitCode> {
         }
         CertCommand::Server {
             names,
-            out,
-            ca_cert,
-            ca_key,
-            days,
+            signing,
             peer,
         } => {
-            let ca_cert = ca_cert.unwrap_or_else(|| cert::default_dir().join(cert::CA_CERT));
-            let ca_key = ca_key.unwrap_or_else(|| ca_cert.with_file_name(cert::CA_KEY));
-            let out = out.unwrap_or_else(cert::default_dir);
-            let (c, k) = (out.join(cert::SERVER_CERT), out.join(cert::SERVER_KEY));
             let role = if peer {
                 cert::Role::Peer
             } else {
                 cert::Role::Server
             };
-            cert::create_signed(&ca_cert, &ca_key, &names, role, days, &c, &k)?;
+            let (c, k) = signing.sign(&names, role, (cert::SERVER_CERT, cert::SERVER_KEY))?;
             println!(
                 "created {} and {} (0600) for {}: install them in /etc/surge/tls/ of that host, \
                  the key owned by the server's user",
@@ -1370,19 +1383,13 @@ pub fn run_cert(args: CertArgs) -> anyhow::Result<ExitCode> {
                 names.join(", ")
             );
         }
-        CertCommand::Client {
-            name,
-            out,
-            ca_cert,
-            ca_key,
-            days,
-        } => {
-            let ca_cert = ca_cert.unwrap_or_else(|| cert::default_dir().join(cert::CA_CERT));
-            let ca_key = ca_key.unwrap_or_else(|| ca_cert.with_file_name(cert::CA_KEY));
-            let out = out.unwrap_or_else(cert::default_dir);
-            let (c, k) = (out.join(cert::CLIENT_CERT), out.join(cert::CLIENT_KEY));
+        CertCommand::Client { name, signing } => {
             let names = [name];
-            cert::create_signed(&ca_cert, &ca_key, &names, cert::Role::Client, days, &c, &k)?;
+            let (c, k) = signing.sign(
+                &names,
+                cert::Role::Client,
+                (cert::CLIENT_CERT, cert::CLIENT_KEY),
+            )?;
             println!(
                 "created {} and {} (0600) for client {}: install them on the manager's host \
                  (surge manager --etcd-cert, --etcd-key), the key owned by the manager's user",
