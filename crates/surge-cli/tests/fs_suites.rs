@@ -122,13 +122,7 @@ fn mount(kind: &str) -> Kind {
 /// Runs pjdfstest in `dir`; returns its summary line and the names of the skipped tests.
 fn run_pjdfstest(dir: &Path, scratch: &Path) -> (String, Vec<String>, String) {
     let conf = scratch.join("pjd.toml");
-    std::fs::write(
-        &conf,
-        "[features]\nposix_fallocate = {}\nutime_now = {}\nutimensat = {}\n\
-         [settings]\nnaptime = 0.01\n\
-         [dummy_auth]\nentries = [ [\"nobody\", \"nogroup\"], [\"daemon\", \"daemon\"] ]\n",
-    )
-    .unwrap();
+    write_pjdfstest_conf(&conf);
     let out = Command::new(pjdfstest())
         .arg("-c")
         .arg(&conf)

@@ -366,13 +366,7 @@ fn pjdfstest_through_the_library() {
     };
     let scratch = Scratch::new("preload-pjd");
     let conf = scratch.path().join("pjd.toml");
-    std::fs::write(
-        &conf,
-        "[features]\nposix_fallocate = {}\nutime_now = {}\nutimensat = {}\n\
-         [settings]\nnaptime = 0.01\n\
-         [dummy_auth]\nentries = [ [\"nobody\", \"nogroup\"], [\"daemon\", \"daemon\"] ]\n",
-    )
-    .unwrap();
+    write_pjdfstest_conf(&conf);
     let dir = m.path("pjd");
     std::fs::create_dir(&dir).unwrap();
     let stats = scratch.path().join("stats");

@@ -345,6 +345,16 @@ fn append_flags() -> FopenFlags {
     FopenFlags::FOPEN_DIRECT_IO
 }
 
+/// The open flags of a file made by `create` or `tmpfile` with open `flags`: those of an
+/// append at the metadata server for `O_APPEND`, where appends go there.
+fn created_flags(flags: i32, fs: &Fs) -> FopenFlags {
+    if flags & libc::O_APPEND != 0 && fs.appends_at_server() {
+        append_flags()
+    } else {
+        FopenFlags::empty()
+    }
+}
+
 /// A lock type of the kernel (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`).
 fn lock_kind(typ: i32) -> Option<LockKind> {
     match typ {
@@ -1280,12 +1290,7 @@ impl Filesystem for FuseAdapter {
                     &file_attr(&a),
                     Generation(0),
                     FileHandle(fh),
-                    // As `create`'s.
-                    if flags & libc::O_APPEND != 0 && fs.appends_at_server() {
-                        append_flags()
-                    } else {
-                        FopenFlags::empty()
-                    },
+                    created_flags(flags, &fs),
                 ),
                 Err(e) => reply.error(Errno::from_i32(fs.failed("tmpfile", &e))),
             }
@@ -1350,11 +1355,7 @@ impl Filesystem for FuseAdapter {
                     &file_attr(&a),
                     Generation(0),
                     FileHandle(fh),
-                    if flags & libc::O_APPEND != 0 && fs.appends_at_server() {
-                        append_flags()
-                    } else {
-                        FopenFlags::empty()
-                    },
+                    created_flags(flags, &fs),
                 ),
                 Err(e) => reply.error(Errno::from_i32(fs.failed("create", &e))),
             }

@@ -160,3 +160,15 @@ pub fn connect_from(from: &str, addr: &str) -> std::net::TcpStream {
         .unwrap();
     s
 }
+
+/// pjdfstest's configuration as the tests run it: the optional features Surge has, a short
+/// nap between time checks, and two users of this machine for the ownership tests.
+pub fn write_pjdfstest_conf(path: &std::path::Path) {
+    std::fs::write(
+        path,
+        "[features]\nposix_fallocate = {}\nutime_now = {}\nutimensat = {}\n\
+         [settings]\nnaptime = 0.01\n\
+         [dummy_auth]\nentries = [ [\"nobody\", \"nogroup\"], [\"daemon\", \"daemon\"] ]\n",
+    )
+    .expect("pjdfstest configuration");
+}
