@@ -111,6 +111,8 @@ pub struct ServerConfig {
     pub max_connections_per_peer: Option<u32>,
     pub idle_timeout: Option<Secs>,
     pub frame_timeout: Option<Secs>,
+    /// After a restart, how long only the locks held before are granted.
+    pub lock_grace: Option<Secs>,
     /// `auto`, `on` or `off` (docs/SECURITY.md, "On the wire").
     pub tls: Option<String>,
     pub tls_cert: Option<PathBuf>,
@@ -601,6 +603,7 @@ impl SurgeConfig {
                     max_connections_per_peer,
                     idle_timeout,
                     frame_timeout,
+                    lock_grace,
                     tls,
                     tls_cert,
                     tls_key,
@@ -671,6 +674,7 @@ impl SurgeConfig {
                     key(s, "frame_timeout"),
                     secs(*frame_timeout),
                 );
+                f.set("--lock-grace", key(s, "lock_grace"), secs(*lock_grace));
                 f.tls(s, tls, tls_cert, tls_key);
             }
             Daemon::Agent => {
@@ -1148,6 +1152,7 @@ max_connections = 4096
 max_connections_per_peer = 256
 idle_timeout = 300
 frame_timeout = 30.5
+lock_grace = 10
 tls = "auto"
 tls_cert = "/etc/surge/tls/server.crt"
 tls_key = "/etc/surge/tls/server.key"
