@@ -65,13 +65,6 @@ alive() {
     local p; p=$(cat "$1")
     kill -0 "$p" 2>/dev/null && ! sed 's/.*) //' /proc/"$p"/stat 2>/dev/null | grep -q '^Z'
 }
-stop_pid() { # SIGTERM, up to 10 s, then SIGKILL
-    local p=$1
-    kill -0 "$p" 2>/dev/null || return 0
-    kill "$p" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.2; done
-    kill -9 "$p" 2>/dev/null || true
-}
 stop_all() { # stop_all PID...: SIGTERM to each at once, up to 10 s for all, then SIGKILL
     local left=() p
     for p in "$@"; do kill -0 "$p" 2>/dev/null && kill "$p" 2>/dev/null && left+=("$p"); done
@@ -356,7 +349,7 @@ down() {
         fi
     done
     mountpoint -q $TB/ns && umount $TB/ns
-    if [ -s $TB/munged.pid ]; then stop_pid "$(cat $TB/munged.pid)"; fi
+    stop_all $(pids_of munged)
     for h in $COMPUTE $BBS $HA_HOSTS; do
         ip link del sg$h 2>/dev/null || true
         if ip netns list | grep -qw "^sg-$h"; then ip netns del sg-$h; fi

@@ -195,14 +195,9 @@ fn fsx_through_the_library() {
     let Some((_c, m, _other)) = setup("fsx_through_the_library") else {
         return;
     };
-    let fsx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/fsx");
-    if !fsx.exists() {
-        skip_without(
-            "fsx_through_the_library",
-            &format!("{} is absent (make setup builds it)", fsx.display()),
-        );
+    let Some(fsx) = tool("fsx") else {
         return;
-    }
+    };
     // -E: fsx makes copy_file_range a raw system call, which no interposition library sees;
     // the kernel then copies by the size it cached before this process's writes
     // (docs/DATAPLANE.md, "The preload path").
@@ -339,7 +334,7 @@ fn tool(name: &str) -> Option<PathBuf> {
     if p.exists() {
         return Some(p);
     }
-    // pjdfstest is always installed by `make setup`; fsstress only where
+    // pjdfstest is always installed by `make setup`; fsx and fsstress only where
     // ../shared/tools/fs-suites is (tests/fs_suites.rs says the same).
     assert!(
         name != "pjdfstest",

@@ -1473,7 +1473,7 @@ impl Core {
         if s.state != SessionState::Active.as_str() {
             return Ok(s);
         }
-        let mut state = state.as_str();
+        let mut state = state;
         let mut keep = keep;
         // A cache instance whose journal still holds changes keeps them: they are the only
         // copy of data a job was told was written (`surge stage drain` finishes it).
@@ -1487,14 +1487,14 @@ impl Core {
                              its PFS directory: kept (finish with `surge stage drain --instance \
                              {inst}`)"
                         );
-                        (keep, state) = (true, SessionState::DrainPending.as_str());
+                        (keep, state) = (true, SessionState::DrainPending);
                     }
                     Some(Err(e)) => {
                         warn!(
                             "session {id}: cannot tell whether cache instance {inst} is drained \
                              ({e}): kept"
                         );
-                        (keep, state) = (true, SessionState::DrainPending.as_str());
+                        (keep, state) = (true, SessionState::DrainPending);
                     }
                 }
             }
@@ -1505,7 +1505,7 @@ impl Core {
                 Err(e) => return Err(e),
             }
         }
-        self.store.end_session(id, state).await?;
+        self.store.end_session(id, state.as_str()).await?;
         let s = self.session(id).await?;
         self.index_hosts(&s.hosts, &s);
         // Nobody listening (a manager without stage tasks) is fine.
