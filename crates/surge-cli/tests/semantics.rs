@@ -1152,6 +1152,47 @@ fn advisory_locks_work_within_a_node() {
     assert_eq!(last_errno(), libc::EWOULDBLOCK);
 }
 
+/// An OFD lock goes with the last close of its open file: another open file of the same file
+/// sees no lock as soon as `close(2)` has returned, although the kernel sends the mount that
+/// last close (`FUSE_RELEASE`) only afterwards (xfstests generic/478, where the close is made by
+/// a `CLONE_FILES` child: the same as a thread of this process).
+#[test]
+fn an_ofd_lock_is_gone_once_the_close_of_its_open_file_returns() {
+    let Some((_c, m)) = setup("an_ofd_lock_is_gone_once_the_close_of_its_open_file_returns") else {
+        return;
+    };
+    use std::os::fd::AsRawFd;
+    let p = m.path("ofd");
+    std::fs::write(&p, b"0123456789").unwrap();
+    let other = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let ofd = |f: &File, cmd: i32, typ: i32| -> (i32, libc::flock) {
+        // SAFETY: a zeroed flock is a valid argument; the descriptor is open.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        let rc = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut fl) };
+        (rc, fl)
+    };
+    let mut seen = 0;
+    for _ in 0..100 {
+        let f = File::open(&p).unwrap();
+        assert_eq!(ofd(&f, libc::F_OFD_SETLK, libc::F_RDLCK).0, 0);
+        let (rc, fl) = ofd(&other, libc::F_OFD_GETLK, libc::F_WRLCK);
+        assert_eq!(rc, 0);
+        assert_eq!(fl.l_type, libc::F_RDLCK as i16, "the read lock is held");
+        std::thread::spawn(move || drop(f)).join().unwrap();
+        let (rc, fl) = ofd(&other, libc::F_OFD_GETLK, libc::F_WRLCK);
+        assert_eq!(rc, 0);
+        if fl.l_type != libc::F_UNLCK as i16 {
+            seen += 1;
+        }
+    }
+    assert_eq!(
+        seen, 0,
+        "a closed open file's OFD lock was still seen {seen} times of 100"
+    );
+}
+
 #[test]
 fn o_direct_aligned_io() {
     let Some((_c, m)) = setup("o_direct_aligned_io") else {

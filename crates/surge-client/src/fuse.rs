@@ -63,7 +63,14 @@ pub struct FuseAdapter {
     /// Immutable namespaces: the kernel also caches "no such name" for this long, and keeps
     /// directory listings (`FOPEN_CACHE_DIR`).
     negative_ttl: Option<Duration>,
+    /// The session's requests by number (set once it is made): lock requests wait for those
+    /// read before them (see [`FuseAdapter::in_order`]).
+    order: Arc<OnceLock<Arc<fuser::TransportStats>>>,
 }
+
+/// How long a lock request waits for the requests the kernel queued before it to be
+/// dispatched (microseconds, unless one of them never comes).
+const ORDER_WAIT: Duration = Duration::from_millis(5);
 
 /// A kernel backing id: registered by this process (root), or by the passthrough helper
 /// (`crate::lend`), which then also unregisters it.
@@ -182,6 +189,26 @@ impl FuseAdapter {
             lender: Arc::new(OnceLock::new()),
             lend: false,
             negative_ttl: None,
+            order: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Where the session's dispatch order goes once the session is made.
+    pub fn dispatch_order(&self) -> Arc<OnceLock<Arc<fuser::TransportStats>>> {
+        self.order.clone()
+    }
+
+    /// Waits until the requests the kernel queued before `req` have been dispatched, so that
+    /// a lock request sees what an earlier close did (its locks taken from the table, see
+    /// `Fs::take_handle_locks`), even when that close was read by another thread.
+    fn in_order(&self, req: &Request) {
+        if let Some(o) = self.order.get() {
+            if !o.order.wait_before(req.unique().0, ORDER_WAIT) {
+                debug!(
+                    "request {}: one queued before it never came ({ORDER_WAIT:?})",
+                    req.unique().0
+                );
+            }
         }
     }
 
@@ -804,17 +831,17 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         // A close releases the POSIX locks of its process on the file.
-        let unlock = self.fs.owner_has_locks(ino.0, lock_owner.0);
+        let unlock = self.fs.take_owner_locks(ino.0, lock_owner.0);
         // A close with nothing to commit (a file created and closed empty, a read-only
         // open) is answered here, without handing it to another thread.
-        if !unlock && self.fs.flush_is_noop(fh.0) {
+        if unlock.is_none() && self.fs.flush_is_noop(fh.0) {
             reply.ok();
             return;
         }
         let fs = self.fs.clone();
         self.metadata(async move {
-            if unlock {
-                fs.unlock_owner(ino.0, lock_owner.0).await;
+            if let Some(taken) = unlock {
+                fs.release_locks(taken).await;
             }
             match fs.flush(fh.0).await {
                 Ok(()) => reply.ok(),
@@ -834,16 +861,17 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         self.backing.put(fh.0);
-        // OFD and flock locks go with the last close of their open file.
-        let unlock = self.fs.has_locks(fh.0);
-        if !unlock && self.fs.release_fast(fh.0) {
+        // OFD and flock locks go with the last close of their open file: taken from the
+        // table here, so that a lock request read after this one waits for their release.
+        let unlock = self.fs.take_handle_locks(fh.0);
+        if unlock.is_none() && self.fs.release_fast(fh.0) {
             reply.ok();
             return;
         }
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            if unlock {
-                fs.unlock_handle(fh.0).await;
+            if let Some(taken) = unlock {
+                fs.release_locks(taken).await;
             }
             match fs.release(fh.0).await {
                 Ok(()) => reply.ok(),
@@ -1190,7 +1218,7 @@ impl Filesystem for FuseAdapter {
 
     fn getlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
@@ -1204,6 +1232,7 @@ impl Filesystem for FuseAdapter {
             reply.error(Errno::EINVAL);
             return;
         };
+        self.in_order(req);
         let req = LockRequest {
             ino: ino.0,
             fh: fh.0,
@@ -1242,6 +1271,7 @@ impl Filesystem for FuseAdapter {
             reply.error(Errno::EINVAL);
             return;
         };
+        self.in_order(req);
         let unique = req.unique().0;
         let lock = LockRequest {
             ino: ino.0,

@@ -430,6 +430,7 @@ pub fn mount(
         adapter = adapter.with_negative_cache(IMMUTABLE_TTL);
     }
     let lender = adapter.lender();
+    let order = adapter.dispatch_order();
     // The helper takes the session's descriptor, which exists only once the kernel's
     // handshake (where passthrough is asked for) is over: ask for it when a helper is there.
     let socket = crate::lend::socket_path();
@@ -446,6 +447,7 @@ pub fn mount(
     let _ = notifier.set(session.notifier());
     let transport = session.transport();
     let fuse_stats = session.transport_stats();
+    let _ = order.set(fuse_stats.clone());
     if let Some(bytes) = opts.read_ahead {
         match set_read_ahead(mountpoint, bytes) {
             Ok(()) => debug!("read-ahead of {}: {bytes} bytes", mountpoint.display()),

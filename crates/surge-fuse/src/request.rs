@@ -81,6 +81,7 @@ impl<'a> RequestWithSender<'a> {
             Ok(None) => {}
             Err(errno) => self.reply::<ReplyRaw>().send_ll(&ResponseErrno(errno)),
         }
+        se.stats.order.dispatched(self.request.unique().0);
     }
 
     fn dispatch_req<FS: Filesystem>(

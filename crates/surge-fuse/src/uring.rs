@@ -144,6 +144,8 @@ pub struct TransportStats {
     /// Replies written into a ring entry straight from the file system's buffer-filling
     /// callback (`ReplyData::data_with`), i.e. copied once.
     pub uring_direct_replies: AtomicU64,
+    /// Which requests have been dispatched, by number (see [`crate::DispatchOrder`]).
+    pub order: crate::DispatchOrder,
 }
 
 /// Whether this process can make a ring of 128-byte SQEs (io_uring may be disabled by

@@ -50,6 +50,73 @@ pub(super) struct Locks {
     gone: Arc<AtomicBool>,
     /// What this mount holds, as the server granted it: reclaimed after a restart.
     held: Arc<Mutex<Vec<Granted>>>,
+    /// Releases taken from `by_fh` at a close and not yet done at the server.
+    releasing: Arc<Releasing>,
+}
+
+/// Files whose locks a close is releasing: a lock request of one of them waits until the
+/// server has done it. The kernel sends `FUSE_RELEASE` (the last close of an open file,
+/// which takes its OFD and flock locks) after `close(2)` has returned, and another thread may
+/// answer the next request first: a `F_OFD_GETLK` made right after that close must not see
+/// the lock (xfstests generic/478).
+#[derive(Default)]
+struct Releasing {
+    inos: Mutex<HashMap<Ino, usize>>,
+    done: tokio::sync::Notify,
+}
+
+impl Releasing {
+    async fn wait(&self, ino: Ino) {
+        loop {
+            let done = self.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if !self.inos.lock().contains_key(&ino) {
+                return;
+            }
+            done.await;
+        }
+    }
+}
+
+/// Locks a close took from this mount's table, released at the server by
+/// [`Fs::release_locks`]; the files count as being released until then (also if dropped).
+pub struct TakenLocks {
+    locks: Vec<(Ino, u64)>,
+    releasing: Arc<Releasing>,
+}
+
+impl TakenLocks {
+    fn new(locks: Vec<(Ino, u64)>, releasing: &Arc<Releasing>) -> Option<Self> {
+        if locks.is_empty() {
+            return None;
+        }
+        let mut inos = releasing.inos.lock();
+        for (ino, _) in &locks {
+            *inos.entry(*ino).or_default() += 1;
+        }
+        drop(inos);
+        Some(Self {
+            locks,
+            releasing: releasing.clone(),
+        })
+    }
+}
+
+impl Drop for TakenLocks {
+    fn drop(&mut self) {
+        let mut inos = self.releasing.inos.lock();
+        for (ino, _) in &self.locks {
+            if let Some(n) = inos.get_mut(ino) {
+                *n -= 1;
+                if *n == 0 {
+                    inos.remove(ino);
+                }
+            }
+        }
+        drop(inos);
+        self.releasing.done.notify_waiters();
+    }
 }
 
 /// A lock range this mount holds (the server's copy is what counts; this one is reclaimed).
@@ -138,6 +205,7 @@ impl Fs {
     /// `F_GETLK`: the lock in the way of `req`, with its pid when it is this node's (a pid of
     /// another node means nothing here: 0).
     pub async fn getlk(&self, req: LockRequest) -> FsResult<Option<LockHeld>> {
+        self.locks.releasing.wait(req.ino).await;
         let held = self.client.lock_test(req.owner(), req.range()).await?;
         let me = self.client.session();
         Ok(held.map(|mut h| {
@@ -152,6 +220,7 @@ impl Fs {
     /// (`wait`: until granted; EINTR once FUSE request `unique` is interrupted, EDEADLK when
     /// waiting would close a cycle of owners).
     pub async fn setlk(&self, req: LockRequest, wait: bool, unique: u64) -> FsResult<()> {
+        self.locks.releasing.wait(req.ino).await;
         let mut released = self.lock_keeper().await?;
         if req.kind == LockKind::Unlock {
             // The next holder sees this node's writes of the file (their size and mtime).
@@ -239,8 +308,9 @@ impl Fs {
     }
 
     /// A `close` by lock owner `owner` (POSIX locks: every close by the process releases its
-    /// locks of the file).
-    pub async fn unlock_owner(&self, ino: Ino, owner: u64) {
+    /// locks of the file): takes them from this mount's table at once (called on the FUSE
+    /// thread, before any later request is answered); None when it has none.
+    pub fn take_owner_locks(&self, ino: Ino, owner: u64) -> Option<TakenLocks> {
         let had = {
             let mut by_fh = self.locks.by_fh.lock();
             let mut had = false;
@@ -249,28 +319,25 @@ impl Fs {
             }
             had
         };
-        if had {
-            self.release_at_server(ino, owner).await;
-        }
+        TakenLocks::new(
+            if had { vec![(ino, owner)] } else { vec![] },
+            &self.locks.releasing,
+        )
     }
 
-    /// The last close of handle `fh`: locks taken through it (OFD and flock locks) go.
-    pub async fn unlock_handle(&self, fh: u64) {
+    /// The last close of handle `fh`: the locks taken through it (OFD and flock locks), taken
+    /// from this mount's table at once; None when it took none.
+    pub fn take_handle_locks(&self, fh: u64) -> Option<TakenLocks> {
         let taken = self.locks.by_fh.lock().remove(&fh);
-        for (ino, owner) in taken.into_iter().flatten() {
+        TakenLocks::new(taken.into_iter().flatten().collect(), &self.locks.releasing)
+    }
+
+    /// Releases at the server the locks a close took; lock requests of their files wait for
+    /// this.
+    pub async fn release_locks(&self, taken: TakenLocks) {
+        for &(ino, owner) in &taken.locks {
             self.release_at_server(ino, owner).await;
         }
-    }
-
-    /// Whether kernel owner `owner` took locks of `ino` here (its close must release them).
-    pub fn owner_has_locks(&self, ino: Ino, owner: u64) -> bool {
-        let by_fh = self.locks.by_fh.lock();
-        !by_fh.is_empty() && by_fh.values().any(|s| s.contains(&(ino, owner)))
-    }
-
-    /// Whether `fh` took locks (its close must release them).
-    pub fn has_locks(&self, fh: u64) -> bool {
-        self.locks.by_fh.lock().contains_key(&fh)
     }
 
     async fn release_at_server(&self, ino: Ino, owner: u64) {

@@ -60,7 +60,7 @@ pub use failures::{errno_name, Failures};
 pub use files::{KillSuidgid, ReadSource};
 use inodes::InodeTable;
 use listings::{FreshDirs, Listings};
-pub use locks::LockRequest;
+pub use locks::{LockRequest, TakenLocks};
 pub use names::NewPerm;
 use parking_lot::Mutex;
 pub use passthrough::PASSTHROUGH_ACCOUNTING;
