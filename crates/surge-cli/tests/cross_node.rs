@@ -295,10 +295,45 @@ fn appends_from_two_nodes_lose_no_line() {
         return;
     }
     let (_c, a, b) = two_nodes();
+    appends_lose_no_line(&a, &b);
+}
+
+/// A file of one stripe: one node appends by kernel passthrough straight into its object (what
+/// a job's node makes of its own files), the other through its server (a node of another host,
+/// or one that cannot pass it through). Appends from both land one after another: the server
+/// appends at the object's end as the kernel does (before, the metadata server placed the
+/// second node's appends at a size that did not count the first node's, over its lines).
+#[test]
+fn appends_to_a_file_passed_through_on_one_node_and_not_on_the_other_lose_no_line() {
+    let test = "appends_to_a_file_passed_through_on_one_node_and_not_on_the_other_lose_no_line";
+    if skip_without_fuse(test) || skip_without_root(test) {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    let id = c.create_instance("2GiB", "64KiB", &[]);
+    let a = Mount::with_args(&c, id, 0, &["--layout", "stripe_count=1"]);
+    let b = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    appends_lose_no_line(&a, &b);
+    // Node a's opens were passed through: its appends never reached its daemon; node b's
+    // went to the object's server.
+    let (ra, rb) = (a.requests(), b.requests());
+    let n = |r: &std::collections::BTreeMap<String, u64>, k: &str| r.get(k).copied().unwrap_or(0);
+    assert_eq!(
+        n(&ra, "Append") + n(&ra, "AppendObject"),
+        0,
+        "node a: {ra:?}"
+    );
+    assert_eq!(n(&rb, "Append"), 0, "node b: {rb:?}");
+    assert!(n(&rb, "AppendObject") >= 3000, "node b: {rb:?}");
+}
+
+/// Two writers on each of nodes `a` and `b` append lines to one file with `O_APPEND`; every
+/// line is there once, whole, in each writer's order, as both nodes read it.
+fn appends_lose_no_line(a: &Mount, b: &Mount) {
     std::fs::write(a.path("log"), b"").unwrap();
     const PER_WRITER: usize = 1500;
     let mut threads = Vec::new();
-    for (tag, m) in [('a', &a), ('b', &b)] {
+    for (tag, m) in [('a', a), ('b', b)] {
         for w in 0..2 {
             let path = m.path("log");
             threads.push(std::thread::spawn(move || {
@@ -317,7 +352,7 @@ fn appends_from_two_nodes_lose_no_line() {
     for t in threads {
         t.join().unwrap();
     }
-    for m in [&a, &b] {
+    for m in [a, b] {
         let mut text = String::new();
         std::fs::File::open(m.path("log"))
             .unwrap()

@@ -851,6 +851,32 @@ impl InstanceClient {
         out
     }
 
+    /// `O_APPEND` to `ino` when it is a file of one stripe (its object is the file): `data`
+    /// is appended at the object's end by the server holding it, beside what a node's kernel
+    /// appends straight into the object (passthrough), the object first extended to
+    /// `at_least`; where it was written. None for a file of several stripes (whose appends
+    /// the metadata server places, see [`append`](Self::append)).
+    pub async fn append_object(&self, ino: Ino, at_least: u64, data: &[u8]) -> Result<Option<u64>> {
+        let layout = self.layout_of(ino).await?;
+        if !layout.single_object() || data.len() as u64 > MAX_PIECE {
+            return Ok(None);
+        }
+        let fragment = layout.start;
+        let req = Request::AppendObject {
+            instance: self.instance(),
+            fragment,
+            file: self.file_id(ino),
+            at_least,
+        };
+        self.counts.note(&req);
+        let pool = &self.frags[fragment as usize];
+        let (resp, _) = pool.call(&req, data).await?;
+        match resp {
+            Response::ObjectAppended { offset } => Ok(Some(offset)),
+            other => Err(self.unexpected(&pool.server, &req, other)),
+        }
+    }
+
     /// Writes `data` at `offset` of file `ino`, all stripes in parallel. Returns the bytes
     /// written from `offset` on: short when a later stripe failed (e.g. its fragment is full),
     /// an error when the first one did.

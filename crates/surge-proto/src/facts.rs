@@ -232,6 +232,7 @@ kinds!(
     Lock,
     Append,
     Tmpfile,
+    AppendObject,
 );
 
 impl RequestKind {
@@ -270,6 +271,7 @@ impl RequestKind {
             K::DestroyNamespace => f("DestroyNamespace", Adm, A, false),
             K::Describe => f("Describe", Adm, H, true),
             K::Write => f("Write", D, H, false),
+            K::AppendObject => f("AppendObject", D, H, false),
             K::Read => f("Read", D, H, true),
             K::TruncateObject => f("TruncateObject", D, H, false),
             K::RemoveObject => f("RemoveObject", D, H, false),
@@ -353,6 +355,7 @@ impl Request {
             | R::FragmentUsage { instance, .. }
             | R::LocalFragment { instance, .. } => Scope::Instance(*instance),
             R::Write { instance, file, .. }
+            | R::AppendObject { instance, file, .. }
             | R::Read { instance, file, .. }
             | R::TruncateObject { instance, file, .. }
             | R::RemoveObject { instance, file, .. }
@@ -420,6 +423,7 @@ impl Request {
             | R::DestroyNamespace { .. }
             | R::Describe { .. }
             | R::Write { .. }
+            | R::AppendObject { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }
@@ -525,6 +529,7 @@ impl Request {
             | R::DestroyNamespace { .. }
             | R::Describe { .. }
             | R::Write { .. }
+            | R::AppendObject { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }
@@ -623,6 +628,7 @@ impl Request {
             | R::DestroyNamespace { .. }
             | R::Describe { .. }
             | R::Write { .. }
+            | R::AppendObject { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }

@@ -785,6 +785,18 @@ pub enum Request {
         gid: u32,
         layout: FileLayout,
     },
+    /// `O_APPEND` to a file of one stripe, whose object is the file: the payload is written at
+    /// the object's end as the kernel appends (`RWF_APPEND`), so appends through this server
+    /// and those a node's kernel makes straight into the object (passthrough) never overwrite
+    /// each other; the object is first extended to `at_least` (the file's size as the sender
+    /// knows it: a file extended without writing has a shorter object). Answered with
+    /// `ObjectAppended`.
+    AppendObject {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
+        at_least: u64,
+    },
 }
 
 /// A lock's kind: shared (`F_RDLCK`), exclusive (`F_WRLCK`), or none (`F_UNLCK`).
@@ -1242,6 +1254,10 @@ pub enum Response {
     Appended {
         offset: u64,
         attr: Attr,
+    },
+    /// Reply to `AppendObject`: where the bytes were written.
+    ObjectAppended {
+        offset: u64,
     },
 }
 

@@ -74,6 +74,16 @@ pub fn handle(
                     .fragment(instance, fragment)?
                     .write(file, offset, payload)?,
             },
+            Request::AppendObject {
+                instance,
+                fragment,
+                file,
+                at_least,
+            } => Response::ObjectAppended {
+                offset: reg
+                    .fragment(instance, fragment)?
+                    .append(file, at_least, payload)?,
+            },
             Request::Read {
                 instance,
                 fragment,

@@ -1186,6 +1186,7 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         | Request::DestroyNamespace { .. }
         | Request::Describe { .. }
         | Request::Write { .. }
+        | Request::AppendObject { .. }
         | Request::Read { .. }
         | Request::TruncateObject { .. }
         | Request::RemoveObject { .. }

@@ -313,6 +313,75 @@ impl Fragment {
         Ok(len)
     }
 
+    /// Appends `data` to the object of `file`, a file of one stripe (the object is the file),
+    /// first extended to `at_least` bytes; returns the offset it was written at. The write
+    /// is the kernel's append (`RWF_APPEND`, under the object's inode lock), so it never
+    /// overlaps an append a node's kernel makes straight into the object (passthrough).
+    pub fn append(&self, file: FileId, at_least: u64, data: &[u8]) -> Result<u64, ErrorReply> {
+        use std::os::fd::AsRawFd;
+        let len = data.len() as u64;
+        let Some(obj) = self.object(file, true)? else {
+            return Err(ErrorReply::new(ErrorCode::Io, "object vanished"));
+        };
+        let path = self.object_path(file);
+        // Also keeps the descriptor's position, which tells where the append went.
+        let mut st = obj.state.lock();
+        let size = obj
+            .file
+            .metadata()
+            .map_err(|e| io_err("cannot stat object", &path, e))?
+            .len();
+        let end = size.max(at_least).checked_add(len).ok_or_else(|| {
+            ErrorReply::new(ErrorCode::TooLarge, "append past the largest offset")
+        })?;
+        let growth = self.reserve((size, st.1), end, len)?;
+        let res = (|| {
+            if size < at_least {
+                obj.file.set_len(at_least)?;
+            }
+            let mut done = 0usize;
+            while done < data.len() {
+                let rest = &data[done..];
+                let iov = libc::iovec {
+                    iov_base: rest.as_ptr() as *mut libc::c_void,
+                    iov_len: rest.len(),
+                };
+                // SAFETY: one iovec over `rest`, which outlives the call; offset -1 is the
+                // descriptor's position, which an append moves to the end of what it wrote.
+                let n =
+                    unsafe { libc::pwritev2(obj.file.as_raw_fd(), &iov, 1, -1, libc::RWF_APPEND) };
+                if n < 0 {
+                    let e = io::Error::last_os_error();
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "append wrote nothing",
+                    ));
+                }
+                // A short append is continued at the new end: nothing else appends through
+                // this server meanwhile (the state lock), and in practice a regular file's
+                // append is whole.
+                done += n as usize;
+            }
+            // SAFETY: lseek of an open descriptor.
+            let pos = unsafe { libc::lseek(obj.file.as_raw_fd(), 0, libc::SEEK_CUR) };
+            if pos < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(pos as u64 - len)
+        })();
+        self.unreserve(growth);
+        let acct = self.account(file, &obj, &mut st, &path);
+        let offset = res.map_err(|e| io_err("cannot append to object", &path, e))?;
+        acct?;
+        Ok(offset)
+    }
+
     /// Where a read of up to `len` bytes at `offset` lies, for a reply sent straight from the
     /// object (`sendfile`): the object's file and how many bytes it holds there (shorter when
     /// it ends there, `None` when it is missing: a file never written on this fragment reads
@@ -586,6 +655,42 @@ mod tests {
         f.read(fid(2), 0, 32 * 1024, &mut out).unwrap();
         assert_eq!(&out[..1024], &[9u8; 1024][..]);
         assert_eq!(&out[1024..], &block[1024..]);
+    }
+
+    /// Appends through the server and the kernel's own appends to the object (a node passing
+    /// the file through) land one after another, none over another.
+    #[test]
+    fn appends_land_at_the_object_end_beside_the_kernels_own() {
+        let t = tempfile::tempdir().unwrap();
+        let f = Arc::new(frag(t.path(), 64 << 20));
+        // Extended without writing (truncate up elsewhere): the first append goes after it.
+        assert_eq!(f.append(fid(2), 5, b"ab").unwrap(), 5);
+        assert_eq!(f.append(fid(2), 0, b"cd").unwrap(), 7);
+        let path = f.object_path(fid(2));
+        let kernel = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut o = OpenOptions::new().append(true).open(path).unwrap();
+                for _ in 0..2000 {
+                    std::io::Write::write_all(&mut o, b"K123").unwrap();
+                }
+            })
+        };
+        let mut offsets = Vec::new();
+        for _ in 0..2000 {
+            offsets.push(f.append(fid(2), 0, b"S456").unwrap());
+        }
+        kernel.join().unwrap();
+        let data = std::fs::read(&path).unwrap();
+        assert_eq!(data.len(), 9 + 2 * 2000 * 4);
+        assert_eq!(&data[..9], b"\0\0\0\0\0abcd");
+        for at in &offsets {
+            let at = *at as usize;
+            assert_eq!(&data[at..at + 4], b"S456", "the server's append at {at}");
+        }
+        let k = data[9..].chunks(4).filter(|c| *c == b"K123").count();
+        assert_eq!(k, 2000, "every append of the kernel whole");
+        assert_eq!(f.used(), allocated(&std::fs::metadata(&path).unwrap()));
     }
 
     #[test]

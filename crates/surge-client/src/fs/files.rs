@@ -159,7 +159,8 @@ impl Fs {
     /// `writer`: the open may write; `unprivileged`: its caller cannot keep setuid/setgid
     /// bits (no `CAP_FSETID`; here: not root).
     /// `append`: opened `O_APPEND` (see [`append`](Self::append): not passed through where
-    /// the metadata server decides where appends go).
+    /// the metadata server decides where appends go, a file of several stripes; a file of
+    /// one is: the kernel appends to its object, as its server does for other nodes).
     pub async fn open(
         &self,
         ino: Ino,
@@ -237,7 +238,9 @@ impl Fs {
             // The kernel writes a passthrough file without this process, so it could not
             // clear the setuid/setgid bits the write must clear; through the daemon it does.
             self.inodes.backing(ino)
-        } else if (append && self.appends_at_server())
+        } else if (append
+            && self.appends_at_server()
+            && !self.client.resolve_layout(ino, a.layout).single_object())
             || !self.passthrough_ok(ino, a.size, a.through, writer).await
         {
             None
@@ -309,14 +312,7 @@ impl Fs {
     ) -> FsResult<u32> {
         let ino = self.inodes.handle_ino(fh)?;
         if kill_suidgid {
-            if let Some(perm) = self.inodes.perm_without_suidgid(ino) {
-                let set = SetAttr {
-                    perm: Some(perm),
-                    ..Default::default()
-                };
-                let a = self.client.setattr_meta(ino, set).await.map_err(stale)?;
-                self.observe(a, false);
-            }
+            self.clear_suidgid(ino).await?;
         }
         if offset
             .checked_add(data.len() as u64)
@@ -353,6 +349,18 @@ impl Fs {
             let at = self.inodes.size(ino);
             return self.write(fh, at, data, kill_suidgid).await;
         }
+        // A file of one stripe: its server appends at the object's end, where a node passing
+        // the file through appends too (the kernel, under the object's inode lock).
+        if let Some(offset) = self
+            .client
+            .append_object(ino, self.inodes.size(ino), data)
+            .await
+            .map_err(super::stale)?
+        {
+            return self
+                .appended(ino, offset, data.len() as u64, kill_suidgid)
+                .await;
+        }
         // This node's own size of the file first: appends from here land after its writes.
         self.commit(ino).await?;
         let (offset, a) = self
@@ -362,6 +370,30 @@ impl Fs {
             .map_err(super::stale)?;
         self.observe(a, false);
         self.write(fh, offset, data, kill_suidgid).await
+    }
+
+    /// A write by a writer without `CAP_FSETID` clears setuid and setgid.
+    async fn clear_suidgid(&self, ino: Ino) -> FsResult<()> {
+        if let Some(perm) = self.inodes.perm_without_suidgid(ino) {
+            let set = SetAttr {
+                perm: Some(perm),
+                ..Default::default()
+            };
+            let a = self.client.setattr_meta(ino, set).await.map_err(stale)?;
+            self.observe(a, false);
+        }
+        Ok(())
+    }
+
+    /// Bookkeeping of `len` bytes appended at `offset` of `ino` by its server (see
+    /// [`append`](Self::append)), as a write of them does.
+    async fn appended(&self, ino: Ino, offset: u64, len: u64, kill_suidgid: bool) -> FsResult<u32> {
+        if kill_suidgid {
+            self.clear_suidgid(ino).await?;
+        }
+        let mask = self.client.fragments_touched(ino, offset, len);
+        self.inodes.changed_data(ino, offset + len, mask, true);
+        Ok(len as u32)
     }
 
     /// A write to a cache instance: to the fast tier (once the dirty data is under the

@@ -133,7 +133,9 @@ impl Fs {
         // An unprivileged creator's writes must clear setuid/setgid bits it asked for: the
         // daemon does that, not a passthrough write (see `open`).
         let backing = if (uid != 0 && super::files::drops_privilege(a.perm))
-            || (flags & libc::O_APPEND != 0 && self.appends_at_server())
+            || (flags & libc::O_APPEND != 0
+                && self.appends_at_server()
+                && !self.client.resolve_layout(a.ino, a.layout).single_object())
             || !self.passthrough_ok(a.ino, 0, 0, true).await
         {
             None
