@@ -122,6 +122,40 @@ fn a_refused_fallocate_leaves_no_space_taken() {
     std::fs::write(m.path("again"), vec![1u8; 20 << 20]).unwrap();
 }
 
+/// The servers of one host (`surge run` starts four) share an instance's space: a file of
+/// one stripe, on one of them, may take what `df` shows free, which is the instance's on the
+/// host (xfstests generic/103 fallocates it into one file). Before, it held one server's share
+/// and got ENOSPC at a third of it here.
+#[test]
+fn a_file_of_one_stripe_may_take_all_the_instance_has_on_its_host() {
+    if skip_without_fuse("a_file_of_one_stripe_may_take_all_the_instance_has_on_its_host") {
+        return;
+    }
+    let c = cluster(3, "1GiB");
+    let id = c.create_instance("24MiB", "1MiB", &[]);
+    let m = Mount::with_args(&c, id, 0, &["--layout", "stripe_count=1"]);
+    std::fs::write(m.path("small"), vec![3u8; 1 << 20]).unwrap();
+    let (_, free) = statvfs(&m.dir);
+    let f = File::create(m.path("big")).unwrap();
+    let want = free - (512 << 10);
+    // SAFETY: fallocate on a descriptor we own.
+    let rc = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, want as i64) };
+    let err = std::io::Error::last_os_error();
+    assert_eq!(
+        rc, 0,
+        "fallocate of {want} of the {free} bytes df shows free: {err}"
+    );
+    // And no more than that: the instance's capacity still holds.
+    let g = File::create(m.path("more")).unwrap();
+    // SAFETY: as above.
+    let rc = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&g), 0, 0, 2 << 20) };
+    let err = std::io::Error::last_os_error();
+    assert_eq!(rc, -1, "2 MiB more than the instance has were allocated");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "got {err}");
+    drop((f, g));
+    std::fs::remove_file(m.path("big")).unwrap();
+    std::fs::write(m.path("again"), vec![1u8; 20 << 20]).unwrap();
+}
 #[test]
 fn an_instance_larger_than_a_server_offers_is_refused_and_nothing_is_left_behind() {
     let c = cluster(2, "64MiB");

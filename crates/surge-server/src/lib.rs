@@ -12,6 +12,7 @@
 pub mod access;
 pub mod acl;
 pub mod admission;
+pub mod budget;
 pub mod cli;
 pub mod conn;
 pub mod lockorder;

@@ -158,7 +158,7 @@ impl Registry {
                     let res = if name.starts_with("frag-") {
                         self.recover_fragment(dev, &p)
                     } else if name.starts_with("ns-") {
-                        self.recover_namespace(&p)
+                        self.recover_namespace(dev, &p)
                     } else {
                         Ok(())
                     };
@@ -183,7 +183,7 @@ impl Registry {
             dir.to_path_buf(),
             dev.to_path_buf(),
             meta.capacity,
-            self.budget(meta.instance),
+            self.budget(&meta.descriptor, dev),
         )?;
         self.descriptors
             .write()
@@ -194,7 +194,7 @@ impl Registry {
         Ok(())
     }
 
-    fn recover_namespace(&self, dir: &Path) -> anyhow::Result<()> {
+    fn recover_namespace(&self, dev: &Path, dir: &Path) -> anyhow::Result<()> {
         let meta: NamespaceFile = read_json(&dir.join("namespace.json"))?;
         let ns = Namespace::start(
             dir,
@@ -202,7 +202,7 @@ impl Registry {
             meta.ns,
             (meta.root_uid, meta.root_gid, meta.root_perm),
             meta.descriptor.cache_pfs.is_some(),
-            self.budget(meta.instance),
+            self.budget(&meta.descriptor, dev),
         )?;
         self.descriptors
             .write()
@@ -213,9 +213,16 @@ impl Registry {
         Ok(())
     }
 
-    /// The instance's space on this server (made empty if it has none yet).
-    fn budget(&self, instance: InstanceId) -> Arc<crate::store::Budget> {
-        self.budgets.lock().entry(instance).or_default().clone()
+    /// The instance's space on this server, shared with the other servers of this host
+    /// whose devices are on the file system of `dev` (made empty if it has none yet).
+    fn budget(&self, d: &InstanceDescriptor, dev: &Path) -> Arc<crate::store::Budget> {
+        self.budgets
+            .lock()
+            .entry(d.instance)
+            .or_insert_with(|| {
+                Arc::new(crate::store::Budget::on_host(d.instance, d.generation, dev))
+            })
+            .clone()
     }
 
     fn reserved_on(&self, dev: &Path) -> u64 {
@@ -280,7 +287,7 @@ impl Registry {
             dir.clone(),
             dev.clone(),
             capacity,
-            self.budget(instance),
+            self.budget(&descriptor, &dev),
         )
         .map_err(io)?;
         write_json_atomic(
@@ -336,7 +343,7 @@ impl Registry {
             ns,
             root,
             descriptor.cache_pfs.is_some(),
-            self.budget(instance),
+            self.budget(&descriptor, &dev),
         )
         .map_err(|e| io(format!("{e:#}")))?;
         write_json_atomic(

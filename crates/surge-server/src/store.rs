@@ -53,37 +53,7 @@ impl ObjectFile {
     }
 }
 
-/// The space one instance may use on this server: the sum of the capacities of its fragments
-/// here, shared by them. A file of one stripe lies in one fragment, so what it may hold is what
-/// the instance has on this server, not one fragment's share (DataWarp's files, striped over
-/// every fragment, never needed more than a share).
-#[derive(Default)]
-pub struct Budget {
-    capacity: AtomicU64,
-    used: AtomicU64,
-}
-
-impl Budget {
-    pub fn capacity(&self) -> u64 {
-        self.capacity.load(Ordering::Relaxed)
-    }
-
-    pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn add_used(&self, n: u64) {
-        self.used.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn sub_used(&self, n: u64) {
-        let _ = self
-            .used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                Some(u.saturating_sub(n))
-            });
-    }
-}
+pub use crate::budget::Budget;
 
 pub struct Fragment {
     pub instance: InstanceId,
@@ -149,7 +119,7 @@ impl Fragment {
                 .custom_flags(libc::O_DIRECTORY | libc::O_PATH)
                 .open(&dir)?
         };
-        budget.capacity.fetch_add(capacity, Ordering::Relaxed);
+        budget.add_capacity(capacity);
         budget.add_used(used);
         Ok(Fragment {
             instance,
@@ -181,7 +151,7 @@ impl Fragment {
     /// What the instance has left on this server: its budget here less what its fragments
     /// here use.
     pub fn room(&self) -> u64 {
-        self.budget.capacity().saturating_sub(self.budget.used())
+        self.budget.room()
     }
 
     /// The object of `file`, opened (and created when `create`) on first use.
@@ -269,10 +239,7 @@ impl Fragment {
         let start = end - len;
         let growth = (end.div_ceil(BLOCK) - start / BLOCK) * BLOCK;
         crate::reserve::data_may_grow(&self.dir, growth)?;
-        let before = self.budget.used.fetch_add(growth, Ordering::Relaxed);
-        let capacity = self.budget.capacity();
-        if before + growth > capacity {
-            self.budget.sub_used(growth);
+        if let Err((before, capacity)) = self.budget.reserve(growth) {
             return Err(ErrorReply::new(
                 ErrorCode::NoSpace,
                 format!(
@@ -591,9 +558,7 @@ impl Fragment {
     pub fn destroy(&self) -> io::Result<()> {
         self.objects.lock().clear();
         // The instance's budget here no longer has this fragment's share or use.
-        self.budget
-            .capacity
-            .fetch_sub(self.capacity.min(self.budget.capacity()), Ordering::Relaxed);
+        self.budget.sub_capacity(self.capacity);
         self.budget.sub_used(self.used());
         match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => Ok(()),
