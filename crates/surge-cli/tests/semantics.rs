@@ -548,6 +548,57 @@ fn times_set_by_copying_tools_win_over_the_time_of_their_writes() {
     }
 }
 
+/// `statx`'s birth time (`STATX_BTIME`) of `p`, or None when not reported.
+fn btime(p: &Path) -> Option<(i64, u32)> {
+    // SAFETY: statx into a zeroed struct.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            cstr(p).as_ptr(),
+            0,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut sx,
+        )
+    };
+    assert_eq!(rc, 0, "statx {}: {}", p.display(), std::io::Error::last_os_error());
+    (sx.stx_mask & libc::STATX_BTIME != 0).then_some((sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec))
+}
+
+/// Files and directories report when they were made (xfstests generic/528), and it does not
+/// move when they are written, renamed, chmod'ed or their times set.
+#[test]
+fn statx_reports_a_birth_time_that_stays() {
+    let Some((_c, m)) = setup("statx_reports_a_birth_time_that_stays") else {
+        return;
+    };
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::write(m.path("d/f"), b"one").unwrap();
+    let after = before + 5;
+    let f0 = btime(&m.path("d/f")).expect("no birth time reported for a file");
+    let d0 = btime(&m.path("d")).expect("no birth time reported for a directory");
+    for (what, t) in [("file", f0), ("directory", d0)] {
+        assert!(
+            (before - 1..=after).contains(&t.0),
+            "{what} born at {} outside {before}..{after}",
+            t.0
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    std::fs::write(m.path("d/f"), b"two, longer").unwrap();
+    std::fs::set_permissions(m.path("d/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(m.path("d/f"), m.path("d/g")).unwrap();
+    std::fs::write(m.path("d/h"), b"").unwrap();
+    let mtime = std::fs::metadata(m.path("d/g")).unwrap().mtime();
+    assert_eq!(btime(&m.path("d/g")), Some(f0), "the file's birth time moved");
+    assert_eq!(btime(&m.path("d")), Some(d0), "the directory's birth time moved");
+    assert!(mtime > f0.0, "mtime {mtime} not after birth {}", f0.0);
+}
+
 #[test]
 fn stat_reports_size_blocks_links_and_types() {
     let Some((_c, m)) = setup("stat_reports_size_blocks_links_and_types") else {

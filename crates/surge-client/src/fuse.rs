@@ -7,7 +7,7 @@ use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, RequestId, TimeOrNow, WriteFlags,
+    ReplyStatx, ReplyWrite, Request, RequestId, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -273,7 +273,7 @@ pub fn file_attr_blocks(a: &Attr, blocks: u64) -> FileAttr {
         atime: a.atime.to_system_time(),
         mtime: a.mtime.to_system_time(),
         ctime: a.ctime.to_system_time(),
-        crtime: a.ctime.to_system_time(),
+        crtime: a.btime.to_system_time(),
         kind: kind(a.kind),
         perm: a.perm,
         nlink: a.nlink,
@@ -520,6 +520,34 @@ impl Filesystem for FuseAdapter {
                     reply.attr(&ttl.attr, &file_attr_blocks(&a, blocks))
                 }
                 Err(e) => reply.error(Errno::from_i32(fs.failed("getattr", &e))),
+            }
+        });
+    }
+
+    /// `statx` with the birth time, which the metadata server keeps (none for a file made by
+    /// a store before birth times were kept).
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        let (fs, ttl) = (self.fs.clone(), self.ttl);
+        self.metadata(async move {
+            let mut got = fs.getattr(ino.0).await;
+            if matches!(&got, Ok(a) if a.btime == Timestamp::default()) {
+                // Attributes made here (a directory this node just made): the server's.
+                got = fs.getattr(ino.0).await;
+            }
+            match got {
+                Ok(a) => {
+                    let blocks = fs.blocks(&a).await;
+                    let btime = (a.btime != Timestamp::default()).then(|| a.btime.to_system_time());
+                    reply.statx(&ttl.attr, &file_attr_blocks(&a, blocks), btime)
+                }
+                Err(e) => reply.error(Errno::from_i32(fs.failed("statx", &e))),
             }
         });
     }

@@ -73,6 +73,7 @@ pub use crate::reply::ReplyLseek;
 pub use crate::reply::ReplyOpen;
 pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
@@ -440,6 +441,21 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Get file attributes.
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         warn!("[Not Implemented] getattr(ino: {ino:#x?}, fh: {fh:#x?})");
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// `statx(2)` asking for a field `getattr` does not carry (the birth time): `mask` is
+    /// what the caller asked for. The default answers ENOSYS, after which the kernel asks
+    /// `getattr` only.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+        mask: u32,
+        reply: ReplyStatx,
+    ) {
+        tracing::debug!("[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:#x?}, mask: {mask:#x})");
         reply.error(Errno::ENOSYS);
     }
 

@@ -341,6 +341,33 @@ impl ReplyAttr {
     }
 }
 
+/// Reply to `statx`.
+#[derive(Debug)]
+pub struct ReplyStatx {
+    reply: ReplyRaw,
+}
+
+impl Reply for ReplyStatx {
+    fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyStatx {
+        ReplyStatx {
+            reply: Reply::new(unique, sender),
+        }
+    }
+}
+
+impl ReplyStatx {
+    /// Replies with `attr` and, when known, the birth time `btime`.
+    pub fn statx(self, ttl: &Duration, attr: &FileAttr, btime: Option<std::time::SystemTime>) {
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_statx(ttl, attr, btime));
+    }
+
+    /// Reply to a request with the given error code
+    pub fn error(self, err: Errno) {
+        self.reply.error(err);
+    }
+}
+
 ///
 /// XTimes Reply
 ///

@@ -118,6 +118,9 @@ pub struct Attr {
     /// is made (zeros: the instance's rule). Directories: the default of what is made in
     /// them. (`surge layout`, the attribute `user.surge.layout`.)
     pub layout: FileLayout,
+    /// When the file was made (`statx`'s `stx_btime`); zero when unknown (made by a store
+    /// before birth times were kept).
+    pub btime: Timestamp,
 }
 
 /// Longest name of a directory entry, in bytes.

@@ -107,6 +107,12 @@ pub const STEPS: &[Step] = &[
         what: "files made by O_TMPFILE and never named",
         sql: "ALTER TABLE inodes ADD COLUMN unnamed INTEGER NOT NULL DEFAULT 0;",
     },
+    Step {
+        version: 10,
+        what: "birth times (statx's btime; 0 for files made before)",
+        sql: "ALTER TABLE inodes ADD COLUMN btime_s INTEGER NOT NULL DEFAULT 0;
+              ALTER TABLE inodes ADD COLUMN btime_ns INTEGER NOT NULL DEFAULT 0;",
+    },
 ];
 
 /// The version this code writes and reads.

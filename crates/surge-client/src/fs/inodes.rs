@@ -557,6 +557,7 @@ mod tests {
             rdev: 0,
             through: 0,
             layout: Default::default(),
+            btime: t,
         }
     }
 

@@ -257,6 +257,7 @@ mod tests {
             rdev: 0,
             through: 0,
             layout: Default::default(),
+            btime: Timestamp::default(),
         }
     }
 

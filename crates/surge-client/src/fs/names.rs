@@ -593,6 +593,8 @@ impl Fs {
                 rdev: 0,
                 through: 0,
                 layout: self.new_file_layout_now(l.dir.layout),
+                // The metadata server's, once it has made the file (`statx` asks it).
+                btime: Timestamp::default(),
             };
             // Its data calls (the passthrough object at its open) need the layout before
             // the metadata server knows the file.

@@ -120,6 +120,57 @@ impl ResponseStruct<abi::fuse_attr_out> {
     }
 }
 
+impl ResponseStruct<abi::fuse_statx_out> {
+    pub(crate) fn new_statx(
+        ttl: &Duration,
+        attr: &crate::FileAttr,
+        btime: Option<std::time::SystemTime>,
+    ) -> Self {
+        let sx = |t: &std::time::SystemTime| {
+            let (tv_sec, tv_nsec) = time_from_system_time(t);
+            abi::fuse_sx_time {
+                tv_sec,
+                tv_nsec,
+                reserved: 0,
+            }
+        };
+        let mut mask = libc::STATX_BASIC_STATS;
+        if btime.is_some() {
+            mask |= libc::STATX_BTIME;
+        }
+        let rdev = u64::from(attr.rdev);
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat: abi::fuse_statx {
+                mask,
+                blksize: attr.blksize,
+                attributes: 0,
+                nlink: attr.nlink,
+                uid: attr.uid,
+                gid: attr.gid,
+                mode: mode_from_kind_and_perm(attr.kind, attr.perm) as u16,
+                spare0: [0],
+                ino: attr.ino.0,
+                size: attr.size,
+                blocks: attr.blocks,
+                attributes_mask: 0,
+                atime: sx(&attr.atime),
+                btime: btime.as_ref().map(sx).unwrap_or_default(),
+                ctime: sx(&attr.ctime),
+                mtime: sx(&attr.mtime),
+                rdev_major: libc::major(rdev as libc::dev_t),
+                rdev_minor: libc::minor(rdev as libc::dev_t),
+                dev_major: 0,
+                dev_minor: 0,
+                spare2: [0; 14],
+            },
+        })
+    }
+}
+
 #[cfg(target_os = "macos")]
 impl ResponseStruct<abi::fuse_getxtimes_out> {
     pub(crate) fn new_xtimes(bkuptime: SystemTime, crtime: SystemTime) -> Self {

@@ -129,7 +129,8 @@ fn kind_at(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<FileKind> {
 
 const ATTR_COLS: &str =
     "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, \
-     ctime_s, ctime_ns, change, rdev, through, stripe_size, stripe_count, stripe_start";
+     ctime_s, ctime_ns, change, rdev, through, stripe_size, stripe_count, stripe_start, \
+     btime_s, btime_ns";
 
 fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
     let ts = |i: usize| -> rusqlite::Result<Timestamp> {
@@ -157,6 +158,7 @@ fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
             stripe_count: r.get::<_, i64>(base + 17)? as u32,
             start: r.get::<_, i64>(base + 18)? as u32,
         },
+        btime: ts(19)?,
     })
 }
 
@@ -184,8 +186,8 @@ pub fn open(
     let now = Timestamp::now();
     conn.execute(
         "INSERT OR IGNORE INTO inodes(ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
-            mtime_s, mtime_ns, ctime_s, ctime_ns, parent)
-         VALUES (?1, 2, ?2, 2, ?3, ?4, 0, ?5, ?6, ?5, ?6, ?5, ?6, ?1)",
+            mtime_s, mtime_ns, ctime_s, ctime_ns, parent, btime_s, btime_ns)
+         VALUES (?1, 2, ?2, 2, ?3, ?4, 0, ?5, ?6, ?5, ?6, ?5, ?6, ?1, ?5, ?6)",
         params![
             ROOT_INO as i64,
             i64::from(root_perm),
@@ -570,9 +572,9 @@ impl Ops<'_> {
             .prepare_cached(
                 "INSERT INTO inodes(kind, perm, nlink, uid, gid, size, atime_s, atime_ns,
                     mtime_s, mtime_ns, ctime_s, ctime_ns, parent, target, ino, rdev,
-                    stripe_size, stripe_count, stripe_start, unnamed)
+                    stripe_size, stripe_count, stripe_start, unnamed, btime_s, btime_ns)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?7, ?8, ?7, ?8, ?9, ?10, ?11, ?12,
-                    ?13, ?14, ?15, ?16)",
+                    ?13, ?14, ?15, ?16, ?7, ?8)",
             )
             .and_then(|mut st| {
                 st.insert(params![
@@ -630,6 +632,7 @@ impl Ops<'_> {
             rdev,
             through: 0,
             layout,
+            btime: now,
         };
         Ok(Created {
             attr,
