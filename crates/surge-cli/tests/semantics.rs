@@ -561,7 +561,13 @@ fn btime(p: &Path) -> Option<(i64, u32)> {
             &mut sx,
         )
     };
-    assert_eq!(rc, 0, "statx {}: {}", p.display(), std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "statx {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
     (sx.stx_mask & libc::STATX_BTIME != 0).then_some((sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec))
 }
 
@@ -594,8 +600,16 @@ fn statx_reports_a_birth_time_that_stays() {
     std::fs::rename(m.path("d/f"), m.path("d/g")).unwrap();
     std::fs::write(m.path("d/h"), b"").unwrap();
     let mtime = std::fs::metadata(m.path("d/g")).unwrap().mtime();
-    assert_eq!(btime(&m.path("d/g")), Some(f0), "the file's birth time moved");
-    assert_eq!(btime(&m.path("d")), Some(d0), "the directory's birth time moved");
+    assert_eq!(
+        btime(&m.path("d/g")),
+        Some(f0),
+        "the file's birth time moved"
+    );
+    assert_eq!(
+        btime(&m.path("d")),
+        Some(d0),
+        "the directory's birth time moved"
+    );
     assert!(mtime > f0.0, "mtime {mtime} not after birth {}", f0.0);
 }
 

@@ -95,6 +95,10 @@ const SUBSET: &[(&str, &str)] = &[
         "a file of one stripe takes what df shows free (the host's servers share the space)",
     ),
     (
+        "generic/528",
+        "statx reports a birth time that stays (FUSE_STATX)",
+    ),
+    (
         "generic/478",
         "an OFD lock is gone for other openers once the close of its open file returns",
     ),

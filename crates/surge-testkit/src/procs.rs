@@ -355,14 +355,15 @@ impl Mount {
                 let _ = c.kill();
                 let _ = c.wait();
             }
-            // A mount process that ended without unmounting (seen after its servers were
-            // killed and restarted) leaves a dead mount behind: detach it.
-            let dir = self.dir.display().to_string();
-            let mounted = std::fs::read_to_string("/proc/self/mountinfo")
-                .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(dir.as_str())));
-            if mounted {
-                let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-            }
+        }
+        // A mount process that ended without unmounting (seen after its servers were killed
+        // and restarted, or killed by the test itself, which then took `child`) leaves a dead
+        // mount behind: detach it.
+        let dir = self.dir.display().to_string();
+        let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+            .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(dir.as_str())));
+        if mounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
         }
     }
 }
