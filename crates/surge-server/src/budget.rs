@@ -199,6 +199,13 @@ impl Drop for Flock<'_> {
     }
 }
 
+/// Takes `n` from `cell`, stopping at zero.
+fn saturating_sub(cell: &AtomicU64, n: u64) {
+    let _ = cell.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+        Some(v.saturating_sub(n))
+    });
+}
+
 /// The space one instance may use on this host (see the module's documentation).
 #[derive(Default)]
 pub struct Budget {
@@ -387,12 +394,7 @@ impl Budget {
     }
 
     pub(crate) fn sub_capacity(&self, n: u64) {
-        let _ = self
-            .mine()
-            .capacity
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
-                Some(c.saturating_sub(n))
-            });
+        saturating_sub(&self.mine().capacity, n);
     }
 
     pub(crate) fn add_used(&self, n: u64) {
@@ -400,12 +402,7 @@ impl Budget {
     }
 
     pub(crate) fn sub_used(&self, n: u64) {
-        let _ = self
-            .mine()
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                Some(u.saturating_sub(n))
-            });
+        saturating_sub(&self.mine().used, n);
     }
 
     /// Takes `n` bytes of the budget; on refusal (it would pass the capacity) takes nothing
