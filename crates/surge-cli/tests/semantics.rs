@@ -1196,6 +1196,120 @@ fn umask() -> u32 {
     u32::from_str_radix(line["Umask:".len()..].trim(), 8).unwrap()
 }
 
+/// `chattr` and `lsattr` (e2fsprogs) on `p`: chattr's exit status; lsattr's flags.
+fn chattr(p: &Path, change: &str) -> bool {
+    Command::new("chattr")
+        .arg(change)
+        .arg(p)
+        .status()
+        .expect("run chattr")
+        .success()
+}
+
+fn lsattr(p: &Path) -> String {
+    let out = Command::new("lsattr")
+        .arg("-d")
+        .arg(p)
+        .output()
+        .expect("run lsattr");
+    assert!(out.status.success(), "lsattr {}: {:?}", p.display(), out);
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// chattr +i and +a are kept and enforced as on a local file system (xfstests generic/277,
+/// 545, 553, 555): an immutable file cannot be opened for writing, changed, renamed, linked
+/// to or removed; an append-only file only appended to; both come off with -i/-a.
+#[test]
+fn chattr_immutable_and_append_only_are_kept_and_enforced() {
+    let test = "chattr_immutable_and_append_only_are_kept_and_enforced";
+    if skip_without_fuse(test) || skip_without_root(test) {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    let id = c.create_instance("1GiB", "64KiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let (f, g) = (m.path("f"), m.path("g"));
+    std::fs::write(&f, b"kept").unwrap();
+    std::fs::write(&g, b"log\n").unwrap();
+    let ctime = std::fs::metadata(&f).unwrap().ctime_nsec();
+    assert!(chattr(&f, "+i"), "chattr +i");
+    assert!(lsattr(&f).contains('i'), "lsattr: {}", lsattr(&f));
+    assert_ne!(
+        std::fs::metadata(&f).unwrap().ctime_nsec(),
+        ctime,
+        "chattr moves ctime"
+    );
+    let eperm = |r: std::io::Result<()>, what: &str| {
+        assert_eq!(errno_of(r), libc::EPERM, "{what} of an immutable file");
+    };
+    eperm(
+        OpenOptions::new().write(true).open(&f).map(drop),
+        "open for writing",
+    );
+    eperm(
+        OpenOptions::new().append(true).open(&f).map(drop),
+        "open for appending",
+    );
+    eperm(std::fs::remove_file(&f), "unlink");
+    eperm(std::fs::rename(&f, m.path("f2")), "rename");
+    eperm(std::fs::hard_link(&f, m.path("f3")), "link");
+    eperm(
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)),
+        "chmod",
+    );
+    assert_eq!(
+        setxattr(&f, "user.x", b"1", 0),
+        Err(libc::EPERM),
+        "setxattr of an immutable file"
+    );
+    assert_eq!(std::fs::read(&f).unwrap(), b"kept", "it reads");
+    assert!(chattr(&f, "-i"), "chattr -i");
+    assert!(!lsattr(&f).contains('i'), "lsattr: {}", lsattr(&f));
+    std::fs::write(&f, b"changed").unwrap();
+
+    assert!(chattr(&g, "+a"), "chattr +a");
+    assert_eq!(
+        errno_of(OpenOptions::new().write(true).open(&g).map(drop)),
+        libc::EPERM,
+        "open for writing without O_APPEND of an append-only file"
+    );
+    let mut a = OpenOptions::new().append(true).open(&g).unwrap();
+    a.write_all(b"more\n").unwrap();
+    drop(a);
+    assert_eq!(std::fs::read(&g).unwrap(), b"log\nmore\n");
+    assert_eq!(
+        errno_of(
+            OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&g)
+                .map(drop)
+        ),
+        libc::EPERM,
+        "truncate of an append-only file"
+    );
+    assert_eq!(
+        errno_of(std::fs::remove_file(&g)),
+        libc::EPERM,
+        "unlink of it"
+    );
+    // The flags live at the metadata server: another mount sees them.
+    let other = Mount::new(&c, id, 0);
+    assert!(
+        lsattr(&other.path("g")).contains('a'),
+        "{}",
+        lsattr(&other.path("g"))
+    );
+    assert_eq!(errno_of(std::fs::remove_file(other.path("g"))), libc::EPERM);
+    assert!(chattr(&g, "-a"));
+    std::fs::remove_file(&g).unwrap();
+    std::fs::remove_file(&f).unwrap();
+}
+
 #[test]
 fn advisory_locks_work_within_a_node() {
     let Some((_c, m)) = setup("advisory_locks_work_within_a_node") else {

@@ -99,6 +99,14 @@ const SUBSET: &[(&str, &str)] = &[
         "statx reports a birth time that stays (FUSE_STATX)",
     ),
     (
+        "generic/553",
+        "copy_file_range into an immutable file: EPERM (chattr +i kept and enforced)",
+    ),
+    (
+        "generic/555",
+        "xfs_io chattr +ia needs CAP_LINUX_IMMUTABLE and -ia takes them off",
+    ),
+    (
         "generic/478",
         "an OFD lock is gone for other openers once the close of its open file returns",
     ),

@@ -382,6 +382,92 @@ fn created_flags(flags: i32, fs: &Fs) -> FopenFlags {
     }
 }
 
+/// `FS_IOC_GETFLAGS`/`FS_IOC_SETFLAGS` (the `long` and the 32-bit `int` forms) and
+/// `FS_IOC_FSGETXATTR`/`FS_IOC_FSSETXATTR`.
+const FS_IOC_GETFLAGS: [u32; 2] = [0x8008_6601, 0x8004_6601];
+const FS_IOC_SETFLAGS: [u32; 2] = [0x4008_6602, 0x4004_6602];
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `struct fsxattr`'s `fsx_xflags` of the `chattr` flags kept, beside the `FS_*_FL` flag.
+const XFLAGS: [(u32, u32); 4] = [
+    (0x08, surge_proto::FL_IMMUTABLE),
+    (0x10, surge_proto::FL_APPEND),
+    (0x80, surge_proto::FL_NODUMP),
+    (0x40, surge_proto::FL_NOATIME),
+];
+
+/// A `chattr` ioctl.
+#[derive(Clone, Copy)]
+enum FlagsIoctl {
+    Get { xflags: bool },
+    Set { flags: u32 },
+}
+
+impl FlagsIoctl {
+    fn of(cmd: u32, data: &[u8]) -> Option<FlagsIoctl> {
+        let word = |at: usize| {
+            data.get(at..at + 4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_ne_bytes)
+        };
+        if FS_IOC_GETFLAGS.contains(&cmd) {
+            Some(FlagsIoctl::Get { xflags: false })
+        } else if cmd == FS_IOC_FSGETXATTR {
+            Some(FlagsIoctl::Get { xflags: true })
+        } else if FS_IOC_SETFLAGS.contains(&cmd) {
+            Some(FlagsIoctl::Set { flags: word(0)? })
+        } else if cmd == FS_IOC_FSSETXATTR {
+            let x = word(0)?;
+            let known: u32 = XFLAGS.iter().map(|(x, _)| x).sum();
+            // xflags not kept here are refused at the server with the flags they map to.
+            let mut flags = if x & !known != 0 {
+                !surge_proto::FILE_FLAGS
+            } else {
+                0
+            };
+            for (xf, f) in XFLAGS {
+                if x & xf != 0 {
+                    flags |= f;
+                }
+            }
+            Some(FlagsIoctl::Set { flags })
+        } else {
+            None
+        }
+    }
+}
+
+/// `statx`'s `STATX_ATTR_*` bits of `chattr` flags `flags`, and the mask of those kept.
+fn statx_attributes(flags: u32) -> (u64, u64) {
+    let map = [
+        (surge_proto::FL_IMMUTABLE, libc::STATX_ATTR_IMMUTABLE),
+        (surge_proto::FL_APPEND, libc::STATX_ATTR_APPEND),
+        (surge_proto::FL_NODUMP, libc::STATX_ATTR_NODUMP),
+    ];
+    let mut attributes = 0u64;
+    let mut mask = 0u64;
+    for (f, a) in map {
+        mask |= a as u64;
+        if flags & f != 0 {
+            attributes |= a as u64;
+        }
+    }
+    (attributes, mask)
+}
+
+/// A `struct fsxattr` (28 bytes) with the xflags of `flags`.
+fn fsxattr(flags: u32) -> [u8; 28] {
+    let mut x = 0u32;
+    for (xf, f) in XFLAGS {
+        if flags & f != 0 {
+            x |= xf;
+        }
+    }
+    let mut out = [0u8; 28];
+    out[..4].copy_from_slice(&x.to_ne_bytes());
+    out
+}
+
 /// A lock type of the kernel (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`).
 fn lock_kind(typ: i32) -> Option<LockKind> {
     match typ {
@@ -545,7 +631,12 @@ impl Filesystem for FuseAdapter {
                 Ok(a) => {
                     let blocks = fs.blocks(&a).await;
                     let btime = (a.btime != Timestamp::default()).then(|| a.btime.to_system_time());
-                    reply.statx(&ttl.attr, &file_attr_blocks(&a, blocks), btime)
+                    reply.statx(
+                        &ttl.attr,
+                        &file_attr_blocks(&a, blocks),
+                        btime,
+                        statx_attributes(a.flags),
+                    )
                 }
                 Err(e) => reply.error(Errno::from_i32(fs.failed("statx", &e))),
             }
@@ -577,6 +668,7 @@ impl Filesystem for FuseAdapter {
             size,
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
+            flags: None,
         };
         // With FUSE_HANDLE_KILLPRIV_V2 clearing setuid/setgid is this side's job: on a truncate
         // by someone without CAP_FSETID, and on every chown/chgrp (the kernel checks the
@@ -1074,39 +1166,78 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    // Not provided; ENOSYS makes the kernel fall back to its generic code (read/write for
-    // copy_file_range, whole-file data for SEEK_DATA/SEEK_HOLE, glibc's emulation of
-    // posix_fallocate) and remember not to ask again.
+    /// Not provided: EOPNOTSUPP makes the kernel copy with its generic code (reads and
+    /// writes, through this daemon or straight into a passthrough file), except into an
+    /// immutable file: EPERM, as Linux (xfstests generic/553; the kernel's own check reads
+    /// inode flags a FUSE file system does not set, and a passthrough write would not come
+    /// here). EOPNOTSUPP, unlike ENOSYS, keeps the kernel asking for each copy.
     fn copy_file_range(
         &self,
         _req: &Request,
         _ino_in: INodeNo,
         _fh_in: FileHandle,
         _offset_in: u64,
-        _ino_out: INodeNo,
+        ino_out: INodeNo,
         _fh_out: FileHandle,
         _offset_out: u64,
         _len: u64,
         _flags: fuser::CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        reply.error(Errno::ENOSYS);
+        match self.fs.check_writable(ino_out.0) {
+            Ok(()) => reply.error(Errno::from_i32(libc::EOPNOTSUPP)),
+            Err(e) => reply.error(Errno::from_i32(e.errno)),
+        }
     }
 
-    /// No ioctls (FS_IOC_GETFLAGS and the like): ENOTTY, as a local file system answers an
-    /// ioctl it does not know, without the log line fuser's default writes for each.
+    /// `chattr` flags (the kernel's `FS_IOC_GETFLAGS`/`SETFLAGS` and the `FSGETXATTR`/
+    /// `FSSETXATTR` xflags, which `chattr`, `lsattr` and `xfs_io` use): immutable,
+    /// append-only, no-dump and no-atime, kept by the metadata server. The kernel checks the
+    /// caller's right to change them (owner, and `CAP_LINUX_IMMUTABLE` for immutable and
+    /// append-only) before it asks. Other ioctls: ENOTTY, as a local file system answers one
+    /// it does not know.
     fn ioctl(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: fuser::IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
+        cmd: u32,
+        in_data: &[u8],
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        reply.error(Errno::from_i32(libc::ENOTTY));
+        let Some(op) = FlagsIoctl::of(cmd, in_data) else {
+            reply.error(Errno::from_i32(libc::ENOTTY));
+            return;
+        };
+        let (fs, notifier) = (self.fs.clone(), self.notifier.clone());
+        self.metadata(async move {
+            let got = match op {
+                FlagsIoctl::Get { .. } => fs.getattr(ino.0).await,
+                FlagsIoctl::Set { flags } => {
+                    let set = SetAttr {
+                        flags: Some(flags),
+                        ..Default::default()
+                    };
+                    fs.setattr(ino.0, set, KillSuidgid::Nothing).await
+                }
+            };
+            match got {
+                Ok(a) => match op {
+                    FlagsIoctl::Get { xflags: false } => reply.ioctl(0, &a.flags.to_ne_bytes()),
+                    FlagsIoctl::Get { xflags: true } => reply.ioctl(0, &fsxattr(a.flags)),
+                    FlagsIoctl::Set { .. } => {
+                        // The kernel keeps the attributes it had (ctime moved).
+                        if let Some(n) = notifier.get() {
+                            let _ = n.inval_inode(ino, -1, 0);
+                        }
+                        reply.ioctl(0, &[])
+                    }
+                },
+                Err(e) => reply.error(Errno::from_i32(fs.failed("ioctl", &e))),
+            }
+        });
     }
 
     /// ENOSYS: the kernel then reports files always ready, as for a local file.

@@ -356,10 +356,21 @@ impl Reply for ReplyStatx {
 }
 
 impl ReplyStatx {
-    /// Replies with `attr` and, when known, the birth time `btime`.
-    pub fn statx(self, ttl: &Duration, attr: &FileAttr, btime: Option<std::time::SystemTime>) {
-        self.reply
-            .send_ll(&ll::ResponseStruct::new_statx(ttl, attr, btime));
+    /// Replies with `attr`, when known the birth time `btime`, and the `STATX_ATTR_*` bits
+    /// `attributes` of those in `attributes_mask` (the ones the file system keeps).
+    pub fn statx(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        btime: Option<std::time::SystemTime>,
+        (attributes, attributes_mask): (u64, u64),
+    ) {
+        self.reply.send_ll(&ll::ResponseStruct::new_statx(
+            ttl,
+            attr,
+            btime,
+            (attributes, attributes_mask),
+        ));
     }
 
     /// Reply to a request with the given error code

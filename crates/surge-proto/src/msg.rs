@@ -121,7 +121,22 @@ pub struct Attr {
     /// When the file was made (`statx`'s `stx_btime`); zero when unknown (made by a store
     /// before birth times were kept).
     pub btime: Timestamp,
+    /// `chattr` flags ([`FILE_FLAGS`]: immutable, append-only, no-dump, no-atime), as
+    /// `FS_IOC_GETFLAGS` gives them.
+    pub flags: u32,
 }
+
+/// `FS_IMMUTABLE_FL`: the file cannot be changed, renamed, linked to or removed.
+pub const FL_IMMUTABLE: u32 = 0x10;
+/// `FS_APPEND_FL`: the file can only be appended to; it cannot be renamed, linked to or
+/// removed.
+pub const FL_APPEND: u32 = 0x20;
+/// `FS_NODUMP_FL`: kept for backup tools, no effect here.
+pub const FL_NODUMP: u32 = 0x40;
+/// `FS_NOATIME_FL`: kept, no effect here (the mount keeps no access times).
+pub const FL_NOATIME: u32 = 0x80;
+/// The `chattr` flags Surge keeps; others are refused (EOPNOTSUPP).
+pub const FILE_FLAGS: u32 = FL_IMMUTABLE | FL_APPEND | FL_NODUMP | FL_NOATIME;
 
 /// Longest name of a directory entry, in bytes.
 pub const NAME_MAX: usize = 255;
@@ -187,6 +202,8 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
+    /// `chattr` flags (`FS_IOC_SETFLAGS`), within [`FILE_FLAGS`].
+    pub flags: Option<u32>,
 }
 
 /// What a `Create` makes.

@@ -113,6 +113,11 @@ pub const STEPS: &[Step] = &[
         sql: "ALTER TABLE inodes ADD COLUMN btime_s INTEGER NOT NULL DEFAULT 0;
               ALTER TABLE inodes ADD COLUMN btime_ns INTEGER NOT NULL DEFAULT 0;",
     },
+    Step {
+        version: 11,
+        what: "chattr flags (immutable, append-only, no-dump, no-atime)",
+        sql: "ALTER TABLE inodes ADD COLUMN flags INTEGER NOT NULL DEFAULT 0;",
+    },
 ];
 
 /// The version this code writes and reads.

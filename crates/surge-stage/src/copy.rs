@@ -551,6 +551,7 @@ async fn finish_dirs_in(ctx: &Arc<Ctx>, dirs: &[MadeDir]) {
                 size: None,
                 atime: Some(TimeSet::At(meta.atime)),
                 mtime: Some(TimeSet::At(meta.mtime)),
+                flags: None,
             };
             match ctx.client.setattr(ino, set, 0).await {
                 Ok(_) => {

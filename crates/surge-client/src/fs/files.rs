@@ -206,6 +206,9 @@ impl Fs {
         if a.kind == FileKind::Dir {
             return Err(FsError::new(libc::EISDIR, "is a directory"));
         }
+        if writer {
+            check_flags(ino, a.flags, append)?;
+        }
         if a.nlink == 0
             && !self.inodes.is_open(ino)
             && !self
@@ -311,6 +314,7 @@ impl Fs {
         kill_suidgid: bool,
     ) -> FsResult<u32> {
         let ino = self.inodes.handle_ino(fh)?;
+        self.check_writable(ino)?;
         if kill_suidgid {
             self.clear_suidgid(ino).await?;
         }
@@ -349,6 +353,7 @@ impl Fs {
             let at = self.inodes.size(ino);
             return self.write(fh, at, data, kill_suidgid).await;
         }
+        self.check_writable(ino)?;
         // A file of one stripe: its server appends at the object's end, where a node passing
         // the file through appends too (the kernel, under the object's inode lock).
         if let Some(offset) = self
@@ -370,6 +375,22 @@ impl Fs {
             .map_err(super::stale)?;
         self.observe(a, false);
         self.write(fh, offset, data, kill_suidgid).await
+    }
+
+    /// EPERM for a write or `fallocate` of an immutable file through a descriptor opened
+    /// before it was made so (as Linux: such writes are refused too), as this node knows it.
+    pub fn check_writable(&self, ino: Ino) -> FsResult<()> {
+        let flags = self
+            .inodes
+            .with(ino, |i| i.attr.as_ref().map_or(0, |a| a.flags))
+            .unwrap_or(0);
+        if flags & surge_proto::FL_IMMUTABLE != 0 {
+            return Err(FsError::new(
+                libc::EPERM,
+                format!("inode {ino} is immutable (chattr +i)"),
+            ));
+        }
+        Ok(())
     }
 
     /// A write by a writer without `CAP_FSETID` clears setuid and setgid.
@@ -456,6 +477,17 @@ impl Fs {
     /// Every mode moves mtime and ctime, as on Linux's local file systems.
     pub async fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
         let ino = self.inodes.handle_ino(fh)?;
+        self.check_writable(ino)?;
+        let flags = self
+            .inodes
+            .with(ino, |i| i.attr.as_ref().map_or(0, |a| a.flags))
+            .unwrap_or(0);
+        if flags & surge_proto::FL_APPEND != 0 && mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+            return Err(FsError::new(
+                libc::EPERM,
+                format!("inode {ino} is append-only (chattr +a): only FALLOC_FL_KEEP_SIZE"),
+            ));
+        }
         let end = offset
             .checked_add(len)
             .filter(|&e| e <= i64::MAX as u64)
@@ -742,6 +774,24 @@ impl Fs {
         self.client.note_layout(&a);
         self.inodes.observe(a, lookup)
     }
+}
+
+/// EPERM for an open for writing of a file with `chattr` flags that forbid it: any of an
+/// immutable file, one without `O_APPEND` of an append-only file (Linux's `may_open`).
+pub(super) fn check_flags(ino: Ino, flags: u32, append: bool) -> FsResult<()> {
+    if flags & surge_proto::FL_IMMUTABLE != 0 {
+        return Err(FsError::new(
+            libc::EPERM,
+            format!("inode {ino} is immutable (chattr +i)"),
+        ));
+    }
+    if flags & surge_proto::FL_APPEND != 0 && !append {
+        return Err(FsError::new(
+            libc::EPERM,
+            format!("inode {ino} is append-only (chattr +a): open it with O_APPEND"),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `perm` has bits a write by an unprivileged user clears: setuid, and setgid with

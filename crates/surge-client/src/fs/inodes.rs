@@ -558,6 +558,7 @@ mod tests {
             through: 0,
             layout: Default::default(),
             btime: t,
+            flags: 0,
         }
     }
 

@@ -258,6 +258,7 @@ mod tests {
             through: 0,
             layout: Default::default(),
             btime: Timestamp::default(),
+            flags: 0,
         }
     }
 

@@ -524,7 +524,17 @@ impl Fs {
             let Some(&(ino, kind)) = l.names.get(name) else {
                 return false;
             };
-            if kind == FileKind::Dir || self.inodes.is_open(ino) {
+            // A file or directory with chattr flags (or whose flags are not known here)
+            // is unlinked at the server, which refuses what they forbid.
+            let victim_flags = self
+                .inodes
+                .with(ino, |i| i.attr.as_ref().map(|a| a.flags))
+                .flatten();
+            if kind == FileKind::Dir
+                || self.inodes.is_open(ino)
+                || l.dir.flags != 0
+                || victim_flags != Some(0)
+            {
                 return false;
             }
             l.names.remove(name);
@@ -571,7 +581,7 @@ impl Fs {
         let (a, dir) = {
             let mut listings = self.listings.lock();
             let l = listings.live(parent)?;
-            if l.names.contains_key(name) || l.names.len() >= MAX_LISTED_NAMES {
+            if l.names.contains_key(name) || l.names.len() >= MAX_LISTED_NAMES || l.dir.flags != 0 {
                 return None;
             }
             let ino = self.inos.lock().next()?;
@@ -595,6 +605,7 @@ impl Fs {
                 layout: self.new_file_layout_now(l.dir.layout),
                 // The metadata server's, once it has made the file (`statx` asks it).
                 btime: Timestamp::default(),
+                flags: 0,
             };
             // Its data calls (the passthrough object at its open) need the layout before
             // the metadata server knows the file.

@@ -125,6 +125,7 @@ impl ResponseStruct<abi::fuse_statx_out> {
         ttl: &Duration,
         attr: &crate::FileAttr,
         btime: Option<std::time::SystemTime>,
+        (attributes, attributes_mask): (u64, u64),
     ) -> Self {
         let sx = |t: &std::time::SystemTime| {
             let (tv_sec, tv_nsec) = time_from_system_time(t);
@@ -147,7 +148,7 @@ impl ResponseStruct<abi::fuse_statx_out> {
             stat: abi::fuse_statx {
                 mask,
                 blksize: attr.blksize,
-                attributes: 0,
+                attributes,
                 nlink: attr.nlink,
                 uid: attr.uid,
                 gid: attr.gid,
@@ -156,7 +157,7 @@ impl ResponseStruct<abi::fuse_statx_out> {
                 ino: attr.ino.0,
                 size: attr.size,
                 blocks: attr.blocks,
-                attributes_mask: 0,
+                attributes_mask,
                 atime: sx(&attr.atime),
                 btime: btime.as_ref().map(sx).unwrap_or_default(),
                 ctime: sx(&attr.ctime),

@@ -12,8 +12,8 @@ use std::path::Path;
 use surge_core::Ino;
 use surge_proto::{
     check_name, new_node_group_and_perm, Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply,
-    FileKind, FileLayout, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
-    XATTR_ACL_KILL_SGID, XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
+    FileKind, FileLayout, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked, FILE_FLAGS,
+    FL_APPEND, FL_IMMUTABLE, XATTR_ACL_KILL_SGID, XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -130,7 +130,7 @@ fn kind_at(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<FileKind> {
 const ATTR_COLS: &str =
     "ino, kind, perm, nlink, uid, gid, size, atime_s, atime_ns, mtime_s, mtime_ns, \
      ctime_s, ctime_ns, change, rdev, through, stripe_size, stripe_count, stripe_start, \
-     btime_s, btime_ns";
+     btime_s, btime_ns, flags";
 
 fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
     let ts = |i: usize| -> rusqlite::Result<Timestamp> {
@@ -159,6 +159,7 @@ fn attr_from_row(r: &rusqlite::Row<'_>, base: usize) -> rusqlite::Result<Attr> {
             start: r.get::<_, i64>(base + 18)? as u32,
         },
         btime: ts(19)?,
+        flags: r.get::<_, i64>(base + 21)? as u32,
     })
 }
 
@@ -270,6 +271,28 @@ impl Ops<'_> {
             ));
         }
         Ok(a)
+    }
+
+    /// EPERM when `a` has one of the `chattr` flags `flags` (immutable, append-only), naming
+    /// what was refused.
+    pub(crate) fn refuse_flagged(a: &Attr, flags: u32, what: &str) -> MetaResult<()> {
+        if a.flags & flags == 0 {
+            return Ok(());
+        }
+        let which = if a.flags & flags & FL_IMMUTABLE != 0 {
+            "immutable"
+        } else {
+            "append-only"
+        };
+        Err(err(
+            ErrorCode::Permission,
+            format!("{what}: inode {} is {which} (chattr)", a.ino),
+        ))
+    }
+
+    /// [`refuse_flagged`](Self::refuse_flagged) of inode `ino`.
+    pub(crate) fn refuse_flagged_ino(&self, ino: Ino, flags: u32, what: &str) -> MetaResult<()> {
+        Self::refuse_flagged(&self.getattr(ino)?, flags, what)
     }
 
     pub(crate) fn dentry(&self, parent: Ino, name: &[u8]) -> MetaResult<Option<(Ino, FileKind)>> {
@@ -482,6 +505,7 @@ impl Ops<'_> {
         layout: FileLayout,
     ) -> MetaResult<Created> {
         let p = self.dir(parent)?;
+        Self::refuse_flagged(&p, FL_IMMUTABLE, "create")?;
         match name {
             Some(name) if self.dentry(parent, name)?.is_some() => {
                 return Err(err(
@@ -633,6 +657,7 @@ impl Ops<'_> {
             through: 0,
             layout,
             btime: now,
+            flags: 0,
         };
         Ok(Created {
             attr,
@@ -644,6 +669,7 @@ impl Ops<'_> {
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> MetaResult<Attr> {
         check_name(new_name)?;
         let a = self.getattr(ino)?;
+        Self::refuse_flagged(&a, FL_IMMUTABLE | FL_APPEND, "link")?;
         if a.kind == FileKind::Dir {
             return Err(err(
                 ErrorCode::Permission,
@@ -658,7 +684,7 @@ impl Ops<'_> {
                 format!("inode {ino} was unlinked"),
             ));
         }
-        self.dir(new_parent)?;
+        Self::refuse_flagged(&self.dir(new_parent)?, FL_IMMUTABLE, "link")?;
         if self.dentry(new_parent, new_name)?.is_some() {
             return Err(err(
                 ErrorCode::Exists,
@@ -787,13 +813,14 @@ impl Ops<'_> {
         keep: &KeepOpen,
         expect: Option<Ino>,
     ) -> MetaResult<(Unlinked, Attr)> {
-        self.dir(parent)?;
+        Self::refuse_flagged(&self.dir(parent)?, FL_IMMUTABLE | FL_APPEND, "unlink")?;
         let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
             err(
                 ErrorCode::NotFound,
                 format!("{} not found", String::from_utf8_lossy(name)),
             )
         })?;
+        self.refuse_flagged_ino(ino, FL_IMMUTABLE | FL_APPEND, "unlink")?;
         if let Some(e) = expect.filter(|&e| e != ino || kind == FileKind::Dir) {
             return Err(err(
                 ErrorCode::Stale,
@@ -953,7 +980,7 @@ impl Ops<'_> {
 
     /// Removes empty directory `name`; returns the parent's attributes after.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> MetaResult<Attr> {
-        self.dir(parent)?;
+        Self::refuse_flagged(&self.dir(parent)?, FL_IMMUTABLE | FL_APPEND, "rmdir")?;
         let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
             err(
                 ErrorCode::NotFound,
@@ -966,6 +993,7 @@ impl Ops<'_> {
                 format!("{} is not a directory", String::from_utf8_lossy(name)),
             ));
         }
+        self.refuse_flagged_ino(ino, FL_IMMUTABLE | FL_APPEND, "rmdir")?;
         if self.has_children(ino)? {
             return Err(err(
                 ErrorCode::NotEmpty,
@@ -1044,6 +1072,27 @@ impl Ops<'_> {
     pub fn setattr(&self, ino: Ino, set: &SetAttr) -> MetaResult<Attr> {
         let mut a = self.getattr(ino)?;
         let now = Timestamp::now();
+        let others = SetAttr {
+            flags: None,
+            ..set.clone()
+        };
+        if others != SetAttr::default() {
+            // As Linux: an immutable or append-only file's mode, owner, times and size stay.
+            Self::refuse_flagged(&a, FL_IMMUTABLE | FL_APPEND, "setattr")?;
+        }
+        if let Some(f) = set.flags {
+            if f & !FILE_FLAGS != 0 {
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    format!(
+                        "chattr flags {:#x} are not kept here (only immutable, append-only, \
+                         no-dump and no-atime)",
+                        f & !FILE_FLAGS
+                    ),
+                ));
+            }
+            a.flags = f;
+        }
         let resolve = |t: TimeSet| match t {
             TimeSet::Now => now,
             TimeSet::At(ts) => ts,
@@ -1081,8 +1130,8 @@ impl Ops<'_> {
         self.tx
             .prepare_cached(
                 "UPDATE inodes SET perm = ?2, uid = ?3, gid = ?4, size = ?5, atime_s = ?6,
-                 atime_ns = ?7, mtime_s = ?8, mtime_ns = ?9, ctime_s = ?10, ctime_ns = ?11
-                 WHERE ino = ?1",
+                 atime_ns = ?7, mtime_s = ?8, mtime_ns = ?9, ctime_s = ?10, ctime_ns = ?11,
+                 flags = ?12 WHERE ino = ?1",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -1096,7 +1145,8 @@ impl Ops<'_> {
                     a.mtime.secs,
                     i64::from(a.mtime.nsec),
                     a.ctime.secs,
-                    i64::from(a.ctime.nsec)
+                    i64::from(a.ctime.nsec),
+                    i64::from(a.flags)
                 ])
             })
             .map_err(db_err)?;

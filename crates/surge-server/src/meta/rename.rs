@@ -47,14 +47,15 @@ impl Ops<'_> {
             ));
         }
         check_name(new_name)?;
-        self.dir(parent)?;
-        self.dir(new_parent)?;
+        Self::refuse_flagged(&self.dir(parent)?, FL_IMMUTABLE | FL_APPEND, "rename")?;
+        Self::refuse_flagged(&self.dir(new_parent)?, FL_IMMUTABLE, "rename")?;
         let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
             err(
                 ErrorCode::NotFound,
                 format!("{} not found", String::from_utf8_lossy(name)),
             )
         })?;
+        self.refuse_flagged_ino(ino, FL_IMMUTABLE | FL_APPEND, "rename")?;
         if kind == FileKind::Dir && new_parent != parent && self.is_within(new_parent, ino)? {
             return Err(err(
                 ErrorCode::Invalid,
@@ -74,6 +75,7 @@ impl Ops<'_> {
                 // Two names of one inode: POSIX says do nothing.
                 return Ok(None);
             }
+            self.refuse_flagged_ino(dst, FL_IMMUTABLE | FL_APPEND, "rename over")?;
             match (kind == FileKind::Dir, dst_kind == FileKind::Dir) {
                 (true, false) => {
                     return Err(err(
@@ -156,8 +158,8 @@ impl Ops<'_> {
         new_parent: Ino,
         new_name: &[u8],
     ) -> MetaResult<()> {
-        self.dir(parent)?;
-        self.dir(new_parent)?;
+        Self::refuse_flagged(&self.dir(parent)?, FL_IMMUTABLE | FL_APPEND, "rename")?;
+        Self::refuse_flagged(&self.dir(new_parent)?, FL_IMMUTABLE | FL_APPEND, "rename")?;
         let named = |p: Ino, n: &[u8]| {
             self.dentry(p, n)?.ok_or_else(|| {
                 err(
@@ -171,6 +173,8 @@ impl Ops<'_> {
         if a == b {
             return Ok(());
         }
+        self.refuse_flagged_ino(a, FL_IMMUTABLE | FL_APPEND, "rename")?;
+        self.refuse_flagged_ino(b, FL_IMMUTABLE | FL_APPEND, "rename")?;
         let (a_dir, b_dir) = (a_kind == FileKind::Dir, b_kind == FileKind::Dir);
         if new_parent != parent
             && ((a_dir && self.is_within(new_parent, a)?)

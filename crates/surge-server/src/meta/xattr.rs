@@ -86,6 +86,7 @@ impl Ops<'_> {
     /// Sets extended attribute `name` of `ino` (see [`surge_proto::Request::SetXattr`]).
     pub fn set_xattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> MetaResult<Attr> {
         check_xattr_name(name)?;
+        self.refuse_flagged_ino(ino, FL_IMMUTABLE | FL_APPEND, "setxattr")?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(err(
                 ErrorCode::TooLarge,
@@ -211,7 +212,7 @@ impl Ops<'_> {
     /// Removing an ACL the node does not have is no error: one equivalent to the mode is
     /// kept as just the mode, and the kernel removes ACLs without asking first.
     pub fn remove_xattr(&self, ino: Ino, name: &[u8]) -> MetaResult<Attr> {
-        self.getattr(ino)?;
+        self.refuse_flagged_ino(ino, FL_IMMUTABLE | FL_APPEND, "removexattr")?;
         let acl = name == acl::ACCESS || name == acl::DEFAULT;
         if !self.drop_xattr(ino, name)? && !acl {
             return Err(no_xattr(ino, name));
