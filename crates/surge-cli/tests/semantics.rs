@@ -1022,6 +1022,37 @@ fn unprivileged_writes_and_truncates_clear_setuid_and_setgid() {
     assert_eq!(mode(&p), 0o2666);
 }
 
+/// A truncate clears setuid/setgid when the caller lacks `CAP_FSETID`, root included, and
+/// keeps them when it has it: the kernel decides and tells the mount (`FATTR_KILL_SUIDGID`).
+/// Before, the mount took `CAP_FSETID` to be root's: root without it kept the bits.
+#[test]
+fn a_truncate_clears_setuid_by_the_callers_cap_fsetid_not_its_uid() {
+    let test = "a_truncate_clears_setuid_by_the_callers_cap_fsetid_not_its_uid";
+    let Some((_c, m)) = setup(test) else {
+        return;
+    };
+    if skip_without_root(test) {
+        return;
+    }
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+    let p = m.path("t");
+    std::fs::write(&p, b"data").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o6755)).unwrap();
+    let truncate = |size: &str, drop: bool| {
+        let cmd = format!("truncate -s {size} {}", p.display());
+        let mut c = Command::new("capsh");
+        if drop {
+            c.arg("--drop=cap_fsetid");
+        }
+        let st = c.args(["--", "-c", &cmd]).status().expect("run capsh");
+        assert!(st.success(), "{cmd}");
+    };
+    truncate("2", false);
+    assert_eq!(mode(&p), 0o6755, "root with CAP_FSETID keeps them");
+    truncate("1", true);
+    assert_eq!(mode(&p), 0o0755, "root without CAP_FSETID clears them");
+}
+
 /// A chown or chgrp of anything but a directory clears setuid, and setgid where it marks
 /// privilege (group execute) or the caller is not in the file's group, by any caller: Linux's
 /// rule (`chown_common`), which with `FUSE_HANDLE_KILLPRIV_V2` is the mount's to apply. The C

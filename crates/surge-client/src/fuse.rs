@@ -659,6 +659,7 @@ impl Filesystem for FuseAdapter {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         let set = SetAttr {
@@ -671,15 +672,15 @@ impl Filesystem for FuseAdapter {
             flags: None,
         };
         // With FUSE_HANDLE_KILLPRIV_V2 clearing setuid/setgid is this side's job: on a truncate
-        // by someone without CAP_FSETID, and on every chown/chgrp (the kernel checks the
-        // capability; root stands for it here).
+        // by someone without CAP_FSETID (the kernel checks the capability and says so), and on
+        // every chown/chgrp.
         let kill = if mode.is_some() {
             KillSuidgid::Nothing
         } else if uid.is_some() || gid.is_some() {
             KillSuidgid::Chown {
                 groups: (req.uid() != 0).then(|| caller_groups(req.pid(), req.gid())),
             }
-        } else if size.is_some() && req.uid() != 0 {
+        } else if size.is_some() && kill_suidgid {
             KillSuidgid::Truncate
         } else {
             KillSuidgid::Nothing

@@ -459,7 +459,9 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
-    /// Set file attributes.
+    /// Set file attributes. `kill_suidgid`: the kernel asks for setuid/setgid to be cleared
+    /// (`FATTR_KILL_SUIDGID`: a truncate by a caller without `CAP_FSETID`, with
+    /// `FUSE_HANDLE_KILLPRIV_V2`).
     fn setattr(
         &self,
         _req: &Request,
@@ -476,6 +478,7 @@ pub trait Filesystem: Send + Sync + 'static {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         flags: Option<BsdFileFlags>,
+        _kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         warn!(

@@ -184,6 +184,7 @@ impl<'a> RequestWithSender<'a> {
                     x.chgtime(),
                     x.bkuptime(),
                     x.flags(),
+                    x.kill_suidgid(),
                     self.reply(),
                 );
             }

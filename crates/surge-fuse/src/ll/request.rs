@@ -433,6 +433,11 @@ mod op {
                 None
             }
         }
+        /// Whether the kernel asks for setuid/setgid to be cleared (a truncate by a caller
+        /// without `CAP_FSETID`).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.valid().contains(FattrFlags::FATTR_KILL_SUIDGID)
+        }
         pub(crate) fn ctime(&self) -> Option<SystemTime> {
             if self.valid().contains(FattrFlags::FATTR_CTIME) {
                 Some(system_time_from_time(self.arg.ctime, self.arg.ctimensec))
