@@ -1753,6 +1753,70 @@ mod tests {
         );
     }
 
+    /// chattr flags at the metadata server: what an immutable or append-only file or
+    /// directory refuses (EPERM), and that the flags come off.
+    #[test]
+    fn chattr_flags_refuse_what_linux_refuses() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let mk = |parent, name: &[u8], node: &NewNode| {
+            ops.create(parent, name, node, 0o755, 1, 1).unwrap()
+        };
+        let flags = |ino, f| {
+            let set = SetAttr {
+                flags: Some(f),
+                ..Default::default()
+            };
+            ops.setattr(ino, &set)
+        };
+        let keep = KeepOpen::All;
+        let f = mk(ROOT_INO, b"f", &NewNode::File);
+        let d = mk(ROOT_INO, b"d", &NewNode::Dir);
+        mk(d.ino, b"x", &NewNode::File);
+        assert_eq!(flags(f.ino, FL_IMMUTABLE).unwrap().flags, FL_IMMUTABLE);
+        assert_eq!(
+            code(ops.unlink(ROOT_INO, b"f", &keep)),
+            ErrorCode::Permission
+        );
+        assert_eq!(
+            code(ops.rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, &keep)),
+            ErrorCode::Permission
+        );
+        assert_eq!(code(ops.link(f.ino, ROOT_INO, b"h")), ErrorCode::Permission);
+        let chmod = SetAttr {
+            perm: Some(0o600),
+            ..Default::default()
+        };
+        assert_eq!(code(ops.setattr(f.ino, &chmod)), ErrorCode::Permission);
+        assert_eq!(
+            code(ops.set_xattr(f.ino, b"user.a", b"1", 0)),
+            ErrorCode::Permission
+        );
+        // Unknown flags are refused; the known ones come off.
+        assert_eq!(code(flags(f.ino, 0x1000)), ErrorCode::Unsupported);
+        assert_eq!(flags(f.ino, 0).unwrap().flags, 0);
+        ops.unlink(ROOT_INO, b"f", &keep).unwrap();
+        // An append-only directory takes names but loses none, not even by a rename over one.
+        flags(d.ino, FL_APPEND).unwrap();
+        mk(d.ino, b"y", &NewNode::File);
+        assert_eq!(code(ops.unlink(d.ino, b"x", &keep)), ErrorCode::Permission);
+        mk(ROOT_INO, b"w", &NewNode::File);
+        assert_eq!(
+            code(ops.rename(ROOT_INO, b"w", d.ino, b"x", 0, &keep)),
+            ErrorCode::Permission,
+            "a rename over a name of an append-only directory"
+        );
+        ops.rename(ROOT_INO, b"w", d.ino, b"w", 0, &keep).unwrap();
+        // An immutable directory takes no names.
+        flags(d.ino, FL_IMMUTABLE).unwrap();
+        assert_eq!(
+            code(ops.create(d.ino, b"z", &NewNode::File, 0o644, 1, 1)),
+            ErrorCode::Permission
+        );
+        flags(d.ino, 0).unwrap();
+        ops.unlink(d.ino, b"x", &keep).unwrap();
+    }
+
     #[test]
     fn setgid_directory_passes_group_down() {
         let (_t, c) = store();

@@ -76,6 +76,8 @@ impl Ops<'_> {
                 return Ok(None);
             }
             self.refuse_flagged_ino(dst, FL_IMMUTABLE | FL_APPEND, "rename over")?;
+            // Replacing a name removes it: not in an append-only directory.
+            self.refuse_flagged_ino(new_parent, FL_APPEND, "rename over")?;
             match (kind == FileKind::Dir, dst_kind == FileKind::Dir) {
                 (true, false) => {
                     return Err(err(
