@@ -622,12 +622,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let (fs, ttl) = (self.fs.clone(), self.ttl);
         self.metadata(async move {
-            let mut got = fs.getattr(ino.0).await;
-            if matches!(&got, Ok(a) if a.btime == Timestamp::default()) {
-                // Attributes made here (a directory this node just made): the server's.
-                got = fs.getattr(ino.0).await;
-            }
-            match got {
+            match fs.getattr_at_server(ino.0).await {
                 Ok(a) => {
                     let blocks = fs.blocks(&a).await;
                     let btime = (a.btime != Timestamp::default()).then(|| a.btime.to_system_time());

@@ -43,23 +43,64 @@ struct Table {
     slots: [Slot; SLOTS],
 }
 
+/// A table file mapped in memory (shared with the other processes that map it), unmapped
+/// when dropped.
+struct Mapping(*mut Table);
+
+// SAFETY: a shared mapping of atomics only, valid until the `Mapping` drops.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; every access is atomic.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps the table of `file`, at least a table long; `writable` for a slot's owner.
+    fn of(file: &File, writable: bool) -> io::Result<Mapping> {
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a shared mapping of a table's size of an open file at least that long.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                std::mem::size_of::<Table>(),
+                prot,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping(p.cast()))
+    }
+
+    fn table(&self) -> &Table {
+        // SAFETY: mapped for the life of `self`, the size of `Table`.
+        unsafe { &*self.0 }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of`, not used after this.
+        unsafe { libc::munmap(self.0.cast(), std::mem::size_of::<Table>()) };
+    }
+}
+
 /// This server's slot in a host's shared table.
 struct Shared {
-    table: *mut Table,
+    table: Mapping,
     file: File,
     path: PathBuf,
     slot: usize,
 }
 
-// SAFETY: the table is a shared mapping of atomics only, valid until `Shared` drops.
-unsafe impl Send for Shared {}
-// SAFETY: as above; every access is atomic.
-unsafe impl Sync for Shared {}
-
 impl Shared {
     fn table(&self) -> &Table {
-        // SAFETY: mapped for the life of `self`, size of `Table`.
-        unsafe { &*self.table }
+        self.table.table()
     }
 
     /// Claims (or takes back, after a restart) this server's slot in the table at `path`.
@@ -96,22 +137,8 @@ impl Shared {
             if md.len() < size as u64 {
                 file.set_len(size as u64)?;
             }
-            // SAFETY: a shared mapping of `size` bytes of an open file at least that long.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    file.as_raw_fd(),
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
             let mut shared = Shared {
-                table: p.cast(),
+                table: Mapping::of(&file, true)?,
                 file,
                 path: path.to_path_buf(),
                 slot: SLOTS,
@@ -169,8 +196,6 @@ impl Drop for Shared {
         if lock.is_ok() && t.slots.iter().all(|s| s.owner.load(Ordering::Acquire) == 0) {
             let _ = std::fs::remove_file(&self.path);
         }
-        // SAFETY: the mapping made in `open`, not used after this.
-        unsafe { libc::munmap(self.table.cast(), std::mem::size_of::<Table>()) };
     }
 }
 
@@ -269,23 +294,10 @@ fn collect_dead(keep: &Path) {
         {
             continue;
         }
-        let size = std::mem::size_of::<Table>();
-        // SAFETY: a read-only shared mapping of `size` bytes of a file at least that long.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
+        let Ok(map) = Mapping::of(&file, false) else {
             continue;
-        }
-        // SAFETY: mapped above, unmapped below.
-        let t = unsafe { &*p.cast::<Table>() };
+        };
+        let t = map.table();
         let alive = t.magic.load(Ordering::Acquire) != MAGIC
             || t.slots.iter().any(|s| {
                 s.owner.load(Ordering::Acquire) != 0 && {
@@ -296,8 +308,7 @@ fn collect_dead(keep: &Path) {
                             || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH))
                 }
             });
-        // SAFETY: the mapping made above.
-        unsafe { libc::munmap(p, size) };
+        drop(map);
         if !alive {
             debug!("{}: every server of it is gone, removed", path.display());
             let _ = std::fs::remove_file(&path);

@@ -3,7 +3,7 @@
 
 use super::{stale, Fs, FsError, FsResult, Opened};
 use surge_core::Ino;
-use surge_proto::{AllocMode, Attr, FileKind, SetAttr, TimeSet, Unlinked};
+use surge_proto::{AllocMode, Attr, FileKind, FileLayout, SetAttr, TimeSet, Unlinked};
 use tracing::warn;
 
 /// The setuid and setgid bits a `setattr` clears. With `FUSE_HANDLE_KILLPRIV_V2` the kernel
@@ -241,9 +241,7 @@ impl Fs {
             // The kernel writes a passthrough file without this process, so it could not
             // clear the setuid/setgid bits the write must clear; through the daemon it does.
             self.inodes.backing(ino)
-        } else if (append
-            && self.appends_at_server()
-            && !self.client.resolve_layout(ino, a.layout).single_object())
+        } else if (append && self.appends_need_the_daemon(ino, a.layout))
             || !self.passthrough_ok(ino, a.size, a.through, writer).await
         {
             None
@@ -343,6 +341,13 @@ impl Fs {
         !self.creates_behind && !self.cache && !self.immutable
     }
 
+    /// Whether an `O_APPEND` open of `ino` (of `layout`) must not be passed through: a file of
+    /// several stripes whose appends the metadata server places. A file of one stripe is
+    /// appended at its object, by the kernel on a node that passes it through.
+    pub(super) fn appends_need_the_daemon(&self, ino: Ino, layout: FileLayout) -> bool {
+        self.appends_at_server() && !self.client.resolve_layout(ino, layout).single_object()
+    }
+
     /// A write of a descriptor opened `O_APPEND` (the adapter opens those without the page
     /// cache, so each `write(2)` up to the kernel's largest request comes here whole): the
     /// metadata server, which keeps the size, reserves the bytes at the end of the file, and
@@ -380,17 +385,8 @@ impl Fs {
     /// EPERM for a write or `fallocate` of an immutable file through a descriptor opened
     /// before it was made so (as Linux: such writes are refused too), as this node knows it.
     pub fn check_writable(&self, ino: Ino) -> FsResult<()> {
-        let flags = self
-            .inodes
-            .with(ino, |i| i.attr.as_ref().map_or(0, |a| a.flags))
-            .unwrap_or(0);
-        if flags & surge_proto::FL_IMMUTABLE != 0 {
-            return Err(FsError::new(
-                libc::EPERM,
-                format!("inode {ino} is immutable (chattr +i)"),
-            ));
-        }
-        Ok(())
+        // As an open for appending: only immutability forbids it.
+        check_flags(ino, self.inodes.flags(ino).unwrap_or(0), true)
     }
 
     /// A write by a writer without `CAP_FSETID` clears setuid and setgid.
@@ -478,10 +474,7 @@ impl Fs {
     pub async fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
         let ino = self.inodes.handle_ino(fh)?;
         self.check_writable(ino)?;
-        let flags = self
-            .inodes
-            .with(ino, |i| i.attr.as_ref().map_or(0, |a| a.flags))
-            .unwrap_or(0);
+        let flags = self.inodes.flags(ino).unwrap_or(0);
         if flags & surge_proto::FL_APPEND != 0 && mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
             return Err(FsError::new(
                 libc::EPERM,

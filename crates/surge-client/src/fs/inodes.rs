@@ -190,6 +190,12 @@ impl InodeTable {
         fh
     }
 
+    /// The `chattr` flags this node knows of `ino` (None: no attributes known here).
+    pub fn flags(&self, ino: Ino) -> Option<u32> {
+        self.with(ino, |i| i.attr.as_ref().map(|a| a.flags))
+            .flatten()
+    }
+
     /// The size this node knows of `ino` (0 if none).
     pub fn size(&self, ino: Ino) -> u64 {
         self.with(ino, |i| i.current_size()).unwrap_or(0)

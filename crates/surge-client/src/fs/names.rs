@@ -77,6 +77,12 @@ impl Fs {
         if let Some(a) = self.fresh_dirs.take(ino) {
             return Ok(self.observe(a, false));
         }
+        self.getattr_at_server(ino).await
+    }
+
+    /// The metadata server's attributes of `ino`, never those this node made up for a
+    /// directory it just made (their birth time is not known here): what `statx` reports.
+    pub async fn getattr_at_server(&self, ino: Ino) -> FsResult<Attr> {
         self.barrier().await?;
         let a = match self.client.getattr(ino).await {
             Ok(a) => a,
@@ -133,9 +139,7 @@ impl Fs {
         // An unprivileged creator's writes must clear setuid/setgid bits it asked for: the
         // daemon does that, not a passthrough write (see `open`).
         let backing = if (uid != 0 && super::files::drops_privilege(a.perm))
-            || (flags & libc::O_APPEND != 0
-                && self.appends_at_server()
-                && !self.client.resolve_layout(a.ino, a.layout).single_object())
+            || (flags & libc::O_APPEND != 0 && self.appends_need_the_daemon(a.ino, a.layout))
             || !self.passthrough_ok(a.ino, 0, 0, true).await
         {
             None
@@ -526,14 +530,10 @@ impl Fs {
             };
             // A file or directory with chattr flags (or whose flags are not known here)
             // is unlinked at the server, which refuses what they forbid.
-            let victim_flags = self
-                .inodes
-                .with(ino, |i| i.attr.as_ref().map(|a| a.flags))
-                .flatten();
             if kind == FileKind::Dir
                 || self.inodes.is_open(ino)
                 || l.dir.flags != 0
-                || victim_flags != Some(0)
+                || self.inodes.flags(ino) != Some(0)
             {
                 return false;
             }
