@@ -65,6 +65,17 @@ if [ ! -x "$xfs/check" ] || [ ! -x "$xfs/src/open_by_handle" ]; then
         || { echo "run.sh: building xfstests failed, see $xfs.build.log" >&2; exit 2; }
 fi
 
+# xfstests has no way to size a FUSE file system (`_scratch_mkfs_sized`: "Filesystem fuse not
+# supported"). Its tmpfs case makes a new file system of that size at the next mount; this adds
+# the same for a FUSE section that names a command for it ($FUSE_MKFS_SIZED, which prints the
+# scratch mount options: tests/xfstests/mkfs-sized for Surge). Sections without one (bindfs)
+# still do not run those tests.
+if ! grep -q FUSE_MKFS_SIZED "$xfs/common/rc"; then
+    perl -0pi -e 's/(\t\*\)\n\t\t_notrun "Filesystem \$FSTYP not supported in _scratch_mkfs_sized")/\tfuse)\n\t\t# Added by Surge'"'"'s tests\/xfstests\/run.sh.\n\t\t[ -n "\$FUSE_MKFS_SIZED" ] || _notrun "Filesystem \$FSTYP\$FUSE_SUBTYP not supported in _scratch_mkfs_sized"\n\t\tlocal sized_opts\n\t\tsized_opts=\$(\$FUSE_MKFS_SIZED "\$fssize") || return 1\n\t\texport MOUNT_OPTIONS="\$sized_opts"\n\t\t;;\n$1/' "$xfs/common/rc"
+    grep -q FUSE_MKFS_SIZED "$xfs/common/rc" \
+        || { echo "run.sh: could not add the fuse case to $xfs/common/rc's _try_scratch_mkfs_sized" >&2; exit 2; }
+fi
+
 surge=${SURGE:-}
 if [ -z "$surge" ]; then
     for t in "${CARGO_TARGET_DIR:-$root/target}"/{release,debug}/surge; do
@@ -120,7 +131,7 @@ cluster() {
     "$surge" key create --key-file "$SURGE_KEY_FILE" >/dev/null
     local addrs=() i
     for i in 0 1; do
-        "$surge" server --device "$tier/bb$i" --capacity 8GiB --listen 127.0.0.1:0 \
+        "$surge" server --device "$tier/bb$i" --capacity 10GiB --listen 127.0.0.1:0 \
             --unix "$work/bb$i.sock" --ready-file "$work/bb$i.ready" 2>"$out/server$i.log" &
         pids+=($!)
     done
@@ -137,6 +148,8 @@ instance() {
 
 config=$work/local.config
 : >"$config"
+# xfstests' first section is every later one's defaults: each section sets FUSE_MKFS_SIZED, empty
+# where it cannot size its scratch file system.
 section() { # NAME TEST_DEV SCRATCH_DEV FSTYP SUBTYPE TEST_OPTS SCRATCH_OPTS [MORE]
     mkdir -p "$work/mnt/$1-test" "$work/mnt/$1-scratch"
     cat >>"$config" <<EOF
@@ -149,6 +162,7 @@ SCRATCH_DEV=$3
 SCRATCH_MNT=$work/mnt/$1-scratch
 TEST_FS_MOUNT_OPTS="$6"
 MOUNT_OPTIONS="$7"
+FUSE_MKFS_SIZED=
 ${8:-}
 
 EOF
@@ -166,7 +180,13 @@ for fs in "${want[@]}"; do
             t=$(instance) s=$(instance)
             section "$fs" "surge_${fs}_test" "surge_${fs}_scratch" fuse .surge \
                 "-o $common,instance=$t,log=$out/mount-$fs-test.log" \
-                "-o $common,instance=$s,log=$out/mount-$fs-scratch.log" ;;
+                "-o $common,instance=$s,log=$out/mount-$fs-scratch.log" \
+                "FUSE_MKFS_SIZED=$here/mkfs-sized
+SURGE_BIN=$surge
+SURGE_SERVERS=$servers
+SURGE_KEY_FILE=$SURGE_KEY_FILE
+SURGE_SIZED_OPTS=$common,log=$out/mount-$fs-scratch.log
+SURGE_SIZED_STATE=$work/sized-$fs" ;;
         bindfs)
             mkdir -p "$work/bindfs-test" "$work/bindfs-scratch"
             section bindfs "$work/bindfs-test" "$work/bindfs-scratch" fuse .bindfs \

@@ -110,6 +110,15 @@ const SUBSET: &[(&str, &str)] = &[
         "generic/478",
         "an OFD lock is gone for other openers once the close of its open file returns",
     ),
+    // Sized scratch file systems (tests/xfstests/mkfs-sized: a new instance of that size).
+    (
+        "generic/015",
+        "writes to a full 256 MiB file system get ENOSPC; its space comes back when freed",
+    ),
+    (
+        "generic/312",
+        "a fallocate larger than the file system fails with ENOSPC",
+    ),
 ];
 
 fn repo() -> PathBuf {
