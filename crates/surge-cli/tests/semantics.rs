@@ -412,6 +412,52 @@ fn chmod_chown_and_permission_checks() {
     }
 }
 
+/// The default mount keeps atimes as Linux's `relatime` does (xfstests generic/003): the first
+/// read after a change moves a file's atime, a second read does not, and neither moves its
+/// mtime or ctime; a read through a second open file of a file already open for writing too.
+#[test]
+fn reads_move_atime_as_relatime_does() {
+    let Some((_c, m)) = setup("reads_move_atime_as_relatime_does") else {
+        return;
+    };
+    let p = m.path("f");
+    std::fs::write(&p, b"some bytes").unwrap();
+    let times = |p: &Path| {
+        let md = std::fs::metadata(p).unwrap();
+        (
+            (md.atime(), md.atime_nsec()),
+            (md.mtime(), md.mtime_nsec()),
+            (md.ctime(), md.ctime_nsec()),
+        )
+    };
+    let (a0, m0, c0) = times(&p);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(std::fs::read(&p).unwrap(), b"some bytes");
+    let (a1, m1, c1) = times(&p);
+    assert!(
+        a1 > a0,
+        "the first read after the write moves atime: {a0:?} -> {a1:?}"
+    );
+    assert_eq!((m1, c1), (m0, c0), "a read moves neither mtime nor ctime");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::read(&p).unwrap();
+    assert_eq!(times(&p), (a1, m1, c1), "a second read moves nothing");
+    // A change, then a read: atime moves again.
+    std::fs::write(&p, b"other bytes").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::read(&p).unwrap();
+    let (a2, m2, _) = times(&p);
+    assert!(
+        a2 > m2 && a2 > a1,
+        "read after a write: atime {a2:?}, mtime {m2:?}"
+    );
+    // A write-only open moves no atime.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&p, b"third").unwrap();
+    let (a3, _, _) = times(&p);
+    assert_eq!(a3, a2, "a write-only open is no read");
+}
+
 #[test]
 fn utimens_and_timestamps() {
     let Some((_c, m)) = setup("utimens_and_timestamps") else {

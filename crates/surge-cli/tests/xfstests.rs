@@ -110,6 +110,10 @@ const SUBSET: &[(&str, &str)] = &[
         "generic/478",
         "an OFD lock is gone for other openers once the close of its open file returns",
     ),
+    (
+        "generic/003",
+        "atime as relatime, noatime and strictatime say; never on a read-only mount",
+    ),
     // Sized scratch file systems (tests/xfstests/mkfs-sized: a new instance of that size).
     (
         "generic/015",

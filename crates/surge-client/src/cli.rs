@@ -179,8 +179,10 @@ pub struct MountArgs {
     pub fuse_transport: fuser::TransportChoice,
 
     /// Kernel mount flags, comma-separated as mount(8) takes them: ro, rw, dev, nodev, suid,
-    /// nosuid, exec, noexec, sync, async, dirsync. The mount is `nosuid,nodev,noatime` unless
-    /// told otherwise (`suid` and `dev` only for root).
+    /// nosuid, exec, noexec, sync, async, dirsync, and the access-time rule: relatime (the
+    /// default, as Linux mounts: the first read after a change moves a file's atime), noatime
+    /// (never: no round trip for it) or strictatime (every open for reading). The mount is
+    /// `nosuid,nodev` unless told otherwise (`suid` and `dev` only for root).
     #[arg(short = 'o', long, value_name = "FLAGS", value_parser = flags_arg)]
     pub options: Option<FlagsArg>,
 
@@ -224,12 +226,12 @@ type MountedView = (
     std::sync::Arc<crate::fs::Fs>,
 );
 
-/// `--options`: kernel mount flags.
+/// `--options`: kernel mount flags, and the access-time rule if one is named.
 #[derive(Clone, Debug)]
-pub struct FlagsArg(pub Vec<fuser::MountOption>);
+pub struct FlagsArg(pub Vec<fuser::MountOption>, pub Option<crate::fs::Atime>);
 
 fn flags_arg(s: &str) -> Result<FlagsArg, String> {
-    mount::parse_flags(s).map(FlagsArg)
+    Ok(FlagsArg(mount::parse_flags(s)?, mount::parse_atime(s)))
 }
 
 /// `--layout`: `auto` or a layout.
@@ -281,6 +283,11 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
         transport: args.fuse_transport,
         fsname: args.fsname.clone(),
         flags: args.options.clone().map(|f| f.0).unwrap_or_default(),
+        atime: args
+            .options
+            .as_ref()
+            .and_then(|f| f.1)
+            .unwrap_or(crate::fs::Atime::Relative),
         ..MountOptions::default()
     };
     let mut mounted = mount::mount(client, rt.handle().clone(), &args.mountpoint, &opts)?;

@@ -429,6 +429,13 @@ impl InstanceClient {
         Response::Attr(a) => a);
 
     metadata_call!(
+        /// A read of file `ino` on a mount that keeps access times (see
+        /// [`surge_proto::atime_due`]): the attributes after.
+        accessed(this, ino: Ino, strict: bool) -> Attr,
+        Request::Accessed { instance: this.instance(), ns: this.ns, ino, strict },
+        Response::Attr(a) => a);
+
+    metadata_call!(
         /// Sets attributes in the metadata store only; [`setattr`](Self::setattr) also cuts
         /// the objects on a shrinking truncate.
         setattr_meta(this, ino: Ino, set: SetAttr) -> Attr,

@@ -1,7 +1,7 @@
 //! Mounting an instance namespace with FUSE and keeping it mounted until it is unmounted
 //! (`umount`, `fusermount3 -u`) or the process is told to stop.
 
-use crate::fs::Fs;
+use crate::fs::{Atime, Fs};
 use crate::fuse::{CacheTimes, FuseAdapter};
 use crate::instance::InstanceClient;
 use anyhow::Context;
@@ -45,8 +45,11 @@ pub struct MountOptions {
     /// The source the mount table shows (`/proc/mounts`, `findmnt`); `None`:
     /// `surge:INSTANCE/NS`. mount(8) and fstab name the mount by it (`mount.fuse.surge`).
     pub fsname: Option<String>,
-    /// Kernel mount flags beyond the defaults (`nosuid,nodev,noatime`): see [`kernel_flag`].
+    /// Kernel mount flags beyond the defaults (`nosuid,nodev`): see [`kernel_flag`].
     pub flags: Vec<MountOption>,
+    /// When reads move atimes (`relatime` unless told otherwise, as Linux mounts; `ro`
+    /// mounts never).
+    pub atime: Atime,
 }
 
 /// A kernel mount flag by its mount(8) name (`ro`, `dev`, `suid`, `exec`, `sync`, ...);
@@ -69,15 +72,36 @@ pub fn kernel_flag(name: &str) -> Option<MountOption> {
     })
 }
 
+/// The access-time rule a mount(8) flag names (`noatime`, `relatime`, `strictatime`, ...);
+/// `Some(None)` for those that change nothing here (`nodiratime`, `diratime`: directories'
+/// atimes are not moved by reads); `None` for any other name.
+pub fn atime_flag(name: &str) -> Option<Option<Atime>> {
+    Some(match name {
+        "noatime" => Some(Atime::No),
+        "relatime" | "atime" => Some(Atime::Relative),
+        "strictatime" | "norelatime" => Some(Atime::Strict),
+        "nodiratime" | "diratime" | "lazytime" | "nolazytime" => None,
+        _ => return None,
+    })
+}
+
+/// The access-time rule of `--options` (the last flag naming one wins); `None`: not named.
+pub fn parse_atime(s: &str) -> Option<Atime> {
+    s.split(',').filter_map(atime_flag).flatten().last()
+}
+
 /// `--options`: comma-separated kernel mount flags, the last of two opposites winning (as
-/// mount(8) reads `rw,ro`).
+/// mount(8) reads `rw,ro`). Access-time flags are accepted and left to [`parse_atime`].
 pub fn parse_flags(s: &str) -> Result<Vec<MountOption>, String> {
     let mut out: Vec<MountOption> = Vec::new();
     for name in s.split(',').filter(|n| !n.is_empty()) {
+        if atime_flag(name).is_some() {
+            continue;
+        }
         let f = kernel_flag(name).ok_or_else(|| {
             format!(
                 "unknown mount flag '{name}' (ro, rw, dev, nodev, suid, nosuid, exec, noexec, \
-                 sync, async, dirsync)"
+                 sync, async, dirsync, noatime, relatime, strictatime)"
             )
         })?;
         let opposite = |o: &MountOption| {
@@ -147,6 +171,7 @@ impl Default for MountOptions {
             transport: transport_from_env(),
             fsname: None,
             flags: Vec::new(),
+            atime: Atime::Relative,
         }
     }
 }
@@ -355,8 +380,10 @@ pub fn mount(
         MountOption::FSName(fsname),
         MountOption::Subtype("surge".into()),
         MountOption::DefaultPermissions,
-        MountOption::NoAtime,
     ];
+    if opts.atime == Atime::No {
+        config.mount_options.push(MountOption::NoAtime);
+    }
     config.mount_options.extend(opts.flags.iter().cloned());
     // A load-balanced replica is immutable once staged in: mounted read-only, with names and
     // attributes cached by the kernel for an hour (pages are kept across opens as the
@@ -384,6 +411,16 @@ pub fn mount(
     let client = Arc::new(client);
     let mut fs = Fs::new(client.clone(), opts.ttl.attr, opts.ttl.entry);
     fs.set_default_layout(opts.default_layout);
+    let read_only = config.mount_options.iter().rev().find_map(|o| match o {
+        MountOption::RO => Some(true),
+        MountOption::RW => Some(false),
+        _ => None,
+    });
+    fs.set_atime(if read_only == Some(true) {
+        Atime::No
+    } else {
+        opts.atime
+    });
     let fs = Arc::new(fs);
     if client.desc.cache_pfs.is_some() {
         // A cache namespace: commit files being written every second (see

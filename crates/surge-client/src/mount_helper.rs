@@ -20,9 +20,10 @@
 //!
 //! Other Surge options: `ns=N`, `attr_ttl=SECS`, `entry_ttl=SECS`, `layout=LAYOUT`,
 //! `no_passthrough`, `threads=N`, `deadline=SECS`, `hard`, `log=FILE` (default
-//! /run/surge/mounts/<DIR>.log). Kernel flags (`ro`, `dev`, `suid`, `noexec`, ...) go to the
-//! mount; mount(8)'s own (`defaults`, `noauto`, `_netdev`, `x-*`, ...) and what every Surge
-//! mount is anyway (`allow_other`, `default_permissions`, `noatime`) are accepted and ignored.
+//! /run/surge/mounts/<DIR>.log). Kernel flags (`ro`, `dev`, `suid`, `noexec`, ...) and the
+//! access-time rule (`relatime`, the default; `noatime`; `strictatime`) go to the mount;
+//! mount(8)'s own (`defaults`, `noauto`, `_netdev`, `x-*`, ...) and what every Surge mount is
+//! anyway (`allow_other`, `default_permissions`) are accepted and ignored.
 //!
 //! fstab:
 //! ```text
@@ -123,13 +124,6 @@ fn ignored(name: &str) -> bool {
             | "allow_other"
             | "allow_root"
             | "default_permissions"
-            | "noatime"
-            | "nodiratime"
-            | "relatime"
-            | "norelatime"
-            | "strictatime"
-            | "lazytime"
-            | "nolazytime"
             | "loud"
             | "silent"
             | "helper"
@@ -187,7 +181,11 @@ pub fn plan(args: &HelperArgs) -> anyhow::Result<Plan> {
                     p.mount_args.extend(["--persistent".into(), v.to_string()]);
                 }
             }
-            n if crate::mount::kernel_flag(n).is_some() => p.flags.push(n.to_string()),
+            n if crate::mount::kernel_flag(n).is_some()
+                || crate::mount::atime_flag(n).is_some() =>
+            {
+                p.flags.push(n.to_string())
+            }
             n if ignored(n) => {}
             other => anyhow::bail!(
                 "unknown option '{other}' (see `man mount.fuse.surge`, or the module doc of \
@@ -342,8 +340,8 @@ fn remount(dir: &Path, flags: &[String]) -> anyhow::Result<()> {
         return Err(std::io::Error::last_os_error())
             .with_context(|| format!("cannot read the flags of {}", dir.display()));
     }
-    // The mount's flags now (these ST_* bits have their MS_* values; ST_RELATIME has not,
-    // and a Surge mount is noatime anyway), then the options in order.
+    // The mount's flags now (these ST_* bits have their MS_* values; ST_RELATIME has not),
+    // then the options in order. The mount's own access-time rule stays as it was mounted.
     const KEPT: libc::c_ulong = libc::MS_RDONLY
         | libc::MS_NOSUID
         | libc::MS_NODEV

@@ -233,6 +233,7 @@ kinds!(
     Append,
     Tmpfile,
     AppendObject,
+    Accessed,
 );
 
 impl RequestKind {
@@ -286,6 +287,7 @@ impl RequestKind {
             K::Lookup => f("Lookup", M, H, true),
             K::GetAttr => f("GetAttr", M, H, true),
             K::SetAttr => f("SetAttr", M, H, false),
+            K::Accessed => f("Accessed", M, H, false),
             K::Create => f("Create", M, H, false),
             K::Link => f("Link", M, H, false),
             K::Unlink => f("Unlink", M, H, false),
@@ -400,7 +402,8 @@ impl Request {
             | R::DrainHold { instance, ns, .. }
             | R::Lock { instance, ns, .. }
             | R::Append { instance, ns, .. }
-            | R::Tmpfile { instance, ns, .. } => Scope::Namespace(*instance, *ns),
+            | R::Tmpfile { instance, ns, .. }
+            | R::Accessed { instance, ns, .. } => Scope::Namespace(*instance, *ns),
         }
     }
 
@@ -424,6 +427,7 @@ impl Request {
             | R::Describe { .. }
             | R::Write { .. }
             | R::AppendObject { .. }
+            | R::Accessed { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }
@@ -530,6 +534,7 @@ impl Request {
             | R::Describe { .. }
             | R::Write { .. }
             | R::AppendObject { .. }
+            | R::Accessed { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }
@@ -629,6 +634,7 @@ impl Request {
             | R::Describe { .. }
             | R::Write { .. }
             | R::AppendObject { .. }
+            | R::Accessed { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }

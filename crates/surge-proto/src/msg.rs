@@ -817,6 +817,29 @@ pub enum Request {
         file: FileId,
         at_least: u64,
     },
+    /// File `ino` was opened for reading on a mount that keeps access times: its atime
+    /// becomes now when [`atime_due`] says so (`strict`: `strictatime`, else `relatime`), and
+    /// its ctime stays, as the kernel's `touch_atime` does. Answered with `Attr`.
+    Accessed {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        strict: bool,
+    },
+}
+
+/// Whether a read of a file with attributes `a` at `now` moves its atime: never for a file
+/// with the no-atime or immutable flag; with `strict` (`strictatime`) always; else as Linux's
+/// `relatime`: when the atime is not after the mtime or the ctime, or is a day old.
+pub fn atime_due(a: &Attr, now: Timestamp, strict: bool) -> bool {
+    if a.flags & (FL_NOATIME | FL_IMMUTABLE) != 0 {
+        return false;
+    }
+    let key = |t: Timestamp| (t.secs, t.nsec);
+    strict
+        || key(a.atime) <= key(a.mtime)
+        || key(a.atime) <= key(a.ctime)
+        || now.secs - a.atime.secs >= 24 * 60 * 60
 }
 
 /// A lock's kind: shared (`F_RDLCK`), exclusive (`F_WRLCK`), or none (`F_UNLCK`).

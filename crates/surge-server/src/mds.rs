@@ -1067,6 +1067,7 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         Request::Lookup { parent, name, .. } => Response::Attr(ops.lookup(*parent, name)?),
         Request::GetAttr { ino, .. } => Response::Attr(ops.getattr(*ino)?),
         Request::SetAttr { ino, set, .. } => Response::Attr(ops.setattr(*ino, set)?),
+        Request::Accessed { ino, strict, .. } => Response::Attr(ops.accessed(*ino, *strict)?),
         Request::Create {
             parent,
             name,

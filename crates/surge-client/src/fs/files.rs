@@ -1,10 +1,10 @@
 //! Operations on files' data: open, read, write, fallocate, truncate (setattr), fsync and
 //! close (flush, release), and the removal of an unlinked file's data.
 
-use super::{stale, Fs, FsError, FsResult, Opened};
+use super::{stale, Atime, Fs, FsError, FsResult, Opened};
 use surge_core::Ino;
 use surge_proto::{AllocMode, Attr, FileKind, FileLayout, SetAttr, TimeSet, Unlinked};
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// The setuid and setgid bits a `setattr` clears. With `FUSE_HANDLE_KILLPRIV_V2` the kernel
 /// leaves this to the mount, which follows what the VFS does for a local file system
@@ -164,6 +164,7 @@ impl Fs {
     pub async fn open(
         &self,
         ino: Ino,
+        reader: bool,
         writer: bool,
         unprivileged: bool,
         append: bool,
@@ -226,6 +227,11 @@ impl Fs {
                 format!("inode {ino} has no name any more"),
             ));
         }
+        let a = if reader {
+            self.accessed(ino, a).await
+        } else {
+            a
+        };
         if self.cache {
             match a.through {
                 0 => self.forget_fill(ino),
@@ -262,6 +268,28 @@ impl Fs {
             invalidate_attr,
             backing,
         })
+    }
+
+    /// An open for reading: the file's atime moves as the mount's rule says (see
+    /// [`Atime`]), at the metadata server, and `a` becomes the attributes after. The kernel
+    /// reads a passthrough file without this process, so the open stands for the reads; a
+    /// failure leaves the atime as it was and the open goes on.
+    async fn accessed(&self, ino: Ino, a: Attr) -> Attr {
+        let strict = match self.atime {
+            Atime::No => return a,
+            Atime::Relative => false,
+            Atime::Strict => true,
+        };
+        if !surge_proto::atime_due(&a, surge_proto::Timestamp::now(), strict) {
+            return a;
+        }
+        match self.client.accessed(ino, strict).await {
+            Ok(after) => after,
+            Err(e) => {
+                debug!("atime of inode {ino} not moved: {e}");
+                a
+            }
+        }
     }
 
     /// Where a read's bytes come from when the caller can read them into a buffer of its own

@@ -199,6 +199,9 @@ pub struct Fs {
     dirty: dirty::DirtyGate,
     /// A read-only ldbalance replica: nothing changes it while it is mounted.
     immutable: bool,
+    /// Whether and when an open for reading moves a file's atime (the mount's `noatime`,
+    /// `relatime` or `strictatime`; see [`Fs::set_atime`]).
+    atime: Atime,
     /// The layout of new files where no directory default says otherwise (`surge mount
     /// --layout`); `None`: the mount's own choice (see `passthrough`).
     default_layout: Option<surge_core::FileLayout>,
@@ -210,6 +213,19 @@ pub struct Fs {
     /// Cache instances, a root mount acting for a user (the compute-node agent): the user
     /// whose rights the PFS files it opens are opened with (see `fill::open_pfs_file`).
     pfs_user: Option<surge_auth::Caller>,
+}
+
+/// When reads move a file's access time, as the mount flags of the same names say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Atime {
+    /// `noatime`: never.
+    No,
+    /// `relatime` (Linux's default): when the atime is not after the mtime or the ctime, or
+    /// is a day old (see [`surge_proto::atime_due`]).
+    #[default]
+    Relative,
+    /// `strictatime`: at every open for reading.
+    Strict,
 }
 
 /// Drops the kernel's cached pages of an inode.
@@ -274,6 +290,7 @@ impl Fs {
             failures: failures::Failures::default(),
             dirty: dirty::DirtyGate::new(dirty_high),
             immutable,
+            atime: Atime::No,
             default_layout: None,
             drop_pages: std::sync::OnceLock::new(),
             drop_attrs: std::sync::OnceLock::new(),
@@ -303,6 +320,12 @@ impl Fs {
     /// mount's own choice).
     pub fn set_default_layout(&mut self, l: Option<surge_core::FileLayout>) {
         self.default_layout = l.filter(|l| !l.is_unset());
+    }
+
+    /// Whether and when opens for reading move atimes (default [`Atime::No`]; a read-only
+    /// replica never does).
+    pub fn set_atime(&mut self, rule: Atime) {
+        self.atime = if self.immutable { Atime::No } else { rule };
     }
 
     /// The lock serializing size changes of `ino` (see `size_locks`).

@@ -188,8 +188,9 @@ impl Fs {
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
         let mut a = self.lookup(parent, name).await?;
         let writer = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let reader = flags & libc::O_ACCMODE != libc::O_WRONLY;
         let append = flags & libc::O_APPEND != 0;
-        let o = match self.open(a.ino, writer, uid != 0, append).await {
+        let o = match self.open(a.ino, reader, writer, uid != 0, append).await {
             Ok(o) => o,
             Err(e) => {
                 // The kernel learns of no entry: undo the lookup's reference.

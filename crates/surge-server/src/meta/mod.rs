@@ -1153,6 +1153,22 @@ impl Ops<'_> {
         Ok(a)
     }
 
+    /// A read of file `ino` on a mount that keeps access times: its atime becomes now when
+    /// [`surge_proto::atime_due`] says so; its ctime stays (`Request::Accessed`).
+    pub fn accessed(&self, ino: Ino, strict: bool) -> MetaResult<Attr> {
+        let mut a = self.getattr(ino)?;
+        let now = Timestamp::now();
+        if !surge_proto::atime_due(&a, now, strict) {
+            return Ok(a);
+        }
+        a.atime = now;
+        self.tx
+            .prepare_cached("UPDATE inodes SET atime_s = ?2, atime_ns = ?3 WHERE ino = ?1")
+            .and_then(|mut st| st.execute(params![ino as i64, now.secs, i64::from(now.nsec)]))
+            .map_err(db_err)?;
+        Ok(a)
+    }
+
     pub fn commit_write(&self, ino: Ino, size: u64, mtime: TimeSet) -> MetaResult<Attr> {
         let now = Timestamp::now();
         let m = match mtime {
@@ -1755,6 +1771,47 @@ mod tests {
 
     /// chattr flags at the metadata server: what an immutable or append-only file or
     /// directory refuses (EPERM), and that the flags come off.
+    #[test]
+    fn reads_move_atime_as_relatime_and_strictatime_say_and_never_ctime() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        let at = |t: &Attr| (t.atime, t.mtime, t.ctime);
+        // A new file: atime == mtime, so the first read moves it; ctime and mtime stay.
+        let first = ops.accessed(f.ino, false).unwrap();
+        assert!(
+            first.atime > f.atime,
+            "relatime: the first read moves atime"
+        );
+        assert_eq!((first.mtime, first.ctime), (f.mtime, f.ctime));
+        assert_eq!(at(&ops.getattr(f.ino).unwrap()), at(&first), "stored");
+        // Read again before any change: relatime keeps it, strictatime moves it.
+        assert_eq!(at(&ops.accessed(f.ino, false).unwrap()), at(&first));
+        let strict = ops.accessed(f.ino, true).unwrap();
+        assert!(
+            strict.atime > first.atime,
+            "strictatime moves it at every read"
+        );
+        assert_eq!(strict.ctime, f.ctime);
+        // A change after that read: the next read moves it again.
+        let set = SetAttr {
+            perm: Some(0o600),
+            ..Default::default()
+        };
+        let changed = ops.setattr(f.ino, &set).unwrap();
+        let after = ops.accessed(f.ino, false).unwrap();
+        assert!(after.atime >= changed.ctime && after.atime > strict.atime);
+        // chattr +A (no-atime): never, not even strictly.
+        let set = SetAttr {
+            flags: Some(surge_proto::FL_NOATIME),
+            ..Default::default()
+        };
+        let flagged = ops.setattr(f.ino, &set).unwrap();
+        assert_eq!(at(&ops.accessed(f.ino, true).unwrap()), at(&flagged));
+    }
+
     #[test]
     fn chattr_flags_refuse_what_linux_refuses() {
         let (_t, c) = store();
