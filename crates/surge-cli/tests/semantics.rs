@@ -1068,12 +1068,13 @@ fn unprivileged_writes_and_truncates_clear_setuid_and_setgid() {
     assert_eq!(mode(&p), 0o2666);
 }
 
-/// A truncate clears setuid/setgid when the caller lacks `CAP_FSETID`, root included, and
-/// keeps them when it has it: the kernel decides and tells the mount (`FATTR_KILL_SUIDGID`).
-/// Before, the mount took `CAP_FSETID` to be root's: root without it kept the bits.
+/// A truncate or a write clears setuid/setgid when the caller lacks `CAP_FSETID`, root
+/// included, and keeps them when it has it: the kernel decides and tells the mount
+/// (`FATTR_KILL_SUIDGID`, `FUSE_WRITE_KILL_SUIDGID`). Before, the mount took `CAP_FSETID` to be
+/// root's: root without it kept the bits.
 #[test]
-fn a_truncate_clears_setuid_by_the_callers_cap_fsetid_not_its_uid() {
-    let test = "a_truncate_clears_setuid_by_the_callers_cap_fsetid_not_its_uid";
+fn truncates_and_writes_clear_setuid_by_the_callers_cap_fsetid_not_its_uid() {
+    let test = "truncates_and_writes_clear_setuid_by_the_callers_cap_fsetid_not_its_uid";
     let Some((_c, m)) = setup(test) else {
         return;
     };
@@ -1097,6 +1098,30 @@ fn a_truncate_clears_setuid_by_the_callers_cap_fsetid_not_its_uid() {
     assert_eq!(mode(&p), 0o6755, "root with CAP_FSETID keeps them");
     truncate("1", true);
     assert_eq!(mode(&p), 0o0755, "root without CAP_FSETID clears them");
+    // The same for writes: a setuid file is never passed through to a writer (the kernel
+    // would write its object without the mount, which keeps the bits).
+    let write = |drop: bool| {
+        let cmd = format!("echo more >> {}", p.display());
+        let mut c = Command::new("capsh");
+        if drop {
+            c.arg("--drop=cap_fsetid");
+        }
+        let st = c.args(["--", "-c", &cmd]).status().expect("run capsh");
+        assert!(st.success(), "{cmd}");
+    };
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o6755)).unwrap();
+    write(false);
+    assert_eq!(
+        mode(&p),
+        0o6755,
+        "root with CAP_FSETID writes and keeps them"
+    );
+    write(true);
+    assert_eq!(
+        mode(&p),
+        0o0755,
+        "root without CAP_FSETID writes and clears them"
+    );
 }
 
 /// A chown or chgrp of anything but a directory clears setuid, and setgid where it marks

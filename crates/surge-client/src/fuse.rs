@@ -803,15 +803,14 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let (fs, notifier, cache) = (self.fs.clone(), self.notifier.clone(), self.backing.clone());
         let lender = self.lender.clone();
         let writer = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let reader = flags.0 & libc::O_ACCMODE != libc::O_WRONLY;
-        let unprivileged = req.uid() != 0;
         let append = flags.0 & libc::O_APPEND != 0;
         self.metadata(async move {
-            match fs.open(ino.0, reader, writer, unprivileged, append).await {
+            match fs.open(ino.0, reader, writer, append).await {
                 Ok(o) => {
                     if o.invalidate_attr {
                         // Another node changed the file: drop the kernel's cached size and

@@ -659,7 +659,7 @@ async fn write_committed(c: &Cluster, ino: u64, offset: u64, body: &[u8]) {
 
 async fn read_all(fs: &surge_client::fs::Fs, name: &[u8]) -> Vec<u8> {
     let a = fs.lookup(1, name).await.expect("lookup");
-    let o = fs.open(a.ino, true, false, false, false).await.expect("open");
+    let o = fs.open(a.ino, true, false, false).await.expect("open");
     let mut out = Vec::new();
     loop {
         let d = fs
@@ -771,7 +771,7 @@ fn clean_files_are_evicted_least_recently_used_first_never_dirty_or_open_ones() 
         assert_eq!(read_all(&node1, b"a").await, body(0));
         node1.report_use().await;
         let held = node2
-            .open(cc, true, false, false, false)
+            .open(cc, true, false, false)
             .await
             .expect("open c on node 2");
 
@@ -1018,7 +1018,7 @@ fn a_root_mount_opens_the_users_pfs_files_with_the_users_rights() {
         std::fs::remove_file(&fill).unwrap();
         std::fs::hard_link(&secret, &fill).unwrap();
         let err = fs
-            .open(ino, true, false, false, false)
+            .open(ino, true, false, false)
             .await
             .expect_err("root's 0600 file opened for the user through the mount");
         assert_eq!(err.errno, libc::EACCES, "{err:?}");

@@ -156,8 +156,7 @@ impl Fs {
         Ok(self.observe(a, false))
     }
 
-    /// `writer`: the open may write; `unprivileged`: its caller cannot keep setuid/setgid
-    /// bits (no `CAP_FSETID`; here: not root).
+    /// `reader`, `writer`: the open may read, write.
     /// `append`: opened `O_APPEND` (see [`append`](Self::append): not passed through where
     /// the metadata server decides where appends go, a file of several stripes; a file of
     /// one is: the kernel appends to its object, as its server does for other nodes).
@@ -166,7 +165,6 @@ impl Fs {
         ino: Ino,
         reader: bool,
         writer: bool,
-        unprivileged: bool,
         append: bool,
     ) -> FsResult<Opened> {
         self.barrier().await?;
@@ -243,9 +241,10 @@ impl Fs {
                 }
             }
         }
-        let backing = if writer && unprivileged && drops_privilege(a.perm) {
+        let backing = if writer && drops_privilege(a.perm) {
             // The kernel writes a passthrough file without this process, so it could not
-            // clear the setuid/setgid bits the write must clear; through the daemon it does.
+            // clear the setuid/setgid bits a write by a caller without CAP_FSETID (root
+            // included) must clear; through the daemon it does, as the kernel marks each write.
             self.inodes.backing(ino)
         } else if (append && self.appends_need_the_daemon(ino, a.layout))
             || !self.passthrough_ok(ino, a.size, a.through, writer).await

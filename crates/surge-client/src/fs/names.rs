@@ -132,13 +132,13 @@ impl Fs {
             // The name appeared after the kernel's lookup (another node made it): without
             // O_EXCL, open(2) opens what is there.
             Err(e) if e.errno == libc::EEXIST && flags & libc::O_EXCL == 0 => {
-                return self.open_existing(parent, name, flags, uid).await;
+                return self.open_existing(parent, name, flags).await;
             }
             Err(e) => return Err(e),
         };
-        // An unprivileged creator's writes must clear setuid/setgid bits it asked for: the
-        // daemon does that, not a passthrough write (see `open`).
-        let backing = if (uid != 0 && super::files::drops_privilege(a.perm))
+        // Writes by a caller without CAP_FSETID must clear setuid/setgid bits the file was
+        // made with: the daemon does that, not a passthrough write (see `open`).
+        let backing = if super::files::drops_privilege(a.perm)
             || (flags & libc::O_APPEND != 0 && self.appends_need_the_daemon(a.ino, a.layout))
             || !self.passthrough_ok(a.ino, 0, 0, true).await
         {
@@ -184,13 +184,12 @@ impl Fs {
         parent: Ino,
         name: &[u8],
         flags: i32,
-        uid: u32,
     ) -> FsResult<(Attr, u64, Option<Arc<std::fs::File>>)> {
         let mut a = self.lookup(parent, name).await?;
         let writer = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let reader = flags & libc::O_ACCMODE != libc::O_WRONLY;
         let append = flags & libc::O_APPEND != 0;
-        let o = match self.open(a.ino, reader, writer, uid != 0, append).await {
+        let o = match self.open(a.ino, reader, writer, append).await {
             Ok(o) => o,
             Err(e) => {
                 // The kernel learns of no entry: undo the lookup's reference.
