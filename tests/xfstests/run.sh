@@ -131,7 +131,7 @@ cluster() {
     "$surge" key create --key-file "$SURGE_KEY_FILE" >/dev/null
     local addrs=() i
     for i in 0 1; do
-        "$surge" server --device "$tier/bb$i" --capacity 10GiB --listen 127.0.0.1:0 \
+        "$surge" server --device "$tier/bb$i" --capacity 16GiB --listen 127.0.0.1:0 \
             --unix "$work/bb$i.sock" --ready-file "$work/bb$i.ready" 2>"$out/server$i.log" &
         pids+=($!)
     done

@@ -225,11 +225,15 @@ impl Fs {
                 format!("inode {ino} has no name any more"),
             ));
         }
+        let before = a.atime;
         let a = if reader {
             self.accessed(ino, a).await
         } else {
             a
         };
+        // The kernel keeps the attributes it has while it reads from its page cache: a moved
+        // atime is seen at the next stat only if they are dropped.
+        let atime_moved = a.atime != before;
         if self.cache {
             match a.through {
                 0 => self.forget_fill(ino),
@@ -264,7 +268,7 @@ impl Fs {
         Ok(Opened {
             fh,
             keep_cache,
-            invalidate_attr,
+            invalidate_attr: invalidate_attr || atime_moved,
             backing,
         })
     }
