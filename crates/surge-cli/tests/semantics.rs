@@ -2070,9 +2070,10 @@ fn o_tmpfile_makes_an_unnamed_file_that_linkat_can_name() {
     assert_eq!(names.len(), 2, "{names:?}");
 }
 
-/// `O_TMPFILE` by instance kind: named by `linkat` in a private namespace and in the default
-/// kind (files of one stripe on this host, passed through); refused in a cache instance,
-/// whose drain replays names on the PFS (EOPNOTSUPP, as a file system without it).
+/// `O_TMPFILE` by instance kind: named by `linkat` in a private namespace, in the default kind
+/// (files of one stripe on this host, passed through) and in a cache instance, whose drain
+/// makes the file on the PFS with its data and mode once it has a name (it was EOPNOTSUPP
+/// there).
 #[test]
 fn o_tmpfile_by_instance_kind() {
     if skip_without_fuse("o_tmpfile_by_instance_kind") {
@@ -2090,16 +2091,43 @@ fn o_tmpfile_by_instance_kind() {
         let id = c.create_instance("1GiB", "1MiB", &extra);
         let m = Mount::new(&c, id, 0);
         let f = open_tmpfile(&m.dir, libc::O_RDWR, 0o600);
-        if kind == "cache" {
-            assert_eq!(f.err(), Some(libc::EOPNOTSUPP), "{kind}");
-            continue;
-        }
         let mut f = f.unwrap_or_else(|e| panic!("{kind}: O_TMPFILE: errno {e}"));
         f.write_all(b"kept").unwrap();
         assert_eq!(f.metadata().unwrap().nlink(), 0, "{kind}");
+        // One never named: gone at its close, on the PFS too.
+        let mut lost = open_tmpfile(&m.dir, libc::O_RDWR, 0o600).expect("second O_TMPFILE");
+        lost.write_all(b"lost").unwrap();
+        drop(lost);
         link_descriptor(&f, &m.path("kept")).unwrap_or_else(|e| panic!("{kind}: linkat {e}"));
+        f.write_all(b" and more").unwrap();
         drop(f);
-        assert_eq!(std::fs::read(m.path("kept")).unwrap(), b"kept", "{kind}");
+        assert_eq!(
+            std::fs::read(m.path("kept")).unwrap(),
+            b"kept and more",
+            "{kind}"
+        );
+        if kind == "cache" {
+            let out = surge_command()
+                .args(["stage", "drain", "--server", &c.servers[0].addr])
+                .args(["--instance", &id.to_string()])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "drain: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let on_pfs = pfs.path().join("kept");
+            assert_eq!(std::fs::read(&on_pfs).unwrap(), b"kept and more");
+            let md = std::fs::metadata(&on_pfs).unwrap();
+            assert_eq!(md.mode() & 0o7777, 0o600, "the mode it was made with");
+            let names: Vec<_> = std::fs::read_dir(pfs.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with(".surge"))
+                .collect();
+            assert_eq!(names, ["kept"], "nothing of the file never named");
+        }
     }
 }
 

@@ -813,6 +813,12 @@ enum Pending {
         path: Vec<u8>,
     },
     Batch(Vec<Option<DrainOp>>),
+    /// The first name of an `O_TMPFILE` file (`linkat`): on the PFS it is made, filled and
+    /// given its attributes, as a file made there with its data.
+    Named {
+        ino: Ino,
+        path: Vec<u8>,
+    },
     Nothing,
 }
 
@@ -830,6 +836,7 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             new_name,
         } => match (ops.path_of(ino)?, child(new_parent, new_name)?) {
             (Some(from), Some(to)) => Pending::Op(DrainOp::Link { from, to }),
+            (None, Some(path)) if ops.is_unnamed(ino)? => Pending::Named { ino, path },
             _ => Pending::Nothing,
         },
         Change::Unlink { parent, name } => match child(parent, name)? {
@@ -921,6 +928,14 @@ fn journal_after(
             },
         }),
         Pending::Op(op) => ops.journal(&op),
+        Pending::Named { ino, path } => {
+            ops.journal(&DrainOp::Create { path: path.clone() })?;
+            ops.journal(&DrainOp::Data {
+                ino,
+                path: path.clone(),
+            })?;
+            ops.journal(&DrainOp::Attr { ino, path })
+        }
         Pending::Create { path } => match req.change() {
             Change::Create { node, .. } => match node {
                 NewNode::Dir | NewNode::File => {
@@ -1047,11 +1062,6 @@ fn execute_journaled(
             ops.drain_ack(*upto, linked)?;
             Ok(Response::Ok)
         }
-        // The drain replays names: a file made with none would never reach the PFS.
-        (Request::Tmpfile { .. }, true) => Err(ErrorReply::new(
-            ErrorCode::Unsupported,
-            "O_TMPFILE is not supported in a cache namespace (its drain replays names)",
-        )),
         (_, false) => execute(ops, req),
         (_, true) => {
             let pending = journal_before(ops, req)?;

@@ -151,9 +151,9 @@ impl Fs {
     }
 
     /// `open(2)` with `O_TMPFILE` in `dir`: a regular file with no name, open as the returned
-    /// handle, removed at its last close unless [`link`](Self::link) names it. Not in a cache
-    /// namespace (EOPNOTSUPP: the drain replays names). Never passed through: its data is
-    /// accounted by the servers as it is written.
+    /// handle, removed at its last close unless [`link`](Self::link) names it (in a cache
+    /// namespace the drain then makes it on the PFS with its data). Never passed through: its
+    /// data is accounted by the servers as it is written.
     pub async fn tmpfile(
         &self,
         dir: Ino,

@@ -705,7 +705,7 @@ impl Ops<'_> {
     }
 
     /// Whether `ino` was made by [`tmpfile`](Self::tmpfile) and never named.
-    fn is_unnamed(&self, ino: Ino) -> MetaResult<bool> {
+    pub(crate) fn is_unnamed(&self, ino: Ino) -> MetaResult<bool> {
         self.tx
             .prepare_cached("SELECT 1 FROM inodes WHERE ino = ?1 AND unnamed = 1")
             .and_then(|mut st| st.exists([ino as i64]))
