@@ -2131,6 +2131,81 @@ fn o_tmpfile_by_instance_kind() {
     }
 }
 
+/// A cache instance takes `RENAME_EXCHANGE` and `RENAME_WHITEOUT` (both were EINVAL there):
+/// the drain replays an exchange as three renames on the PFS, and a whiteout's rename as a
+/// rename (the whiteout itself is a device node, which the drain does not make, as for any
+/// other). After the drain the PFS holds the swapped files and directories.
+#[test]
+fn renameat2_exchange_and_whiteout_in_a_cache_instance_reach_the_pfs() {
+    if skip_without_fuse("renameat2_exchange_and_whiteout_in_a_cache_instance_reach_the_pfs") {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    let pfs = Scratch::new("renameat2-pfs");
+    let pfs_dir = pfs.path().display().to_string();
+    let id = c.create_instance("1GiB", "1MiB", &["--cache-pfs", &pfs_dir]);
+    let m = Mount::new(&c, id, 0);
+    std::fs::write(m.path("a"), b"A").unwrap();
+    std::fs::create_dir_all(m.path("d/sub")).unwrap();
+    std::fs::write(m.path("d/b"), b"B").unwrap();
+    std::fs::write(m.path("d/sub/in"), b"IN").unwrap();
+    std::fs::write(m.path("w"), b"W").unwrap();
+    assert_eq!(
+        rename_flags(&m.path("a"), &m.path("d/b"), libc::RENAME_EXCHANGE),
+        0
+    );
+    assert_eq!(
+        rename_flags(&m.path("d/sub"), &m.path("a"), libc::RENAME_EXCHANGE),
+        0,
+        "a directory and a file swap too"
+    );
+    assert_eq!(
+        rename_flags(&m.path("w"), &m.path("d/w2"), libc::RENAME_WHITEOUT),
+        0
+    );
+    assert_eq!(std::fs::read(m.path("d/b")).unwrap(), b"A");
+    assert_eq!(std::fs::read(m.path("a/in")).unwrap(), b"IN");
+    assert_eq!(std::fs::read(m.path("d/sub")).unwrap(), b"B");
+    let out = surge_command()
+        .args(["stage", "drain", "--server", &c.servers[0].addr])
+        .args(["--instance", &id.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "drain: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = pfs.path();
+    assert_eq!(std::fs::read(p.join("d/b")).unwrap(), b"A");
+    assert_eq!(std::fs::read(p.join("d/sub")).unwrap(), b"B");
+    assert_eq!(std::fs::read(p.join("a/in")).unwrap(), b"IN");
+    assert_eq!(std::fs::read(p.join("d/w2")).unwrap(), b"W");
+    assert!(!p.join("w").exists(), "the whiteout is not made on the PFS");
+    let left: Vec<_> = walk(p)
+        .into_iter()
+        .filter(|n| n.contains(".surge-exchange"))
+        .collect();
+    assert!(left.is_empty(), "third names left on the PFS: {left:?}");
+}
+
+/// Every path under `root`, relative.
+fn walk(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                todo.push(p);
+            }
+        }
+    }
+    out
+}
+
 /// `renameat2(from, to, flags)`: 0 or the errno.
 fn rename_flags(from: &Path, to: &Path, flags: u32) -> i32 {
     let (a, b) = (cstr(from), cstr(to));

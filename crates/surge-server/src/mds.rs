@@ -15,7 +15,7 @@ use self::cache::Cache;
 use self::drain::{held_before, wall_ms, Drain, Hold, RECORD_HOLD_EVERY};
 use self::leases::{Dropped, Leases, MAX_RECALL_WAIT};
 use crate::lockorder::{Level, Ordered};
-use crate::meta::{self, Ops, RENAME_EXCHANGE, RENAME_WHITEOUT};
+use crate::meta::{self, Ops, RENAME_EXCHANGE};
 use parking_lot::Condvar;
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
@@ -813,6 +813,8 @@ enum Pending {
         path: Vec<u8>,
     },
     Batch(Vec<Option<DrainOp>>),
+    /// Journaled in order once the request succeeded.
+    Ops(Vec<DrainOp>),
     /// The first name of an `O_TMPFILE` file (`linkat`): on the PFS it is made, filled and
     /// given its attributes, as a file made there with its data.
     Named {
@@ -847,20 +849,33 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             Some(path) => Pending::Op(DrainOp::Rmdir { path }),
             None => Pending::Nothing,
         },
-        Change::Rename { flags, .. } if flags & RENAME_EXCHANGE != 0 => {
-            // The drain replays renames on the PFS one by one: an exchange would need a
-            // third name there, which could be seen half done.
-            return Err(ErrorReply::new(
-                ErrorCode::Invalid,
-                "RENAME_EXCHANGE is not supported in a cache namespace".to_string(),
-            ));
-        }
-        Change::Rename { flags, .. } if flags & RENAME_WHITEOUT != 0 => {
-            // The drain would need to make a device node on the PFS.
-            return Err(ErrorReply::new(
-                ErrorCode::Invalid,
-                "RENAME_WHITEOUT is not supported in a cache namespace".to_string(),
-            ));
+        Change::Rename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            flags,
+        } if flags & RENAME_EXCHANGE != 0 => {
+            // The drain replays it as three renames through a third name beside the first
+            // (the PFS may have no atomic exchange; it may be seen half done there, as any
+            // change not yet drained is not seen at all).
+            match (child(parent, name)?, child(new_parent, new_name)?) {
+                (Some(a), Some(b)) => {
+                    let ino = ops.lookup(parent, name)?.ino;
+                    let mut tmp = match a.iter().rposition(|&c| c == b'/') {
+                        Some(i) => a[..=i].to_vec(),
+                        None => Vec::new(),
+                    };
+                    tmp.extend_from_slice(format!(".surge-exchange-{ino}").as_bytes());
+                    let rename = |from: &[u8], to: &[u8]| DrainOp::Rename {
+                        from: from.to_vec(),
+                        to: to.to_vec(),
+                        gone: None,
+                    };
+                    Pending::Ops(vec![rename(&a, &tmp), rename(&b, &a), rename(&tmp, &b)])
+                }
+                _ => Pending::Nothing,
+            }
         }
         Change::Rename {
             parent,
@@ -928,6 +943,7 @@ fn journal_after(
             },
         }),
         Pending::Op(op) => ops.journal(&op),
+        Pending::Ops(each) => each.iter().try_for_each(|op| ops.journal(op)),
         Pending::Named { ino, path } => {
             ops.journal(&DrainOp::Create { path: path.clone() })?;
             ops.journal(&DrainOp::Data {
