@@ -146,13 +146,14 @@ instance() {
         | jq -r .instance
 }
 
-config=$work/local.config
-: >"$config"
-# xfstests' first section is every later one's defaults: each section sets FUSE_MKFS_SIZED, empty
-# where it cannot size its scratch file system.
+# One config file per section: xfstests takes a config's first section as every later one's
+# defaults and "recreates" the test file system of a section whose FSTYP differs from the
+# first's, which a FUSE section after tmpfs (or tmpfs after one) cannot survive (bindfs ran no
+# test after tmpfs). Each run reads only its own.
+# Each section sets FUSE_MKFS_SIZED, empty where it cannot size its scratch file system.
 section() { # NAME TEST_DEV SCRATCH_DEV FSTYP SUBTYPE TEST_OPTS SCRATCH_OPTS [MORE]
     mkdir -p "$work/mnt/$1-test" "$work/mnt/$1-scratch"
-    cat >>"$config" <<EOF
+    cat >"$work/$1.config" <<EOF
 [$1]
 FSTYP=$4
 FUSE_SUBTYP=$5
@@ -208,7 +209,7 @@ fi
 for fs in "${want[@]}"; do
     echo "== $fs: ${#sel[@]} tests ($(date +%T))"
     start=$(date +%s)
-    (cd "$xfs" && HOST_OPTIONS=$config RESULT_BASE=$out/results timeout 3h ./check -s "$fs" "${sel[@]}") \
+    (cd "$xfs" && HOST_OPTIONS=$work/$fs.config RESULT_BASE=$out/results timeout 3h ./check -s "$fs" "${sel[@]}") \
         >"$out/$fs.log" 2>&1 || true
     field() { sed -n "s/^$1: //p" "$out/$fs.log" | tail -1 | tr ' ' '\n' | grep . | sort -u || true; }
     field Ran >"$out/$fs.ran"
