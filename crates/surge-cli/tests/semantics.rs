@@ -2107,16 +2107,7 @@ fn o_tmpfile_by_instance_kind() {
             "{kind}"
         );
         if kind == "cache" {
-            let out = surge_command()
-                .args(["stage", "drain", "--server", &c.servers[0].addr])
-                .args(["--instance", &id.to_string()])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "drain: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            drain_all(&c, id);
             let on_pfs = pfs.path().join("kept");
             assert_eq!(std::fs::read(&on_pfs).unwrap(), b"kept and more");
             let md = std::fs::metadata(&on_pfs).unwrap();
@@ -2166,16 +2157,7 @@ fn renameat2_exchange_and_whiteout_in_a_cache_instance_reach_the_pfs() {
     assert_eq!(std::fs::read(m.path("d/b")).unwrap(), b"A");
     assert_eq!(std::fs::read(m.path("a/in")).unwrap(), b"IN");
     assert_eq!(std::fs::read(m.path("d/sub")).unwrap(), b"B");
-    let out = surge_command()
-        .args(["stage", "drain", "--server", &c.servers[0].addr])
-        .args(["--instance", &id.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "drain: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    drain_all(&c, id);
     let p = pfs.path();
     assert_eq!(std::fs::read(p.join("d/b")).unwrap(), b"A");
     assert_eq!(std::fs::read(p.join("d/sub")).unwrap(), b"B");
@@ -2187,6 +2169,20 @@ fn renameat2_exchange_and_whiteout_in_a_cache_instance_reach_the_pfs() {
         .filter(|n| n.contains(".surge-exchange"))
         .collect();
     assert!(left.is_empty(), "third names left on the PFS: {left:?}");
+}
+
+/// Runs a cache instance's drain (`surge stage drain`) to the end of its journal.
+fn drain_all(c: &Cluster, id: u64) {
+    let out = surge_command()
+        .args(["stage", "drain", "--server", &c.servers[0].addr])
+        .args(["--instance", &id.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "drain: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Every path under `root`, relative.
