@@ -183,11 +183,21 @@ impl Fs {
         } else {
             None
         };
+        // The atime this node saw last, to tell whether the open moved it.
+        let seen_atime = self
+            .inodes
+            .with(ino, |i| i.attr.as_ref().map(|a| a.atime))
+            .flatten();
+        // An open for reading asks for the attributes and moves the atime in one request
+        // (see `accessed`), except in a cache namespace, whose open is its own request.
+        let strict = self.atime_strict().filter(|_| reader && !self.cache);
         let a = match known {
             Some(a) => a,
             None => {
                 let fetched = if self.cache {
                     self.client.cache_open(ino).await
+                } else if let Some(strict) = strict {
+                    self.client.accessed(ino, strict).await
                 } else {
                     self.client.getattr(ino).await
                 };
@@ -225,15 +235,14 @@ impl Fs {
                 format!("inode {ino} has no name any more"),
             ));
         }
-        let before = a.atime;
-        let a = if reader {
+        let a = if reader && strict.is_none() {
             self.accessed(ino, a).await
         } else {
             a
         };
         // The kernel keeps the attributes it has while it reads from its page cache: a moved
-        // atime is seen at the next stat only if they are dropped.
-        let atime_moved = a.atime != before;
+        // atime is seen at the next stat only if they are dropped (see below).
+        let atime_moved = reader && seen_atime != Some(a.atime);
         if self.cache {
             match a.through {
                 0 => self.forget_fill(ino),
@@ -268,20 +277,21 @@ impl Fs {
         Ok(Opened {
             fh,
             keep_cache,
-            invalidate_attr: invalidate_attr || atime_moved,
+            // Only where the kernel reads without telling: passthrough reads, and reads
+            // that reach this mount, drop its cached atime themselves.
+            invalidate_attr: invalidate_attr || (atime_moved && keep_cache && backing.is_none()),
             backing,
         })
     }
 
-    /// An open for reading: the file's atime moves as the mount's rule says (see
+    /// An open for reading whose attributes came without moving its atime (a cache
+    /// namespace's `CacheOpen`): the file's atime moves as the mount's rule says (see
     /// [`Atime`]), at the metadata server, and `a` becomes the attributes after. The kernel
     /// reads a passthrough file without this process, so the open stands for the reads; a
     /// failure leaves the atime as it was and the open goes on.
     async fn accessed(&self, ino: Ino, a: Attr) -> Attr {
-        let strict = match self.atime {
-            Atime::No => return a,
-            Atime::Relative => false,
-            Atime::Strict => true,
+        let Some(strict) = self.atime_strict() else {
+            return a;
         };
         if !surge_proto::atime_due(&a, surge_proto::Timestamp::now(), strict) {
             return a;
@@ -292,6 +302,15 @@ impl Fs {
                 debug!("atime of inode {ino} not moved: {e}");
                 a
             }
+        }
+    }
+
+    /// Whether opens for reading move atimes (`Some`), and always (`true`: `strictatime`).
+    fn atime_strict(&self) -> Option<bool> {
+        match self.atime {
+            Atime::No => None,
+            Atime::Relative => Some(false),
+            Atime::Strict => Some(true),
         }
     }
 

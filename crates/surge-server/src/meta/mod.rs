@@ -1158,7 +1158,7 @@ impl Ops<'_> {
     pub fn accessed(&self, ino: Ino, strict: bool) -> MetaResult<Attr> {
         let mut a = self.getattr(ino)?;
         let now = Timestamp::now();
-        if !surge_proto::atime_due(&a, now, strict) {
+        if a.kind != FileKind::File || !surge_proto::atime_due(&a, now, strict) {
             return Ok(a);
         }
         a.atime = now;
