@@ -197,7 +197,15 @@ impl Fs {
                 let fetched = if self.cache {
                     self.client.cache_open(ino).await
                 } else if let Some(strict) = strict {
-                    self.client.accessed(ino, strict).await
+                    // An atime that cannot move (a full metadata store) must not stop the
+                    // read: the attributes alone then.
+                    match self.client.accessed(ino, strict).await {
+                        Ok(a) => Ok(a),
+                        Err(e) => {
+                            debug!("atime of inode {ino} not moved: {e}");
+                            self.client.getattr(ino).await
+                        }
+                    }
                 } else {
                     self.client.getattr(ino).await
                 };
