@@ -1,6 +1,7 @@
 //! Extended attributes, stored with the inode by the metadata server: the `user.*` namespace
-//! (any user with the file's read/write permission, checked by the kernel) and `trusted.*`
-//! (`CAP_SYS_ADMIN`, checked by the kernel), so `cp -a`, `rsync -X` and `tar --xattrs` keep them.
+//! (any user with the file's read/write permission, checked by the kernel), `trusted.*` and
+//! `security.*` (`CAP_SYS_ADMIN` to set, checked by the kernel; labels of security modules,
+//! as tmpfs keeps them), so `cp -a`, `rsync -X` and `tar --xattrs` keep them.
 //!
 //! POSIX ACLs, `system.posix_acl_access` and `system.posix_acl_default`, are stored too: the
 //! kernel enforces them (the mount asks for FUSE_POSIX_ACL) and the metadata server keeps the
@@ -9,12 +10,12 @@
 //! this node makes behind (those could not take the ACL): setting or removing an ACL drops
 //! this node's listing of the directory, and a directory made with one is not listed.
 //!
-//! The other `security.*` (file capabilities, SELinux labels) and `system.*` names are not
-//! stored: setting one is `EOPNOTSUPP`, as on a file system without them, so no tool believes
-//! a capability protects or empowers a file when nothing would enforce it. Reading one is
-//! `ENODATA` and is answered here without a round trip: the kernel asks for
-//! `security.capability` before every write through the daemon (to clear it), and that
-//! question must stay cheap.
+//! File capabilities (`security.capability`) and the other `system.*` names are not stored:
+//! setting one is `EOPNOTSUPP`, as on a file system without them, so no tool believes a
+//! capability protects or empowers a file when nothing would enforce it (nor clear it at the
+//! next write, which `FUSE_HANDLE_KILLPRIV_V2` leaves to this side). Reading one is `ENODATA`
+//! and is answered here without a round trip: the kernel asks for `security.capability`
+//! before every write through the daemon (to clear it), and that question must stay cheap.
 //!
 //! `user.surge.layout` is not stored as an attribute: it reads and sets the layout of a file
 //! or the default layout of a directory (`surge layout`; as `lustre.lov` and `lfs setstripe`
@@ -44,10 +45,19 @@ enum Namespace {
     Unknown,
 }
 
+/// File capabilities: not stored (see the module doc).
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
 fn namespace(name: &[u8]) -> Namespace {
-    if name.starts_with(b"user.") || name.starts_with(b"trusted.") || is_acl(name) {
+    if name == CAPABILITY_XATTR {
+        Namespace::NotStored
+    } else if name.starts_with(b"user.")
+        || name.starts_with(b"trusted.")
+        || name.starts_with(b"security.")
+        || is_acl(name)
+    {
         Namespace::Stored
-    } else if name.starts_with(b"security.") || name.starts_with(b"system.") {
+    } else if name.starts_with(b"system.") {
         Namespace::NotStored
     } else {
         Namespace::Unknown
@@ -66,7 +76,8 @@ fn not_supported(name: &[u8]) -> FsError {
     FsError::new(
         libc::EOPNOTSUPP,
         format!(
-            "extended attribute {}: only user.*, trusted.* and POSIX ACLs are stored",
+            "extended attribute {}: only user.*, trusted.*, security.* (but file capabilities) \
+             and POSIX ACLs are stored",
             show(name)
         ),
     )
