@@ -815,12 +815,6 @@ enum Pending {
     Batch(Vec<Option<DrainOp>>),
     /// Journaled in order once the request succeeded.
     Ops(Vec<DrainOp>),
-    /// The first name of an `O_TMPFILE` file (`linkat`): on the PFS it is made, filled and
-    /// given its attributes, as a file made there with its data.
-    Named {
-        ino: Ino,
-        path: Vec<u8>,
-    },
     Nothing,
 }
 
@@ -838,7 +832,16 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
             new_name,
         } => match (ops.path_of(ino)?, child(new_parent, new_name)?) {
             (Some(from), Some(to)) => Pending::Op(DrainOp::Link { from, to }),
-            (None, Some(path)) if ops.is_unnamed(ino)? => Pending::Named { ino, path },
+            // The first name of an `O_TMPFILE` file: on the PFS it is made, filled and given
+            // its attributes, as a file made there with its data.
+            (None, Some(path)) if ops.is_unnamed(ino)? => Pending::Ops(vec![
+                DrainOp::Create { path: path.clone() },
+                DrainOp::Data {
+                    ino,
+                    path: path.clone(),
+                },
+                DrainOp::Attr { ino, path },
+            ]),
             _ => Pending::Nothing,
         },
         Change::Unlink { parent, name } => match child(parent, name)? {
@@ -944,14 +947,6 @@ fn journal_after(
         }),
         Pending::Op(op) => ops.journal(&op),
         Pending::Ops(each) => each.iter().try_for_each(|op| ops.journal(op)),
-        Pending::Named { ino, path } => {
-            ops.journal(&DrainOp::Create { path: path.clone() })?;
-            ops.journal(&DrainOp::Data {
-                ino,
-                path: path.clone(),
-            })?;
-            ops.journal(&DrainOp::Attr { ino, path })
-        }
         Pending::Create { path } => match req.change() {
             Change::Create { node, .. } => match node {
                 NewNode::Dir | NewNode::File => {

@@ -243,7 +243,8 @@ impl Fs {
                 format!("inode {ino} has no name any more"),
             ));
         }
-        let a = if reader && strict.is_none() {
+        // A cache namespace's `CacheOpen` moved no atime.
+        let a = if reader && self.cache {
             self.accessed(ino, a).await
         } else {
             a
