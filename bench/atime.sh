@@ -4,8 +4,10 @@
 # for reading after a change asks the metadata server to move the file's atime) and once
 # `-o noatime` (no such request). Workload, per side: write FILES small files, then open and
 # read each once (every open is a first read after a write: relatime's worst case), timed; a
-# second pass of opens (relatime has nothing to move: its usual case). Sides alternate, RUNS
-# runs after one warm-up of each; prints each run and the medians of relatime/noatime.
+# second pass of opens (relatime has nothing to move: its usual case); then 1,000 listings of a
+# directory of 10 files (each listing asks the metadata server to move the directory's atime,
+# beside the page's own request). Sides alternate, RUNS runs after one warm-up of each; prints
+# each run and the medians of relatime/noatime.
 #
 #   bench/atime.sh [--runs 5] [--files 2000] [--json FILE]
 # Needs root, /dev/fuse, python3, jq. SURGE=path/to/surge (default target/release/surge,
@@ -64,7 +66,7 @@ for side in relatime noatime; do
     wait_for "$W/$side.ready"
 done
 
-# One side's pass: prints "first-read-opens-per-s second-read-opens-per-s".
+# One side's pass: prints "first-read-opens-per-s second-read-opens-per-s listings-per-s".
 pass() {
     python3 - "$1" "$FILES" <<'EOF'
 import os, sys, time
@@ -82,10 +84,21 @@ for _ in range(2):
         with open(p, "rb") as f:
             f.read()
     rates.append(n / (time.perf_counter() - t0))
+l = os.path.join(d, "listed")
+os.mkdir(l)
+for i in range(10):
+    open(os.path.join(l, "e%d" % i), "wb").close()
+t0 = time.perf_counter()
+for _ in range(1000):
+    os.listdir(l)
+rates.append(1000 / (time.perf_counter() - t0))
+for i in range(10):
+    os.unlink(os.path.join(l, "e%d" % i))
+os.rmdir(l)
 for p in names:
     os.unlink(p)
 os.rmdir(d)
-print("%.0f %.0f" % tuple(rates))
+print("%.0f %.0f %.0f" % tuple(rates))
 EOF
 }
 pass "$W/relatime" >/dev/null
@@ -95,19 +108,22 @@ for r in $(seq "$RUNS"); do
     if [ $((r % 2)) -eq 1 ]; then order=(relatime noatime); else order=(noatime relatime); fi
     declare -A got=()
     for side in "${order[@]}"; do got[$side]=$(pass "$W/$side"); done
-    read -r rf rs <<<"${got[relatime]}"
-    read -r nf ns <<<"${got[noatime]}"
+    read -r rf rs rl <<<"${got[relatime]}"
+    read -r nf ns nl <<<"${got[noatime]}"
     first=$(python3 -c "print(f'{$rf/$nf:.3f}')")
     second=$(python3 -c "print(f'{$rs/$ns:.3f}')")
-    echo "run $r (${order[0]} first): opens/s first read after a write: relatime $rf, noatime $nf ($first); second read: relatime $rs, noatime $ns ($second)"
-    results+=("$first $second")
+    lists=$(python3 -c "print(f'{$rl/$nl:.3f}')")
+    echo "run $r (${order[0]} first): opens/s first read after a write: relatime $rf, noatime $nf ($first); second read: relatime $rs, noatime $ns ($second); listings/s: relatime $rl, noatime $nl ($lists)"
+    results+=("$first $second $lists")
     unset got
 done
 med() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 mf=$(printf '%s\n' "${results[@]}" | awk '{print $1}' | med)
 ms=$(printf '%s\n' "${results[@]}" | awk '{print $2}' | med)
-echo "relatime/noatime opens per second, medians of $RUNS runs: first read after a write $mf, second read $ms"
+ml=$(printf '%s\n' "${results[@]}" | awk '{print $3}' | med)
+echo "relatime/noatime, medians of $RUNS runs: opens per second, first read after a write $mf, second read $ms; listings per second $ml"
 if [ -n "$JSON" ]; then
-    jq -n --argjson f "$mf" --argjson s "$ms" --argjson runs "$RUNS" --argjson files "$FILES" \
-        '{files: $files, runs: $runs, first_read_ratio: $f, second_read_ratio: $s}' >"$JSON"
+    jq -n --argjson f "$mf" --argjson s "$ms" --argjson l "$ml" --argjson runs "$RUNS" \
+        --argjson files "$FILES" \
+        '{files: $files, runs: $runs, first_read_ratio: $f, second_read_ratio: $s, listing_ratio: $l}' >"$JSON"
 fi

@@ -459,6 +459,60 @@ fn reads_move_atime_as_relatime_does() {
 }
 
 #[test]
+fn listings_move_a_directorys_atime_as_relatime_does() {
+    if skip_without_fuse("listings_move_a_directorys_atime_as_relatime_does") {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    let id = c.create_instance("1GiB", "64KiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let atime = |p: &Path| {
+        let md = std::fs::metadata(p).unwrap();
+        (md.atime(), md.atime_nsec())
+    };
+    let list = |p: &Path| std::fs::read_dir(p).unwrap().count();
+    let d = m.path("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("f"), b"x").unwrap();
+    let a0 = atime(&d);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(list(&d), 1);
+    let a1 = atime(&d);
+    assert!(
+        a1 > a0,
+        "the first listing after a change moves the atime: {a0:?} -> {a1:?}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    list(&d);
+    assert_eq!(atime(&d), a1, "a second listing moves nothing");
+    // A new name, then a listing: the atime moves again.
+    std::fs::write(d.join("g"), b"y").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(list(&d), 2);
+    let a2 = atime(&d);
+    assert!(a2 > a1, "listing after a create: {a1:?} -> {a2:?}");
+    // Another node's listing moves it for this node too.
+    std::fs::write(d.join("h"), b"z").unwrap();
+    let other = Mount::new(&c, id, 0);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(list(&other.path("d")), 3);
+    let a3 = atime(&d);
+    assert!(a3 > a2, "another node's listing: {a2:?} -> {a3:?}");
+    // `nodiratime`: listings leave it; reads of files still move theirs.
+    let quiet = Mount::with_args(&c, id, 0, &["-o", "nodiratime"]);
+    std::fs::write(d.join("i"), b"w").unwrap();
+    let before = atime(&d);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(list(&quiet.path("d")), 4);
+    assert_eq!(atime(&d), before, "nodiratime: a listing moves nothing");
+    let f = quiet.path("d/i");
+    let fa = atime(&f);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::read(&f).unwrap();
+    assert!(atime(&f) > fa, "nodiratime still moves files' atimes");
+}
+
+#[test]
 fn utimens_and_timestamps() {
     let Some((_c, m)) = setup("utimens_and_timestamps") else {
         return;

@@ -181,7 +181,8 @@ pub struct MountArgs {
     /// Kernel mount flags, comma-separated as mount(8) takes them: ro, rw, dev, nodev, suid,
     /// nosuid, exec, noexec, sync, async, dirsync, and the access-time rule: relatime (the
     /// default, as Linux mounts: the first read after a change moves a file's atime), noatime
-    /// (never: no round trip for it) or strictatime (every open for reading). The mount is
+    /// (never: no round trip for it) or strictatime (every open for reading); listings move
+    /// directories' atimes by the same rule unless nodiratime is given. The mount is
     /// `nosuid,nodev` unless told otherwise (`suid` and `dev` only for root).
     #[arg(short = 'o', long, value_name = "FLAGS", value_parser = flags_arg)]
     pub options: Option<FlagsArg>,
@@ -228,10 +229,18 @@ type MountedView = (
 
 /// `--options`: kernel mount flags, and the access-time rule if one is named.
 #[derive(Clone, Debug)]
-pub struct FlagsArg(pub Vec<fuser::MountOption>, pub Option<crate::fs::Atime>);
+pub struct FlagsArg(
+    pub Vec<fuser::MountOption>,
+    pub Option<crate::fs::Atime>,
+    pub Option<bool>,
+);
 
 fn flags_arg(s: &str) -> Result<FlagsArg, String> {
-    Ok(FlagsArg(mount::parse_flags(s)?, mount::parse_atime(s)))
+    Ok(FlagsArg(
+        mount::parse_flags(s)?,
+        mount::parse_atime(s),
+        mount::parse_diratime(s),
+    ))
 }
 
 /// `--layout`: `auto` or a layout.
@@ -288,6 +297,7 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<ExitCode> {
             .as_ref()
             .and_then(|f| f.1)
             .unwrap_or(crate::fs::Atime::Relative),
+        diratime: args.options.as_ref().and_then(|f| f.2).unwrap_or(true),
         ..MountOptions::default()
     };
     let mut mounted = mount::mount(client, rt.handle().clone(), &args.mountpoint, &opts)?;

@@ -50,6 +50,9 @@ pub struct MountOptions {
     /// When reads move atimes (`relatime` unless told otherwise, as Linux mounts; `ro`
     /// mounts never).
     pub atime: Atime,
+    /// Whether listings move directories' atimes by that rule (`diratime`, the default) or
+    /// never (`nodiratime`).
+    pub diratime: bool,
 }
 
 /// A kernel mount flag by its mount(8) name (`ro`, `dev`, `suid`, `exec`, `sync`, ...);
@@ -73,8 +76,8 @@ pub fn kernel_flag(name: &str) -> Option<MountOption> {
 }
 
 /// The access-time rule a mount(8) flag names (`noatime`, `relatime`, `strictatime`, ...);
-/// `Some(None)` for those that change nothing here (`nodiratime`, `diratime`: directories'
-/// atimes are not moved by reads); `None` for any other name.
+/// `Some(None)` for the other access-time flags (`nodiratime` and `diratime`, read by
+/// [`parse_diratime`]; `lazytime`, which changes nothing here); `None` for any other name.
 pub fn atime_flag(name: &str) -> Option<Option<Atime>> {
     Some(match name {
         "noatime" => Some(Atime::No),
@@ -88,6 +91,16 @@ pub fn atime_flag(name: &str) -> Option<Option<Atime>> {
 /// The access-time rule of `--options` (the last flag naming one wins); `None`: not named.
 pub fn parse_atime(s: &str) -> Option<Atime> {
     s.split(',').filter_map(atime_flag).flatten().last()
+}
+
+/// Whether `--options` lets listings move directories' atimes (the last of `diratime` and
+/// `nodiratime` wins); `None`: neither named.
+pub fn parse_diratime(s: &str) -> Option<bool> {
+    s.rsplit(',').find_map(|n| match n {
+        "diratime" => Some(true),
+        "nodiratime" => Some(false),
+        _ => None,
+    })
 }
 
 /// `--options`: comma-separated kernel mount flags, the last of two opposites winning (as
@@ -172,6 +185,7 @@ impl Default for MountOptions {
             fsname: None,
             flags: Vec::new(),
             atime: Atime::Relative,
+            diratime: true,
         }
     }
 }
@@ -421,6 +435,7 @@ pub fn mount(
     } else {
         opts.atime
     });
+    fs.set_diratime(opts.diratime);
     let fs = Arc::new(fs);
     if client.desc.cache_pfs.is_some() {
         // A cache namespace: commit files being written every second (see

@@ -21,9 +21,9 @@
 //! Other Surge options: `ns=N`, `attr_ttl=SECS`, `entry_ttl=SECS`, `layout=LAYOUT`,
 //! `no_passthrough`, `threads=N`, `deadline=SECS`, `hard`, `log=FILE` (default
 //! /run/surge/mounts/<DIR>.log). Kernel flags (`ro`, `dev`, `suid`, `noexec`, ...) and the
-//! access-time rule (`relatime`, the default; `noatime`; `strictatime`) go to the mount;
-//! mount(8)'s own (`defaults`, `noauto`, `_netdev`, `x-*`, ...) and what every Surge mount is
-//! anyway (`allow_other`, `default_permissions`) are accepted and ignored.
+//! access-time rules (`relatime`, the default; `noatime`; `strictatime`; `nodiratime`) go to
+//! the mount; mount(8)'s own (`defaults`, `noauto`, `_netdev`, `x-*`, ...) and what every
+//! Surge mount is anyway (`allow_other`, `default_permissions`) are accepted and ignored.
 //!
 //! fstab:
 //! ```text

@@ -817,11 +817,12 @@ pub enum Request {
         file: FileId,
         at_least: u64,
     },
-    /// File `ino` is opened for reading on a mount that keeps access times: its atime
-    /// becomes now when [`atime_due`] says so (`strict`: `strictatime`, else `relatime`), and
-    /// its ctime stays, as the kernel's `touch_atime` does. Answered with `Attr`, the
-    /// attributes after: the open's `GetAttr` and the atime in one round trip. Other kinds of
-    /// nodes are only answered.
+    /// File `ino` is opened for reading, or directory `ino` listed from its start, on a mount
+    /// that keeps access times: its atime becomes now when [`atime_due`] says so (`strict`:
+    /// `strictatime`, else `relatime`), and its ctime stays, as the kernel's `touch_atime`
+    /// does. Answered with `Attr`, the attributes after: the open's `GetAttr` and the atime
+    /// in one round trip. Other kinds of nodes are only answered (so are directories by a
+    /// server of protocol 11 before directories were listed here).
     Accessed {
         instance: InstanceId,
         ns: NamespaceId,

@@ -315,7 +315,7 @@ impl Fs {
     }
 
     /// Whether opens for reading move atimes (`Some`), and always (`true`: `strictatime`).
-    fn atime_strict(&self) -> Option<bool> {
+    pub(super) fn atime_strict(&self) -> Option<bool> {
         match self.atime {
             Atime::No => None,
             Atime::Relative => Some(false),

@@ -202,6 +202,9 @@ pub struct Fs {
     /// Whether and when an open for reading moves a file's atime (the mount's `noatime`,
     /// `relatime` or `strictatime`; see [`Fs::set_atime`]).
     atime: Atime,
+    /// Whether listings move directories' atimes by the same rule (`diratime`, Linux's
+    /// default) or never (`nodiratime`).
+    diratime: bool,
     /// The layout of new files where no directory default says otherwise (`surge mount
     /// --layout`); `None`: the mount's own choice (see `passthrough`).
     default_layout: Option<surge_core::FileLayout>,
@@ -291,6 +294,7 @@ impl Fs {
             dirty: dirty::DirtyGate::new(dirty_high),
             immutable,
             atime: Atime::No,
+            diratime: true,
             default_layout: None,
             drop_pages: std::sync::OnceLock::new(),
             drop_attrs: std::sync::OnceLock::new(),
@@ -326,6 +330,12 @@ impl Fs {
     /// replica never does).
     pub fn set_atime(&mut self, rule: Atime) {
         self.atime = if self.immutable { Atime::No } else { rule };
+    }
+
+    /// Whether listings move directories' atimes by the rule of [`set_atime`](Self::set_atime)
+    /// (`diratime`, the default) or never (`nodiratime`).
+    pub fn set_diratime(&mut self, on: bool) {
+        self.diratime = on;
     }
 
     /// The lock serializing size changes of `ino` (see `size_locks`).

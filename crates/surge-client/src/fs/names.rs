@@ -412,6 +412,17 @@ impl Fs {
     /// made behind reach the server first, so a listing shows them.
     pub async fn readdir(&self, ino: Ino, offset: u64) -> FsResult<Vec<DirItem>> {
         self.barrier().await?;
+        // A listing from its start moves the directory's atime, as the kernel's
+        // `iterate_dir` does on a local file system; the kernel drops its cached atime after
+        // each `readdir` reply. The metadata server decides (this node's cached attributes
+        // may predate another node's change of the directory), beside the page's request.
+        let moved = async {
+            if let Some(strict) = self.atime_strict().filter(|_| offset == 0 && self.diratime) {
+                if let Err(e) = self.client.accessed(ino, strict).await {
+                    debug!("atime of directory {ino} not moved: {e}");
+                }
+            }
+        };
         let mut out = Vec::new();
         if offset == 0 {
             out.push(DirItem {
@@ -430,7 +441,8 @@ impl Fs {
             });
         }
         let after = offset.saturating_sub(2);
-        let (entries, _) = self.client.readdir(ino, after, READDIR_PAGE, false).await?;
+        let (page, ()) = tokio::join!(self.client.readdir(ino, after, READDIR_PAGE, false), moved);
+        let (entries, _) = page?;
         out.extend(entries.into_iter().map(|e| DirItem {
             ino: e.ino,
             offset: e.cursor + 2,

@@ -1153,12 +1153,15 @@ impl Ops<'_> {
         Ok(a)
     }
 
-    /// A read of file `ino` on a mount that keeps access times: its atime becomes now when
-    /// [`surge_proto::atime_due`] says so; its ctime stays (`Request::Accessed`).
+    /// A read of file `ino`, or a listing of directory `ino`, on a mount that keeps access
+    /// times: its atime becomes now when [`surge_proto::atime_due`] says so; its ctime stays
+    /// (`Request::Accessed`).
     pub fn accessed(&self, ino: Ino, strict: bool) -> MetaResult<Attr> {
         let mut a = self.getattr(ino)?;
         let now = Timestamp::now();
-        if a.kind != FileKind::File || !surge_proto::atime_due(&a, now, strict) {
+        if !matches!(a.kind, FileKind::File | FileKind::Dir)
+            || !surge_proto::atime_due(&a, now, strict)
+        {
             return Ok(a);
         }
         a.atime = now;
