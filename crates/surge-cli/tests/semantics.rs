@@ -832,6 +832,133 @@ fn listxattr(p: &Path) -> Vec<String> {
 /// set, list, remove, `XATTR_CREATE`/`XATTR_REPLACE`, ENODATA, ERANGE, Linux's size limits;
 /// another node sees them; `cp -a` keeps them. File capabilities (`security.capability`) and
 /// `system.*` but ACLs are refused.
+/// A file capability as `setcap cap_net_raw+ep` writes it (`vfs_cap_data` revision 2,
+/// effective): the kernel checks the value before a file system sees it.
+fn capability_value() -> Vec<u8> {
+    let mut cap = vec![0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00];
+    cap.resize(20, 0);
+    cap
+}
+
+/// The same steps on tmpfs (the control) and on a Surge mount (a second mount of the instance
+/// stands for another node): a capability is kept, read from another node, and goes at a
+/// write, a truncate and a change of owner, as Linux's `security_inode_killpriv` removes it;
+/// `lsattr` never sees the mark that stands for it.
+#[test]
+fn file_capabilities_go_at_write_truncate_and_chown() {
+    if skip_without_fuse("file_capabilities_go_at_write_truncate_and_chown")
+        || skip_without_root("file_capabilities_go_at_write_truncate_and_chown")
+    {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    let id = c.create_instance("1GiB", "64KiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let other = Mount::new(&c, id, 0);
+    let tmpfs = Scratch::new("surge-caps");
+    let cap = capability_value();
+    let name = "security.capability";
+    for (dir, far) in [
+        (tmpfs.path().to_path_buf(), None),
+        (m.path(""), Some(other.path(""))),
+    ] {
+        let p = dir.join("tool");
+        let seen_far = |want: Result<Vec<u8>, i32>, what: &str| {
+            if let Some(far) = &far {
+                assert_eq!(
+                    getxattr(&far.join("tool"), name, 64),
+                    want,
+                    "{what}, other node"
+                );
+            }
+        };
+        std::fs::write(&p, b"#!/bin/sh\n").unwrap();
+        setxattr(&p, name, &cap, 0).unwrap();
+        assert_eq!(getxattr(&p, name, 64), Ok(cap.clone()), "{}", p.display());
+        assert!(listxattr(&p).contains(&name.to_string()));
+        seen_far(Ok(cap.clone()), "kept");
+        // No chattr flag shows for it.
+        let f = File::open(&p).unwrap();
+        let mut flags: libc::c_long = 0;
+        // SAFETY: FS_IOC_GETFLAGS writes a long into `flags`.
+        let rc =
+            unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&f), 0x8008_6601, &mut flags) };
+        if rc == 0 {
+            assert_eq!(flags & 0x8000_0000, 0, "lsattr flags of {}", p.display());
+        }
+        drop(f);
+        // A write (through a descriptor opened after the capability was set).
+        let mut w = OpenOptions::new().append(true).open(&p).unwrap();
+        w.write_all(b"exit 0\n").unwrap();
+        assert_eq!(
+            getxattr(&p, name, 64),
+            Err(libc::ENODATA),
+            "after a write: {}",
+            p.display()
+        );
+        drop(w);
+        seen_far(Err(libc::ENODATA), "after a write");
+        // A write by a descriptor that is not O_APPEND (the page cache, or passthrough).
+        setxattr(&p, name, &cap, 0).unwrap();
+        let w = OpenOptions::new().write(true).open(&p).unwrap();
+        w.write_all_at(b"#", 0).unwrap();
+        drop(w);
+        assert_eq!(
+            getxattr(&p, name, 64),
+            Err(libc::ENODATA),
+            "after pwrite: {}",
+            p.display()
+        );
+        seen_far(Err(libc::ENODATA), "after pwrite");
+        // A truncate.
+        setxattr(&p, name, &cap, 0).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(3)
+            .unwrap();
+        assert_eq!(
+            getxattr(&p, name, 64),
+            Err(libc::ENODATA),
+            "after a truncate: {}",
+            p.display()
+        );
+        // A change of owner (to the same owner, as `chown root` of a root file).
+        setxattr(&p, name, &cap, 0).unwrap();
+        std::os::unix::fs::chown(&p, Some(0), None).unwrap();
+        assert_eq!(
+            getxattr(&p, name, 64),
+            Err(libc::ENODATA),
+            "after chown: {}",
+            p.display()
+        );
+        seen_far(Err(libc::ENODATA), "after chown");
+        // Another node writes: gone here too once its writes are committed (its close).
+        if let Some(far) = &far {
+            setxattr(&p, name, &cap, 0).unwrap();
+            std::fs::write(far.join("tool"), b"#!/bin/sh\nexit 1\n").unwrap();
+            assert_eq!(
+                getxattr(&p, name, 64),
+                Err(libc::ENODATA),
+                "another node wrote"
+            );
+        }
+        // A chmod, a rename and a read keep it.
+        setxattr(&p, name, &cap, 0).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::read(&p).unwrap();
+        let q = dir.join("tool2");
+        std::fs::rename(&p, &q).unwrap();
+        assert_eq!(
+            getxattr(&q, name, 64),
+            Ok(cap.clone()),
+            "kept by chmod, read, rename"
+        );
+        std::fs::remove_file(&q).unwrap();
+    }
+}
+
 #[test]
 fn extended_attributes_are_stored_with_the_inode() {
     if skip_without_fuse("extended_attributes_are_stored_with_the_inode") {
@@ -886,16 +1013,7 @@ fn extended_attributes_are_stored_with_the_inode() {
         want.sort();
     }
     assert_eq!(listxattr(&p), want);
-    // Not stored: file capabilities are refused, and read as absent. (A valid value, as
-    // `setcap cap_net_raw+ep` writes it: the kernel checks it before the mount sees it.)
-    let mut cap = vec![0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00];
-    cap.resize(20, 0);
-    if root {
-        assert_eq!(
-            setxattr(&p, "security.capability", &cap, 0),
-            Err(libc::EOPNOTSUPP)
-        );
-    }
+    // None set: none read (see file_capabilities_go_at_write_truncate_and_chown).
     assert_eq!(getxattr(&p, "security.capability", 64), Err(libc::ENODATA));
     // Of `system.*` only the POSIX ACLs are stored (see posix_acls_*).
     assert_eq!(

@@ -1221,7 +1221,9 @@ impl Filesystem for FuseAdapter {
             };
             match got {
                 Ok(a) => match op {
-                    FlagsIoctl::Get { xflags: false } => reply.ioctl(0, &a.flags.to_ne_bytes()),
+                    FlagsIoctl::Get { xflags: false } => {
+                        reply.ioctl(0, &(a.flags & surge_proto::FILE_FLAGS).to_ne_bytes())
+                    }
                     FlagsIoctl::Get { xflags: true } => reply.ioctl(0, &fsxattr(a.flags)),
                     FlagsIoctl::Set { .. } => {
                         // The kernel keeps the attributes it had (ctime moved).
@@ -1289,13 +1291,13 @@ impl Filesystem for FuseAdapter {
         reply: fuser::ReplyXattr,
     ) {
         let name = name_bytes(name);
-        if let Some(e) = self.fs.getxattr_here(&name) {
+        if let Some(e) = self.fs.getxattr_here(ino.0, &name, size) {
             reply.error(Errno::from_i32(e.errno));
             return;
         }
         let fs = self.fs.clone();
         self.metadata(async move {
-            match fs.getxattr(ino.0, &name).await {
+            match fs.getxattr(ino.0, &name, size).await {
                 Ok(v) => reply_xattr(reply, &v, size),
                 Err(e) => reply.error(Errno::from_i32(fs.failed("getxattr", &e))),
             }

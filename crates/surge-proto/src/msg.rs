@@ -137,6 +137,16 @@ pub const FL_NODUMP: u32 = 0x40;
 pub const FL_NOATIME: u32 = 0x80;
 /// The `chattr` flags Surge keeps; others are refused (EOPNOTSUPP).
 pub const FILE_FLAGS: u32 = FL_IMMUTABLE | FL_APPEND | FL_NODUMP | FL_NOATIME;
+/// Not a `chattr` flag (`FS_RESERVED_FL`, which no program sets): the metadata server marks
+/// an inode that has a file capability ([`CAPABILITY_XATTR`]), so a mount answers the
+/// kernel's question before each write ("is there one to clear?") without a round trip for
+/// every other file, and clears it before a write (`FUSE_HANDLE_KILLPRIV_V2`). Never set by a
+/// client (a `SetAttr` with it is refused as any flag outside [`FILE_FLAGS`]), never shown to
+/// `lsattr`.
+pub const FL_CAPS: u32 = 0x8000_0000;
+/// A file capability (`setcap`): stored as other `security.*` attributes are, and removed
+/// at every write, truncate and change of owner, as Linux does.
+pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 /// Longest name of a directory entry, in bytes.
 pub const NAME_MAX: usize = 255;

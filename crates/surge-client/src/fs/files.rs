@@ -3,7 +3,7 @@
 
 use super::{stale, Atime, Fs, FsError, FsResult, Opened};
 use surge_core::Ino;
-use surge_proto::{AllocMode, Attr, FileKind, FileLayout, SetAttr, TimeSet, Unlinked};
+use surge_proto::{AllocMode, Attr, FileKind, FileLayout, SetAttr, TimeSet, Unlinked, FL_CAPS};
 use tracing::{debug, warn};
 
 /// The setuid and setgid bits a `setattr` clears. With `FUSE_HANDLE_KILLPRIV_V2` the kernel
@@ -263,10 +263,11 @@ impl Fs {
                 }
             }
         }
-        let backing = if writer && drops_privilege(a.perm) {
+        let backing = if writer && (drops_privilege(a.perm) || a.flags & FL_CAPS != 0) {
             // The kernel writes a passthrough file without this process, so it could not
             // clear the setuid/setgid bits a write by a caller without CAP_FSETID (root
-            // included) must clear; through the daemon it does, as the kernel marks each write.
+            // included) must clear, nor a file capability; through the daemon it does, as
+            // the kernel marks each write.
             self.inodes.backing(ino)
         } else if (append && self.appends_need_the_daemon(ino, a.layout))
             || !self.passthrough_ok(ino, a.size, a.through, writer).await
@@ -375,6 +376,7 @@ impl Fs {
         if kill_suidgid {
             self.clear_suidgid(ino).await?;
         }
+        self.kill_capability(ino).await?;
         if offset
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > i64::MAX as u64)
@@ -467,6 +469,7 @@ impl Fs {
         if kill_suidgid {
             self.clear_suidgid(ino).await?;
         }
+        self.kill_capability(ino).await?;
         let mask = self.client.fragments_touched(ino, offset, len);
         self.inodes.changed_data(ino, offset + len, mask, true);
         Ok(len as u32)

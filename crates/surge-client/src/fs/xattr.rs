@@ -10,12 +10,16 @@
 //! this node makes behind (those could not take the ACL): setting or removing an ACL drops
 //! this node's listing of the directory, and a directory made with one is not listed.
 //!
-//! File capabilities (`security.capability`) and the other `system.*` names are not stored:
-//! setting one is `EOPNOTSUPP`, as on a file system without them, so no tool believes a
-//! capability protects or empowers a file when nothing would enforce it (nor clear it at the
-//! next write, which `FUSE_HANDLE_KILLPRIV_V2` leaves to this side). Reading one is `ENODATA`
-//! and is answered here without a round trip: the kernel asks for `security.capability`
-//! before every write through the daemon (to clear it), and that question must stay cheap.
+//! File capabilities (`security.capability`, `setcap`) are stored as other `security.*`
+//! names, and go at every write, truncate and change of owner, as Linux removes them
+//! (`FUSE_HANDLE_KILLPRIV_V2` leaves that to this side). The kernel asks for one before every
+//! write through the daemon (a `getxattr` of size 0, to clear it), and that question must
+//! stay cheap: it is answered here from the inode's [`FL_CAPS`] mark (the metadata server's,
+//! in the attributes this node has), without a round trip for every file that has none. A
+//! write through this mount clears a marked file's capability before it goes on, a file so
+//! marked is not passed through to writers, and the metadata server clears it at the commit
+//! of any node's writes, so no written file keeps one. The other `system.*` names are not
+//! stored: setting one is `EOPNOTSUPP`, reading one `ENODATA`, answered here.
 //!
 //! `user.surge.layout` is not stored as an attribute: it reads and sets the layout of a file
 //! or the default layout of a directory (`surge layout`; as `lustre.lov` and `lfs setstripe`
@@ -29,7 +33,7 @@
 
 use super::{stale, Fs, FsError, FsResult};
 use surge_core::{FileLayout, Ino};
-use surge_proto::{FileKind, XATTR_NAME_MAX};
+use surge_proto::{FileKind, CAPABILITY_XATTR, FL_CAPS, XATTR_NAME_MAX};
 
 /// The attribute that reads and sets layouts.
 pub const LAYOUT_XATTR: &[u8] = b"user.surge.layout";
@@ -45,13 +49,8 @@ enum Namespace {
     Unknown,
 }
 
-/// File capabilities: not stored (see the module doc).
-const CAPABILITY_XATTR: &[u8] = b"security.capability";
-
 fn namespace(name: &[u8]) -> Namespace {
-    if name == CAPABILITY_XATTR {
-        Namespace::NotStored
-    } else if name.starts_with(b"user.")
+    if name.starts_with(b"user.")
         || name.starts_with(b"trusted.")
         || name.starts_with(b"security.")
         || is_acl(name)
@@ -76,18 +75,27 @@ fn not_supported(name: &[u8]) -> FsError {
     FsError::new(
         libc::EOPNOTSUPP,
         format!(
-            "extended attribute {}: only user.*, trusted.*, security.* (but file capabilities) \
-             and POSIX ACLs are stored",
+            "extended attribute {}: only user.*, trusted.*, security.* and POSIX ACLs are \
+             stored",
             show(name)
         ),
     )
 }
 
 impl Fs {
-    /// The answer to `getxattr` of `name` when it needs no request (a namespace that is not
-    /// stored): the adapter replies with it at once.
-    pub fn getxattr_here(&self, name: &[u8]) -> Option<FsError> {
+    /// The answer to `getxattr` of `name` of `ino` for a buffer of `size` bytes when it needs
+    /// no request (a namespace that is not stored; the kernel's size-0 question before a write
+    /// about the file capability of an inode not marked [`FL_CAPS`]): the adapter replies
+    /// with it at once.
+    pub fn getxattr_here(&self, ino: Ino, name: &[u8], size: u32) -> Option<FsError> {
         match namespace(name) {
+            Namespace::Stored
+                if size == 0
+                    && name == CAPABILITY_XATTR
+                    && self.inodes.flags(ino).is_some_and(|f| f & FL_CAPS == 0) =>
+            {
+                Some(FsError::new(libc::ENODATA, "no file capability"))
+            }
             Namespace::Stored => None,
             Namespace::NotStored => Some(FsError::new(
                 libc::ENODATA,
@@ -97,8 +105,8 @@ impl Fs {
         }
     }
 
-    pub async fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        if let Some(e) = self.getxattr_here(name) {
+    pub async fn getxattr(&self, ino: Ino, name: &[u8], size: u32) -> FsResult<Vec<u8>> {
+        if let Some(e) = self.getxattr_here(ino, name, size) {
             return Err(e);
         }
         self.barrier().await?;
@@ -291,6 +299,23 @@ impl Fs {
         let a = self.client.remove_xattr(ino, name).await.map_err(stale)?;
         self.observe(a, false);
         Ok(())
+    }
+
+    /// Before a write of `ino` through this mount: a file capability goes first (see the
+    /// module doc), when the inode is marked as having one. Gone already (the kernel asked
+    /// and removed it, or another node wrote) is no failure.
+    pub(super) async fn kill_capability(&self, ino: Ino) -> FsResult<()> {
+        if self.inodes.flags(ino).is_none_or(|f| f & FL_CAPS == 0) {
+            return Ok(());
+        }
+        match self.client.remove_xattr(ino, CAPABILITY_XATTR).await {
+            Ok(a) => {
+                self.observe(a, false);
+                Ok(())
+            }
+            Err(e) if e.code() == Some(surge_proto::ErrorCode::NotFound) => Ok(()),
+            Err(e) => Err(stale(e)),
+        }
     }
 }
 

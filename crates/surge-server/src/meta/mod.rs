@@ -12,8 +12,9 @@ use std::path::Path;
 use surge_core::Ino;
 use surge_proto::{
     check_name, new_node_group_and_perm, Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply,
-    FileKind, FileLayout, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked, FILE_FLAGS,
-    FL_APPEND, FL_IMMUTABLE, XATTR_ACL_KILL_SGID, XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
+    FileKind, FileLayout, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
+    CAPABILITY_XATTR, FILE_FLAGS, FL_APPEND, FL_CAPS, FL_IMMUTABLE, XATTR_ACL_KILL_SGID,
+    XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -1091,7 +1092,11 @@ impl Ops<'_> {
                     ),
                 ));
             }
-            a.flags = f;
+            // The capability mark is the store's own, not the caller's.
+            a.flags = f | (a.flags & FL_CAPS);
+        }
+        if set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+            self.kill_capability(&mut a)?;
         }
         let resolve = |t: TimeSet| match t {
             TimeSet::Now => now,
@@ -1204,7 +1209,11 @@ impl Ops<'_> {
                 format!("inode {ino} is a {:?}, not a file", a.kind),
             ));
         }
-        self.getattr(ino)
+        // Written: a file capability goes (the kernel of a node that passed the file
+        // through, or wrote with `O_DIRECT`, did not ask before its writes).
+        let mut a = self.getattr(ino)?;
+        self.kill_capability(&mut a)?;
+        Ok(a)
     }
 
     /// `O_APPEND`: reserves `len` bytes at the end of file `ino` (its size grows by `len`, its

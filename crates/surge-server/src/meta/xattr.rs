@@ -116,7 +116,35 @@ impl Ops<'_> {
         }
         self.check_room(ino, name, old, value.len())?;
         self.put_xattr(ino, name, value)?;
+        if name == CAPABILITY_XATTR {
+            self.mark_capability(ino, true)?;
+        }
         self.touch_ctime(ino)
+    }
+
+    /// Sets or clears [`FL_CAPS`], the mark of an inode with a file capability.
+    fn mark_capability(&self, ino: Ino, on: bool) -> MetaResult<()> {
+        let sql = if on {
+            "UPDATE inodes SET flags = flags | ?2 WHERE ino = ?1"
+        } else {
+            "UPDATE inodes SET flags = flags & ~?2 WHERE ino = ?1"
+        };
+        self.tx
+            .prepare_cached(sql)
+            .and_then(|mut st| st.execute(params![ino as i64, i64::from(FL_CAPS)]))
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// A write, truncate or change of owner of `a` (a file marked [`FL_CAPS`]): its file
+    /// capability goes, as Linux's `security_inode_killpriv` removes it; `a.flags` follows.
+    pub(super) fn kill_capability(&self, a: &mut Attr) -> MetaResult<()> {
+        if a.flags & FL_CAPS != 0 {
+            self.drop_xattr(a.ino, CAPABILITY_XATTR)?;
+            self.mark_capability(a.ino, false)?;
+            a.flags &= !FL_CAPS;
+        }
+        Ok(())
     }
 
     /// Refuses (`NoSpace`) a value of `len` bytes for attribute `name` of `ino` (whose value
@@ -217,6 +245,9 @@ impl Ops<'_> {
         if !self.drop_xattr(ino, name)? && !acl {
             return Err(no_xattr(ino, name));
         }
+        if name == CAPABILITY_XATTR {
+            self.mark_capability(ino, false)?;
+        }
         self.touch_ctime(ino)
     }
 }
@@ -245,6 +276,73 @@ mod tests {
             e(0x20, 0, u32::MAX),
         ]
         .concat()
+    }
+
+    #[test]
+    fn a_file_capability_is_marked_and_goes_at_commit_truncate_and_chown() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o755, 1, 1)
+            .unwrap();
+        let cap = [
+            1u8, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let set = |ops: &Ops| ops.set_xattr(f.ino, CAPABILITY_XATTR, &cap, 0).unwrap();
+        let gone = |ops: &Ops| {
+            assert_eq!(
+                code(ops.get_xattr(f.ino, CAPABILITY_XATTR)),
+                ErrorCode::NoData
+            );
+            assert_eq!(ops.getattr(f.ino).unwrap().flags & FL_CAPS, 0);
+        };
+        assert_eq!(set(&ops).flags, FL_CAPS);
+        // chattr keeps the mark (not the caller's to set or clear), and refuses it as a flag.
+        let chattr = |flags| SetAttr {
+            flags: Some(flags),
+            ..Default::default()
+        };
+        let a = ops.setattr(f.ino, &chattr(surge_proto::FL_NODUMP)).unwrap();
+        assert_eq!(a.flags, surge_proto::FL_NODUMP | FL_CAPS);
+        assert_eq!(
+            code(ops.setattr(f.ino, &chattr(FL_CAPS))),
+            ErrorCode::Unsupported
+        );
+        ops.setattr(f.ino, &chattr(0)).unwrap();
+        // Removed by name: the mark goes with it.
+        ops.remove_xattr(f.ino, CAPABILITY_XATTR).unwrap();
+        gone(&ops);
+        // A commit of writes (any node's, passthrough included).
+        set(&ops);
+        assert_eq!(
+            ops.commit_write(f.ino, 10, TimeSet::Now).unwrap().flags & FL_CAPS,
+            0
+        );
+        gone(&ops);
+        // A truncate, and a change of owner.
+        for change in [
+            SetAttr {
+                size: Some(3),
+                ..Default::default()
+            },
+            SetAttr {
+                uid: Some(1),
+                ..Default::default()
+            },
+        ] {
+            set(&ops);
+            assert_eq!(ops.setattr(f.ino, &change).unwrap().flags & FL_CAPS, 0);
+            gone(&ops);
+        }
+        // A chmod or a time keeps it.
+        set(&ops);
+        let chmod = SetAttr {
+            perm: Some(0o700),
+            mtime: Some(TimeSet::Now),
+            ..Default::default()
+        };
+        assert_eq!(ops.setattr(f.ino, &chmod).unwrap().flags, FL_CAPS);
+        assert_eq!(ops.get_xattr(f.ino, CAPABILITY_XATTR).unwrap(), cap);
     }
 
     #[test]
