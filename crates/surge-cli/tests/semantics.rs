@@ -1808,6 +1808,99 @@ fn fallocate_reserves_extends_and_punches_holes() {
     assert_eq!(back[hole as usize], 0);
 }
 
+/// `fallocate` with `KEEP_SIZE` past the end reserves the bytes, as tmpfs does (the control,
+/// same steps): `st_blocks` counts them, on another node too; a truncate that does not grow
+/// the file and an unlink free them (before, nothing past the end was reserved).
+#[test]
+fn keep_size_past_the_end_reserves_as_tmpfs_does() {
+    if skip_without_fuse("keep_size_past_the_end_reserves_as_tmpfs_does") {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    let id = c.create_instance("1GiB", "64KiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let other = Mount::new(&c, id, 0);
+    let tmpfs = Scratch::new("surge-keep-size");
+    const PAST: u64 = 8 << 20;
+    for (dir, far) in [
+        (tmpfs.path().to_path_buf(), None),
+        (m.path(""), Some(other.path(""))),
+    ] {
+        let p = dir.join("prealloc");
+        let blocks = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        f.write_all_at(&[7u8; 4096], 0).unwrap();
+        let before = used_bytes(&dir);
+        // 8 MiB from offset 0: over both fragments, where the 4 KiB file reaches only one.
+        fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 0, PAST).unwrap();
+        assert_eq!(
+            f.metadata().unwrap().len(),
+            4096,
+            "{}: size kept",
+            p.display()
+        );
+        drop(f);
+        assert!(
+            blocks(&p) >= PAST,
+            "{}: st_blocks counts the reservation: {} bytes",
+            p.display(),
+            blocks(&p)
+        );
+        if let Some(far) = &far {
+            let b = blocks(&far.join("prealloc"));
+            assert!(b >= PAST, "another node's st_blocks: {b}");
+            assert!(
+                used_bytes(&dir) >= before + PAST - (64 << 10),
+                "the instance's space is taken: {before} -> {}",
+                used_bytes(&dir)
+            );
+        }
+        // The bytes read as nothing: the file is 4 KiB.
+        assert_eq!(std::fs::read(&p).unwrap(), vec![7u8; 4096]);
+        // A truncate to the same size frees them.
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        assert!(
+            blocks(&p) < 1 << 20,
+            "{}: freed by the truncate: {} bytes",
+            p.display(),
+            blocks(&p)
+        );
+        if far.is_some() {
+            assert!(
+                used_bytes(&dir) < before + (1 << 20),
+                "the instance's space came back: {before} -> {}",
+                used_bytes(&dir)
+            );
+        }
+        // Again, then an unlink (by another node where there is one): all of it comes back.
+        let f = OpenOptions::new().write(true).open(&p).unwrap();
+        fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, PAST).unwrap();
+        drop(f);
+        assert!(blocks(&p) >= PAST, "{}: reserved again", p.display());
+        if let Some(far) = &far {
+            std::fs::remove_file(far.join("prealloc")).unwrap();
+            let after = used_bytes(&dir);
+            assert!(
+                after < before + (1 << 20),
+                "the unlink gave the reservation back: {before} -> {after}"
+            );
+        } else {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+}
+
 /// Names are bytes: any byte but `/` and NUL, not UTF-8 included, through create, readdir,
 /// rename and unlink.
 #[test]

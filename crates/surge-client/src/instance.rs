@@ -436,6 +436,13 @@ impl InstanceClient {
         Response::Attr(a) => a);
 
     metadata_call!(
+        /// File `ino` is about to hold allocated bytes past its end (see
+        /// [`surge_proto::FL_EOFBLOCKS`]): the attributes after.
+        allocated_past_end(this, ino: Ino) -> Attr,
+        Request::AllocatedPastEnd { instance: this.instance(), ns: this.ns, ino },
+        Response::Attr(a) => a);
+
+    metadata_call!(
         /// Sets attributes in the metadata store only; [`setattr`](Self::setattr) also cuts
         /// the objects on a shrinking truncate.
         setattr_meta(this, ino: Ino, set: SetAttr) -> Attr,

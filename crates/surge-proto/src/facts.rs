@@ -234,6 +234,7 @@ kinds!(
     Tmpfile,
     AppendObject,
     Accessed,
+    AllocatedPastEnd,
 );
 
 impl RequestKind {
@@ -288,6 +289,7 @@ impl RequestKind {
             K::GetAttr => f("GetAttr", M, H, true),
             K::SetAttr => f("SetAttr", M, H, false),
             K::Accessed => f("Accessed", M, H, false),
+            K::AllocatedPastEnd => f("AllocatedPastEnd", M, H, false),
             K::Create => f("Create", M, H, false),
             K::Link => f("Link", M, H, false),
             K::Unlink => f("Unlink", M, H, false),
@@ -403,7 +405,8 @@ impl Request {
             | R::Lock { instance, ns, .. }
             | R::Append { instance, ns, .. }
             | R::Tmpfile { instance, ns, .. }
-            | R::Accessed { instance, ns, .. } => Scope::Namespace(*instance, *ns),
+            | R::Accessed { instance, ns, .. }
+            | R::AllocatedPastEnd { instance, ns, .. } => Scope::Namespace(*instance, *ns),
         }
     }
 
@@ -428,6 +431,7 @@ impl Request {
             | R::Write { .. }
             | R::AppendObject { .. }
             | R::Accessed { .. }
+            | R::AllocatedPastEnd { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }
@@ -535,6 +539,7 @@ impl Request {
             | R::Write { .. }
             | R::AppendObject { .. }
             | R::Accessed { .. }
+            | R::AllocatedPastEnd { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }
@@ -635,6 +640,7 @@ impl Request {
             | R::Write { .. }
             | R::AppendObject { .. }
             | R::Accessed { .. }
+            | R::AllocatedPastEnd { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }

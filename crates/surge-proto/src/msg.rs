@@ -144,6 +144,26 @@ pub const FILE_FLAGS: u32 = FL_IMMUTABLE | FL_APPEND | FL_NODUMP | FL_NOATIME;
 /// client (a `SetAttr` with it is refused as any flag outside [`FILE_FLAGS`]), never shown to
 /// `lsattr`.
 pub const FL_CAPS: u32 = 0x8000_0000;
+/// Not a `chattr` flag (`FS_EOFBLOCKS_FL`, ext4's old "blocks past the end of the file",
+/// which no program sets): the metadata server marks a file that may hold allocated bytes
+/// past its size (`Request::AllocatedPastEnd`). Its objects' extent is then
+/// [`EXTENT_UNKNOWN`]: an unlink removes them on every fragment of the layout, and a truncate
+/// that does not grow the file cuts every fragment (and the mark goes). Never shown to `lsattr`.
+pub const FL_EOFBLOCKS: u32 = 0x0040_0000;
+/// The extent of a file's objects when it may hold bytes past its size: every fragment of its
+/// layout ([`extent`]).
+pub const EXTENT_UNKNOWN: u64 = i64::MAX as u64;
+
+/// How far a file's objects may reach: its size, or [`EXTENT_UNKNOWN`] when it is marked
+/// [`FL_EOFBLOCKS`]. What the removal and the cutting of its objects go by.
+pub fn extent(a: &Attr) -> u64 {
+    if a.flags & FL_EOFBLOCKS != 0 {
+        EXTENT_UNKNOWN
+    } else {
+        a.size
+    }
+}
+
 /// A file capability (`setcap`): stored as other `security.*` attributes are, and removed
 /// at every write, truncate and change of owner, as Linux does.
 pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
@@ -832,12 +852,22 @@ pub enum Request {
     /// `strictatime`, else `relatime`), and its ctime stays, as the kernel's `touch_atime`
     /// does. Answered with `Attr`, the attributes after: the open's `GetAttr` and the atime
     /// in one round trip. Other kinds of nodes are only answered (so are directories by a
-    /// server of protocol 11 before directories were listed here).
+    /// server of protocol 11).
     Accessed {
         instance: InstanceId,
         ns: NamespaceId,
         ino: Ino,
         strict: bool,
+    },
+    /// File `ino` is about to have bytes allocated past its end (`fallocate` with
+    /// `FALLOC_FL_KEEP_SIZE`): the metadata server marks it [`FL_EOFBLOCKS`], so whoever
+    /// removes or cuts its objects does so on every fragment of its layout, not only on
+    /// those its size reaches. Answered with `Attr`. Nothing else changes (the allocation's
+    /// mtime and ctime come with the writer's next commit).
+    AllocatedPastEnd {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
     },
 }
 

@@ -1089,6 +1089,7 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         Request::GetAttr { ino, .. } => Response::Attr(ops.getattr(*ino)?),
         Request::SetAttr { ino, set, .. } => Response::Attr(ops.setattr(*ino, set)?),
         Request::Accessed { ino, strict, .. } => Response::Attr(ops.accessed(*ino, *strict)?),
+        Request::AllocatedPastEnd { ino, .. } => Response::Attr(ops.allocated_past_end(*ino)?),
         Request::Create {
             parent,
             name,

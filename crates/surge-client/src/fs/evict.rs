@@ -75,7 +75,11 @@ impl Fs {
         for a in &files {
             // Its data is on the PFS: its reads go there from now on (here too).
             self.forget_fill(a.ino);
-            if let Err(e) = self.client.remove_objects(a.ino, a.size).await {
+            if let Err(e) = self
+                .client
+                .remove_objects(a.ino, surge_proto::extent(a))
+                .await
+            {
                 warn!(
                     "inode {}: evicted, but its fast-tier copy stays ({e}); its reads go to the \
                      PFS",

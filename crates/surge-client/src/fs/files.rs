@@ -3,7 +3,9 @@
 
 use super::{stale, Atime, Fs, FsError, FsResult, Opened};
 use surge_core::Ino;
-use surge_proto::{AllocMode, Attr, FileKind, FileLayout, SetAttr, TimeSet, Unlinked, FL_CAPS};
+use surge_proto::{
+    AllocMode, Attr, FileKind, FileLayout, SetAttr, TimeSet, Unlinked, FL_CAPS, FL_EOFBLOCKS,
+};
 use tracing::{debug, warn};
 
 /// The setuid and setgid bits a `setattr` clears. With `FUSE_HANDLE_KILLPRIV_V2` the kernel
@@ -97,15 +99,26 @@ impl Fs {
             // first, so no later commit (close, fsync) puts the time of the writes back.
             self.commit_locked(ino).await?;
         }
-        let old_size = match (set.size, open_here) {
-            (None, _) => 0,
+        let (old_size, past_end) = match (set.size, open_here) {
+            (None, _) => (0, false),
             (Some(_), true) => {
                 // Commit pending writes first, so the recorded size is not raised again by a
                 // later commit of bytes the truncate removed.
                 self.commit_locked(ino).await?;
-                self.inodes.size(ino)
+                let flags = self.inodes.flags(ino).unwrap_or(0);
+                (self.inodes.size(ino), flags & FL_EOFBLOCKS != 0)
             }
-            (Some(_), false) => self.client.getattr(ino).await.map_err(stale)?.size,
+            (Some(_), false) => {
+                let a = self.client.getattr(ino).await.map_err(stale)?;
+                (a.size, a.flags & FL_EOFBLOCKS != 0)
+            }
+        };
+        // Bytes allocated past the end (`fallocate` with `KEEP_SIZE`) go at a truncate that
+        // does not grow the file, as on tmpfs: every fragment is cut, not only those the size
+        // reached.
+        let old_size = match set.size {
+            Some(new) if past_end && new <= old_size => surge_proto::EXTENT_UNKNOWN,
+            _ => old_size,
         };
         if set.size.is_some() && set.mtime.is_none() {
             set.mtime = Some(TimeSet::Now);
@@ -529,10 +542,12 @@ impl Fs {
 
     /// `fallocate(2)`. Supported modes: 0 (allocate, extending the file), `FALLOC_FL_KEEP_SIZE`
     /// and `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`; others are `EOPNOTSUPP`. With
-    /// `KEEP_SIZE` the part of the range past the end of the file is not reserved (a Surge file
-    /// owns no blocks past its end, so unlink and truncate never have to look for them). The
-    /// end of the file is this node's view of it, the kernel's passthrough writes included.
-    /// Every mode moves mtime and ctime, as on Linux's local file systems.
+    /// `KEEP_SIZE` the part of the range past the end of the file is reserved too, as on
+    /// tmpfs: the metadata server first marks the file ([`surge_proto::FL_EOFBLOCKS`]), so
+    /// its unlink and a truncate that does not grow it free those bytes on every fragment,
+    /// and `st_blocks` counts them. A hole punched past the end frees them. The end of the
+    /// file is this node's view of it, the kernel's passthrough writes included. Every mode
+    /// moves mtime and ctime, as on Linux's local file systems.
     pub async fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
         let ino = self.inodes.handle_ino(fh)?;
         self.check_writable(ino)?;
@@ -572,10 +587,18 @@ impl Fs {
                 .fallocate_through(f, ino, offset, len, bits, grows)
                 .await;
         }
-        let end = if mode == AllocMode::Allocate {
-            end
-        } else {
-            end.min(size)
+        // Past the end: reserved (after the mark), or, for a punched hole, freed where an
+        // earlier reservation may have put bytes.
+        let flags = self.inodes.flags(ino).unwrap_or(0);
+        let past_end = mode == AllocMode::KeepSize && end > size;
+        if past_end && flags & FL_EOFBLOCKS == 0 {
+            let a = self.client.allocated_past_end(ino).await.map_err(stale)?;
+            self.observe(a, false);
+        }
+        let end = match mode {
+            AllocMode::Allocate | AllocMode::KeepSize => end,
+            AllocMode::PunchHole if flags & FL_EOFBLOCKS != 0 => end,
+            AllocMode::PunchHole => end.min(size),
         };
         let mut rounds = 0;
         // Tried again after each eviction that made room.
@@ -611,7 +634,7 @@ impl Fs {
                         .await;
                 }
                 Err(e) => {
-                    if grows && end > size {
+                    if (grows || past_end) && end > size {
                         self.undo_allocation(ino, size, end).await;
                     }
                     return Err(e.into());

@@ -47,7 +47,7 @@ impl Fs {
         if let Some((_, blocks)) = known {
             return blocks;
         }
-        match self.client.allocated(a.ino, a.size).await {
+        match self.client.allocated(a.ino, surge_proto::extent(a)).await {
             Ok(bytes) => {
                 let blocks = bytes.div_ceil(512);
                 self.inodes.with(a.ino, |i| i.blocks = Some((key, blocks)));

@@ -13,8 +13,8 @@ use surge_core::Ino;
 use surge_proto::{
     check_name, new_node_group_and_perm, Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply,
     FileKind, FileLayout, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
-    CAPABILITY_XATTR, FILE_FLAGS, FL_APPEND, FL_CAPS, FL_IMMUTABLE, XATTR_ACL_KILL_SGID,
-    XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
+    CAPABILITY_XATTR, FILE_FLAGS, FL_APPEND, FL_CAPS, FL_EOFBLOCKS, FL_IMMUTABLE,
+    XATTR_ACL_KILL_SGID, XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -728,15 +728,19 @@ impl Ops<'_> {
             .tx
             .prepare_cached(
                 "UPDATE inodes SET nlink = nlink - 1, ctime_s = ?2, ctime_ns = ?3 WHERE ino = ?1
-                 RETURNING nlink, kind, size",
+                 RETURNING nlink, kind, size, flags",
             )
             .and_then(|mut st| {
                 st.query_row(params![ino as i64, now.secs, i64::from(now.nsec)], |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        kind_at(r, 1)?,
-                        r.get::<_, i64>(2)? as u64,
-                    ))
+                    let size = r.get::<_, i64>(2)? as u64;
+                    let flags = r.get::<_, i64>(3)? as u32;
+                    // What the objects may reach: the fragments their removal goes to.
+                    let extent = if flags & FL_EOFBLOCKS != 0 {
+                        surge_proto::EXTENT_UNKNOWN
+                    } else {
+                        size
+                    };
+                    Ok((r.get::<_, i64>(0)?, kind_at(r, 1)?, extent))
                 })
             })
             .optional()
@@ -1092,8 +1096,8 @@ impl Ops<'_> {
                     ),
                 ));
             }
-            // The capability mark is the store's own, not the caller's.
-            a.flags = f | (a.flags & FL_CAPS);
+            // The capability and past-the-end marks are the store's own, not the caller's.
+            a.flags = f | (a.flags & (FL_CAPS | FL_EOFBLOCKS));
         }
         if set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
             self.kill_capability(&mut a)?;
@@ -1174,6 +1178,28 @@ impl Ops<'_> {
             .prepare_cached("UPDATE inodes SET atime_s = ?2, atime_ns = ?3 WHERE ino = ?1")
             .and_then(|mut st| st.execute(params![ino as i64, now.secs, i64::from(now.nsec)]))
             .map_err(db_err)?;
+        Ok(a)
+    }
+
+    /// File `ino` is about to hold allocated bytes past its end (`Request::AllocatedPastEnd`):
+    /// marked [`FL_EOFBLOCKS`] for good (whoever removes or cuts its objects goes to every
+    /// fragment of its layout; a mark a node does not know of yet only delays the freeing of
+    /// bytes that read as zeros, to the unlink).
+    pub fn allocated_past_end(&self, ino: Ino) -> MetaResult<Attr> {
+        let mut a = self.getattr(ino)?;
+        if a.kind != FileKind::File {
+            return Err(err(
+                ErrorCode::Invalid,
+                format!("inode {ino} is a {:?}, not a file", a.kind),
+            ));
+        }
+        if a.flags & FL_EOFBLOCKS == 0 {
+            a.flags |= FL_EOFBLOCKS;
+            self.tx
+                .prepare_cached("UPDATE inodes SET flags = flags | ?2 WHERE ino = ?1")
+                .and_then(|mut st| st.execute(params![ino as i64, i64::from(FL_EOFBLOCKS)]))
+                .map_err(db_err)?;
+        }
         Ok(a)
     }
 

@@ -346,6 +346,41 @@ mod tests {
     }
 
     #[test]
+    fn a_file_allocated_past_its_end_is_removed_on_every_fragment() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        ops.commit_write(f.ino, 4096, TimeSet::Now).unwrap();
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        assert_eq!(code(ops.allocated_past_end(d.ino)), ErrorCode::Invalid);
+        let a = ops.allocated_past_end(f.ino).unwrap();
+        assert_eq!((a.flags, a.size), (FL_EOFBLOCKS, 4096));
+        assert_eq!(surge_proto::extent(&a), surge_proto::EXTENT_UNKNOWN);
+        // chattr keeps the mark; a truncate too (the client cut every fragment; the mark
+        // stays for good: at worst a later cut goes to fragments with nothing past the end).
+        let chattr = SetAttr {
+            flags: Some(surge_proto::FL_NODUMP),
+            ..Default::default()
+        };
+        assert_eq!(
+            ops.setattr(f.ino, &chattr).unwrap().flags,
+            surge_proto::FL_NODUMP | FL_EOFBLOCKS
+        );
+        // The unlink tells the extent, not the size: every fragment's object goes.
+        let u = ops.unlink(ROOT_INO, b"f", &KeepOpen::All).unwrap();
+        assert_eq!(u.size, surge_proto::EXTENT_UNKNOWN);
+        let g = ops
+            .create(ROOT_INO, b"g", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        ops.commit_write(g.ino, 10, TimeSet::Now).unwrap();
+        assert_eq!(ops.unlink(ROOT_INO, b"g", &KeepOpen::All).unwrap().size, 10);
+    }
+
+    #[test]
     fn an_access_acl_sets_the_mode_and_chmod_sets_its_mask() {
         let (_t, c) = store();
         let ops = Ops { tx: &c };
