@@ -832,6 +832,39 @@ fn listxattr(p: &Path) -> Vec<String> {
 /// set, list, remove, `XATTR_CREATE`/`XATTR_REPLACE`, ENODATA, ERANGE, Linux's size limits;
 /// another node sees them; `cp -a` keeps them. File capabilities (`security.capability`) and
 /// `system.*` but ACLs are refused.
+/// A test run on tmpfs (the control) and on Surge: the instance's two mounts (the second
+/// stands for another node) and a tmpfs directory, kept alive by the returned guard, and the
+/// directories to run the same steps in, each with the other node's view of it (none on
+/// tmpfs).
+struct BesideTmpfs {
+    _c: Cluster,
+    m: Mount,
+    other: Mount,
+    tmpfs: Scratch,
+}
+
+impl BesideTmpfs {
+    fn start(tag: &str) -> BesideTmpfs {
+        let c = cluster(2, "1GiB");
+        let id = c.create_instance("1GiB", "64KiB", &[]);
+        let m = Mount::new(&c, id, 0);
+        let other = Mount::new(&c, id, 0);
+        BesideTmpfs {
+            _c: c,
+            m,
+            other,
+            tmpfs: Scratch::new(tag),
+        }
+    }
+
+    fn sides(&self) -> [(std::path::PathBuf, Option<std::path::PathBuf>); 2] {
+        [
+            (self.tmpfs.path().to_path_buf(), None),
+            (self.m.path(""), Some(self.other.path(""))),
+        ]
+    }
+}
+
 /// A file capability as `setcap cap_net_raw+ep` writes it (`vfs_cap_data` revision 2,
 /// effective): the kernel checks the value before a file system sees it.
 fn capability_value() -> Vec<u8> {
@@ -851,17 +884,10 @@ fn file_capabilities_go_at_write_truncate_and_chown() {
     {
         return;
     }
-    let c = cluster(2, "1GiB");
-    let id = c.create_instance("1GiB", "64KiB", &[]);
-    let m = Mount::new(&c, id, 0);
-    let other = Mount::new(&c, id, 0);
-    let tmpfs = Scratch::new("surge-caps");
+    let t = BesideTmpfs::start("surge-caps");
     let cap = capability_value();
     let name = "security.capability";
-    for (dir, far) in [
-        (tmpfs.path().to_path_buf(), None),
-        (m.path(""), Some(other.path(""))),
-    ] {
+    for (dir, far) in t.sides() {
         let p = dir.join("tool");
         let seen_far = |want: Result<Vec<u8>, i32>, what: &str| {
             if let Some(far) = &far {
@@ -887,62 +913,40 @@ fn file_capabilities_go_at_write_truncate_and_chown() {
             assert_eq!(flags & 0x8000_0000, 0, "lsattr flags of {}", p.display());
         }
         drop(f);
-        // A write (through a descriptor opened after the capability was set).
-        let mut w = OpenOptions::new().append(true).open(&p).unwrap();
-        w.write_all(b"exit 0\n").unwrap();
-        assert_eq!(
-            getxattr(&p, name, 64),
-            Err(libc::ENODATA),
-            "after a write: {}",
-            p.display()
-        );
-        drop(w);
-        seen_far(Err(libc::ENODATA), "after a write");
-        // A write by a descriptor that is not O_APPEND (the page cache, or passthrough).
-        setxattr(&p, name, &cap, 0).unwrap();
-        let w = OpenOptions::new().write(true).open(&p).unwrap();
-        w.write_all_at(b"#", 0).unwrap();
-        drop(w);
-        assert_eq!(
-            getxattr(&p, name, 64),
-            Err(libc::ENODATA),
-            "after pwrite: {}",
-            p.display()
-        );
-        seen_far(Err(libc::ENODATA), "after pwrite");
-        // A truncate.
-        setxattr(&p, name, &cap, 0).unwrap();
-        OpenOptions::new()
-            .write(true)
-            .open(&p)
-            .unwrap()
-            .set_len(3)
-            .unwrap();
-        assert_eq!(
-            getxattr(&p, name, 64),
-            Err(libc::ENODATA),
-            "after a truncate: {}",
-            p.display()
-        );
-        // A change of owner (to the same owner, as `chown root` of a root file).
-        setxattr(&p, name, &cap, 0).unwrap();
-        std::os::unix::fs::chown(&p, Some(0), None).unwrap();
-        assert_eq!(
-            getxattr(&p, name, 64),
-            Err(libc::ENODATA),
-            "after chown: {}",
-            p.display()
-        );
-        seen_far(Err(libc::ENODATA), "after chown");
-        // Another node writes: gone here too once its writes are committed (its close).
-        if let Some(far) = &far {
+        // Each change, after the capability is set again: it is gone here and on the other
+        // node (a write by another node: once its writes are committed, at its close).
+        let gone_after = |what: &str, change: &dyn Fn()| {
             setxattr(&p, name, &cap, 0).unwrap();
-            std::fs::write(far.join("tool"), b"#!/bin/sh\nexit 1\n").unwrap();
+            change();
             assert_eq!(
                 getxattr(&p, name, 64),
                 Err(libc::ENODATA),
-                "another node wrote"
+                "after {what}: {}",
+                p.display()
             );
+            seen_far(Err(libc::ENODATA), what);
+        };
+        gone_after("a write by an O_APPEND descriptor", &|| {
+            let mut w = OpenOptions::new().append(true).open(&p).unwrap();
+            w.write_all(b"exit 0\n").unwrap();
+        });
+        // Not O_APPEND: the page cache, or passthrough.
+        gone_after("pwrite", &|| {
+            let w = OpenOptions::new().write(true).open(&p).unwrap();
+            w.write_all_at(b"#", 0).unwrap();
+        });
+        gone_after("a truncate", &|| {
+            let w = OpenOptions::new().write(true).open(&p).unwrap();
+            w.set_len(3).unwrap();
+        });
+        // To the same owner, as `chown root` of a root file.
+        gone_after("chown", &|| {
+            std::os::unix::fs::chown(&p, Some(0), None).unwrap();
+        });
+        if let Some(far) = &far {
+            gone_after("another node's write", &|| {
+                std::fs::write(far.join("tool"), b"#!/bin/sh\nexit 1\n").unwrap();
+            });
         }
         // A chmod, a rename and a read keep it.
         setxattr(&p, name, &cap, 0).unwrap();
@@ -1816,16 +1820,9 @@ fn keep_size_past_the_end_reserves_as_tmpfs_does() {
     if skip_without_fuse("keep_size_past_the_end_reserves_as_tmpfs_does") {
         return;
     }
-    let c = cluster(2, "1GiB");
-    let id = c.create_instance("1GiB", "64KiB", &[]);
-    let m = Mount::new(&c, id, 0);
-    let other = Mount::new(&c, id, 0);
-    let tmpfs = Scratch::new("surge-keep-size");
+    let t = BesideTmpfs::start("surge-keep-size");
     const PAST: u64 = 8 << 20;
-    for (dir, far) in [
-        (tmpfs.path().to_path_buf(), None),
-        (m.path(""), Some(other.path(""))),
-    ] {
+    for (dir, far) in t.sides() {
         let p = dir.join("prealloc");
         let blocks = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
         let f = OpenOptions::new()
