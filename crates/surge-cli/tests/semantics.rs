@@ -800,6 +800,16 @@ fn setxattr(p: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
     }
 }
 
+fn removexattr(p: &Path, name: &str) -> Result<(), i32> {
+    let n = CString::new(name).unwrap();
+    // SAFETY: valid strings.
+    if unsafe { libc::removexattr(cstr(p).as_ptr(), n.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
 /// `getxattr` with a buffer of `size` bytes.
 fn getxattr(p: &Path, name: &str, size: usize) -> Result<Vec<u8>, i32> {
     let n = CString::new(name).unwrap();
@@ -947,6 +957,22 @@ fn file_capabilities_go_at_write_truncate_and_chown() {
             gone_after("another node's write", &|| {
                 std::fs::write(far.join("tool"), b"#!/bin/sh\nexit 1\n").unwrap();
             });
+            // A descriptor the other node opened while the capability was there writes after
+            // this node removed it (the other node's mark is then out of date).
+            setxattr(&p, name, &cap, 0).unwrap();
+            let w = OpenOptions::new()
+                .write(true)
+                .open(far.join("tool"))
+                .unwrap();
+            // The other node knows of it from its open (close-to-open: its attributes are
+            // asked again there); this node removes it.
+            seen_far(Ok(cap.clone()), "set again, known at the open");
+            removexattr(&p, name).unwrap();
+            w.write_all_at(b"#!", 0)
+                .expect("a write after another node removed the capability");
+            w.sync_all().unwrap();
+            drop(w);
+            assert_eq!(getxattr(&p, name, 64), Err(libc::ENODATA));
         }
         // A chmod, a rename and a read keep it.
         setxattr(&p, name, &cap, 0).unwrap();

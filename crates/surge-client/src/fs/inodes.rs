@@ -282,6 +282,9 @@ impl InodeTable {
             }
         }
         i.perm = a.perm;
+        // What the open asked of the metadata server is what this node knows now (the
+        // `chattr` flags and the marks of a capability or of bytes past the end included).
+        i.attr = Some(a.clone());
         let now = (a.mtime, a.size);
         let changed = i.seen.is_some_and(|s| s != now);
         let keep_cache = i.seen == Some(now);
@@ -314,6 +317,7 @@ impl InodeTable {
         i.opens += 1;
         i.size = 0;
         i.perm = a.perm;
+        i.attr = Some(a.clone());
         i.seen = Some((a.mtime, a.size));
         i.backing_committed = i.backing.as_deref().and_then(backing_state);
         fh

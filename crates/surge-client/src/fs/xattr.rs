@@ -303,7 +303,8 @@ impl Fs {
 
     /// Before a write of `ino` through this mount: a file capability goes first (see the
     /// module doc), when the inode is marked as having one. Gone already (the kernel asked
-    /// and removed it, or another node wrote) is no failure.
+    /// and removed it, or another node removed it or wrote) is no failure: the mark this
+    /// node kept goes too.
     pub(super) async fn kill_capability(&self, ino: Ino) -> FsResult<()> {
         if self.inodes.flags(ino).is_none_or(|f| f & FL_CAPS == 0) {
             return Ok(());
@@ -313,7 +314,14 @@ impl Fs {
                 self.observe(a, false);
                 Ok(())
             }
-            Err(e) if e.code() == Some(surge_proto::ErrorCode::NotFound) => Ok(()),
+            Err(e) if e.code() == Some(surge_proto::ErrorCode::NoData) => {
+                self.inodes.with(ino, |i| {
+                    if let Some(a) = i.attr.as_mut() {
+                        a.flags &= !FL_CAPS;
+                    }
+                });
+                Ok(())
+            }
             Err(e) => Err(stale(e)),
         }
     }
