@@ -960,13 +960,12 @@ fn file_capabilities_go_at_write_truncate_and_chown() {
             // A descriptor the other node opened while the capability was there writes after
             // this node removed it (the other node's mark is then out of date).
             setxattr(&p, name, &cap, 0).unwrap();
+            // Read at once on the other node, whose attributes of the file are from before.
+            seen_far(Ok(cap.clone()), "set again");
             let w = OpenOptions::new()
                 .write(true)
                 .open(far.join("tool"))
                 .unwrap();
-            // The other node knows of it from its open (close-to-open: its attributes are
-            // asked again there); this node removes it.
-            seen_far(Ok(cap.clone()), "set again, known at the open");
             removexattr(&p, name).unwrap();
             w.write_all_at(b"#!", 0)
                 .expect("a write after another node removed the capability");

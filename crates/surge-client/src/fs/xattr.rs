@@ -85,13 +85,16 @@ fn not_supported(name: &[u8]) -> FsError {
 impl Fs {
     /// The answer to `getxattr` of `name` of `ino` for a buffer of `size` bytes when it needs
     /// no request (a namespace that is not stored; the kernel's size-0 question before a write
-    /// about the file capability of an inode not marked [`FL_CAPS`]): the adapter replies
-    /// with it at once.
+    /// about the file capability of an inode open here and not marked [`FL_CAPS`]): the
+    /// adapter replies with it at once. The kernel asks the same size-0 question first when a
+    /// program reads the capability (`getcap`); on an inode not open here that goes to the
+    /// metadata server, so another node's `setcap` is seen at once.
     pub fn getxattr_here(&self, ino: Ino, name: &[u8], size: u32) -> Option<FsError> {
         match namespace(name) {
             Namespace::Stored
                 if size == 0
                     && name == CAPABILITY_XATTR
+                    && self.inodes.is_open(ino)
                     && self.inodes.flags(ino).is_some_and(|f| f & FL_CAPS == 0) =>
             {
                 Some(FsError::new(libc::ENODATA, "no file capability"))
