@@ -954,14 +954,12 @@ fn file_capabilities_go_at_write_truncate_and_chown() {
             std::os::unix::fs::chown(&p, Some(0), None).unwrap();
         });
         if let Some(far) = &far {
-            gone_after("another node's write", &|| {
-                std::fs::write(far.join("tool"), b"#!/bin/sh\nexit 1\n").unwrap();
-            });
+            // Read at once on the other node (which has not opened the file since it looked
+            // it up: its attributes of it are from before).
+            setxattr(&p, name, &cap, 0).unwrap();
+            seen_far(Ok(cap.clone()), "set again");
             // A descriptor the other node opened while the capability was there writes after
             // this node removed it (the other node's mark is then out of date).
-            setxattr(&p, name, &cap, 0).unwrap();
-            // Read at once on the other node, whose attributes of the file are from before.
-            seen_far(Ok(cap.clone()), "set again");
             let w = OpenOptions::new()
                 .write(true)
                 .open(far.join("tool"))
@@ -972,6 +970,9 @@ fn file_capabilities_go_at_write_truncate_and_chown() {
             w.sync_all().unwrap();
             drop(w);
             assert_eq!(getxattr(&p, name, 64), Err(libc::ENODATA));
+            gone_after("another node's write", &|| {
+                std::fs::write(far.join("tool"), b"#!/bin/sh\nexit 1\n").unwrap();
+            });
         }
         // A chmod, a rename and a read keep it.
         setxattr(&p, name, &cap, 0).unwrap();
