@@ -157,10 +157,15 @@ pub const EXTENT_UNKNOWN: u64 = i64::MAX as u64;
 /// How far a file's objects may reach: its size, or [`EXTENT_UNKNOWN`] when it is marked
 /// [`FL_EOFBLOCKS`]. What the removal and the cutting of its objects go by.
 pub fn extent(a: &Attr) -> u64 {
-    if a.flags & FL_EOFBLOCKS != 0 {
+    extent_of(a.size, a.flags)
+}
+
+/// [`extent`] of a file of `size` bytes with flags `flags`.
+pub fn extent_of(size: u64, flags: u32) -> u64 {
+    if flags & FL_EOFBLOCKS != 0 {
         EXTENT_UNKNOWN
     } else {
-        a.size
+        size
     }
 }
 

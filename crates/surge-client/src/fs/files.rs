@@ -589,7 +589,6 @@ impl Fs {
         }
         // Past the end: reserved (after the mark), or, for a punched hole, freed where an
         // earlier reservation may have put bytes.
-        let flags = self.inodes.flags(ino).unwrap_or(0);
         let past_end = mode == AllocMode::KeepSize && end > size;
         if past_end && flags & FL_EOFBLOCKS == 0 {
             let a = self.client.allocated_past_end(ino).await.map_err(stale)?;

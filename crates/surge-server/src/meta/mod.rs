@@ -732,14 +732,11 @@ impl Ops<'_> {
             )
             .and_then(|mut st| {
                 st.query_row(params![ino as i64, now.secs, i64::from(now.nsec)], |r| {
-                    let size = r.get::<_, i64>(2)? as u64;
-                    let flags = r.get::<_, i64>(3)? as u32;
                     // What the objects may reach: the fragments their removal goes to.
-                    let extent = if flags & FL_EOFBLOCKS != 0 {
-                        surge_proto::EXTENT_UNKNOWN
-                    } else {
-                        size
-                    };
+                    let extent = surge_proto::extent_of(
+                        r.get::<_, i64>(2)? as u64,
+                        r.get::<_, i64>(3)? as u32,
+                    );
                     Ok((r.get::<_, i64>(0)?, kind_at(r, 1)?, extent))
                 })
             })
@@ -1186,19 +1183,37 @@ impl Ops<'_> {
     /// fragment of its layout; a mark a node does not know of yet only delays the freeing of
     /// bytes that read as zeros, to the unlink).
     pub fn allocated_past_end(&self, ino: Ino) -> MetaResult<Attr> {
-        let mut a = self.getattr(ino)?;
+        let mut a = self.file_attr(ino)?;
+        if a.flags & FL_EOFBLOCKS == 0 {
+            self.mark(ino, FL_EOFBLOCKS, true)?;
+            a.flags |= FL_EOFBLOCKS;
+        }
+        Ok(a)
+    }
+
+    /// Sets (`on`) or clears the store's own mark `bit` ([`FL_CAPS`], [`FL_EOFBLOCKS`]) of
+    /// inode `ino`.
+    pub(super) fn mark(&self, ino: Ino, bit: u32, on: bool) -> MetaResult<()> {
+        let sql = if on {
+            "UPDATE inodes SET flags = flags | ?2 WHERE ino = ?1"
+        } else {
+            "UPDATE inodes SET flags = flags & ~?2 WHERE ino = ?1"
+        };
+        self.tx
+            .prepare_cached(sql)
+            .and_then(|mut st| st.execute(params![ino as i64, i64::from(bit)]))
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// The attributes of `ino`, a regular file (`Invalid` for any other kind).
+    fn file_attr(&self, ino: Ino) -> MetaResult<Attr> {
+        let a = self.getattr(ino)?;
         if a.kind != FileKind::File {
             return Err(err(
                 ErrorCode::Invalid,
                 format!("inode {ino} is a {:?}, not a file", a.kind),
             ));
-        }
-        if a.flags & FL_EOFBLOCKS == 0 {
-            a.flags |= FL_EOFBLOCKS;
-            self.tx
-                .prepare_cached("UPDATE inodes SET flags = flags | ?2 WHERE ino = ?1")
-                .and_then(|mut st| st.execute(params![ino as i64, i64::from(FL_EOFBLOCKS)]))
-                .map_err(db_err)?;
         }
         Ok(a)
     }
@@ -1246,13 +1261,7 @@ impl Ops<'_> {
     /// mtime and ctime move); returns where they start and the attributes after. One
     /// transaction, so two nodes appending at once get ranges that do not overlap.
     pub fn append(&self, ino: Ino, len: u64) -> MetaResult<(u64, Attr)> {
-        let a = self.getattr(ino)?;
-        if a.kind != FileKind::File {
-            return Err(err(
-                ErrorCode::Invalid,
-                format!("inode {ino} is a {:?}, not a file", a.kind),
-            ));
-        }
+        let a = self.file_attr(ino)?;
         Self::check_not_evicted(&a, "append")?;
         let end = a
             .size

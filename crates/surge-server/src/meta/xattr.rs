@@ -117,23 +117,9 @@ impl Ops<'_> {
         self.check_room(ino, name, old, value.len())?;
         self.put_xattr(ino, name, value)?;
         if name == CAPABILITY_XATTR {
-            self.mark_capability(ino, true)?;
+            self.mark(ino, FL_CAPS, true)?;
         }
         self.touch_ctime(ino)
-    }
-
-    /// Sets or clears [`FL_CAPS`], the mark of an inode with a file capability.
-    fn mark_capability(&self, ino: Ino, on: bool) -> MetaResult<()> {
-        let sql = if on {
-            "UPDATE inodes SET flags = flags | ?2 WHERE ino = ?1"
-        } else {
-            "UPDATE inodes SET flags = flags & ~?2 WHERE ino = ?1"
-        };
-        self.tx
-            .prepare_cached(sql)
-            .and_then(|mut st| st.execute(params![ino as i64, i64::from(FL_CAPS)]))
-            .map_err(db_err)?;
-        Ok(())
     }
 
     /// A write, truncate or change of owner of `a` (a file marked [`FL_CAPS`]): its file
@@ -141,7 +127,7 @@ impl Ops<'_> {
     pub(super) fn kill_capability(&self, a: &mut Attr) -> MetaResult<()> {
         if a.flags & FL_CAPS != 0 {
             self.drop_xattr(a.ino, CAPABILITY_XATTR)?;
-            self.mark_capability(a.ino, false)?;
+            self.mark(a.ino, FL_CAPS, false)?;
             a.flags &= !FL_CAPS;
         }
         Ok(())
@@ -246,7 +232,7 @@ impl Ops<'_> {
             return Err(no_xattr(ino, name));
         }
         if name == CAPABILITY_XATTR {
-            self.mark_capability(ino, false)?;
+            self.mark(ino, FL_CAPS, false)?;
         }
         self.touch_ctime(ino)
     }
