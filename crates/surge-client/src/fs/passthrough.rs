@@ -26,10 +26,17 @@ pub const PASSTHROUGH_ROOM: u64 = 16;
 pub const PASSTHROUGH_ACCOUNTING: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How long a server's answer about the room it has stands for the opens for writing that
-/// follow, when it is at least twice what passthrough needs (see [`Fs::passthrough_ok`]):
+/// follow, when it is far from what passthrough needs (see [`Fs::passthrough_ok`]):
 /// a tenth of [`PASSTHROUGH_ACCOUNTING`], the time by which the answer itself may already lag
 /// the kernel's writes.
 pub const ROOM_KEPT: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How far from the room passthrough needs an answer must be to stand for [`ROOM_KEPT`]
+/// (besides twice that room): more than files closed in that time can have written (25 GB/s).
+/// A closed file's bytes count at the server at once, so a smaller margin let a burst of
+/// files written and closed within [`ROOM_KEPT`] past the limit
+/// (`capacity.rs::passthrough_files_stop_at_the_capacity`: 80 MiB into 64 MiB).
+pub const ROOM_KEPT_MARGIN: u64 = 256 << 20;
 
 /// Whether passthrough is possible (the kernel granted it; cleared for good at the first sign
 /// it is not), and the instance's fragments on this host.
@@ -54,10 +61,12 @@ impl Passthrough {
     }
 
     /// The room fragment `frag`'s server had less than [`ROOM_KEPT`] ago, if it was at least
-    /// twice `need` (near the limit every open asks).
+    /// twice `need` and [`ROOM_KEPT_MARGIN`] past it (near the limit, and on small instances,
+    /// every open asks).
     fn room_kept(&self, frag: u32, need: u64) -> Option<u64> {
         let (at, room) = *self.room.lock().get(&frag)?;
-        (at.elapsed() < ROOM_KEPT && room >= need.saturating_mul(2)).then_some(room)
+        let far = room >= need.saturating_mul(2) && room - need >= ROOM_KEPT_MARGIN;
+        (at.elapsed() < ROOM_KEPT && far).then_some(room)
     }
 
     fn keep_room(&self, frag: u32, room: u64) {
@@ -144,10 +153,11 @@ impl Fs {
         };
         let need = self.client.desc.capacity / PASSTHROUGH_ROOM;
         // Asked at every open for writing near the limit. Far from it (twice the room
-        // needed), an answer stands for [`ROOM_KEPT`]: the opens it lets in are those the
-        // server would let in too, as what files just opened write is measured only every
-        // [`PASSTHROUGH_ACCOUNTING`]; asking at every create cost one round trip more per
-        // file (creates on a passthrough mount 4.2-5.2K/s, 6.7-9.2K/s without passthrough).
+        // needed, and [`ROOM_KEPT_MARGIN`] past it), an answer stands for [`ROOM_KEPT`]:
+        // what files just opened write is measured only every [`PASSTHROUGH_ACCOUNTING`],
+        // and what files closed in that time wrote is within the margin; asking at every
+        // create cost one round trip more per file (creates on a passthrough mount
+        // 4.2-5.2K/s, 6.7-9.2K/s without passthrough).
         let room = match self.passthrough.room_kept(frag, need) {
             Some(room) => Ok(room),
             None => {
