@@ -551,6 +551,69 @@ fn utimens_and_timestamps() {
     assert!(md.ctime() * 1_000_000_000 + md.ctime_nsec() > ct);
 }
 
+/// What `tar -x` does to each file it makes (create, write, set the mtime alone on the open
+/// file, `fchown`, `fchmod`, close) costs the metadata server one commit and two setattrs: the
+/// commit of the writes carries the mtime set (before: a commit, then a setattr), and a change
+/// of owner of a file open here without setuid or setgid bits does not ask for its attributes
+/// first (before: a getattr each). The file ends as the calls say, on this mount and another.
+#[test]
+fn a_file_made_as_tar_makes_it_costs_a_commit_and_two_setattrs() {
+    let test = "a_file_made_as_tar_makes_it_costs_a_commit_and_two_setattrs";
+    if skip_without_fuse(test) || skip_without_root(test) {
+        return;
+    }
+    let c = cluster(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    const FILES: u64 = 20;
+    let n = |r: &std::collections::BTreeMap<String, u64>, k: &str| r.get(k).copied().unwrap_or(0);
+    let before = m.requests();
+    for i in 0..FILES {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(m.path(&format!("f{i}")))
+            .unwrap();
+        f.write_all(&[b'x'; 4096]).unwrap();
+        let ts = [
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            libc::timespec {
+                tv_sec: 1_200_000_000 + i as i64,
+                tv_nsec: 0,
+            },
+        ];
+        use std::os::fd::AsRawFd;
+        // SAFETY: an open descriptor and two timespecs.
+        assert_eq!(unsafe { libc::futimens(f.as_raw_fd(), ts.as_ptr()) }, 0);
+        // SAFETY: an open descriptor.
+        assert_eq!(unsafe { libc::fchown(f.as_raw_fd(), 0, 0) }, 0);
+        f.set_permissions(std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+    }
+    let after = m.requests();
+    let d = |k: &str| n(&after, k) - n(&before, k);
+    assert_eq!(
+        (d("CommitWrite"), d("SetAttr"), d("GetAttr")),
+        (FILES, 2 * FILES, 0),
+        "(commits, setattrs, getattrs) for {FILES} files: {after:?} after {before:?}"
+    );
+    let other = Mount::new(&c, id, 0);
+    for i in 0..FILES {
+        for mount in [&m, &other] {
+            let md = std::fs::metadata(mount.path(&format!("f{i}"))).unwrap();
+            assert_eq!(
+                (md.len(), md.mtime(), md.mode() & 0o7777, md.uid()),
+                (4096, 1_200_000_000 + i as i64, 0o644, 0),
+                "f{i}"
+            );
+        }
+    }
+}
+
 /// Times an application sets on a copy it is still writing win over the mount's own time of
 /// those writes, on every instance kind: `cp -p`, `cp -a` and `install -p` set them on the
 /// open copy (`futimens`) before they close it, `tar -xp` after; the copy keeps the source's

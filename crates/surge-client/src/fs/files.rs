@@ -24,6 +24,9 @@ pub enum KillSuidgid {
     Chown { groups: Option<Vec<u32>> },
 }
 
+/// The setuid and setgid bits.
+const SUID_SGID: u16 = (libc::S_ISUID | libc::S_ISGID) as u16;
+
 /// The permission bits `a` keeps after a chown by a caller with `groups` (see
 /// [`KillSuidgid::Chown`]), if that clears any.
 fn perm_after_chown(a: &Attr, groups: Option<&[u32]>) -> Option<u16> {
@@ -94,6 +97,12 @@ impl Fs {
         };
         let open_here = self.inodes.open_size(ino).is_some();
         if times && set.size.is_none() && open_here {
+            // An mtime alone set on a file with writes pending here (`tar -x` sets it on the
+            // open copy, its atime left as it is): one commit of those writes carrying that
+            // mtime does both (ctime moves as a setattr's does).
+            if let Some(a) = self.commit_with_mtime(ino, &set).await? {
+                return Ok(self.observe(a, false));
+            }
             // Times the application sets win over this node's own mtime of its writes
             // (`cp -p`, `tar -xp` set them on the open copy): what is pending is committed
             // first, so no later commit (close, fsync) puts the time of the writes back.
@@ -128,6 +137,15 @@ impl Fs {
                 KillSuidgid::Nothing => None,
                 KillSuidgid::Truncate => self.inodes.perm_without_suidgid(ino),
                 KillSuidgid::Chown { .. } if set.uid.is_none() && set.gid.is_none() => None,
+                // A file open here whose bits, as this node last saw them (at its open, and
+                // after each change made here), have neither setuid nor setgid: nothing to
+                // clear, no round trip (`tar -x` changes the owner of each file it makes).
+                KillSuidgid::Chown { .. }
+                    if open_here
+                        && self.inodes.perm_of(ino).is_some_and(|p| p & SUID_SGID == 0) =>
+                {
+                    None
+                }
                 KillSuidgid::Chown { groups } => {
                     // The bits as the metadata server has them now (another node may have
                     // changed them since this one looked).
@@ -698,11 +716,53 @@ impl Fs {
         let Some((size, mtime)) = self.inodes.take_pending(ino) else {
             return Ok(());
         };
+        self.commit_pending(ino, size, mtime, None)
+            .await
+            .map(|_| ())
+    }
+
+    /// A `setattr` of the mtime alone (`set`) on a file open here with writes pending: those
+    /// are committed with that mtime, in one request; the attributes after. `None` (nothing
+    /// sent) when `set` changes more than the mtime, nothing is pending, or the commit alone
+    /// would skip a check the metadata server's `setattr` makes (a cache namespace, a file
+    /// written through to the PFS, one this node saw immutable or append-only: those refuse
+    /// new times there). The inode's size lock is held by the caller.
+    async fn commit_with_mtime(&self, ino: Ino, set: &SetAttr) -> FsResult<Option<Attr>> {
+        let only_mtime = SetAttr {
+            mtime: set.mtime,
+            ..SetAttr::default()
+        };
+        let Some(new_mtime) = set.mtime.filter(|_| *set == only_mtime) else {
+            return Ok(None);
+        };
+        let flagged = self
+            .inodes
+            .flags(ino)
+            .is_none_or(|f| f & (surge_proto::FL_IMMUTABLE | surge_proto::FL_APPEND) != 0);
+        if self.cache || flagged || self.through_file(ino).is_some() {
+            return Ok(None);
+        }
+        let Some((size, mtime)) = self.inodes.take_pending(ino) else {
+            return Ok(None);
+        };
+        self.commit_pending(ino, size, mtime, Some(new_mtime)).await
+    }
+
+    /// Commits `size` and the `mtime` of this node's writes (or `set_mtime`, a time the
+    /// application set) taken from the inode's pending state; on failure they are pending
+    /// again.
+    async fn commit_pending(
+        &self,
+        ino: Ino,
+        size: u64,
+        mtime: surge_proto::Timestamp,
+        set_mtime: Option<TimeSet>,
+    ) -> FsResult<Option<Attr>> {
         // The file may have been made behind: the server must know it first.
         self.barrier().await?;
         match self
             .client
-            .commit_write(ino, size, TimeSet::At(mtime))
+            .commit_write(ino, size, set_mtime.unwrap_or(TimeSet::At(mtime)))
             .await
         {
             Ok(a) => {
@@ -720,7 +780,7 @@ impl Fs {
                         ),
                     ));
                 }
-                Ok(())
+                Ok(Some(a))
             }
             Err(e) if self.cache && e.code() == Some(surge_proto::ErrorCode::Stale) => {
                 // Evicted while written here: only when this node's reports of its opens

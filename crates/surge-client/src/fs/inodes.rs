@@ -213,6 +213,11 @@ impl InodeTable {
         (perm & kill != 0).then_some(perm & !kill)
     }
 
+    /// The permission bits of `ino` as this node last saw them.
+    pub fn perm_of(&self, ino: Ino) -> Option<u16> {
+        self.with(ino, |i| i.perm)
+    }
+
     /// The size of `ino` while it is open here.
     pub fn open_size(&self, ino: Ino) -> Option<u64> {
         self.inodes
