@@ -582,3 +582,133 @@ fn romio_data_sieving_from_two_nodes_loses_no_block() {
     );
     eprintln!("{}", text.trim());
 }
+
+/// Node A writes a file and dies before closing it (its mount process killed). Its writes
+/// reached the servers (`write(2)` returned), so nothing it acknowledged is lost: the next
+/// open on another node finds the size recovered from the objects, the bytes as A wrote
+/// them, and a later extension over them reads them too (before: the size stayed as last
+/// committed, 0, so A's bytes were unseen, held space until the instance went, and showed up
+/// in the "hole" of the first node that extended the file over them).
+#[test]
+fn a_killed_writers_acknowledged_bytes_are_recovered_at_the_next_open() {
+    let test = "a_killed_writers_acknowledged_bytes_are_recovered_at_the_next_open";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let (_c, a, b) = two_nodes();
+    killed_writer_is_recovered(a, &b, 3 * 64 * 1024 + 100);
+}
+
+/// The same with the writer's file passed through to its kernel (a root mount on the servers'
+/// host: the default job's path), and another mount reading it.
+#[test]
+fn a_killed_passthrough_writers_bytes_are_recovered_at_the_next_open() {
+    let test = "a_killed_passthrough_writers_bytes_are_recovered_at_the_next_open";
+    if skip_without_fuse(test) || skip_without_root(test) {
+        return;
+    }
+    let c = cluster(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let a = Mount::new(&c, id, 0);
+    let b = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    killed_writer_is_recovered(a, &b, 5 * 1024 * 1024 + 7);
+}
+
+/// `a` writes `len` bytes into a new file, another into a file it closes, and a third it
+/// only opens; `a` is killed with the first still open; `b` then sees the first recovered
+/// (and asks its objects), the second as it was closed and the third empty.
+fn killed_writer_is_recovered(mut a: Mount, b: &Mount, len: usize) {
+    use std::os::unix::fs::FileExt;
+    let body: Vec<u8> = (0..len).map(|i| b'a' + (i % 23) as u8).collect();
+    std::fs::write(a.path("closed"), b"closed before the crash\n").unwrap();
+    let mut open = std::fs::File::create(a.path("open")).unwrap();
+    open.write_all(&body).unwrap();
+    let _untouched = std::fs::File::create(a.path("untouched")).unwrap();
+    assert_eq!(
+        std::fs::metadata(b.path("open")).unwrap().len(),
+        0,
+        "committed so far"
+    );
+    let mut child = a.child.take().expect("mount process");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(open);
+    // The metadata server marks A's files when A's connections go; the kernel closes them
+    // as the process dies, and the server sees it a moment later.
+    let before = b.requests();
+    let t = Instant::now();
+    let got = loop {
+        let got = std::fs::read(b.path("open")).unwrap();
+        if got.len() == len || t.elapsed() > Duration::from_secs(10) {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(got.len(), len, "size after the writer's crash");
+    assert!(
+        got == body,
+        "the recovered bytes differ from what was written"
+    );
+    let reqs = b.requests();
+    let n = |r: &std::collections::BTreeMap<String, u64>, k: &str| r.get(k).copied().unwrap_or(0);
+    assert_eq!(
+        n(&reqs, "Recovered") - n(&before, "Recovered"),
+        1,
+        "{reqs:?}"
+    );
+    // Recovered once: the next open asks nothing of the objects.
+    let asked = n(&reqs, "ObjectLength");
+    assert_eq!(std::fs::read(b.path("open")).unwrap().len(), len);
+    assert_eq!(n(&b.requests(), "ObjectLength"), asked);
+    // An extension past the end reads A's bytes, then zeros, then the new byte.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(b.path("open"))
+        .unwrap();
+    f.write_all_at(b"B", len as u64 + 99).unwrap();
+    drop(f);
+    let got = std::fs::read(b.path("open")).unwrap();
+    assert_eq!(got.len(), len + 100);
+    assert!(got[..len] == body[..]);
+    assert!(got[len..len + 99].iter().all(|&x| x == 0));
+    assert_eq!(got[len + 99], b'B');
+    assert_eq!(
+        std::fs::read(b.path("closed")).unwrap(),
+        b"closed before the crash\n"
+    );
+    assert_eq!(std::fs::metadata(b.path("untouched")).unwrap().len(), 0);
+    a.child = None;
+}
+
+/// A mount that unmounts cleanly leaves no file to recover: another node's opens of the files
+/// it wrote and closed, or opened and never wrote, ask nothing of the objects.
+#[test]
+fn a_clean_unmount_leaves_nothing_to_recover() {
+    let test = "a_clean_unmount_leaves_nothing_to_recover";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let (_c, a, b) = two_nodes();
+    std::fs::write(a.path("written"), b"data\n").unwrap();
+    let untouched = std::fs::File::create(a.path("untouched")).unwrap();
+    drop(untouched);
+    let w = std::fs::OpenOptions::new()
+        .write(true)
+        .open(a.path("written"))
+        .unwrap();
+    drop(w);
+    drop(a);
+    let before = b.requests();
+    assert_eq!(std::fs::read(b.path("written")).unwrap(), b"data\n");
+    assert_eq!(std::fs::read(b.path("untouched")).unwrap(), b"");
+    let reqs = b.requests();
+    let n = |r: &std::collections::BTreeMap<String, u64>, k: &str| r.get(k).copied().unwrap_or(0);
+    assert_eq!(
+        (
+            n(&reqs, "ObjectLength") - n(&before, "ObjectLength"),
+            n(&reqs, "Recovered") - n(&before, "Recovered")
+        ),
+        (0, 0),
+        "{reqs:?}"
+    );
+}

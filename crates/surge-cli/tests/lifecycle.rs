@@ -147,7 +147,7 @@ async fn write(m: &mut surge_api::Client, i: &api::Instance, name: &str, body: &
         .await
         .expect("create");
     c.write(a.ino, 0, body).await.expect("write");
-    c.commit_write(a.ino, body.len() as u64, surge_proto::TimeSet::Now)
+    c.commit_write(a.ino, body.len() as u64, surge_proto::TimeSet::Now, false)
         .await
         .expect("commit");
 }

@@ -753,10 +753,33 @@ impl InstanceClient {
         Response::Dir { entries, done } => (entries, done));
 
     metadata_call!(
-        /// Records written data: size = max(size, `size`), mtime.
-        commit_write(this, ino: Ino, size: u64, mtime: TimeSet) -> Attr,
-        Request::CommitWrite { instance: this.instance(), ns: this.ns, ino, size, mtime },
+        /// Records written data: size = max(size, `size`), mtime. `writing`: this client
+        /// still has the file open for writing after this commit (see
+        /// [`Request::CommitWrite`]).
+        commit_write(this, ino: Ino, size: u64, mtime: TimeSet, writing: bool) -> Attr,
+        Request::CommitWrite { instance: this.instance(), ns: this.ns, ino, size, mtime, writing },
         Response::Attr(a) => a);
+
+    metadata_call!(
+        /// File `ino` opened for writing by this client (see [`Request::OpenWrite`]): its
+        /// attributes, after the atime moved when `atime` is `Some(strict)`.
+        open_write(this, ino: Ino, atime: Option<bool>) -> Attr,
+        Request::OpenWrite { instance: this.instance(), ns: this.ns, ino, atime },
+        Response::Attr(a) => a);
+
+    metadata_call!(
+        /// The objects of file `ino` (marked [`surge_proto::FL_RECOVER`]) reach byte `size`
+        /// (see [`Request::Recovered`]): the attributes after.
+        recovered(this, ino: Ino, size: u64) -> Attr,
+        Request::Recovered { instance: this.instance(), ns: this.ns, ino, size },
+        Response::Attr(a) => a);
+
+    metadata_call!(
+        /// This client is done with the namespace: every file it opened is closed (see
+        /// [`Request::Goodbye`]).
+        goodbye(this) -> (),
+        Request::Goodbye { instance: this.instance(), ns: this.ns },
+        Response::Ok => ());
 
     /// Polls a cache namespace's drain (every 5 ms at first, backing off to 100 ms) until
     /// every change journaled up to entry `target` reached the PFS. `check` sees each progress
@@ -1159,6 +1182,41 @@ impl InstanceClient {
                 expect!(self, self.frags[f as usize], req, Response::Ok => ())
             });
         join_all(calls).await.into_iter().collect()
+    }
+
+    /// How far the objects of file `ino` reach, as a file offset: the end of the furthest byte
+    /// any fragment's object holds (0 when none holds any). Every fragment of the layout is
+    /// asked (a file marked [`surge_proto::FL_RECOVER`] may hold bytes past its size anywhere);
+    /// objects on this host are measured here.
+    pub async fn objects_reach(&self, ino: Ino) -> Result<u64> {
+        let layout = self.layout_of(ino).await?;
+        let file = self.file_id(ino);
+        let calls = (0..self.fragments())
+            .filter(|&f| layout.object_len(f, surge_proto::EXTENT_UNKNOWN) > 0)
+            .map(|f| async move {
+                let len = match self.local_object(f, ino).and_then(|o| o.metadata().ok()) {
+                    Some(md) => md.len(),
+                    None => {
+                        let req = Request::ObjectLength {
+                            instance: self.instance(),
+                            fragment: f,
+                            file,
+                        };
+                        expect!(self, self.frags[f as usize], req, Response::Length { len } => len)?
+                    }
+                };
+                Ok(match len {
+                    0 => 0,
+                    n => layout
+                        .file_offset_of(f, n - 1)
+                        .map_or(0, |o| o.saturating_add(1)),
+                })
+            });
+        let mut reach = 0u64;
+        for r in join_all(calls).await {
+            reach = reach.max(r?);
+        }
+        Ok(reach)
     }
 
     /// The bytes the devices allocated to the objects of file `ino`, `size` bytes long, summed

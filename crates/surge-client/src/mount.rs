@@ -235,6 +235,8 @@ pub struct Mounted {
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
     /// The socket of the interposition library (see [`crate::preload`]); stops when dropped.
     _preload: Option<crate::preload::PreloadSocket>,
+    /// The runtime the mount's requests run on (for its last one, [`Mounted::goodbye`]).
+    rt: tokio::runtime::Handle,
 }
 
 impl Mounted {
@@ -243,7 +245,26 @@ impl Mounted {
         self.unmounter
             .unmount()
             .with_context(|| format!("cannot unmount {}", self.mountpoint.display()))?;
-        self.join()
+        self.join()?;
+        self.goodbye();
+        Ok(())
+    }
+
+    /// After a clean end of the FUSE session (every file closed, every write committed): tells
+    /// the metadata server this mount is done, so it does not take the files it opened for
+    /// writing as left by a crash (`Request::Goodbye`). Waits up to 2 s; a server that does
+    /// not answer only makes the next opener of those files measure their objects.
+    fn goodbye(&self) {
+        let client = self.client.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.rt.spawn(async move {
+            let _ = tx.send(client.goodbye().await);
+        });
+        match rx.recv_timeout(Duration::from_secs(2)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!("goodbye to the metadata server: {e}"),
+            Err(_) => tracing::debug!("goodbye to the metadata server: no answer within 2 s"),
+        }
     }
 
     /// Unmounts, bounded: a mount point still busy after `wait` (a process outside the job
@@ -326,6 +347,9 @@ impl Mounted {
             "{} is still mounted after its unmount",
             path.display()
         );
+        if self.is_finished() {
+            self.goodbye();
+        }
         Ok(notes)
     }
 
@@ -470,6 +494,7 @@ pub fn mount(
     let notifier = Arc::new(OnceLock::new());
     let fs_handle = fs.clone();
     let rt_preload = rt.clone();
+    let rt_goodbye = rt.clone();
     let mut adapter = FuseAdapter::new(
         fs,
         rt,
@@ -568,6 +593,7 @@ pub fn mount(
         unmounter,
         thread: Some(thread),
         _preload: preload,
+        rt: rt_goodbye,
     })
 }
 

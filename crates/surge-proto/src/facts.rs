@@ -235,6 +235,10 @@ kinds!(
     AppendObject,
     Accessed,
     AllocatedPastEnd,
+    OpenWrite,
+    Recovered,
+    Goodbye,
+    ObjectLength,
 );
 
 impl RequestKind {
@@ -290,6 +294,12 @@ impl RequestKind {
             K::SetAttr => f("SetAttr", M, H, false),
             K::Accessed => f("Accessed", M, H, false),
             K::AllocatedPastEnd => f("AllocatedPastEnd", M, H, false),
+            // Records the writer, and moves the atime when asked.
+            K::OpenWrite => f("OpenWrite", M, H, false),
+            K::Recovered => f("Recovered", M, H, false),
+            // Changes the server's memory only (nothing stored).
+            K::Goodbye => f("Goodbye", M, H, true),
+            K::ObjectLength => f("ObjectLength", D, H, true),
             K::Create => f("Create", M, H, false),
             K::Link => f("Link", M, H, false),
             K::Unlink => f("Unlink", M, H, false),
@@ -368,7 +378,8 @@ impl Request {
             | R::ObjectChanged { instance, file, .. }
             | R::AllocateObject { instance, file, .. }
             | R::ObjectAllocated { instance, file, .. }
-            | R::SeekObject { instance, file, .. } => Scope::Namespace(*instance, file.ns),
+            | R::SeekObject { instance, file, .. }
+            | R::ObjectLength { instance, file, .. } => Scope::Namespace(*instance, file.ns),
             R::CreateNamespace { instance, ns, .. }
             | R::DestroyNamespace { instance, ns }
             | R::Lookup { instance, ns, .. }
@@ -406,7 +417,10 @@ impl Request {
             | R::Append { instance, ns, .. }
             | R::Tmpfile { instance, ns, .. }
             | R::Accessed { instance, ns, .. }
-            | R::AllocatedPastEnd { instance, ns, .. } => Scope::Namespace(*instance, *ns),
+            | R::AllocatedPastEnd { instance, ns, .. }
+            | R::OpenWrite { instance, ns, .. }
+            | R::Recovered { instance, ns, .. }
+            | R::Goodbye { instance, ns } => Scope::Namespace(*instance, *ns),
         }
     }
 
@@ -432,6 +446,10 @@ impl Request {
             | R::AppendObject { .. }
             | R::Accessed { .. }
             | R::AllocatedPastEnd { .. }
+            | R::OpenWrite { .. }
+            | R::Recovered { .. }
+            | R::Goodbye { .. }
+            | R::ObjectLength { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }
@@ -540,6 +558,10 @@ impl Request {
             | R::AppendObject { .. }
             | R::Accessed { .. }
             | R::AllocatedPastEnd { .. }
+            | R::OpenWrite { .. }
+            | R::Recovered { .. }
+            | R::Goodbye { .. }
+            | R::ObjectLength { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }
@@ -603,7 +625,10 @@ impl Request {
             // An access ACL sets the mode, which the drain carries to the PFS (not the ACL).
             R::SetXattr { ino, name, .. } if name == ACL_ACCESS_XATTR => Change::Attr { ino: *ino },
             R::SetXattr { .. } | R::RemoveXattr { .. } => Change::None,
-            R::CommitWrite { ino, .. } | R::Append { ino, .. } => Change::Data { ino: *ino },
+            // A recovered size: the data the drain copies grew.
+            R::CommitWrite { ino, .. } | R::Append { ino, .. } | R::Recovered { ino, .. } => {
+                Change::Data { ino: *ino }
+            }
             R::NamespaceBatch { ops, .. } => Change::Batch(ops),
             // The layout of a file not written yet, or the cache's own bookkeeping; an
             // unnamed file is not made in a cache namespace.
@@ -641,6 +666,9 @@ impl Request {
             | R::AppendObject { .. }
             | R::Accessed { .. }
             | R::AllocatedPastEnd { .. }
+            | R::OpenWrite { .. }
+            | R::Goodbye { .. }
+            | R::ObjectLength { .. }
             | R::Read { .. }
             | R::TruncateObject { .. }
             | R::RemoveObject { .. }

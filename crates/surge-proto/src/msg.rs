@@ -150,19 +150,28 @@ pub const FL_CAPS: u32 = 0x8000_0000;
 /// [`EXTENT_UNKNOWN`]: an unlink removes them on every fragment of the layout, and a truncate
 /// that does not grow the file cuts every fragment (and the mark goes). Never shown to `lsattr`.
 pub const FL_EOFBLOCKS: u32 = 0x0040_0000;
+/// Not a `chattr` flag (`FS_EA_INODE_FL`, ext4's own, which no program sets): the metadata
+/// server marks a file that a mount had open for writing when that mount's last connection
+/// went (a crash, a kill, a lost node) without committing. Its objects may hold that mount's
+/// acknowledged writes past the size last committed: the next open (or truncate) by any node
+/// measures the objects and has the size recovered (`Request::Recovered`), which clears the
+/// mark. Its extent is [`EXTENT_UNKNOWN`] until then. Never shown to `lsattr`.
+pub const FL_RECOVER: u32 = 0x0020_0000;
+/// The store's own marks of an inode, kept through a `chattr` (never set or cleared by one).
+pub const STORE_MARKS: u32 = FL_CAPS | FL_EOFBLOCKS | FL_RECOVER;
 /// The extent of a file's objects when it may hold bytes past its size: every fragment of its
 /// layout ([`extent`]).
 pub const EXTENT_UNKNOWN: u64 = i64::MAX as u64;
 
 /// How far a file's objects may reach: its size, or [`EXTENT_UNKNOWN`] when it is marked
-/// [`FL_EOFBLOCKS`]. What the removal and the cutting of its objects go by.
+/// [`FL_EOFBLOCKS`] or [`FL_RECOVER`]. What the removal and the cutting of its objects go by.
 pub fn extent(a: &Attr) -> u64 {
     extent_of(a.size, a.flags)
 }
 
 /// [`extent`] of a file of `size` bytes with flags `flags`.
 pub fn extent_of(size: u64, flags: u32) -> u64 {
-    if flags & FL_EOFBLOCKS != 0 {
+    if flags & (FL_EOFBLOCKS | FL_RECOVER) != 0 {
         EXTENT_UNKNOWN
     } else {
         size
@@ -580,13 +589,16 @@ pub enum Request {
         max: u32,
         plus: bool,
     },
-    /// After writes: size = max(size, `size`), mtime and ctime set.
+    /// After writes: size = max(size, `size`), mtime and ctime set. `writing`: the sending
+    /// mount still has the file open after this commit (an `fsync`, a close of one of
+    /// several handles); false at its last close, which ends what `OpenWrite` began.
     CommitWrite {
         instance: InstanceId,
         ns: NamespaceId,
         ino: Ino,
         size: u64,
         mtime: TimeSet,
+        writing: bool,
     },
     /// Forget an unlinked inode whose objects the client has removed.
     Purge {
@@ -873,6 +885,41 @@ pub enum Request {
         instance: InstanceId,
         ns: NamespaceId,
         ino: Ino,
+    },
+    /// File `ino` is being opened for writing by the sending session: its attributes
+    /// (`Attr`; with `atime` `Some(strict)`, after the atime moved as `Accessed` moves it), and
+    /// the session is recorded as its writer until a `CommitWrite` with `writing` false or a
+    /// `Goodbye`. When the session's last connection to the metadata server goes before
+    /// that, the file is marked [`FL_RECOVER`]. A `Create`, a `Tmpfile` and a batch's
+    /// `CreateFile` of a file record their session the same way.
+    OpenWrite {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        atime: Option<bool>,
+    },
+    /// A mount measured the objects of file `ino` (marked [`FL_RECOVER`]): they reach byte
+    /// `size` of the file. If the mark is still there the size becomes max(size, `size`),
+    /// mtime and ctime now, and the mark goes; otherwise nothing changes (another node
+    /// recovered it first). Answered with `Attr`.
+    Recovered {
+        instance: InstanceId,
+        ns: NamespaceId,
+        ino: Ino,
+        size: u64,
+    },
+    /// The sending session unmounts cleanly: every file it had open is closed and committed,
+    /// so its record as a writer goes with no mark.
+    Goodbye {
+        instance: InstanceId,
+        ns: NamespaceId,
+    },
+    /// The length of the file's object on the fragment (0 when there is none), answered with
+    /// `Length`: what a mount recovering a file's size measures.
+    ObjectLength {
+        instance: InstanceId,
+        fragment: u32,
+        file: FileId,
     },
 }
 
@@ -1349,6 +1396,10 @@ pub enum Response {
     /// Reply to `AppendObject`: where the bytes were written.
     ObjectAppended {
         offset: u64,
+    },
+    /// Reply to `ObjectLength`.
+    Length {
+        len: u64,
     },
 }
 

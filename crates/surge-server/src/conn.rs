@@ -159,6 +159,13 @@ pub fn handle(
             } => Response::Allocated {
                 bytes: reg.fragment(instance, fragment)?.allocated(file)?,
             },
+            Request::ObjectLength {
+                instance,
+                fragment,
+                file,
+            } => Response::Length {
+                len: reg.fragment(instance, fragment)?.length(file)?,
+            },
             Request::SeekObject {
                 instance,
                 fragment,
@@ -278,6 +285,9 @@ pub fn serve<C: Channel>(
     let mut drains: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
     // Sessions whose locks live while this connection does (it carried their `Keep`).
     let mut keepers: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
+    // Sessions whose metadata requests this connection carried: a session's files open for
+    // writing are marked for recovery when its last such connection goes.
+    let mut sessions: Vec<(InstanceId, NamespaceId, u32)> = Vec::new();
     // What this connection may do, once it presented a capability.
     let mut grant: Option<surge_auth::Claims> = None;
     loop {
@@ -340,6 +350,16 @@ pub fn serve<C: Channel>(
                         if let Ok(n) = reg.namespace(*instance, *ns) {
                             n.locks.keeper_opened(session);
                             keepers.push((*instance, *ns, session));
+                        }
+                    }
+                }
+                if session != 0 && frame.request.facts().service == surge_proto::Service::Metadata {
+                    if let surge_proto::Scope::Namespace(instance, ns) = frame.request.scope() {
+                        if !sessions.contains(&(instance, ns, session)) {
+                            if let Ok(n) = reg.namespace(instance, ns) {
+                                n.session_connected(session);
+                                sessions.push((instance, ns, session));
+                            }
                         }
                     }
                 }
@@ -450,6 +470,11 @@ pub fn serve<C: Channel>(
         if let Ok(n) = reg.namespace(instance, ns) {
             n.locks
                 .keeper_closed(session, &format!("{}/{}", instance, ns.0));
+        }
+    }
+    for (instance, ns, session) in sessions {
+        if let Ok(n) = reg.namespace(instance, ns) {
+            n.session_disconnected(session);
         }
     }
     for (instance, ns, session) in drains {

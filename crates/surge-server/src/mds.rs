@@ -52,6 +52,44 @@ pub struct Namespace {
     pub locks: crate::locks::LockTable,
     /// The extended attributes' share of the instance's space on this server.
     xattrs: XattrCharge,
+    /// Who has which files open for writing (see [`Writers`]).
+    writers: parking_lot::Mutex<Writers>,
+}
+
+/// Files each client session has open for writing (`Request::OpenWrite`, a create, until a
+/// `CommitWrite` with `writing` false or a `Goodbye`), and how many of the session's
+/// connections to this server are open. When the last goes with files still recorded (the
+/// mount crashed, was killed, or its node was lost), those files are marked
+/// [`surge_proto::FL_RECOVER`]: their objects may hold acknowledged writes past the size last
+/// committed, and the next open recovers it. In memory only: a restarted server knows no
+/// writers (a mount that dies while its metadata server is down leaves its files as they
+/// were committed). Taken alone, never while another of the namespace's locks is taken
+/// after it (the store's lock may be held when it is taken).
+#[derive(Default)]
+struct Writers {
+    files: std::collections::HashMap<u32, std::collections::HashSet<Ino>>,
+    conns: std::collections::HashMap<u32, u32>,
+}
+
+/// Files recorded per session at most (a bound on the server's memory): past it, a session's
+/// further files are not recorded, and the log says so once.
+const MAX_WRITER_FILES: usize = 1 << 20;
+
+impl Writers {
+    fn add(&mut self, session: u32, ino: Ino, namespace: &str) {
+        let files = self.files.entry(session).or_default();
+        if files.len() < MAX_WRITER_FILES {
+            files.insert(ino);
+        } else if files.len() == MAX_WRITER_FILES {
+            // Said once: the set stays one past the bound from here on.
+            files.insert(0);
+            warn!(
+                "namespace {namespace}: session {session:#x} has {MAX_WRITER_FILES} files open \
+                 for writing; more are not recorded (a crash of that mount leaves their sizes \
+                 as last committed)"
+            );
+        }
+    }
 }
 
 /// What the namespace's extended attributes take, counted in the instance's space on this
@@ -210,7 +248,103 @@ impl Namespace {
                 crate::locks::LockTable::default()
             },
             xattrs: XattrCharge::new(budget, xattr_total),
+            writers: parking_lot::Mutex::new(Writers::default()),
         })
+    }
+
+    /// A connection carried a metadata request of `session` (once per connection).
+    pub fn session_connected(&self, session: u32) {
+        *self.writers.lock().conns.entry(session).or_default() += 1;
+    }
+
+    /// A connection that carried `session`'s metadata requests closed. With the session's
+    /// last, the files it still had open for writing are marked for recovery.
+    pub fn session_disconnected(&self, session: u32) {
+        let files = {
+            let mut w = self.writers.lock();
+            let left = match w.conns.get_mut(&session) {
+                Some(n) => {
+                    *n = n.saturating_sub(1);
+                    *n
+                }
+                None => 0,
+            };
+            if left > 0 {
+                return;
+            }
+            w.conns.remove(&session);
+            w.files.remove(&session)
+        };
+        let inos: Vec<Ino> = files
+            .into_iter()
+            .flatten()
+            .filter(|&ino| ino != 0)
+            .collect();
+        if inos.is_empty() {
+            return;
+        }
+        let mut guard = self.conn.lock();
+        let Some(conn) = guard.as_mut() else {
+            return;
+        };
+        let marked = conn
+            .transaction()
+            .map_err(|e| e.to_string())
+            .and_then(|tx| {
+                let n = (Ops { tx: &tx })
+                    .mark_for_recovery(&inos)
+                    .map_err(|e| e.message)?;
+                tx.commit().map_err(|e| e.to_string())?;
+                Ok(n)
+            });
+        match marked {
+            Ok(n) => info!(
+                "namespace {}/{}: session {session:#x} went with {n} file(s) open for writing; \
+                 their sizes are recovered from their objects at their next open",
+                self.instance, self.ns.0
+            ),
+            Err(e) => warn!(
+                "namespace {}/{}: session {session:#x} went with {} file(s) open for writing, \
+                 which could not be marked for recovery: {e}",
+                self.instance,
+                self.ns.0,
+                inos.len()
+            ),
+        }
+    }
+
+    /// Records what `req` (answered `reply`) says of `session`'s files open for writing.
+    fn note_writers(&self, session: u32, req: &Request, reply: &Response) {
+        let name = || format!("{}/{}", self.instance, self.ns.0);
+        match (req, reply) {
+            (Request::OpenWrite { .. }, Response::Attr(a))
+            | (Request::Tmpfile { .. }, Response::Attr(a)) => {
+                self.writers.lock().add(session, a.ino, &name())
+            }
+            (Request::CommitWrite { ino, writing, .. }, Response::Attr(_)) if !writing => {
+                if let Some(files) = self.writers.lock().files.get_mut(&session) {
+                    files.remove(ino);
+                }
+            }
+            // A file made with its final size (`surge stage`'s copies) is not recorded: its
+            // size is never recovered.
+            (
+                Request::Create {
+                    node: NewNode::File,
+                    ..
+                },
+                Response::Created { attr, .. },
+            ) => self.writers.lock().add(session, attr.ino, &name()),
+            (Request::NamespaceBatch { ops, .. }, Response::BatchDone(done)) => {
+                let mut w = self.writers.lock();
+                for (op, r) in ops.iter().zip(done) {
+                    if let (BatchOp::CreateFile { ino, .. }, Ok(_)) = (op, r) {
+                        w.add(session, *ino, &name());
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 
     /// The bytes the namespace's extended attributes take (in the instance's use).
@@ -288,7 +422,16 @@ impl Namespace {
                         _ => {}
                     }
                 }
+                if let Request::Goodbye { .. } = req {
+                    self.writers.lock().files.remove(&session);
+                    return Response::Ok;
+                }
                 let mut reply = self.execute(conn, &req);
+                // A cache namespace's files are recovered by its drain's own rules (a file's
+                // size there is what its PFS copy or fill says), not from their objects.
+                if session != 0 && !self.journal {
+                    self.note_writers(session, &req, &reply);
+                }
                 if self.journal {
                     self.note_creates(session, &req, &reply);
                     if let Response::DrainBatch { entries, open, .. } = &mut reply {
@@ -751,7 +894,7 @@ impl Namespace {
         // acknowledged must not be lost for want of a few pages).
         if store_full(&result) && self.reserve.release() {
             result = run(conn, req, self.journal, &open, space);
-        } else if !req.facts().read_only {
+        } else if !read_only(req) {
             self.reserve.retake_if_room();
         }
         match result {
@@ -1185,6 +1328,12 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         } => Response::Attr(ops.set_xattr(*ino, name, value, *flags)?),
         Request::RemoveXattr { ino, name, .. } => Response::Attr(ops.remove_xattr(*ino, name)?),
         Request::SetLayout { ino, layout, .. } => Response::Attr(ops.set_layout(*ino, *layout)?),
+        // The writer is recorded by `Namespace::call_as`.
+        Request::OpenWrite { ino, atime, .. } => Response::Attr(match atime {
+            Some(strict) => ops.accessed(*ino, *strict)?,
+            None => ops.getattr(*ino)?,
+        }),
+        Request::Recovered { ino, size, .. } => Response::Attr(ops.recovered(*ino, *size)?),
         // Answered before a transaction: leases and locks by the connection or
         // `Namespace::call_as`, the cache's bookkeeping by `call_as`, the drain by
         // `execute_journaled`.
@@ -1200,6 +1349,7 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         | Request::DrainAck { .. }
         | Request::CacheThrough { .. }
         | Request::CacheFill { .. }
+        | Request::Goodbye { .. }
         // Not for a namespace.
         | Request::Status
         | Request::Authenticate { .. }
@@ -1220,6 +1370,7 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         | Request::ObjectChanged { .. }
         | Request::AllocateObject { .. }
         | Request::ObjectAllocated { .. }
+        | Request::ObjectLength { .. }
         | Request::SeekObject { .. } => {
             return Err(ErrorReply::new(
                 ErrorCode::Invalid,
@@ -1232,6 +1383,12 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
     })
 }
 
+/// Whether `req` changes nothing stored: its kind's fact, and an `OpenWrite` that moves no
+/// atime (its writer is recorded in memory).
+fn read_only(req: &Request) -> bool {
+    req.facts().read_only || matches!(req, Request::OpenWrite { atime: None, .. })
+}
+
 /// Runs one request in a transaction; a failed request changes nothing.
 fn run(
     conn: &mut Connection,
@@ -1240,7 +1397,7 @@ fn run(
     open: &[Ino],
     space: (InstanceId, &XattrCharge),
 ) -> rusqlite::Result<Response> {
-    if req.facts().read_only {
+    if read_only(req) {
         return Ok(execute_journaled(&Ops { tx: conn }, req, journal, open)
             .unwrap_or_else(Response::Error));
     }

@@ -523,6 +523,18 @@ impl Fragment {
 
     /// The bytes the device allocated to the object (0 when there is none), measured now: a
     /// passthrough writer on this host changes it without this server.
+    /// The object's length (0 when there is none).
+    pub fn length(&self, file: FileId) -> Result<u64, ErrorReply> {
+        match self.object(file, false)? {
+            Some(obj) => obj
+                .file
+                .metadata()
+                .map(|md| md.len())
+                .map_err(|e| io_err("cannot stat object", &self.object_path(file), e)),
+            None => Ok(0),
+        }
+    }
+
     pub fn allocated(&self, file: FileId) -> Result<u64, ErrorReply> {
         match self.object(file, false)? {
             Some(obj) => obj

@@ -205,7 +205,7 @@ async fn copy_now(
         off += n as u64;
     }
     client
-        .commit_write(ino, off, surge_proto::TimeSet::Now)
+        .commit_write(ino, off, surge_proto::TimeSet::Now, false)
         .await
         .map_err(inst_err(path))?;
     Ok(())

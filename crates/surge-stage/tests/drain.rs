@@ -652,7 +652,7 @@ fn a_switch_to_writing_through_does_not_copy_another_file_being_written() {
 async fn write_committed(c: &Cluster, ino: u64, offset: u64, body: &[u8]) {
     c.client.write(ino, offset, body).await.unwrap();
     c.client
-        .commit_write(ino, offset + body.len() as u64, TimeSet::Now)
+        .commit_write(ino, offset + body.len() as u64, TimeSet::Now, false)
         .await
         .unwrap();
 }

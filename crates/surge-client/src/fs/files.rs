@@ -5,6 +5,7 @@ use super::{stale, Atime, Fs, FsError, FsResult, Opened};
 use surge_core::Ino;
 use surge_proto::{
     AllocMode, Attr, FileKind, FileLayout, SetAttr, TimeSet, Unlinked, FL_CAPS, FL_EOFBLOCKS,
+    FL_RECOVER,
 };
 use tracing::{debug, warn};
 
@@ -118,7 +119,10 @@ impl Fs {
                 (self.inodes.size(ino), flags & FL_EOFBLOCKS != 0)
             }
             (Some(_), false) => {
-                let a = self.client.getattr(ino).await.map_err(stale)?;
+                let mut a = self.client.getattr(ino).await.map_err(stale)?;
+                if a.flags & FL_RECOVER != 0 {
+                    a = self.recover(ino).await?;
+                }
                 (a.size, a.flags & FL_EOFBLOCKS != 0)
             }
         };
@@ -187,6 +191,22 @@ impl Fs {
         Ok(self.observe(a, false))
     }
 
+    /// File `ino` is marked [`FL_RECOVER`]: a mount that had it open for writing went before
+    /// its last close committed, and its objects may hold that mount's acknowledged writes
+    /// past the size committed. The objects are measured and the size recovered (the
+    /// metadata server takes it only while the mark is there, so two nodes recovering at
+    /// once agree); the attributes after.
+    async fn recover(&self, ino: Ino) -> FsResult<Attr> {
+        let reach = self.client.objects_reach(ino).await.map_err(stale)?;
+        let a = self.client.recovered(ino, reach).await.map_err(stale)?;
+        tracing::info!(
+            "inode {ino}: size recovered from its objects ({reach} bytes reached) after its \
+             writer's mount went without committing; now {} bytes",
+            a.size
+        );
+        Ok(a)
+    }
+
     /// `reader`, `writer`: the open may read, write.
     /// `append`: opened `O_APPEND` (see [`append`](Self::append): not passed through where
     /// the metadata server decides where appends go, a file of several stripes; a file of
@@ -227,6 +247,16 @@ impl Fs {
             None => {
                 let fetched = if self.cache {
                     self.client.cache_open(ino).await
+                } else if writer {
+                    // Recorded as this mount's writer: if the mount goes before its last
+                    // close commits, the file's size is recovered from its objects.
+                    match self.client.open_write(ino, strict).await {
+                        Err(e) if strict.is_some() => {
+                            debug!("atime of inode {ino} not moved: {e}");
+                            self.client.open_write(ino, None).await
+                        }
+                        r => r,
+                    }
                 } else if let Some(strict) = strict {
                     // An atime that cannot move (a full metadata store) must not stop the
                     // read: the attributes alone then.
@@ -241,6 +271,7 @@ impl Fs {
                     self.client.getattr(ino).await
                 };
                 match fetched.map_err(stale) {
+                    Ok(a) if a.flags & FL_RECOVER != 0 && !self.cache => self.recover(ino).await?,
                     Ok(a) => a,
                     Err(e) => {
                         if e.errno == libc::ESTALE {
@@ -711,12 +742,25 @@ impl Fs {
         self.commit_locked(ino).await
     }
 
+    /// [`commit`](Self::commit) at the close of a handle (`flush`, `release`): with no other
+    /// handle of the file open here, the metadata server stops counting this mount as its
+    /// writer.
+    async fn commit_at_close(&self, ino: Ino) -> FsResult<()> {
+        let _size = self.size_lock(ino).lock().await;
+        let Some((size, mtime)) = self.inodes.take_pending(ino) else {
+            return Ok(());
+        };
+        self.commit_pending(ino, size, mtime, None, true)
+            .await
+            .map(|_| ())
+    }
+
     /// [`commit`](Self::commit) with the inode's size lock held by the caller.
     async fn commit_locked(&self, ino: Ino) -> FsResult<()> {
         let Some((size, mtime)) = self.inodes.take_pending(ino) else {
             return Ok(());
         };
-        self.commit_pending(ino, size, mtime, None)
+        self.commit_pending(ino, size, mtime, None, false)
             .await
             .map(|_| ())
     }
@@ -745,7 +789,8 @@ impl Fs {
         let Some((size, mtime)) = self.inodes.take_pending(ino) else {
             return Ok(None);
         };
-        self.commit_pending(ino, size, mtime, Some(new_mtime)).await
+        self.commit_pending(ino, size, mtime, Some(new_mtime), false)
+            .await
     }
 
     /// Commits `size` and the `mtime` of this node's writes (or `set_mtime`, a time the
@@ -757,12 +802,17 @@ impl Fs {
         size: u64,
         mtime: surge_proto::Timestamp,
         set_mtime: Option<TimeSet>,
+        closing: bool,
     ) -> FsResult<Option<Attr>> {
+        // Still this mount's writer after the commit: another handle stays open here (the
+        // handle being closed counts until its release is done).
+        let opens = self.inodes.with(ino, |i| i.opens).unwrap_or(0);
+        let writing = opens > u32::from(closing);
         // The file may have been made behind: the server must know it first.
         self.barrier().await?;
         match self
             .client
-            .commit_write(ino, size, set_mtime.unwrap_or(TimeSet::At(mtime)))
+            .commit_write(ino, size, set_mtime.unwrap_or(TimeSet::At(mtime)), writing)
             .await
         {
             Ok(a) => {
@@ -825,7 +875,7 @@ impl Fs {
         if let Some(b) = &backing {
             self.account_backing(ino, b).await;
         }
-        self.commit(ino).await?;
+        self.commit_at_close(ino).await?;
         // The kernel changed the passthrough file itself (this runs only when something was
         // to commit, see `flush_is_noop`): a write(2) drops the kernel's cached attributes, a
         // store through a shared memory map does not, and a stat after `close` would show the
@@ -864,7 +914,7 @@ impl Fs {
     /// Last close of a handle.
     pub async fn release(&self, fh: u64) -> FsResult<()> {
         let ino = self.inodes.handle_ino(fh)?;
-        let commit = self.commit(ino).await;
+        let commit = self.commit_at_close(ino).await;
         let r = self.inodes.release(fh, ino);
         if r.backing_changed && r.purge.is_none() {
             // Capacity accounting of what the kernel wrote directly.

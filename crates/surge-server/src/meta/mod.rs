@@ -13,8 +13,8 @@ use surge_core::Ino;
 use surge_proto::{
     check_name, new_node_group_and_perm, Attr, BatchDone, BatchOp, DirEntry, ErrorCode, ErrorReply,
     FileKind, FileLayout, KeepOpen, NewNode, SetAttr, TimeSet, Timestamp, Unlinked,
-    CAPABILITY_XATTR, FILE_FLAGS, FL_APPEND, FL_CAPS, FL_EOFBLOCKS, FL_IMMUTABLE,
-    XATTR_ACL_KILL_SGID, XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
+    CAPABILITY_XATTR, FILE_FLAGS, FL_APPEND, FL_CAPS, FL_EOFBLOCKS, FL_IMMUTABLE, FL_RECOVER,
+    STORE_MARKS, XATTR_ACL_KILL_SGID, XATTR_INODE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
 };
 
 pub const ROOT_INO: Ino = 1;
@@ -1094,7 +1094,7 @@ impl Ops<'_> {
                 ));
             }
             // The capability and past-the-end marks are the store's own, not the caller's.
-            a.flags = f | (a.flags & (FL_CAPS | FL_EOFBLOCKS));
+            a.flags = f | (a.flags & STORE_MARKS);
         }
         if set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
             self.kill_capability(&mut a)?;
@@ -1189,6 +1189,47 @@ impl Ops<'_> {
             a.flags |= FL_EOFBLOCKS;
         }
         Ok(a)
+    }
+
+    /// A mount measured the objects of `ino` (marked [`FL_RECOVER`]) to reach byte `size`:
+    /// the size becomes max(size, `size`), mtime and ctime now, and the mark goes. A file no
+    /// longer marked (another node recovered it first) is left as it is.
+    pub fn recovered(&self, ino: Ino, size: u64) -> MetaResult<Attr> {
+        let a = self.file_attr(ino)?;
+        if a.flags & FL_RECOVER == 0 {
+            return Ok(a);
+        }
+        let now = Timestamp::now();
+        self.tx
+            .prepare_cached(
+                "UPDATE inodes SET size = MAX(size, ?2), mtime_s = ?3, mtime_ns = ?4,
+                 ctime_s = ?3, ctime_ns = ?4, flags = flags & ~?5 WHERE ino = ?1",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    ino as i64,
+                    size.min(i64::MAX as u64) as i64,
+                    now.secs,
+                    i64::from(now.nsec),
+                    i64::from(FL_RECOVER)
+                ])
+            })
+            .map_err(db_err)?;
+        self.getattr(ino)
+    }
+
+    /// Marks the files of `inos` that still exist [`FL_RECOVER`] (their writer's mount went
+    /// before committing); returns how many.
+    pub fn mark_for_recovery(&self, inos: &[Ino]) -> MetaResult<usize> {
+        let mut n = 0;
+        for &ino in inos {
+            n += self
+                .tx
+                .prepare_cached("UPDATE inodes SET flags = flags | ?2 WHERE ino = ?1 AND kind = 1")
+                .and_then(|mut st| st.execute(params![ino as i64, i64::from(FL_RECOVER)]))
+                .map_err(db_err)?;
+        }
+        Ok(n)
     }
 
     /// Sets (`on`) or clears the store's own mark `bit` ([`FL_CAPS`], [`FL_EOFBLOCKS`]) of

@@ -367,6 +367,47 @@ mod tests {
     }
 
     #[test]
+    fn a_file_left_by_a_crashed_writer_is_marked_then_recovered_once() {
+        use surge_proto::FL_RECOVER;
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let f = ops
+            .create(ROOT_INO, b"f", &NewNode::File, 0o644, 1, 1)
+            .unwrap();
+        ops.commit_write(f.ino, 100, TimeSet::Now).unwrap();
+        let d = ops
+            .create(ROOT_INO, b"d", &NewNode::Dir, 0o755, 1, 1)
+            .unwrap();
+        // Only files are marked; a removed inode is skipped.
+        assert_eq!(ops.mark_for_recovery(&[f.ino, d.ino, 999_999]).unwrap(), 1);
+        let a = ops.getattr(f.ino).unwrap();
+        assert_eq!((a.flags, a.size), (FL_RECOVER, 100));
+        assert_eq!(surge_proto::extent(&a), surge_proto::EXTENT_UNKNOWN);
+        // Kept through a chattr; never shown as a chattr flag's to be set.
+        let chattr = SetAttr {
+            flags: Some(surge_proto::FL_NODUMP),
+            ..Default::default()
+        };
+        assert_eq!(
+            ops.setattr(f.ino, &chattr).unwrap().flags,
+            surge_proto::FL_NODUMP | FL_RECOVER
+        );
+        // The size grows to what the objects reach, never shrinks, and the mark goes.
+        let a = ops.recovered(f.ino, 5000).unwrap();
+        assert_eq!((a.flags, a.size), (surge_proto::FL_NODUMP, 5000));
+        assert!(a.mtime >= f.mtime && a.ctime >= a.mtime);
+        // A second recovery (another node measured too, or late) changes nothing.
+        assert_eq!(ops.recovered(f.ino, 9000).unwrap().size, 5000);
+        ops.mark_for_recovery(&[f.ino]).unwrap();
+        assert_eq!(ops.recovered(f.ino, 10).unwrap().size, 5000);
+        assert_eq!(code(ops.recovered(d.ino, 10)), ErrorCode::Invalid);
+        // An unlink of a marked file tells the extent: every fragment's object goes.
+        ops.mark_for_recovery(&[f.ino]).unwrap();
+        let u = ops.unlink(ROOT_INO, b"f", &KeepOpen::All).unwrap();
+        assert_eq!(u.size, surge_proto::EXTENT_UNKNOWN);
+    }
+
+    #[test]
     fn an_access_acl_sets_the_mode_and_chmod_sets_its_mask() {
         let (_t, c) = store();
         let ops = Ops { tx: &c };
