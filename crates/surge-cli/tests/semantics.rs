@@ -1901,6 +1901,36 @@ fn fallocate_reserves_extends_and_punches_holes() {
     assert_eq!(back[hole as usize], 0);
 }
 
+/// `fsx -x` (xfstests generic/075, 112): a file just made in a directory this node made (so
+/// made behind, the metadata server learning of it a moment later) and reserved past its end
+/// at once. The reservation's mark must wait for the create (before: ESTALE, the metadata
+/// server did not know the inode yet).
+#[test]
+fn a_file_made_behind_is_reserved_past_its_end_at_once() {
+    if skip_without_fuse("a_file_made_behind_is_reserved_past_its_end_at_once") {
+        return;
+    }
+    let c = cluster(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let before = m.requests().get("NamespaceBatch").copied().unwrap_or(0);
+    std::fs::create_dir(m.path("fsx")).unwrap();
+    for i in 0..20 {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(m.path(&format!("fsx/f{i}")))
+            .unwrap();
+        fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 0, 1 << 20)
+            .unwrap_or_else(|e| panic!("fallocate of fsx/f{i}: {e}"));
+        assert_eq!(f.metadata().unwrap().len(), 0);
+    }
+    let after = m.requests().get("NamespaceBatch").copied().unwrap_or(0);
+    assert!(after > before, "the creates were made behind");
+}
+
 /// `fallocate` with `KEEP_SIZE` past the end reserves the bytes, as tmpfs does (the control,
 /// same steps): `st_blocks` counts them, on another node too; a truncate that does not grow
 /// the file and an unlink free them (before, nothing past the end was reserved).

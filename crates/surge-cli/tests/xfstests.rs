@@ -123,6 +123,12 @@ const SUBSET: &[(&str, &str)] = &[
         "generic/312",
         "a fallocate larger than the file system fails with ENOSPC",
     ),
+    // fsx with preallocation (-x) on files made behind (a few seconds each).
+    (
+        "generic/075",
+        "fsx, buffered, with files reserved past their end right after they are made",
+    ),
+    ("generic/112", "fsx with AIO, the same"),
 ];
 
 fn repo() -> PathBuf {

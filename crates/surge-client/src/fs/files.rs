@@ -640,6 +640,8 @@ impl Fs {
         // earlier reservation may have put bytes.
         let past_end = mode == AllocMode::KeepSize && end > size;
         if past_end && flags & FL_EOFBLOCKS == 0 {
+            // The file may have been made behind: the metadata server must know it first.
+            self.barrier().await?;
             let a = self.client.allocated_past_end(ino).await.map_err(stale)?;
             self.observe(a, false);
         }
