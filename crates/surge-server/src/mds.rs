@@ -72,17 +72,13 @@ struct Writers {
 }
 
 /// Files recorded per session at most (a bound on the server's memory): past it, a session's
-/// further files are not recorded, and the log says so once.
+/// further files are not recorded, and the log says so when its record fills.
 const MAX_WRITER_FILES: usize = 1 << 20;
 
 impl Writers {
     fn add(&mut self, session: u32, ino: Ino, namespace: &str) {
         let files = self.files.entry(session).or_default();
-        if files.len() < MAX_WRITER_FILES {
-            files.insert(ino);
-        } else if files.len() == MAX_WRITER_FILES {
-            // Said once: the set stays one past the bound from here on.
-            files.insert(0);
+        if files.len() < MAX_WRITER_FILES && files.insert(ino) && files.len() == MAX_WRITER_FILES {
             warn!(
                 "namespace {namespace}: session {session:#x} has {MAX_WRITER_FILES} files open \
                  for writing; more are not recorded (a crash of that mount leaves their sizes \
@@ -275,11 +271,7 @@ impl Namespace {
             w.conns.remove(&session);
             w.files.remove(&session)
         };
-        let inos: Vec<Ino> = files
-            .into_iter()
-            .flatten()
-            .filter(|&ino| ino != 0)
-            .collect();
+        let inos: Vec<Ino> = files.into_iter().flatten().collect();
         if inos.is_empty() {
             return;
         }

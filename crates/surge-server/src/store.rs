@@ -521,29 +521,27 @@ impl Fragment {
         }
     }
 
-    /// The bytes the device allocated to the object (0 when there is none), measured now: a
-    /// passthrough writer on this host changes it without this server.
-    /// The object's length (0 when there is none).
-    pub fn length(&self, file: FileId) -> Result<u64, ErrorReply> {
+    /// The object's metadata, measured now (`None` when there is none): a passthrough writer
+    /// on this host changes it without this server.
+    fn object_metadata(&self, file: FileId) -> Result<Option<std::fs::Metadata>, ErrorReply> {
         match self.object(file, false)? {
             Some(obj) => obj
                 .file
                 .metadata()
-                .map(|md| md.len())
+                .map(Some)
                 .map_err(|e| io_err("cannot stat object", &self.object_path(file), e)),
-            None => Ok(0),
+            None => Ok(None),
         }
     }
 
+    /// The object's length (0 when there is none).
+    pub fn length(&self, file: FileId) -> Result<u64, ErrorReply> {
+        Ok(self.object_metadata(file)?.map_or(0, |md| md.len()))
+    }
+
+    /// The bytes the device allocated to the object (0 when there is none).
     pub fn allocated(&self, file: FileId) -> Result<u64, ErrorReply> {
-        match self.object(file, false)? {
-            Some(obj) => obj
-                .file
-                .metadata()
-                .map(|md| allocated(&md))
-                .map_err(|e| io_err("cannot stat object", &self.object_path(file), e)),
-            None => Ok(0),
-        }
+        Ok(self.object_metadata(file)?.map_or(0, |md| allocated(&md)))
     }
 
     /// `SEEK_DATA` (`hole` false) or `SEEK_HOLE` in the object from `offset` (see

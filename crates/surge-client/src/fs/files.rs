@@ -107,14 +107,14 @@ impl Fs {
             // Times the application sets win over this node's own mtime of its writes
             // (`cp -p`, `tar -xp` set them on the open copy): what is pending is committed
             // first, so no later commit (close, fsync) puts the time of the writes back.
-            self.commit_locked(ino).await?;
+            self.commit_locked(ino, false).await?;
         }
         let (old_size, past_end) = match (set.size, open_here) {
             (None, _) => (0, false),
             (Some(_), true) => {
                 // Commit pending writes first, so the recorded size is not raised again by a
                 // later commit of bytes the truncate removed.
-                self.commit_locked(ino).await?;
+                self.commit_locked(ino, false).await?;
                 let flags = self.inodes.flags(ino).unwrap_or(0);
                 (self.inodes.size(ino), flags & FL_EOFBLOCKS != 0)
             }
@@ -741,7 +741,7 @@ impl Fs {
     /// Sends this node's size and mtime of `ino` to the metadata server if writes are pending.
     pub(super) async fn commit(&self, ino: Ino) -> FsResult<()> {
         let _size = self.size_lock(ino).lock().await;
-        self.commit_locked(ino).await
+        self.commit_locked(ino, false).await
     }
 
     /// [`commit`](Self::commit) at the close of a handle (`flush`, `release`): with no other
@@ -749,20 +749,16 @@ impl Fs {
     /// writer.
     async fn commit_at_close(&self, ino: Ino) -> FsResult<()> {
         let _size = self.size_lock(ino).lock().await;
-        let Some((size, mtime)) = self.inodes.take_pending(ino) else {
-            return Ok(());
-        };
-        self.commit_pending(ino, size, mtime, None, true)
-            .await
-            .map(|_| ())
+        self.commit_locked(ino, true).await
     }
 
-    /// [`commit`](Self::commit) with the inode's size lock held by the caller.
-    async fn commit_locked(&self, ino: Ino) -> FsResult<()> {
+    /// [`commit`](Self::commit) with the inode's size lock held by the caller; `closing`: at
+    /// the close of a handle (see [`commit_pending`](Self::commit_pending)).
+    async fn commit_locked(&self, ino: Ino, closing: bool) -> FsResult<()> {
         let Some((size, mtime)) = self.inodes.take_pending(ino) else {
             return Ok(());
         };
-        self.commit_pending(ino, size, mtime, None, false)
+        self.commit_pending(ino, size, mtime, None, closing)
             .await
             .map(|_| ())
     }
