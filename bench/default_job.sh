@@ -10,9 +10,11 @@
 #   n1write             8 MiB, 2 processes into one shared file (N-1; bar: >= 1.0 of pll)
 #   randread4k-1/-2, randwrite4k-1/-2   4 KiB random, 1 and 2 processes, RANDSIZE per file,
 #                       RUNTIME s (bar: >= 0.5 of raw)
+#   randwrite4k-fsync   4 KiB random writes, each followed by fsync, 1 process, RANDSIZE file,
+#                       RUNTIME s (issue 34's bar: >= 0.5 of pll)
 # Sides alternate their order from run to run (the first writes into fresh memory are slow
 # on this VM and would bias whichever side goes first). Prints each run and the medians, and
-# the ratios job/raw (and job/pll, pll/raw for n1write).
+# the ratios job/raw (and job/pll, per run too, for the tests run on pll).
 #
 #   bench/default_job.sh [--runs 3] [--size 1G] [--randsize 256M] [--runtime 4]
 #                        [--user NAME]   run the job as NAME (made if missing): the non-root
@@ -25,12 +27,14 @@
 #                        [--layout L]    the job first sets L as the default layout of its
 #                                        instance's root (surge layout set), e.g.
 #                                        stripe_count=all for DataWarp's striping
+#                        [--tests "T ..."]  only these tests (names above), e.g.
+#                                        --tests randwrite4k-fsync
 #                        [--json FILE]
 # Needs root (FUSE mounts), fio, gcc and libfuse3-dev (scripts/setup.sh).
 # SURGE=path/to/surge (default target/release/surge, built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=3 SIZE=1G RANDSIZE=256M RUNTIME=4 AS_USER="" LAYOUT="" JSON="" HELPER=0
+RUNS=3 SIZE=1G RANDSIZE=256M RUNTIME=4 AS_USER="" LAYOUT="" JSON="" HELPER=0 ONLY=""
 while [ $# -gt 0 ]; do
     case $1 in
         --runs) RUNS=$2; shift 2 ;;
@@ -41,7 +45,8 @@ while [ $# -gt 0 ]; do
         --layout) LAYOUT=$2; shift 2 ;;
         --helper) HELPER=1; shift ;;
         --json) JSON=$2; shift 2 ;;
-        -h|--help) sed -n 2,31p "$0"; exit 0 ;;
+        --tests) ONLY=$2; shift 2 ;;
+        -h|--help) sed -n "2,/^# SURGE=/p" "$0" | sed "s/^# \{0,1\}//"; exit 0 ;;
         *) echo "default_job.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -83,7 +88,9 @@ if [ -n "$AS_USER" ]; then
 fi
 
 # The tests, as fio arguments; each runs in an empty directory.
-TESTS=(seqwrite seqread n1write randread4k-1 randread4k-2 randwrite4k-1 randwrite4k-2)
+TESTS=(seqwrite seqread n1write randread4k-1 randread4k-2 randwrite4k-1 randwrite4k-2 randwrite4k-fsync)
+# The tests also run on passthrough_ll, the price any FUSE design pays (their bars are against it).
+PLL_TESTS=(n1write randwrite4k-fsync)
 declare -A ARGS=(
     [seqwrite]="--rw=write --bs=8M --size=$SIZE --numjobs=2"
     [seqread]="--rw=read --bs=8M --size=$SIZE --numjobs=2"
@@ -92,7 +99,16 @@ declare -A ARGS=(
     [randread4k-2]="--rw=randread --bs=4k --size=$RANDSIZE --numjobs=2 --time_based --runtime=$RUNTIME"
     [randwrite4k-1]="--rw=randwrite --bs=4k --size=$RANDSIZE --numjobs=1 --time_based --runtime=$RUNTIME"
     [randwrite4k-2]="--rw=randwrite --bs=4k --size=$RANDSIZE --numjobs=2 --time_based --runtime=$RUNTIME"
+    [randwrite4k-fsync]="--rw=randwrite --bs=4k --size=$RANDSIZE --numjobs=1 --fsync=1 --time_based --runtime=$RUNTIME"
 )
+if [ -n "$ONLY" ]; then
+    for t in $ONLY; do
+        [ -n "${ARGS[$t]:-}" ] || { echo "default_job.sh: no test '$t' (tests: ${TESTS[*]})" >&2; exit 2; }
+    done
+    [[ " $ONLY " == *" seqread "* && " $ONLY " != *" seqwrite "* ]] && ONLY="seqwrite $ONLY"
+    keep=(); for t in "${TESTS[@]}"; do [[ " $ONLY " == *" $t "* ]] && keep+=("$t"); done; TESTS=("${keep[@]}")
+    keep=(); for t in "${PLL_TESTS[@]}"; do [[ " $ONLY " == *" $t "* ]] && keep+=("$t"); done; PLL_TESTS=("${keep[@]}")
+fi
 # seqread reads what seqwrite wrote (same directory); the others start empty.
 declare -A SAME_DIR=([seqread]=seqwrite)
 
@@ -137,12 +153,14 @@ side_raw() {
 }
 side_pll() {
     local out=$WORK/out-pll; rm -rf "$out"; mkdir -p "$out"
-    # Only the shared-file test is compared with passthrough_ll.
-    mkdir -p "$WORK/pll/n1write"
-    fio --name=n1write --directory="$WORK/pll/n1write" --ioengine=psync --group_reporting \
-        --output-format=json ${ARGS[n1write]} > "$out/n1write.json"
-    rm -rf "$WORK/pll/n1write"
-    echo "$1 pll n1write $(value "$out/n1write.json" n1write)" >> "$RESULTS"
+    local t
+    for t in "${PLL_TESTS[@]}"; do
+        mkdir -p "$WORK/pll/$t"
+        fio --name=$t --directory="$WORK/pll/$t" --ioengine=psync --group_reporting \
+            --output-format=json ${ARGS[$t]} > "$out/$t.json"
+        rm -rf "$WORK/pll/$t"
+        echo "$1 pll $t $(value "$out/$t.json" $t)" >> "$RESULTS"
+    done
 }
 side_job() {
     local out=$WORK/out-job; rm -rf "$out"; mkdir -p "$out"; chmod 777 "$out"
@@ -188,11 +206,14 @@ summary = {}
 for t in tests:
     raw, job, pll = med("raw", t), med("job", t), med("pll", t)
     per = [v[("job", t)][r] / v[("raw", t)][r] for r in sorted(v[("job", t)]) if r in v.get(("raw", t), {})]
+    per_pll = [v[("job", t)][r] / v[("pll", t)][r] for r in sorted(v[("job", t)]) if r in v.get(("pll", t), {})]
     jr = job / raw if raw else None
     jp = job / pll if pll else None
-    summary[t] = {"raw": raw, "job": job, "pll": pll, "job_raw": jr, "job_pll": jp, "per_run_job_raw": per}
+    summary[t] = {"raw": raw, "job": job, "pll": pll, "job_raw": jr, "job_pll": jp, "per_run_job_raw": per,
+                  "per_run_job_pll": per_pll}
     print(f"{t:15} {raw:10.0f} {job:10.0f} {pll if pll else float('nan'):10.0f} {jr:8.2f} "
-          f"{jp if jp else float('nan'):8.2f}   {' '.join(f'{x:.2f}' for x in per)}")
+          f"{jp if jp else float('nan'):8.2f}   {' '.join(f'{x:.2f}' for x in per)}"
+          + (f"   (job/pll: {' '.join(f'{x:.2f}' for x in per_pll)})" if per_pll else ""))
 if out:
     json.dump({"user": user, "layout": layout, "runs": runs, "tests": summary}, open(out, "w"), indent=1)
 EOF

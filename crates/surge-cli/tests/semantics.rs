@@ -614,6 +614,52 @@ fn a_file_made_as_tar_makes_it_costs_a_commit_and_two_setattrs() {
     }
 }
 
+/// A 4 KiB write and its `fsync` through the daemon (no passthrough) cost the write and one
+/// commit: the object, on this host, is synced by the mount itself rather than by a round
+/// trip to its server (`SyncObject`, one per fsync before stop 48). What was written and
+/// synced is there for another mount.
+#[test]
+fn a_small_write_and_its_fsync_cost_the_write_and_a_commit() {
+    let test = "a_small_write_and_its_fsync_cost_the_write_and_a_commit";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let c = cluster(1, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let m = Mount::with_args(&c, id, 0, &["--no-passthrough"]);
+    const WRITES: u64 = 20;
+    let n = |r: &std::collections::BTreeMap<String, u64>, k: &str| r.get(k).copied().unwrap_or(0);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(m.path("log"))
+        .unwrap();
+    let before = m.requests();
+    for i in 0..WRITES {
+        f.write_all_at(&[b'a' + i as u8; 4096], (WRITES - 1 - i) * 4096)
+            .unwrap();
+        f.sync_all().unwrap();
+    }
+    let after = m.requests();
+    let d = |k: &str| n(&after, k) - n(&before, k);
+    assert_eq!(
+        (d("Write"), d("SyncObject"), d("CommitWrite")),
+        (WRITES, 0, WRITES),
+        "(writes, object syncs, commits) for {WRITES} writes each with an fsync: {after:?} after {before:?}"
+    );
+    let other = Mount::new(&c, id, 0);
+    let got = std::fs::read(other.path("log")).unwrap();
+    assert_eq!(got.len() as u64, WRITES * 4096);
+    for i in 0..WRITES {
+        let at = ((WRITES - 1 - i) * 4096) as usize;
+        assert!(
+            got[at..at + 4096].iter().all(|&b| b == b'a' + i as u8),
+            "write {i} at {at} reads back wrong from another mount"
+        );
+    }
+}
+
 /// Times an application sets on a copy it is still writing win over the mount's own time of
 /// those writes, on every instance kind: `cp -p`, `cp -a` and `install -p` set them on the
 /// open copy (`futimens`) before they close it, `tar -xp` after; the copy keeps the source's

@@ -306,6 +306,15 @@ enum Failed {
 /// this thread's connection to it (opened with the pool's capability), each wait bounded by
 /// the pool's deadline (`None`: no bound).
 pub fn call(pool: &ServerPool, req: &Request) -> Result<Response, ClientError> {
+    call_with(pool, req, &[])
+}
+
+/// [`call`] with `payload` after the request (a small write's bytes).
+pub fn call_with(
+    pool: &ServerPool,
+    req: &Request,
+    payload: &[u8],
+) -> Result<Response, ClientError> {
     let (server, session, token, deadline) =
         (&pool.server, pool.session(), pool.token(), pool.deadline());
     let key = pool.inline_key();
@@ -342,7 +351,7 @@ pub fn call(pool: &ServerPool, req: &Request) -> Result<Response, ClientError> {
             };
             let id = conn.next_id;
             conn.next_id += 1;
-            match codec::call_blocking(&mut conn.stream, id, session, req, &[]) {
+            match codec::call_blocking(&mut conn.stream, id, session, req, payload) {
                 Ok(f) if f.header.request_id == CONNECTION_ID => {
                     conns.remove(key);
                     match crate::conn::connection_notice(&server.id, f.response) {

@@ -233,6 +233,9 @@ impl FuseAdapter {
     }
 }
 
+/// The largest write sent from the FUSE thread that read it (see `FuseAdapter::write`).
+const INLINE_WRITE: usize = 64 * 1024;
+
 impl FuseAdapter {
     /// Runs a metadata request: on this FUSE thread, with its single round trips sent from
     /// here (`crate::blocking`: one thread wake-up less each way, which is most of a metadata
@@ -906,7 +909,13 @@ impl Filesystem for FuseAdapter {
         let (fs, data) = (self.fs.clone(), data.to_vec());
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let append = flags.0 & libc::O_APPEND != 0 && self.fs.appends_at_server();
-        self.rt.spawn(async move {
+        // A small write (4 KiB random writes, a log line) is one round trip to one server:
+        // sent from this FUSE thread, as a metadata request is, a thread wake-up less each
+        // way. Larger ones (striped over several servers, many in flight from the page
+        // cache's writeback) and those of a cache namespace (which may wait on the PFS) go
+        // to the runtime.
+        let inline = !append && data.len() <= INLINE_WRITE && self.fs.fsync_is_short(fh.0);
+        let fut = async move {
             let written = if append {
                 fs.append(fh.0, &data, kill).await
             } else {
@@ -916,7 +925,12 @@ impl Filesystem for FuseAdapter {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(Errno::from_i32(fs.failed("write", &e))),
             }
-        });
+        };
+        if inline {
+            self.metadata(fut);
+        } else {
+            self.rt.spawn(fut);
+        }
     }
 
     fn fallocate(
@@ -1005,12 +1019,21 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        let inline = self.fs.fsync_is_short(fh.0);
+        let fut = async move {
             match fs.fsync(fh.0).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(Errno::from_i32(fs.failed("fsync", &e))),
             }
-        });
+        };
+        // An fsync that waits on no PFS is a commit at most (one round trip): sent from this
+        // FUSE thread, as a metadata request is (a thread wake-up less each way: a 4 KiB write
+        // and fsync loop's cost is mostly these).
+        if inline {
+            self.metadata(fut);
+        } else {
+            self.rt.spawn(fut);
+        }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

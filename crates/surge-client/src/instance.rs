@@ -920,6 +920,24 @@ impl InstanceClient {
     pub async fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u64> {
         let file = self.file_id(ino);
         let pieces = Self::split(self.layout_of(ino).await?.pieces(offset, data.len() as u64));
+        // A write within one stripe, on a thread running requests inline (a small write, see
+        // `FuseAdapter::write`): sent from that thread, one round trip without a wake-up of
+        // the runtime each way.
+        if let ([p], true) = (pieces.as_slice(), crate::blocking::is_inline()) {
+            let req = Request::Write {
+                instance: self.instance(),
+                fragment: p.fragment,
+                file,
+                offset: p.object_offset,
+            };
+            self.counts.note(&req);
+            let pool = &self.frags[p.fragment as usize];
+            let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            return match crate::blocking::call_with(pool, &req, bytes)? {
+                Response::Written { len } => Ok(len),
+                other => Err(self.unexpected(&pool.server, &req, other)),
+            };
+        }
         let calls = pieces.iter().map(|p| async move {
             let req = Request::Write {
                 instance: self.instance(),
@@ -1296,6 +1314,18 @@ impl InstanceClient {
         let calls = (0..self.fragments().min(64))
             .filter(|f| fragments & (1u64 << f) != 0)
             .map(|f| async move {
+                // An object on this host that this client can open is synced here (the
+                // server's writes are in the same page cache): no round trip. Its server
+                // is asked when that fails.
+                if let Some(obj) = self.local_object(f, ino) {
+                    match obj.sync_data() {
+                        Ok(()) => return Ok(()),
+                        Err(e) => tracing::debug!(
+                            "fragment {f}: cannot sync inode {ino}'s object here ({e}): \
+                             asking its server"
+                        ),
+                    }
+                }
                 let req = Request::SyncObject {
                     instance: self.instance(),
                     fragment: f,

@@ -887,6 +887,17 @@ impl Fs {
         Ok(())
     }
 
+    /// True when `fsync` of `fh` waits on no PFS (not a cache namespace, not a file written
+    /// through to the PFS): at most a sync of the objects and a commit. A write of it waits
+    /// on no PFS either.
+    pub fn fsync_is_short(&self, fh: u64) -> bool {
+        !self.cache
+            && self
+                .inodes
+                .handle_ino(fh)
+                .is_ok_and(|ino| self.through_file(ino).is_none())
+    }
+
     pub async fn fsync(&self, fh: u64) -> FsResult<()> {
         let ino = self.inodes.handle_ino(fh)?;
         let touched = self.inodes.take_touched(ino);
