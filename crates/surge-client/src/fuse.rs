@@ -874,7 +874,11 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        // A small read (4 KiB random reads) is answered from this FUSE thread, as a small
+        // write is (see `write`): from the object when it is on this host, else in one round
+        // trip; larger ones (readahead, striped over several servers) go to the runtime.
+        let inline = size as usize <= INLINE_WRITE && self.fs.fsync_is_short(fh.0);
+        let fut = async move {
             if !reply.is_ring() {
                 match fs.read(fh.0, offset, size).await {
                     Ok(d) => reply.data(&d),
@@ -891,7 +895,12 @@ impl Filesystem for FuseAdapter {
                 Ok(ReadSource::Data(d)) => reply.data(&d),
                 Err(e) => reply.error(Errno::from_i32(fs.failed("read", &e))),
             }
-        });
+        };
+        if inline {
+            self.metadata(fut);
+        } else {
+            self.rt.spawn(fut);
+        }
     }
 
     fn write(

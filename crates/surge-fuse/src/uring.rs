@@ -245,6 +245,9 @@ impl Drop for Mapping {
 struct Stashed {
     out_header: [u8; size_of::<abi::fuse_out_header>()],
     payload: Vec<u8>,
+    /// The reply's data is already in the entry's payload buffer, this many bytes (filled
+    /// during the dispatch of a request that carries no payload; `payload` is empty).
+    in_place: Option<usize>,
 }
 
 /// Where one ring entry is, and who may touch its buffers.
@@ -258,6 +261,9 @@ enum Slot {
     Dispatching {
         unique: u64,
         stashed: Option<Stashed>,
+        /// The request carries no payload (a read), so the payload buffer is not borrowed:
+        /// a reply may fill its data there at once (see `UringReply::send_data_with`).
+        payload_free: bool,
     },
     /// Dispatched; waiting for the reply to `unique`, which may write the buffers.
     Awaiting { unique: u64 },
@@ -423,6 +429,22 @@ impl Queue {
         }
     }
 
+    /// Writes a reply's header into entry `idx`, its `payload_sz` bytes of data being in the
+    /// payload buffer already (see `Stashed::in_place`). The caller holds the entry's lock as
+    /// for [`write_reply`](Self::write_reply).
+    fn write_header(&self, idx: usize, out_header: &[u8], payload_sz: usize) {
+        let mut header = [0u8; size_of::<abi::fuse_out_header>()];
+        let n = out_header.len().min(header.len());
+        header[..n].copy_from_slice(&out_header[..n]);
+        let h = self.header_ptr(idx);
+        // SAFETY: the header buffer is REQ_HEADER_SZ bytes; the daemon owns it in this state.
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr(), h, header.len());
+            let sz = h.add(ENT_IN_OUT_OFF + 16).cast::<u32>();
+            sz.write_unaligned(payload_sz.min(self.payload) as u32);
+        }
+    }
+
     /// Queues an SQE (the ring's submission side is shared: under `sq`).
     fn push(&self, e: &squeue::Entry128) -> io::Result<()> {
         let _sq = self.sq.lock();
@@ -529,12 +551,13 @@ impl UringReply {
         let idx = usize::from(self.idx);
         let mut slot = q.slots[idx].lock();
         match &mut *slot {
-            Slot::Dispatching { unique, stashed }
-                if *unique == self.unique && stashed.is_none() =>
-            {
+            Slot::Dispatching {
+                unique, stashed, ..
+            } if *unique == self.unique && stashed.is_none() => {
                 *stashed = Some(Stashed {
                     out_header: header_bytes(header),
                     payload: payload.iter().flat_map(|s| s.iter().copied()).collect(),
+                    in_place: None,
                 });
                 Ok(())
             }
@@ -565,21 +588,38 @@ impl UringReply {
         let idx = usize::from(self.idx);
         let mut slot = q.slots[idx].lock();
         // A reply from another thread may come while the queue thread still finishes the
-        // dispatch (microseconds): wait for it a little rather than copy.
+        // dispatch (microseconds): wait for it a little rather than copy. Unless the request
+        // borrows no payload (a read): then the data goes there at once, and the header
+        // after the dispatch (a reply made during the dispatch, on the queue thread itself,
+        // would otherwise wait for its own end).
         for _ in 0..DISPATCH_WAIT_YIELDS {
-            if !matches!(&*slot, Slot::Dispatching { unique, .. } if *unique == self.unique) {
-                break;
+            match &*slot {
+                Slot::Dispatching {
+                    unique,
+                    stashed: None,
+                    payload_free: true,
+                } if *unique == self.unique => break,
+                Slot::Dispatching { unique, .. } if *unique == self.unique => {}
+                _ => break,
             }
             drop(slot);
             std::thread::yield_now();
             slot = q.slots[idx].lock();
         }
-        if !matches!(&*slot, Slot::Awaiting { unique } if *unique == self.unique) {
-            return None;
-        }
+        let dispatching = match &*slot {
+            Slot::Awaiting { unique } if *unique == self.unique => false,
+            Slot::Dispatching {
+                unique,
+                stashed: None,
+                payload_free: true,
+            } if *unique == self.unique => true,
+            _ => return None,
+        };
         let len = len.min(q.payload);
         // SAFETY: the entry is Awaiting, so the daemon owns its payload buffer and nothing else
-        // borrows it; we hold the entry's lock for as long as the slice lives.
+        // borrows it, or Dispatching a request with no payload, whose bytes (the prefix before
+        // the payload buffer) end where the buffer starts; we hold the entry's lock for as
+        // long as the slice lives.
         let buf = unsafe { std::slice::from_raw_parts_mut(q.payload_ptr(idx), len) };
         let res = fill(buf).map(|n| n.min(len));
         let (error, n) = match &res {
@@ -591,6 +631,19 @@ impl UringReply {
         header[0..4].copy_from_slice(&total.to_ne_bytes());
         header[4..8].copy_from_slice(&error.to_ne_bytes());
         header[8..16].copy_from_slice(&self.unique.to_ne_bytes());
+        q.stats.uring_direct_replies.fetch_add(1, Ordering::Relaxed);
+        if dispatching {
+            // The header buffer is still borrowed: the queue thread writes it after the
+            // dispatch.
+            if let Slot::Dispatching { stashed, .. } = &mut *slot {
+                *stashed = Some(Stashed {
+                    out_header: header,
+                    payload: Vec::new(),
+                    in_place: Some(n),
+                });
+            }
+            return Some(res);
+        }
         let h = q.header_ptr(idx);
         // SAFETY: as above, for the header buffer.
         unsafe {
@@ -602,7 +655,6 @@ impl UringReply {
         *slot = Slot::Kernel;
         drop(slot);
         q.commit(self.idx, self.unique);
-        q.stats.uring_direct_replies.fetch_add(1, Ordering::Relaxed);
         Some(res)
     }
 
@@ -885,6 +937,7 @@ impl<FS: Filesystem> QueueThread<FS> {
         *q.slots[i].lock() = Slot::Dispatching {
             unique,
             stashed: None,
+            payload_free: payload_sz == 0,
         };
         let payload = q.payload_ptr(i);
         let start_off = IN_HEADER_SZ + op_len;
@@ -935,6 +988,7 @@ impl<FS: Filesystem> QueueThread<FS> {
                         *stashed = Some(Stashed {
                             out_header: hdr,
                             payload: Vec::new(),
+                            in_place: None,
                         });
                     }
                 }
@@ -947,13 +1001,17 @@ impl<FS: Filesystem> QueueThread<FS> {
             Slot::Dispatching {
                 stashed: Some(s), ..
             } => {
-                q.write_reply(i, &s.out_header, &[IoSlice::new(&s.payload)]);
+                match s.in_place {
+                    Some(n) => q.write_header(i, &s.out_header, n),
+                    None => q.write_reply(i, &s.out_header, &[IoSlice::new(&s.payload)]),
+                }
                 drop(slot);
                 q.push_ready(idx);
             }
             Slot::Dispatching {
                 unique,
                 stashed: None,
+                ..
             } => *slot = Slot::Awaiting { unique },
             other => {
                 error!(
