@@ -920,39 +920,34 @@ impl InstanceClient {
     pub async fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u64> {
         let file = self.file_id(ino);
         let pieces = Self::split(self.layout_of(ino).await?.pieces(offset, data.len() as u64));
+        // One piece's request, its server and its bytes.
+        let piece = |p: &Piece| {
+            let req = Request::Write {
+                instance: self.instance(),
+                fragment: p.fragment,
+                file,
+                offset: p.object_offset,
+            };
+            self.counts.note(&req);
+            let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            (req, &self.frags[p.fragment as usize], bytes)
+        };
+        let written = |pool: &ServerPool, req: &Request, resp| match resp {
+            Response::Written { len } => Ok(len),
+            other => Err(self.unexpected(&pool.server, req, other)),
+        };
         // A write within one stripe, on a thread running requests inline (a small write, see
         // `FuseAdapter::write`): sent from that thread, one round trip without a wake-up of
         // the runtime each way.
         if let ([p], true) = (pieces.as_slice(), crate::blocking::is_inline()) {
-            let req = Request::Write {
-                instance: self.instance(),
-                fragment: p.fragment,
-                file,
-                offset: p.object_offset,
-            };
-            self.counts.note(&req);
-            let pool = &self.frags[p.fragment as usize];
-            let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-            return match crate::blocking::call_with(pool, &req, bytes)? {
-                Response::Written { len } => Ok(len),
-                other => Err(self.unexpected(&pool.server, &req, other)),
-            };
+            let (req, pool, bytes) = piece(p);
+            let resp = crate::blocking::call_with(pool, &req, bytes)?;
+            return written(pool, &req, resp);
         }
         let calls = pieces.iter().map(|p| async move {
-            let req = Request::Write {
-                instance: self.instance(),
-                fragment: p.fragment,
-                file,
-                offset: p.object_offset,
-            };
-            self.counts.note(&req);
-            let pool = &self.frags[p.fragment as usize];
-            let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            let (req, pool, bytes) = piece(p);
             let (resp, _) = pool.call(&req, bytes).await?;
-            match resp {
-                Response::Written { len } => Ok(len),
-                other => Err(self.unexpected(&pool.server, &req, other)),
-            }
+            written(pool, &req, resp)
         });
         let results = join_all(calls).await;
         let mut done = 0;
