@@ -233,8 +233,9 @@ impl FuseAdapter {
     }
 }
 
-/// The largest write sent from the FUSE thread that read it (see `FuseAdapter::write`).
-const INLINE_WRITE: usize = 64 * 1024;
+/// The largest write or read answered on the FUSE thread that read it (see
+/// `FuseAdapter::write`).
+const INLINE_DATA: usize = 64 * 1024;
 
 impl FuseAdapter {
     /// Runs a metadata request: on this FUSE thread, with its single round trips sent from
@@ -243,6 +244,16 @@ impl FuseAdapter {
     fn metadata(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
         if self.inline_metadata {
             crate::blocking::inline(|| self.rt.block_on(fut));
+        } else {
+            self.rt.spawn(fut);
+        }
+    }
+
+    /// Runs a data request as a metadata request is (see [`metadata`](Self::metadata)) when
+    /// `inline` (a small one, waiting on no PFS), else on the runtime.
+    fn data(&self, inline: bool, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+        if inline {
+            self.metadata(fut);
         } else {
             self.rt.spawn(fut);
         }
@@ -877,7 +888,7 @@ impl Filesystem for FuseAdapter {
         // A small read (4 KiB random reads) is answered from this FUSE thread, as a small
         // write is (see `write`): from the object when it is on this host, else in one round
         // trip; larger ones (readahead, striped over several servers) go to the runtime.
-        let inline = size as usize <= INLINE_WRITE && self.fs.fsync_is_short(fh.0);
+        let inline = size as usize <= INLINE_DATA && self.fs.waits_on_no_pfs(fh.0);
         let fut = async move {
             if !reply.is_ring() {
                 match fs.read(fh.0, offset, size).await {
@@ -896,11 +907,7 @@ impl Filesystem for FuseAdapter {
                 Err(e) => reply.error(Errno::from_i32(fs.failed("read", &e))),
             }
         };
-        if inline {
-            self.metadata(fut);
-        } else {
-            self.rt.spawn(fut);
-        }
+        self.data(inline, fut);
     }
 
     fn write(
@@ -923,7 +930,7 @@ impl Filesystem for FuseAdapter {
         // way. Larger ones (striped over several servers, many in flight from the page
         // cache's writeback) and those of a cache namespace (which may wait on the PFS) go
         // to the runtime.
-        let inline = !append && data.len() <= INLINE_WRITE && self.fs.fsync_is_short(fh.0);
+        let inline = !append && data.len() <= INLINE_DATA && self.fs.waits_on_no_pfs(fh.0);
         let fut = async move {
             let written = if append {
                 fs.append(fh.0, &data, kill).await
@@ -935,11 +942,7 @@ impl Filesystem for FuseAdapter {
                 Err(e) => reply.error(Errno::from_i32(fs.failed("write", &e))),
             }
         };
-        if inline {
-            self.metadata(fut);
-        } else {
-            self.rt.spawn(fut);
-        }
+        self.data(inline, fut);
     }
 
     fn fallocate(
@@ -1028,7 +1031,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let fs = self.fs.clone();
-        let inline = self.fs.fsync_is_short(fh.0);
+        let inline = self.fs.waits_on_no_pfs(fh.0);
         let fut = async move {
             match fs.fsync(fh.0).await {
                 Ok(()) => reply.ok(),
@@ -1038,11 +1041,7 @@ impl Filesystem for FuseAdapter {
         // An fsync that waits on no PFS is a commit at most (one round trip): sent from this
         // FUSE thread, as a metadata request is (a thread wake-up less each way: a 4 KiB write
         // and fsync loop's cost is mostly these).
-        if inline {
-            self.metadata(fut);
-        } else {
-            self.rt.spawn(fut);
-        }
+        self.data(inline, fut);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

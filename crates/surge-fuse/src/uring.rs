@@ -420,13 +420,7 @@ impl Queue {
                 }
             }
         }
-        let h = self.header_ptr(idx);
-        // SAFETY: the header buffer is REQ_HEADER_SZ bytes; the daemon owns it in this state.
-        unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), h, header.len());
-            let sz = h.add(ENT_IN_OUT_OFF + 16).cast::<u32>();
-            sz.write_unaligned(payload_sz as u32);
-        }
+        self.write_header(idx, &header, payload_sz);
     }
 
     /// Writes a reply's header into entry `idx`, its `payload_sz` bytes of data being in the
@@ -644,14 +638,7 @@ impl UringReply {
             }
             return Some(res);
         }
-        let h = q.header_ptr(idx);
-        // SAFETY: as above, for the header buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), h, header.len());
-            h.add(ENT_IN_OUT_OFF + 16)
-                .cast::<u32>()
-                .write_unaligned(n as u32);
-        }
+        q.write_header(idx, &header, n);
         *slot = Slot::Kernel;
         drop(slot);
         q.commit(self.idx, self.unique);

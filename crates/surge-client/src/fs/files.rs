@@ -887,10 +887,10 @@ impl Fs {
         Ok(())
     }
 
-    /// True when `fsync` of `fh` waits on no PFS (not a cache namespace, not a file written
-    /// through to the PFS): at most a sync of the objects and a commit. A write of it waits
-    /// on no PFS either.
-    pub fn fsync_is_short(&self, fh: u64) -> bool {
+    /// True when no read, write or `fsync` of `fh` waits on the PFS (not a cache namespace,
+    /// not a file written through to the PFS): an `fsync` is at most a sync of the objects
+    /// and a commit.
+    pub fn waits_on_no_pfs(&self, fh: u64) -> bool {
         !self.cache
             && self
                 .inodes
