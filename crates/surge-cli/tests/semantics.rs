@@ -2843,3 +2843,71 @@ fn rsync_ahax_copies_a_tree_in_and_out_unchanged() {
         "ACLs and attributes after the round trip"
     );
 }
+
+/// `rm -rf` of a tree this node did not just make (tar's last chmod of each directory drops
+/// what this node knew of it; another node never knew): each file's unlink is made behind,
+/// in batches (`NamespaceBatch`), from the listing the directory's `readdir` gathered, not
+/// one `Unlink` round trip each (stop 49). The files and their data are gone for both nodes.
+#[test]
+fn rm_rf_of_a_tree_unlinks_its_files_behind() {
+    let test = "rm_rf_of_a_tree_unlinks_its_files_behind";
+    if skip_without_fuse(test) || skip_without_root(test) {
+        return;
+    }
+    let c = cluster(2, "1GiB");
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let m = Mount::new(&c, id, 0);
+    let other = Mount::new(&c, id, 0);
+    const DIRS: u64 = 3;
+    const FILES: u64 = 20;
+    for d in 0..DIRS {
+        std::fs::create_dir_all(m.path(&format!("tree/d{d}"))).unwrap();
+        for i in 0..FILES {
+            std::fs::write(m.path(&format!("tree/d{d}/f{i}")), [b'x'; 100 * 1024]).unwrap();
+        }
+        std::fs::set_permissions(
+            m.path(&format!("tree/d{d}")),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    let used = |m: &Mount| {
+        // SAFETY: a NUL-terminated path and a zeroed statvfs.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        let p = CString::new(m.path("").as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::statvfs(p.as_ptr(), &mut st) }, 0);
+        (st.f_blocks - st.f_bfree) * st.f_frsize
+    };
+    let full = used(&m);
+    assert!(full >= DIRS * FILES * 100 * 1024, "{full} bytes used");
+    let n = |r: &std::collections::BTreeMap<String, u64>, k: &str| r.get(k).copied().unwrap_or(0);
+    for (mount, dirs) in [(&m, &["d0", "d1"][..]), (&other, &["d2"][..])] {
+        let before = mount.requests();
+        let st = Command::new("rm")
+            .arg("-rf")
+            .args(dirs.iter().map(|d| mount.path(&format!("tree/{d}"))))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let after = mount.requests();
+        let d = |k: &str| n(&after, k) - n(&before, k);
+        assert_eq!(
+            (d("Unlink"), d("Rmdir")),
+            (0, dirs.len() as u64),
+            "files unlinked behind, directories one by one: {after:?} after {before:?}"
+        );
+        assert!(d("NamespaceBatch") >= 1);
+    }
+    for mount in [&m, &other] {
+        let left: Vec<_> = std::fs::read_dir(mount.path("tree"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+    let now = used(&m);
+    assert!(
+        now + DIRS * FILES * 100 * 1024 <= full + 1024 * 1024,
+        "{now} bytes used, {full} before"
+    );
+}

@@ -231,6 +231,19 @@ macro_rules! metadata_call {
     };
 }
 
+/// One page of a directory listing (see [`InstanceClient::readdir`]).
+#[derive(Debug)]
+pub struct DirPage {
+    pub entries: Vec<DirEntry>,
+    /// The last page.
+    pub done: bool,
+    /// The directory's attributes as the page was read (its change counter tells whether
+    /// it changed between pages).
+    pub dir: Attr,
+    /// The directory has a default ACL.
+    pub default_acl: bool,
+}
+
 impl InstanceClient {
     /// Connects to namespace `ns` of an instance described by `desc`, presenting capability
     /// `token` to its servers.
@@ -747,10 +760,10 @@ impl InstanceClient {
         Response::Target(t) => t);
 
     metadata_call!(
-        /// One page of a directory listing after `after` (0 to start); `true` when it is the last.
-        readdir(this, ino: Ino, after: u64, max: u32, plus: bool) -> (Vec<DirEntry>, bool),
+        /// One page of a directory listing after `after` (0 to start).
+        readdir(this, ino: Ino, after: u64, max: u32, plus: bool) -> DirPage,
         Request::ReadDir { instance: this.instance(), ns: this.ns, ino, after, max, plus },
-        Response::Dir { entries, done } => (entries, done));
+        Response::Dir { entries, done, dir, default_acl } => DirPage { entries, done, dir, default_acl });
 
     metadata_call!(
         /// Records written data: size = max(size, `size`), mtime. `writing`: this client

@@ -1296,6 +1296,13 @@ pub enum Response {
     Dir {
         entries: Vec<DirEntry>,
         done: bool,
+        /// The directory's attributes as the page was read: pages read at one change
+        /// counter, from the start to `done`, are every name it had then (a mount lists the
+        /// directory from them, see `Fs::readdir`).
+        dir: Attr,
+        /// The directory has a default ACL (what is made in it inherits it, which only the
+        /// metadata server applies: nothing is made there behind).
+        default_acl: bool,
     },
     NamespaceStats {
         inodes: u64,

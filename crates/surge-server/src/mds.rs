@@ -1285,8 +1285,14 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
             plus,
             ..
         } => {
-            let (entries, done) = ops.readdir(*ino, *after, *max, *plus)?;
-            Response::Dir { entries, done }
+            let (entries, done, dir) = ops.readdir(*ino, *after, *max, *plus)?;
+            let default_acl = ops.has_default_acl(*ino)?;
+            Response::Dir {
+                entries,
+                done,
+                dir,
+                default_acl,
+            }
         }
         Request::CommitWrite {
             ino, size, mtime, ..

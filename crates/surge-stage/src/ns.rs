@@ -67,7 +67,11 @@ pub async fn list_dir(
     let mut out = Vec::new();
     let mut after = 0;
     loop {
-        let (page, done) = client.readdir(ino, after, READDIR_PAGE, plus).await?;
+        let surge_client::instance::DirPage {
+            entries: page,
+            done,
+            ..
+        } = client.readdir(ino, after, READDIR_PAGE, plus).await?;
         if let Some(last) = page.last() {
             after = last.cursor;
         }

@@ -69,7 +69,11 @@ async fn instance_names(client: &InstanceClient, dir: &str) -> Vec<PathBuf> {
     while let Some((d, rel)) = stack.pop() {
         let mut after = 0;
         loop {
-            let (page, done) = client.readdir(d, after, 1000, false).await.unwrap();
+            let surge_client::instance::DirPage {
+                entries: page,
+                done,
+                ..
+            } = client.readdir(d, after, 1000, false).await.unwrap();
             for e in &page {
                 let p = rel
                     .join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&e.name));

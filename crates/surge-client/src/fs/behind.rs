@@ -15,6 +15,7 @@
 use super::listings::Listings;
 use crate::error::ClientError;
 use crate::instance::InstanceClient;
+use futures::StreamExt;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -37,6 +38,8 @@ const BATCH_RETRIES: u32 = 35;
 /// A batch the server could not make for want of space is tried again this long: the
 /// acknowledged changes in it must not be lost while space may come back.
 const NO_SPACE_RETRY: Duration = Duration::from_secs(600);
+/// Orphaned files of one batch whose data is being removed at once.
+const PURGES_AT_ONCE: usize = 32;
 
 #[derive(Default)]
 pub(super) struct Behind {
@@ -243,18 +246,17 @@ async fn send_batch(b: &Behind, client: &InstanceClient, listings: &Listings, ba
         }
         return;
     }
+    // The data of the files the batch orphaned goes after it, several at once (one round
+    // trip each, to their fragments' servers).
+    let mut orphans = Vec::new();
     for (q, r) in batch.iter().zip(results) {
         let change = match r {
             Ok(BatchDone::Unlinked {
                 unlinked: u,
                 change,
             }) => {
-                if u.orphaned && u.purged {
-                    remove_purged_data(client, &u).await;
-                } else if u.orphaned {
-                    if let Err(e) = client.purge(u.ino, u.size).await {
-                        warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
-                    }
+                if u.orphaned {
+                    orphans.push(u);
                 }
                 Some(change)
             }
@@ -279,6 +281,15 @@ async fn send_batch(b: &Behind, client: &InstanceClient, listings: &Listings, ba
         };
         listings.confirm(q.parent, change, q.change, sent);
     }
+    futures::stream::iter(orphans)
+        .for_each_concurrent(PURGES_AT_ONCE, |u| async move {
+            if u.purged {
+                remove_purged_data(client, &u).await;
+            } else if let Err(e) = client.purge(u.ino, u.size).await {
+                warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
+            }
+        })
+        .await;
 }
 
 /// Removes the objects of an inode the metadata server forgot when its last name went (the

@@ -165,6 +165,10 @@ impl Fs {
             self.client.setattr(ino, set.clone(), old_size).await
         }
         .map_err(stale)?;
+        if a.kind == FileKind::Dir {
+            // Again, for a listing gathered meanwhile (see `Listings::gathered`).
+            self.listings.drop_dir(ino);
+        }
         if let Some(new) = set.size {
             let backing = self
                 .inodes

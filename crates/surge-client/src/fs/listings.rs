@@ -6,9 +6,14 @@
 //!   kernel's question before every create. In a shared namespace only while this node holds
 //!   the directory's lease (another node looking there has it recalled first, which drops the
 //!   listing), so no name another node adds is missed.
+//! - A directory listed by a `readdir` from its start to its end, every page read at one change
+//!   counter, is listed the same way (see [`Listings::gathered`]): `rm -rf` of a tree this node
+//!   did not just make unlinks its files behind. In a shared namespace such a listing is used
+//!   only under the directory's lease, asked for when it is first used.
 //! - [`FreshDirs`]: directory attributes returned with this node's own changes, which the
 //!   kernel asks for right after the change (to check search permission on the next path walk).
 
+use crate::instance::DirPage;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -18,6 +23,10 @@ use surge_proto::{Attr, FileKind};
 /// Bounds on the listings: directories, and names in one (beyond: forgotten).
 const MAX_LISTINGS: usize = 1024;
 pub(super) const MAX_LISTED_NAMES: usize = 1 << 20;
+/// Bound on a listing gathered from a `readdir` (a bigger directory is not listed that way),
+/// and on the directories being gathered at once.
+const MAX_GATHERED_NAMES: usize = 1 << 16;
+const MAX_GATHERING: usize = 256;
 /// Bound on [`FreshDirs`] (cleared when reached; entries are taken at once in practice).
 const MAX_FRESH_DIRS: usize = 4096;
 
@@ -33,6 +42,17 @@ pub(super) struct Listing {
     /// In a shared namespace, creates are made behind only in a directory this node holds
     /// the lease of (see `Fs::leased`); one try per listing.
     pub lease: LeaseState,
+    /// Gathered from a `readdir` (see [`Listings::gathered`]), not made here.
+    pub read: bool,
+}
+
+/// A `readdir` of a directory from its start, page by page (see [`Listings::gathered`]).
+struct Gather {
+    /// The change counter of the pages so far (`None` before the first).
+    change: Option<u64>,
+    /// The cursor the next page starts after.
+    next: u64,
+    names: HashMap<Vec<u8>, (Ino, FileKind)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +65,8 @@ pub(super) enum LeaseState {
 
 pub(super) struct Listings {
     map: Mutex<HashMap<Ino, Listing>>,
+    /// Directories being read from their start (locked after `map` when both are).
+    gathering: Mutex<HashMap<Ino, Gather>>,
     /// The mount's entry TTL: how long a listing is kept after this node's last change (zero:
     /// listings are not kept).
     ttl: Duration,
@@ -71,6 +93,12 @@ impl Locked<'_> {
         self.map.remove(&dir);
     }
 
+    /// True when `dir`'s listing may serve a change made behind: made here, or (`read`)
+    /// gathered from a `readdir` in a private namespace (`private`) or under the lease.
+    pub fn trusted(l: &Listing, private: bool) -> bool {
+        !l.read || private || l.lease == LeaseState::Held
+    }
+
     /// Keeps only the listings `f` says to keep.
     pub fn retain(&mut self, mut f: impl FnMut(&Listing) -> bool) {
         self.map.retain(|_, l| f(l));
@@ -81,6 +109,7 @@ impl Listings {
     pub fn new(ttl: Duration) -> Listings {
         Listings {
             map: Mutex::new(HashMap::new()),
+            gathering: Mutex::new(HashMap::new()),
             ttl,
         }
     }
@@ -112,14 +141,97 @@ impl Listings {
                 at: Instant::now(),
                 dir: dir.clone(),
                 lease: LeaseState::Untried,
+                read: false,
             },
         );
+    }
+
+    /// A `readdir` of `dir` from its start is about to ask for its first page: what this
+    /// node changes there from now on spoils what the pages gather (see [`gathered`]).
+    ///
+    /// [`gathered`]: Self::gathered
+    pub fn gather_begin(&self, dir: Ino) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let _map = self.map.lock();
+        let mut g = self.gathering.lock();
+        if g.len() >= MAX_GATHERING {
+            g.clear();
+        }
+        g.insert(
+            dir,
+            Gather {
+                change: None,
+                next: 0,
+                names: HashMap::new(),
+            },
+        );
+    }
+
+    /// A page of `dir` after cursor `after` came from the metadata server: `entries`, `done`
+    /// when it was the last, `attr` the directory as the page was read. Pages that follow
+    /// each other from the start, all read at one change counter, with no change made by
+    /// this node in between (each spoils the gathering: [`changed`](Self::changed),
+    /// [`drop_dir`](Self::drop_dir), ...), are every name the directory has at that counter:
+    /// it is listed from them, as if made here (unless it is listed already).
+    /// A directory with a default ACL is not listed (see `Fs::make`).
+    pub fn gathered(&self, dir: Ino, after: u64, page: &DirPage) {
+        let (entries, done, attr) = (&page.entries, page.done, &page.dir);
+        let mut map = self.map.lock();
+        let mut gathering = self.gathering.lock();
+        let Some(g) = gathering.get_mut(&dir) else {
+            return;
+        };
+        if page.default_acl
+            || g.next != after
+            || g.change.is_some_and(|c| c != attr.change)
+            || g.names.len() + entries.len() > MAX_GATHERED_NAMES
+        {
+            gathering.remove(&dir);
+            return;
+        }
+        g.change = Some(attr.change);
+        for e in entries {
+            g.names.insert(e.name.clone(), (e.ino, e.kind));
+        }
+        if let Some(last) = entries.last() {
+            g.next = last.cursor;
+        }
+        if !done {
+            return;
+        }
+        let Some(g) = gathering.remove(&dir) else {
+            return;
+        };
+        if map.get(&dir).is_some_and(|l| l.at.elapsed() < self.ttl) {
+            return;
+        }
+        if map.len() >= MAX_LISTINGS {
+            map.clear();
+        }
+        map.insert(
+            dir,
+            Listing {
+                names: g.names,
+                at: Instant::now(),
+                dir: attr.clone(),
+                lease: LeaseState::Untried,
+                read: true,
+            },
+        );
+    }
+
+    /// This node changed `dir` (or dropped its listing): a gathering of its pages is spoilt.
+    fn spoil(&self, dir: Ino) {
+        self.gathering.lock().remove(&dir);
     }
 
     /// This node added (`entry`: its inode and kind) or removed (`None`) `name` in a
     /// directory, which is now `dir`.
     pub fn changed(&self, dir: &Attr, name: &[u8], entry: Option<(Ino, FileKind)>) {
         let mut listings = self.map.lock();
+        self.spoil(dir.ino);
         let Some(l) = listings.get_mut(&dir.ino) else {
             return;
         };
@@ -141,7 +253,9 @@ impl Listings {
     }
 
     pub fn drop_dir(&self, ino: Ino) {
-        self.map.lock().remove(&ino);
+        let mut map = self.map.lock();
+        self.spoil(ino);
+        map.remove(&ino);
     }
 
     /// Attributes of a directory came from the metadata server: a counter other than the one
@@ -151,6 +265,15 @@ impl Listings {
             return;
         }
         let mut listings = self.map.lock();
+        {
+            let mut gathering = self.gathering.lock();
+            if gathering
+                .get(&a.ino)
+                .is_some_and(|g| g.change.is_some_and(|c| c != a.change))
+            {
+                gathering.remove(&a.ino);
+            }
+        }
         match listings.get_mut(&a.ino) {
             Some(l) if l.dir.change != a.change => {
                 listings.remove(&a.ino);
@@ -170,6 +293,14 @@ impl Listings {
         })
     }
 
+    /// True when `parent`'s live listing was gathered from a `readdir` and its lease not
+    /// asked for yet.
+    pub fn read_untried(&self, parent: Ino) -> bool {
+        self.lock()
+            .live(parent)
+            .is_some_and(|l| l.read && l.lease == LeaseState::Untried)
+    }
+
     /// True when `parent` is listed here.
     pub fn listed(&self, parent: Ino) -> bool {
         self.lock().live(parent).is_some()
@@ -187,6 +318,7 @@ impl Listings {
                 }
             }
             _ => {
+                self.spoil(parent);
                 l.remove(&parent);
             }
         }
@@ -286,6 +418,80 @@ mod tests {
         l.seen(&dir(2, 5));
         assert!(l.listed(2));
         l.seen(&dir(2, 6));
+        assert!(!l.listed(2));
+    }
+
+    fn page(names: &[(&str, u64)], after: u64, done: bool, change: u64) -> DirPage {
+        DirPage {
+            entries: names
+                .iter()
+                .enumerate()
+                .map(|(i, (n, ino))| surge_proto::DirEntry {
+                    cursor: after + 1 + i as u64,
+                    name: n.as_bytes().to_vec(),
+                    ino: *ino,
+                    kind: FileKind::File,
+                    attr: None,
+                })
+                .collect(),
+            done,
+            dir: dir(2, change),
+            default_acl: false,
+        }
+    }
+
+    #[test]
+    fn pages_read_at_one_counter_from_the_start_list_the_directory() {
+        let l = Listings::new(Duration::from_secs(10));
+        l.gather_begin(2);
+        l.gathered(2, 0, &page(&[("a", 3), ("b", 4)], 0, false, 7));
+        assert!(!l.listed(2), "not before the last page");
+        l.gathered(2, 2, &page(&[("c", 5)], 2, true, 7));
+        assert!(l.listed(2));
+        assert!(l.known_absent(2, b"d", true));
+        assert!(!l.known_absent(2, b"c", true));
+        assert!(
+            !l.known_absent(2, b"d", false),
+            "shared: only under the lease"
+        );
+        let mut locked = l.lock();
+        let x = locked.live(2).unwrap();
+        assert!(x.read && x.names.len() == 3 && x.dir.change == 7);
+        assert!(!Locked::trusted(x, false) && Locked::trusted(x, true));
+    }
+
+    #[test]
+    fn a_gathering_is_spoilt_by_a_change_another_counter_a_gap_or_a_default_acl() {
+        let l = Listings::new(Duration::from_secs(10));
+        // Another counter on the second page (another node changed the directory).
+        l.gather_begin(2);
+        l.gathered(2, 0, &page(&[("a", 3)], 0, false, 7));
+        l.gathered(2, 1, &page(&[("b", 4)], 1, true, 8));
+        assert!(!l.listed(2));
+        // This node changed it between its pages.
+        l.gather_begin(2);
+        l.gathered(2, 0, &page(&[("a", 3)], 0, false, 8));
+        l.changed(&dir(2, 9), b"z", Some((9, FileKind::File)));
+        l.gathered(2, 1, &page(&[("b", 4)], 1, true, 9));
+        assert!(!l.listed(2));
+        // ... or dropped it while the page was on its way.
+        l.gather_begin(2);
+        l.drop_dir(2);
+        l.gathered(2, 0, &page(&[("a", 3)], 0, true, 9));
+        assert!(!l.listed(2));
+        // A page that does not follow the last one.
+        l.gather_begin(2);
+        l.gathered(2, 0, &page(&[("a", 3)], 0, false, 9));
+        l.gathered(2, 5, &page(&[("b", 4)], 5, true, 9));
+        assert!(!l.listed(2));
+        // No page from the start.
+        l.gathered(2, 0, &page(&[("a", 3)], 0, true, 9));
+        assert!(!l.listed(2));
+        // A default ACL: what is made there is the metadata server's to make.
+        l.gather_begin(2);
+        let mut p = page(&[("a", 3)], 0, true, 9);
+        p.default_acl = true;
+        l.gathered(2, 0, &p);
         assert!(!l.listed(2));
     }
 

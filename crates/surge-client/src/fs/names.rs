@@ -325,6 +325,8 @@ impl Fs {
         self.listings.drop_dir(new_parent);
         self.barrier().await?;
         let a = self.client.link(ino, new_parent, new_name).await?;
+        // Again, for a listing gathered meanwhile (see `Listings::gathered`).
+        self.listings.drop_dir(new_parent);
         // An unnamed file (`O_TMPFILE`) named now keeps its data at its last close.
         self.inodes.named(ino);
         Ok(self.observe(a, true))
@@ -335,6 +337,11 @@ impl Fs {
     }
 
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        // A listing gathered from a `readdir` of a shared namespace serves under the
+        // directory's lease only, asked for at its first use.
+        if !self.creates_behind && self.listings.read_untried(parent) {
+            self.leased(parent).await;
+        }
         if self.unlink_behind(parent, name) {
             return Ok(());
         }
@@ -389,6 +396,9 @@ impl Fs {
             .client
             .rename(parent, name, new_parent, new_name, flags, keep)
             .await?;
+        // Again, for a listing gathered meanwhile (see `Listings::gathered`).
+        self.listings.drop_dir(parent);
+        self.listings.drop_dir(new_parent);
         match replaced {
             Some(u) if shared && u.orphaned && !u.purged => {
                 if let Some(size) = self.inodes.orphaned(&u) {
@@ -441,8 +451,14 @@ impl Fs {
             });
         }
         let after = offset.saturating_sub(2);
+        // A listing from the start may list the directory here (see `Listings::gathered`).
+        if after == 0 {
+            self.listings.gather_begin(ino);
+        }
         let (page, ()) = tokio::join!(self.client.readdir(ino, after, READDIR_PAGE, false), moved);
-        let (entries, _) = page?;
+        let page = page?;
+        self.listings.gathered(ino, after, &page);
+        let entries = page.entries;
         out.extend(entries.into_iter().map(|e| DirItem {
             ino: e.ino,
             offset: e.cursor + 2,
@@ -475,7 +491,11 @@ impl Fs {
             }
         }
         let after = offset.saturating_sub(2);
-        let (entries, _) = self.client.readdir(ino, after, READDIR_PAGE, true).await?;
+        let entries = self
+            .client
+            .readdir(ino, after, READDIR_PAGE, true)
+            .await?
+            .entries;
         out.extend(entries.into_iter().map(|e| {
             (
                 DirItem {
@@ -537,6 +557,9 @@ impl Fs {
             let Some(l) = listings.live(parent) else {
                 return false;
             };
+            if !super::listings::Locked::trusted(l, self.creates_behind) {
+                return false;
+            }
             let Some(&(ino, kind)) = l.names.get(name) else {
                 return false;
             };

@@ -187,6 +187,10 @@ impl Fs {
             .set_xattr(ino, name, value, flags)
             .await
             .map_err(stale)?;
+        if is_acl(name) {
+            // Again, for a listing gathered meanwhile (see `Listings::gathered`).
+            self.listings.drop_dir(ino);
+        }
         self.observe(a, false);
         Ok(())
     }
@@ -300,6 +304,9 @@ impl Fs {
             self.listings.drop_dir(ino);
         }
         let a = self.client.remove_xattr(ino, name).await.map_err(stale)?;
+        if is_acl(name) {
+            self.listings.drop_dir(ino);
+        }
         self.observe(a, false);
         Ok(())
     }

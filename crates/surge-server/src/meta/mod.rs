@@ -1032,8 +1032,8 @@ impl Ops<'_> {
         after: u64,
         max: u32,
         plus: bool,
-    ) -> MetaResult<(Vec<DirEntry>, bool)> {
-        self.dir(ino)?;
+    ) -> MetaResult<(Vec<DirEntry>, bool, Attr)> {
+        let dir = self.dir(ino)?;
         let max = max.clamp(1, 4096);
         let sql = if plus {
             format!(
@@ -1068,7 +1068,7 @@ impl Ops<'_> {
             .map_err(db_err)?;
         let entries = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db_err)?;
         let done = entries.len() < max as usize;
-        Ok((entries, done))
+        Ok((entries, done, dir))
     }
 
     pub fn setattr(&self, ino: Ino, set: &SetAttr) -> MetaResult<Attr> {
@@ -1516,7 +1516,7 @@ mod tests {
             assert_eq!(back.rdev, want, "{kind:?}");
             assert_eq!(back.size, 0);
         }
-        let (entries, _) = ops.readdir(ROOT_INO, 0, 100, true).unwrap();
+        let (entries, _, _) = ops.readdir(ROOT_INO, 0, 100, true).unwrap();
         let kinds: Vec<FileKind> = entries.iter().map(|e| e.kind).collect();
         assert_eq!(
             kinds,
@@ -1818,10 +1818,10 @@ mod tests {
             )
             .unwrap();
         }
-        let (p1, done1) = ops.readdir(ROOT_INO, 0, 4, false).unwrap();
+        let (p1, done1, d1) = ops.readdir(ROOT_INO, 0, 4, false).unwrap();
         assert!(!done1);
-        let (p2, _) = ops.readdir(ROOT_INO, p1[3].cursor, 4, true).unwrap();
-        let (p3, done3) = ops.readdir(ROOT_INO, p2[3].cursor, 4, false).unwrap();
+        let (p2, _, _) = ops.readdir(ROOT_INO, p1[3].cursor, 4, true).unwrap();
+        let (p3, done3, d3) = ops.readdir(ROOT_INO, p2[3].cursor, 4, false).unwrap();
         assert!(done3);
         let names: Vec<_> = p1
             .iter()
@@ -1832,6 +1832,11 @@ mod tests {
         assert_eq!(names.len(), 10);
         assert_eq!(names[9], b"f9");
         assert!(p2[0].attr.is_some());
+        assert_eq!(
+            d1.change, d3.change,
+            "each page carries the directory's counter"
+        );
+        assert_eq!(d1.kind, FileKind::Dir);
     }
 
     #[test]

@@ -9,6 +9,11 @@ impl Ops<'_> {
         self.stored_acl(dir, acl::DEFAULT)
     }
 
+    /// True when directory `dir` has a default ACL.
+    pub fn has_default_acl(&self, dir: Ino) -> MetaResult<bool> {
+        Ok(self.default_acl(dir)?.is_some())
+    }
+
     /// The ACL stored as attribute `name` of `ino` (`None`: none, or only the mode).
     pub(super) fn stored_acl(&self, ino: Ino, name: &[u8]) -> MetaResult<Option<Acl>> {
         let value: Option<Vec<u8>> = self
