@@ -183,8 +183,11 @@ impl Listings {
         let Some(g) = gathering.get_mut(&dir) else {
             return;
         };
+        // A page may start before the last one's end: the kernel takes what fits in its
+        // buffer and asks again after the last entry it took (read at the same counter, the
+        // entries again are the same).
         if page.default_acl
-            || g.next != after
+            || after > g.next
             || g.change.is_some_and(|c| c != attr.change)
             || g.names.len() + entries.len() > MAX_GATHERED_NAMES
         {
@@ -196,7 +199,7 @@ impl Listings {
             g.names.insert(e.name.clone(), (e.ino, e.kind));
         }
         if let Some(last) = entries.last() {
-            g.next = last.cursor;
+            g.next = g.next.max(last.cursor);
         }
         if !done {
             return;
@@ -458,6 +461,13 @@ mod tests {
         let x = locked.live(2).unwrap();
         assert!(x.read && x.names.len() == 3 && x.dir.change == 7);
         assert!(!Locked::trusted(x, false) && Locked::trusted(x, true));
+        drop(locked);
+        // The kernel took only part of a page and asks again after the last entry it took.
+        let l = Listings::new(Duration::from_secs(10));
+        l.gather_begin(2);
+        l.gathered(2, 0, &page(&[("a", 3), ("b", 4), ("c", 5)], 0, false, 7));
+        l.gathered(2, 1, &page(&[("b", 4), ("c", 5), ("d", 6)], 1, true, 7));
+        assert_eq!(l.lock().live(2).map(|x| x.names.len()), Some(4));
     }
 
     #[test]
@@ -479,7 +489,7 @@ mod tests {
         l.drop_dir(2);
         l.gathered(2, 0, &page(&[("a", 3)], 0, true, 9));
         assert!(!l.listed(2));
-        // A page that does not follow the last one.
+        // A page that leaves a gap after the last one.
         l.gather_begin(2);
         l.gathered(2, 0, &page(&[("a", 3)], 0, false, 9));
         l.gathered(2, 5, &page(&[("b", 4)], 5, true, 9));
