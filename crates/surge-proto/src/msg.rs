@@ -1219,13 +1219,29 @@ pub enum BatchOp {
         /// Chosen by the sender (the parent's default, or the mount's own choice).
         layout: FileLayout,
     },
+    /// Removes empty directory `name` from `parent` only while it still names `ino`
+    /// (protocol 14).
+    Rmdir {
+        parent: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+    },
 }
 
 /// What one [`BatchOp`] did. `change` is the parent directory's change counter after it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BatchDone {
-    Unlinked { unlinked: Unlinked, change: u64 },
-    Created { change: u64 },
+    Unlinked {
+        unlinked: Unlinked,
+        change: u64,
+    },
+    Created {
+        change: u64,
+    },
+    /// A directory removed.
+    Removed {
+        change: u64,
+    },
 }
 
 /// What [`Request::AllocateObject`] does with its range.

@@ -125,7 +125,7 @@ pub fn allowed(grant: Option<&Claims>, req: &Request) -> Result<(), ErrorReply> 
         Owners::New { uid, gid } => may_own(grant, uid, gid),
         Owners::Batch(ops) => ops.iter().try_for_each(|op| match op {
             BatchOp::CreateFile { uid, gid, .. } => may_own(grant, *uid, *gid),
-            BatchOp::Unlink { .. } => Ok(()),
+            BatchOp::Unlink { .. } | BatchOp::Rmdir { .. } => Ok(()),
         }),
         Owners::Change(set) => {
             let c = &grant.caller;

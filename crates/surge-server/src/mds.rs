@@ -188,8 +188,13 @@ fn dirs_touched(req: &Request, ops: &Ops<'_>) -> Vec<Ino> {
         Dirs::Batch(batch) => {
             let mut v: Vec<Ino> = batch
                 .iter()
-                .map(|op| match op {
-                    BatchOp::Unlink { parent, .. } | BatchOp::CreateFile { parent, .. } => *parent,
+                .flat_map(|op| match op {
+                    BatchOp::Unlink { parent, .. } | BatchOp::CreateFile { parent, .. } => {
+                        vec![*parent]
+                    }
+                    // The removed directory too: it must be empty, and only its lease holder
+                    // knows.
+                    BatchOp::Rmdir { parent, ino, .. } => vec![*parent, *ino],
                 })
                 .collect();
             v.sort_unstable();
@@ -1045,6 +1050,9 @@ fn journal_before(ops: &Ops<'_>, req: &Request) -> Result<Pending, ErrorReply> {
                         .map(|p| p.map(|path| DrainOp::Unlink { path, gone: None })),
                     BatchOp::CreateFile { parent, name, .. } => {
                         child(*parent, name).map(|p| p.map(|path| DrainOp::Create { path }))
+                    }
+                    BatchOp::Rmdir { parent, name, .. } => {
+                        child(*parent, name).map(|p| p.map(|path| DrainOp::Rmdir { path }))
                     }
                 })
                 .collect::<Result<_, _>>()?,

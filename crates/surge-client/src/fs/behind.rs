@@ -10,7 +10,8 @@
 //! them a round trip late. Each reply carries the directory's change counter, checked against
 //! what this node expected: a change by another node drops the listing. A queued unlink removes
 //! the name only while it still names the inode this node saw; a queued create fails if the
-//! name was taken meanwhile.
+//! name was taken meanwhile. An empty directory whose listing this node may trust (see
+//! `Fs::rmdir_behind`) is removed behind too, as the end of `rm -rf`.
 
 use super::listings::Listings;
 use crate::error::ClientError;
@@ -190,6 +191,7 @@ fn op_name(op: &BatchOp) -> String {
     match op {
         BatchOp::Unlink { name, .. } => format!("unlink {}", String::from_utf8_lossy(name)),
         BatchOp::CreateFile { name, .. } => format!("create {}", String::from_utf8_lossy(name)),
+        BatchOp::Rmdir { name, .. } => format!("rmdir {}", String::from_utf8_lossy(name)),
     }
 }
 
@@ -260,7 +262,7 @@ async fn send_batch(b: &Behind, client: &InstanceClient, listings: &Listings, ba
                 }
                 Some(change)
             }
-            Ok(BatchDone::Created { change }) => Some(change),
+            Ok(BatchDone::Created { change }) | Ok(BatchDone::Removed { change }) => Some(change),
             Err(e) => {
                 // Another node changed the directory first.
                 match &q.op {
@@ -270,7 +272,7 @@ async fn send_batch(b: &Behind, client: &InstanceClient, listings: &Listings, ba
                         op_name(&q.op),
                         q.parent
                     ),
-                    BatchOp::Unlink { .. } => debug!(
+                    BatchOp::Unlink { .. } | BatchOp::Rmdir { .. } => debug!(
                         "{} in directory {} made behind: {e}",
                         op_name(&q.op),
                         q.parent

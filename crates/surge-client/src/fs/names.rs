@@ -1,7 +1,7 @@
 //! Operations on names: lookup, create, mkdir, symlink, link, unlink, rmdir, rename, readdir,
 //! and the creates and unlinks made behind the application (see [`super::behind`]).
 
-use super::listings::{Listing, MAX_LISTED_NAMES};
+use super::listings::{LeaseState, Listing, MAX_LISTED_NAMES};
 use super::{stale, DirItem, Fs, FsError, FsResult, READDIR_PAGE};
 use crate::instance::Usage;
 use std::sync::Arc;
@@ -358,6 +358,12 @@ impl Fs {
     }
 
     pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        if !self.creates_behind && self.listings.read_untried(parent) {
+            self.leased(parent).await;
+        }
+        if self.rmdir_behind(parent, name) {
+            return Ok(());
+        }
         self.barrier().await?;
         let dir = self
             .client
@@ -574,6 +580,53 @@ impl Fs {
             }
             l.names.remove(name);
             let op = BatchOp::Unlink {
+                parent,
+                name: name.to_vec(),
+                ino,
+            };
+            self.queue_behind(&rt, l, parent, op)
+        };
+        self.fresh_dirs.note(dir);
+        self.behind.kick();
+        true
+    }
+
+    /// Answers the removal of directory `name` at once and queues it (see [`super::behind`])
+    /// when this node may trust both listings (the parent's as for an unlink; the
+    /// directory's own: a private namespace or its lease held, so no other node added a name
+    /// to it unseen) and the directory's is empty. Neither may carry chattr flags.
+    fn rmdir_behind(&self, parent: Ino, name: &[u8]) -> bool {
+        if self.cache {
+            return false;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let dir = {
+            let mut listings = self.listings.lock();
+            let Some(&(ino, kind)) = listings
+                .live(parent)
+                .filter(|l| super::listings::Locked::trusted(l, self.creates_behind))
+                .filter(|l| l.dir.flags == 0)
+                .and_then(|l| l.names.get(name))
+            else {
+                return false;
+            };
+            let empty = listings.live(ino).is_some_and(|c| {
+                c.names.is_empty()
+                    && c.dir.flags == 0
+                    && (self.creates_behind || c.lease == LeaseState::Held)
+            });
+            if kind != FileKind::Dir || !empty {
+                return false;
+            }
+            listings.remove(ino);
+            let Some(l) = listings.live(parent) else {
+                return false;
+            };
+            l.names.remove(name);
+            l.dir.nlink = l.dir.nlink.saturating_sub(1);
+            let op = BatchOp::Rmdir {
                 parent,
                 name: name.to_vec(),
                 ino,

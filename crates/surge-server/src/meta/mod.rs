@@ -885,6 +885,9 @@ impl Ops<'_> {
                     .map(|c| BatchDone::Created {
                         change: c.parent.change,
                     }),
+                BatchOp::Rmdir { parent, name, ino } => self
+                    .rmdir_of(*parent, name, Some(*ino))
+                    .map(|p| BatchDone::Removed { change: p.change }),
             };
             match r {
                 // Checks come before changes: an I/O error may have left a change half made.
@@ -982,6 +985,12 @@ impl Ops<'_> {
 
     /// Removes empty directory `name`; returns the parent's attributes after.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> MetaResult<Attr> {
+        self.rmdir_of(parent, name, None)
+    }
+
+    /// [`rmdir`](Self::rmdir), only while `name` names `expect` when that is given (a
+    /// removal made behind, see [`namespace_batch`](Self::namespace_batch)).
+    fn rmdir_of(&self, parent: Ino, name: &[u8], expect: Option<Ino>) -> MetaResult<Attr> {
         Self::refuse_flagged(&self.dir(parent)?, FL_IMMUTABLE | FL_APPEND, "rmdir")?;
         let (ino, kind) = self.dentry(parent, name)?.ok_or_else(|| {
             err(
@@ -989,6 +998,15 @@ impl Ops<'_> {
                 format!("{} not found", String::from_utf8_lossy(name)),
             )
         })?;
+        if let Some(e) = expect.filter(|&e| e != ino) {
+            return Err(err(
+                ErrorCode::Stale,
+                format!(
+                    "{} now names another inode than {e}",
+                    String::from_utf8_lossy(name)
+                ),
+            ));
+        }
         if kind != FileKind::Dir {
             return Err(err(
                 ErrorCode::NotDir,
@@ -1709,6 +1727,48 @@ mod tests {
             .unwrap();
         assert!(g.ino >= first + 15, "{} reused a reserved number", g.ino);
         assert!(ops.alloc_inodes(1).unwrap() > g.ino);
+    }
+
+    #[test]
+    fn a_batch_removes_an_empty_directory_only_while_its_name_names_it() {
+        let (_t, c) = store();
+        let ops = Ops { tx: &c };
+        let mk = |parent, name: &[u8]| {
+            ops.create(parent, name, &NewNode::Dir, 0o755, 1, 1)
+                .unwrap()
+        };
+        let (a, b, full) = (
+            mk(ROOT_INO, b"a"),
+            mk(ROOT_INO, b"b"),
+            mk(ROOT_INO, b"full"),
+        );
+        mk(full.ino, b"inside");
+        let rmdir = |name: &[u8], ino| BatchOp::Rmdir {
+            parent: ROOT_INO,
+            name: name.to_vec(),
+            ino,
+        };
+        let before = ops.getattr(ROOT_INO).unwrap();
+        let r = ops
+            .namespace_batch(&[
+                rmdir(b"a", b.ino),
+                rmdir(b"full", full.ino),
+                rmdir(b"a", a.ino),
+            ])
+            .unwrap();
+        assert_eq!(r[0].as_ref().unwrap_err().code, ErrorCode::Stale);
+        assert_eq!(r[1].as_ref().unwrap_err().code, ErrorCode::NotEmpty);
+        assert_eq!(
+            r[2],
+            Ok(BatchDone::Removed {
+                change: before.change + 1
+            })
+        );
+        let after = ops.getattr(ROOT_INO).unwrap();
+        assert_eq!(after.nlink, before.nlink - 1);
+        assert_eq!(code(ops.lookup(ROOT_INO, b"a")), ErrorCode::NotFound);
+        assert_eq!(code(ops.getattr(a.ino)), ErrorCode::NotFound);
+        assert!(ops.lookup(ROOT_INO, b"b").is_ok() && ops.lookup(ROOT_INO, b"full").is_ok());
     }
 
     #[test]
