@@ -1218,6 +1218,9 @@ pub enum BatchOp {
         time: Timestamp,
         /// Chosen by the sender (the parent's default, or the mount's own choice).
         layout: FileLayout,
+        /// Its mode or owner were set after the sender made it (protocol 14): its ctime is
+        /// when the metadata server makes it, not `time`.
+        changed: bool,
     },
     /// Removes empty directory `name` from `parent` only while it still names `ino`
     /// (protocol 14).

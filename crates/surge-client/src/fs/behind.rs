@@ -108,6 +108,30 @@ impl Behind {
         }
     }
 
+    /// Gives the file made behind as inode `ino`, while its creation is still queued (not
+    /// being sent), the permission bits `perm` (a chmod, or a chown that cleared setuid or
+    /// setgid, answered here); its ctime moves when the metadata server makes it. False when
+    /// the creation is no longer queued.
+    pub fn amend_create(&self, ino: Ino, new_perm: u16) -> bool {
+        let mut st = self.state.lock();
+        for q in st.queue.iter_mut().rev() {
+            if let BatchOp::CreateFile {
+                ino: i,
+                perm,
+                changed,
+                ..
+            } = &mut q.op
+            {
+                if *i == ino {
+                    *perm = new_perm;
+                    *changed = true;
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     /// Wakes the sender (after [`push`](Self::push), with the listing unlocked).
     pub fn kick(&self) {
         self.work.notify_one();

@@ -77,6 +77,9 @@ impl Fs {
         self.fresh_dirs.forget(ino);
         // A directory's mode (setgid) and owner are copied into files made behind.
         self.listings.drop_dir(ino);
+        if let Some(a) = self.setattr_here(ino, &set, kill) {
+            return Ok(a);
+        }
         self.barrier().await?;
         if let (true, Some(new)) = (self.cache, set.size) {
             // A file the lazy fill made moves to the fast tier before its size changes.
@@ -193,6 +196,66 @@ impl Fs {
             }
         }
         Ok(self.observe(a, false))
+    }
+
+    /// A `setattr` this node answers without a round trip, for a regular file open here
+    /// (`tar -x` sets each file's mtime, owner and mode on its open copy, in that order):
+    /// - the mtime alone while writes are pending: kept and sent with their commit (see
+    ///   `Inodes::defer_mtime`);
+    /// - the mode, or an owner and group equal to the file's, of a file made behind whose
+    ///   creation is still queued (see `Behind::amend_create`): the queued create makes it
+    ///   so (setuid and setgid cleared at a chown as the server would: nobody else knows the
+    ///   file yet, so this node's bits are the bits).
+    ///
+    /// `None`: the metadata server is asked.
+    fn setattr_here(&self, ino: Ino, set: &SetAttr, kill: &KillSuidgid) -> Option<Attr> {
+        if self.cache || set.size.is_some() || set.atime.is_some() || set.flags.is_some() {
+            return None;
+        }
+        let attr = self.inodes.with(ino, |i| i.attr.clone()).flatten()?;
+        if attr.kind != FileKind::File || self.inodes.open_size(ino).is_none() {
+            return None;
+        }
+        let now = surge_proto::Timestamp::now();
+        if let Some(m) = set.mtime {
+            if set.perm.is_some() || set.uid.is_some() || set.gid.is_some() {
+                return None;
+            }
+            // As in `commit_with_mtime`: those the commit alone would not check.
+            let flagged = self
+                .inodes
+                .flags(ino)
+                .is_none_or(|f| f & (surge_proto::FL_IMMUTABLE | surge_proto::FL_APPEND) != 0);
+            if flagged || self.through_file(ino).is_some() {
+                return None;
+            }
+            let time = match m {
+                TimeSet::At(t) => t,
+                TimeSet::Now => now,
+            };
+            if !self.inodes.defer_mtime(ino, time, now) {
+                return None;
+            }
+            return Some(self.observe(attr, false));
+        }
+        if set.uid.is_some_and(|u| u != attr.uid) || set.gid.is_some_and(|g| g != attr.gid) {
+            return None;
+        }
+        let mut a = attr.clone();
+        match (set.perm, kill) {
+            (Some(p), _) => a.perm = p & 0o7777,
+            (None, KillSuidgid::Chown { groups }) if set.uid.is_some() || set.gid.is_some() => {
+                if let Some(p) = perm_after_chown(&attr, groups.as_deref()) {
+                    a.perm = p;
+                }
+            }
+            _ => return None,
+        }
+        if !self.behind.amend_create(ino, a.perm) {
+            return None;
+        }
+        a.ctime = now;
+        Some(self.observe(a, false))
     }
 
     /// File `ino` is marked [`FL_RECOVER`]: a mount that had it open for writing went before
@@ -759,10 +822,12 @@ impl Fs {
     /// [`commit`](Self::commit) with the inode's size lock held by the caller; `closing`: at
     /// the close of a handle (see [`commit_pending`](Self::commit_pending)).
     async fn commit_locked(&self, ino: Ino, closing: bool) -> FsResult<()> {
-        let Some((size, mtime)) = self.inodes.take_pending(ino) else {
+        let Some((size, mtime, set)) = self.inodes.take_pending(ino) else {
             return Ok(());
         };
-        self.commit_pending(ino, size, mtime, None, closing)
+        // An mtime the application set after the last write (see `Inodes::defer_mtime`).
+        let set = set.then_some(TimeSet::At(mtime));
+        self.commit_pending(ino, size, mtime, set, closing)
             .await
             .map(|_| ())
     }
@@ -788,7 +853,7 @@ impl Fs {
         if self.cache || flagged || self.through_file(ino).is_some() {
             return Ok(None);
         }
-        let Some((size, mtime)) = self.inodes.take_pending(ino) else {
+        let Some((size, mtime, _)) = self.inodes.take_pending(ino) else {
             return Ok(None);
         };
         self.commit_pending(ino, size, mtime, Some(new_mtime), false)

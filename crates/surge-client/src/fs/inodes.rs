@@ -13,6 +13,17 @@ use std::sync::Arc;
 use surge_core::Ino;
 use surge_proto::{Attr, KeepOpen, Timestamp, Unlinked};
 
+/// See [`Inodes::defer_mtime`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AppMtime {
+    pub time: Timestamp,
+    /// When it was set (the ctime it gave).
+    pub at: Timestamp,
+    /// The backing file's (size, mtime) then: a passthrough write since changes them, and
+    /// the write's time wins.
+    pub backing: Option<(u64, Timestamp)>,
+}
+
 #[derive(Default)]
 pub(super) struct Inode {
     /// Kernel references (lookup counts), released by `forget`.
@@ -25,6 +36,9 @@ pub(super) struct Inode {
     pub size: u64,
     /// Time of the last local change of the data not yet committed.
     pub dirty_mtime: Option<Timestamp>,
+    /// An mtime the application set while writes were pending here, sent with their commit
+    /// (see [`Inodes::defer_mtime`]).
+    pub app_mtime: Option<AppMtime>,
     /// Fragments written since the last fsync (bit i = fragment i).
     pub touched: u64,
     /// The last name went away while open here: remove the data at the last release.
@@ -124,12 +138,17 @@ impl InodeTable {
                 a.mtime = m;
                 a.ctime = a.ctime.max(m);
             }
-            if let Some((size, mtime)) = ino.backing.as_deref().and_then(backing_state) {
+            let backing = ino.backing.as_deref().and_then(backing_state);
+            if let Some((size, mtime)) = backing {
                 a.size = a.size.max(size);
                 if Some((size, mtime)) != ino.backing_committed {
                     a.mtime = a.mtime.max(mtime);
                     a.ctime = a.ctime.max(mtime);
                 }
+            }
+            if let Some(m) = ino.app_mtime.filter(|m| m.backing == backing) {
+                a.mtime = m.time;
+                a.ctime = a.ctime.max(m.at);
             }
         } else {
             ino.seen = Some((a.mtime, a.size));
@@ -353,26 +372,61 @@ impl InodeTable {
                 i.size = i.size.max(end);
             }
             i.dirty_mtime = Some(Timestamp::now());
+            // Written after the application set the mtime: the write's time wins.
+            i.app_mtime = None;
             i.touched |= mask;
         }
     }
 
     /// What must be committed to the metadata server for `ino` (size, mtime), marked as sent;
-    /// [`commit_failed`](Self::commit_failed) puts it back.
-    pub fn take_pending(&self, ino: Ino) -> Option<(u64, Timestamp)> {
+    /// [`commit_failed`](Self::commit_failed) puts it back. The mtime is the application's
+    /// when it set one after the last write (see [`defer_mtime`](Self::defer_mtime)).
+    pub fn take_pending(&self, ino: Ino) -> Option<(u64, Timestamp, bool)> {
         let mut inodes = self.inodes.lock();
         let i = inodes.get_mut(&ino)?;
+        let backing = i.backing.as_deref().and_then(backing_state);
+        let app = i.app_mtime.take().filter(|m| m.backing == backing);
         // Passthrough writes are seen only in the backing file.
-        if let Some((size, mtime)) = i.backing.as_deref().and_then(backing_state) {
+        if let Some((size, mtime)) = backing {
             if Some((size, mtime)) != i.backing_committed {
                 i.backing_committed = Some((size, mtime));
                 i.backing_changed = true;
                 i.size = i.size.max(size);
                 let m = i.dirty_mtime.take().map_or(mtime, |d| d.max(mtime));
-                return Some((i.size, m));
+                return Some(match app {
+                    Some(a) => (i.size, a.time, true),
+                    None => (i.size, m, false),
+                });
             }
         }
-        i.dirty_mtime.take().map(|m| (i.size, m))
+        let size = i.size;
+        i.dirty_mtime.take().map(|m| match app {
+            Some(a) => (size, a.time, true),
+            None => (size, m, false),
+        })
+    }
+
+    /// The application set `ino`'s mtime to `time` (alone, at `now`) while this node has
+    /// writes of it pending: it is kept here and sent with their commit (at `fsync`, a
+    /// truncate, the close), one request for both, unless the file is written again first
+    /// (then the write's time wins, as on a local file system). False, nothing kept, when no
+    /// write is pending (the caller sets it at the server).
+    pub fn defer_mtime(&self, ino: Ino, time: Timestamp, now: Timestamp) -> bool {
+        let mut inodes = self.inodes.lock();
+        let Some(i) = inodes.get_mut(&ino) else {
+            return false;
+        };
+        let backing = i.backing.as_deref().and_then(backing_state);
+        let pending =
+            i.dirty_mtime.is_some() || (backing.is_some() && backing != i.backing_committed);
+        if pending {
+            i.app_mtime = Some(AppMtime {
+                time,
+                at: now,
+                backing,
+            });
+        }
+        pending
     }
 
     /// Attributes fetched when a lock was taken (see `Fs::setlk`): the size of a file open
@@ -586,7 +640,7 @@ mod tests {
         let a = t.observe(attr(5, 10, 100), false);
         assert_eq!(a.size, 4096, "this node's write is in the size");
         assert!(a.mtime.secs > 100, "and in mtime");
-        let (size, _) = t.take_pending(5).expect("a commit is pending");
+        let (size, _, _) = t.take_pending(5).expect("a commit is pending");
         assert_eq!(size, 4096);
         assert!(t.take_pending(5).is_none(), "taken once");
         assert!(t.nothing_pending(fh));

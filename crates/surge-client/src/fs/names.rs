@@ -708,6 +708,7 @@ impl Fs {
                 gid,
                 time: now,
                 layout: a.layout,
+                changed: false,
             };
             let dir = self.queue_behind(&rt, l, parent, op);
             (a, dir)

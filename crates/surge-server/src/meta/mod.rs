@@ -871,6 +871,7 @@ impl Ops<'_> {
                     gid,
                     time,
                     layout,
+                    changed,
                 } => self
                     .create_in(
                         *parent,
@@ -882,8 +883,13 @@ impl Ops<'_> {
                         *time,
                         *layout,
                     )
-                    .map(|c| BatchDone::Created {
-                        change: c.parent.change,
+                    .and_then(|c| {
+                        if *changed {
+                            self.touch_ctime(*ino)?;
+                        }
+                        Ok(BatchDone::Created {
+                            change: c.parent.change,
+                        })
                     }),
                 BatchOp::Rmdir { parent, name, ino } => self
                     .rmdir_of(*parent, name, Some(*ino))
@@ -1676,6 +1682,7 @@ mod tests {
             gid: 4,
             time,
             layout: FileLayout::default(),
+            changed: false,
         };
         let before = ops.getattr(d.ino).unwrap().change;
         let r = ops
