@@ -221,12 +221,7 @@ impl Fs {
             if set.perm.is_some() || set.uid.is_some() || set.gid.is_some() {
                 return None;
             }
-            // As in `commit_with_mtime`: those the commit alone would not check.
-            let flagged = self
-                .inodes
-                .flags(ino)
-                .is_none_or(|f| f & (surge_proto::FL_IMMUTABLE | surge_proto::FL_APPEND) != 0);
-            if flagged || self.through_file(ino).is_some() {
+            if !self.mtime_may_ride_on_commit(ino) {
                 return None;
             }
             let time = match m {
@@ -846,11 +841,7 @@ impl Fs {
         let Some(new_mtime) = set.mtime.filter(|_| *set == only_mtime) else {
             return Ok(None);
         };
-        let flagged = self
-            .inodes
-            .flags(ino)
-            .is_none_or(|f| f & (surge_proto::FL_IMMUTABLE | surge_proto::FL_APPEND) != 0);
-        if self.cache || flagged || self.through_file(ino).is_some() {
+        if !self.mtime_may_ride_on_commit(ino) {
             return Ok(None);
         }
         let Some((size, mtime, _)) = self.inodes.take_pending(ino) else {
@@ -858,6 +849,19 @@ impl Fs {
         };
         self.commit_pending(ino, size, mtime, Some(new_mtime), false)
             .await
+    }
+
+    /// True when an mtime the application sets on `ino` may go with a commit of its writes
+    /// rather than a `setattr`: the commit skips checks the metadata server's `setattr`
+    /// makes, which refuse new times in a cache namespace, on a file written through to the
+    /// PFS and on one this node saw immutable or append-only (or whose flags it does not
+    /// know).
+    fn mtime_may_ride_on_commit(&self, ino: Ino) -> bool {
+        let flagged = self
+            .inodes
+            .flags(ino)
+            .is_none_or(|f| f & (surge_proto::FL_IMMUTABLE | surge_proto::FL_APPEND) != 0);
+        !self.cache && !flagged && self.through_file(ino).is_none()
     }
 
     /// Commits `size` and the `mtime` of this node's writes (or `set_mtime`, a time the

@@ -387,22 +387,18 @@ impl InodeTable {
         let backing = i.backing.as_deref().and_then(backing_state);
         let app = i.app_mtime.take().filter(|m| m.backing == backing);
         // Passthrough writes are seen only in the backing file.
-        if let Some((size, mtime)) = backing {
-            if Some((size, mtime)) != i.backing_committed {
-                i.backing_committed = Some((size, mtime));
+        let written = match backing {
+            Some((size, mtime)) if backing != i.backing_committed => {
+                i.backing_committed = backing;
                 i.backing_changed = true;
                 i.size = i.size.max(size);
-                let m = i.dirty_mtime.take().map_or(mtime, |d| d.max(mtime));
-                return Some(match app {
-                    Some(a) => (i.size, a.time, true),
-                    None => (i.size, m, false),
-                });
+                Some(i.dirty_mtime.take().map_or(mtime, |d| d.max(mtime)))
             }
-        }
-        let size = i.size;
-        i.dirty_mtime.take().map(|m| match app {
-            Some(a) => (size, a.time, true),
-            None => (size, m, false),
+            _ => i.dirty_mtime.take(),
+        };
+        written.map(|m| match app {
+            Some(a) => (i.size, a.time, true),
+            None => (i.size, m, false),
         })
     }
 

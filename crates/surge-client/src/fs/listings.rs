@@ -130,20 +130,7 @@ impl Listings {
         if self.ttl.is_zero() {
             return;
         }
-        let mut l = self.map.lock();
-        if l.len() >= MAX_LISTINGS {
-            l.clear();
-        }
-        l.insert(
-            dir.ino,
-            Listing {
-                names: HashMap::new(),
-                at: Instant::now(),
-                dir: dir.clone(),
-                lease: LeaseState::Untried,
-                read: false,
-            },
-        );
+        insert(&mut self.map.lock(), dir, HashMap::new(), false);
     }
 
     /// A `readdir` of `dir` from its start is about to ask for its first page: what this
@@ -210,19 +197,7 @@ impl Listings {
         if map.get(&dir).is_some_and(|l| l.at.elapsed() < self.ttl) {
             return;
         }
-        if map.len() >= MAX_LISTINGS {
-            map.clear();
-        }
-        map.insert(
-            dir,
-            Listing {
-                names: g.names,
-                at: Instant::now(),
-                dir: attr.clone(),
-                lease: LeaseState::Untried,
-                read: true,
-            },
-        );
+        insert(&mut map, attr, g.names, true);
     }
 
     /// This node changed `dir` (or dropped its listing): a gathering of its pages is spoilt.
@@ -326,6 +301,29 @@ impl Listings {
             }
         }
     }
+}
+
+/// Lists directory `dir` with `names` as of now (`read`: gathered from a `readdir`), the
+/// listings bounded by [`MAX_LISTINGS`] (all forgotten when full).
+fn insert(
+    map: &mut HashMap<Ino, Listing>,
+    dir: &Attr,
+    names: HashMap<Vec<u8>, (Ino, FileKind)>,
+    read: bool,
+) {
+    if map.len() >= MAX_LISTINGS {
+        map.clear();
+    }
+    map.insert(
+        dir.ino,
+        Listing {
+            names,
+            at: Instant::now(),
+            dir: dir.clone(),
+            lease: LeaseState::Untried,
+            read,
+        },
+    );
 }
 
 /// Directory attributes returned with this node's own changes in them (create, unlink,

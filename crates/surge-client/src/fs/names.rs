@@ -337,11 +337,7 @@ impl Fs {
     }
 
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        // A listing gathered from a `readdir` of a shared namespace serves under the
-        // directory's lease only, asked for at its first use.
-        if !self.creates_behind && self.listings.read_untried(parent) {
-            self.leased(parent).await;
-        }
+        self.lease_read_listing(parent).await;
         if self.unlink_behind(parent, name) {
             return Ok(());
         }
@@ -358,9 +354,7 @@ impl Fs {
     }
 
     pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
-        if !self.creates_behind && self.listings.read_untried(parent) {
-            self.leased(parent).await;
-        }
+        self.lease_read_listing(parent).await;
         if self.rmdir_behind(parent, name) {
             return Ok(());
         }
@@ -589,6 +583,14 @@ impl Fs {
         self.fresh_dirs.note(dir);
         self.behind.kick();
         true
+    }
+
+    /// A listing of `parent` gathered from a `readdir` in a shared namespace serves a removal
+    /// made behind under the directory's lease only, asked for here at its first use.
+    async fn lease_read_listing(&self, parent: Ino) {
+        if !self.creates_behind && self.listings.read_untried(parent) {
+            self.leased(parent).await;
+        }
     }
 
     /// Answers the removal of directory `name` at once and queues it (see [`super::behind`])
