@@ -680,6 +680,105 @@ fn killed_writer_is_recovered(mut a: Mount, b: &Mount, len: usize) {
     a.child = None;
 }
 
+/// Bytes of the instance in use, as `df` on mount `m` shows them.
+fn used(m: &Mount) -> u64 {
+    let c = std::ffi::CString::new(m.dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path and out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_blocks - st.f_bfree) * st.f_frsize
+}
+
+/// A mount killed while it holds unlinked files open (one removed while open, one made with
+/// `O_TMPFILE`) does not keep their space until the instance is destroyed: once the servers'
+/// `--orphan-grace` is over, another mount of the namespace removes their data. The control:
+/// while the holder lives, its files keep their data past that grace.
+#[test]
+fn unlinked_files_a_killed_mount_held_open_give_their_space_back() {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let test = "unlinked_files_a_killed_mount_held_open_give_their_space_back";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let c = Cluster::start_with(
+        std::path::Path::new(SURGE),
+        3,
+        "1GiB",
+        &["--orphan-grace", "1"],
+    );
+    let id = c.create_instance("2GiB", "64KiB", &[]);
+    let mut a = node(&c, id);
+    let b = node(&c, id);
+    // B makes files in a directory of its own: it waits for lease recalls, as such a mount does.
+    std::fs::create_dir(b.path("bdir")).unwrap();
+    std::fs::write(b.path("bdir/x"), b"x").unwrap();
+    let base = used(&b);
+    const MIB: u64 = 1 << 20;
+    let body: Vec<u8> = (0..4 * MIB).map(|i| (i % 251) as u8).collect();
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(a.path("held"))
+        .unwrap();
+    held.write_all_at(&body, 0).unwrap();
+    held.sync_all().unwrap();
+    std::fs::remove_file(a.path("held")).unwrap();
+    let tmp = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(&a.dir)
+        .unwrap();
+    tmp.write_all_at(&body[..2 * MIB as usize], 0).unwrap();
+    tmp.sync_all().unwrap();
+    let taken = wait_for("6 MiB in use", Duration::from_secs(10), || {
+        let u = used(&b);
+        (u >= base + 6 * MIB).then_some(u)
+    });
+    // The control: A lives, so three times the grace later its files are whole.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        used(&b) >= base + 6 * MIB,
+        "A's files lost space while A lives"
+    );
+    let mut got = vec![0u8; body.len()];
+    held.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == body, "A's unlinked file changed while A lives");
+    let mut got = vec![0u8; 2 * MIB as usize];
+    tmp.read_exact_at(&mut got, 0).unwrap();
+    assert!(got[..] == body[..2 * MIB as usize], "A's O_TMPFILE changed");
+    let mut child = a.child.take().expect("mount process");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop((held, tmp));
+    let t = Instant::now();
+    let left = loop {
+        let u = used(&b);
+        if u + 5 * MIB <= taken || t.elapsed() > Duration::from_secs(20) {
+            break u;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        left + 5 * MIB <= taken,
+        "the space of the files A held stays taken after A went: {left} bytes in use, {taken} \
+         with them, {base} before"
+    );
+    let logs: String = c
+        .servers
+        .iter()
+        .map(|s| std::fs::read_to_string(&s.log).unwrap_or_default())
+        .collect();
+    assert!(
+        logs.contains("left open by a mount that went, forgotten"),
+        "the metadata server does not say it forgot them: {logs}"
+    );
+    // B still works, and its own file is whole.
+    assert_eq!(std::fs::read(b.path("bdir/x")).unwrap(), b"x");
+    a.child = None;
+}
+
 /// A mount that unmounts cleanly leaves no file to recover: another node's opens of the files
 /// it wrote and closed, or opened and never wrote, ask nothing of the objects.
 #[test]

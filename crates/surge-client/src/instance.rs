@@ -657,12 +657,14 @@ impl InstanceClient {
     }
 
     /// Waits up to `wait_ms` for the metadata server to recall leases of this session, on
-    /// `conn` (from [`recall_connection`](Self::recall_connection)); returns the directories.
+    /// `conn` (from [`recall_connection`](Self::recall_connection)); returns the directories,
+    /// and the unlinked files a mount that went left open whose objects this one is to remove
+    /// (the metadata server forgot them).
     pub async fn wait_recall(
         &self,
         conn: &crate::conn::Connection,
         wait_ms: u32,
-    ) -> Result<Vec<Ino>> {
+    ) -> Result<(Vec<Ino>, Vec<surge_proto::Unlinked>)> {
         let req = Request::WaitRecall {
             instance: self.instance(),
             ns: self.ns,
@@ -670,7 +672,7 @@ impl InstanceClient {
         };
         self.counts.note(&req);
         match conn.call(&req, &[]).await? {
-            (Response::Recall(dirs), _) => Ok(dirs),
+            (Response::Recall { dirs, reap }, _) => Ok((dirs, reap)),
             (Response::Error(e), _) => Err(ClientError::Remote {
                 server: self.mds.server.id.clone(),
                 error: e,

@@ -13,7 +13,7 @@ use thiserror::Error;
 
 pub const MAGIC: [u8; 4] = *b"SRGE";
 /// Bumped on any incompatible change of the header or of the messages.
-pub const PROTOCOL_VERSION: u16 = 14;
+pub const PROTOCOL_VERSION: u16 = 15;
 pub const HEADER_LEN: usize = 32;
 /// Set in the opcode of every response.
 pub const RESPONSE_BIT: u16 = 0x8000;

@@ -1355,8 +1355,13 @@ pub enum Response {
     Lease {
         granted: bool,
     },
-    /// Reply to `WaitRecall`: the directories whose leases the session must give back.
-    Recall(Vec<Ino>),
+    /// Reply to `WaitRecall`: the directories whose leases the session must give back, and
+    /// unlinked files a mount that went left open, already forgotten by the metadata server,
+    /// whose objects the session is to remove (the server removed those on its own host).
+    Recall {
+        dirs: Vec<Ino>,
+        reap: Vec<Unlinked>,
+    },
     /// Reply to `GetXattr`: the value.
     Xattr(Vec<u8>),
     /// Reply to `ListXattr`: the names, sorted.

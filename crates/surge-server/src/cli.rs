@@ -114,6 +114,15 @@ pub struct ServerArgs {
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = surge_core::sys::secs_arg)]
     pub lock_grace: Duration,
 
+    /// How long a mount that holds unlinked files open (removed while open, or made with
+    /// O_TMPFILE) may stop waiting for lease recalls before it is taken as gone: then the
+    /// next mount of the namespace that waits removes those files' data, which would
+    /// otherwise hold the instance's space until it is destroyed (seconds). A mount cut off
+    /// from its metadata server for longer loses those files' data; one killed, or whose
+    /// node is lost, gives the space back after this long.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = surge_core::sys::secs_arg)]
+    pub orphan_grace: Duration,
+
     /// TLS 1.3 on the TCP listener (docs/SECURITY.md, "On the wire"). auto: with a
     /// certificate (--tls-cert), every peer on another host must speak TLS and loopback peers
     /// may; without one, everything in clear. on: a certificate is required and every TCP
@@ -326,6 +335,7 @@ pub fn run(
     let sigs = surge_core::sys::block_signals(&[libc::SIGINT, libc::SIGTERM]);
     crate::reserve::set_size(args.metadata_reserve);
     crate::locks::set_grace(args.lock_grace);
+    crate::mds::set_orphan_grace(args.orphan_grace);
     // Everything this server makes (objects, metadata stores) is its user's alone.
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0o077) };

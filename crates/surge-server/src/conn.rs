@@ -197,7 +197,8 @@ pub fn handle(
                 let namespace = reg.namespace(instance, ns)?;
                 let resp = match meta {
                     Request::WaitRecall { wait_ms, .. } => {
-                        Response::Recall(namespace.wait_recall(session, wait_ms))
+                        let (dirs, reap) = namespace.wait_recall(session, wait_ms);
+                        Response::Recall { dirs, reap }
                     }
                     Request::ReleaseLeases { inos, .. } => {
                         namespace.release_leases(session, &inos);
@@ -213,6 +214,7 @@ pub fn handle(
                         replaced: Some(u), ..
                     } if u.purged => vec![u.ino],
                     Response::Ok => purge.into_iter().collect(),
+                    Response::Recall { reap, .. } => reap.iter().map(|u| u.ino).collect(),
                     Response::BatchDone(results) => results
                         .iter()
                         .flatten()

@@ -10,6 +10,8 @@
 mod cache;
 mod drain;
 mod leases;
+mod orphans;
+pub use self::orphans::set_grace as set_orphan_grace;
 
 use self::cache::Cache;
 use self::drain::{held_before, wall_ms, Drain, Hold, RECORD_HOLD_EVERY};
@@ -21,7 +23,7 @@ use rusqlite::Connection;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use surge_core::{Ino, InstanceId, NamespaceId};
-use surge_proto::{BatchOp, DrainOp, FileKind, NewNode};
+use surge_proto::{BatchDone, BatchOp, DrainOp, FileKind, NewNode, Unlinked};
 use surge_proto::{Change, Dirs, ErrorCode, ErrorReply, Request, Response};
 use tracing::{debug, error, info, warn};
 
@@ -54,6 +56,8 @@ pub struct Namespace {
     xattrs: XattrCharge,
     /// Who has which files open for writing (see [`Writers`]).
     writers: parking_lot::Mutex<Writers>,
+    /// Unlinked files sessions hold open (see [`orphans`]). Taken alone.
+    orphans: parking_lot::Mutex<orphans::Orphans>,
 }
 
 /// Files each client session has open for writing (`Request::OpenWrite`, a create, until a
@@ -250,6 +254,7 @@ impl Namespace {
             },
             xattrs: XattrCharge::new(budget, xattr_total),
             writers: parking_lot::Mutex::new(Writers::default()),
+            orphans: parking_lot::Mutex::new(orphans::Orphans::default()),
         })
     }
 
@@ -344,6 +349,51 @@ impl Namespace {
         }
     }
 
+    /// Records what `req` (answered `reply`) says of the unlinked files `session` holds open
+    /// (see [`orphans`]). Not in a cache namespace, whose drain has its own rules.
+    fn note_orphans(&self, session: u32, req: &Request, reply: &Response) {
+        let held_open =
+            |u: &Unlinked| (u.orphaned && !u.purged && u.kind == FileKind::File).then_some(u.ino);
+        let (kept, gone): (Vec<Ino>, Option<Ino>) = match (req, reply) {
+            (Request::Unlink { .. }, Response::Removed { unlinked, .. })
+            | (
+                Request::Rename { .. },
+                Response::Renamed {
+                    replaced: Some(unlinked),
+                },
+            ) => (held_open(unlinked).into_iter().collect(), None),
+            (Request::NamespaceBatch { .. }, Response::BatchDone(done)) => (
+                done.iter()
+                    .filter_map(|r| match r {
+                        Ok(BatchDone::Unlinked { unlinked, .. }) => held_open(unlinked),
+                        _ => None,
+                    })
+                    .collect(),
+                None,
+            ),
+            (Request::Tmpfile { .. }, Response::Attr(a)) => (vec![a.ino], None),
+            (Request::Purge { ino, .. }, Response::Ok)
+            | (Request::Link { ino, .. }, Response::Attr(_)) => (Vec::new(), Some(*ino)),
+            _ => return,
+        };
+        let mut o = self.orphans.lock();
+        for ino in kept {
+            if !o.hold(session, ino) {
+                warn!(
+                    "namespace {}/{}: session {session:#x} holds {} unlinked files open; \
+                     inode {ino} is not recorded (if that mount dies, its data stays until the \
+                     instance is destroyed)",
+                    self.instance,
+                    self.ns.0,
+                    orphans::MAX_HELD
+                );
+            }
+        }
+        if let Some(ino) = gone {
+            o.let_go(session, ino);
+        }
+    }
+
     /// The bytes the namespace's extended attributes take (in the instance's use).
     pub fn xattr_bytes(&self) -> u64 {
         self.xattrs.bytes()
@@ -428,6 +478,7 @@ impl Namespace {
                 // size there is what its PFS copy or fill says), not from their objects.
                 if session != 0 && !self.journal {
                     self.note_writers(session, &req, &reply);
+                    self.note_orphans(session, &req, &reply);
                 }
                 if self.journal {
                     self.note_creates(session, &req, &reply);
@@ -837,11 +888,14 @@ impl Namespace {
         );
     }
 
-    /// Waits up to `wait_ms` for recalls of `session`'s leases; returns the directories.
-    pub fn wait_recall(&self, session: u32, wait_ms: u32) -> Vec<Ino> {
+    /// Waits up to `wait_ms` for recalls of `session`'s leases; returns the directories, and
+    /// the unlinked files of mounts that went which `session` is to remove the data of (see
+    /// [`orphans`]; already forgotten here).
+    pub fn wait_recall(&self, session: u32, wait_ms: u32) -> (Vec<Ino>, Vec<Unlinked>) {
         if session == 0 {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
+        self.orphans.lock().waits(session);
         let deadline =
             Instant::now() + Duration::from_millis(u64::from(wait_ms)).min(MAX_RECALL_WAIT);
         let mut l = self.leases.lock();
@@ -856,7 +910,71 @@ impl Namespace {
             }
         };
         l.wait_ends(session, Instant::now());
-        out
+        drop(l);
+        (out, self.hand_out_orphans(session))
+    }
+
+    /// Takes the abandoned unlinked files (see [`orphans`]) for `session`: forgets each one
+    /// that still has no name and returns them, for the caller to remove their objects.
+    fn hand_out_orphans(&self, session: u32) -> Vec<Unlinked> {
+        let inos = self
+            .orphans
+            .lock()
+            .take(session, Instant::now(), orphans::grace());
+        if inos.is_empty() {
+            return Vec::new();
+        }
+        let mut guard = self.conn.lock();
+        let Some(conn) = guard.as_mut() else {
+            return Vec::new();
+        };
+        let purged = conn
+            .transaction()
+            .map_err(|e| e.to_string())
+            .and_then(|tx| {
+                let ops = Ops { tx: &tx };
+                let mut out = Vec::new();
+                for &ino in &inos {
+                    if let Some(a) = ops.purge_orphan(ino).map_err(|e| e.message)? {
+                        out.push(Unlinked {
+                            ino,
+                            kind: a.kind,
+                            orphaned: true,
+                            size: a.size,
+                            purged: true,
+                        });
+                    }
+                }
+                tx.commit().map_err(|e| e.to_string())?;
+                Ok(out)
+            });
+        drop(guard);
+        match purged {
+            Ok(out) => {
+                if !out.is_empty() {
+                    info!(
+                        "namespace {}/{}: {} unlinked file(s) of {} bytes, left open by a mount \
+                         that went, forgotten; session {session:#x} removes their data",
+                        self.instance,
+                        self.ns.0,
+                        out.len(),
+                        out.iter().map(|u| u.size).sum::<u64>()
+                    );
+                }
+                out
+            }
+            Err(e) => {
+                warn!(
+                    "namespace {}/{}: cannot forget {} unlinked file(s) a mount that went left \
+                     open: {e}; tried again at the next recall wait",
+                    self.instance,
+                    self.ns.0,
+                    inos.len()
+                );
+                self.orphans.lock().give_back(&inos);
+                Vec::new()
+            }
+        }
     }
 
     /// Takes leases of `session` back.
@@ -869,6 +987,21 @@ impl Namespace {
     /// unless it waits on another connection.
     pub fn recall_connection_closed(&self, session: u32) {
         let dropped = self.leases.lock().connection_closed(session);
+        if dropped.is_some() {
+            let mut o = self.orphans.lock();
+            o.went_silent(session, Instant::now());
+            let n = o.held_by(session);
+            drop(o);
+            if n > 0 {
+                info!(
+                    "namespace {}/{}: session {session:#x} stopped waiting for recalls with {n} \
+                     unlinked file(s) open; their data goes if it does not come back within {:?}",
+                    self.instance,
+                    self.ns.0,
+                    orphans::grace()
+                );
+            }
+        }
         if dropped == Some(true) {
             info!(
                 "namespace {}/{}: session {session:#x} closed; its directory leases are dropped",
@@ -1552,6 +1685,98 @@ mod tests {
     }
 
     #[test]
+    fn unlinked_files_of_a_session_that_went_are_handed_to_another_once_forgotten() {
+        let t = tempfile::tempdir().unwrap();
+        let ns =
+            Namespace::start(t.path(), I, N, (0, 0, 0o755), false, Default::default()).unwrap();
+        set_orphan_grace(Duration::ZERO);
+        let unlink = |session, name: &str| match ns.call_as(
+            session,
+            Request::Unlink {
+                instance: I,
+                ns: N,
+                parent: ROOT_INO,
+                name: name.into(),
+                keep: surge_proto::KeepOpen::All,
+            },
+        ) {
+            Response::Removed { unlinked, .. } => unlinked,
+            other => panic!("unlink: {other:?}"),
+        };
+        let mut files = Vec::new();
+        for name in ["held", "purged"] {
+            let Response::Created { attr, .. } = create(&ns, 7, ROOT_INO, name, NewNode::File)
+            else {
+                panic!("create");
+            };
+            files.push(attr.ino);
+        }
+        let u = unlink(7, "held");
+        assert!(u.orphaned && !u.purged);
+        // One the session purged itself, and an O_TMPFILE it named with a link, are not
+        // handed out.
+        unlink(7, "purged");
+        let purge = Request::Purge {
+            instance: I,
+            ns: N,
+            ino: files[1],
+        };
+        assert!(matches!(ns.call_as(7, purge), Response::Ok));
+        let tmpfile = Request::Tmpfile {
+            instance: I,
+            ns: N,
+            dir: ROOT_INO,
+            perm: 0o644,
+            umask: 0,
+            uid: 0,
+            gid: 0,
+            layout: Default::default(),
+        };
+        let Response::Attr(t) = ns.call_as(7, tmpfile) else {
+            panic!("tmpfile");
+        };
+        files.push(t.ino);
+        let link = Request::Link {
+            instance: I,
+            ns: N,
+            ino: t.ino,
+            new_parent: ROOT_INO,
+            new_name: b"named".to_vec(),
+        };
+        assert!(matches!(ns.call_as(7, link), Response::Attr(_)));
+        // Alive while it waits for recalls; gone once its recall connection closed (and the
+        // grace, here none, is over).
+        assert!(ns.wait_recall(7, 0).1.is_empty());
+        assert!(
+            ns.wait_recall(9, 0).1.is_empty(),
+            "handed out while its holder lives"
+        );
+        ns.recall_connection_closed(7);
+        let (_, reap) = ns.wait_recall(9, 0);
+        assert_eq!(reap.len(), 1, "{reap:?}");
+        assert!(reap[0].ino == files[0] && reap[0].purged && reap[0].orphaned);
+        assert!(ns.wait_recall(9, 0).1.is_empty(), "handed out once");
+        let Response::Attr(a) = ns.call_as(
+            9,
+            Request::GetAttr {
+                instance: I,
+                ns: N,
+                ino: files[2],
+            },
+        ) else {
+            panic!("the linked file was forgotten");
+        };
+        assert_eq!(a.nlink, 1);
+        let mut guard = ns.conn.lock();
+        let orphans = Ops {
+            tx: guard.as_mut().unwrap(),
+        }
+        .orphans()
+        .unwrap();
+        assert!(orphans.is_empty(), "{orphans:?}");
+    }
+
+    #[test]
     fn a_lease_is_recalled_before_another_session_touches_the_directory() {
         let t = tempfile::tempdir().unwrap();
         let ns = Arc::new(
@@ -1573,7 +1798,7 @@ mod tests {
         // Another session's lookup there waits until the holder gave the lease back.
         let ns2 = ns.clone();
         let other = std::thread::spawn(move || lookup(&ns2, 9, d.ino, "a"));
-        assert_eq!(ns.wait_recall(7, 5000), vec![d.ino]);
+        assert_eq!(ns.wait_recall(7, 5000).0, vec![d.ino]);
         std::thread::sleep(Duration::from_millis(300));
         assert!(!other.is_finished(), "ran before the lease was given back");
         ns.release_leases(7, &[d.ino]);
@@ -1592,7 +1817,7 @@ mod tests {
             ),
             Response::Attr(_)
         ));
-        assert!(ns.wait_recall(9, 10).is_empty());
+        assert!(ns.wait_recall(9, 10).0.is_empty());
         // A holder whose recall connection closed blocks nobody.
         ns.recall_connection_closed(7);
         let start = Instant::now();

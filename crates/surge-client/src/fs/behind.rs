@@ -40,7 +40,7 @@ const BATCH_RETRIES: u32 = 35;
 /// acknowledged changes in it must not be lost while space may come back.
 const NO_SPACE_RETRY: Duration = Duration::from_secs(600);
 /// Orphaned files of one batch whose data is being removed at once.
-const PURGES_AT_ONCE: usize = 32;
+pub(super) const PURGES_AT_ONCE: usize = 32;
 
 #[derive(Default)]
 pub(super) struct Behind {

@@ -1030,8 +1030,12 @@ impl Fs {
             super::behind::remove_purged_data(&self.client, &u).await;
             return;
         }
-        if let Some(size) = self.inodes.orphaned(&u) {
-            self.purge(u.ino, size).await;
+        match self.inodes.orphaned(&u) {
+            Some(size) => self.purge(u.ino, size).await,
+            // Open here: removed at the last close, or by another mount if this one goes.
+            None => {
+                self.start_recalls();
+            }
         }
     }
 

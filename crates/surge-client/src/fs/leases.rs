@@ -86,8 +86,11 @@ impl Fs {
     }
 
     /// Starts the task that answers the metadata server's lease recalls, once; false when it
-    /// cannot run (no async runtime here).
-    fn start_recalls(&self) -> bool {
+    /// cannot run (no async runtime here). Its wait also tells the metadata server this mount
+    /// lives: one that holds unlinked files open keeps it going, so that if it goes, another
+    /// mount removes their data (see `surge_server` `mds::orphans`), and it takes such files
+    /// of mounts that went.
+    pub(super) fn start_recalls(&self) -> bool {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return false;
         };
@@ -103,6 +106,22 @@ impl Fs {
         ));
         true
     }
+}
+
+/// Removes the objects of unlinked files another mount held open when it went (killed, or
+/// its node lost): the metadata server forgot them and handed them to this session.
+async fn remove_abandoned(client: &InstanceClient, reap: Vec<surge_proto::Unlinked>) {
+    use futures::StreamExt;
+    let (n, bytes) = (reap.len(), reap.iter().map(|u| u.size).sum::<u64>());
+    futures::stream::iter(reap)
+        .for_each_concurrent(super::behind::PURGES_AT_ONCE, |u| async move {
+            super::behind::remove_purged_data(client, &u).await;
+        })
+        .await;
+    info!(
+        "removed the data of {n} unlinked file(s) ({bytes} bytes) that a mount which went \
+         held open"
+    );
 }
 
 /// Answers the metadata server's recalls of this node's directory leases until the mount
@@ -135,7 +154,12 @@ async fn answer_recalls(
             },
         };
         let recalled = match client.wait_recall(&c, 1000).await {
-            Ok(d) => d,
+            Ok((d, reap)) => {
+                if !reap.is_empty() {
+                    remove_abandoned(&client, reap).await;
+                }
+                d
+            }
             Err(e) => {
                 // The server may have restarted and forgotten its leases: hold none, and
                 // forget what they made known (another node may add names there now).

@@ -175,6 +175,8 @@ impl Fs {
             .tmpfile(dir, perm.perm, perm.umask, uid, gid, layout)
             .await?;
         let fh = self.inodes.created_unnamed(&a);
+        // Removed at its last close, or by another mount if this one goes first.
+        self.start_recalls();
         Ok((a, fh))
     }
 
@@ -401,6 +403,7 @@ impl Fs {
         self.listings.drop_dir(new_parent);
         match replaced {
             Some(u) if shared && u.orphaned && !u.purged => {
+                self.start_recalls();
                 if let Some(size) = self.inodes.orphaned(&u) {
                     let client = self.client.clone();
                     tokio::spawn(async move {

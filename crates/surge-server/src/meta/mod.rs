@@ -1350,6 +1350,18 @@ impl Ops<'_> {
         }
     }
 
+    /// Forgets `ino` if it has no name left (an unlinked file a mount that went held open);
+    /// its attributes as it was, or `None` when it is gone or has a name.
+    pub fn purge_orphan(&self, ino: Ino) -> MetaResult<Option<Attr>> {
+        match self.find(ino)? {
+            Some(a) if a.nlink == 0 => {
+                self.delete_inode(ino)?;
+                Ok(Some(a))
+            }
+            _ => Ok(None),
+        }
+    }
+
     pub fn inode_count(&self) -> MetaResult<u64> {
         self.tx
             .prepare_cached("SELECT COUNT(*) FROM inodes WHERE nlink > 0")
