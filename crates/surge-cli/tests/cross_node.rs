@@ -682,11 +682,7 @@ fn killed_writer_is_recovered(mut a: Mount, b: &Mount, len: usize) {
 
 /// Bytes of the instance in use, as `df` on mount `m` shows them.
 fn used(m: &Mount) -> u64 {
-    let c = std::ffi::CString::new(m.dir.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid path and out-parameter.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    (st.f_blocks - st.f_bfree) * st.f_frsize
+    used_bytes(&m.dir)
 }
 
 /// A mount killed while it holds unlinked files open (one removed while open, one made with

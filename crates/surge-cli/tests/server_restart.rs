@@ -256,3 +256,100 @@ fn directory_leases_are_given_up_when_the_server_restarts() {
     assert!(start.elapsed() < std::time::Duration::from_secs(3));
     assert_eq!(std::fs::read(a.path("d/h")).unwrap(), b"b");
 }
+
+/// Unlinked files open on a mount across a restart of the metadata server stay that mount's
+/// (it claims them as its wait for recalls connects again); those of a mount that went while
+/// the server was down are nobody's, and their data goes once the claim period (the longer of
+/// `--orphan-grace` and `--lock-grace`) is over. Before, both stayed until the instance was
+/// destroyed.
+#[test]
+fn unlinked_open_files_are_claimed_after_a_restart_and_the_unclaimed_give_their_space_back() {
+    use std::os::unix::fs::FileExt;
+    use std::time::{Duration, Instant};
+    let test =
+        "unlinked_open_files_are_claimed_after_a_restart_and_the_unclaimed_give_their_space_back";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let mut c = Cluster::start_with(
+        std::path::Path::new(SURGE),
+        1,
+        "1GiB",
+        &["--orphan-grace", "1", "--lock-grace", "4"],
+    );
+    let id = c.create_instance("1GiB", "1MiB", &[]);
+    let args = ["--no-passthrough", "--layout", "stripe_count=all"];
+    let a = Mount::with_args(&c, id, 0, &args);
+    let mut gone = Mount::with_args(&c, id, 0, &args);
+    let b = Mount::with_args(&c, id, 0, &args);
+    // B makes files in a directory of its own: it waits for lease recalls.
+    std::fs::create_dir(b.path("bdir")).unwrap();
+    std::fs::write(b.path("bdir/x"), b"x").unwrap();
+    const MIB: usize = 1 << 20;
+    let base = used_bytes(&b.dir);
+    let unlinked_open = |m: &Mount, name: &str, len: usize| {
+        let body: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(m.path(name))
+            .unwrap();
+        f.write_all_at(&body, 0).unwrap();
+        f.sync_all().unwrap();
+        std::fs::remove_file(m.path(name)).unwrap();
+        (f, body)
+    };
+    let (kept, body) = unlinked_open(&a, "kept", 3 * MIB);
+    let (lost, _) = unlinked_open(&gone, "lost", 2 * MIB);
+    let taken = wait_for("5 MiB in use", Duration::from_secs(10), || {
+        let u = used_bytes(&b.dir);
+        (u >= base + 5 * MIB as u64).then_some(u)
+    });
+    c.servers[0].kill9();
+    let mut child = gone.child.take().expect("mount process");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(lost);
+    c.servers[0].restart();
+    // The file open on A reads whole again once A reconnected.
+    let mut got = vec![0u8; body.len()];
+    wait_for(
+        "A's unlinked file after the restart",
+        Duration::from_secs(60),
+        || kept.read_exact_at(&mut got, 0).ok(),
+    );
+    assert!(got == body, "A's unlinked file differs after the restart");
+    let t = Instant::now();
+    let left = loop {
+        let u = used_bytes(&b.dir);
+        if u + 2 * MIB as u64 <= taken || t.elapsed() > Duration::from_secs(30) {
+            break u;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        left + 2 * MIB as u64 <= taken,
+        "the space of the file the lost mount held stays taken: {left} bytes in use, {taken} \
+         before the restart, {base} before both files"
+    );
+    // A's file is A's: whole, and its space still taken, well after the claim period.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(used_bytes(&b.dir) >= base + 3 * MIB as u64);
+    let mut got = vec![0u8; body.len()];
+    kept.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == body, "A's unlinked file lost its data");
+    let log = std::fs::read_to_string(&c.servers[0].log).unwrap_or_default();
+    assert!(
+        log.contains("found at start open; they are kept for it"),
+        "A did not claim its file: {log}"
+    );
+    // Its last close removes it.
+    drop(kept);
+    wait_for(
+        "A's file gone at its close",
+        Duration::from_secs(10),
+        || (used_bytes(&b.dir) < base + MIB as u64).then_some(()),
+    );
+    gone.child = None;
+}

@@ -239,6 +239,7 @@ kinds!(
     Recovered,
     Goodbye,
     ObjectLength,
+    ClaimOrphans,
 );
 
 impl RequestKind {
@@ -300,6 +301,8 @@ impl RequestKind {
             // Changes the server's memory only (nothing stored).
             K::Goodbye => f("Goodbye", M, H, true),
             K::ObjectLength => f("ObjectLength", D, H, true),
+            // Changes the server's memory only (nothing stored).
+            K::ClaimOrphans => f("ClaimOrphans", M, H, true),
             K::Create => f("Create", M, H, false),
             K::Link => f("Link", M, H, false),
             K::Unlink => f("Unlink", M, H, false),
@@ -420,6 +423,7 @@ impl Request {
             | R::AllocatedPastEnd { instance, ns, .. }
             | R::OpenWrite { instance, ns, .. }
             | R::Recovered { instance, ns, .. }
+            | R::ClaimOrphans { instance, ns, .. }
             | R::Goodbye { instance, ns } => Scope::Namespace(*instance, *ns),
         }
     }
@@ -490,6 +494,7 @@ impl Request {
             | R::SetLayout { .. }
             | R::DrainHold { .. }
             | R::Lock { .. }
+            | R::ClaimOrphans { .. }
             | R::Append { .. } => Owners::None,
         }
     }
@@ -535,6 +540,7 @@ impl Request {
             // A lease request is where leases are granted, not recalled for.
             | R::LeaseDir { .. }
             | R::WaitRecall { .. }
+            | R::ClaimOrphans { .. }
             | R::ReleaseLeases { .. }
             | R::AllocInodes { .. }
             | R::NamespaceStats { .. }
@@ -646,6 +652,7 @@ impl Request {
             | R::AllocInodes { .. }
             | R::LeaseDir { .. }
             | R::WaitRecall { .. }
+            | R::ClaimOrphans { .. }
             | R::ReleaseLeases { .. }
             | R::Lock { .. }
             | R::Lookup { .. }

@@ -921,7 +921,20 @@ pub enum Request {
         fragment: u32,
         file: FileId,
     },
+    /// The request's session holds these inodes open, unlinked (at most [`MAX_CLAIMED`]): sent
+    /// by a mount when its wait for recalls connects again, so that a restarted metadata
+    /// server, which finds them without a name in its store, keeps them for it instead of
+    /// handing their data to another mount for removal (see `WaitRecall`'s reply). Inodes
+    /// the server did not find so are ignored.
+    ClaimOrphans {
+        instance: InstanceId,
+        ns: NamespaceId,
+        inos: Vec<Ino>,
+    },
 }
+
+/// Inodes one `ClaimOrphans` names at most.
+pub const MAX_CLAIMED: usize = 1 << 16;
 
 /// Whether a read of a file with attributes `a` at `now` moves its atime: never for a file
 /// with the no-atime or immutable flag; with `strict` (`strictatime`) always; else as Linux's

@@ -223,7 +223,14 @@ impl Namespace {
         let db = dir.join("meta.db");
         let conn = meta::open(&db, root.0, root.1, root.2)
             .map_err(|e| anyhow::anyhow!("{}: {e}", db.display()))?;
-        report_orphans(&conn, instance, ns);
+        let found = report_orphans(&conn, instance, ns, journal);
+        let mut orphans = orphans::Orphans::default();
+        if !journal && !found.is_empty() {
+            // The mounts that hold some of them claim them when they wait for recalls again
+            // (`ClaimOrphans`); the rest are handed out once the locks' grace is over too.
+            let claim = orphans::grace().max(crate::locks::grace_period());
+            orphans.found_at_start(found, Instant::now() + claim);
+        }
         let xattr_total = (Ops { tx: &conn })
             .xattr_bytes()
             .map_err(|e| anyhow::anyhow!("{}: {}", dir.display(), e.message))?;
@@ -254,7 +261,7 @@ impl Namespace {
             },
             xattrs: XattrCharge::new(budget, xattr_total),
             writers: parking_lot::Mutex::new(Writers::default()),
-            orphans: parking_lot::Mutex::new(orphans::Orphans::default()),
+            orphans: parking_lot::Mutex::new(orphans),
         })
     }
 
@@ -977,6 +984,33 @@ impl Namespace {
         }
     }
 
+    /// `session` holds `inos` open, unlinked (see [`orphans`]): those this server found with no
+    /// name at start are kept for it.
+    pub fn claim_orphans(&self, session: u32, inos: &[Ino]) -> Result<(), ErrorReply> {
+        if inos.len() > surge_proto::MAX_CLAIMED {
+            return Err(ErrorReply::new(
+                ErrorCode::Invalid,
+                format!(
+                    "ClaimOrphans names {} inodes; at most {}",
+                    inos.len(),
+                    surge_proto::MAX_CLAIMED
+                ),
+            ));
+        }
+        if session == 0 || self.journal {
+            return Ok(());
+        }
+        let n = self.orphans.lock().claim(session, inos);
+        if n > 0 {
+            info!(
+                "namespace {}/{}: session {session:#x} holds {n} of the unlinked files found at \
+                 start open; they are kept for it",
+                self.instance, self.ns.0
+            );
+        }
+        Ok(())
+    }
+
     /// Takes leases of `session` back.
     pub fn release_leases(&self, session: u32, dirs: &[Ino]) {
         self.leases.lock().release(session, dirs);
@@ -1052,17 +1086,43 @@ impl Namespace {
     }
 }
 
-fn report_orphans(conn: &Connection, instance: InstanceId, ns: NamespaceId) {
+/// Logs the inodes with no name left that hold data (a mount went, or this server stopped,
+/// before their last close) and returns them.
+fn report_orphans(
+    conn: &Connection,
+    instance: InstanceId,
+    ns: NamespaceId,
+    journal: bool,
+) -> Vec<Ino> {
     let ops = Ops { tx: conn };
     match ops.orphans() {
-        Ok(o) if !o.is_empty() => warn!(
-            "namespace {instance}/{}: {} unlinked inodes still hold data (a client stopped before \
-             closing them); their objects are kept until the instance is destroyed",
-            ns.0,
-            o.len()
-        ),
-        Ok(_) => {}
-        Err(e) => warn!("namespace {instance}/{}: cannot list orphans: {e}", ns.0),
+        Ok(o) if !o.is_empty() => {
+            if journal {
+                warn!(
+                    "namespace {instance}/{}: {} unlinked inodes still hold data (a client \
+                     stopped before closing them); their objects are kept until the instance \
+                     is destroyed",
+                    ns.0,
+                    o.len()
+                );
+            } else {
+                warn!(
+                    "namespace {instance}/{}: {} unlinked inodes still hold data (a client \
+                     stopped before closing them, or this server did); mounts that hold them \
+                     open claim them as they reconnect, and the others' data is removed by \
+                     the next mount that waits for recalls after {:?}",
+                    ns.0,
+                    o.len(),
+                    orphans::grace().max(crate::locks::grace_period())
+                );
+            }
+            o.into_iter().map(|(ino, _)| ino).collect()
+        }
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            warn!("namespace {instance}/{}: cannot list orphans: {e}", ns.0);
+            Vec::new()
+        }
     }
 }
 
@@ -1478,6 +1538,7 @@ fn execute(ops: &Ops<'_>, req: &Request) -> Result<Response, ErrorReply> {
         // `execute_journaled`.
         Request::LeaseDir { .. }
         | Request::WaitRecall { .. }
+        | Request::ClaimOrphans { .. }
         | Request::ReleaseLeases { .. }
         | Request::Lock { .. }
         | Request::CacheOpen { .. }

@@ -22,6 +22,15 @@ pub fn cluster(n: usize, capacity_each: &str) -> Cluster {
     Cluster::start(std::path::Path::new(SURGE), n, capacity_each)
 }
 
+/// Bytes of the file system at `dir` in use, as `df` shows them.
+pub fn used_bytes(dir: &std::path::Path) -> u64 {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path and out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_blocks - st.f_bfree) * st.f_frsize
+}
+
 /// A `surge` command with the test process's cluster key and munged (for tests that start a
 /// manager of their own).
 pub fn surge_command() -> std::process::Command {

@@ -550,6 +550,17 @@ impl InodeTable {
         }
     }
 
+    /// The inodes open here whose last name went (or that never had one): their data goes at
+    /// their last release (at most [`surge_proto::MAX_CLAIMED`]).
+    pub fn unlinked_open(&self) -> Vec<Ino> {
+        let open: Vec<Ino> = self.open_inos.lock().iter().copied().collect();
+        let inodes = self.inodes.lock();
+        open.into_iter()
+            .filter(|i| inodes.get(i).is_some_and(|x| x.unlinked))
+            .take(surge_proto::MAX_CLAIMED)
+            .collect()
+    }
+
     /// The last name of `u.ino` went: the size of the data to remove now, or `None` when it
     /// is open here (removed at its last release).
     pub fn orphaned(&self, u: &Unlinked) -> Option<u64> {

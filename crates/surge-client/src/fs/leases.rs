@@ -6,6 +6,7 @@
 //! listing, sends what is queued and gives the lease back.
 
 use super::behind::Behind;
+use super::inodes::InodeTable;
 use super::listings::{LeaseState, Listings};
 use super::Fs;
 use crate::instance::InstanceClient;
@@ -100,6 +101,7 @@ impl Fs {
         rt.spawn(answer_recalls(
             self.client.clone(),
             self.behind.clone(),
+            self.inodes.clone(),
             self.listings.clone(),
             self.leases.held.clone(),
             self.leases.gone.clone(),
@@ -132,6 +134,7 @@ async fn remove_abandoned(client: &InstanceClient, reap: Vec<surge_proto::Unlink
 async fn answer_recalls(
     client: Arc<InstanceClient>,
     behind: Arc<Behind>,
+    inodes: Arc<InodeTable>,
     listings: Arc<Listings>,
     held: Arc<Mutex<HashSet<Ino>>>,
     gone: Arc<AtomicBool>,
@@ -145,7 +148,19 @@ async fn answer_recalls(
         let c = match conn.take() {
             Some(c) => c,
             None => match client.recall_connection().await {
-                Ok(c) => c,
+                // A metadata server that restarted found this mount's unlinked open files
+                // without a name: they stay this mount's (see `Request::ClaimOrphans`).
+                Ok(c) => match inodes.unlinked_open() {
+                    held if held.is_empty() => c,
+                    held => match client.claim_orphans(&c, held).await {
+                        Ok(()) => c,
+                        Err(e) => {
+                            warn!("cannot claim this mount's unlinked open files ({e}); retrying");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            continue;
+                        }
+                    },
+                },
                 Err(e) => {
                     warn!("cannot wait for lease recalls ({e}); retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -152,7 +152,7 @@ const READDIR_PAGE: u32 = 256;
 
 pub struct Fs {
     client: Arc<InstanceClient>,
-    inodes: InodeTable,
+    inodes: Arc<InodeTable>,
     /// Directory attributes returned with this node's own changes (see [`FreshDirs`]).
     fresh_dirs: FreshDirs,
     /// Directories whose every name this node knows (see [`Listings`]); shared with the tasks
@@ -250,7 +250,7 @@ impl Fs {
         let creates_behind = client.desc.access_mode == "private";
         let immutable = client.desc.access_mode == "ldbalance";
         let cache = client.desc.cache_pfs.is_some();
-        let inodes = InodeTable::default();
+        let inodes = Arc::new(InodeTable::default());
         // The instance's `dirty_high=` (see `dirty`).
         let dirty_high = if cache {
             let mark = client.desc.cache_dirty_high;

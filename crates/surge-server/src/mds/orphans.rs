@@ -15,7 +15,10 @@
 //!
 //! A session that never waited for recalls is never judged gone: its inodes stay recorded
 //! (and, if it went, stay until the instance is destroyed, as before). A restarted server
-//! knows none of this: what it finds in its store it reports as orphans at start.
+//! knows none of this: the inodes it finds in its store with no name are claimed by the
+//! mounts that hold them (`ClaimOrphans`, sent as their wait for recalls connects again),
+//! and those nobody claimed within the grace (or the locks' grace, if longer) are handed out
+//! as abandoned ones.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +52,10 @@ pub(super) struct Orphans {
     silent: HashMap<u32, Instant>,
     /// Inodes of sessions that went, for the next recall wait of another session.
     abandoned: BTreeSet<Ino>,
+    /// Inodes found with no name at start (held by mounts of before the restart, or by none),
+    /// not yet claimed, and until when they may be (then they are abandoned).
+    unclaimed: HashSet<Ino>,
+    claim_until: Option<Instant>,
 }
 
 impl Orphans {
@@ -60,6 +67,24 @@ impl Orphans {
         }
         held.insert(ino);
         true
+    }
+
+    /// `inos`, found with no name at start, may be claimed until `until`.
+    pub(super) fn found_at_start(&mut self, inos: Vec<Ino>, until: Instant) {
+        self.unclaimed.extend(inos);
+        self.claim_until = Some(until);
+    }
+
+    /// `session` holds `inos` open: those found at start are its; how many.
+    pub(super) fn claim(&mut self, session: u32, inos: &[Ino]) -> usize {
+        let mut n = 0;
+        for &ino in inos {
+            if self.unclaimed.remove(&ino) {
+                self.hold(session, ino);
+                n += 1;
+            }
+        }
+        n
     }
 
     /// `session` removed `ino`'s data and purged it, or named it again.
@@ -98,6 +123,10 @@ impl Orphans {
             if let Some(h) = self.held.remove(&s) {
                 self.abandoned.extend(h);
             }
+        }
+        if self.claim_until.is_some_and(|t| now >= t) {
+            self.claim_until = None;
+            self.abandoned.extend(self.unclaimed.drain());
         }
         let taken: Vec<Ino> = self.abandoned.iter().take(MAX_HANDED).copied().collect();
         for i in &taken {
@@ -164,6 +193,22 @@ mod tests {
             o.take(2, t + 2 * G, G).is_empty(),
             "it held nothing when it went silent"
         );
+    }
+
+    #[test]
+    fn inodes_found_at_start_are_handed_out_unless_claimed_in_time() {
+        let mut o = Orphans::default();
+        let t = Instant::now();
+        o.found_at_start(vec![10, 11, 12], t + G);
+        assert_eq!(o.claim(1, &[11, 99]), 1, "only what was found");
+        assert!(
+            o.take(2, t + G / 2, G).is_empty(),
+            "within the claim period"
+        );
+        assert_eq!(o.claim(3, &[11]), 0, "claimed once");
+        assert_eq!(o.take(2, t + G, G), vec![10, 12]);
+        assert_eq!(o.held_by(1), 1);
+        assert_eq!(o.claim(1, &[10]), 0, "too late");
     }
 
     #[test]
