@@ -775,6 +775,56 @@ fn unlinked_files_a_killed_mount_held_open_give_their_space_back() {
     a.child = None;
 }
 
+/// Where no mount waits for recalls when a mount holding unlinked files open goes, the next
+/// mount to start removes their data (it asks for them as it starts).
+#[test]
+fn a_mount_that_starts_removes_the_files_a_killed_mount_held_open() {
+    use std::os::unix::fs::FileExt;
+    let test = "a_mount_that_starts_removes_the_files_a_killed_mount_held_open";
+    if skip_without_fuse(test) {
+        return;
+    }
+    let c = Cluster::start_with(
+        std::path::Path::new(SURGE),
+        2,
+        "1GiB",
+        &["--orphan-grace", "1"],
+    );
+    let id = c.create_instance("1GiB", "64KiB", &[]);
+    let mut a = node(&c, id);
+    // B only reads: it never waits for recalls.
+    let b = node(&c, id);
+    let base = used(&b);
+    const MIB: u64 = 1 << 20;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(a.path("held"))
+        .unwrap();
+    f.write_all_at(&vec![5u8; 3 * MIB as usize], 0).unwrap();
+    f.sync_all().unwrap();
+    std::fs::remove_file(a.path("held")).unwrap();
+    let taken = wait_for("3 MiB in use", Duration::from_secs(10), || {
+        let u = used(&b);
+        (u >= base + 3 * MIB).then_some(u)
+    });
+    let mut child = a.child.take().expect("mount process");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(f);
+    // Past the grace, nobody has taken them yet.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(used(&b) >= taken, "taken with no mount waiting for recalls");
+    let _c = node(&c, id);
+    let left = wait_for("the space back", Duration::from_secs(20), || {
+        let u = used(&b);
+        (u + 3 * MIB <= taken).then_some(u)
+    });
+    assert!(left < base + MIB, "{left} bytes in use, {base} before");
+    a.child = None;
+}
+
 /// A mount that unmounts cleanly leaves no file to recover: another node's opens of the files
 /// it wrote and closed, or opened and never wrote, ask nothing of the objects.
 #[test]

@@ -570,6 +570,7 @@ impl Filesystem for FuseAdapter {
         let (fs, passthrough) = (self.fs.clone(), self.fs.passthrough_on());
         self.rt.spawn(async move {
             let local = fs.learn_local_fragments().await;
+            fs.remove_abandoned_files().await;
             if passthrough {
                 tracing::info!(
                     "kernel FUSE passthrough available: files of one stripe on the {local} \

@@ -716,28 +716,14 @@ impl InstanceClient {
         Request::Append { instance: this.instance(), ns: this.ns, ino, len },
         Response::Appended { offset, attr } => (offset, attr));
 
-    /// Tells the metadata server, on `conn` (the recall wait's), that this session holds
-    /// `inos` open with no name: a restarted server keeps those it found so for this mount.
-    pub async fn claim_orphans(
-        &self,
-        conn: &crate::conn::Connection,
-        inos: Vec<Ino>,
-    ) -> Result<()> {
-        let req = Request::ClaimOrphans {
-            instance: self.instance(),
-            ns: self.ns,
-            inos,
-        };
-        self.counts.note(&req);
-        match conn.call(&req, &[]).await? {
-            (Response::Ok, _) => Ok(()),
-            (Response::Error(e), _) => Err(ClientError::Remote {
-                server: self.mds.server.id.clone(),
-                error: e,
-            }),
-            (other, _) => Err(self.unexpected(&self.mds.server, &req, other)),
-        }
-    }
+    metadata_call!(
+        /// Tells the metadata server that this session holds `inos` open with no name (a
+        /// restarted server keeps those it found so for this mount), and takes the unlinked
+        /// files mounts that went left open: the server forgot them; their objects are this
+        /// mount's to remove.
+        claim_orphans(this, inos: Vec<Ino>) -> Vec<surge_proto::Unlinked>,
+        Request::ClaimOrphans { instance: this.instance(), ns: this.ns, inos },
+        Response::Recall { reap, .. } => reap);
 
     /// A connection to the metadata server of its own, for [`lock_keep`](Self::lock_keep):
     /// this session's locks live while it is open.

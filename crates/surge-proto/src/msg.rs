@@ -924,8 +924,9 @@ pub enum Request {
     /// The request's session holds these inodes open, unlinked (at most [`MAX_CLAIMED`]): sent
     /// by a mount when its wait for recalls connects again, so that a restarted metadata
     /// server, which finds them without a name in its store, keeps them for it instead of
-    /// handing their data to another mount for removal (see `WaitRecall`'s reply). Inodes
-    /// the server did not find so are ignored.
+    /// handing their data to another mount for removal. Inodes the server did not find so
+    /// are ignored. Answered with `Recall` (no directories): the unlinked files of mounts
+    /// that went, as to a `WaitRecall`. A mount sends it empty as it starts, to take those.
     ClaimOrphans {
         instance: InstanceId,
         ns: NamespaceId,

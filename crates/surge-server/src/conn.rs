@@ -204,10 +204,10 @@ pub fn handle(
                         namespace.release_leases(session, &inos);
                         Response::Ok
                     }
-                    Request::ClaimOrphans { inos, .. } => {
-                        namespace.claim_orphans(session, &inos)?;
-                        Response::Ok
-                    }
+                    Request::ClaimOrphans { inos, .. } => Response::Recall {
+                        dirs: Vec::new(),
+                        reap: namespace.claim_orphans(session, &inos)?,
+                    },
                     Request::Lock { op, .. } => lock(&namespace.locks, session, op)?,
                     other => namespace.call_as(session, other),
                 };

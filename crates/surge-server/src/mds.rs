@@ -985,8 +985,9 @@ impl Namespace {
     }
 
     /// `session` holds `inos` open, unlinked (see [`orphans`]): those this server found with no
-    /// name at start are kept for it.
-    pub fn claim_orphans(&self, session: u32, inos: &[Ino]) -> Result<(), ErrorReply> {
+    /// name at start are kept for it. Returns the abandoned ones it is to remove the objects of
+    /// (forgotten here).
+    pub fn claim_orphans(&self, session: u32, inos: &[Ino]) -> Result<Vec<Unlinked>, ErrorReply> {
         if inos.len() > surge_proto::MAX_CLAIMED {
             return Err(ErrorReply::new(
                 ErrorCode::Invalid,
@@ -998,7 +999,7 @@ impl Namespace {
             ));
         }
         if session == 0 || self.journal {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let n = self.orphans.lock().claim(session, inos);
         if n > 0 {
@@ -1008,7 +1009,7 @@ impl Namespace {
                 self.instance, self.ns.0
             );
         }
-        Ok(())
+        Ok(self.hand_out_orphans(session))
     }
 
     /// Takes leases of `session` back.

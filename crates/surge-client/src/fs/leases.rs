@@ -110,6 +110,19 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// Once as the mount starts: removes the data of unlinked files mounts that went left
+    /// open (see [`Fs::start_recalls`]), so that they do not wait for a mount that waits for
+    /// recalls.
+    pub async fn remove_abandoned_files(&self) {
+        match self.client.claim_orphans(Vec::new()).await {
+            Ok(reap) if !reap.is_empty() => remove_abandoned(&self.client, reap).await,
+            Ok(_) => {}
+            Err(e) => debug!("no unlinked files of mounts that went taken ({e})"),
+        }
+    }
+}
+
 /// Removes the objects of unlinked files another mount held open when it went (killed, or
 /// its node lost): the metadata server forgot them and handed them to this session.
 async fn remove_abandoned(client: &InstanceClient, reap: Vec<surge_proto::Unlinked>) {
@@ -152,8 +165,13 @@ async fn answer_recalls(
                 // without a name: they stay this mount's (see `Request::ClaimOrphans`).
                 Ok(c) => match inodes.unlinked_open() {
                     held if held.is_empty() => c,
-                    held => match client.claim_orphans(&c, held).await {
-                        Ok(()) => c,
+                    held => match client.claim_orphans(held).await {
+                        Ok(reap) => {
+                            if !reap.is_empty() {
+                                remove_abandoned(&client, reap).await;
+                            }
+                            c
+                        }
                         Err(e) => {
                             warn!("cannot claim this mount's unlinked open files ({e}); retrying");
                             tokio::time::sleep(Duration::from_millis(500)).await;
