@@ -685,6 +685,28 @@ fn used(m: &Mount) -> u64 {
     used_bytes(&m.dir)
 }
 
+/// `n` servers whose `--orphan-grace` is 1 s, an instance over them in 64 KiB stripes (its
+/// id), and two nodes on it.
+fn nodes_with_a_short_orphan_grace(n: usize) -> (Cluster, u64, Mount, Mount) {
+    let c = Cluster::start_with(
+        std::path::Path::new(SURGE),
+        n,
+        "1GiB",
+        &["--orphan-grace", "1"],
+    );
+    let id = c.create_instance("1GiB", "64KiB", &[]);
+    let a = node(&c, id);
+    let b = node(&c, id);
+    (c, id, a, b)
+}
+
+/// Kills the mount process of `m` (as a lost node's).
+fn kill_mount(m: &mut Mount) {
+    let mut child = m.child.take().expect("mount process");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// A mount killed while it holds unlinked files open (one removed while open, one made with
 /// `O_TMPFILE`) does not keep their space until the instance is destroyed: once the servers'
 /// `--orphan-grace` is over, another mount of the namespace removes their data. The control:
@@ -696,30 +718,13 @@ fn unlinked_files_a_killed_mount_held_open_give_their_space_back() {
     if skip_without_fuse(test) {
         return;
     }
-    let c = Cluster::start_with(
-        std::path::Path::new(SURGE),
-        3,
-        "1GiB",
-        &["--orphan-grace", "1"],
-    );
-    let id = c.create_instance("2GiB", "64KiB", &[]);
-    let mut a = node(&c, id);
-    let b = node(&c, id);
+    let (c, _, mut a, b) = nodes_with_a_short_orphan_grace(3);
     // B makes files in a directory of its own: it waits for lease recalls, as such a mount does.
     std::fs::create_dir(b.path("bdir")).unwrap();
     std::fs::write(b.path("bdir/x"), b"x").unwrap();
     let base = used(&b);
     const MIB: u64 = 1 << 20;
-    let body: Vec<u8> = (0..4 * MIB).map(|i| (i % 251) as u8).collect();
-    let held = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(a.path("held"))
-        .unwrap();
-    held.write_all_at(&body, 0).unwrap();
-    held.sync_all().unwrap();
-    std::fs::remove_file(a.path("held")).unwrap();
+    let (held, body) = unlinked_open_file(&a.path("held"), 4 * MIB as usize);
     let tmp = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -744,9 +749,7 @@ fn unlinked_files_a_killed_mount_held_open_give_their_space_back() {
     let mut got = vec![0u8; 2 * MIB as usize];
     tmp.read_exact_at(&mut got, 0).unwrap();
     assert!(got[..] == body[..2 * MIB as usize], "A's O_TMPFILE changed");
-    let mut child = a.child.take().expect("mount process");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill_mount(&mut a);
     drop((held, tmp));
     let t = Instant::now();
     let left = loop {
@@ -779,39 +782,20 @@ fn unlinked_files_a_killed_mount_held_open_give_their_space_back() {
 /// mount to start removes their data (it asks for them as it starts).
 #[test]
 fn a_mount_that_starts_removes_the_files_a_killed_mount_held_open() {
-    use std::os::unix::fs::FileExt;
     let test = "a_mount_that_starts_removes_the_files_a_killed_mount_held_open";
     if skip_without_fuse(test) {
         return;
     }
-    let c = Cluster::start_with(
-        std::path::Path::new(SURGE),
-        2,
-        "1GiB",
-        &["--orphan-grace", "1"],
-    );
-    let id = c.create_instance("1GiB", "64KiB", &[]);
-    let mut a = node(&c, id);
     // B only reads: it never waits for recalls.
-    let b = node(&c, id);
+    let (c, id, mut a, b) = nodes_with_a_short_orphan_grace(2);
     let base = used(&b);
     const MIB: u64 = 1 << 20;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(a.path("held"))
-        .unwrap();
-    f.write_all_at(&vec![5u8; 3 * MIB as usize], 0).unwrap();
-    f.sync_all().unwrap();
-    std::fs::remove_file(a.path("held")).unwrap();
+    let (f, _) = unlinked_open_file(&a.path("held"), 3 * MIB as usize);
     let taken = wait_for("3 MiB in use", Duration::from_secs(10), || {
         let u = used(&b);
         (u >= base + 3 * MIB).then_some(u)
     });
-    let mut child = a.child.take().expect("mount process");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill_mount(&mut a);
     drop(f);
     // Past the grace, nobody has taken them yet.
     std::thread::sleep(Duration::from_secs(3));

@@ -287,21 +287,8 @@ fn unlinked_open_files_are_claimed_after_a_restart_and_the_unclaimed_give_their_
     std::fs::write(b.path("bdir/x"), b"x").unwrap();
     const MIB: usize = 1 << 20;
     let base = used_bytes(&b.dir);
-    let unlinked_open = |m: &Mount, name: &str, len: usize| {
-        let body: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(m.path(name))
-            .unwrap();
-        f.write_all_at(&body, 0).unwrap();
-        f.sync_all().unwrap();
-        std::fs::remove_file(m.path(name)).unwrap();
-        (f, body)
-    };
-    let (kept, body) = unlinked_open(&a, "kept", 3 * MIB);
-    let (lost, _) = unlinked_open(&gone, "lost", 2 * MIB);
+    let (kept, body) = unlinked_open_file(&a.path("kept"), 3 * MIB);
+    let (lost, _) = unlinked_open_file(&gone.path("lost"), 2 * MIB);
     let taken = wait_for("5 MiB in use", Duration::from_secs(10), || {
         let u = used_bytes(&b.dir);
         (u >= base + 5 * MIB as u64).then_some(u)

@@ -31,6 +31,23 @@ pub fn used_bytes(dir: &std::path::Path) -> u64 {
     (st.f_blocks - st.f_bfree) * st.f_frsize
 }
 
+/// Makes file `path` of `len` patterned bytes, synced, then removes its name: the file stays
+/// open as the returned handle, with its bytes.
+pub fn unlinked_open_file(path: &std::path::Path, len: usize) -> (std::fs::File, Vec<u8>) {
+    use std::os::unix::fs::FileExt;
+    let body: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .unwrap();
+    f.write_all_at(&body, 0).unwrap();
+    f.sync_all().unwrap();
+    std::fs::remove_file(path).unwrap();
+    (f, body)
+}
+
 /// A `surge` command with the test process's cluster key and munged (for tests that start a
 /// manager of their own).
 pub fn surge_command() -> std::process::Command {
