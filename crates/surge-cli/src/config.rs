@@ -113,6 +113,9 @@ pub struct ServerConfig {
     pub frame_timeout: Option<Secs>,
     /// After a restart, how long only the locks held before are granted.
     pub lock_grace: Option<Secs>,
+    /// How long a mount holding unlinked open files may stop waiting for recalls before
+    /// another mount removes their data.
+    pub orphan_grace: Option<Secs>,
     /// `auto`, `on` or `off` (docs/SECURITY.md, "On the wire").
     pub tls: Option<String>,
     pub tls_cert: Option<PathBuf>,
@@ -604,6 +607,7 @@ impl SurgeConfig {
                     idle_timeout,
                     frame_timeout,
                     lock_grace,
+                    orphan_grace,
                     tls,
                     tls_cert,
                     tls_key,
@@ -675,6 +679,11 @@ impl SurgeConfig {
                     secs(*frame_timeout),
                 );
                 f.set("--lock-grace", key(s, "lock_grace"), secs(*lock_grace));
+                f.set(
+                    "--orphan-grace",
+                    key(s, "orphan_grace"),
+                    secs(*orphan_grace),
+                );
                 f.tls(s, tls, tls_cert, tls_key);
             }
             Daemon::Agent => {
@@ -1153,6 +1162,7 @@ max_connections_per_peer = 256
 idle_timeout = 300
 frame_timeout = 30.5
 lock_grace = 10
+orphan_grace = 30
 tls = "auto"
 tls_cert = "/etc/surge/tls/server.crt"
 tls_key = "/etc/surge/tls/server.key"
