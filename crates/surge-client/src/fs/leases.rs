@@ -130,7 +130,15 @@ async fn remove_abandoned(client: &InstanceClient, reap: Vec<surge_proto::Unlink
     let (n, bytes) = (reap.len(), reap.iter().map(|u| u.size).sum::<u64>());
     futures::stream::iter(reap)
         .for_each_concurrent(super::behind::PURGES_AT_ONCE, |u| async move {
-            super::behind::remove_purged_data(client, &u).await;
+            // The size the server had is what was last committed: the mount that went may
+            // have written past it (acknowledged writes, passthrough). Every fragment that
+            // may hold a byte of the file is asked.
+            if let Err(e) = client
+                .remove_objects(u.ino, surge_proto::EXTENT_UNKNOWN)
+                .await
+            {
+                warn!("could not remove the data of unlinked inode {}: {e}", u.ino);
+            }
         })
         .await;
     info!(
