@@ -6,14 +6,6 @@ use common::*;
 use std::fs::File;
 use std::io::Write;
 
-fn statvfs(p: &std::path::Path) -> (u64, u64) {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid path and out-parameter.
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    (st.f_blocks * st.f_frsize, st.f_bfree * st.f_frsize)
-}
-
 #[test]
 fn writing_past_capacity_gives_enospc_and_keeps_what_was_written() {
     if skip_without_fuse("writing_past_capacity_gives_enospc_and_keeps_what_was_written") {

@@ -1892,12 +1892,6 @@ fn o_direct_aligned_io() {
     let _ = ErrorKind::Other;
 }
 
-fn used_bytes(p: &Path) -> u64 {
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(cstr(p).as_ptr(), &mut s) }, 0);
-    (s.f_blocks - s.f_bfree) * s.f_frsize
-}
-
 fn fallocate(f: &File, mode: i32, offset: u64, len: u64) -> Result<(), i32> {
     use std::os::fd::AsRawFd;
     let rc = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
@@ -2904,13 +2898,7 @@ fn rm_rf_of_a_tree_unlinks_its_files_behind() {
         )
         .unwrap();
     }
-    let used = |m: &Mount| {
-        // SAFETY: a NUL-terminated path and a zeroed statvfs.
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        let p = CString::new(m.path("").as_os_str().as_encoded_bytes()).unwrap();
-        assert_eq!(unsafe { libc::statvfs(p.as_ptr(), &mut st) }, 0);
-        (st.f_blocks - st.f_bfree) * st.f_frsize
-    };
+    let used = |m: &Mount| used_bytes(&m.path(""));
     let full = used(&m);
     assert!(full >= DIRS * FILES * 16 * 1024, "{full} bytes used");
     let n = |r: &std::collections::BTreeMap<String, u64>, k: &str| r.get(k).copied().unwrap_or(0);

@@ -228,8 +228,7 @@ impl Namespace {
         if !journal && !found.is_empty() {
             // The mounts that hold some of them claim them when they wait for recalls again
             // (`ClaimOrphans`); the rest are handed out once the locks' grace is over too.
-            let claim = orphans::grace().max(crate::locks::grace_period());
-            orphans.found_at_start(found, Instant::now() + claim);
+            orphans.found_at_start(found, Instant::now() + orphans::claim_period());
         }
         let xattr_total = (Ops { tx: &conn })
             .xattr_bytes()
@@ -1098,25 +1097,21 @@ fn report_orphans(
     let ops = Ops { tx: conn };
     match ops.orphans() {
         Ok(o) if !o.is_empty() => {
-            if journal {
-                warn!(
-                    "namespace {instance}/{}: {} unlinked inodes still hold data (a client \
-                     stopped before closing them); their objects are kept until the instance \
-                     is destroyed",
-                    ns.0,
-                    o.len()
-                );
+            let fate = if journal {
+                "their objects are kept until the instance is destroyed".to_string()
             } else {
-                warn!(
-                    "namespace {instance}/{}: {} unlinked inodes still hold data (a client \
-                     stopped before closing them, or this server did); mounts that hold them \
-                     open claim them as they reconnect, and the others' data is removed by \
-                     the next mount that waits for recalls after {:?}",
-                    ns.0,
-                    o.len(),
-                    orphans::grace().max(crate::locks::grace_period())
-                );
-            }
+                format!(
+                    "mounts that hold them open claim them as they reconnect, and the others' \
+                     data is removed by the next mount that waits for recalls after {:?}",
+                    orphans::claim_period()
+                )
+            };
+            warn!(
+                "namespace {instance}/{}: {} unlinked inodes still hold data (a client stopped \
+                 before closing them, or this server did); {fate}",
+                ns.0,
+                o.len()
+            );
             o.into_iter().map(|(ino, _)| ino).collect()
         }
         Ok(_) => Vec::new(),

@@ -22,13 +22,19 @@ pub fn cluster(n: usize, capacity_each: &str) -> Cluster {
     Cluster::start(std::path::Path::new(SURGE), n, capacity_each)
 }
 
+/// The size and the free bytes of the file system at `p`, as `df` shows them.
+pub fn statvfs(p: &std::path::Path) -> (u64, u64) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-parameter.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_blocks * st.f_frsize, st.f_bfree * st.f_frsize)
+}
+
 /// Bytes of the file system at `dir` in use, as `df` shows them.
 pub fn used_bytes(dir: &std::path::Path) -> u64 {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid path and out-parameter.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    (st.f_blocks - st.f_bfree) * st.f_frsize
+    let (size, free) = statvfs(dir);
+    size - free
 }
 
 /// Makes file `path` of `len` patterned bytes, synced, then removes its name: the file stays

@@ -142,8 +142,8 @@ async fn remove_abandoned(client: &InstanceClient, reap: Vec<surge_proto::Unlink
         })
         .await;
     info!(
-        "removed the data of {n} unlinked file(s) ({bytes} bytes) that a mount which went \
-         held open"
+        "removed the data of {n} unlinked file(s) ({bytes} bytes as last committed) that a \
+         mount which went held open"
     );
 }
 

@@ -44,6 +44,12 @@ pub(super) fn grace() -> Duration {
     Duration::from_millis(GRACE_MS.load(Ordering::Relaxed))
 }
 
+/// How long a restarted server waits for mounts to claim the inodes it found with no name:
+/// [`grace`], or the locks' grace if longer (mounts reconnect within it).
+pub(super) fn claim_period() -> Duration {
+    grace().max(crate::locks::grace_period())
+}
+
 #[derive(Default)]
 pub(super) struct Orphans {
     /// Session -> the unlinked inodes it holds open.
